@@ -1,0 +1,536 @@
+"""The catalog: message types, contracts, queues, services, routes, broker priorities
+and event notifications, and the rules that keep them consistent.
+
+Catalog objects are small frozen records. Every change is checked completely before
+anything is touched, then applied to memory and written to the store as one JSON
+document per object, so a rejected change leaves nothing half-applied. System
+objects (the DEFAULT message type and contract, Service Broker's system message
+types, the event-notification contract) always exist and cannot be dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Final
+
+from protocol import ErrorCode
+
+from ._errors import BrokerError, bad_argument, not_found
+
+END_DIALOG: Final = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
+ERROR: Final = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
+DIALOG_TIMER: Final = "http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer"
+EVENT_NOTIFICATION: Final = "http://schemas.microsoft.com/SQL/Notifications/EventNotification"
+POST_EVENT_NOTIFICATION: Final = (
+    "http://schemas.microsoft.com/SQL/Notifications/PostEventNotification"
+)
+DEFAULT: Final = "DEFAULT"
+
+VALIDATIONS: Final = {"NONE": "N", "EMPTY": "E", "WELL_FORMED_XML": "X", "VALID_JSON": "J"}
+SENT_BY: Final = ("INITIATOR", "TARGET", "ANY")
+EVENTS: Final = ("QUEUE_ACTIVATION", "BROKER_QUEUE_DISABLED")
+MAX_NAME: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class MessageType:
+    name: str
+    validation: str = "NONE"
+
+
+@dataclass(frozen=True, slots=True)
+class Contract:
+    name: str
+    messages: dict[str, str] = field(default_factory=dict)  # message type -> sent by
+
+    def sent_by(self, message_type: str) -> str | None:
+        return self.messages.get(message_type)
+
+
+@dataclass(frozen=True, slots=True)
+class Activation:
+    status: bool = False
+    procedure: str = ""
+    max_queue_readers: int = 1
+    execute_as: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PoisonPolicy:
+    threshold: int
+    action: str  # dead_letter | end_conversation | park | record
+    dead_letter_queue: str | None = None
+    delay: float = 60.0
+    max_parks: int = 3
+    notify_service: str | None = None
+    error_code: int = 500
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDef:
+    name: str
+    status: bool = True
+    retention: bool = False
+    activation: Activation = Activation()
+    poison_message_handling: bool = True
+    poison_policy: PoisonPolicy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    name: str
+    queue: str
+    contracts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    name: str
+    service_name: str
+    address: str
+    broker_instance: str | None = None
+    expires: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerPriority:
+    name: str
+    contract: str | None = None
+    local_service: str | None = None
+    remote_service: str | None = None
+    level: int = 5
+
+
+@dataclass(frozen=True, slots=True)
+class EventNotification:
+    name: str
+    event: str
+    queue: str
+    service: str
+    broker_instance: str | None = None
+
+
+_KINDS: Final[dict[str, type[Any]]] = {
+    "message_type": MessageType,
+    "contract": Contract,
+    "queue": QueueDef,
+    "service": Service,
+    "route": Route,
+    "broker_priority": BrokerPriority,
+    "event_notification": EventNotification,
+}
+
+
+def encode(obj: object) -> str:
+    return json.dumps(asdict(obj), sort_keys=True)  # type: ignore[call-overload]
+
+
+def decode(kind: str, body: str) -> Any:
+    data = json.loads(body)
+    if kind == "queue":
+        data["activation"] = Activation(**data["activation"])
+        if data.get("poison_policy"):
+            data["poison_policy"] = PoisonPolicy(**data["poison_policy"])
+    if kind == "service":
+        data["contracts"] = tuple(data["contracts"])
+    return _KINDS[kind](**data)
+
+
+def check_name(kind: str, name: object) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise bad_argument(f"a {kind} name must be a non-empty string, got {name!r}")
+    if len(name) > MAX_NAME:
+        raise bad_argument(f"a {kind} name may have at most {MAX_NAME} characters")
+    return name
+
+
+def parse_switch(what: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.upper() in ("ON", "OFF"):
+        return value.upper() == "ON"
+    raise bad_argument(f"{what} must be 'ON' or 'OFF', got {value!r}")
+
+
+def parse_activation(value: object, current: Activation = Activation()) -> Activation:
+    if value is None:
+        return current
+    if not isinstance(value, dict):
+        raise bad_argument("activation must be a map with status, procedure, max_queue_readers")
+    unknown = set(value) - {"status", "procedure", "max_queue_readers", "execute_as"}
+    if unknown:
+        raise bad_argument(f"unknown activation option(s): {', '.join(sorted(unknown))}")
+    status = parse_switch("activation status", value.get("status", current.status))
+    procedure = value.get("procedure", current.procedure)
+    if not isinstance(procedure, str):
+        raise bad_argument("activation procedure must be 'package.module:function'")
+    if procedure and (":" not in procedure or procedure.startswith(":")):
+        raise bad_argument(
+            f"activation procedure {procedure!r} must be written 'package.module:function'"
+        )
+    if status and not procedure:
+        raise bad_argument("activation STATUS = ON needs a procedure ('package.module:function')")
+    readers = value.get("max_queue_readers", current.max_queue_readers)
+    if not isinstance(readers, int) or isinstance(readers, bool) or not 0 <= readers <= 32767:
+        raise bad_argument(f"max_queue_readers must be an integer 0..32767, got {readers!r}")
+    execute_as = value.get("execute_as", current.execute_as)
+    if not isinstance(execute_as, str):
+        raise bad_argument("activation execute_as must be a user name")
+    return Activation(status, procedure, readers, execute_as)
+
+
+_POISON_ACTIONS: Final = ("dead_letter", "end_conversation", "park", "record")
+
+
+def parse_poison_policy(value: object) -> PoisonPolicy | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad_argument("poison_policy must be a map with threshold and action")
+    known = {f for f in PoisonPolicy.__dataclass_fields__}
+    unknown = set(value) - known
+    if unknown:
+        raise bad_argument(f"unknown poison_policy option(s): {', '.join(sorted(unknown))}")
+    threshold = value.get("threshold")
+    if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 1:
+        raise bad_argument("poison_policy threshold must be an integer >= 1")
+    action = value.get("action")
+    if action not in _POISON_ACTIONS:
+        raise bad_argument(f"poison_policy action must be one of {', '.join(_POISON_ACTIONS)}")
+    if action == "dead_letter" and not isinstance(value.get("dead_letter_queue"), str):
+        raise bad_argument("poison_policy action 'dead_letter' needs dead_letter_queue")
+    delay = value.get("delay", 60.0)
+    if not isinstance(delay, (int, float)) or delay < 0:
+        raise bad_argument("poison_policy delay must be a number of seconds >= 0")
+    max_parks = value.get("max_parks", 3)
+    if not isinstance(max_parks, int) or max_parks < 0:
+        raise bad_argument("poison_policy max_parks must be an integer >= 0")
+    return PoisonPolicy(
+        threshold=threshold,
+        action=action,
+        dead_letter_queue=value.get("dead_letter_queue"),
+        delay=float(delay),
+        max_parks=max_parks,
+        notify_service=value.get("notify_service"),
+        error_code=int(value.get("error_code", 500)),
+        description=str(value.get("description", "")),
+    )
+
+
+class Catalog:
+    """All catalog objects of one broker, with their consistency rules."""
+
+    def __init__(self) -> None:
+        self.message_types: dict[str, MessageType] = {}
+        self.contracts: dict[str, Contract] = {}
+        self.queues: dict[str, QueueDef] = {}
+        self.services: dict[str, Service] = {}
+        self.routes: dict[str, Route] = {}
+        self.priorities: dict[str, BrokerPriority] = {}
+        self.notifications: dict[str, EventNotification] = {}
+        for name, validation in (
+            (DEFAULT, "NONE"),
+            (END_DIALOG, "EMPTY"),
+            (ERROR, "WELL_FORMED_XML"),
+            (DIALOG_TIMER, "EMPTY"),
+            (EVENT_NOTIFICATION, "WELL_FORMED_XML"),
+        ):
+            self.message_types[name] = MessageType(name, validation)
+        self.contracts[DEFAULT] = Contract(DEFAULT, {DEFAULT: "ANY"})
+        self.contracts[POST_EVENT_NOTIFICATION] = Contract(
+            POST_EVENT_NOTIFICATION, {EVENT_NOTIFICATION: "INITIATOR"}
+        )
+        self.system_names = {("message_type", n) for n in self.message_types} | {
+            ("contract", n) for n in self.contracts
+        }
+
+    def table(self, kind: str) -> dict[str, Any]:
+        return {
+            "message_type": self.message_types,
+            "contract": self.contracts,
+            "queue": self.queues,
+            "service": self.services,
+            "route": self.routes,
+            "broker_priority": self.priorities,
+            "event_notification": self.notifications,
+        }[kind]
+
+    def load(self, kind: str, body: str) -> None:
+        obj = decode(kind, body)
+        self.table(kind)[obj.name] = obj
+
+    # ---- lookups that raise a clear error ---------------------------------
+
+    def message_type(self, name: str) -> MessageType:
+        found = self.message_types.get(name)
+        if found is None:
+            raise not_found(ErrorCode.UNKNOWN_MESSAGE_TYPE, "message type", name)
+        return found
+
+    def contract(self, name: str) -> Contract:
+        found = self.contracts.get(name)
+        if found is None:
+            raise not_found(ErrorCode.UNKNOWN_CONTRACT, "contract", name)
+        return found
+
+    def queue(self, name: str) -> QueueDef:
+        found = self.queues.get(name)
+        if found is None:
+            raise not_found(ErrorCode.UNKNOWN_QUEUE, "queue", name)
+        return found
+
+    def service(self, name: str) -> Service:
+        found = self.services.get(name)
+        if found is None:
+            raise not_found(ErrorCode.UNKNOWN_SERVICE, "service", name)
+        return found
+
+    # ---- checks for each change ---------------------------------------------
+
+    def _absent(self, kind: str, name: str) -> None:
+        if name in self.table(kind):
+            raise BrokerError(
+                ErrorCode.ALREADY_EXISTS,
+                f"{kind.replace('_', ' ')} '{name}' already exists; drop it first or pick another name",
+            )
+
+    def _not_system(self, kind: str, name: str) -> None:
+        if (kind, name) in self.system_names:
+            raise BrokerError(
+                ErrorCode.SYSTEM_OBJECT, f"{kind.replace('_', ' ')} '{name}' is a system object"
+            )
+
+    def new_message_type(self, name: object, validation: object) -> MessageType:
+        name = check_name("message type", name)
+        self._absent("message_type", name)
+        if not isinstance(validation, str) or validation.upper() not in VALIDATIONS:
+            raise bad_argument(
+                f"validation must be one of {', '.join(VALIDATIONS)}, got {validation!r}"
+            )
+        return MessageType(name, validation.upper())
+
+    def new_contract(self, name: object, messages: object) -> Contract:
+        name = check_name("contract", name)
+        self._absent("contract", name)
+        if not isinstance(messages, dict) or not messages:
+            raise bad_argument(
+                "a contract needs a map of message type -> sent by (INITIATOR, TARGET or ANY)"
+            )
+        clean: dict[str, str] = {}
+        for type_name, sent_by in messages.items():
+            self.message_type(type_name)
+            if not isinstance(sent_by, str) or sent_by.upper() not in SENT_BY:
+                raise bad_argument(
+                    f"message type '{type_name}' must be sent by INITIATOR, TARGET or ANY,"
+                    f" not {sent_by!r}"
+                )
+            clean[type_name] = sent_by.upper()
+        return Contract(name, clean)
+
+    def new_queue(
+        self,
+        name: object,
+        status: object = "ON",
+        retention: object = "OFF",
+        activation: object = None,
+        poison_message_handling: object = None,
+        poison_policy: object = None,
+    ) -> QueueDef:
+        name = check_name("queue", name)
+        self._absent("queue", name)
+        definition = QueueDef(
+            name,
+            status=parse_switch("status", status),
+            retention=parse_switch("retention", retention),
+            activation=parse_activation(activation),
+            poison_message_handling=self._poison_switch(poison_message_handling, True),
+            poison_policy=parse_poison_policy(poison_policy),
+        )
+        self._check_policy_queue(definition)
+        return definition
+
+    def altered_queue(self, name: str, changes: dict[str, object]) -> QueueDef:
+        current = self.queue(name)
+        unknown = set(changes) - {
+            "status",
+            "retention",
+            "activation",
+            "poison_message_handling",
+            "poison_policy",
+        }
+        if unknown:
+            raise bad_argument(f"alter_queue does not know {', '.join(sorted(unknown))}")
+        updated = current
+        if "status" in changes:
+            updated = replace(updated, status=parse_switch("status", changes["status"]))
+        if "retention" in changes:
+            updated = replace(updated, retention=parse_switch("retention", changes["retention"]))
+        if "activation" in changes:
+            updated = replace(
+                updated, activation=parse_activation(changes["activation"], current.activation)
+            )
+        if "poison_message_handling" in changes:
+            updated = replace(
+                updated,
+                poison_message_handling=self._poison_switch(
+                    changes["poison_message_handling"], current.poison_message_handling
+                ),
+            )
+        if "poison_policy" in changes:
+            updated = replace(updated, poison_policy=parse_poison_policy(changes["poison_policy"]))
+        self._check_policy_queue(updated)
+        return updated
+
+    def _check_policy_queue(self, definition: QueueDef) -> None:
+        policy = definition.poison_policy
+        if policy is None:
+            return
+        if policy.dead_letter_queue is not None:
+            if policy.dead_letter_queue == definition.name:
+                raise bad_argument("a queue cannot be its own dead-letter queue")
+            self.queue(policy.dead_letter_queue)
+        if policy.notify_service is not None:
+            self.service(policy.notify_service)
+
+    @staticmethod
+    def _poison_switch(value: object, default: bool) -> bool:
+        if value is None:
+            return default
+        if isinstance(value, dict):
+            return parse_switch("poison_message_handling status", value.get("status", "ON"))
+        return parse_switch("poison_message_handling", value)
+
+    def new_service(self, name: object, queue: object, contracts: object) -> Service:
+        name = check_name("service", name)
+        self._absent("service", name)
+        if not isinstance(queue, str):
+            raise bad_argument("a service needs the name of its queue")
+        self.queue(queue)
+        if contracts is None:
+            contracts = []
+        if not isinstance(contracts, (list, tuple)):
+            raise bad_argument("contracts must be a list of contract names")
+        for contract in contracts:
+            self.contract(contract)
+        return Service(name, queue, tuple(contracts))
+
+    def new_route(
+        self,
+        name: object,
+        service_name: object,
+        address: object,
+        broker_instance: object,
+        expires: float | None,
+    ) -> Route:
+        name = check_name("route", name)
+        self._absent("route", name)
+        service_name = check_name("service", service_name)
+        if not isinstance(address, str) or not (
+            address in ("LOCAL", "TRANSPORT") or address.startswith("tcp://")
+        ):
+            raise bad_argument(
+                f"route address must be 'tcp://host:port', 'LOCAL' or 'TRANSPORT', got {address!r}"
+            )
+        if broker_instance is not None and not isinstance(broker_instance, str):
+            raise bad_argument("broker_instance must be a broker instance id string")
+        return Route(name, service_name, address, broker_instance, expires)
+
+    def new_priority(
+        self,
+        name: object,
+        contract: object,
+        local_service: object,
+        remote_service: object,
+        level: object,
+    ) -> BrokerPriority:
+        name = check_name("broker priority", name)
+        self._absent("broker_priority", name)
+        return self.checked_priority(
+            BrokerPriority(name), contract, local_service, remote_service, level
+        )
+
+    def checked_priority(
+        self,
+        base: BrokerPriority,
+        contract: object,
+        local_service: object,
+        remote_service: object,
+        level: object,
+    ) -> BrokerPriority:
+        for what, value in (
+            ("contract", contract),
+            ("local_service", local_service),
+            ("remote_service", remote_service),
+        ):
+            if value is not None and not isinstance(value, str):
+                raise bad_argument(f"{what} must be a name, or None for ANY")
+        if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 10:
+            raise bad_argument(f"priority level must be an integer 1..10, got {level!r}")
+
+        def any_(v: object) -> str | None:
+            return None if v is None or (isinstance(v, str) and v.upper() == "ANY") else str(v)
+
+        return replace(
+            base,
+            contract=any_(contract),
+            local_service=any_(local_service),
+            remote_service=any_(remote_service),
+            level=level,
+        )
+
+    def new_notification(
+        self, name: object, event: object, queue: object, service: object, broker_instance: object
+    ) -> EventNotification:
+        name = check_name("event notification", name)
+        self._absent("event_notification", name)
+        if event not in EVENTS:
+            raise bad_argument(f"event must be one of {', '.join(EVENTS)}, got {event!r}")
+        if not isinstance(queue, str):
+            raise bad_argument("an event notification needs a queue name")
+        self.queue(queue)
+        service = check_name("service", service)
+        return EventNotification(
+            name, str(event), queue, service, None if broker_instance is None else str(broker_instance)
+        )
+
+    def check_drop(self, kind: str, name: str) -> None:
+        """Raise unless dropping (kind, name) leaves the catalog consistent."""
+        if kind not in _KINDS:
+            raise bad_argument(f"unknown object kind {kind!r}")
+        self._not_system(kind, name)
+        if name not in self.table(kind):
+            code = {
+                "message_type": ErrorCode.UNKNOWN_MESSAGE_TYPE,
+                "contract": ErrorCode.UNKNOWN_CONTRACT,
+                "queue": ErrorCode.UNKNOWN_QUEUE,
+                "service": ErrorCode.UNKNOWN_SERVICE,
+                "route": ErrorCode.UNKNOWN_ROUTE,
+                "broker_priority": ErrorCode.UNKNOWN_PRIORITY,
+                "event_notification": ErrorCode.UNKNOWN_EVENT_NOTIFICATION,
+            }[kind]
+            raise not_found(code, kind.replace("_", " "), name)
+        users: list[str] = []
+        if kind == "message_type":
+            users = [c.name for c in self.contracts.values() if name in c.messages]
+        elif kind == "contract":
+            users = [s.name for s in self.services.values() if name in s.contracts]
+        elif kind == "queue":
+            users = [f"service {s.name}" for s in self.services.values() if s.queue == name]
+            users += [
+                f"event notification {n.name}"
+                for n in self.notifications.values()
+                if n.queue == name
+            ]
+            users += [
+                f"queue {q.name} (dead-letter queue)"
+                for q in self.queues.values()
+                if q.poison_policy and q.poison_policy.dead_letter_queue == name
+            ]
+        if users:
+            raise BrokerError(
+                ErrorCode.IN_USE,
+                f"cannot drop {kind.replace('_', ' ')} '{name}': it is used by "
+                f"{', '.join(users)}; drop or change those first",
+            )

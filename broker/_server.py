@@ -1,0 +1,295 @@
+"""The client port: one asyncio protocol object per client connection.
+
+Theory of operation. Bytes are decoded as they arrive; the first frame must be a
+Hello, every later one a request. Requests of one connection run strictly one after
+another (a session is sequential, like a SQL session): a request whose operation
+finishes at once is answered in the same pass, one that must wait (RECEIVE with
+WAITFOR, a lock) runs as a task owned by the connection, and the next request
+starts when it ends. Answers leave in request order and only once everything the
+engine had applied before the answer was produced is durable (see `_store`), so a
+client never sees state that a crash could take back. Reading pauses while too many
+requests are queued and processing pauses while the socket's write buffer is full.
+A malformed frame gets a protocol error and the connection is closed; whatever the
+session had open is rolled back. Other sessions are not affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final, cast
+
+from protocol import (
+    WIRE_VERSION,
+    ErrorCode,
+    FrameDecoder,
+    Hello,
+    ProtocolError,
+    Request,
+    Welcome,
+    encode_error,
+    encode_frame,
+    encode_ok,
+)
+from protocol._framing import NEED_DATA
+
+from ._engine import Engine
+from ._errors import BrokerError
+from ._transactions import Session
+from ._views import render
+
+log = logging.getLogger("ssb.server")
+
+MAX_QUEUED_REQUESTS: Final = 1024
+RESUME_READING_AT: Final = 128
+SERVER_NAME: Final = "ssb/0.1"
+
+Operation = Callable[..., Any]
+
+
+class Operations:
+    """The table of operations a client may call, with their signatures."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.table: dict[str, tuple[Operation, inspect.Signature]] = {}
+        for name in (
+            "create_message_type",
+            "create_contract",
+            "create_queue",
+            "alter_queue",
+            "create_service",
+            "create_route",
+            "create_broker_priority",
+            "alter_broker_priority",
+            "create_event_notification",
+            "drop",
+            "begin_dialog",
+            "send",
+            "end_conversation",
+            "begin_conversation_timer",
+            "move_conversation",
+            "receive",
+            "get_conversation_group",
+            "begin_transaction",
+            "commit",
+            "rollback",
+        ):
+            self.add(name, getattr(engine, name))
+        self.add("view", self.view)
+        self.add("broker_instance", self.broker_instance)
+        self.add("ping", self.ping)
+
+    def add(self, name: str, fn: Operation) -> None:
+        self.table[name] = (fn, inspect.signature(fn))
+
+    def view(self, session: Session, name: object) -> list[dict[str, Any]]:
+        if not isinstance(name, str):
+            raise BrokerError(ErrorCode.BAD_ARGUMENT, "view needs a view name")
+        return render(self.engine, name)
+
+    def broker_instance(self, session: Session) -> str:
+        return self.engine.instance_id
+
+    def ping(self, session: Session) -> str:
+        return "pong"
+
+    def call(self, session: Session, request: Request) -> Any:
+        entry = self.table.get(request.operation)
+        if entry is None:
+            raise BrokerError(
+                ErrorCode.UNKNOWN_OPERATION,
+                f"unknown operation '{request.operation}'; is the client newer than the broker?",
+            )
+        fn, signature = entry
+        try:
+            signature.bind(session, **request.arguments)
+        except TypeError as exc:
+            raise BrokerError(
+                ErrorCode.BAD_ARGUMENT, f"{request.operation}: {exc}"
+            ) from None
+        return fn(session, **request.arguments)
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(
+        self,
+        engine: Engine,
+        operations: Operations,
+        users: dict[str, str],
+        connections: set[ClientConnection],
+    ) -> None:
+        self.engine = engine
+        self.operations = operations
+        self.users = users
+        self.connections = connections
+        self.decoder = FrameDecoder()
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self.peer = ""
+        self.inbox: deque[Request] = deque()
+        self.busy: asyncio.Task[None] | None = None
+        self.replies: deque[tuple[int, bytes]] = deque()
+        self.waiting_for: int | None = None
+        self.write_paused = False
+        self.read_paused = False
+        self.closed = False
+
+    # ---- asyncio.Protocol ---------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.decoder.receive_data(data)
+        try:
+            while True:
+                frame = self.decoder.next_frame()
+                if frame is NEED_DATA:
+                    break
+                if self.session is None:
+                    self._hello(frame)
+                    if self.closed:
+                        return
+                else:
+                    self.inbox.append(Request.decode(frame))
+        except ProtocolError as exc:
+            self._protocol_error(exc)
+            return
+        if len(self.inbox) > MAX_QUEUED_REQUESTS and not self.read_paused:
+            assert self.transport is not None
+            self.transport.pause_reading()
+            self.read_paused = True
+        self._pump()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.connections.discard(self)
+        if self.busy is not None:
+            self.busy.cancel()
+        if self.session is not None:
+            self.engine.close_session(self.session)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._pump()
+
+    # ---- handshake and errors -------------------------------------------------
+
+    def _hello(self, frame: Any) -> None:
+        hello = Hello.decode(frame)
+        if hello.version != WIRE_VERSION:
+            raise ProtocolError(
+                f"client speaks wire version {hello.version}, this broker speaks {WIRE_VERSION}",
+                ErrorCode.HANDSHAKE_FAILED,
+            )
+        if self.users and self.users.get(hello.user) != hello.password:
+            self._send_now(encode_error(0, ErrorCode.LOGIN_FAILED, f"login failed for user '{hello.user}'"))
+            self.close()
+            return
+        self.session = self.engine.open_session(hello.user, self.peer)
+        self._send_now(Welcome(WIRE_VERSION, self.engine.instance_id, SERVER_NAME).encode())
+
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        log.info("closing client %s: %s", self.peer, exc)
+        self._send_now(encode_error(0, exc.code, str(exc)))
+        self.close()
+
+    def _send_now(self, frame: object) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(encode_frame(frame))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # ---- running requests in order ----------------------------------------------
+
+    def _pump(self) -> None:
+        session = self.session
+        while self.inbox and self.busy is None and not self.write_paused and not self.closed:
+            assert session is not None
+            request = self.inbox.popleft()
+            try:
+                result = self.operations.call(session, request)
+            except BrokerError as exc:
+                self._answer(encode_error(request.request_id, exc.code, exc.message))
+                continue
+            except Exception as exc:  # a bug must not take the daemon down
+                log.exception("operation %s failed", request.operation)
+                self._answer(
+                    encode_error(
+                        request.request_id,
+                        ErrorCode.INTERNAL_ERROR,
+                        f"internal error in {request.operation}: {exc!r}; the broker logged it",
+                    )
+                )
+                continue
+            if inspect.isawaitable(result):
+                self.busy = asyncio.ensure_future(self._finish(request, result))
+                break
+            self._answer(encode_ok(request.request_id, result))
+        if self.read_paused and len(self.inbox) < RESUME_READING_AT and self.transport is not None:
+            self.read_paused = False
+            self.transport.resume_reading()
+        self._flush()
+
+    async def _finish(self, request: Request, pending: Any) -> None:
+        try:
+            result = await pending
+        except BrokerError as exc:
+            self._answer(encode_error(request.request_id, exc.code, exc.message))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("operation %s failed", request.operation)
+            self._answer(
+                encode_error(
+                    request.request_id,
+                    ErrorCode.INTERNAL_ERROR,
+                    f"internal error in {request.operation}: {exc!r}; the broker logged it",
+                )
+            )
+        else:
+            self._answer(encode_ok(request.request_id, result))
+        self.busy = None
+        self._pump()
+
+    def _answer(self, frame: list[Any]) -> None:
+        try:
+            data = encode_frame(frame)
+        except (TypeError, ValueError) as exc:
+            log.exception("cannot encode the answer to request %s", frame[0])
+            data = encode_frame(
+                encode_error(frame[0], ErrorCode.INTERNAL_ERROR, f"unencodable answer: {exc}")
+            )
+        self.replies.append((self.engine.store.watermark(), data))
+
+    def _flush(self) -> None:
+        """Write every answer whose effects are durable; wait for the rest."""
+        store = self.engine.store
+        durable = store.durable
+        out = []
+        replies = self.replies
+        while replies and replies[0][0] <= durable:
+            out.append(replies.popleft()[1])
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(out)
+        if replies and self.waiting_for != replies[0][0]:
+            self.waiting_for = replies[0][0]
+            store.when_durable(self.waiting_for, self._durable)
+
+    def _durable(self) -> None:
+        self.waiting_for = None
+        if not self.closed:
+            self._flush()

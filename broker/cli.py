@@ -1,0 +1,118 @@
+"""The `ssb` command: `ssb serve`, `ssb view NAME`, `ssb status`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ._config import ConfigError, load
+
+DEFAULT_URL = "ssb://127.0.0.1:4021"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ssb", description="ssb message broker")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the broker daemon",
+        description="Run the broker in the foreground. With no options: data in ./ssb-data, "
+        "client port 4021 and broker port 4022 on 127.0.0.1. SIGTERM or Ctrl-C stops it "
+        "cleanly (open transactions roll back).",
+    )
+    serve.add_argument("--config", type=Path, help="TOML config file (see deploy/ssb.toml)")
+    serve.add_argument("--data-dir", type=Path, help="where the store lives (default ./ssb-data)")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--client-port", type=int, help="client port (default 4021; 0 = any free)")
+    serve.add_argument(
+        "--broker-port", type=int, help="broker-to-broker port (default 4022; 0 = any free)"
+    )
+    serve.add_argument(
+        "--durability",
+        choices=("fsync", "os"),
+        help="fsync: acknowledged = on disk (default); os: acknowledged = survives a daemon crash",
+    )
+    serve.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+
+    for name, text in (
+        ("view", "print a view as a table (conversation_endpoints, service_queues, queue:NAME, ...)"),
+        ("status", "print this broker's instance id and counts"),
+    ):
+        sub = commands.add_parser(name, help=text, description=text)
+        if name == "view":
+            sub.add_argument("name", help="view name, or queue:NAME to read a queue")
+        sub.add_argument(
+            "--url", default=os.environ.get("SSB_URL", DEFAULT_URL), help="broker URL (env SSB_URL)"
+        )
+    return parser
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """Rows as an aligned text table (empty views say so)."""
+    if not rows:
+        return "(no rows)"
+    columns = list(rows[0])
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes):
+        text = value[:40].decode("utf-8", "replace")
+        return text + ("..." if len(value) > 40 else "")
+    return str(value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        from ._daemon import run
+
+        try:
+            config = load(
+                args.config,
+                {
+                    "data_dir": args.data_dir,
+                    "host": args.host,
+                    "client_port": args.client_port,
+                    "broker_port": args.broker_port,
+                    "durability": args.durability,
+                    "log_level": args.log_level,
+                },
+            )
+        except ConfigError as exc:
+            print(f"ssb: {exc}", file=sys.stderr)
+            return 2
+        return run(config)
+
+    import client
+
+    try:
+        with client.connect_sync(args.url) as conn:
+            if args.command == "view":
+                print(format_table(conn.view(args.name)))
+            else:
+                queues = conn.view("service_queues")
+                endpoints = conn.view("conversation_endpoints")
+                pending = conn.view("transmission_queue")
+                print(f"broker instance   {conn.broker_instance()}")
+                print(f"server            {conn.server}")
+                print(f"queues            {len(queues)}")
+                print(f"messages ready    {sum(q['messages_ready'] for q in queues)}")
+                print(f"conversations     {len(endpoints)}")
+                print(f"transmission queue {len(pending)}")
+    except client.BrokerError as exc:
+        print(f"ssb: {exc}", file=sys.stderr)
+        return 1
+    return 0

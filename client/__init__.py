@@ -1,0 +1,65 @@
+"""The ssb client: program the broker from Python.
+
+    conn = await client.connect("ssb://admin:secret@127.0.0.1:4021")
+    conn = client.connect_sync("ssb://127.0.0.1:4021")   # same methods, blocking
+"""
+
+from __future__ import annotations
+
+from ._connection import Connection, connect
+from ._errors import (
+    AlreadyExistsError,
+    BrokerError,
+    ConnectionLostError,
+    ContractViolationError,
+    ConversationEndedError,
+    InternalBrokerError,
+    InUseError,
+    InvalidArgumentError,
+    LockTimeoutError,
+    LoginFailedError,
+    NotFoundError,
+    PermissionDeniedError,
+    ProtocolViolationError,
+    QueueDisabledError,
+    TransactionError,
+    ValidationError,
+)
+from ._message import (
+    DIALOG_TIMER,
+    END_DIALOG,
+    ERROR,
+    EVENT_NOTIFICATION,
+    POST_EVENT_NOTIFICATION,
+    Message,
+)
+from ._sync import SyncConnection, connect_sync
+
+__all__ = [
+    "DIALOG_TIMER",
+    "END_DIALOG",
+    "ERROR",
+    "EVENT_NOTIFICATION",
+    "POST_EVENT_NOTIFICATION",
+    "AlreadyExistsError",
+    "BrokerError",
+    "Connection",
+    "ConnectionLostError",
+    "ContractViolationError",
+    "ConversationEndedError",
+    "InUseError",
+    "InternalBrokerError",
+    "InvalidArgumentError",
+    "LockTimeoutError",
+    "LoginFailedError",
+    "Message",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "ProtocolViolationError",
+    "QueueDisabledError",
+    "SyncConnection",
+    "TransactionError",
+    "ValidationError",
+    "connect",
+    "connect_sync",
+]

@@ -1,0 +1,384 @@
+"""Every broker operation as a pure request builder, shared by both clients.
+
+Each function checks its arguments' shape, and returns a `Call`: the operation
+name, its wire arguments and how to decode the answer. The async `Connection` and
+the blocking `SyncConnection` turn each builder into a method, so the two clients
+have exactly the same methods, signatures and docstrings.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ._message import Message
+
+T = TypeVar("T")
+Body = bytes | str
+Handle = uuid.UUID | str
+Handles = Handle | Sequence[Handle]
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    operation: str
+    arguments: dict[str, Any]
+    decode: Callable[[Any], T]
+
+
+def _none(_: Any) -> None:
+    return None
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def _optional_uuid(value: Any) -> uuid.UUID | None:
+    return None if value is None else _uuid(value)
+
+
+def _messages(rows: Any) -> list[Message]:
+    return [Message.from_wire(row) for row in rows]
+
+
+def _rows(rows: Any) -> list[dict[str, Any]]:
+    return [dict(row) for row in rows]
+
+
+def _handle(value: Handle) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        return uuid.UUID(value)
+    raise TypeError(f"a conversation handle is a uuid.UUID, got {type(value).__name__}")
+
+
+def _handles(value: Handles) -> list[uuid.UUID]:
+    if isinstance(value, (uuid.UUID, str)):
+        return [_handle(value)]
+    return [_handle(v) for v in value]
+
+
+def _body(value: Body) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"a message body is bytes or str, got {type(value).__name__}")
+
+
+def _some(**arguments: Any) -> dict[str, Any]:
+    return {k: v for k, v in arguments.items() if v is not None}
+
+
+# ---- catalog ---------------------------------------------------------------
+
+
+def create_message_type(name: str, validation: str = "NONE") -> Call[None]:
+    """CREATE MESSAGE TYPE.
+
+    Args:
+        name: the message type's name.
+        validation: NONE, EMPTY, WELL_FORMED_XML or VALID_JSON.
+    """
+    return Call("create_message_type", {"name": name, "validation": validation}, _none)
+
+
+def create_contract(name: str, messages: dict[str, str]) -> Call[None]:
+    """CREATE CONTRACT: `messages` maps message type -> INITIATOR, TARGET or ANY."""
+    return Call("create_contract", {"name": name, "messages": dict(messages)}, _none)
+
+
+def create_queue(
+    name: str,
+    status: str = "ON",
+    retention: str = "OFF",
+    activation: dict[str, Any] | None = None,
+    poison_message_handling: dict[str, Any] | str | None = None,
+    poison_policy: dict[str, Any] | None = None,
+) -> Call[None]:
+    """CREATE QUEUE.
+
+    Args:
+        status: "ON" or "OFF" (an OFF queue holds arrivals back and refuses RECEIVE).
+        retention: "ON" keeps received messages (status 0) until their conversation ends.
+        activation: {"status", "procedure": "package.module:function",
+            "max_queue_readers", "execute_as"}.
+        poison_message_handling: {"status": "ON" | "OFF"}: disable the queue after
+            five rollbacks in a row (default ON).
+        poison_policy: {"threshold", "action": "dead_letter" | "end_conversation" |
+            "park" | "record", "dead_letter_queue", "delay", "max_parks", "notify_service"}.
+    """
+    return Call(
+        "create_queue",
+        _some(
+            name=name,
+            status=status,
+            retention=retention,
+            activation=activation,
+            poison_message_handling=poison_message_handling,
+            poison_policy=poison_policy,
+        ),
+        _none,
+    )
+
+
+def alter_queue(name: str, **changes: Any) -> Call[None]:
+    """ALTER QUEUE: any of status, retention, activation (merged), poison_message_handling,
+    poison_policy (None removes it)."""
+    return Call("alter_queue", {"name": name, **changes}, _none)
+
+
+def create_service(name: str, queue: str, contracts: Iterable[str] = ()) -> Call[None]:
+    """CREATE SERVICE on a queue; `contracts` it accepts as a target (none = initiator only)."""
+    return Call(
+        "create_service", {"name": name, "queue": queue, "contracts": list(contracts)}, _none
+    )
+
+
+def create_route(
+    name: str,
+    service_name: str,
+    address: str,
+    broker_instance: str | None = None,
+    lifetime: float | None = None,
+) -> Call[None]:
+    """CREATE ROUTE: address is 'tcp://host:port', 'LOCAL' or 'TRANSPORT'."""
+    return Call(
+        "create_route",
+        _some(
+            name=name,
+            service_name=service_name,
+            address=address,
+            broker_instance=broker_instance,
+            lifetime=lifetime,
+        ),
+        _none,
+    )
+
+
+def create_broker_priority(
+    name: str,
+    contract: str | None = None,
+    local_service: str | None = None,
+    remote_service: str | None = None,
+    level: int = 5,
+) -> Call[None]:
+    """CREATE BROKER PRIORITY; None means ANY. Level 1 (lowest) .. 10 (highest)."""
+    return Call(
+        "create_broker_priority",
+        {
+            "name": name,
+            "contract": contract,
+            "local_service": local_service,
+            "remote_service": remote_service,
+            "level": level,
+        },
+        _none,
+    )
+
+
+def alter_broker_priority(name: str, **changes: Any) -> Call[None]:
+    """ALTER BROKER PRIORITY: any of contract, local_service, remote_service, level."""
+    return Call("alter_broker_priority", {"name": name, **changes}, _none)
+
+
+def create_event_notification(
+    name: str, event: str, queue: str, service: str, broker_instance: str | None = None
+) -> Call[None]:
+    """CREATE EVENT NOTIFICATION for QUEUE_ACTIVATION or BROKER_QUEUE_DISABLED on a queue,
+    delivered to `service` (which must accept the PostEventNotification contract)."""
+    return Call(
+        "create_event_notification",
+        _some(name=name, event=event, queue=queue, service=service, broker_instance=broker_instance),
+        _none,
+    )
+
+
+def _drop(kind: str) -> Callable[[str], Call[None]]:
+    def drop(name: str) -> Call[None]:
+        return Call("drop", {"kind": kind, "name": name}, _none)
+
+    drop.__name__ = f"drop_{kind}"
+    drop.__doc__ = f"DROP {kind.replace('_', ' ').upper()}."
+    return drop
+
+
+drop_message_type = _drop("message_type")
+drop_contract = _drop("contract")
+drop_queue = _drop("queue")
+drop_service = _drop("service")
+drop_route = _drop("route")
+drop_broker_priority = _drop("broker_priority")
+drop_event_notification = _drop("event_notification")
+
+
+# ---- conversations -----------------------------------------------------------
+
+
+def begin_dialog(
+    from_service: str,
+    to_service: str,
+    contract: str = "DEFAULT",
+    *,
+    broker_instance: str | None = None,
+    related_conversation: Handle | None = None,
+    related_conversation_group: Handle | None = None,
+    lifetime: float | None = None,
+    encryption: bool = False,
+) -> Call[uuid.UUID]:
+    """BEGIN DIALOG from a local service to a service on a contract.
+
+    Returns:
+        The new conversation handle.
+    """
+    return Call(
+        "begin_dialog",
+        _some(
+            from_service=from_service,
+            to_service=to_service,
+            contract=contract,
+            broker_instance=broker_instance,
+            related_conversation=None
+            if related_conversation is None
+            else _handle(related_conversation),
+            related_conversation_group=None
+            if related_conversation_group is None
+            else _handle(related_conversation_group),
+            lifetime=lifetime,
+            encryption=encryption or None,
+        ),
+        _uuid,
+    )
+
+
+def send(handles: Handles, message_type: str = "DEFAULT", body: Body = b"") -> Call[None]:
+    """SEND one message on one conversation, or the same message on several at once."""
+    return Call(
+        "send",
+        {"handles": _handles(handles), "message_type": message_type, "bodies": [_body(body)]},
+        _none,
+    )
+
+
+def send_many(handles: Handles, message_type: str, bodies: Iterable[Body]) -> Call[None]:
+    """SEND many messages (in order) in one round trip; atomic as one statement."""
+    return Call(
+        "send",
+        {
+            "handles": _handles(handles),
+            "message_type": message_type,
+            "bodies": [_body(b) for b in bodies],
+        },
+        _none,
+    )
+
+
+def end_conversation(
+    handle: Handle,
+    error: int | None = None,
+    description: str | None = None,
+    cleanup: bool = False,
+) -> Call[None]:
+    """END CONVERSATION [WITH ERROR = error DESCRIPTION = description | WITH CLEANUP]."""
+    return Call(
+        "end_conversation",
+        _some(
+            handle=_handle(handle),
+            error=error,
+            description=description,
+            cleanup=cleanup or None,
+        ),
+        _none,
+    )
+
+
+def begin_conversation_timer(handle: Handle, timeout: float) -> Call[None]:
+    """BEGIN CONVERSATION TIMER: a DialogTimer message arrives after `timeout` seconds."""
+    return Call("begin_conversation_timer", {"handle": _handle(handle), "timeout": timeout}, _none)
+
+
+def move_conversation(handle: Handle, group_id: Handle) -> Call[None]:
+    """MOVE CONVERSATION into another conversation group of the same queue."""
+    return Call(
+        "move_conversation", {"handle": _handle(handle), "group_id": _handle(group_id)}, _none
+    )
+
+
+def receive(
+    queue: str,
+    top: int | None = None,
+    timeout: float | None = 0.0,
+    *,
+    conversation_handle: Handle | None = None,
+    conversation_group_id: Handle | None = None,
+) -> Call[list[Message]]:
+    """RECEIVE [TOP n] FROM queue [WHERE ...] [WAITFOR timeout].
+
+    Returns messages of one conversation group, which stays locked until the
+    transaction ends (outside a transaction: committed at once).
+
+    Args:
+        top: at most this many messages (None: all of the group's ready messages).
+        timeout: seconds to wait for a message; 0 returns at once, None waits forever.
+    Returns:
+        The messages; [] when none arrived in time.
+    """
+    arguments: dict[str, Any] = {"queue": queue, "top": top, "timeout": timeout}
+    if conversation_handle is not None:
+        arguments["conversation_handle"] = _handle(conversation_handle)
+    if conversation_group_id is not None:
+        arguments["conversation_group_id"] = _handle(conversation_group_id)
+    return Call("receive", arguments, _messages)
+
+
+def get_conversation_group(queue: str, timeout: float | None = 0.0) -> Call[uuid.UUID | None]:
+    """GET CONVERSATION GROUP: lock and return the next group with messages (None if none)."""
+    return Call("get_conversation_group", {"queue": queue, "timeout": timeout}, _optional_uuid)
+
+
+# ---- transactions, views, broker --------------------------------------------------
+
+
+def begin_transaction() -> Call[None]:
+    """BEGIN TRANSACTION on this connection."""
+    return Call("begin_transaction", {}, _none)
+
+
+def commit() -> Call[None]:
+    """COMMIT: sends become deliverable, received messages go, locks are released."""
+    return Call("commit", {}, _none)
+
+
+def rollback() -> Call[None]:
+    """ROLLBACK: received messages return where they were, sends are discarded."""
+    return Call("rollback", {}, _none)
+
+
+def view(name: str) -> Call[list[dict[str, Any]]]:
+    """A view's rows (conversation_endpoints, service_queues, ..., or 'queue:NAME')."""
+    return Call("view", {"name": name}, _rows)
+
+
+def peek(queue: str) -> Call[list[Message]]:
+    """The messages of a queue without receiving them (like SELECT on a queue)."""
+
+    def decode(rows: Any) -> list[Message]:
+        return [Message.from_wire(list(row.values())) for row in rows]
+
+    return Call("view", {"name": f"queue:{queue}"}, decode)
+
+
+def broker_instance() -> Call[str]:
+    """This broker's persistent instance id."""
+    return Call("broker_instance", {}, str)
+
+
+def ping() -> Call[str]:
+    """A round trip that does nothing."""
+    return Call("ping", {}, str)

@@ -1,0 +1,260 @@
+"""The async client: one connection to the broker's client port, one session.
+
+Requests are written as soon as they are made and may be pipelined; the broker
+runs them in order and answers in order, and each answer resolves the future of
+its request id. A lost connection fails every pending request with
+`ConnectionLostError`; the broker rolls back whatever the session had open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
+
+from protocol import (
+    WIRE_VERSION,
+    FrameDecoder,
+    Hello,
+    ProtocolError,
+    Reply,
+    Welcome,
+    encode_frame,
+)
+from protocol._framing import NEED_DATA
+
+from . import _calls as calls
+from ._errors import BrokerError, ConnectionLostError, ProtocolViolationError, error_for
+from ._url import parse_url
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+HIGH_WATER: Final = 4 * 1024 * 1024
+CONNECT_TIMEOUT: Final = 10.0
+
+
+class _Wire(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.decoder = FrameDecoder()
+        self.transport: asyncio.Transport | None = None
+        self.frames: asyncio.Queue[Any] = asyncio.Queue()  # only before the welcome
+        self.connection: Connection | None = None
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.lost: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.decoder.receive_data(data)
+        while True:
+            try:
+                frame = self.decoder.next_frame()
+            except ProtocolError as exc:
+                self._fail(exc)
+                return
+            if frame is NEED_DATA:
+                return
+            if self.connection is None:
+                self.frames.put_nowait(frame)
+            else:
+                self.connection._on_frame(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionResetError("the broker closed the connection"))
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.lost is None:
+            self.lost = exc
+        self.writable.set()
+        if self.connection is not None:
+            self.connection._on_lost(exc)
+        else:
+            self.frames.put_nowait(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+
+def _method(
+    build: Callable[P, calls.Call[T]],
+) -> Callable[Concatenate[Connection, P], Coroutine[Any, Any, T]]:
+    @functools.wraps(build)
+    async def method(self: Connection, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self.call(build(*args, **kwargs))
+
+    return method
+
+
+class Connection:
+    """An async session with the broker; make one with `client.connect(url)`."""
+
+    def __init__(self, wire: _Wire, welcome: Welcome, url: str) -> None:
+        self._wire = wire
+        self._pending: dict[int, tuple[asyncio.Future[Any], calls.Call[Any]]] = {}
+        self._next_id = 1
+        self.broker_instance_id = welcome.broker_instance
+        self.server = welcome.server
+        self.url = url
+        self._closed = False
+        wire.connection = self
+
+    # ---- plumbing ------------------------------------------------------------------
+
+    async def call(self, request: calls.Call[T]) -> T:
+        """Send one request and wait for its answer."""
+        wire = self._wire
+        if wire.lost is not None or self._closed:
+            raise ConnectionLostError(f"not connected to the broker: {wire.lost or 'closed'}")
+        request_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (future, request)
+        assert wire.transport is not None
+        try:
+            frame = encode_frame([request_id, request.operation, request.arguments])
+        except (TypeError, ValueError):
+            del self._pending[request_id]
+            raise
+        wire.transport.write(frame)
+        if not wire.writable.is_set():
+            await wire.writable.wait()
+        return await future  # type: ignore[no-any-return]
+
+    def _on_frame(self, frame: Any) -> None:
+        try:
+            reply = Reply.decode(frame)
+        except ProtocolError as exc:
+            self._wire._fail(exc)
+            return
+        entry = self._pending.pop(reply.request_id, None)
+        if entry is None:
+            if not reply.ok and reply.code is not None:
+                self._wire._fail(error_for(reply.code, reply.text))
+            return
+        future, request = entry
+        if future.done():
+            return
+        if reply.ok:
+            try:
+                future.set_result(request.decode(reply.result))
+            except Exception as exc:  # a malformed answer is a protocol problem
+                future.set_exception(ProtocolViolationError(f"bad answer to {request.operation}: {exc!r}"))
+        else:
+            assert reply.code is not None
+            future.set_exception(error_for(reply.code, reply.text))
+
+    def _on_lost(self, exc: BaseException) -> None:
+        error = exc if isinstance(exc, BrokerError) else ConnectionLostError(
+            f"connection to the broker lost: {exc}"
+        )
+        pending, self._pending = self._pending, {}
+        for future, _ in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+    async def close(self) -> None:
+        """Close the connection; an open transaction is rolled back by the broker."""
+        self._closed = True
+        transport = self._wire.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+        await asyncio.sleep(0)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._wire.lost is not None
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Connection]:
+        """BEGIN TRANSACTION; COMMIT on normal exit, ROLLBACK on an exception."""
+        await self.begin_transaction()
+        try:
+            yield self
+        except BaseException:
+            if not self.closed:
+                await self.rollback()
+            raise
+        await self.commit()
+
+    # ---- the operations (see _calls for each one's documentation) ------------------
+
+    create_message_type = _method(calls.create_message_type)
+    create_contract = _method(calls.create_contract)
+    create_queue = _method(calls.create_queue)
+    alter_queue = _method(calls.alter_queue)
+    create_service = _method(calls.create_service)
+    create_route = _method(calls.create_route)
+    create_broker_priority = _method(calls.create_broker_priority)
+    alter_broker_priority = _method(calls.alter_broker_priority)
+    create_event_notification = _method(calls.create_event_notification)
+    drop_message_type = _method(calls.drop_message_type)
+    drop_contract = _method(calls.drop_contract)
+    drop_queue = _method(calls.drop_queue)
+    drop_service = _method(calls.drop_service)
+    drop_route = _method(calls.drop_route)
+    drop_broker_priority = _method(calls.drop_broker_priority)
+    drop_event_notification = _method(calls.drop_event_notification)
+    begin_dialog = _method(calls.begin_dialog)
+    send = _method(calls.send)
+    send_many = _method(calls.send_many)
+    end_conversation = _method(calls.end_conversation)
+    begin_conversation_timer = _method(calls.begin_conversation_timer)
+    move_conversation = _method(calls.move_conversation)
+    receive = _method(calls.receive)
+    get_conversation_group = _method(calls.get_conversation_group)
+    begin_transaction = _method(calls.begin_transaction)
+    commit = _method(calls.commit)
+    rollback = _method(calls.rollback)
+    view = _method(calls.view)
+    peek = _method(calls.peek)
+    broker_instance = _method(calls.broker_instance)
+    ping = _method(calls.ping)
+
+
+async def connect(url: str = "ssb://127.0.0.1:4021", timeout: float = CONNECT_TIMEOUT) -> Connection:
+    """Open a session with the broker at `url` (ssb://user:password@host:port).
+
+    Raises:
+        ConnectionLostError: the broker cannot be reached.
+        LoginFailedError: the broker refused the login.
+    """
+    target = parse_url(url)
+    loop = asyncio.get_running_loop()
+    try:
+        _, wire = await asyncio.wait_for(
+            loop.create_connection(_Wire, target.host, target.port), timeout
+        )
+    except (OSError, asyncio.TimeoutError) as exc:
+        raise ConnectionLostError(
+            f"cannot connect to the broker at {target.host}:{target.port}: {exc or 'timed out'}"
+        ) from exc
+    assert wire.transport is not None
+    wire.transport.write(encode_frame(Hello(WIRE_VERSION, target.user, target.password).encode()))
+    try:
+        frame = await asyncio.wait_for(wire.frames.get(), timeout)
+        if isinstance(frame, BaseException):
+            raise frame
+        welcome = Welcome.decode(frame)
+    except ProtocolError as exc:
+        wire.transport.close()
+        raise error_for(exc.code, str(exc)) from exc
+    except (OSError, asyncio.TimeoutError) as exc:
+        wire.transport.close()
+        raise ConnectionLostError(f"the broker did not complete the handshake: {exc!r}") from exc
+    return Connection(wire, welcome, url)

@@ -1,0 +1,117 @@
+"""Errors the client raises.
+
+`BrokerError` is the root of everything the broker reports (with its stable
+`.code`) and of connection failures (`ConnectionLostError`, `.code` None).
+Subclasses group codes by what a caller does about them. Misuse of the client
+itself (a wrong argument type caught before anything is sent) raises the usual
+`TypeError` / `ValueError`.
+"""
+
+from __future__ import annotations
+
+from protocol import ErrorCode
+
+
+class BrokerError(Exception):
+    """An error reported by the broker (`code` set) or a failed connection."""
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+    def __str__(self) -> str:
+        return f"[{self.code.value} {self.code.name}] {self.message}" if self.code else self.message
+
+
+class NotFoundError(BrokerError):
+    """A named object, conversation or group does not exist."""
+
+
+class AlreadyExistsError(BrokerError):
+    """An object of that name already exists."""
+
+
+class InUseError(BrokerError):
+    """The object is still used by others and cannot be dropped."""
+
+
+class InvalidArgumentError(BrokerError):
+    """The request was well formed but its arguments break a rule."""
+
+
+class ContractViolationError(InvalidArgumentError):
+    """The message type is not allowed by the contract, or not for this side."""
+
+
+class ValidationError(InvalidArgumentError):
+    """A message body does not satisfy its message type's validation."""
+
+
+class ConversationEndedError(BrokerError):
+    """The conversation has ended (or its far side has) and cannot take this."""
+
+
+class QueueDisabledError(BrokerError):
+    """The queue is OFF (for example after poison message detection)."""
+
+
+class TransactionError(BrokerError):
+    """Commit/rollback without a transaction, or begin inside one."""
+
+
+class LockTimeoutError(BrokerError):
+    """A conversation group stayed locked by another transaction too long."""
+
+
+class LoginFailedError(BrokerError):
+    """The broker refused the user name or password."""
+
+
+class PermissionDeniedError(BrokerError):
+    """The login may not do this."""
+
+
+class ProtocolViolationError(BrokerError):
+    """The broker and client disagree about the wire protocol."""
+
+
+class InternalBrokerError(BrokerError):
+    """The broker hit a bug; it logged it and the session goes on."""
+
+
+class ConnectionLostError(BrokerError):
+    """The connection to the broker failed or closed."""
+
+
+_BY_CODE: dict[ErrorCode, type[BrokerError]] = {
+    ErrorCode.ALREADY_EXISTS: AlreadyExistsError,
+    ErrorCode.IN_USE: InUseError,
+    ErrorCode.BAD_ARGUMENT: InvalidArgumentError,
+    ErrorCode.INVALID_DEFINITION: InvalidArgumentError,
+    ErrorCode.SYSTEM_OBJECT: InvalidArgumentError,
+    ErrorCode.MESSAGE_TYPE_NOT_IN_CONTRACT: ContractViolationError,
+    ErrorCode.WRONG_DIRECTION: ContractViolationError,
+    ErrorCode.CONTRACT_NOT_ACCEPTED: ContractViolationError,
+    ErrorCode.VALIDATION_FAILED: ValidationError,
+    ErrorCode.CONVERSATION_ENDED: ConversationEndedError,
+    ErrorCode.QUEUE_DISABLED: QueueDisabledError,
+    ErrorCode.NO_TRANSACTION: TransactionError,
+    ErrorCode.TRANSACTION_ACTIVE: TransactionError,
+    ErrorCode.LOCK_TIMEOUT: LockTimeoutError,
+    ErrorCode.LOGIN_FAILED: LoginFailedError,
+    ErrorCode.PERMISSION_DENIED: PermissionDeniedError,
+}
+
+
+def error_for(code: ErrorCode, message: str) -> BrokerError:
+    """The client exception for a code the broker reported."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        if 2000 <= code < 4000 and code.name.startswith("UNKNOWN"):
+            cls = NotFoundError
+        elif 1000 <= code < 2000:
+            cls = ProtocolViolationError
+        else:
+            cls = InternalBrokerError
+    return cls(message, code)

@@ -1,0 +1,175 @@
+"""The blocking client: the same methods as `Connection`, over a plain socket.
+
+Meant for code that is not async: activated procedures given a blocking
+connection, Spark tasks, scripts. Each call writes its request and reads frames
+until its answer arrives. Not thread-safe: one connection per thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from protocol import (
+    NEED_DATA,
+    WIRE_VERSION,
+    FrameDecoder,
+    Hello,
+    ProtocolError,
+    Reply,
+    Welcome,
+    encode_frame,
+)
+
+from . import _calls as calls
+from ._errors import ConnectionLostError, ProtocolViolationError, error_for
+from ._url import parse_url
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _method(build: Callable[P, calls.Call[T]]) -> Callable[Concatenate[SyncConnection, P], T]:
+    @functools.wraps(build)
+    def method(self: SyncConnection, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.call(build(*args, **kwargs))
+
+    return method
+
+
+class SyncConnection:
+    """A blocking session with the broker; make one with `client.connect_sync(url)`."""
+
+    def __init__(self, sock: socket.socket, welcome: Welcome, decoder: FrameDecoder, url: str):
+        self._sock = sock
+        self._decoder = decoder
+        self._next_id = 1
+        self.broker_instance_id = welcome.broker_instance
+        self.server = welcome.server
+        self.url = url
+        self._lost: str | None = None
+
+    def call(self, request: calls.Call[T]) -> T:
+        """Send one request and block until its answer."""
+        if self._lost is not None:
+            raise ConnectionLostError(f"not connected to the broker: {self._lost}")
+        request_id = self._next_id
+        self._next_id += 1
+        frame = encode_frame([request_id, request.operation, request.arguments])
+        try:
+            self._sock.sendall(frame)
+            while True:
+                reply = Reply.decode(_read_frame(self._sock, self._decoder))
+                if reply.request_id == request_id:
+                    break
+                if reply.request_id == 0 and not reply.ok and reply.code is not None:
+                    raise error_for(reply.code, reply.text)
+        except OSError as exc:
+            self._lost = str(exc)
+            raise ConnectionLostError(f"connection to the broker lost: {exc}") from exc
+        except ProtocolError as exc:
+            self._lost = str(exc)
+            self._sock.close()
+            raise ProtocolViolationError(str(exc), exc.code) from exc
+        if not reply.ok:
+            assert reply.code is not None
+            raise error_for(reply.code, reply.text)
+        return request.decode(reply.result)
+
+    def close(self) -> None:
+        """Close the connection; an open transaction is rolled back by the broker."""
+        self._lost = self._lost or "closed"
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._lost is not None
+
+    def __enter__(self) -> SyncConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[SyncConnection]:
+        """BEGIN TRANSACTION; COMMIT on normal exit, ROLLBACK on an exception."""
+        self.begin_transaction()
+        try:
+            yield self
+        except BaseException:
+            if not self.closed:
+                self.rollback()
+            raise
+        self.commit()
+
+    create_message_type = _method(calls.create_message_type)
+    create_contract = _method(calls.create_contract)
+    create_queue = _method(calls.create_queue)
+    alter_queue = _method(calls.alter_queue)
+    create_service = _method(calls.create_service)
+    create_route = _method(calls.create_route)
+    create_broker_priority = _method(calls.create_broker_priority)
+    alter_broker_priority = _method(calls.alter_broker_priority)
+    create_event_notification = _method(calls.create_event_notification)
+    drop_message_type = _method(calls.drop_message_type)
+    drop_contract = _method(calls.drop_contract)
+    drop_queue = _method(calls.drop_queue)
+    drop_service = _method(calls.drop_service)
+    drop_route = _method(calls.drop_route)
+    drop_broker_priority = _method(calls.drop_broker_priority)
+    drop_event_notification = _method(calls.drop_event_notification)
+    begin_dialog = _method(calls.begin_dialog)
+    send = _method(calls.send)
+    send_many = _method(calls.send_many)
+    end_conversation = _method(calls.end_conversation)
+    begin_conversation_timer = _method(calls.begin_conversation_timer)
+    move_conversation = _method(calls.move_conversation)
+    receive = _method(calls.receive)
+    get_conversation_group = _method(calls.get_conversation_group)
+    begin_transaction = _method(calls.begin_transaction)
+    commit = _method(calls.commit)
+    rollback = _method(calls.rollback)
+    view = _method(calls.view)
+    peek = _method(calls.peek)
+    broker_instance = _method(calls.broker_instance)
+    ping = _method(calls.ping)
+
+
+def _read_frame(sock: socket.socket, decoder: FrameDecoder) -> Any:
+    while True:
+        frame = decoder.next_frame()
+        if frame is not NEED_DATA:
+            return frame
+        data = sock.recv(1 << 16)
+        if not data:
+            raise ConnectionResetError("the broker closed the connection")
+        decoder.receive_data(data)
+
+
+def connect_sync(url: str = "ssb://127.0.0.1:4021", timeout: float = 10.0) -> SyncConnection:
+    """Open a blocking session with the broker at `url` (ssb://user:password@host:port)."""
+    target = parse_url(url)
+    try:
+        sock = socket.create_connection((target.host, target.port), timeout=timeout)
+    except OSError as exc:
+        raise ConnectionLostError(
+            f"cannot connect to the broker at {target.host}:{target.port}: {exc}"
+        ) from exc
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    decoder = FrameDecoder()
+    try:
+        sock.sendall(encode_frame(Hello(WIRE_VERSION, target.user, target.password).encode()))
+        welcome = Welcome.decode(_read_frame(sock, decoder))
+    except ProtocolError as exc:
+        sock.close()
+        raise error_for(exc.code, str(exc)) from exc
+    except OSError as exc:
+        sock.close()
+        raise ConnectionLostError(f"the broker did not complete the handshake: {exc}") from exc
+    sock.settimeout(None)
+    return SyncConnection(sock, welcome, decoder, url)

@@ -1,0 +1,1178 @@
+"""Dialog protocol: exactly-once, in-order delivery of one dialog direction between brokers.
+
+Theory of operation
+-------------------
+A dialog has two directions (`Direction.FROM_INITIATOR`, `Direction.FROM_TARGET`). Each is
+sequenced on its own: the sending broker numbers sequenced messages (user messages,
+EndDialog, Error) 0, 1, 2, ... and hands them to a `DialogSender`; the receiving broker's
+`DialogReceiver` for the same (conversation, direction) delivers them exactly once, in that
+order. Acks and protocol errors are unsequenced and never retried themselves: a lost ack
+is repaired because the sender retries and the receiver acks the duplicate again.
+
+Sender rules
+  * A message is split into `count = ceil(len / fragment_size)` fragments of equal stride
+    `ceil(len / count)`, so the layout is a function of the message and its count only.
+  * Each fragment stays in the transmission queue until acked. The first transmission is
+    followed by retries after `RetryPolicy` delays (4, 8, 16, 32, 64, 64, ... seconds).
+  * At most `window` messages beyond the receiver's cumulative ack are in flight.
+  * Fragments carry the direction's `Envelope` and wrapped session key until the first ack
+    of the direction proves the receiver stored both.
+  * `MessageAcked(seq)` means the receiver durably stored every fragment of `seq`: the
+    broker may delete it from its transmission queue.
+
+Receiver rules
+  * A fragment is accepted only if its sealed MD5 signature verifies under the session
+    key; otherwise it is dropped, not acked, and reported as `IntegrityFailure`.
+  * A message is delivered (`MessageReceived`) only when complete and when every earlier
+    message was delivered. Other accepted fragments are reported as `FragmentReceived` so
+    the broker can hold them durably (status "disabled" in Service Broker's words).
+  * Nothing is acked before the broker reports it durable through `mark_stored`; the ack
+    then confirms `below` (all messages < below delivered and stored) plus ranges of
+    stored fragments beyond it.
+  * Duplicates produce no event. A duplicate of something already stored makes the
+    receiver ack again; a duplicate of something not yet stored is dropped silently (its
+    ack follows the store).
+
+Scheduling (`DialogPeer`, one per adjacent broker): retransmissions that fall due go
+first, then fresh fragments one at a time, round-robin across dialogs within the highest
+priority level (with every `STARVATION_EVERY`-th pick going to the longest-waiting dialog
+of any level), so small messages overtake the fragments of a large one. Acks ride on
+fragments of the reverse direction of the same conversation; an ack with no ride goes alone
+`ack_delay` seconds after it became pending. Timers are heaps with lazy deletion; nothing
+scans all dialogs.
+
+Time is always an argument (`now`, seconds, any monotonic origin). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from ._errors import ErrorCode, IntegrityError, LocalProtocolError, RemoteProtocolError
+from ._integrity import SessionSeal, unwrap_session_key, wrap_session_key
+from ._link import (
+    MAX_ACK_RANGES,
+    MAX_FRAGMENT_COUNT,
+    MAX_FRAGMENT_SIZE,
+    AckFrame,
+    AckRecord,
+    Direction,
+    Envelope,
+    FragmentFrame,
+)
+
+DEFAULT_FRAGMENT_SIZE: Final = 64 * 1024
+MIN_FRAGMENT_SIZE: Final = 1
+MAX_MESSAGE_SIZE: Final = 256 * 1024 * 1024
+RECEIVE_WINDOW: Final = 8192
+MAX_RECEIVE_WINDOW: Final = 1 << 20
+MAX_BUFFERED_BYTES: Final = 256 * 1024 * 1024
+DEFAULT_ACK_DELAY: Final = 0.05
+MAX_ACK_DELAY: Final = 1.0
+DEFAULT_SEND_BATCH: Final = 256
+MIN_PRIORITY: Final = 1
+MAX_PRIORITY: Final = 10
+DEFAULT_PRIORITY: Final = 5
+STARVATION_EVERY: Final = 16
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retransmission backoff: `initial`, times `factor` per retry, capped at `maximum`."""
+
+    initial: float = 4.0
+    factor: float = 2.0
+    maximum: float = 64.0
+
+    def __post_init__(self) -> None:
+        if not (self.initial > 0 and self.factor >= 1 and self.maximum >= self.initial):
+            raise LocalProtocolError("invalid retry policy", ErrorCode.BAD_ARGUMENT)
+
+    def delay(self, transmissions: int) -> float:
+        """Seconds to wait for an ack after a fragment's `transmissions`-th send (1-based)."""
+        delay = self.initial
+        for _ in range(transmissions - 1):
+            delay *= self.factor
+            if delay >= self.maximum:
+                return self.maximum
+        return min(delay, self.maximum)
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    """A complete message is next in order: store it in the target queue, advance the
+    direction's next expected sequence number to `seq + 1`, delete its held fragments,
+    then call `mark_stored`."""
+
+    conversation_id: uuid.UUID
+    direction: Direction
+    seq: int
+    message_type: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentReceived:
+    """A fragment of a message that cannot be delivered yet: hold it durably, then call
+    `mark_stored`. Handed back to `DialogReceiver(held_fragments=...)` after a restart."""
+
+    conversation_id: uuid.UUID
+    direction: Direction
+    seq: int
+    fragment_index: int
+    fragment_count: int
+    message_type: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PartialMessageDiscarded:
+    """The sender re-fragmented message `seq` differently (it restarted with another
+    fragment size): delete the held fragments of `seq`."""
+
+    conversation_id: uuid.UUID
+    direction: Direction
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeyReceived:
+    """The direction's session key arrived: persist it with the receiver's state, in the
+    same transaction as (or before) the fragments that follow."""
+
+    conversation_id: uuid.UUID
+    direction: Direction
+    session_key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MessageAcked:
+    """The receiver durably stored message `seq`: delete it from the transmission queue."""
+
+    conversation_id: uuid.UUID
+    direction: Direction
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class IntegrityFailure:
+    """A fragment or ack failed its integrity check and was dropped (not acked).
+
+    `seq`/`fragment_index` are None for a standalone ack.
+    """
+
+    conversation_id: uuid.UUID
+    direction: Direction
+    seq: int | None
+    fragment_index: int | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownDialog:
+    """A fragment arrived for a (conversation, direction) with no open receiver.
+
+    The broker either creates the endpoint from `frame.envelope` and calls
+    `open_receiver` then `receive_frame(frame, now)` again, or drops it.
+    """
+
+    conversation_id: uuid.UUID
+    direction: Direction
+    frame: FragmentFrame
+
+
+DialogEvent = (
+    MessageReceived
+    | FragmentReceived
+    | PartialMessageDiscarded
+    | SessionKeyReceived
+    | MessageAcked
+    | IntegrityFailure
+    | UnknownDialog
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMessage:
+    """One unacked message of the transmission queue, as persisted by the broker."""
+
+    seq: int
+    message_type: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HeldFragment:
+    """One durably held fragment of an undelivered message, as persisted by the broker."""
+
+    seq: int
+    fragment_index: int
+    fragment_count: int
+    message_type: str
+    payload: bytes
+
+
+def fragment_layout(size: int, fragment_size: int) -> tuple[int, int]:
+    """(fragment count, stride) of a message of `size` bytes.
+
+    Raises: LocalProtocolError: the message needs more than MAX_FRAGMENT_COUNT fragments.
+    """
+    count = max(1, -(-size // fragment_size))
+    if count > MAX_FRAGMENT_COUNT:
+        raise LocalProtocolError(
+            f"message of {size} bytes needs {count} fragments, limit {MAX_FRAGMENT_COUNT}",
+            ErrorCode.BAD_ARGUMENT,
+        )
+    return count, -(-size // count)
+
+
+# --------------------------------------------------------------------------- sender
+
+
+class _OutMessage:
+    __slots__ = (
+        "acked",
+        "acked_count",
+        "body",
+        "count",
+        "done",
+        "message_type",
+        "next_unsent",
+        "seq",
+        "stride",
+    )
+
+    def __init__(self, seq: int, message_type: str, body: bytes, fragment_size: int) -> None:
+        self.seq = seq
+        self.message_type = message_type
+        self.body = body
+        self.count, self.stride = fragment_layout(len(body), fragment_size)
+        self.acked = bytearray(self.count)
+        self.acked_count = 0
+        self.next_unsent = 0
+        self.done = False
+
+    def payload(self, index: int) -> bytes:
+        if self.count == 1:
+            return self.body
+        start = index * self.stride
+        return self.body[start : start + self.stride]
+
+
+class DialogSender:
+    """Sending side of one dialog direction: its slice of the transmission queue.
+
+    Normally owned by a `DialogPeer`, which schedules its fragments; usable alone through
+    `next_unsent`, `build_fragment` and `handle_ack`.
+    """
+
+    def __init__(
+        self,
+        conversation_id: uuid.UUID,
+        direction: Direction,
+        envelope: Envelope,
+        *,
+        session_key: bytes,
+        wrapped_session_key: bytes | None,
+        next_seq: int = 0,
+        pending: Iterable[PendingMessage] = (),
+        fragment_size: int = DEFAULT_FRAGMENT_SIZE,
+        priority: int = DEFAULT_PRIORITY,
+        window: int = RECEIVE_WINDOW,
+    ) -> None:
+        """Args:
+            conversation_id, direction: which dialog direction this sends.
+            envelope: routing header for the receiver (sent until the first ack).
+            session_key: this direction's key (persist it; new_session_key() makes one).
+            wrapped_session_key: the key wrapped for the target broker, or None if the
+                owning DialogPeer should wrap it with the peer's public key.
+            next_seq: sequence number the next queued message will carry.
+            pending: unacked messages restored from the transmission queue (seq < next_seq).
+            fragment_size: largest fragment payload, MIN_FRAGMENT_SIZE..MAX_FRAGMENT_SIZE.
+            priority: MIN_PRIORITY..MAX_PRIORITY; higher goes first.
+            window: messages in flight beyond the receiver's cumulative ack.
+
+        Raises: LocalProtocolError: an argument is out of range.
+        """
+        if not MIN_FRAGMENT_SIZE <= fragment_size <= MAX_FRAGMENT_SIZE:
+            raise LocalProtocolError(
+                f"fragment size {fragment_size} out of range", ErrorCode.BAD_ARGUMENT
+            )
+        if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise LocalProtocolError(f"priority {priority} out of range", ErrorCode.BAD_ARGUMENT)
+        if not 1 <= window <= MAX_RECEIVE_WINDOW:
+            raise LocalProtocolError(f"window {window} out of range", ErrorCode.BAD_ARGUMENT)
+        self.conversation_id = conversation_id
+        self.direction = direction
+        self.envelope = envelope
+        self.session_key = bytes(session_key)
+        self.wrapped_session_key = wrapped_session_key
+        self.priority = priority
+        self.confirmed = False
+        """True once the receiver acked this direction; fragments then omit envelope and key."""
+        self.closed = False
+        self._seal = SessionSeal(self.session_key)
+        self._fragment_size = fragment_size
+        self._window = window
+        self._messages: dict[int, _OutMessage] = {}
+        self._unsent: deque[_OutMessage] = deque()
+        restored = sorted(pending, key=lambda m: m.seq)
+        self._next_seq = next_seq
+        self._acked_floor = restored[0].seq if restored else next_seq
+        for message in restored:
+            if not 0 <= message.seq < next_seq or message.seq in self._messages:
+                raise LocalProtocolError(
+                    f"pending message {message.seq} is not below next_seq {next_seq} or repeats",
+                    ErrorCode.BAD_ARGUMENT,
+                )
+            self._add(message.seq, message.message_type, message.body)
+        # scheduling bookkeeping owned by DialogPeer
+        self._in_ready = False
+        self._ready_stamp = 0
+
+    # -- queries
+
+    @property
+    def next_seq(self) -> int:
+        """Sequence number the next `queue_message` must use."""
+        return self._next_seq
+
+    @property
+    def unacked_count(self) -> int:
+        """Messages still in the transmission queue (not fully acked)."""
+        return len(self._messages)
+
+    def unacked(self) -> list[PendingMessage]:
+        """The transmission queue of this direction, in sequence order."""
+        return [
+            PendingMessage(m.seq, m.message_type, m.body)
+            for m in sorted(self._messages.values(), key=lambda m: m.seq)
+        ]
+
+    # -- queueing
+
+    def _add(self, seq: int, message_type: str, body: bytes) -> None:
+        if len(body) > MAX_MESSAGE_SIZE:
+            raise LocalProtocolError(
+                f"message of {len(body)} bytes exceeds {MAX_MESSAGE_SIZE}", ErrorCode.BAD_ARGUMENT
+            )
+        message = _OutMessage(seq, message_type, bytes(body), self._fragment_size)
+        self._messages[seq] = message
+        self._unsent.append(message)
+
+    def queue_message(self, seq: int, message_type: str, body: bytes) -> None:
+        """Add the next sequenced message of this direction.
+
+        Raises: LocalProtocolError: `seq` is not `next_seq`, or the message is too large.
+        """
+        if self.closed:
+            raise LocalProtocolError("sender is closed", ErrorCode.CONVERSATION_ENDED)
+        if seq != self._next_seq:
+            raise LocalProtocolError(
+                f"expected sequence number {self._next_seq}, got {seq}", ErrorCode.BAD_ARGUMENT
+            )
+        self._add(seq, message_type, body)
+        self._next_seq = seq + 1
+
+    # -- sending
+
+    def _unsent_head(self) -> _OutMessage | None:
+        unsent = self._unsent
+        while unsent:
+            message = unsent[0]
+            if message.done or message.next_unsent >= message.count:
+                unsent.popleft()
+                continue
+            if message.seq >= self._acked_floor + self._window:
+                return None
+            return message
+        return None
+
+    def has_unsent(self) -> bool:
+        """Whether a never-sent fragment is waiting inside the window."""
+        return self._unsent_head() is not None
+
+    def next_unsent(self) -> tuple[_OutMessage, int] | None:
+        """Take the next never-sent fragment inside the window, in sequence order."""
+        while (message := self._unsent_head()) is not None:
+            index = message.next_unsent
+            acked = message.acked
+            while index < message.count and acked[index]:
+                index += 1
+            message.next_unsent = index + 1
+            if index < message.count:
+                return message, index
+        return None
+
+    def build_fragment(
+        self, message: _OutMessage, index: int, ack: AckRecord | None
+    ) -> FragmentFrame:
+        """The signed frame for fragment `index` of `message`, carrying `ack` if given.
+
+        Raises: LocalProtocolError: the session key has not been wrapped for the target.
+        """
+        payload = message.payload(index)
+        envelope: Envelope | None = None
+        wrapped: bytes | None = None
+        if not self.confirmed:
+            if self.wrapped_session_key is None:
+                raise LocalProtocolError(
+                    "session key not wrapped for the target broker", ErrorCode.BAD_ARGUMENT
+                )
+            envelope, wrapped = self.envelope, self.wrapped_session_key
+        args = (
+            self.conversation_id,
+            self.direction,
+            message.seq,
+            index,
+            message.count,
+            message.message_type,
+            payload,
+        )
+        unsigned = FragmentFrame(*args, b"", envelope, wrapped, ack)
+        return FragmentFrame(
+            *args, self._seal.sign(unsigned.signed_header(), payload), envelope, wrapped, ack
+        )
+
+    def is_outstanding(self, message: _OutMessage, index: int) -> bool:
+        """Whether fragment `index` of `message` still waits for its ack."""
+        return not (self.closed or message.done or message.acked[index])
+
+    # -- acks
+
+    def verify_ack(self, frame: AckFrame) -> None:
+        """Raises: IntegrityError: the standalone ack's signature does not verify."""
+        self._seal.verify(frame.signature, frame.signed_header())
+
+    def handle_ack(self, record: AckRecord) -> list[MessageAcked]:
+        """Apply an (already verified) ack.
+
+        Returns: one MessageAcked per message that became fully acked, in this call.
+        """
+        self.confirmed = True
+        events: list[MessageAcked] = []
+        messages = self._messages
+        below = min(record.below, self._next_seq)
+        if below > self._acked_floor:
+            for seq in range(self._acked_floor, below):
+                message = messages.pop(seq, None)
+                if message is not None:
+                    message.done = True
+                    events.append(MessageAcked(self.conversation_id, self.direction, seq))
+            self._acked_floor = below
+        for seq, count, first, end in record.ranges:
+            message = messages.get(seq)
+            if message is None or message.count != count:
+                continue  # already acked, or a range for another fragment layout
+            acked = message.acked
+            for index in range(first, end):
+                if not acked[index]:
+                    acked[index] = 1
+                    message.acked_count += 1
+            if message.acked_count == message.count:
+                del messages[seq]
+                message.done = True
+                events.append(MessageAcked(self.conversation_id, self.direction, seq))
+        return events
+
+
+# --------------------------------------------------------------------------- receiver
+
+
+class _InMessage:
+    __slots__ = ("count", "message_type", "parts", "received", "size", "stored")
+
+    def __init__(self, count: int, message_type: str) -> None:
+        self.count = count
+        self.message_type = message_type
+        self.parts: list[bytes | None] = [None] * count
+        self.received = 0
+        self.stored = bytearray(count)
+        self.size = 0
+
+
+class DialogReceiver:
+    """Receiving side of one dialog direction: ordering, reassembly, duplicate detection
+    and the ack it owes. Normally owned by a `DialogPeer`."""
+
+    def __init__(
+        self,
+        conversation_id: uuid.UUID,
+        direction: Direction,
+        *,
+        private_key: rsa.RSAPrivateKey | None,
+        session_key: bytes | None = None,
+        next_expected_seq: int = 0,
+        held_fragments: Iterable[HeldFragment] = (),
+        window: int = RECEIVE_WINDOW,
+        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
+    ) -> None:
+        """Args:
+        conversation_id, direction: which dialog direction this receives.
+        private_key: this broker's key, to unwrap the session key on first contact.
+        session_key: the direction's key if already known (restored state).
+        next_expected_seq: sequence number of the next message to deliver.
+        held_fragments: durably held fragments of undelivered messages (restored).
+        window: messages beyond `next_expected_seq` that are buffered; later ones
+            are dropped unacked (the sender retries).
+        max_buffered_bytes: payload of out-of-order fragments held in memory.
+        """
+        if not 1 <= window <= MAX_RECEIVE_WINDOW:
+            raise LocalProtocolError(f"window {window} out of range", ErrorCode.BAD_ARGUMENT)
+        self.conversation_id = conversation_id
+        self.direction = direction
+        self.session_key: bytes | None = None if session_key is None else bytes(session_key)
+        self.closed = False
+        self.duplicates = 0
+        self.dropped = 0
+        self._private_key = private_key
+        self._seal = None if session_key is None else SessionSeal(session_key)
+        self._next_expected = next_expected_seq
+        self._stored_below = next_expected_seq
+        self._window = window
+        self._max_buffered = max_buffered_bytes
+        self._buffered = 0
+        self._partials: dict[int, _InMessage] = {}
+        self._unreported: set[tuple[int, int, int]] = set()
+        self.ack_pending = False
+        # ack scheduling bookkeeping owned by DialogPeer
+        self._ack_generation = 0
+        self._ack_scheduled = False
+        for held in held_fragments:
+            if held.seq < next_expected_seq:
+                continue  # delivered already; the broker should have deleted it
+            message = self._partials.get(held.seq)
+            if message is None or message.count != held.fragment_count:
+                if message is not None:
+                    self._buffered -= message.size
+                message = self._partials[held.seq] = _InMessage(
+                    held.fragment_count, held.message_type
+                )
+            if (
+                not 0 <= held.fragment_index < message.count
+                or message.parts[held.fragment_index] is not None
+            ):
+                continue
+            message.parts[held.fragment_index] = held.payload
+            message.stored[held.fragment_index] = 1
+            message.received += 1
+            message.size += len(held.payload)
+            self._buffered += len(held.payload)
+
+    @property
+    def next_expected_seq(self) -> int:
+        """Sequence number of the next message to deliver."""
+        return self._next_expected
+
+    def resume(self) -> list[DialogEvent]:
+        """Deliver messages that restored held fragments already complete (after a crash
+        between holding the last fragment and storing the message)."""
+        events: list[DialogEvent] = []
+        self._deliver_ready(events)
+        return events
+
+    # -- integrity
+
+    def verify(self, frame: FragmentFrame) -> SessionKeyReceived | None:
+        """Check a fragment's signature, adopting the wrapped session key on first contact.
+
+        Returns: SessionKeyReceived when the key was just learned, else None.
+
+        Raises: IntegrityError: no usable session key, or the signature does not verify.
+        """
+        if self._seal is not None:
+            self._seal.verify(frame.signature, frame.signed_header(), frame.payload)
+            return None
+        if frame.wrapped_session_key is None:
+            raise IntegrityError("no session key for this dialog direction yet")
+        if self._private_key is None:
+            raise IntegrityError("no private key to unwrap the session key")
+        key = unwrap_session_key(frame.wrapped_session_key, self._private_key)
+        seal = SessionSeal(key)
+        seal.verify(frame.signature, frame.signed_header(), frame.payload)
+        self._seal, self.session_key = seal, key
+        return SessionKeyReceived(self.conversation_id, self.direction, key)
+
+    def receive_fragment(self, frame: FragmentFrame) -> list[DialogEvent]:
+        """Verify then accept one fragment (standalone use; DialogPeer also handles acks).
+
+        Raises: RemoteProtocolError: the fragment belongs to another direction.
+        """
+        try:
+            key_event = self.verify(frame)
+        except IntegrityError as exc:
+            return [
+                IntegrityFailure(
+                    self.conversation_id, self.direction, frame.seq, frame.fragment_index, str(exc)
+                )
+            ]
+        events = self.accept(frame)
+        if key_event is not None:
+            events.insert(0, key_event)
+        return events
+
+    # -- ordering and reassembly
+
+    def accept(self, frame: FragmentFrame) -> list[DialogEvent]:
+        """Accept one *verified* fragment.
+
+        Returns: MessageReceived / FragmentReceived / PartialMessageDiscarded events.
+
+        Raises: RemoteProtocolError: the fragment names another dialog direction.
+        """
+        if frame.conversation_id != self.conversation_id or frame.direction is not self.direction:
+            raise RemoteProtocolError(
+                "fragment routed to the wrong dialog", ErrorCode.UNKNOWN_CONVERSATION
+            )
+        seq = frame.seq
+        if seq < self._next_expected:
+            self.duplicates += 1
+            if seq < self._stored_below:
+                self.ack_pending = True  # our ack was lost: the cumulative ack repairs it
+            return []
+        if seq >= self._next_expected + self._window:
+            self.dropped += 1
+            return []
+        events: list[DialogEvent] = []
+        message = self._partials.get(seq)
+        if message is None:
+            if frame.fragment_count == 1 and seq == self._next_expected:
+                self._next_expected += 1
+                events.append(
+                    MessageReceived(
+                        self.conversation_id, self.direction, seq, frame.message_type, frame.payload
+                    )
+                )
+                self._deliver_ready(events)
+                return events
+        elif message.count != frame.fragment_count or message.message_type != frame.message_type:
+            self._buffered -= message.size
+            del self._partials[seq]
+            self._unreported = {entry for entry in self._unreported if entry[0] != seq}
+            events.append(PartialMessageDiscarded(self.conversation_id, self.direction, seq))
+            message = None
+        if message is None:
+            message = self._partials[seq] = _InMessage(frame.fragment_count, frame.message_type)
+        index = frame.fragment_index
+        if message.parts[index] is not None:
+            self.duplicates += 1
+            if message.stored[index]:
+                self._unreported.add((seq, message.count, index))
+                self.ack_pending = True
+            return events
+        size = len(frame.payload)
+        if seq != self._next_expected and self._buffered + size > self._max_buffered:
+            self.dropped += 1
+            if not message.received:
+                del self._partials[seq]
+            return events
+        message.parts[index] = frame.payload
+        message.received += 1
+        message.size += size
+        self._buffered += size
+        if message.received == message.count and seq == self._next_expected:
+            self._deliver_ready(events)
+        else:
+            events.append(
+                FragmentReceived(
+                    self.conversation_id,
+                    self.direction,
+                    seq,
+                    index,
+                    message.count,
+                    message.message_type,
+                    frame.payload,
+                )
+            )
+        return events
+
+    def _deliver_ready(self, events: list[DialogEvent]) -> None:
+        partials = self._partials
+        while (
+            message := partials.get(self._next_expected)
+        ) is not None and message.received == message.count:
+            del partials[self._next_expected]
+            self._buffered -= message.size
+            body = b"".join(part for part in message.parts if part is not None)
+            events.append(
+                MessageReceived(
+                    self.conversation_id,
+                    self.direction,
+                    self._next_expected,
+                    message.message_type,
+                    body,
+                )
+            )
+            self._next_expected += 1
+
+    # -- durability and acks
+
+    def mark_stored(self, event: MessageReceived | FragmentReceived) -> None:
+        """The broker durably stored what `event` reported; it may now be acked.
+
+        For MessageReceived the confirmation is cumulative: store messages in order
+        (one call with the highest seq of a group commit is enough).
+
+        Raises: LocalProtocolError: the event was never emitted by this receiver.
+        """
+        if isinstance(event, MessageReceived):
+            if event.seq >= self._next_expected:
+                raise LocalProtocolError(
+                    f"message {event.seq} was not delivered yet", ErrorCode.BAD_ARGUMENT
+                )
+            if event.seq >= self._stored_below:
+                self._stored_below = event.seq + 1
+                self.ack_pending = True
+            return
+        if event.seq < self._stored_below:
+            return
+        message = self._partials.get(event.seq)
+        index = event.fragment_index
+        if message is None or message.count != event.fragment_count or message.parts[index] is None:
+            # delivered meanwhile (the message ack covers it) or discarded (stale layout)
+            return
+        message.stored[index] = 1
+        self._unreported.add((event.seq, message.count, index))
+        self.ack_pending = True
+
+    def take_ack(self) -> AckRecord:
+        """The ack owed now; clears `ack_pending` unless ranges had to be left for later."""
+        ranges: list[tuple[int, int, int, int]] = []
+        if self._unreported:
+            below = self._stored_below
+            entries = sorted(entry for entry in self._unreported if entry[0] >= below)
+            rest: set[tuple[int, int, int]] = set()
+            for position, (seq, count, index) in enumerate(entries):
+                if (
+                    ranges
+                    and ranges[-1][0] == seq
+                    and ranges[-1][1] == count
+                    and ranges[-1][3] == index
+                ):
+                    ranges[-1] = (seq, count, ranges[-1][2], index + 1)
+                elif len(ranges) < MAX_ACK_RANGES:
+                    ranges.append((seq, count, index, index + 1))
+                else:
+                    rest = set(entries[position:])
+                    break
+            self._unreported = rest
+        self.ack_pending = bool(self._unreported)
+        return AckRecord(self._stored_below, tuple(ranges))
+
+    def ack_frame(self, record: AckRecord) -> AckFrame | None:
+        """A standalone ack frame sealed with this direction's key (None without a key)."""
+        if self._seal is None:
+            return None
+        unsigned = AckFrame(self.conversation_id, self.direction, record, b"")
+        return AckFrame(
+            self.conversation_id, self.direction, record, self._seal.sign(unsigned.signed_header())
+        )
+
+
+# --------------------------------------------------------------------------- peer
+
+
+@dataclass(slots=True)
+class PeerCounters:
+    """Running totals of one DialogPeer, for the transmission queue and connections views."""
+
+    fragments_sent: int = 0
+    retransmissions: int = 0
+    standalone_acks: int = 0
+    piggybacked_acks: int = 0
+    integrity_failures: int = 0
+    unknown_acks: int = 0
+
+
+_Key = tuple[uuid.UUID, Direction]
+_RetryEntry = tuple[float, int, DialogSender, _OutMessage, int, int]
+_AckEntry = tuple[float, int, DialogReceiver, int]
+
+
+class DialogPeer:
+    """All dialog directions between this broker and one adjacent broker.
+
+    It outlives TCP connections: frames it returns go on whichever connection is up;
+    lost frames are repaired by retransmission.
+    """
+
+    def __init__(
+        self,
+        *,
+        private_key: rsa.RSAPrivateKey | None = None,
+        peer_public_key: rsa.RSAPublicKey | bytes | None = None,
+        fragment_size: int = DEFAULT_FRAGMENT_SIZE,
+        retry: RetryPolicy | None = None,
+        ack_delay: float = DEFAULT_ACK_DELAY,
+        window: int = RECEIVE_WINDOW,
+    ) -> None:
+        """Args:
+            private_key: this broker's key (unwraps session keys of inbound directions).
+            peer_public_key: the peer's public key or certificate PEM (wraps session keys
+                of outbound directions opened without a wrapped key).
+            fragment_size: largest fragment payload for outbound messages.
+            retry: retransmission backoff; RetryPolicy() by default.
+            ack_delay: how long an ack waits for return traffic before going alone.
+            window: messages in flight / buffered beyond the cumulative ack, per direction.
+
+        Raises: LocalProtocolError: an argument is out of range.
+        """
+        if not 0 <= ack_delay <= MAX_ACK_DELAY:
+            raise LocalProtocolError(f"ack delay {ack_delay} out of range", ErrorCode.BAD_ARGUMENT)
+        if not MIN_FRAGMENT_SIZE <= fragment_size <= MAX_FRAGMENT_SIZE:
+            raise LocalProtocolError(
+                f"fragment size {fragment_size} out of range", ErrorCode.BAD_ARGUMENT
+            )
+        self.counters = PeerCounters()
+        self._private_key = private_key
+        self._peer_public_key = peer_public_key
+        self._fragment_size = fragment_size
+        self._retry = retry if retry is not None else RetryPolicy()
+        self._ack_delay = ack_delay
+        self._window = window
+        self._senders: dict[_Key, DialogSender] = {}
+        self._receivers: dict[_Key, DialogReceiver] = {}
+        self._tick = itertools.count()
+        self._retry_heap: list[_RetryEntry] = []
+        self._retry_ready: deque[tuple[DialogSender, _OutMessage, int, int]] = deque()
+        self._ack_heap: list[_AckEntry] = []
+        self._ready: list[deque[DialogSender]] = [deque() for _ in range(MAX_PRIORITY + 1)]
+        self._ready_count = 0
+        self._picks = 0
+
+    # -- dialogs
+
+    def open_sender(
+        self,
+        conversation_id: uuid.UUID,
+        direction: Direction,
+        envelope: Envelope,
+        *,
+        session_key: bytes,
+        wrapped_session_key: bytes | None = None,
+        next_seq: int = 0,
+        pending: Iterable[PendingMessage] = (),
+        priority: int = DEFAULT_PRIORITY,
+    ) -> DialogSender:
+        """Start (or, with `pending`, resume after a restart) sending one dialog direction.
+
+        Raises: LocalProtocolError: already open, no way to wrap the session key, or a
+            bad argument (see DialogSender).
+        """
+        key = (conversation_id, direction)
+        if key in self._senders:
+            raise LocalProtocolError(
+                f"sender {conversation_id}/{direction.name} already open", ErrorCode.ALREADY_EXISTS
+            )
+        if wrapped_session_key is None:
+            if self._peer_public_key is None:
+                raise LocalProtocolError(
+                    "no wrapped session key and no peer public key", ErrorCode.BAD_ARGUMENT
+                )
+            wrapped_session_key = wrap_session_key(session_key, self._peer_public_key)
+        sender = DialogSender(
+            conversation_id,
+            direction,
+            envelope,
+            session_key=session_key,
+            wrapped_session_key=wrapped_session_key,
+            next_seq=next_seq,
+            pending=pending,
+            fragment_size=self._fragment_size,
+            priority=priority,
+            window=self._window,
+        )
+        self._senders[key] = sender
+        self._make_ready(sender)
+        return sender
+
+    def open_receiver(
+        self,
+        conversation_id: uuid.UUID,
+        direction: Direction,
+        *,
+        session_key: bytes | None = None,
+        next_expected_seq: int = 0,
+        held_fragments: Iterable[HeldFragment] = (),
+    ) -> list[DialogEvent]:
+        """Start (or resume after a restart) receiving one dialog direction.
+
+        Returns: MessageReceived events for messages the held fragments already complete.
+
+        Raises: LocalProtocolError: already open.
+        """
+        key = (conversation_id, direction)
+        if key in self._receivers:
+            raise LocalProtocolError(
+                f"receiver {conversation_id}/{direction.name} already open",
+                ErrorCode.ALREADY_EXISTS,
+            )
+        receiver = DialogReceiver(
+            conversation_id,
+            direction,
+            private_key=self._private_key,
+            session_key=session_key,
+            next_expected_seq=next_expected_seq,
+            held_fragments=held_fragments,
+            window=self._window,
+        )
+        self._receivers[key] = receiver
+        return receiver.resume()
+
+    def sender(self, conversation_id: uuid.UUID, direction: Direction) -> DialogSender | None:
+        """The open sender of a direction, if any."""
+        return self._senders.get((conversation_id, direction))
+
+    def receiver(self, conversation_id: uuid.UUID, direction: Direction) -> DialogReceiver | None:
+        """The open receiver of a direction, if any."""
+        return self._receivers.get((conversation_id, direction))
+
+    def close_sender(self, conversation_id: uuid.UUID, direction: Direction) -> None:
+        """Forget a direction's sender (dialog ended and fully acked, or cleaned up)."""
+        sender = self._senders.pop((conversation_id, direction), None)
+        if sender is not None:
+            sender.closed = True
+
+    def close_receiver(self, conversation_id: uuid.UUID, direction: Direction) -> None:
+        """Forget a direction's receiver; later fragments produce UnknownDialog."""
+        receiver = self._receivers.pop((conversation_id, direction), None)
+        if receiver is not None:
+            receiver.closed = True
+
+    # -- sending
+
+    def queue_message(
+        self,
+        conversation_id: uuid.UUID,
+        direction: Direction,
+        seq: int,
+        message_type: str,
+        body: bytes,
+    ) -> None:
+        """Put the next sequenced message of an open sender on the transmission queue.
+
+        Raises: LocalProtocolError: no such sender, wrong `seq`, or too large.
+        """
+        sender = self._senders.get((conversation_id, direction))
+        if sender is None:
+            raise LocalProtocolError(
+                f"no sender for {conversation_id}/{direction.name}", ErrorCode.UNKNOWN_CONVERSATION
+            )
+        sender.queue_message(seq, message_type, body)
+        self._make_ready(sender)
+
+    def _make_ready(self, sender: DialogSender) -> None:
+        if not sender._in_ready and not sender.closed and sender.has_unsent():
+            sender._in_ready = True
+            sender._ready_stamp = self._picks
+            self._ready[sender.priority].append(sender)
+            self._ready_count += 1
+
+    def _pick_fresh(self) -> tuple[DialogSender, _OutMessage, int] | None:
+        while self._ready_count:
+            self._picks += 1
+            queue = self._choose_ready_queue()
+            sender = queue.popleft()
+            self._ready_count -= 1
+            picked = None if sender.closed else sender.next_unsent()
+            if picked is not None and sender.has_unsent():
+                sender._ready_stamp = self._picks
+                queue.append(sender)
+                self._ready_count += 1
+            else:
+                sender._in_ready = False
+            if picked is not None:
+                return sender, picked[0], picked[1]
+        return None
+
+    def _choose_ready_queue(self) -> deque[DialogSender]:
+        queues = [queue for queue in reversed(self._ready) if queue]
+        if self._picks % STARVATION_EVERY == 0:
+            return min(queues, key=lambda queue: queue[0]._ready_stamp)
+        return queues[0]
+
+    def _take_ack(self, receiver: DialogReceiver, now: float) -> AckRecord:
+        record = receiver.take_ack()
+        receiver._ack_generation += 1
+        receiver._ack_scheduled = False
+        if receiver.ack_pending:  # ranges left over: send the rest at once
+            self._schedule_ack(receiver, now, 0.0)
+        return record
+
+    def _schedule_ack(
+        self, receiver: DialogReceiver, now: float, delay: float | None = None
+    ) -> None:
+        if receiver.ack_pending and not receiver._ack_scheduled and not receiver.closed:
+            receiver._ack_scheduled = True
+            deadline = now + (self._ack_delay if delay is None else delay)
+            heapq.heappush(
+                self._ack_heap, (deadline, next(self._tick), receiver, receiver._ack_generation)
+            )
+
+    @property
+    def wants_to_send(self) -> bool:
+        """Whether `frames_to_send(now)` has fragments ready without waiting for a timer."""
+        return bool(self._retry_ready) or self._ready_count > 0
+
+    def frames_to_send(
+        self, now: float, limit: int = DEFAULT_SEND_BATCH
+    ) -> list[FragmentFrame | AckFrame]:
+        """Frames to write now: due retransmissions, then up to `limit` fragments in all,
+        then standalone acks whose delay expired and found no ride.
+
+        Call again while `wants_to_send` (the writer's buffer permitting), and at
+        `get_timer()`.
+        """
+        self.handle_timer(now)
+        frames: list[FragmentFrame | AckFrame] = []
+        counters = self.counters
+        receivers = self._receivers
+        retry = self._retry
+        while len(frames) < limit:
+            if self._retry_ready:
+                sender, message, index, transmissions = self._retry_ready.popleft()
+                if not sender.is_outstanding(message, index):
+                    continue
+                counters.retransmissions += 1
+            else:
+                picked = self._pick_fresh()
+                if picked is None:
+                    break
+                sender, message, index = picked
+                transmissions = 0
+            ack = None
+            receiver = receivers.get((sender.conversation_id, sender.direction.reverse))
+            if receiver is not None and receiver.ack_pending:
+                ack = self._take_ack(receiver, now)
+                counters.piggybacked_acks += 1
+            frames.append(sender.build_fragment(message, index, ack))
+            counters.fragments_sent += 1
+            transmissions += 1
+            heapq.heappush(
+                self._retry_heap,
+                (
+                    now + retry.delay(transmissions),
+                    next(self._tick),
+                    sender,
+                    message,
+                    index,
+                    transmissions,
+                ),
+            )
+        heap = self._ack_heap
+        while heap and heap[0][0] <= now:
+            _, _, receiver, generation = heapq.heappop(heap)
+            if (
+                receiver.closed
+                or generation != receiver._ack_generation
+                or not receiver.ack_pending
+            ):
+                continue
+            frame = receiver.ack_frame(self._take_ack(receiver, now))
+            if frame is not None:
+                frames.append(frame)
+                counters.standalone_acks += 1
+        return frames
+
+    # -- timers
+
+    def get_timer(self) -> float | None:
+        """When `handle_timer`/`frames_to_send` next has work (retry or ack due), or None."""
+        heap = self._retry_heap
+        while heap and not heap[0][2].is_outstanding(heap[0][3], heap[0][4]):
+            heapq.heappop(heap)
+        acks = self._ack_heap
+        while acks and (acks[0][2].closed or acks[0][3] != acks[0][2]._ack_generation):
+            heapq.heappop(acks)
+        times = [entries[0][0] for entries in (heap, acks) if entries]
+        return min(times) if times else None
+
+    def handle_timer(self, now: float) -> None:
+        """Move retransmissions due by `now` to the front of the send order."""
+        heap = self._retry_heap
+        while heap and heap[0][0] <= now:
+            _, _, sender, message, index, transmissions = heapq.heappop(heap)
+            if sender.is_outstanding(message, index):
+                self._retry_ready.append((sender, message, index, transmissions))
+
+    def retransmit_all(self, now: float) -> None:
+        """Make every unacked, already-sent fragment due at `now` (e.g. after a new
+        connection replaced one that died), keeping each fragment's backoff step."""
+        entries, self._retry_heap = self._retry_heap, []
+        for due, tick, sender, message, index, transmissions in entries:
+            if sender.is_outstanding(message, index):
+                self._retry_heap.append(
+                    (min(due, now), tick, sender, message, index, transmissions)
+                )
+        heapq.heapify(self._retry_heap)
+
+    # -- receiving
+
+    def receive_frame(self, frame: FragmentFrame | AckFrame, now: float) -> list[DialogEvent]:
+        """Process one fragment or standalone ack from the peer.
+
+        Returns: events for the broker, in the order it must apply them.
+
+        Raises: RemoteProtocolError: the frame is inconsistent with the dialog state.
+        """
+        if isinstance(frame, AckFrame):
+            sender = self._senders.get((frame.conversation_id, frame.direction))
+            if sender is None:
+                self.counters.unknown_acks += 1
+                return []
+            try:
+                sender.verify_ack(frame)
+            except IntegrityError as exc:
+                self.counters.integrity_failures += 1
+                return [
+                    IntegrityFailure(frame.conversation_id, frame.direction, None, None, str(exc))
+                ]
+            return self._apply_ack(sender, frame.ack)
+        receiver = self._receivers.get((frame.conversation_id, frame.direction))
+        if receiver is None:
+            return [UnknownDialog(frame.conversation_id, frame.direction, frame)]
+        try:
+            key_event = receiver.verify(frame)
+        except IntegrityError as exc:
+            self.counters.integrity_failures += 1
+            return [
+                IntegrityFailure(
+                    frame.conversation_id,
+                    frame.direction,
+                    frame.seq,
+                    frame.fragment_index,
+                    str(exc),
+                )
+            ]
+        events: list[DialogEvent] = [] if key_event is None else [key_event]
+        if frame.ack is not None:
+            sender = self._senders.get((frame.conversation_id, frame.direction.reverse))
+            if sender is not None:
+                events.extend(self._apply_ack(sender, frame.ack))
+        events.extend(receiver.accept(frame))
+        self._schedule_ack(receiver, now)
+        return events
+
+    def _apply_ack(self, sender: DialogSender, record: AckRecord) -> list[DialogEvent]:
+        events: list[DialogEvent] = list(sender.handle_ack(record))
+        self._make_ready(sender)  # the window may have opened
+        return events
+
+    def mark_stored(self, events: Iterable[MessageReceived | FragmentReceived], now: float) -> None:
+        """The broker committed what these events reported; their acks may now go out."""
+        for event in events:
+            receiver = self._receivers.get((event.conversation_id, event.direction))
+            if receiver is not None:
+                receiver.mark_stored(event)
+                self._schedule_ack(receiver, now)
