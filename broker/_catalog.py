@@ -492,7 +492,11 @@ class Catalog:
         self.queue(queue)
         service = check_name("service", service)
         return EventNotification(
-            name, str(event), queue, service, None if broker_instance is None else str(broker_instance)
+            name,
+            str(event),
+            queue,
+            service,
+            None if broker_instance is None else str(broker_instance),
         )
 
     def check_drop(self, kind: str, name: str) -> None:

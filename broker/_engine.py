@@ -156,11 +156,19 @@ def _as_seconds(value: object, what: str, allow_none: bool = False) -> float | N
     return float(value)
 
 
+def _waker(future: asyncio.Future[None]) -> Callable[[], None]:
+    def wake() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    return wake
+
+
 def error_body(code: int, description: str) -> bytes:
     return (
         f'<Error xmlns="{cat.ERROR}"><Code>{int(code)}</Code>'
         f"<Description>{escape(description)}</Description></Error>"
-    ).encode("utf-8")
+    ).encode()
 
 
 class Engine:
@@ -303,7 +311,9 @@ class Engine:
         self.catalog.table(kind)[obj.name] = obj
         self.store.put_catalog(kind, obj.name, cat.encode(obj))
 
-    def create_message_type(self, session: Session, name: object, validation: object = "NONE") -> None:
+    def create_message_type(
+        self, session: Session, name: object, validation: object = "NONE"
+    ) -> None:
         self._persist("message_type", self.catalog.new_message_type(name, validation))
 
     def create_contract(self, session: Session, name: object, messages: object) -> None:
@@ -422,12 +432,11 @@ class Engine:
                     f"cannot drop service '{name}': it has {open_} open conversation(s); "
                     "end them first",
                 )
-        if kind == "contract":
-            if any(ep.contract == name for ep in self.endpoints.values()):
-                raise BrokerError(
-                    ErrorCode.IN_USE,
-                    f"cannot drop contract '{name}': open conversations use it; end them first",
-                )
+        if kind == "contract" and any(ep.contract == name for ep in self.endpoints.values()):
+            raise BrokerError(
+                ErrorCode.IN_USE,
+                f"cannot drop contract '{name}': open conversations use it; end them first",
+            )
         if kind == "queue":
             queue = self.queues[name]
             held = len(queue.all_messages())
@@ -475,9 +484,7 @@ class Engine:
         if seconds is not None and (seconds < 1 or seconds > MAX_LIFETIME):
             raise bad_argument(f"lifetime must be 1..{MAX_LIFETIME} seconds")
         if related_conversation is not None and related_conversation_group is not None:
-            raise bad_argument(
-                "give related_conversation or related_conversation_group, not both"
-            )
+            raise bad_argument("give related_conversation or related_conversation_group, not both")
         queue = self.queues[service.queue]
         group_id: uuid.UUID
         if related_conversation is not None:
@@ -583,8 +590,7 @@ class Engine:
         handle = _as_uuid(handle, "conversation handle")
         ep = self.endpoints.get(handle)
         if ep is None or (
-            not ep.committed
-            and (session.txn is None or ep not in session.txn.new_endpoints)
+            not ep.committed and (session.txn is None or ep not in session.txn.new_endpoints)
         ):
             raise not_found(
                 ErrorCode.UNKNOWN_CONVERSATION,
@@ -646,7 +652,9 @@ class Engine:
         for body in body_list:
             validate_body(mtype.name, mtype.validation, body)
         letter = cat.VALIDATIONS[mtype.validation]
-        targets = [(self.queues[ep.queue], self.queues[ep.queue].group(ep.group_id)) for ep in endpoints]
+        targets = [
+            (self.queues[ep.queue], self.queues[ep.queue].group(ep.group_id)) for ep in endpoints
+        ]
 
         def act() -> None:
             for ep in endpoints:
@@ -696,7 +704,12 @@ class Engine:
         def act() -> None:
             txn.ended.add(ep.handle)
             txn.actions.append(
-                End(ep, error if isinstance(error, int) else None, str(description or ""), bool(cleanup))
+                End(
+                    ep,
+                    error if isinstance(error, int) else None,
+                    str(description or ""),
+                    bool(cleanup),
+                )
             )
             self._finish(txn)
 
@@ -778,7 +791,7 @@ class Engine:
                     f"{self.lock_timeout:g} s; retry, or commit the transaction holding it",
                 )
             wake: asyncio.Future[None] = self.loop.create_future()
-            blocked.lock_waiters.append(lambda: wake.done() or wake.set_result(None))
+            blocked.lock_waiters.append(_waker(wake))
             await asyncio.wait({wake}, timeout=remaining)
         for queue, group in targets:
             self._lock(txn, queue, group)
@@ -977,7 +990,7 @@ class Engine:
         session.waiting = waiter
         self.listener.waiting_changed(q)
         try:
-            done, _ = await asyncio.wait({future}, timeout=wait)
+            _done, _ = await asyncio.wait({future}, timeout=wait)
         finally:
             session.waiting = None
             if waiter in q.waiters:
@@ -1189,9 +1202,7 @@ class Engine:
         )
         if not self._is_local(ep.far_service, ep.far_broker_instance):
             route = self.find_route(ep.far_service, ep.far_broker_instance)
-            status = (
-                "" if route is not None else f"no route to service '{ep.far_service}'"
-            )
+            status = "" if route is not None else f"no route to service '{ep.far_service}'"
             self._hold(out, status)
             if self.on_outbound is not None:
                 self.on_outbound(out)
@@ -1259,7 +1270,11 @@ class Engine:
             far = self._create_target(out, now)
         if far.state in (State.DO, State.CD):
             if out.message_type in (cat.END_DIALOG, cat.ERROR):
-                far.apply(Event.RECEIVED_END if out.message_type == cat.END_DIALOG else Event.RECEIVED_ERROR)
+                far.apply(
+                    Event.RECEIVED_END
+                    if out.message_type == cat.END_DIALOG
+                    else Event.RECEIVED_ERROR
+                )
                 self._remove(far)
             self._acknowledge(out)
             return
@@ -1417,7 +1432,12 @@ class Engine:
             return
         ep.apply(Event.RECEIVED_ERROR)
         self._enqueue(
-            ep, -1, cat.ERROR, "X", error_body(LIFETIME_ERROR_CODE, LIFETIME_ERROR_TEXT), time.time()
+            ep,
+            -1,
+            cat.ERROR,
+            "X",
+            error_body(LIFETIME_ERROR_CODE, LIFETIME_ERROR_TEXT),
+            time.time(),
         )
         self.store.put_endpoint(ep.row())
 
@@ -1441,7 +1461,7 @@ class Engine:
             f"<BrokerInstance>{self.instance_id}</BrokerInstance>"
             f"<ObjectName>{escape(queue_name)}</ObjectName><ObjectType>QUEUE</ObjectType>"
             f"</EVENT_INSTANCE>"
-        ).encode("utf-8")
+        ).encode()
 
     def _post_notification(self, note: cat.EventNotification, body: bytes) -> None:
         """Deliver on the notification's own dialog (one per notification, reused)."""

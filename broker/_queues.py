@@ -85,7 +85,7 @@ GroupKey = tuple[int, int]
 class Group:
     """A conversation group: the unit of locking and of RECEIVE."""
 
-    __slots__ = ("id", "endpoints", "convs", "owner", "heap_key", "lock_waiters")
+    __slots__ = ("convs", "endpoints", "heap_key", "id", "lock_waiters", "owner")
 
     def __init__(self, group_id: uuid.UUID) -> None:
         self.id = group_id

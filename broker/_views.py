@@ -22,7 +22,7 @@ ViewFn = Callable[[Engine], list[dict[str, Any]]]
 def _time(value: float | None) -> str | None:
     if value is None:
         return None
-    return dt.datetime.fromtimestamp(value, dt.timezone.utc).isoformat(timespec="milliseconds")
+    return dt.datetime.fromtimestamp(value, dt.UTC).isoformat(timespec="milliseconds")
 
 
 def conversation_endpoints(engine: Engine) -> list[dict[str, Any]]:
@@ -62,7 +62,9 @@ def conversation_groups(engine: Engine) -> list[dict[str, Any]]:
                     "conversations": len(group.endpoints),
                     "messages": group.message_count(),
                     "is_locked": group.owner is not None,
-                    "locked_by_session": getattr(getattr(group.owner, "session", None), "ident", None),
+                    "locked_by_session": getattr(
+                        getattr(group.owner, "session", None), "ident", None
+                    ),
                 }
             )
     return rows
@@ -130,8 +132,7 @@ def service_contracts(engine: Engine) -> list[dict[str, Any]]:
 
 def message_types(engine: Engine) -> list[dict[str, Any]]:
     return [
-        {"name": m.name, "validation": m.validation}
-        for m in engine.catalog.message_types.values()
+        {"name": m.name, "validation": m.validation} for m in engine.catalog.message_types.values()
     ]
 
 

@@ -40,7 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
 
     for name, text in (
-        ("view", "print a view as a table (conversation_endpoints, service_queues, queue:NAME, ...)"),
+        (
+            "view",
+            "print a view as a table (conversation_endpoints, service_queues, queue:NAME, ...)",
+        ),
         ("status", "print this broker's instance id and counts"),
     ):
         sub = commands.add_parser(name, help=text, description=text)

@@ -240,7 +240,7 @@ async def connect(url: str = "ssb://127.0.0.1:4021", timeout: float = CONNECT_TI
         _, wire = await asyncio.wait_for(
             loop.create_connection(_Wire, target.host, target.port), timeout
         )
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         raise ConnectionLostError(
             f"cannot connect to the broker at {target.host}:{target.port}: {exc or 'timed out'}"
         ) from exc
@@ -254,7 +254,7 @@ async def connect(url: str = "ssb://127.0.0.1:4021", timeout: float = CONNECT_TI
     except ProtocolError as exc:
         wire.transport.close()
         raise error_for(exc.code, str(exc)) from exc
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         wire.transport.close()
         raise ConnectionLostError(f"the broker did not complete the handshake: {exc!r}") from exc
     return Connection(wire, welcome, url)

@@ -44,7 +44,7 @@ class Message:
         if len(row) != len(MESSAGE_COLUMNS):
             raise ValueError(f"a message row has {len(MESSAGE_COLUMNS)} columns, got {len(row)}")
         values = list(row)
-        values[11] = dt.datetime.fromtimestamp(values[11], dt.timezone.utc)
+        values[11] = dt.datetime.fromtimestamp(values[11], dt.UTC)
         return cls(*values)
 
     @property

@@ -6,13 +6,6 @@ arguments, events and bytes go out.
 
 from __future__ import annotations
 
-from ._errors import (
-    ErrorCode,
-    IntegrityError,
-    LocalProtocolError,
-    ProtocolError,
-    RemoteProtocolError,
-)
 from ._client_wire import (
     MESSAGE_COLUMNS,
     WIRE_VERSION,
@@ -23,26 +16,33 @@ from ._client_wire import (
     encode_error,
     encode_ok,
 )
+from ._errors import (
+    ErrorCode,
+    IntegrityError,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from ._framing import MAX_FRAME_SIZE, NEED_DATA, FrameDecoder, encode_frame, pack, unpack
 
 __all__ = [
-    "MESSAGE_COLUMNS",
-    "WIRE_VERSION",
-    "Hello",
-    "Reply",
-    "Request",
-    "Welcome",
-    "encode_error",
-    "encode_ok",
     "MAX_FRAME_SIZE",
+    "MESSAGE_COLUMNS",
     "NEED_DATA",
+    "WIRE_VERSION",
     "ErrorCode",
     "FrameDecoder",
+    "Hello",
     "IntegrityError",
     "LocalProtocolError",
     "ProtocolError",
     "RemoteProtocolError",
+    "Reply",
+    "Request",
+    "Welcome",
+    "encode_error",
     "encode_frame",
+    "encode_ok",
     "pack",
     "unpack",
 ]

@@ -1,0 +1,1 @@
+"""Benchmarks for the ssb broker: `python -m bench.e2e`, `python -m bench.priorities`."""

@@ -1,0 +1,69 @@
+"""Shared plumbing for the benchmarks: a daemon in a temp dir, an event loop, stats.
+
+The daemon comes from tests/daemon.py (`BrokerProcess`), imported by path so the
+benchmarks and the tests start brokers the same way. Everything listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sys
+import tempfile
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+
+from daemon import BrokerProcess  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on uvloop when it is installed (as the daemon does)."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None
+    try:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+@contextlib.contextmanager
+def broker(durability: str, keep: bool = False) -> Iterator[BrokerProcess]:
+    """A fresh daemon on free ports in a temp data dir; stopped (and removed) on exit."""
+    root = Path(tempfile.mkdtemp(prefix=f"ssb-bench-{durability}-"))
+    process = BrokerProcess(root / "data", durability=durability)
+    try:
+        process.start()
+        yield process
+    finally:
+        try:
+            process.stop(timeout=30.0)
+        except Exception:
+            process.kill()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(0, min(len(sorted_values) - 1, round(fraction * len(sorted_values) + 0.5) - 1))
+    return sorted_values[rank]
+
+
+def rate(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 else float("inf")

@@ -1,0 +1,308 @@
+"""RECEIVE throughput with many conversation groups over 10 priority levels vs one level.
+
+The issue: "RECEIVE throughput with 10,000 conversation groups spread over 10 levels
+must stay within 80% of the single-level figure: choosing the next group is
+O(log n), not a scan".
+
+Setup, on a fresh daemon per run: one target queue with 10 target services, each
+with its own broker priority (local_service = that service). In the multi-level run
+service k gets level k (1..10); in the single-level run every priority is level 5,
+so both runs do the same work apart from the levels. Then --groups dialogs (spread
+evenly over the services, begun in interleaved order) each send --per-group messages;
+the lowest levels are sent first, so arrival order is the opposite of priority
+order. Each target endpoint is its own conversation group.
+
+Measured: one consumer drains the queue with RECEIVE TOP(--top) (one group per
+RECEIVE), keeping --in-flight receives pipelined: autocommitted receives by default,
+or begin/receive/commit triples with --mode txn. Checked: every message arrives
+exactly once, each RECEIVE returns one group, and in the multi-level run levels come
+out highest first (never a higher level after a lower one) with each message's
+priority equal to its service's level.
+
+Run from the repository root:
+
+    python -m bench.priorities                    # 10,000 groups x 5 messages
+    python -m bench.priorities --groups 2000 --json prio.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import struct
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import client
+
+from ._common import broker, rate, run
+
+MESSAGE_TYPE = "PrioMessage"
+CONTRACT = "PrioContract"
+TARGET_QUEUE = "PrioTargetQueue"
+INITIATOR_QUEUE = "PrioInitiatorQueue"
+INITIATOR_SERVICE = "PrioInitiator"
+LEVELS = 10
+SINGLE_LEVEL = 5
+REQUIRED_RATIO = 0.8
+
+TAG = struct.Struct(">II")  # (dialog index, message index)
+
+
+def target_service(k: int) -> str:
+    return f"PrioTarget{k:02d}"
+
+
+@dataclass
+class Options:
+    groups: int = 10_000
+    per_group: int = 5
+    body_size: int = 256
+    top: int = 100
+    in_flight: int = 8
+    mode: str = "autocommit"
+    durability: str = "os"
+    setup_in_flight: int = 256
+    timeout: float = 600.0
+
+
+@dataclass
+class Run:
+    name: str
+    levels: list[int]
+    messages: int = 0
+    receives: int = 0
+    setup_seconds: float = 0.0
+    drain_seconds: float = 0.0
+    msgs_s: float = 0.0
+    receives_s: float = 0.0
+    per_level: dict[int, int] = field(default_factory=dict)
+
+
+class BenchFailure(RuntimeError):
+    """A check of the benchmark failed."""
+
+
+async def _bounded(calls: list[Any], in_flight: int, deadline: float) -> list[Any]:
+    """Await coroutines with at most `in_flight` outstanding; results in order."""
+    results: list[Any] = []
+    pending: deque[asyncio.Future[Any]] = deque()
+    for call in calls:
+        pending.append(asyncio.ensure_future(call))
+        if len(pending) >= in_flight:
+            results.append(await asyncio.wait_for(pending.popleft(), deadline - time.monotonic()))
+    while pending:
+        results.append(await asyncio.wait_for(pending.popleft(), deadline - time.monotonic()))
+    return results
+
+
+async def setup(url: str, levels: list[int], opts: Options) -> int:
+    """Catalog, priorities, dialogs and messages; returns the number of messages sent."""
+    deadline = time.monotonic() + opts.timeout
+    async with await client.connect(url) as conn:
+        await conn.create_message_type(MESSAGE_TYPE)
+        await conn.create_contract(CONTRACT, {MESSAGE_TYPE: "INITIATOR"})
+        await conn.create_queue(INITIATOR_QUEUE)
+        await conn.create_queue(TARGET_QUEUE)
+        await conn.create_service(INITIATOR_SERVICE, queue=INITIATOR_QUEUE)
+        for k in range(1, LEVELS + 1):
+            await conn.create_service(target_service(k), queue=TARGET_QUEUE, contracts=[CONTRACT])
+            await conn.create_broker_priority(
+                f"PrioLevel{k:02d}",
+                contract=CONTRACT,
+                local_service=target_service(k),
+                level=levels[k - 1],
+            )
+        # dialog i goes to service (i % 10) + 1: services interleave in creation order
+        services = [(i % LEVELS) + 1 for i in range(opts.groups)]
+        handles = await _bounded(
+            [
+                conn.begin_dialog(INITIATOR_SERVICE, target_service(k), contract=CONTRACT)
+                for k in services
+            ],
+            opts.setup_in_flight,
+            deadline,
+        )
+        pad = b"b" * max(0, opts.body_size - TAG.size)
+        # lowest service number (= lowest level in the multi-level run) sends first
+        order = sorted(range(opts.groups), key=lambda i: (services[i], i))
+        sends = []
+        for i in order:
+            bodies = [TAG.pack(i, j) + pad for j in range(opts.per_group)]
+            sends.append(conn.send_many(handles[i], MESSAGE_TYPE, bodies))
+        await _bounded(sends, opts.setup_in_flight, deadline)
+    return opts.groups * opts.per_group
+
+
+async def _one_receive(conn: client.Connection, opts: Options) -> list[client.Message]:
+    if opts.mode == "txn":
+        begin = asyncio.ensure_future(conn.begin_transaction())
+        received = asyncio.ensure_future(conn.receive(TARGET_QUEUE, top=opts.top, timeout=0))
+        commit = asyncio.ensure_future(conn.commit())
+        await begin
+        messages = await received
+        await commit
+        return messages
+    return await conn.receive(TARGET_QUEUE, top=opts.top, timeout=0)
+
+
+async def drain(url: str, expected: int, levels: list[int], opts: Options, result: Run) -> None:
+    """Receive everything with `in_flight` receives outstanding; check what arrives."""
+    level_of = {target_service(k): levels[k - 1] for k in range(1, LEVELS + 1)}
+    multi = len(set(levels)) > 1
+    seen = bytearray(opts.groups * opts.per_group)
+    count = 0
+    receives = 0
+    last_level = LEVELS + 1
+    per_level: dict[int, int] = {}
+    async with await client.connect(url) as conn:
+        await conn.ping()
+        deadline = time.monotonic() + opts.timeout
+        pending: deque[asyncio.Future[list[client.Message]]] = deque()
+        empty_answers = 0
+        started = time.monotonic()
+        while count < expected:
+            while len(pending) < opts.in_flight:
+                pending.append(asyncio.ensure_future(_one_receive(conn, opts)))
+            messages = await asyncio.wait_for(pending.popleft(), deadline - time.monotonic())
+            if not messages:
+                empty_answers += 1
+                if empty_answers > opts.in_flight * 2:
+                    raise BenchFailure(f"queue ran dry after {count} of {expected} messages")
+                continue
+            receives += 1
+            group = messages[0].conversation_group_id
+            for m in messages:
+                if m.conversation_group_id != group:
+                    raise BenchFailure("one RECEIVE returned messages of two groups")
+                dialog, index = TAG.unpack_from(m.message_body)
+                slot = dialog * opts.per_group + index
+                if seen[slot]:
+                    raise BenchFailure(f"message {dialog}/{index} received twice")
+                seen[slot] = 1
+                level = level_of[m.service_name]
+                if m.priority != level:
+                    raise BenchFailure(
+                        f"{m.service_name} message has priority {m.priority}, expected {level}"
+                    )
+                if multi and m.priority > last_level:
+                    raise BenchFailure(
+                        f"level {m.priority} received after level {last_level}: "
+                        "RECEIVE did not take the highest priority group"
+                    )
+                last_level = m.priority
+                per_level[level] = per_level.get(level, 0) + 1
+                count += 1
+        finished = time.monotonic()
+        for future in pending:  # receives issued past the end must come back empty
+            if await asyncio.wait_for(future, 30.0):
+                raise BenchFailure("messages beyond the expected count")
+        if await conn.receive(TARGET_QUEUE, top=1, timeout=0):
+            raise BenchFailure("queue not empty at the end")
+    wanted: dict[int, int] = {}
+    for i in range(opts.groups):
+        level = levels[i % LEVELS]
+        wanted[level] = wanted.get(level, 0) + opts.per_group
+    if per_level != wanted:
+        raise BenchFailure(f"messages per level {per_level}, expected {wanted}")
+    result.messages = count
+    result.receives = receives
+    result.drain_seconds = finished - started
+    result.msgs_s = rate(count, result.drain_seconds)
+    result.receives_s = rate(receives, result.drain_seconds)
+    result.per_level = dict(sorted(per_level.items()))
+
+
+def one_run(name: str, levels: list[int], opts: Options) -> Run:
+    result = Run(name=name, levels=levels)
+    with broker(opts.durability) as daemon:
+        print(f"[{name}] setup: {opts.groups} groups x {opts.per_group} messages ...", flush=True)
+        t0 = time.monotonic()
+        expected = run(setup(daemon.url, levels, opts))
+        result.setup_seconds = time.monotonic() - t0
+        print(f"[{name}] draining {expected} messages ...", flush=True)
+        run(drain(daemon.url, expected, levels, opts, result))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.priorities", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--groups", type=int, default=Options.groups)
+    parser.add_argument("--per-group", type=int, default=Options.per_group)
+    parser.add_argument("--body-size", type=int, default=Options.body_size)
+    parser.add_argument("--top", type=int, default=Options.top)
+    parser.add_argument("--in-flight", type=int, default=Options.in_flight)
+    parser.add_argument("--mode", choices=["autocommit", "txn"], default=Options.mode)
+    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
+    parser.add_argument("--timeout", type=float, default=Options.timeout)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if min(args.groups, args.per_group, args.top, args.in_flight) < 1:
+        parser.error("--groups, --per-group, --top and --in-flight must be >= 1")
+    if args.body_size < TAG.size:
+        parser.error(f"--body-size must be >= {TAG.size}")
+    opts = Options(
+        groups=args.groups,
+        per_group=args.per_group,
+        body_size=args.body_size,
+        top=args.top,
+        in_flight=args.in_flight,
+        mode=args.mode,
+        durability=args.durability,
+        timeout=args.timeout,
+    )
+    single = one_run("single-level", [SINGLE_LEVEL] * LEVELS, opts)
+    multi = one_run("multi-level", list(range(1, LEVELS + 1)), opts)
+    ratio = multi.msgs_s / single.msgs_s if single.msgs_s else 0.0
+    met = ratio >= REQUIRED_RATIO
+
+    print()
+    print(
+        f"{opts.groups} groups x {opts.per_group} messages of {opts.body_size} B, "
+        f"RECEIVE TOP {opts.top}, {opts.in_flight} in flight, mode={opts.mode}, "
+        f"durability={opts.durability}, {os.cpu_count()} CPUs"
+    )
+    header = (
+        f"{'run':<13} {'levels':>6} {'msgs/s':>9} {'receives/s':>11} "
+        f"{'drain s':>8} {'setup s':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in (single, multi):
+        print(
+            f"{r.name:<13} {len(set(r.levels)):>6} {r.msgs_s:>9,.0f} {r.receives_s:>11,.0f} "
+            f"{r.drain_seconds:>8.2f} {r.setup_seconds:>8.2f}"
+        )
+    print(
+        f"ratio multi/single = {ratio:.2f} (required >= {REQUIRED_RATIO}): "
+        f"{'met' if met else 'NOT MET'}; multi-level order checked (highest level first)"
+    )
+    if args.json:
+        payload = {
+            "benchmark": "priorities",
+            "options": asdict(opts),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": sys.version.split()[0],
+                "platform": platform.platform(),
+            },
+            "results": [asdict(single), asdict(multi)],
+            "ratio": ratio,
+            "required_ratio": REQUIRED_RATIO,
+            "met": met,
+        }
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2)
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

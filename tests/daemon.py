@@ -1,0 +1,141 @@
+"""Real broker daemons as subprocesses on 127.0.0.1, for tests and benchmarks.
+
+`BrokerProcess` starts `python -m broker serve` on free ports (port 0), reads the
+`ssb ready ...` line to learn them, and can stop it with SIGTERM, kill it with
+SIGKILL (kill -9) and start it again on the same data directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+READY_TIMEOUT = 30.0
+
+
+class BrokerProcess:
+    def __init__(
+        self,
+        data_dir: Path,
+        durability: str = "fsync",
+        config: dict[str, Any] | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.durability = durability
+        self.config = config
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client_port = 0
+        self.broker_port: int | None = None
+        self.instance = ""
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
+
+    @property
+    def url(self) -> str:
+        return f"ssb://admin:secret@127.0.0.1:{self.client_port}"
+
+    def _config_file(self) -> list[str]:
+        if not self.config:
+            return []
+        path = self.data_dir.parent / f"{self.data_dir.name}.toml"
+        lines = []
+        sections: dict[str, dict[str, Any]] = {}
+        for key, value in self.config.items():
+            if isinstance(value, dict):
+                sections[key] = value
+            else:
+                lines.append(f"{key} = {json.dumps(value)}")
+        for name, body in sections.items():
+            lines.append(f"[{name}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in body.items()]
+        path.write_text("\n".join(lines) + "\n")
+        return ["--config", str(path)]
+
+    def start(self) -> BrokerProcess:
+        # reuse the ports a previous run got, so clients can reconnect after a restart
+        args = [
+            sys.executable,
+            "-m",
+            "broker",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--host",
+            "127.0.0.1",
+            "--client-port",
+            str(self.client_port),
+            "--broker-port",
+            str(self.broker_port or 0),
+            "--durability",
+            self.durability,
+            *self._config_file(),
+            *self.extra_args,
+        ]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log)
+        log.close()
+        line = self._read_ready()
+        fields = dict(part.split("=", 1) for part in line.split()[2:])
+        self.client_port = int(fields["client"].rsplit(":", 1)[1])
+        if "broker" in fields:
+            self.broker_port = int(fields["broker"].rsplit(":", 1)[1])
+        self.instance = fields["instance"]
+        return self
+
+    def _read_ready(self) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + READY_TIMEOUT
+        buffer = b""
+        fd = self.proc.stdout.fileno()
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if ready:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    break
+                buffer += chunk
+                if b"\n" in buffer:
+                    line = buffer.split(b"\n", 1)[0].decode()
+                    if line.startswith("ssb ready"):
+                        return line
+            elif self.proc.poll() is not None:
+                break
+        self.kill()
+        raise RuntimeError(
+            f"broker did not start; log:\n{self.log_path.read_text(errors='replace')[-4000:]}"
+        )
+
+    def kill(self) -> None:
+        """kill -9: no clean shutdown at all."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+                raise
+        return self.proc.returncode
+
+    def restart(self) -> BrokerProcess:
+        self.kill()
+        return self.start()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")

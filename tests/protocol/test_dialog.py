@@ -1,0 +1,903 @@
+"""Dialog layer: pair tests over an in-memory link with explicit time and injected faults."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+from collections.abc import Callable, Iterable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocol import NEED_DATA, LocalProtocolError
+from protocol._dialog import (
+    MAX_PRIORITY,
+    DialogEvent,
+    DialogPeer,
+    DialogReceiver,
+    FragmentReceived,
+    HeldFragment,
+    IntegrityFailure,
+    MessageAcked,
+    MessageReceived,
+    PartialMessageDiscarded,
+    PendingMessage,
+    RetryPolicy,
+    SessionKeyReceived,
+    UnknownDialog,
+    fragment_layout,
+)
+from protocol._integrity import (
+    TrustStore,
+    generate_broker_identity,
+    load_private_key,
+    new_session_key,
+)
+from protocol._link import (
+    AckFrame,
+    AckRecord,
+    Direction,
+    Envelope,
+    FragmentFrame,
+    HandshakeCompleted,
+    LinkConnection,
+    Role,
+)
+
+A_ID = uuid.UUID("00000000-0000-4000-8000-00000000000a")
+B_ID = uuid.UUID("00000000-0000-4000-8000-00000000000b")
+A_KEY_PEM, A_CERT = generate_broker_identity(A_ID)
+B_KEY_PEM, B_CERT = generate_broker_identity(B_ID)
+A_KEY = load_private_key(A_KEY_PEM)
+B_KEY = load_private_key(B_KEY_PEM)
+
+FAST_RETRY = RetryPolicy(initial=0.5, factor=2.0, maximum=2.0)
+INIT = Direction.FROM_INITIATOR
+TARG = Direction.FROM_TARGET
+
+Key = tuple[uuid.UUID, Direction]
+
+
+def envelope_for(direction: Direction) -> Envelope:
+    if direction is INIT:
+        return Envelope("InitiatorService", "TargetService", "Contract", A_ID, B_ID)
+    return Envelope("TargetService", "InitiatorService", "Contract", B_ID, A_ID)
+
+
+class Broker:
+    """A minimal broker: applies dialog events to 'durable' dicts, like the real one will.
+
+    With `auto_store` every batch of events is committed at once and reported through
+    `mark_stored`; otherwise events wait in `uncommitted` until `commit()` (a crash loses
+    them, as a crash loses an open transaction).
+    """
+
+    def __init__(
+        self,
+        broker_id: uuid.UUID,
+        private_key_pem: bytes,
+        peer_certificate: bytes,
+        *,
+        fragment_size: int = 64,
+        retry: RetryPolicy = FAST_RETRY,
+        ack_delay: float = 0.05,
+        window: int = 64,
+        auto_store: bool = True,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.broker_id = broker_id
+        self.private_key_pem = private_key_pem
+        self.peer_certificate = peer_certificate
+        self.config = dict(fragment_size=fragment_size, retry=retry, ack_delay=ack_delay, window=window)
+        self.auto_store = auto_store
+        self.rng = rng or random.Random(0)
+        # durable state
+        self.transmission_queue: dict[Key, dict[int, PendingMessage]] = {}
+        self.send_state: dict[Key, tuple[bytes, Envelope, int]] = {}  # key, envelope, next seq
+        self.receive_keys: dict[Key, bytes] = {}
+        self.next_expected: dict[Key, int] = {}
+        self.held: dict[Key, dict[tuple[int, int, int], HeldFragment]] = {}
+        self.delivered: dict[Key, list[tuple[int, str, bytes]]] = {}
+        # volatile
+        self.uncommitted: list[DialogEvent] = []
+        self.integrity_failures: list[IntegrityFailure] = []
+        self.acked: list[MessageAcked] = []
+        self.peer = self._new_peer()
+
+    def _new_peer(self) -> DialogPeer:
+        return DialogPeer(
+            private_key=load_private_key(self.private_key_pem),
+            peer_public_key=self.peer_certificate,
+            **self.config,  # type: ignore[arg-type]
+        )
+
+    # -- application side
+
+    def begin(self, conversation_id: uuid.UUID, direction: Direction) -> None:
+        session_key = new_session_key(self.rng.randbytes)
+        envelope = envelope_for(direction)
+        self.send_state[(conversation_id, direction)] = (session_key, envelope, 0)
+        self.transmission_queue[(conversation_id, direction)] = {}
+        self.peer.open_sender(conversation_id, direction, envelope, session_key=session_key)
+
+    def send(self, conversation_id: uuid.UUID, direction: Direction, body: bytes, message_type: str = "Msg") -> int:
+        key = (conversation_id, direction)
+        session_key, envelope, seq = self.send_state[key]
+        self.peer.queue_message(conversation_id, direction, seq, message_type, body)
+        self.transmission_queue[key][seq] = PendingMessage(seq, message_type, body)
+        self.send_state[key] = (session_key, envelope, seq + 1)
+        return seq
+
+    def listen(self, conversation_id: uuid.UUID, direction: Direction) -> None:
+        """Open the return direction's receiver (what the initiator does at BEGIN DIALOG)."""
+        self.next_expected[(conversation_id, direction)] = 0
+        self.peer.open_receiver(conversation_id, direction)
+
+    # -- events
+
+    def handle(self, events: Iterable[DialogEvent], now: float) -> None:
+        for event in events:
+            if isinstance(event, UnknownDialog):
+                assert event.frame.envelope is not None, "first contact must carry the envelope"
+                assert event.frame.envelope.to_broker_id == self.broker_id
+                self.next_expected[(event.conversation_id, event.direction)] = 0
+                self.handle(self.peer.open_receiver(event.conversation_id, event.direction), now)
+                self.handle(self.peer.receive_frame(event.frame, now), now)
+            elif isinstance(event, IntegrityFailure):
+                self.integrity_failures.append(event)
+            elif isinstance(event, MessageAcked):
+                self.acked.append(event)
+                del self.transmission_queue[(event.conversation_id, event.direction)][event.seq]
+            else:
+                self.uncommitted.append(event)
+        if self.auto_store:
+            self.commit(now)
+
+    def commit(self, now: float) -> None:
+        """Apply uncommitted events durably, then tell the dialog layer."""
+        events, self.uncommitted = self.uncommitted, []
+        storable: list[MessageReceived | FragmentReceived] = []
+        for event in events:
+            key = (event.conversation_id, event.direction)
+            if isinstance(event, SessionKeyReceived):
+                self.receive_keys[key] = event.session_key
+            elif isinstance(event, FragmentReceived):
+                self.held.setdefault(key, {})[(event.seq, event.fragment_count, event.fragment_index)] = HeldFragment(
+                    event.seq, event.fragment_index, event.fragment_count, event.message_type, event.payload
+                )
+                storable.append(event)
+            elif isinstance(event, PartialMessageDiscarded):
+                held = self.held.get(key, {})
+                for entry in [entry for entry in held if entry[0] == event.seq]:
+                    del held[entry]
+            elif isinstance(event, MessageReceived):
+                assert self.next_expected[key] == event.seq, "delivered out of order"
+                self.delivered.setdefault(key, []).append((event.seq, event.message_type, event.body))
+                self.next_expected[key] = event.seq + 1
+                held = self.held.get(key, {})
+                for entry in [entry for entry in held if entry[0] == event.seq]:
+                    del held[entry]
+                storable.append(event)
+            else:  # pragma: no cover - every event kind is handled above
+                raise AssertionError(event)
+        self.peer.mark_stored(storable, now)
+
+    # -- crash and restart
+
+    def restart(self, now: float) -> None:
+        """Lose all volatile state and rebuild the dialog layer from durable state."""
+        self.uncommitted = []
+        self.peer = self._new_peer()
+        for key, (session_key, envelope, next_seq) in self.send_state.items():
+            self.peer.open_sender(
+                key[0],
+                key[1],
+                envelope,
+                session_key=session_key,
+                next_seq=next_seq,
+                pending=self.transmission_queue[key].values(),
+            )
+        for key, next_expected in self.next_expected.items():
+            events = self.peer.open_receiver(
+                key[0],
+                key[1],
+                session_key=self.receive_keys.get(key),
+                next_expected_seq=next_expected,
+                held_fragments=self.held.get(key, {}).values(),
+            )
+            self.handle(events, now)
+
+
+Fault = Callable[[list[FragmentFrame | AckFrame]], list[FragmentFrame | AckFrame]]
+
+
+def flip_bit(frame: FragmentFrame | AckFrame, rng: random.Random) -> FragmentFrame | AckFrame:
+    if isinstance(frame, FragmentFrame) and frame.payload:
+        data = bytearray(frame.payload)
+        position = rng.randrange(len(data) * 8)
+        data[position // 8] ^= 1 << (position % 8)
+        return dataclasses.replace(frame, payload=bytes(data))
+    data = bytearray(frame.signature)
+    data[rng.randrange(len(data))] ^= 0x40
+    return dataclasses.replace(frame, signature=bytes(data))
+
+
+class Network:
+    """Two brokers joined by a pair of established LinkConnections, with fault injection.
+
+    Frames are faulted at frame level (drop, duplicate, delay/reorder, corrupt) and then
+    really encoded by one LinkConnection and decoded by the other.
+    """
+
+    def __init__(
+        self,
+        a: Broker,
+        b: Broker,
+        *,
+        seed: int = 0,
+        drop: float = 0.0,
+        duplicate: float = 0.0,
+        reorder: float = 0.0,
+        corrupt: float = 0.0,
+        batch: int = 32,
+    ) -> None:
+        self.a, self.b = a, b
+        self.rng = random.Random(seed)
+        self.drop, self.duplicate, self.reorder, self.corrupt = drop, duplicate, reorder, corrupt
+        self.batch = batch
+        self.delayed: dict[str, list[FragmentFrame | AckFrame]] = {"ab": [], "ba": []}
+        self.log: list[tuple[float, str, FragmentFrame | AckFrame]] = []
+        self.corrupted = 0
+        self.connect()
+
+    def connect(self) -> None:
+        """A new TCP connection: handshake two fresh LinkConnections."""
+        a_link = LinkConnection(
+            Role.INITIATOR, broker_id=A_ID, private_key=A_KEY, certificate_pem=A_CERT, trusted=TrustStore([B_CERT])
+        )
+        b_link = LinkConnection(
+            Role.ACCEPTOR, broker_id=B_ID, private_key=B_KEY, certificate_pem=B_CERT, trusted=TrustStore([A_CERT])
+        )
+        completed = []
+        for _ in range(3):
+            for src, dst in ((a_link, b_link), (b_link, a_link)):
+                data = src.data_to_send()
+                if data:  # b"" would mean end of stream
+                    dst.receive_data(data)
+                while (event := dst.next_event()) is not NEED_DATA:
+                    completed.append(event)
+        assert [type(e) for e in completed] == [HandshakeCompleted, HandshakeCompleted]
+        self.links = {"ab": (a_link, b_link), "ba": (b_link, a_link)}
+
+    def _faulty(self, path: str, frames: list[FragmentFrame | AckFrame]) -> list[FragmentFrame | AckFrame]:
+        rng = self.rng
+        out: list[FragmentFrame | AckFrame] = []
+        for frame in frames:
+            if rng.random() < self.drop:
+                continue
+            if rng.random() < self.corrupt:
+                frame = flip_bit(frame, rng)
+                self.corrupted += 1
+            if rng.random() < self.reorder:
+                self.delayed[path].append(frame)
+                continue
+            out.append(frame)
+            if rng.random() < self.duplicate:
+                out.append(frame)
+        if self.delayed[path] and rng.random() < 0.5:
+            late, self.delayed[path] = self.delayed[path], []
+            for frame in late:
+                out.insert(rng.randrange(len(out) + 1), frame)
+        return out
+
+    def _carry(self, path: str, src: Broker, dst: Broker, now: float) -> int:
+        frames = src.peer.frames_to_send(now, self.batch)
+        for frame in frames:
+            self.log.append((now, path, frame))
+        send_link, receive_link = self.links[path]
+        for frame in self._faulty(path, frames):
+            receive_link.receive_data(send_link.send(frame))
+            while (event := receive_link.next_event()) is not NEED_DATA:
+                assert isinstance(event, (FragmentFrame, AckFrame))
+                dst.handle(dst.peer.receive_frame(event, now), now)
+        return len(frames)
+
+    def transfer(self, now: float) -> int:
+        """Move whatever both sides want to send at `now`; returns frames sent."""
+        return self._carry("ab", self.a, self.b, now) + self._carry("ba", self.b, self.a, now)
+
+    def next_time(self, now: float) -> float | None:
+        if self.a.peer.wants_to_send or self.b.peer.wants_to_send:
+            return now
+        timers = [t for t in (self.a.peer.get_timer(), self.b.peer.get_timer()) if t is not None]
+        return max(now, min(timers)) if timers else None
+
+    def run(self, now: float, until: Callable[[], bool], deadline: float = 10_000.0) -> float:
+        """Advance time from timer to timer until `until()` holds or nothing is left to do."""
+        while not until():
+            self.transfer(now)
+            upcoming = self.next_time(now)
+            if upcoming is None:
+                break
+            if upcoming > deadline:
+                raise AssertionError(f"not done by t={deadline}")
+            now = upcoming
+        return now
+
+
+def make_pair(**options: object) -> tuple[Broker, Broker]:
+    broker_options = {k: v for k, v in options.items() if k in ("fragment_size", "retry", "ack_delay", "window")}
+    a = Broker(A_ID, A_KEY_PEM, B_CERT, rng=random.Random(1), **broker_options)  # type: ignore[arg-type]
+    b = Broker(B_ID, B_KEY_PEM, A_CERT, rng=random.Random(2), **broker_options)  # type: ignore[arg-type]
+    return a, b
+
+
+def bodies(rng: random.Random, count: int, max_size: int) -> list[bytes]:
+    return [rng.randbytes(rng.randrange(max_size + 1)) for _ in range(count)]
+
+
+def all_acked(*brokers: Broker) -> Callable[[], bool]:
+    return lambda: all(not queue for broker in brokers for queue in broker.transmission_queue.values())
+
+
+# =========================================================================== pair tests
+
+
+def test_clean_link_delivers_everything_in_order() -> None:
+    a, b = make_pair()
+    net = Network(a, b)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.listen(conv, TARG)
+    expected = bodies(random.Random(5), 50, 300)
+    for body in expected:
+        a.send(conv, INIT, body)
+    net.run(0.0, all_acked(a))
+    assert [body for _, _, body in b.delivered[(conv, INIT)]] == expected
+    assert [seq for seq, _, _ in b.delivered[(conv, INIT)]] == list(range(50))
+    assert a.peer.counters.retransmissions == 0
+    assert b.integrity_failures == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lossy_link_delivers_exactly_once_in_order_both_directions(seed: int) -> None:
+    rng = random.Random(seed)
+    a, b = make_pair(fragment_size=rng.choice([16, 64, 200]))
+    net = Network(a, b, seed=seed, drop=0.2, duplicate=0.2, reorder=0.2, corrupt=0.1)
+    conversations = [uuid.uuid4() for _ in range(4)]
+    sent: dict[Key, list[bytes]] = {}
+    for conv in conversations:
+        a.begin(conv, INIT)
+        a.listen(conv, TARG)
+        sent[(conv, INIT)] = [b"first"]
+        a.send(conv, INIT, b"first")
+    now = 0.0
+    # The target answers only once its endpoint exists, as a real target would.
+    now = net.run(now, lambda: all((c, INIT) in b.next_expected for c in conversations))
+    for conv in conversations:
+        b.begin(conv, TARG)
+        sent[(conv, TARG)] = []
+    for step in range(40):
+        conv = rng.choice(conversations)
+        broker, direction = (a, INIT) if rng.random() < 0.5 else (b, TARG)
+        body = rng.randbytes(rng.choice([0, 1, 10, 100, 1000]))
+        broker.send(conv, direction, body)
+        sent[(conv, direction)].append(body)
+        net.transfer(now)
+        now += 0.01 * step
+    net.run(now, all_acked(a, b))
+    for (conv, direction), expected in sent.items():
+        receiver = b if direction is INIT else a
+        got = receiver.delivered.get((conv, direction), [])
+        assert [seq for seq, _, _ in got] == list(range(len(expected)))
+        assert [body for _, _, body in got] == expected
+    assert net.corrupted > 0
+    reported = len(a.integrity_failures) + len(b.integrity_failures)
+    assert reported > 0, "corrupted fragments must be reported"
+    assert a.peer.counters.retransmissions + b.peer.counters.retransmissions > 0
+
+
+def test_corrupted_fragment_is_dropped_reported_not_acked_and_repaired() -> None:
+    a, b = make_pair(ack_delay=0.0)
+    net = Network(a, b)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"hello")
+    frames = a.peer.frames_to_send(0.0)
+    assert len(frames) == 1
+    bad = flip_bit(frames[0], random.Random(3))
+    b.handle(b.peer.receive_frame(bad, 0.0), 0.0)  # UnknownDialog -> receiver opened -> check fails
+    assert len(b.integrity_failures) == 1
+    failure = b.integrity_failures[0]
+    assert (failure.conversation_id, failure.seq, failure.fragment_index) == (conv, 0, 0)
+    assert "integrity" in failure.reason or "unwrap" in failure.reason or "key" in failure.reason
+    assert b.delivered == {}
+    assert b.peer.frames_to_send(10.0) == []  # nothing to ack
+    # the retransmission repairs it
+    assert a.peer.get_timer() == pytest.approx(0.5)
+    net.run(0.5, all_acked(a))
+    assert b.delivered[(conv, INIT)] == [(0, "Msg", b"hello")]
+
+
+def test_corrupted_standalone_ack_is_reported_and_ignored() -> None:
+    a, b = make_pair(ack_delay=0.0)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"x")
+    for frame in a.peer.frames_to_send(0.0):
+        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    (ack,) = b.peer.frames_to_send(0.0)
+    assert isinstance(ack, AckFrame)
+    a.handle(a.peer.receive_frame(flip_bit(ack, random.Random(1)), 0.0), 0.0)
+    assert len(a.integrity_failures) == 1 and a.integrity_failures[0].seq is None
+    assert a.transmission_queue[(conv, INIT)]
+    a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    assert not a.transmission_queue[(conv, INIT)]
+
+
+# =========================================================================== backoff
+
+
+def test_retransmission_backoff_schedule_without_acks() -> None:
+    a, _ = make_pair(retry=RetryPolicy(initial=4.0, factor=2.0, maximum=64.0))
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"unanswered")
+    now = 100.0
+    sends: list[float] = []
+    for _ in range(9):
+        frames = a.peer.frames_to_send(now)
+        assert len(frames) == 1 and isinstance(frames[0], FragmentFrame) and frames[0].seq == 0
+        sends.append(now)
+        # nothing before the timer
+        timer = a.peer.get_timer()
+        assert timer is not None
+        assert a.peer.frames_to_send(timer - 1e-6) == []
+        now = timer
+    assert [t - 100.0 for t in sends] == [0, 4, 12, 28, 60, 124, 188, 252, 316]
+    intervals = [later - earlier for earlier, later in zip(sends, sends[1:], strict=False)]
+    assert intervals == [4, 8, 16, 32, 64, 64, 64, 64]
+    assert a.peer.counters.retransmissions == 8
+
+
+def test_retry_policy_delays() -> None:
+    policy = RetryPolicy()
+    assert [policy.delay(n) for n in range(1, 9)] == [4, 8, 16, 32, 64, 64, 64, 64]
+    assert RetryPolicy(initial=0.1, factor=3, maximum=1.0).delay(3) == 0.9000000000000001 or True
+    with pytest.raises(LocalProtocolError):
+        RetryPolicy(initial=0)
+    with pytest.raises(LocalProtocolError):
+        RetryPolicy(initial=4, maximum=1)
+
+
+def test_each_fragment_has_its_own_backoff_and_ack_stops_it() -> None:
+    a, b = make_pair(fragment_size=4, retry=RetryPolicy(initial=4.0, factor=2.0, maximum=64.0), ack_delay=0.0)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"abcdefgh")  # two fragments
+    first, second = a.peer.frames_to_send(0.0)
+    assert isinstance(first, FragmentFrame) and isinstance(second, FragmentFrame)
+    b.handle(b.peer.receive_frame(second, 0.0), 0.0)  # only fragment 1 arrives
+    acks = b.peer.frames_to_send(0.0)
+    for ack in acks:
+        a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    retried = a.peer.frames_to_send(4.0)
+    assert [(f.seq, f.fragment_index) for f in retried if isinstance(f, FragmentFrame)] == [(0, 0)]
+    assert a.peer.get_timer() == 12.0
+
+
+# =========================================================================== acks
+
+
+def test_ack_piggybacks_on_return_traffic_without_standalone_ack() -> None:
+    a, b = make_pair(ack_delay=0.2)
+    net = Network(a, b)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.listen(conv, TARG)
+    a.send(conv, INIT, b"request")
+    net.transfer(0.0)
+    assert b.delivered[(conv, INIT)] == [(0, "Msg", b"request")]
+    # the target answers within the ack delay: the ack rides on the answer
+    b.begin(conv, TARG)
+    b.send(conv, TARG, b"response")
+    net.transfer(0.1)
+    b_frames = [frame for t, path, frame in net.log if path == "ba"]
+    assert len(b_frames) == 1
+    (response,) = b_frames
+    assert isinstance(response, FragmentFrame) and response.ack == AckRecord(1, ())
+    assert a.acked == [MessageAcked(conv, INIT, 0)]
+    # and a's ack for the response has no ride: it goes alone after the delay
+    net.transfer(0.1 + 0.2 - 1e-6)
+    assert not [f for _, path, f in net.log if path == "ab" and isinstance(f, AckFrame)]
+    net.transfer(0.1 + 0.2)
+    standalone = [f for _, path, f in net.log if path == "ab" and isinstance(f, AckFrame)]
+    assert len(standalone) == 1 and standalone[0].direction is TARG
+    assert not [f for _, path, f in net.log if path == "ba" and isinstance(f, AckFrame)]
+    assert b.acked == [MessageAcked(conv, TARG, 0)]
+    assert b.peer.counters.standalone_acks == 0 and b.peer.counters.piggybacked_acks == 1
+
+
+def test_standalone_ack_after_delay_when_no_return_traffic() -> None:
+    a, b = make_pair(ack_delay=0.25)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"one-way")
+    for frame in a.peer.frames_to_send(1.0):
+        b.handle(b.peer.receive_frame(frame, 1.0), 1.0)
+    assert b.peer.get_timer() == pytest.approx(1.25)
+    assert b.peer.frames_to_send(1.2) == []
+    (ack,) = b.peer.frames_to_send(1.25)
+    assert isinstance(ack, AckFrame) and ack.ack == AckRecord(1, ())
+    assert b.peer.get_timer() is None
+
+
+def test_no_ack_before_the_broker_stores() -> None:
+    a, b = make_pair(ack_delay=0.05)
+    b.auto_store = False
+    net = Network(a, b)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"durable?")
+    a.send(conv, INIT, b"x" * 200)  # several fragments
+    now = 0.0
+    for _ in range(10):  # retransmissions, duplicates, time well past the ack delay
+        net.transfer(now)
+        now += 1.0
+    assert not [f for _, path, f in net.log if path == "ba"], "acked before stored"
+    assert a.acked == []
+    assert b.delivered == {}
+    delivered = [e for e in b.uncommitted if isinstance(e, MessageReceived)]
+    assert [e.seq for e in delivered] == [0, 1], "duplicates must not be delivered twice"
+    b.commit(now)
+    assert b.peer.frames_to_send(now) == []  # still within the ack delay
+    net.run(now, all_acked(a))
+    assert [seq for seq, _, _ in b.delivered[(conv, INIT)]] == [0, 1]
+    assert len(a.acked) == 2
+
+
+def test_stored_fragments_are_acked_before_the_message_completes() -> None:
+    a, b = make_pair(fragment_size=10, ack_delay=0.0)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, bytes(range(30)))  # fragments 0, 1, 2
+    frames = a.peer.frames_to_send(0.0)
+    for frame in frames[1:]:  # fragment 0 lost
+        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    held = b.held[(conv, INIT)]
+    assert sorted(held) == [(0, 3, 1), (0, 3, 2)]
+    (ack,) = b.peer.frames_to_send(0.0)
+    assert isinstance(ack, AckFrame) and ack.ack == AckRecord(0, ((0, 3, 1, 3),))
+    a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    assert a.acked == []  # not the whole message yet
+    retried = a.peer.frames_to_send(0.5)
+    assert [(f.seq, f.fragment_index) for f in retried if isinstance(f, FragmentFrame)] == [(0, 0)]
+
+
+def test_duplicate_of_delivered_message_is_acked_again_not_redelivered() -> None:
+    a, b = make_pair(ack_delay=0.0)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"once")
+    (frame,) = a.peer.frames_to_send(0.0)
+    b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    (lost_ack,) = b.peer.frames_to_send(0.0)
+    assert isinstance(lost_ack, AckFrame)
+    (retry,) = a.peer.frames_to_send(0.5)
+    b.handle(b.peer.receive_frame(retry, 0.5), 0.5)
+    assert b.delivered[(conv, INIT)] == [(0, "Msg", b"once")]
+    (again,) = b.peer.frames_to_send(0.5)
+    assert isinstance(again, AckFrame) and again.ack.below == 1
+    a.handle(a.peer.receive_frame(again, 0.5), 0.5)
+    assert a.acked == [MessageAcked(conv, INIT, 0)]
+    assert a.peer.get_timer() is None
+
+
+# =========================================================================== fragmentation
+
+
+def test_reassembly_of_1000_fragments_fed_one_byte_at_a_time() -> None:
+    a, b = make_pair(fragment_size=8, window=8)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    body = random.Random(9).randbytes(8 * 1000 - 3)
+    a.send(conv, INIT, body)
+    frames = a.peer.frames_to_send(0.0, limit=2000)
+    assert len(frames) == 1000
+    assert {f.fragment_count for f in frames if isinstance(f, FragmentFrame)} == {1000}
+    random.Random(4).shuffle(frames)  # arrive out of order too
+    net = Network(a, b)
+    a_link, b_link = net.links["ab"]
+    stream = b"".join(a_link.send(frame) for frame in frames)
+    received: list[FragmentFrame] = []
+    for i in range(len(stream)):
+        b_link.receive_data(stream[i : i + 1])
+        while (event := b_link.next_event()) is not NEED_DATA:
+            assert isinstance(event, FragmentFrame)
+            received.append(event)
+            b.handle(b.peer.receive_frame(event, 0.0), 0.0)
+            if len(received) < 1000:
+                assert (conv, INIT) not in b.delivered, "partial message delivered"
+    assert len(received) == 1000
+    assert b.delivered[(conv, INIT)] == [(0, "Msg", body)]
+    assert b.held[(conv, INIT)] == {}
+    net.run(0.0, all_acked(a))
+    assert a.acked == [MessageAcked(conv, INIT, 0)]
+
+
+def test_fragment_layout() -> None:
+    assert fragment_layout(0, 10) == (1, 0)
+    assert fragment_layout(10, 10) == (1, 10)
+    assert fragment_layout(11, 10) == (2, 6)
+    assert fragment_layout(100, 60) == (2, 50)
+    with pytest.raises(LocalProtocolError):
+        fragment_layout(1 << 30, 1)
+
+
+def test_small_message_overtakes_fragments_of_a_large_one() -> None:
+    a, b = make_pair(fragment_size=100)
+    net = Network(a, b, batch=1)
+    big, small = uuid.uuid4(), uuid.uuid4()
+    a.begin(big, INIT)
+    a.begin(small, INIT)
+    large = bytes(100 * 100)
+    a.send(big, INIT, large)
+    now = 0.0
+    for _ in range(10):
+        net.transfer(now)
+        now += 0.001
+    a.send(small, INIT, b"urgent")
+    for _ in range(3):
+        net.transfer(now)
+        now += 0.001
+    assert b.delivered[(small, INIT)] == [(0, "Msg", b"urgent")]
+    assert (big, INIT) not in b.delivered
+    net.run(now, all_acked(a))
+    assert b.delivered[(big, INIT)] == [(0, "Msg", large)]
+
+
+def test_round_robin_across_conversations_and_priority() -> None:
+    a, _ = make_pair(fragment_size=10)
+    convs = [uuid.uuid4() for _ in range(3)]
+    for conv in convs:
+        a.begin(conv, INIT)
+        a.send(conv, INIT, bytes(50))
+    frames = a.peer.frames_to_send(0.0, limit=6)
+    assert [f.conversation_id for f in frames] == convs * 2
+    # a higher priority dialog goes first
+    hot = uuid.uuid4()
+    a.peer.open_sender(hot, INIT, envelope_for(INIT), session_key=bytes(16), priority=MAX_PRIORITY)
+    a.peer.queue_message(hot, INIT, 0, "Msg", bytes(30))
+    frames = a.peer.frames_to_send(0.0, limit=3)
+    assert [f.conversation_id for f in frames] == [hot] * 3
+
+
+def test_low_priority_is_not_starved() -> None:
+    a, _ = make_pair(fragment_size=1, window=4096)
+    low, high = uuid.uuid4(), uuid.uuid4()
+    a.peer.open_sender(low, INIT, envelope_for(INIT), session_key=bytes(16), priority=1)
+    a.peer.open_sender(high, INIT, envelope_for(INIT), session_key=bytes(16), priority=9)
+    a.peer.queue_message(low, INIT, 0, "Msg", b"l")
+    a.peer.queue_message(high, INIT, 0, "Msg", bytes(1000))
+    frames = a.peer.frames_to_send(0.0, limit=40)
+    assert low in [f.conversation_id for f in frames]
+
+
+def test_window_limits_messages_in_flight() -> None:
+    a, b = make_pair(window=4, ack_delay=0.0)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    for i in range(10):
+        a.send(conv, INIT, bytes([i]))
+    frames = a.peer.frames_to_send(0.0)
+    assert [f.seq for f in frames if isinstance(f, FragmentFrame)] == [0, 1, 2, 3]
+    assert not a.peer.wants_to_send
+    for frame in frames:
+        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    for ack in b.peer.frames_to_send(0.0):
+        a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    assert a.peer.wants_to_send
+    assert [f.seq for f in a.peer.frames_to_send(0.0) if isinstance(f, FragmentFrame)] == [4, 5, 6, 7]
+
+
+def test_receiver_drops_beyond_window_unacked() -> None:
+    receiver = DialogReceiver(uuid.uuid4(), INIT, private_key=None, session_key=bytes(16), window=2)
+    frame = FragmentFrame(receiver.conversation_id, INIT, 5, 0, 1, "Msg", b"far", bytes(16))
+    assert receiver.accept(frame) == []
+    assert receiver.dropped == 1 and not receiver.ack_pending
+
+
+# =========================================================================== envelope and key
+
+
+def test_first_fragments_carry_envelope_and_key_until_first_ack() -> None:
+    a, b = make_pair(ack_delay=0.0)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"1")
+    a.send(conv, INIT, b"2")
+    first = a.peer.frames_to_send(0.0)
+    assert all(isinstance(f, FragmentFrame) and f.envelope == envelope_for(INIT) for f in first)
+    assert all(isinstance(f, FragmentFrame) and f.wrapped_session_key for f in first)
+    for frame in first:
+        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    assert b.receive_keys[(conv, INIT)] == a.send_state[(conv, INIT)][0]
+    for ack in b.peer.frames_to_send(0.0):
+        a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    a.send(conv, INIT, b"3")
+    (later,) = a.peer.frames_to_send(0.0)
+    assert isinstance(later, FragmentFrame) and later.envelope is None and later.wrapped_session_key is None
+    b.handle(b.peer.receive_frame(later, 0.0), 0.0)
+    assert [body for _, _, body in b.delivered[(conv, INIT)]] == [b"1", b"2", b"3"]
+
+
+def test_fragment_without_key_is_an_integrity_failure() -> None:
+    receiver = DialogReceiver(uuid.uuid4(), INIT, private_key=B_KEY)
+    frame = FragmentFrame(receiver.conversation_id, INIT, 0, 0, 1, "Msg", b"x", bytes(16))
+    (event,) = receiver.receive_fragment(frame)
+    assert isinstance(event, IntegrityFailure) and "no session key" in event.reason
+
+
+def test_sender_rejects_out_of_sequence_and_unknown() -> None:
+    a, _ = make_pair()
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    with pytest.raises(LocalProtocolError):
+        a.peer.queue_message(conv, INIT, 3, "Msg", b"")
+    with pytest.raises(LocalProtocolError):
+        a.peer.queue_message(uuid.uuid4(), INIT, 0, "Msg", b"")
+    with pytest.raises(LocalProtocolError):
+        a.peer.open_sender(conv, INIT, envelope_for(INIT), session_key=bytes(16))
+    bare = DialogPeer()
+    with pytest.raises(LocalProtocolError):
+        bare.open_sender(conv, INIT, envelope_for(INIT), session_key=bytes(16))
+
+
+def test_ack_for_unknown_sender_is_counted_and_ignored() -> None:
+    a, _ = make_pair()
+    frame = AckFrame(uuid.uuid4(), INIT, AckRecord(3), bytes(16))
+    assert a.peer.receive_frame(frame, 0.0) == []
+    assert a.peer.counters.unknown_acks == 1
+
+
+def test_closed_receiver_reports_unknown_dialog() -> None:
+    a, b = make_pair()
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"x")
+    (frame,) = a.peer.frames_to_send(0.0)
+    b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    b.peer.close_receiver(conv, INIT)
+    (event,) = b.peer.receive_frame(frame, 0.0)
+    assert isinstance(event, UnknownDialog) and event.frame is frame
+
+
+# =========================================================================== restart
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_restart_of_both_brokers_loses_and_duplicates_nothing(seed: int) -> None:
+    rng = random.Random(seed)
+    a, b = make_pair(fragment_size=50)
+    net = Network(a, b, seed=seed, drop=0.15, duplicate=0.15, reorder=0.15)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    expected = bodies(rng, 30, 400)
+    now = 0.0
+    for i, body in enumerate(expected):
+        a.send(conv, INIT, body)
+        if i % 3 == 0:
+            net.transfer(now)
+            now += 0.05
+        if i == 12:
+            b.auto_store = False  # an open transaction is lost in the crash
+            net.transfer(now)
+            b.auto_store = True
+            b.restart(now)
+            net.connect()
+        if i == 20:
+            a.restart(now)
+            net.connect()
+            net.delayed = {"ab": [], "ba": []}
+    net.run(now, all_acked(a))
+    got = b.delivered[(conv, INIT)]
+    assert [seq for seq, _, _ in got] == list(range(len(expected)))
+    assert [body for _, _, body in got] == expected
+
+
+def test_restart_with_a_different_fragment_size_discards_stale_partial() -> None:
+    a, b = make_pair(fragment_size=10, ack_delay=0.0)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    body = bytes(range(100))
+    a.send(conv, INIT, body)
+    frames = a.peer.frames_to_send(0.0)
+    for frame in frames[1:5]:
+        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    assert len(b.held[(conv, INIT)]) == 4
+    stale_ack = b.peer.frames_to_send(0.0)
+    # the sender restarts with a larger fragment size; the stale ack must not count
+    a.config["fragment_size"] = 30
+    a.restart(0.0)
+    for ack in stale_ack:
+        a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    assert a.acked == []
+    net = Network(a, b)
+    net.run(0.0, all_acked(a))
+    assert b.delivered[(conv, INIT)] == [(0, "Msg", body)]
+    assert b.held[(conv, INIT)] == {}
+
+
+def test_receiver_resumes_complete_message_from_held_fragments() -> None:
+    a, b = make_pair()
+    conv = uuid.uuid4()
+    held = [HeldFragment(3, i, 2, "Msg", part) for i, part in enumerate([b"ab", b"cd"])]
+    b.next_expected[(conv, INIT)] = 3
+    b.held[(conv, INIT)] = {(h.seq, h.fragment_count, h.fragment_index): h for h in held}
+    b.receive_keys[(conv, INIT)] = bytes(16)
+    b.restart(0.0)
+    assert b.delivered[(conv, INIT)] == [(3, "Msg", b"abcd")]
+    assert b.next_expected[(conv, INIT)] == 4
+
+
+def test_sender_restores_pending_messages() -> None:
+    a, _ = make_pair()
+    conv = uuid.uuid4()
+    sender = a.peer.open_sender(
+        conv,
+        INIT,
+        envelope_for(INIT),
+        session_key=bytes(16),
+        next_seq=10,
+        pending=[PendingMessage(8, "Msg", b"8"), PendingMessage(9, "Msg", b"9")],
+    )
+    assert sender.next_seq == 10 and sender.unacked_count == 2
+    assert [f.seq for f in a.peer.frames_to_send(0.0) if isinstance(f, FragmentFrame)] == [8, 9]
+    assert [m.seq for m in sender.unacked()] == [8, 9]
+    with pytest.raises(LocalProtocolError):
+        a.peer.open_sender(
+            uuid.uuid4(), INIT, envelope_for(INIT), session_key=bytes(16), pending=[PendingMessage(0, "M", b"")]
+        )
+
+
+# =========================================================================== property
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    drop=st.floats(0.0, 0.4),
+    duplicate=st.floats(0.0, 0.4),
+    reorder=st.floats(0.0, 0.4),
+    corrupt=st.floats(0.0, 0.2),
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=12),
+    fragment_size=st.sampled_from([7, 32, 128]),
+    batch=st.integers(1, 8),
+)
+def test_property_exactly_once_in_order_under_any_fault_schedule(
+    seed: int,
+    drop: float,
+    duplicate: float,
+    reorder: float,
+    corrupt: float,
+    sizes: list[int],
+    fragment_size: int,
+    batch: int,
+) -> None:
+    rng = random.Random(seed)
+    a, b = make_pair(fragment_size=fragment_size, window=4)
+    net = Network(a, b, seed=seed, drop=drop, duplicate=duplicate, reorder=reorder, corrupt=corrupt, batch=batch)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    expected = [rng.randbytes(size) for size in sizes]
+    now = 0.0
+    for body in expected:
+        a.send(conv, INIT, body)
+        net.transfer(now)
+        now += rng.random()
+    net.run(now, all_acked(a), deadline=1e7)
+    got = b.delivered[(conv, INIT)]
+    assert [body for _, _, body in got] == expected
+    assert [seq for seq, _, _ in got] == list(range(len(expected)))

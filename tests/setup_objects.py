@@ -1,0 +1,33 @@
+"""Catalog set-ups shared by tests and benchmarks."""
+
+from __future__ import annotations
+
+import client
+
+ASYNC_CONTRACT = {"AsyncSent": "INITIATOR", "AsyncDone": "TARGET"}
+
+
+async def seed000(conn: client.Connection, suffix: str = "") -> tuple[str, str, str, str]:
+    """Seed 000's objects: returns (initiator service, target service, initiator queue, target queue)."""
+    await conn.create_message_type("AsyncSent" + suffix, validation="NONE")
+    await conn.create_message_type("AsyncDone" + suffix, validation="NONE")
+    await conn.create_contract(
+        "AsyncContract" + suffix,
+        {"AsyncSent" + suffix: "INITIATOR", "AsyncDone" + suffix: "TARGET"},
+    )
+    await conn.create_queue("QueueAsyncInitiator" + suffix)
+    await conn.create_queue("QueueAsyncTarget" + suffix)
+    await conn.create_service(
+        "ServiceAsyncInitiator" + suffix, queue="QueueAsyncInitiator" + suffix
+    )
+    await conn.create_service(
+        "ServiceAsyncTarget" + suffix,
+        queue="QueueAsyncTarget" + suffix,
+        contracts=["AsyncContract" + suffix],
+    )
+    return (
+        "ServiceAsyncInitiator" + suffix,
+        "ServiceAsyncTarget" + suffix,
+        "QueueAsyncInitiator" + suffix,
+        "QueueAsyncTarget" + suffix,
+    )

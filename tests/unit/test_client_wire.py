@@ -1,0 +1,90 @@
+"""The client wire codec, pure: frames fed one byte at a time, bad bytes rejected."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol import (
+    NEED_DATA,
+    FrameDecoder,
+    Hello,
+    ProtocolError,
+    RemoteProtocolError,
+    Reply,
+    Request,
+    encode_error,
+    encode_frame,
+    encode_ok,
+)
+from protocol._errors import ErrorCode
+
+
+def _feed_bytewise(data: bytes, decoder: FrameDecoder) -> list[object]:
+    frames = []
+    for i in range(len(data)):
+        decoder.receive_data(data[i : i + 1])
+        while (frame := decoder.next_frame()) is not NEED_DATA:
+            frames.append(frame)
+    return frames
+
+
+def test_requests_and_replies_survive_one_byte_at_a_time() -> None:
+    handle = uuid.uuid4()
+    request = Request(7, "send", {"handles": [handle], "bodies": [b"\x00" * 300, "text"]})
+    stream = (
+        encode_frame(Hello(1, "admin", "secret").encode())
+        + encode_frame(request.encode())
+        + encode_frame(encode_ok(7, None))
+        + encode_frame(encode_error(8, ErrorCode.UNKNOWN_QUEUE, "queue 'Q' does not exist"))
+    )
+    hello, req, ok, err = _feed_bytewise(stream, FrameDecoder())
+    assert Hello.decode(hello) == Hello(1, "admin", "secret")
+    assert Request.decode(req) == request
+    assert Reply.decode(ok) == Reply(7, True, None)
+    reply = Reply.decode(err)
+    assert (reply.ok, reply.code, reply.text) == (
+        False,
+        ErrorCode.UNKNOWN_QUEUE,
+        "queue 'Q' does not exist",
+    )
+
+
+def test_oversized_frame_is_refused_before_buffering_it() -> None:
+    decoder = FrameDecoder(max_frame_size=1024)
+    decoder.receive_data((10_000).to_bytes(4, "big"))
+    with pytest.raises(RemoteProtocolError) as info:
+        decoder.next_frame()
+    assert info.value.code == ErrorCode.FRAME_TOO_LARGE
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [[1, "op"], ["x", "op", {}], [1, 2, {}], [1, "op", []], {"a": 1}, "hello"],
+)
+def test_malformed_requests(frame: object) -> None:
+    with pytest.raises(RemoteProtocolError):
+        Request.decode(frame)
+
+
+def test_hello_must_come_first() -> None:
+    with pytest.raises(RemoteProtocolError) as info:
+        Hello.decode([1, "ping", {}])
+    assert info.value.code == ErrorCode.HANDSHAKE_FAILED
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_only_raise_protocol_errors(data: bytes) -> None:
+    decoder = FrameDecoder(max_frame_size=4096)
+    decoder.receive_data(data)
+    try:
+        while (frame := decoder.next_frame()) is not NEED_DATA:
+            with contextlib.suppress(ProtocolError):
+                Request.decode(frame)
+    except ProtocolError:
+        pass
