@@ -48,6 +48,14 @@ def broker(durability: str, keep: bool = False) -> Iterator[BrokerProcess]:
     try:
         process.start()
         yield process
+    except BaseException:
+        exit_code = process.proc.poll() if process.proc is not None else None
+        tail = process.log_text()[-3000:] if process.log_path.exists() else ""
+        print(
+            f"benchmark failed; daemon exit code {exit_code}; daemon log tail:\n{tail}",
+            file=sys.stderr,
+        )
+        raise
     finally:
         try:
             process.stop(timeout=30.0)

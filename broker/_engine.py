@@ -37,6 +37,7 @@ from . import _catalog as cat
 from ._catalog import Catalog, QueueDef
 from ._conversations import CAN_SEND, ENDED_BY_FAR_SIDE, Endpoint, Event, State
 from ._errors import BrokerError, bad_argument, not_found
+from ._poison import PoisonHandler
 from ._priorities import assign_level
 from ._queues import Group, Message, Queue
 from ._store import Store
@@ -187,7 +188,7 @@ class Engine:
         self.sessions: dict[int, Session] = {}
         self.listener: QueueListener = QueueListener()
         self.on_outbound: Callable[[Outbound], None] | None = None
-        self.poison_incidents: list[dict[str, Any]] = []
+        self.poison = PoisonHandler(self)
         self._timers: dict[uuid.UUID, asyncio.TimerHandle] = {}
         self._lifetimes: dict[uuid.UUID, asyncio.TimerHandle] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -210,33 +211,53 @@ class Engine:
             ep = Endpoint.from_row(row, queue)
             self._register(ep)
         for row in snap.messages:
-            (order, queue_name, handle, seq, mtype, validation, body, enqueued, status, dc) = row
-            ep = self.endpoints.get(uuid.UUID(bytes=handle))
-            queue = self.queues.get(queue_name)
-            if ep is None or queue is None:
-                log.warning("dropping orphan message %s of queue %s", order, queue_name)
-                self.store.delete_message(order)
-                continue
-            message = self._message(ep, order, seq, mtype, validation, body, enqueued)
-            message.status, message.delivery_count = status, dc
-            if status == 0:
-                queue.retained.setdefault(ep.handle, []).append(message)
-            else:
-                queue.add(message)
+            self._load_message(row)
         for row in snap.transmission:
             out = Outbound.from_row(row)
             self.transmission[out.id] = out
             if self._is_local(out.to_service, out.to_broker_instance):
                 self.held.setdefault((out.conversation_id, out.is_initiator), deque()).append(out)
         for row in snap.poison:
-            self.poison_incidents.append(self._incident_dict(row))
+            self.poison.load_incident(row)
         max_order, max_out, _ = self.store.max_ids()
         self._next_order = max_order + 1
         self._next_outbound = max_out + 1
         self.store.write_now()
 
+    def _load_message(self, row: tuple[Any, ...]) -> None:
+        (order, queue_name, raw_handle, seq, mtype, letter, body, enqueued, status, dc, extra) = row
+        handle = uuid.UUID(bytes=raw_handle)
+        ep = self.endpoints.get(handle)
+        queue = self.queues.get(queue_name)
+        message = None
+        if ep is not None:
+            message = self._message(ep, order, seq, mtype, letter, body, enqueued)
+        elif extra is not None:  # a dead letter lives on without its endpoint
+            message = Message(
+                order, queue_name, handle, handle, seq, "", "", mtype, letter, body, enqueued, 5
+            )
+        if message is not None and extra is not None:
+            self.poison.restore_extra(message, extra)
+        if queue is None or message is None or (ep is None and message.dead_letter_reason is None):
+            log.warning("dropping orphan message %s of queue %s", order, queue_name)
+            self.store.delete_message(order)
+            return
+        message.status, message.delivery_count = status, dc
+        if message.parked_until is not None:
+            self.poison.park_loaded(queue, message)
+        elif status == 0 and ep is not None:
+            queue.retained.setdefault(ep.handle, []).append(message)
+        else:
+            queue.add(message)
+
+    def next_queuing_order(self) -> int:
+        order = self._next_order
+        self._next_order += 1
+        return order
+
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self.poison.start()
         for ep in list(self.endpoints.values()):
             self._arm_timer(ep)
             self._arm_lifetime(ep)
@@ -267,7 +288,7 @@ class Engine:
         """A dropped connection rolls back whatever it had open."""
         session.closed = True
         if session.txn is not None:
-            self._rollback(session.txn)
+            self._rollback(session.txn, "the connection was closed with the transaction open")
             session.txn = None
         self.sessions.pop(session.ident, None)
 
@@ -284,10 +305,15 @@ class Engine:
         session.txn = None
         self._commit(txn)
 
-    def rollback(self, session: Session) -> None:
+    def rollback(self, session: Session, error: object = None) -> None:
         txn = self._explicit(session, "roll back")
+        if error is not None and not isinstance(error, str):
+            raise bad_argument("rollback error must be a text saying what went wrong")
         session.txn = None
-        self._rollback(txn)
+        self._rollback(txn, error or "")
+
+    def requeue_dead_letter(self, session: Session, queue: object, queuing_order: object) -> None:
+        self.poison.requeue(queue, queuing_order)
 
     def _explicit(self, session: Session, verb: str) -> Transaction:
         if session.txn is None:
@@ -351,7 +377,7 @@ class Engine:
             queue.rollback_streak = 0
             queue.disabled_reason = ""
             self._release_held(updated.name)
-            self._kick(queue)
+            self.kick(queue)
         elif not updated.status:
             queue.disabled_reason = reason
             self._fail_waiters(queue)
@@ -808,7 +834,7 @@ class Engine:
             waiters, group.lock_waiters = group.lock_waiters, []
             for wake in waiters:
                 wake()
-            self._kick(queue)
+            self.kick(queue)
         txn.locks.clear()
 
     # ================================================================ receive
@@ -1001,7 +1027,7 @@ class Engine:
         future.cancel()
         return None
 
-    def _kick(self, queue: Queue) -> None:
+    def kick(self, queue: Queue) -> None:
         if queue.waiters and not queue.kick_scheduled:
             queue.kick_scheduled = True
             self.loop.call_soon(self._serve_waiters, queue)
@@ -1068,18 +1094,24 @@ class Engine:
             queue.rollback_streak = 0
         self._release(txn)
 
-    def _rollback(self, txn: Transaction) -> None:
-        received_from: dict[str, Queue] = {}
+    def _rollback(self, txn: Transaction, error: str = "") -> None:
+        received_from: dict[str, tuple[Queue, list[Message]]] = {}
         for queue, group, messages in reversed(txn.received):
             queue.restore(group, messages)
             for m in messages:
+                if error:
+                    m.last_error = error
+                    self.store.set_message_extra(m.queuing_order, m.extra())
                 self.store.set_delivery_count(m.queuing_order, m.delivery_count)
-            received_from[queue.name] = queue
+            received_from.setdefault(queue.name, (queue, []))[1].extend(messages)
         for ep in txn.new_endpoints:
             self._forget(ep)
         self._release(txn)
-        for queue in received_from.values():
-            self._count_rollback(queue)
+        for queue, messages in received_from.values():
+            if self.poison.after_rollback(queue, messages):
+                queue.rollback_streak = 0
+            else:
+                self._count_rollback(queue)
             self.listener.rolled_back(queue)
 
     def _count_rollback(self, queue: Queue) -> None:
@@ -1143,6 +1175,24 @@ class Engine:
         ep.send_seq += 1
         self._route(ep, seq, mtype, letter, body, now)
         if ep.handle in self.endpoints:
+            self.store.put_endpoint(ep.row())
+
+    def fail_conversation(self, ep: Endpoint, code: int, description: str) -> None:
+        """End a conversation with an error on both sides (poison policy)."""
+        now = time.time()
+        queue = self.queues.get(ep.queue)
+        group = queue.groups.get(ep.group_id) if queue else None
+        if queue is not None and group is not None:
+            for m in queue.drop_conversation(group, ep.handle):
+                self.store.delete_message(m.queuing_order)
+        body = error_body(code, description)
+        if ep.state in CAN_SEND:
+            seq = ep.send_seq
+            ep.send_seq += 1
+            self._route(ep, seq, cat.ERROR, "X", body, now)
+        if ep.handle in self.endpoints and ep.state not in (State.ER, State.DO, State.CD):
+            ep.apply(Event.RECEIVED_ERROR)
+            self._enqueue(ep, -1, cat.ERROR, "X", body, now)
             self.store.put_endpoint(ep.row())
 
     def _far_gone(self, ep: Endpoint) -> bool:
@@ -1361,7 +1411,7 @@ class Engine:
         message = self._message(ep, order, seq, mtype, letter, body, now)
         queue.add(message)
         self.store.insert_message(message.row())
-        self._kick(queue)
+        self.kick(queue)
         self.listener.message_arrived(queue)
         return message
 
@@ -1378,6 +1428,7 @@ class Engine:
             return
         del self.endpoints[ep.handle]
         self.by_conversation.pop((ep.conversation_id, ep.is_initiator), None)
+        self.poison.forget_conversation(ep.handle)
         for timers in (self._timers, self._lifetimes):
             handle = timers.pop(ep.handle, None)
             if handle is not None:
@@ -1450,20 +1501,21 @@ class Engine:
             if note.event != event or note.queue != queue_name:
                 continue
             body = self.event_body(event, queue_name)
-            self._post_notification(note, body)
+            self.post_notification(note, body)
             fired += 1
         return fired
 
-    def event_body(self, event: str, queue_name: str) -> bytes:
+    def event_body(self, event: str, queue_name: str, details: str = "") -> bytes:
+        """The EventNotification body: EVENT_INSTANCE naming event, queue, broker, time."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
         return (
             f"<EVENT_INSTANCE><EventType>{event}</EventType><PostTime>{stamp}Z</PostTime>"
             f"<BrokerInstance>{self.instance_id}</BrokerInstance>"
             f"<ObjectName>{escape(queue_name)}</ObjectName><ObjectType>QUEUE</ObjectType>"
-            f"</EVENT_INSTANCE>"
+            f"{details}</EVENT_INSTANCE>"
         ).encode()
 
-    def _post_notification(self, note: cat.EventNotification, body: bytes) -> None:
+    def post_notification(self, note: cat.EventNotification, body: bytes) -> None:
         """Deliver on the notification's own dialog (one per notification, reused)."""
         now = time.time()
         handle = self.notification_dialogs.get(note.name)
@@ -1511,19 +1563,6 @@ class Engine:
         self._enqueue(ep, ep.receive_seq - 1, cat.EVENT_NOTIFICATION, "X", body, now)
 
     # ================================================================ helpers for views
-
-    def _incident_dict(self, row: tuple[Any, ...]) -> dict[str, Any]:
-        ident, queue, handle, order, count, action, when, error = row
-        return {
-            "id": ident,
-            "queue": queue,
-            "conversation_handle": None if handle is None else uuid.UUID(bytes=handle),
-            "queuing_order": order,
-            "delivery_count": count,
-            "action": action,
-            "time": when,
-            "error": error,
-        }
 
     def all_endpoints(self) -> Iterable[Endpoint]:
         return (ep for ep in self.endpoints.values() if ep.committed)

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from protocol import pack
+
 from ._catalog import QueueDef
 
 
@@ -42,8 +44,34 @@ class Message:
     priority: int
     status: int = 1  # 1 ready, 0 received and retained
     delivery_count: int = 0  # deliveries so far; persisted when a receive rolls back
-    parked_until: float | None = None
+    parked_until: float | None = None  # poison policy "park": out of the queue until then
     parks: int = 0
+    last_error: str = ""  # what the last reader that rolled back reported
+    dead_letter_reason: str | None = None  # set on a message moved to a dead-letter queue
+    origin_queue: str | None = None  # the queue a dead letter came from
+
+    def extra(self) -> bytes | None:
+        """What the store keeps beyond the plain columns (None for most messages)."""
+        if (
+            self.dead_letter_reason is None
+            and self.parked_until is None
+            and not self.parks
+            and not self.last_error
+        ):
+            return None
+        return pack(
+            {
+                "reason": self.dead_letter_reason,
+                "origin": self.origin_queue,
+                "group": self.conversation_group_id,
+                "service": self.service_name,
+                "contract": self.service_contract_name,
+                "priority": self.priority,
+                "parked_until": self.parked_until,
+                "parks": self.parks,
+                "error": self.last_error,
+            }
+        )
 
     def wire(self) -> list[Any]:
         """The RECEIVE row, in protocol MESSAGE_COLUMNS order."""
@@ -61,6 +89,7 @@ class Message:
             self.message_body,
             self.message_enqueue_time,
             self.delivery_count,
+            self.dead_letter_reason,
         ]
 
     def row(self) -> tuple[Any, ...]:
@@ -76,6 +105,7 @@ class Message:
             self.message_enqueue_time,
             self.status,
             self.delivery_count,
+            self.extra(),
         )
 
 
@@ -203,6 +233,26 @@ class Queue:
         self.ready -= len(taken)
         self.touch(group)
         return taken
+
+    def add_front(self, message: Message) -> Group:
+        """Put one message at the head of its conversation (re-queue, end of a park)."""
+        group = self.group(message.conversation_group_id)
+        conv = group.convs.get(message.conversation_handle)
+        if conv is None:
+            conv = group.convs[message.conversation_handle] = deque()
+        conv.appendleft(message)
+        self.ready += 1
+        self.touch(group)
+        return group
+
+    def remove(self, group: Group, message: Message) -> None:
+        """Take one ready message out of its conversation (poison handling)."""
+        conv = group.convs[message.conversation_handle]
+        conv.remove(message)
+        if not conv:
+            del group.convs[message.conversation_handle]
+        self.ready -= 1
+        self.touch(group)
 
     def restore(self, group: Group, messages: list[Message]) -> None:
         """Put taken messages back exactly where they were (newest first)."""

@@ -77,6 +77,7 @@ class Operations:
             "begin_transaction",
             "commit",
             "rollback",
+            "requeue_dead_letter",
         ):
             self.add(name, getattr(engine, name))
         self.add("view", self.view)

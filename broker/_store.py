@@ -47,7 +47,7 @@ _SCHEMA: Final = (
     " queuing_order INTEGER PRIMARY KEY, queue TEXT NOT NULL, handle BLOB NOT NULL,"
     " seq INTEGER NOT NULL, message_type TEXT NOT NULL, validation TEXT NOT NULL,"
     " body BLOB NOT NULL, enqueue_time REAL NOT NULL, status INTEGER NOT NULL,"
-    " delivery_count INTEGER NOT NULL)",
+    " delivery_count INTEGER NOT NULL, extra BLOB)",
     "CREATE TABLE IF NOT EXISTS transmission_queue ("
     " id INTEGER PRIMARY KEY, handle BLOB NOT NULL, conversation_id BLOB NOT NULL,"
     " to_service TEXT NOT NULL, to_broker_instance TEXT, from_service TEXT NOT NULL,"
@@ -59,6 +59,11 @@ _SCHEMA: Final = (
     " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, handle BLOB, queuing_order INTEGER,"
     " delivery_count INTEGER, action TEXT NOT NULL, time REAL NOT NULL,"
     " error TEXT NOT NULL, body BLOB)",
+    # the seed-000 scheduler's execution log (see broker/_scheduler.py)
+    "CREATE TABLE IF NOT EXISTS execution_log ("
+    " log_id INTEGER PRIMARY KEY, caller INTEGER, scheduler_handle BLOB, task TEXT NOT NULL,"
+    " queued_time REAL NOT NULL, start_time REAL, end_time REAL, activated_task INTEGER,"
+    " pid INTEGER, session_id INTEGER, error TEXT)",
 )
 
 ENDPOINT_COLUMNS: Final = (
@@ -91,6 +96,7 @@ MESSAGE_COLUMNS: Final = (
     "enqueue_time",
     "status",
     "delivery_count",
+    "extra",
 )
 TRANSMISSION_COLUMNS: Final = (
     "id",
@@ -126,13 +132,13 @@ _INSERT_MESSAGE: Final = _insert("messages", MESSAGE_COLUMNS)
 _DELETE_MESSAGE: Final = "DELETE FROM messages WHERE queuing_order = ?"
 _SET_MESSAGE_STATUS: Final = "UPDATE messages SET status = ? WHERE queuing_order = ?"
 _SET_DELIVERY_COUNT: Final = "UPDATE messages SET delivery_count = ? WHERE queuing_order = ?"
-_MOVE_MESSAGE: Final = "UPDATE messages SET queue = ? WHERE queuing_order = ?"
+_SET_MESSAGE_EXTRA: Final = "UPDATE messages SET extra = ? WHERE queuing_order = ?"
 _INSERT_TRANSMISSION: Final = _insert("transmission_queue", TRANSMISSION_COLUMNS, "INSERT OR REPLACE")
 _DELETE_TRANSMISSION: Final = "DELETE FROM transmission_queue WHERE id = ?"
 _SET_TRANSMISSION_STATUS: Final = "UPDATE transmission_queue SET status = ? WHERE id = ?"
 _INSERT_POISON: Final = (
-    "INSERT INTO poison_messages (queue, handle, queuing_order, delivery_count, action, time,"
-    " error, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO poison_messages (id, queue, handle, queuing_order, delivery_count, action,"
+    " time, error, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 Row = tuple[Any, ...]
@@ -353,8 +359,8 @@ class Store:
     def set_delivery_count(self, queuing_order: int, count: int) -> None:
         self._add(_SET_DELIVERY_COUNT, (count, queuing_order))
 
-    def move_message(self, queuing_order: int, queue: str) -> None:
-        self._add(_MOVE_MESSAGE, (queue, queuing_order))
+    def set_message_extra(self, queuing_order: int, extra: bytes | None) -> None:
+        self._add(_SET_MESSAGE_EXTRA, (extra, queuing_order))
 
     def put_transmission(self, row: Row) -> None:
         self._add(_INSERT_TRANSMISSION, row)
@@ -367,3 +373,45 @@ class Store:
 
     def insert_poison(self, row: Row) -> None:
         self._add(_INSERT_POISON, row)
+
+    # ---- the scheduler's execution log -------------------------------------
+
+    def put_execution_log(self, row: Row) -> None:
+        """Insert or replace one row, in EXECUTION_LOG_COLUMNS order."""
+        self._add(_PUT_EXECUTION_LOG, row)
+
+    def delete_execution_log_upto(self, log_id: int) -> None:
+        """Forget every execution log row up to and including `log_id`."""
+        self._add(_DELETE_EXECUTION_LOG_UPTO, (log_id,))
+
+    def execution_log(self, limit: int) -> list[Row]:
+        """The newest `limit` rows, oldest first, read on a connection of its own (WAL
+        readers do not disturb the store thread)."""
+        db = sqlite3.connect(self.path)
+        try:
+            rows = db.execute(
+                f"SELECT {', '.join(EXECUTION_LOG_COLUMNS)} FROM execution_log"
+                " ORDER BY log_id DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        finally:
+            db.close()
+        rows.reverse()
+        return rows
+
+
+EXECUTION_LOG_COLUMNS: Final = (
+    "log_id",
+    "caller",
+    "scheduler_handle",
+    "task",
+    "queued_time",
+    "start_time",
+    "end_time",
+    "activated_task",
+    "pid",
+    "session_id",
+    "error",
+)
+_PUT_EXECUTION_LOG: Final = _insert("execution_log", EXECUTION_LOG_COLUMNS, "INSERT OR REPLACE")
+_DELETE_EXECUTION_LOG_UPTO: Final = "DELETE FROM execution_log WHERE log_id <= ?"

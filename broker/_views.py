@@ -176,7 +176,7 @@ def event_notifications(engine: Engine) -> list[dict[str, Any]]:
 
 
 def poison_messages(engine: Engine) -> list[dict[str, Any]]:
-    return [dict(row, time=_time(row["time"])) for row in engine.poison_incidents]
+    return [dict(row, time=_time(row["time"])) for row in engine.poison.incidents]
 
 
 VIEWS: dict[str, ViewFn] = {

@@ -355,9 +355,20 @@ def commit() -> Call[None]:
     return Call("commit", {}, _none)
 
 
-def rollback() -> Call[None]:
-    """ROLLBACK: received messages return where they were, sends are discarded."""
-    return Call("rollback", {}, _none)
+def rollback(error: str | None = None) -> Call[None]:
+    """ROLLBACK: received messages return where they were, sends are discarded.
+
+    Args:
+        error: what went wrong, kept with each received message (poison_messages view,
+            dead-letter reason) so whoever looks at a poison message knows why.
+    """
+    return Call("rollback", _some(error=error), _none)
+
+
+def requeue_dead_letter(queue: str, queuing_order: int) -> Call[None]:
+    """Put a message that a poison policy moved to dead-letter `queue` back at the head
+    of its conversation in its original queue (delivery count starts again)."""
+    return Call("requeue_dead_letter", {"queue": queue, "queuing_order": queuing_order}, _none)
 
 
 def view(name: str) -> Call[list[dict[str, Any]]]:

@@ -186,9 +186,9 @@ class Connection:
         await self.begin_transaction()
         try:
             yield self
-        except BaseException:
+        except BaseException as exc:
             if not self.closed:
-                await self.rollback()
+                await self.rollback(error=f"{type(exc).__name__}: {exc}")
             raise
         await self.commit()
 
@@ -221,6 +221,7 @@ class Connection:
     begin_transaction = _method(calls.begin_transaction)
     commit = _method(calls.commit)
     rollback = _method(calls.rollback)
+    requeue_dead_letter = _method(calls.requeue_dead_letter)
     view = _method(calls.view)
     peek = _method(calls.peek)
     broker_instance = _method(calls.broker_instance)

@@ -22,7 +22,8 @@ class Message:
 
     status is 1 for a ready message and 0 for a received one kept by RETENTION;
     delivery_count is how many times it has been received, counting this time
-    (so 1 on a first delivery, more after rollbacks).
+    (so 1 on a first delivery, more after rollbacks). dead_letter_reason says why a
+    message in a dead-letter queue was moved there (None elsewhere).
     """
 
     status: int
@@ -38,6 +39,7 @@ class Message:
     message_body: bytes
     message_enqueue_time: dt.datetime
     delivery_count: int
+    dead_letter_reason: str | None = None
 
     @classmethod
     def from_wire(cls, row: list[Any]) -> Message:

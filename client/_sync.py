@@ -101,9 +101,9 @@ class SyncConnection:
         self.begin_transaction()
         try:
             yield self
-        except BaseException:
+        except BaseException as exc:
             if not self.closed:
-                self.rollback()
+                self.rollback(error=f"{type(exc).__name__}: {exc}")
             raise
         self.commit()
 
@@ -134,6 +134,7 @@ class SyncConnection:
     begin_transaction = _method(calls.begin_transaction)
     commit = _method(calls.commit)
     rollback = _method(calls.rollback)
+    requeue_dead_letter = _method(calls.requeue_dead_letter)
     view = _method(calls.view)
     peek = _method(calls.peek)
     broker_instance = _method(calls.broker_instance)

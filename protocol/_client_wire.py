@@ -37,6 +37,7 @@ MESSAGE_COLUMNS: Final = (
     "message_body",
     "message_enqueue_time",
     "delivery_count",
+    "dead_letter_reason",
 )
 
 
