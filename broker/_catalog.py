@@ -247,7 +247,7 @@ class Catalog:
         }
 
     def table(self, kind: str) -> dict[str, Any]:
-        return {
+        tables: dict[str, dict[str, Any]] = {
             "message_type": self.message_types,
             "contract": self.contracts,
             "queue": self.queues,
@@ -255,7 +255,8 @@ class Catalog:
             "route": self.routes,
             "broker_priority": self.priorities,
             "event_notification": self.notifications,
-        }[kind]
+        }
+        return tables[kind]
 
     def load(self, kind: str, body: str) -> None:
         obj = decode(kind, body)

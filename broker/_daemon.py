@@ -163,3 +163,8 @@ def run(config: Config) -> int:
 def data_dir_info(data_dir: Path) -> dict[str, Any]:
     """What a running daemon wrote about itself into its data directory."""
     return dict(json.loads((data_dir / "broker.json").read_text()))
+
+
+# Subsystems append their start hooks to START_HOOKS when imported; imported last
+# because they import this module.
+from . import _activation  # noqa: E402, F401

@@ -28,7 +28,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar, Union
 from xml.sax.saxutils import escape
 
 from protocol import ErrorCode
@@ -47,7 +47,7 @@ from ._validation import validate_body
 log = logging.getLogger("ssb.engine")
 
 T = TypeVar("T")
-MaybeAwaitable = T | Awaitable[T]
+MaybeAwaitable: TypeAlias = Union[T, Awaitable[T]]  # noqa: UP007 - a generic alias
 
 POISON_ROLLBACKS: Final = 5
 LIFETIME_ERROR_CODE: Final = -8489
@@ -544,7 +544,7 @@ class Engine:
                 is_initiator=True,
                 service=service.name,
                 far_service=to_service,
-                far_broker_instance=broker_instance,  # type: ignore[arg-type]
+                far_broker_instance=broker_instance,
                 contract=contract_def.name,
                 group_id=group_id,
                 queue=queue.name,

@@ -83,6 +83,8 @@ class Operations:
         self.add("view", self.view)
         self.add("broker_instance", self.broker_instance)
         self.add("ping", self.ping)
+        # activation sets this: a worker logs in as EXECUTE AS with a one-time task token
+        self.task_login: Callable[[str, str], bool] = lambda user, password: False
 
     def add(self, name: str, fn: Operation) -> None:
         self.table[name] = (fn, inspect.signature(fn))
@@ -193,7 +195,11 @@ class ClientConnection(asyncio.Protocol):
                 f"client speaks wire version {hello.version}, this broker speaks {WIRE_VERSION}",
                 ErrorCode.HANDSHAKE_FAILED,
             )
-        if self.users and self.users.get(hello.user) != hello.password:
+        if (
+            self.users
+            and self.users.get(hello.user) != hello.password
+            and not self.operations.task_login(hello.user, hello.password)
+        ):
             self._send_now(encode_error(0, ErrorCode.LOGIN_FAILED, f"login failed for user '{hello.user}'"))
             self.close()
             return

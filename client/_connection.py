@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
@@ -88,10 +87,12 @@ class _Wire(asyncio.Protocol):
 def _method(
     build: Callable[P, calls.Call[T]],
 ) -> Callable[Concatenate[Connection, P], Coroutine[Any, Any, T]]:
-    @functools.wraps(build)
-    async def method(self: Connection, *args: P.args, **kwargs: P.kwargs) -> T:
+    async def method(self: Connection, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await self.call(build(*args, **kwargs))
 
+    method.__name__ = method.__qualname__ = build.__name__
+    method.__doc__ = build.__doc__
+    method.__wrapped__ = build  # type: ignore[attr-defined]  # help() shows the real signature
     return method
 
 

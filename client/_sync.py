@@ -8,7 +8,6 @@ until its answer arrives. Not thread-safe: one connection per thread.
 from __future__ import annotations
 
 import contextlib
-import functools
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -33,10 +32,12 @@ T = TypeVar("T")
 
 
 def _method(build: Callable[P, calls.Call[T]]) -> Callable[Concatenate[SyncConnection, P], T]:
-    @functools.wraps(build)
-    def method(self: SyncConnection, *args: P.args, **kwargs: P.kwargs) -> T:
+    def method(self: SyncConnection, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return self.call(build(*args, **kwargs))
 
+    method.__name__ = method.__qualname__ = build.__name__
+    method.__doc__ = build.__doc__
+    method.__wrapped__ = build  # type: ignore[attr-defined]  # help() shows the real signature
     return method
 
 

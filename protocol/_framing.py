@@ -54,10 +54,11 @@ _packer = msgpack.Packer(default=_default, use_bin_type=True)
 
 def pack(obj: object) -> bytes:
     """Encode one object as msgpack (no length prefix)."""
-    return _packer.pack(obj)
+    packed: bytes = _packer.pack(obj)
+    return packed
 
 
-def unpack(data: bytes | memoryview) -> Any:
+def unpack(data: bytes | bytearray | memoryview) -> Any:
     """Decode exactly one msgpack object; anything malformed is a RemoteProtocolError."""
     try:
         return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
@@ -71,7 +72,7 @@ def unpack(data: bytes | memoryview) -> Any:
 
 def encode_frame(obj: object) -> bytes:
     """One frame: length prefix plus msgpack payload."""
-    payload = _packer.pack(obj)
+    payload: bytes = _packer.pack(obj)
     if len(payload) > MAX_FRAME_SIZE:
         raise ValueError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_SIZE}")
     return _HEADER.pack(len(payload)) + payload
