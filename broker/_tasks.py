@@ -41,6 +41,7 @@ from ._transactions import Session
 log = logging.getLogger("ssb.activation")
 
 LINE_LIMIT: Final = 1 << 20
+WORKER_PATH_ENV: Final = "SSB_WORKER_PATH"
 STOP_GRACE: Final = 2.0
 
 
@@ -190,10 +191,10 @@ class WorkerPool:
         self.spawned = 0
         self._jobs: set[asyncio.Task[Any]] = set()
         self._closing = False
-        paths = [*python_path, os.getcwd()]
-        if os.environ.get("PYTHONPATH"):
-            paths.append(os.environ["PYTHONPATH"])
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+        # not PYTHONPATH: the worker adds these only after importing the client, so a
+        # directory there cannot shadow the broker's own packages
+        paths = os.pathsep.join([*python_path, os.getcwd()])
+        self.env = {**os.environ, WORKER_PATH_ENV: paths}
 
     def _own(self, coro: Coroutine[Any, Any, Any]) -> None:
         job = asyncio.get_running_loop().create_task(coro)

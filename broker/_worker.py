@@ -160,6 +160,9 @@ def main() -> None:
     threading.Thread(target=_read_commands, args=(control_in, inbox), daemon=True).start()
     import client  # noqa: F401 - pay for the import before saying ready
 
+    for entry in reversed(os.environ.get("SSB_WORKER_PATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
     say({"ready": os.getpid()})
     while True:
         command = inbox.get()

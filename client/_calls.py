@@ -393,3 +393,51 @@ def broker_instance() -> Call[str]:
 def ping() -> Call[str]:
     """A round trip that does nothing."""
     return Call("ping", {}, str)
+
+
+# ---- activation and the scheduler's execution log -------------------------------
+
+
+def attach_task(token: str) -> Call[dict[str, Any]]:
+    """Mark this session as the activated task that `token` was issued for.
+
+    Activation workers call it first thing; procedures never need to.
+    """
+    return Call("attach_task", {"token": token}, dict)
+
+
+def log_task(task: str, scheduler: Handle | None = None) -> Call[int]:
+    """Add a queued task to the execution log; returns its log id."""
+    return Call(
+        "log_task",
+        _some(task=task, scheduler=None if scheduler is None else _handle(scheduler)),
+        int,
+    )
+
+
+def log_task_start(
+    log_id: int, conversation_handle: Handle | None = None, reply_type: str | None = None
+) -> Call[None]:
+    """Log that this session (an activated task) starts task `log_id`.
+
+    Args:
+        conversation_handle, reply_type: where the broker sends
+            {"log_id", "ok": false, "error", "result": null} itself if this task's
+            worker dies before log_task_end.
+    """
+    return Call(
+        "log_task_start",
+        _some(
+            log_id=log_id,
+            conversation_handle=None
+            if conversation_handle is None
+            else _handle(conversation_handle),
+            reply_type=reply_type,
+        ),
+        _none,
+    )
+
+
+def log_task_end(log_id: int, error: str | None = None) -> Call[None]:
+    """Log that task `log_id` ended, with `error` if it failed."""
+    return Call("log_task_end", _some(log_id=log_id, error=error), _none)

@@ -227,6 +227,10 @@ class Connection:
     peek = _method(calls.peek)
     broker_instance = _method(calls.broker_instance)
     ping = _method(calls.ping)
+    attach_task = _method(calls.attach_task)
+    log_task = _method(calls.log_task)
+    log_task_start = _method(calls.log_task_start)
+    log_task_end = _method(calls.log_task_end)
 
 
 async def connect(url: str = "ssb://127.0.0.1:4021", timeout: float = CONNECT_TIMEOUT) -> Connection:

@@ -140,6 +140,10 @@ class SyncConnection:
     peek = _method(calls.peek)
     broker_instance = _method(calls.broker_instance)
     ping = _method(calls.ping)
+    attach_task = _method(calls.attach_task)
+    log_task = _method(calls.log_task)
+    log_task_start = _method(calls.log_task_start)
+    log_task_end = _method(calls.log_task_end)
 
 
 def _read_frame(sock: socket.socket, decoder: FrameDecoder) -> Any:
