@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import sys
 import tempfile
@@ -75,3 +76,17 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
 
 def rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("inf")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc; None elsewhere).
+
+    Less sensitive than wall time to other load on the machine: a benchmark can
+    report the daemon's CPU cost per message next to its throughput.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -30,6 +30,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import queue
 import struct
 import sys
 import time
@@ -40,7 +41,7 @@ from typing import Any
 
 import client
 
-from ._common import broker, percentile, rate, run
+from ._common import broker, cpu_seconds, percentile, rate, run
 
 MESSAGE_TYPE = "BenchMessage"
 CONTRACT = "BenchContract"
@@ -88,6 +89,10 @@ class Result:
     latency_median_us: float = 0.0
     latency_p99_us: float = 0.0
     latency_iterations: int = 0
+    # the daemon's CPU time (user + system, all threads) per message, by phase
+    send_daemon_cpu_us: float | None = None
+    receive_daemon_cpu_us: float | None = None
+    e2e_daemon_cpu_us: float | None = None
     target_e2e_msgs_s: float = 0.0
     target_met: bool = False
     daemon: dict[str, Any] = field(default_factory=dict)
@@ -228,10 +233,28 @@ def run_processes(url: str, phase: int, roles: list[str], opts: Options) -> tupl
     for p in procs:
         p.start()
     outcomes: dict[str, dict[str, Any]] = {}
+
+    def next_report(limit: float) -> tuple[str, Any]:
+        # poll, so a child that dies without a word fails the run at once
+        while True:
+            try:
+                return results.get(timeout=0.5)  # type: ignore[no-any-return]
+            except queue.Empty:
+                pass
+            dead = [
+                p
+                for p in procs
+                if p.exitcode is not None and p.name.removeprefix("bench-") not in outcomes
+            ]
+            if dead and results.empty():
+                raise BenchFailure(f"{dead[0].name} exited with code {dead[0].exitcode}")
+            if time.monotonic() > limit:
+                raise BenchFailure("timed out waiting for the producer/consumer processes")
+
     try:
         ready = 0
         while ready < len(roles):
-            role, what = results.get(timeout=60)
+            role, what = next_report(time.monotonic() + 60)
             if what != "ready":
                 raise BenchFailure(f"{role} failed before the start: {what.get('error', what)}")
             ready += 1
@@ -239,7 +262,7 @@ def run_processes(url: str, phase: int, roles: list[str], opts: Options) -> tupl
         go.set()
         limit = go_time + opts.phase_timeout + 30
         while len(outcomes) < len(roles):
-            role, outcome = results.get(timeout=max(1.0, limit - time.monotonic()))
+            role, outcome = next_report(limit)
             if "error" in outcome:
                 raise BenchFailure(f"{role} failed:\n{outcome['error']}")
             outcomes[role] = outcome
@@ -296,22 +319,35 @@ def bench_durability(durability: str, opts: Options) -> Result:
     with broker(durability) as daemon:
         url = daemon.url
         run(create_objects(url))
+        pid = daemon.proc.pid if daemon.proc is not None else 0
+
+        def daemon_cpu(before: float | None) -> float | None:
+            after = cpu_seconds(pid)
+            if before is None or after is None:
+                return None
+            return (after - before) * 1e6 / opts.messages
 
         print(f"[{durability}] send-only: {opts.messages} messages ...", flush=True)
+        cpu = cpu_seconds(pid)
         _, out = run_processes(url, PHASE_SEND, ["producer"], opts)
+        result.send_daemon_cpu_us = daemon_cpu(cpu)
         sent = out["producer"]
         result.send_seconds = sent["finished"] - sent["started"]
         result.send_msgs_s = rate(opts.messages, result.send_seconds)
 
         print(f"[{durability}] receive-only ...", flush=True)
+        cpu = cpu_seconds(pid)
         _, out = run_processes(url, PHASE_SEND, ["consumer"], opts)
+        result.receive_daemon_cpu_us = daemon_cpu(cpu)
         got = out["consumer"]
         result.receive_seconds = got["finished"] - got["started"]
         result.receive_msgs_s = rate(got["received"], result.receive_seconds)
         result.receive_batches = got["batches"]
 
         print(f"[{durability}] end-to-end ...", flush=True)
+        cpu = cpu_seconds(pid)
         go_time, out = run_processes(url, PHASE_E2E, ["consumer", "producer"], opts)
+        result.e2e_daemon_cpu_us = daemon_cpu(cpu)
         result.e2e_seconds = out["consumer"]["finished"] - go_time
         result.e2e_msgs_s = rate(out["consumer"]["received"], result.e2e_seconds)
         result.e2e_send_seconds = out["producer"]["finished"] - out["producer"]["started"]
@@ -351,6 +387,17 @@ def print_table(results: list[Result], opts: Options) -> None:
             f"{'yes' if r.target_met else 'NO':>4} {r.latency_median_us:>11,.0f} "
             f"{r.latency_p99_us:>11,.0f}"
         )
+    print()
+    print("daemon CPU per message (us, user+system, all threads; less load-sensitive):")
+    for r in results:
+        print(
+            f"{r.durability:<10} send {_us(r.send_daemon_cpu_us):>6}   "
+            f"receive {_us(r.receive_daemon_cpu_us):>6}   e2e {_us(r.e2e_daemon_cpu_us):>6}"
+        )
+
+
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,7 +42,7 @@ from typing import Any
 
 import client
 
-from ._common import broker, rate, run
+from ._common import broker, cpu_seconds, rate, run
 
 MESSAGE_TYPE = "PrioMessage"
 CONTRACT = "PrioContract"
@@ -84,6 +84,7 @@ class Run:
     drain_seconds: float = 0.0
     msgs_s: float = 0.0
     receives_s: float = 0.0
+    daemon_cpu_us_per_receive: float | None = None
     per_level: dict[int, int] = field(default_factory=dict)
 
 
@@ -221,6 +222,10 @@ async def drain(url: str, expected: int, levels: list[int], opts: Options, resul
     result.per_level = dict(sorted(per_level.items()))
 
 
+def _us(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
 def one_run(name: str, levels: list[int], opts: Options) -> Run:
     result = Run(name=name, levels=levels, groups=opts.groups)
     with broker(opts.durability) as daemon:
@@ -229,7 +234,12 @@ def one_run(name: str, levels: list[int], opts: Options) -> Run:
         expected = run(setup(daemon.url, levels, opts))
         result.setup_seconds = time.monotonic() - t0
         print(f"[{name}] draining {expected} messages ...", flush=True)
+        pid = daemon.proc.pid if daemon.proc is not None else 0
+        before = cpu_seconds(pid)
         run(drain(daemon.url, expected, levels, opts, result))
+        after = cpu_seconds(pid)
+        if before is not None and after is not None and result.receives:
+            result.daemon_cpu_us_per_receive = (after - before) * 1e6 / result.receives
     return result
 
 
@@ -293,14 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     header = (
         f"{'run':<13} {'groups':>7} {'levels':>6} {'msgs/s':>9} {'receives/s':>11} "
-        f"{'drain s':>8} {'setup s':>8}"
+        f"{'drain s':>8} {'setup s':>8} {'daemon cpu us/receive':>22}"
     )
     print(header)
     print("-" * len(header))
     for r in runs:
         print(
             f"{r.name:<13} {r.groups:>7} {len(set(r.levels)):>6} {r.msgs_s:>9,.0f} "
-            f"{r.receives_s:>11,.0f} {r.drain_seconds:>8.2f} {r.setup_seconds:>8.2f}"
+            f"{r.receives_s:>11,.0f} {r.drain_seconds:>8.2f} {r.setup_seconds:>8.2f} "
+            f"{_us(r.daemon_cpu_us_per_receive):>22}"
         )
     print(
         f"ratio multi/single at {opts.groups} groups = {ratio:.2f} "

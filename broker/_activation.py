@@ -175,8 +175,9 @@ class QueueMonitor:
         try:
             self.state = TRANSITIONS[(self.state, event)]
         except KeyError:  # the table is complete; a miss is a bug worth hearing about
-            raise RuntimeError(f"queue monitor {self.queue}: no transition for "
-                               f"{self.state.name} on {event.name}") from None
+            raise RuntimeError(
+                f"queue monitor {self.queue}: no transition for {self.state.name} on {event.name}"
+            ) from None
 
     def starting(self, now: float, timeout: float) -> bool:
         """A task it started has not reached its first RECEIVE yet (within timeout)."""
@@ -284,6 +285,10 @@ class ActivationManager(QueueListener):
     def waiting_changed(self, queue: Queue) -> None:
         monitor = self.monitors.get(queue.name)
         if monitor is not None:
+            for waiter in queue.waiters:  # a task blocked in its first RECEIVE has arrived
+                task = waiter.txn.session.task
+                if isinstance(task, ActivatedTask) and task.queue == queue.name:
+                    task.received = True
             self._request(monitor)
 
     # ---- the check ------------------------------------------------------------------
@@ -333,11 +338,12 @@ class ActivationManager(QueueListener):
                 and not monitor.starting(now, settings.notification_timeout)
             ):
                 self._start_task(monitor, queue, now)
-        elif monitor.state is not MonitorState.NOTIFIED:
-            if self.engine.fire_event(QUEUE_ACTIVATION, queue.name):
-                monitor.notifications += 1
-                monitor.notified_at = monitor.last_activated = now
-                monitor.feed(MonitorInput.ACTIVATED)
+        elif monitor.state is not MonitorState.NOTIFIED and self.engine.fire_event(
+            QUEUE_ACTIVATION, queue.name
+        ):
+            monitor.notifications += 1
+            monitor.notified_at = monitor.last_activated = now
+            monitor.feed(MonitorInput.ACTIVATED)
 
     # ---- activated tasks -------------------------------------------------------------
 
@@ -370,8 +376,9 @@ class ActivationManager(QueueListener):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("activated task %s of queue %s could not run: %r", task.task_id,
-                        task.queue, exc)
+            log.warning(
+                "activated task %s of queue %s could not run: %r", task.task_id, task.queue, exc
+            )
             error = f"the activated task could not be started: {exc!r}"
         self._ended(task, error)
 
@@ -384,8 +391,13 @@ class ActivationManager(QueueListener):
             if error is not None:
                 self._failed(monitor, error)
         if error is not None:
-            log.warning("activated task %s (%s on queue %s) failed: %s", task.task_id,
-                        task.procedure, task.queue, error)
+            log.warning(
+                "activated task %s (%s on queue %s) failed: %s",
+                task.task_id,
+                task.procedure,
+                task.queue,
+                error,
+            )
         for hook in self.task_end_hooks:
             hook(task, error)
         if monitor is not None:
@@ -523,9 +535,9 @@ def manager_for(engine: Engine) -> ActivationManager | None:
     return _MANAGERS.get(engine)
 
 
-def _view(rows: Callable[[ActivationManager], list[dict[str, Any]]]) -> Callable[
-    [Engine], list[dict[str, Any]]
-]:
+def _view(
+    rows: Callable[[ActivationManager], list[dict[str, Any]]],
+) -> Callable[[Engine], list[dict[str, Any]]]:
     def view(engine: Engine) -> list[dict[str, Any]]:
         manager = _MANAGERS.get(engine)
         return [] if manager is None else rows(manager)

@@ -112,6 +112,15 @@ class EventNotification:
     broker_instance: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Certificate:
+    """A peer broker's certificate that this broker trusts (CREATE CERTIFICATE)."""
+
+    name: str
+    pem: str
+    broker_instance: str
+
+
 _KINDS: Final[dict[str, type[Any]]] = {
     "message_type": MessageType,
     "contract": Contract,
@@ -120,6 +129,7 @@ _KINDS: Final[dict[str, type[Any]]] = {
     "route": Route,
     "broker_priority": BrokerPriority,
     "event_notification": EventNotification,
+    "certificate": Certificate,
 }
 
 
@@ -230,6 +240,7 @@ class Catalog:
         self.routes: dict[str, Route] = {}
         self.priorities: dict[str, BrokerPriority] = {}
         self.notifications: dict[str, EventNotification] = {}
+        self.certificates: dict[str, Certificate] = {}
         for name, validation in (
             (DEFAULT, "NONE"),
             (END_DIALOG, "EMPTY"),
@@ -255,6 +266,7 @@ class Catalog:
             "route": self.routes,
             "broker_priority": self.priorities,
             "event_notification": self.notifications,
+            "certificate": self.certificates,
         }
         return tables[kind]
 
@@ -514,6 +526,7 @@ class Catalog:
                 "route": ErrorCode.UNKNOWN_ROUTE,
                 "broker_priority": ErrorCode.UNKNOWN_PRIORITY,
                 "event_notification": ErrorCode.UNKNOWN_EVENT_NOTIFICATION,
+                "certificate": ErrorCode.UNKNOWN_CERTIFICATE,
             }[kind]
             raise not_found(code, kind.replace("_", " "), name)
         users: list[str] = []

@@ -73,6 +73,7 @@ class Broker:
         self._server: asyncio.base_events.Server | None = None
         self._closers: list[Callable[[], Any]] = []
         self.extra_info: dict[str, Any] = {}
+        self.transport: Any = None  # the broker-to-broker transport, once started
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -158,6 +159,16 @@ def run(config: Config) -> int:
     except DataDirLocked as exc:
         print(f"ssb: {exc}", file=sys.stderr)
         return 2
+
+
+def _register_subsystems() -> None:
+    from ._transport import start_transport
+
+    if start_transport not in START_HOOKS:
+        START_HOOKS.insert(0, start_transport)
+
+
+_register_subsystems()
 
 
 def data_dir_info(data_dir: Path) -> dict[str, Any]:

@@ -74,7 +74,11 @@ class Outbound:
     enqueue_time: float
     priority: int
     status: str = ""
-    extra: bytes | None = None
+    extra: bytes | None = None  # for a message that came from another broker: its id
+
+    @property
+    def from_broker_instance(self) -> str | None:
+        return None if self.extra is None else self.extra.decode()
 
     def row(self) -> tuple[Any, ...]:
         return (
@@ -185,9 +189,12 @@ class Engine:
         self.by_conversation: dict[tuple[uuid.UUID, bool], Endpoint] = {}
         self.transmission: dict[int, Outbound] = {}
         self.held: dict[tuple[uuid.UUID, bool], deque[Outbound]] = {}
+        self.remote_outbound: dict[tuple[uuid.UUID, bool, int], Outbound] = {}
         self.sessions: dict[int, Session] = {}
         self.listener: QueueListener = QueueListener()
         self.on_outbound: Callable[[Outbound], None] | None = None
+        self.on_endpoint_removed: Callable[[Endpoint], None] | None = None
+        self.describe_outbound: Callable[[Outbound], str] = lambda out: out.status
         self.poison = PoisonHandler(self)
         self._timers: dict[uuid.UUID, asyncio.TimerHandle] = {}
         self._lifetimes: dict[uuid.UUID, asyncio.TimerHandle] = {}
@@ -213,10 +220,7 @@ class Engine:
         for row in snap.messages:
             self._load_message(row)
         for row in snap.transmission:
-            out = Outbound.from_row(row)
-            self.transmission[out.id] = out
-            if self._is_local(out.to_service, out.to_broker_instance):
-                self.held.setdefault((out.conversation_id, out.is_initiator), deque()).append(out)
+            self._index(Outbound.from_row(row))
         for row in snap.poison:
             self.poison.load_incident(row)
         max_order, max_out, _ = self.store.max_ids()
@@ -465,6 +469,12 @@ class Engine:
             )
         if kind == "queue":
             queue = self.queues[name]
+            if any(g.owner is not None for g in queue.groups.values()):
+                raise BrokerError(
+                    ErrorCode.IN_USE,
+                    f"cannot drop queue '{name}': a transaction is receiving from it; "
+                    "let it commit or roll back first",
+                )
             held = len(queue.all_messages())
             if held:
                 raise BrokerError(
@@ -906,11 +916,7 @@ class Engine:
                 q.last_empty_rowset = now
             self.listener.received(q, session, True)
             return []
-        group, messages = got
-        for m in messages:
-            m.delivery_count += 1
-        txn.received.append((q, group, messages))
-        rows = [m.wire() for m in messages]
+        rows = [m.wire() for m in got[1]]
         self._finish(txn)
         self.listener.received(q, session, False)
         return rows
@@ -997,7 +1003,12 @@ class Engine:
         self._lock(txn, q, group)
         if get_group:
             return group, []
-        return group, q.take(group, top, handle)
+        messages = q.take(group, top, handle)
+        for m in messages:
+            m.delivery_count += 1
+        if messages:
+            txn.received.append((q, group, messages))
+        return group, messages
 
     async def _wait(
         self,
@@ -1017,6 +1028,12 @@ class Engine:
         self.listener.waiting_changed(q)
         try:
             _done, _ = await asyncio.wait({future}, timeout=wait)
+        except asyncio.CancelledError:
+            # the session went away; what was handed to it never reached it
+            if future.done() and not future.cancelled() and future.exception() is None:
+                if not txn.explicit:
+                    self._give_back(txn)
+            raise
         finally:
             session.waiting = None
             if waiter in q.waiters:
@@ -1113,6 +1130,15 @@ class Engine:
             else:
                 self._count_rollback(queue)
             self.listener.rolled_back(queue)
+
+    def _give_back(self, txn: Transaction) -> None:
+        """Undo takes that were never delivered: no rollback, no delivery counted."""
+        for queue, group, messages in reversed(txn.received):
+            for m in messages:
+                m.delivery_count -= 1
+            queue.restore(group, messages)
+        txn.received.clear()
+        self._release(txn)
 
     def _count_rollback(self, queue: Queue) -> None:
         queue.rollback_streak += 1
@@ -1279,10 +1305,16 @@ class Engine:
         out.id = self._next_outbound
         self._next_outbound += 1
         out.status = status
-        self.transmission[out.id] = out
-        if self._is_local(out.to_service, out.to_broker_instance) or status.startswith("queue"):
-            self.held.setdefault((out.conversation_id, out.is_initiator), deque()).append(out)
+        self._index(out)
         self.store.put_transmission(out.row())
+
+    def _index(self, out: Outbound) -> None:
+        """A transmission-queue entry waits either for a local queue or for a peer."""
+        self.transmission[out.id] = out
+        if self._is_local(out.to_service, out.to_broker_instance):
+            self.held.setdefault((out.conversation_id, out.is_initiator), deque()).append(out)
+        else:
+            self.remote_outbound[(out.conversation_id, out.is_initiator, out.seq)] = out
 
     def _release_held(self, queue_name: str) -> None:
         """Deliver, in order, what waited for a queue that is ON again."""
@@ -1305,12 +1337,12 @@ class Engine:
     def _drop_outbound(self, ep: Endpoint) -> None:
         """Forget what this endpoint still has in the transmission queue."""
         key = (ep.conversation_id, ep.is_initiator)
-        waiting = self.held.pop(key, None)
+        self.held.pop(key, None)
         for out in list(self.transmission.values()):
             if out.handle == ep.handle:
                 del self.transmission[out.id]
+                self.remote_outbound.pop((out.conversation_id, out.is_initiator, out.seq), None)
                 self.store.delete_transmission(out.id)
-        del waiting
 
     def _deliver_local(self, out: Outbound, now: float) -> None:
         far = self.by_conversation.get((out.conversation_id, not out.is_initiator))
@@ -1340,6 +1372,60 @@ class Engine:
             self.store.put_endpoint(far.row())
         self._acknowledge(out)
 
+    def deliver_remote(
+        self,
+        conversation_id: uuid.UUID,
+        from_initiator: bool,
+        seq: int,
+        message_type: str,
+        body: bytes,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        from_broker: str,
+    ) -> None:
+        """A message of a dialog with another broker arrived complete and in order."""
+        now = time.time()
+        known = self.catalog.message_types.get(message_type)
+        letter = cat.VALIDATIONS[known.validation] if known else "N"
+        out = Outbound(
+            0,
+            conversation_id,
+            conversation_id,
+            to_service,
+            self.instance_id,
+            from_service,
+            contract,
+            from_initiator,
+            seq,
+            message_type,
+            letter,
+            body,
+            now,
+            5,
+            extra=from_broker.encode(),
+        )
+        key = (conversation_id, from_initiator)
+        reason = self._local_block(to_service)
+        if key in self.held or reason:
+            self._hold(out, reason or "waiting behind earlier messages of this conversation")
+            return
+        self._deliver_local(out, now)
+
+    def remote_acknowledged(self, conversation_id: uuid.UUID, from_initiator: bool, seq: int) -> None:
+        """The far broker stored message `seq`: it leaves the transmission queue."""
+        out = self.remote_outbound.pop((conversation_id, from_initiator, seq), None)
+        if out is None:
+            return
+        del self.transmission[out.id]
+        self.store.delete_transmission(out.id)
+        self._acknowledge(out)
+
+    def set_transmission_status(self, out: Outbound, status: str) -> None:
+        if out.status != status and out.id in self.transmission:
+            out.status = status
+            self.store.set_transmission_status(out.id, status)
+
     def _acknowledge(self, out: Outbound) -> None:
         """Local delivery is its own acknowledgement: close a sender waiting in DO."""
         if out.message_type not in (cat.END_DIALOG, cat.ERROR):
@@ -1358,7 +1444,7 @@ class Engine:
             is_initiator=False,
             service=service.name,
             far_service=out.from_service,
-            far_broker_instance=self.instance_id,
+            far_broker_instance=out.from_broker_instance or self.instance_id,
             contract=out.contract,
             group_id=uuid.uuid4(),
             queue=service.queue,
@@ -1367,7 +1453,7 @@ class Engine:
                 self.catalog.priorities.values(), out.contract, service.name, out.from_service
             ),
             lifetime_expiry=initiator.lifetime_expiry if initiator else None,
-            far_handle=out.handle,
+            far_handle=None if out.from_broker_instance else out.handle,
             created=now,
         )
         self._register(far)
@@ -1429,6 +1515,8 @@ class Engine:
         del self.endpoints[ep.handle]
         self.by_conversation.pop((ep.conversation_id, ep.is_initiator), None)
         self.poison.forget_conversation(ep.handle)
+        if self.on_endpoint_removed is not None:
+            self.on_endpoint_removed(ep)
         for timers in (self._timers, self._lifetimes):
             handle = timers.pop(ep.handle, None)
             if handle is not None:

@@ -254,8 +254,8 @@ class ExecutionLog:
     def status_rows(self) -> list[dict[str, Any]]:
         rows = []
         for task in self.manager.tasks.values():
-            log_ids = sorted(self.running.get(task.task_id, ())) or [None]
-            for log_id in log_ids:
+            log_ids: list[int | None] = [*sorted(self.running.get(task.task_id, ()))]
+            for log_id in log_ids or [None]:
                 entry = None if log_id is None else self.entries.get(log_id)
                 rows.append(
                     {

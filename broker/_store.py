@@ -55,6 +55,15 @@ _SCHEMA: Final = (
     " message_type TEXT NOT NULL, validation TEXT NOT NULL, body BLOB NOT NULL,"
     " enqueue_time REAL NOT NULL, priority INTEGER NOT NULL, status TEXT NOT NULL,"
     " extra BLOB)",
+    "CREATE TABLE IF NOT EXISTS remote_dialogs ("
+    " conversation_id BLOB NOT NULL, direction INTEGER NOT NULL, side TEXT NOT NULL,"
+    " peer TEXT NOT NULL, session_key BLOB, wrapped_key BLOB, next_seq INTEGER NOT NULL,"
+    " envelope BLOB, PRIMARY KEY (conversation_id, direction, side))",
+    "CREATE TABLE IF NOT EXISTS held_fragments ("
+    " conversation_id BLOB NOT NULL, direction INTEGER NOT NULL, seq INTEGER NOT NULL,"
+    " fragment_index INTEGER NOT NULL, fragment_count INTEGER NOT NULL,"
+    " message_type TEXT NOT NULL, payload BLOB NOT NULL,"
+    " PRIMARY KEY (conversation_id, direction, seq, fragment_index))",
     "CREATE TABLE IF NOT EXISTS poison_messages ("
     " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, handle BLOB, queuing_order INTEGER,"
     " delivery_count INTEGER, action TEXT NOT NULL, time REAL NOT NULL,"
@@ -136,6 +145,25 @@ _SET_MESSAGE_EXTRA: Final = "UPDATE messages SET extra = ? WHERE queuing_order =
 _INSERT_TRANSMISSION: Final = _insert("transmission_queue", TRANSMISSION_COLUMNS, "INSERT OR REPLACE")
 _DELETE_TRANSMISSION: Final = "DELETE FROM transmission_queue WHERE id = ?"
 _SET_TRANSMISSION_STATUS: Final = "UPDATE transmission_queue SET status = ? WHERE id = ?"
+_PUT_REMOTE_DIALOG: Final = (
+    "INSERT OR REPLACE INTO remote_dialogs (conversation_id, direction, side, peer, session_key,"
+    " wrapped_key, next_seq, envelope) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SET_REMOTE_NEXT_SEQ: Final = (
+    "UPDATE remote_dialogs SET next_seq = ? WHERE conversation_id = ? AND direction = ?"
+    " AND side = ?"
+)
+_DELETE_REMOTE_DIALOG: Final = "DELETE FROM remote_dialogs WHERE conversation_id = ? AND direction = ? AND side = ?"
+_PUT_HELD_FRAGMENT: Final = (
+    "INSERT OR REPLACE INTO held_fragments (conversation_id, direction, seq, fragment_index,"
+    " fragment_count, message_type, payload) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_DELETE_HELD_MESSAGE: Final = (
+    "DELETE FROM held_fragments WHERE conversation_id = ? AND direction = ? AND seq = ?"
+)
+_DELETE_HELD_DIRECTION: Final = (
+    "DELETE FROM held_fragments WHERE conversation_id = ? AND direction = ?"
+)
 _INSERT_POISON: Final = (
     "INSERT INTO poison_messages (id, queue, handle, queuing_order, delivery_count, action,"
     " time, error, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -154,6 +182,8 @@ class Snapshot:
     messages: list[Row] = field(default_factory=list)
     transmission: list[Row] = field(default_factory=list)
     poison: list[Row] = field(default_factory=list)
+    remote_dialogs: list[Row] = field(default_factory=list)
+    held_fragments: list[Row] = field(default_factory=list)
 
 
 class StoreFailure(RuntimeError):
@@ -214,6 +244,14 @@ class Store:
         snap.poison = db.execute(
             "SELECT id, queue, handle, queuing_order, delivery_count, action, time, error"
             " FROM poison_messages ORDER BY id"
+        ).fetchall()
+        snap.remote_dialogs = db.execute(
+            "SELECT conversation_id, direction, side, peer, session_key, wrapped_key, next_seq,"
+            " envelope FROM remote_dialogs"
+        ).fetchall()
+        snap.held_fragments = db.execute(
+            "SELECT conversation_id, direction, seq, fragment_index, fragment_count, message_type,"
+            " payload FROM held_fragments ORDER BY conversation_id, direction, seq, fragment_index"
         ).fetchall()
         return snap
 
@@ -370,6 +408,26 @@ class Store:
 
     def set_transmission_status(self, ident: int, status: str) -> None:
         self._add(_SET_TRANSMISSION_STATUS, (status, ident))
+
+    def put_remote_dialog(self, row: Row) -> None:
+        self._add(_PUT_REMOTE_DIALOG, row)
+
+    def set_remote_next_seq(
+        self, conversation_id: uuid.UUID, direction: int, side: str, next_seq: int
+    ) -> None:
+        self._add(_SET_REMOTE_NEXT_SEQ, (next_seq, conversation_id, direction, side))
+
+    def delete_remote_dialog(self, conversation_id: uuid.UUID, direction: int, side: str) -> None:
+        self._add(_DELETE_REMOTE_DIALOG, (conversation_id, direction, side))
+
+    def put_held_fragment(self, row: Row) -> None:
+        self._add(_PUT_HELD_FRAGMENT, row)
+
+    def delete_held_message(self, conversation_id: uuid.UUID, direction: int, seq: int) -> None:
+        self._add(_DELETE_HELD_MESSAGE, (conversation_id, direction, seq))
+
+    def delete_held_direction(self, conversation_id: uuid.UUID, direction: int) -> None:
+        self._add(_DELETE_HELD_DIRECTION, (conversation_id, direction))
 
     def insert_poison(self, row: Row) -> None:
         self._add(_INSERT_POISON, row)

@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
@@ -161,7 +162,7 @@ class WorkerProcess:
                 self.proc.stdin.close()
         try:
             await asyncio.wait_for(self.proc.wait(), STOP_GRACE)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.kill()
 
     async def kill(self) -> None:
@@ -189,6 +190,8 @@ class WorkerPool:
         self.idle: list[WorkerProcess] = []
         self.busy: set[WorkerProcess] = set()
         self.spawned = 0
+        self._booting = 0  # prestarted workers not ready yet
+        self._wanted: deque[asyncio.Future[WorkerProcess]] = deque()  # tasks waiting for them
         self._jobs: set[asyncio.Task[Any]] = set()
         self._closing = False
         # not PYTHONPATH: the worker adds these only after importing the client, so a
@@ -212,15 +215,42 @@ class WorkerPool:
             self._own(self._prestart_one())
 
     async def _prestart_one(self) -> None:
+        self._booting += 1
         try:
             worker = await self._spawn()
-        except (OSError, WorkerError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, WorkerError) as exc:
             log.warning("could not prestart an activation worker: %r", exc)
+            while self._wanted:
+                waiter = self._wanted.popleft()
+                if not waiter.done():
+                    waiter.set_exception(WorkerError(f"worker did not start: {exc!r}"))
+                    break
             return
+        finally:
+            self._booting -= 1
+        while self._wanted:
+            waiter = self._wanted.popleft()
+            if not waiter.done():
+                waiter.set_result(worker)
+                return
         if self._closing or len(self.idle) >= self.idle_workers:
             await worker.stop()
         else:
             self.idle.append(worker)
+
+    async def _worker(self) -> WorkerProcess:
+        """An idle worker, one still booting, or a new one, in that order of preference."""
+        worker = self._take_idle()
+        if worker is not None:
+            return worker
+        if self._booting > len(self._wanted):
+            waiter: asyncio.Future[WorkerProcess] = asyncio.get_running_loop().create_future()
+            self._wanted.append(waiter)
+            try:
+                return await asyncio.wait_for(waiter, self.start_timeout)
+            except TimeoutError:
+                pass
+        return await self._spawn()
 
     def _take_idle(self) -> WorkerProcess | None:
         while self.idle:
@@ -232,9 +262,7 @@ class WorkerPool:
 
     async def run(self, task: ActivatedTask) -> str | None:
         """Run `task` on a warm worker, or a new one; returns its error text or None."""
-        worker = self._take_idle()
-        if worker is None:
-            worker = await self._spawn()
+        worker = await self._worker()
         self.busy.add(worker)
         task.pid = worker.pid
         try:

@@ -109,7 +109,7 @@ def transmission_queue(engine: Engine) -> list[dict[str, Any]]:
             "is_conversation_error": out.message_type.endswith("/Error"),
             "is_end_of_dialog": out.message_type.endswith("/EndDialog"),
             "message_body_length": len(out.body),
-            "transmission_status": out.status,
+            "transmission_status": engine.describe_outbound(out),
         }
         for out in sorted(engine.transmission.values(), key=lambda o: o.id)
     ]

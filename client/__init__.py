@@ -33,6 +33,7 @@ from ._message import (
     POST_EVENT_NOTIFICATION,
     Message,
 )
+from ._scheduler import Scheduler, SyncScheduler, TaskOutcome
 from ._sync import SyncConnection, connect_sync
 
 __all__ = [
@@ -57,7 +58,10 @@ __all__ = [
     "PermissionDeniedError",
     "ProtocolViolationError",
     "QueueDisabledError",
+    "Scheduler",
     "SyncConnection",
+    "SyncScheduler",
+    "TaskOutcome",
     "TransactionError",
     "ValidationError",
     "connect",

@@ -390,6 +390,21 @@ def broker_instance() -> Call[str]:
     return Call("broker_instance", {}, str)
 
 
+def broker_certificate() -> Call[str]:
+    """This broker's certificate (PEM text), to trust on its peers."""
+    return Call("broker_certificate", {}, str)
+
+
+def create_certificate(name: str, pem: str) -> Call[None]:
+    """CREATE CERTIFICATE: trust a peer broker's certificate (from its broker_certificate())."""
+    return Call("create_certificate", {"name": name, "pem": pem}, _none)
+
+
+def drop_certificate(name: str) -> Call[None]:
+    """DROP CERTIFICATE: stop trusting a peer broker."""
+    return Call("drop_certificate", {"name": name}, _none)
+
+
 def ping() -> Call[str]:
     """A round trip that does nothing."""
     return Call("ping", {}, str)

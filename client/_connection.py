@@ -26,6 +26,7 @@ from protocol._framing import NEED_DATA
 
 from . import _calls as calls
 from ._errors import BrokerError, ConnectionLostError, ProtocolViolationError, error_for
+from ._scheduler import get_scheduler, install_scheduler
 from ._url import parse_url
 
 P = ParamSpec("P")
@@ -227,10 +228,18 @@ class Connection:
     peek = _method(calls.peek)
     broker_instance = _method(calls.broker_instance)
     ping = _method(calls.ping)
+    broker_certificate = _method(calls.broker_certificate)
+    create_certificate = _method(calls.create_certificate)
+    drop_certificate = _method(calls.drop_certificate)
     attach_task = _method(calls.attach_task)
     log_task = _method(calls.log_task)
     log_task_start = _method(calls.log_task_start)
     log_task_end = _method(calls.log_task_end)
+
+    # ---- the seed-000 scheduler (see _scheduler) --------------------------------------
+
+    install_scheduler = install_scheduler
+    get_scheduler = get_scheduler
 
 
 async def connect(url: str = "ssb://127.0.0.1:4021", timeout: float = CONNECT_TIMEOUT) -> Connection:

@@ -25,6 +25,7 @@ from protocol import (
 
 from . import _calls as calls
 from ._errors import ConnectionLostError, ProtocolViolationError, error_for
+from ._scheduler import get_scheduler_sync, install_scheduler_sync
 from ._url import parse_url
 
 P = ParamSpec("P")
@@ -140,10 +141,18 @@ class SyncConnection:
     peek = _method(calls.peek)
     broker_instance = _method(calls.broker_instance)
     ping = _method(calls.ping)
+    broker_certificate = _method(calls.broker_certificate)
+    create_certificate = _method(calls.create_certificate)
+    drop_certificate = _method(calls.drop_certificate)
     attach_task = _method(calls.attach_task)
     log_task = _method(calls.log_task)
     log_task_start = _method(calls.log_task_start)
     log_task_end = _method(calls.log_task_end)
+
+    # ---- the seed-000 scheduler (see _scheduler) --------------------------------------
+
+    install_scheduler = install_scheduler_sync
+    get_scheduler = get_scheduler_sync
 
 
 def _read_frame(sock: socket.socket, decoder: FrameDecoder) -> Any:

@@ -1,0 +1,851 @@
+"""Broker-to-broker transport: the asyncio shell around protocol's link and dialog layers.
+
+Theory of operation. Each adjacent broker is a `Peer` with one `DialogPeer` (all
+dialog directions to it, sans-IO) that outlives TCP connections, and at most one
+established `Link` (a TCP connection driven by a `LinkConnection`). Connections are
+opened on demand to the address a route gives, authenticated by the handshake
+(certificates trusted with `create_certificate`), closed after `idle_timeout` of
+quiet, and reopened when there is traffic again. If both brokers connect at once,
+both keep the connection opened by the broker with the smaller instance id.
+
+Sending: the engine puts a message for another broker in its durable transmission
+queue and calls `outbound`. Once the peer's identity is known the message is queued
+on the dialog direction's `DialogSender` (opened with a fresh session key, wrapped
+with the peer's public key and persisted). `pump` writes due fragments (retries
+first, then fresh fragments round-robin by priority, acks piggybacked) while the
+socket accepts them. `MessageAcked` deletes the message from the transmission
+queue; an acknowledged EndDialog or Error lets the ending endpoint close.
+
+Receiving: fragments go to the dialog layer; `MessageReceived` is handed to the
+engine (which creates the target endpoint with the first message, or holds the
+message while the target queue is OFF), fragments of incomplete messages are held
+in the store, and the receiver's next sequence number is persisted, all in the
+store's open batch. Only when that batch is durable does the dialog layer learn the
+events were stored, so no ack ever leaves for something a crash could lose.
+
+Restart: senders are rebuilt from the transmission queue and their persisted keys,
+receivers from their persisted next sequence number and held fragments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from protocol import NEED_DATA, ErrorCode, ProtocolError, pack, unpack
+from protocol._dialog import (
+    DialogEvent,
+    DialogPeer,
+    FragmentReceived,
+    HeldFragment,
+    IntegrityFailure,
+    MessageAcked,
+    MessageReceived,
+    PartialMessageDiscarded,
+    PendingMessage,
+    RetryPolicy,
+    SessionKeyReceived,
+    UnknownDialog,
+)
+from protocol._integrity import (
+    TrustStore,
+    certificate_broker_id,
+    generate_broker_identity,
+    load_private_key,
+    new_session_key,
+    wrap_session_key,
+)
+from protocol._link import (
+    AckFrame,
+    CloseFrame,
+    ConnectionClosed,
+    Direction,
+    Envelope,
+    FragmentFrame,
+    HandshakeCompleted,
+    LinkConnection,
+    LinkState,
+    ProtocolErrorFrame,
+    Role,
+)
+
+from . import _catalog as cat
+from ._errors import BrokerError, bad_argument
+from ._transactions import Session
+
+if TYPE_CHECKING:
+    from ._daemon import Broker
+    from ._engine import Engine, Outbound
+
+log = logging.getLogger("ssb.transport")
+
+HIGH_WATER: Final = 4 * 1024 * 1024
+SEND_BATCH: Final = 256
+KEY_FILE: Final = "broker-key.pem"
+CERT_FILE: Final = "broker-cert.pem"
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    idle_timeout: float = 60.0
+    retry_initial: float = 4.0
+    retry_max: float = 64.0
+    fragment_size: int = 64 * 1024
+    ack_delay: float = 0.05
+    connect_timeout: float = 5.0
+    honor_broker_priority: bool = True
+    # how long the receiving side of an ended dialog stays to ack late retransmissions
+    closed_dialog_linger: float = 300.0
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any]) -> TransportSettings:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(section) - known
+        if unknown:
+            raise ValueError(
+                f"unknown [transport] setting(s) {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        return cls(**section)
+
+
+def load_identity(data_dir: Path, instance_id: str) -> tuple[bytes, bytes]:
+    """This broker's private key and certificate, made on first start."""
+    key_path, cert_path = data_dir / KEY_FILE, data_dir / CERT_FILE
+    if key_path.exists() and cert_path.exists():
+        return key_path.read_bytes(), cert_path.read_bytes()
+    key_pem, cert_pem = generate_broker_identity(uuid.UUID(instance_id))
+    key_path.write_bytes(key_pem)
+    key_path.chmod(0o600)
+    cert_path.write_bytes(cert_pem)
+    return key_pem, cert_pem
+
+
+def _direction(from_initiator: bool) -> Direction:
+    return Direction.FROM_INITIATOR if from_initiator else Direction.FROM_TARGET
+
+
+class Peer:
+    """One adjacent broker: its dialogs, its connection, where to reach it."""
+
+    def __init__(self, instance: uuid.UUID, dialog: DialogPeer, certificate_pem: bytes) -> None:
+        self.instance = instance
+        self.dialog = dialog
+        self.certificate_pem = certificate_pem
+        self.link: Link | None = None
+        self.address: str | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at: float | None = None
+        self.corrupt_fragments = 0
+        self.last_error = ""
+
+
+class Link(asyncio.Protocol):
+    """One TCP connection to an adjacent broker."""
+
+    def __init__(self, owner: Transport, role: Role, address: str) -> None:
+        self.owner = owner
+        self.role = role
+        self.address = address
+        self.link = owner.new_link_connection(role)
+        self.transport: asyncio.Transport | None = None
+        self.peer: Peer | None = None
+        self.paused = False
+        self.closed = False
+        self.login_state = "HANDSHAKE"
+        self.last_activity = time.time()
+        self.last_activity_mono = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        peer = self.transport.get_extra_info("peername")
+        if self.role is Role.ACCEPTOR and isinstance(peer, tuple):
+            self.address = f"{peer[0]}:{peer[1]}"
+        self.owner.links.add(self)
+        self._touch()
+        self._flush()
+
+    def _touch(self) -> None:
+        self.last_activity = time.time()
+        self.last_activity_mono = self.owner.loop.time()
+
+    def _flush(self) -> None:
+        data = self.link.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+            self._touch()
+
+    def data_received(self, data: bytes) -> None:
+        self._touch()
+        self.link.receive_data(data)
+        try:
+            while True:
+                event = self.link.next_event()
+                if event is NEED_DATA:
+                    break
+                if isinstance(event, HandshakeCompleted):
+                    self.login_state = "AUTHENTICATED"
+                    self._flush()  # our proof goes before any fragment
+                    self.owner.established(self, event)
+                elif isinstance(event, (FragmentFrame, AckFrame)):
+                    if self.peer is not None:
+                        self.owner.frame(self, event)
+                elif isinstance(event, ProtocolErrorFrame):
+                    log.warning("peer %s reported a protocol error: %s", self.address, event)
+                    self.close()
+                    return
+                elif isinstance(event, (CloseFrame, ConnectionClosed)):
+                    self.close()
+                    return
+        except ProtocolError as exc:
+            self.login_state = f"FAILED: {exc}" if self.peer is None else self.login_state
+            log.warning("closing broker connection %s: %s", self.address, exc)
+            self._flush()
+            self.close()
+            return
+        self._flush()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.owner.lost(self)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.peer is not None:
+            self.owner.pump(self.peer)
+
+
+class Transport:
+    """All adjacent brokers of this broker."""
+
+    def __init__(self, broker: Broker, settings: TransportSettings) -> None:
+        self.broker = broker
+        self.engine: Engine = broker.engine
+        self.settings = settings
+        self.loop = asyncio.get_running_loop()
+        self.instance = uuid.UUID(self.engine.instance_id)
+        key_pem, self.certificate_pem = load_identity(broker.data_dir, self.engine.instance_id)
+        self.private_key = load_private_key(key_pem)
+        self.trust = self._trust_store()
+        self.peers: dict[uuid.UUID, Peer] = {}
+        self.links: set[Link] = set()
+        self.address_peer: dict[str, uuid.UUID] = {}
+        self.waiting: dict[str, deque[Outbound]] = {}  # per address, until the peer is known
+        self.connecting: set[str] = set()
+        self.connect_errors: dict[str, str] = {}
+        self.retry_at: dict[str, float] = {}
+        self.retry_delay: dict[str, float] = {}
+        self.envelopes: dict[tuple[uuid.UUID, Direction], Envelope] = {}
+        self.discarding: set[tuple[uuid.UUID, Direction]] = set()
+        self.held_seqs: set[tuple[uuid.UUID, Direction, int]] = set()
+        self.server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self.closing = False
+
+    # ---- identity and trust ----------------------------------------------------
+
+    def _trust_store(self) -> TrustStore:
+        return TrustStore([c.pem.encode() for c in self.engine.catalog.certificates.values()])
+
+    def trusted_certificate(self, instance: uuid.UUID) -> bytes | None:
+        for cert in self.engine.catalog.certificates.values():
+            if cert.broker_instance == str(instance):
+                return cert.pem.encode()
+        return None
+
+    def new_link_connection(self, role: Role) -> LinkConnection:
+        return LinkConnection(
+            role,
+            broker_id=self.instance,
+            private_key=self.private_key,
+            certificate_pem=self.certificate_pem,
+            trusted=self.trust,
+        )
+
+    def _peer(self, instance: uuid.UUID, certificate_pem: bytes | None = None) -> Peer | None:
+        peer = self.peers.get(instance)
+        if peer is not None:
+            return peer
+        pem = certificate_pem or self.trusted_certificate(instance)
+        if pem is None:
+            return None
+        s = self.settings
+        dialog = DialogPeer(
+            private_key=self.private_key,
+            peer_public_key=pem,
+            fragment_size=s.fragment_size,
+            retry=RetryPolicy(initial=s.retry_initial, factor=2.0, maximum=s.retry_max),
+            ack_delay=s.ack_delay,
+        )
+        peer = self.peers[instance] = Peer(instance, dialog, pem)
+        return peer
+
+    # ---- operations for clients --------------------------------------------------
+
+    def op_broker_certificate(self, session: Session) -> str:
+        return self.certificate_pem.decode()
+
+    def op_create_certificate(self, session: Session, name: object, pem: object) -> None:
+        name = cat.check_name("certificate", name)
+        if not isinstance(pem, str):
+            raise bad_argument("pem must be the peer's certificate in PEM text")
+        if name in self.engine.catalog.certificates:
+            raise BrokerError(ErrorCode.ALREADY_EXISTS, f"certificate '{name}' already exists")
+        try:
+            instance = certificate_broker_id(pem.encode())
+            TrustStore([pem.encode()])
+        except ProtocolError as exc:
+            raise bad_argument(f"not a broker certificate: {exc}") from None
+        if instance == self.instance:
+            raise bad_argument("that is this broker's own certificate")
+        cert = cat.Certificate(name, pem, str(instance))
+        self.engine.catalog.certificates[name] = cert
+        self.engine.store.put_catalog("certificate", name, cat.encode(cert))
+        self.trust = self._trust_store()
+        for out in list(self.engine.remote_outbound.values()):
+            if out.id in self.engine.transmission and not self._is_queued(out):
+                self.outbound(out)
+
+    def op_drop_certificate(self, session: Session, name: object) -> None:
+        if not isinstance(name, str):
+            raise bad_argument("drop_certificate needs a certificate name")
+        self.engine.drop(session, "certificate", name)
+        self.trust = self._trust_store()
+
+    # ---- start and stop ------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self.engine.on_outbound = self.outbound
+        self.engine.on_endpoint_removed = self.endpoint_removed
+        self.engine.describe_outbound = self.describe
+        self._restore()
+        self.server = await self.loop.create_server(
+            lambda: Link(self, Role.ACCEPTOR, ""), host, port
+        )
+        sock = self.server.sockets[0].getsockname()
+        self._arm_idle_check()
+        for out in list(self.engine.remote_outbound.values()):
+            if not self._is_queued(out):
+                self.outbound(out)
+        for peer in self.peers.values():
+            self.pump(peer)
+        return sock[0], sock[1]
+
+    async def close(self) -> None:
+        self.closing = True
+        if self.server is not None:
+            self.server.close()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        for peer in self.peers.values():
+            if peer.timer is not None:
+                peer.timer.cancel()
+        for link in list(self.links):
+            if link.link.state is LinkState.ESTABLISHED:
+                link.write(link.link.send(CloseFrame("broker shutting down")))
+            link.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _restore(self) -> None:
+        snap = self.engine.store.load()
+        held: dict[tuple[uuid.UUID, Direction], list[HeldFragment]] = {}
+        for conv, direction, seq, index, count, mtype, payload in snap.held_fragments:
+            key = (uuid.UUID(bytes=conv), Direction(direction))
+            held.setdefault(key, []).append(HeldFragment(seq, index, count, mtype, payload))
+            self.held_seqs.add((key[0], key[1], seq))
+        pending: dict[tuple[uuid.UUID, Direction], list[Outbound]] = {}
+        for out in self.engine.remote_outbound.values():
+            pending.setdefault((out.conversation_id, _direction(out.is_initiator)), []).append(out)
+        for conv_raw, direction, side, peer_id, key, wrapped, next_seq, env in snap.remote_dialogs:
+            conv, d = uuid.UUID(bytes=conv_raw), Direction(direction)
+            peer = self._peer(uuid.UUID(peer_id))
+            if peer is None:
+                log.warning("no trusted certificate for broker %s; dialog %s waits", peer_id, conv)
+                continue
+            envelope = Envelope.decode(unpack(env)) if env else None
+            if side == "recv":
+                if envelope is not None:
+                    self.envelopes[(conv, d)] = envelope
+                events = peer.dialog.open_receiver(
+                    conv, d, session_key=key, next_expected_seq=next_seq,
+                    held_fragments=held.get((conv, d), ()),
+                )
+                self._apply(peer, events)
+                continue
+            mine = sorted(pending.get((conv, d), ()), key=lambda o: o.seq)
+            ep = self.engine.by_conversation.get((conv, d is Direction.FROM_INITIATOR))
+            if not mine and ep is None:
+                self.engine.store.delete_remote_dialog(conv, int(d), "send")
+                continue
+            nxt = max([ep.send_seq if ep else 0] + [o.seq + 1 for o in mine])
+            assert envelope is not None
+            peer.dialog.open_sender(
+                conv, d, envelope, session_key=key, wrapped_session_key=wrapped,
+                next_seq=nxt,
+                pending=[PendingMessage(o.seq, o.message_type, o.body) for o in mine],
+                priority=self._priority(mine[0].priority if mine else 5),
+            )
+            for o in mine:
+                route = self.engine.find_route(o.to_service, o.to_broker_instance)
+                if route is not None and peer.address is None:
+                    peer.address = self._address(route, o)
+
+    def _priority(self, level: int) -> int:
+        return level if self.settings.honor_broker_priority else 5
+
+    # ---- outbound ----------------------------------------------------------------
+
+    def _is_queued(self, out: Outbound) -> bool:
+        peer = self.peers.get(uuid.UUID(out.to_broker_instance)) if out.to_broker_instance else None
+        if peer is None:
+            return any(out in w for w in self.waiting.values())
+        sender = peer.dialog.sender(out.conversation_id, _direction(out.is_initiator))
+        return sender is not None and out.seq < sender.next_seq
+
+    def _address(self, route: cat.Route, out: Outbound) -> str | None:
+        address = route.address
+        if address == "TRANSPORT":
+            address = out.to_service
+        if not address.startswith("tcp://"):
+            return None
+        return address[len("tcp://") :].split("/", 1)[0]
+
+    def outbound(self, out: Outbound) -> None:
+        """A message for another broker entered the transmission queue."""
+        route = self.engine.find_route(out.to_service, out.to_broker_instance)
+        address = None if route is None else self._address(route, out)
+        if route is None or address is None:
+            self.engine.set_transmission_status(out, f"no route to service '{out.to_service}'")
+            return
+        if out.status.startswith("no route"):
+            self.engine.set_transmission_status(out, "")
+        instance = out.to_broker_instance or route.broker_instance or self.address_peer.get(address)
+        peer = self._peer(uuid.UUID(instance)) if instance else None
+        if peer is None:
+            self.waiting.setdefault(address, deque()).append(out)
+            self._connect(address)
+            return
+        if peer.address is None:
+            peer.address = address
+        self._queue(peer, out)
+        self.pump(peer)
+
+    def _queue(self, peer: Peer, out: Outbound) -> None:
+        direction = _direction(out.is_initiator)
+        dialog = peer.dialog
+        sender = dialog.sender(out.conversation_id, direction)
+        if sender is None:
+            envelope = Envelope(
+                out.from_service, out.to_service, out.contract, self.instance, peer.instance
+            )
+            key = new_session_key()
+            wrapped = wrap_session_key(key, peer.certificate_pem)
+            dialog.open_sender(
+                out.conversation_id, direction, envelope, session_key=key,
+                wrapped_session_key=wrapped, next_seq=out.seq,
+                priority=self._priority(out.priority),
+            )
+            self.engine.store.put_remote_dialog(
+                (out.conversation_id, int(direction), "send", str(peer.instance), key, wrapped,
+                 out.seq, pack(envelope.encode()))
+            )
+            ep = self.engine.by_conversation.get((out.conversation_id, out.is_initiator))
+            if ep is not None and ep.far_broker_instance is None:
+                ep.far_broker_instance = str(peer.instance)
+                self.engine.store.put_endpoint(ep.row())
+            sender = dialog.sender(out.conversation_id, direction)
+            assert sender is not None
+        if out.seq < sender.next_seq:
+            return  # already queued (restored at start)
+        dialog.queue_message(out.conversation_id, direction, out.seq, out.message_type, out.body)
+        if out.to_broker_instance is None:
+            out.to_broker_instance = str(peer.instance)
+
+    def _connect(self, address: str) -> None:
+        if address in self.connecting or self.closing:
+            return
+        if any(l.address == address and not l.closed for l in self.links if l.role is Role.INITIATOR):
+            return
+        delay = max(0.0, self.retry_at.get(address, 0.0) - self.loop.time())
+        self.connecting.add(address)
+        task = self.loop.create_task(self._open(address, delay))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _open(self, address: str, delay: float) -> None:
+        try:
+            if delay:
+                await asyncio.sleep(delay)
+            host, _, port = address.rpartition(":")
+            try:
+                await asyncio.wait_for(
+                    self.loop.create_connection(
+                        lambda: Link(self, Role.INITIATOR, address), host, int(port)
+                    ),
+                    self.settings.connect_timeout,
+                )
+            except (OSError, asyncio.TimeoutError, ValueError) as exc:
+                if isinstance(exc, ConnectionRefusedError):
+                    text = f"connection refused by {address}"
+                elif isinstance(exc, asyncio.TimeoutError):
+                    text = f"connection to {address} timed out"
+                else:
+                    text = f"cannot connect to {address}: {exc}"
+                self.connect_errors[address] = text
+                step = self.retry_delay.get(address, self.settings.retry_initial)
+                self.retry_at[address] = self.loop.time() + step
+                self.retry_delay[address] = min(step * 2, self.settings.retry_max)
+                self.loop.call_later(step, self._retry_address, address)
+        finally:
+            self.connecting.discard(address)
+
+    def _retry_address(self, address: str) -> None:
+        if self.closing:
+            return
+        if self.waiting.get(address) or any(
+            p.address == address and self._has_work(p) for p in self.peers.values()
+        ):
+            self._connect(address)
+
+    def _has_work(self, peer: Peer) -> bool:
+        dialog = peer.dialog
+        return dialog.wants_to_send or dialog.get_timer() is not None
+
+    # ---- connections -----------------------------------------------------------------
+
+    def established(self, link: Link, event: HandshakeCompleted) -> None:
+        instance = event.peer_broker_id
+        peer = self._peer(instance, event.peer_certificate_pem)
+        assert peer is not None
+        current = peer.link
+        if current is not None and current is not link and not current.closed:
+            keep_ours = self.instance < instance
+            current_is_ours = current.role is Role.INITIATOR
+            if current_is_ours == keep_ours:
+                link.peer = None
+                link.write(link.link.send(CloseFrame("duplicate connection")))
+                link.close()
+                return
+            current.peer = None
+            current.close()
+        link.peer = peer
+        peer.link = link
+        if link.role is Role.INITIATOR:
+            self.address_peer[link.address] = instance
+            peer.address = peer.address or link.address
+            self.connect_errors.pop(link.address, None)
+            self.retry_delay.pop(link.address, None)
+            self.retry_at.pop(link.address, None)
+            for out in self.waiting.pop(link.address, deque()):
+                if out.id in self.engine.transmission:
+                    self._queue(peer, out)
+        peer.dialog.retransmit_all(self.loop.time())
+        self.pump(peer)
+
+    def lost(self, link: Link) -> None:
+        self.links.discard(link)
+        peer = link.peer
+        if peer is not None and peer.link is link:
+            peer.link = None
+            if not self.closing and self._has_work(peer) and peer.address:
+                self._connect(peer.address)
+
+    def _arm_idle_check(self) -> None:
+        interval = max(0.05, self.settings.idle_timeout / 2)
+        self._idle_timer = self.loop.call_later(interval, self._idle_check)
+
+    def _idle_check(self) -> None:
+        now = self.loop.time()
+        for link in list(self.links):
+            peer = link.peer
+            quiet = now - link.last_activity_mono >= self.settings.idle_timeout
+            if quiet and (peer is None or not self._has_work(peer)):
+                if link.link.state is LinkState.ESTABLISHED:
+                    link.write(link.link.send(CloseFrame("idle")))
+                link.close()
+        if not self.closing:
+            self._arm_idle_check()
+
+    # ---- the send loop ---------------------------------------------------------------
+
+    def pump(self, peer: Peer) -> None:
+        link = peer.link
+        now = self.loop.time()
+        if link is None or link.closed or link.link.state is not LinkState.ESTABLISHED:
+            if peer.address and self._has_work(peer) and not self.closing:
+                self._connect(peer.address)
+            self._arm(peer)
+            return
+        dialog = peer.dialog
+        while not link.paused:
+            frames = dialog.frames_to_send(now, SEND_BATCH)
+            if not frames:
+                break
+            send = link.link.send
+            link.write(b"".join([send(frame) for frame in frames]))
+            if not dialog.wants_to_send:
+                break
+        self._arm(peer)
+
+    def _arm(self, peer: Peer) -> None:
+        when = peer.dialog.get_timer()
+        if when is None:
+            return
+        if peer.timer is not None and peer.timer_at is not None and peer.timer_at <= when:
+            return
+        if peer.timer is not None:
+            peer.timer.cancel()
+        peer.timer_at = when
+        peer.timer = self.loop.call_at(when, self._fire, peer)
+
+    def _fire(self, peer: Peer) -> None:
+        peer.timer = None
+        peer.timer_at = None
+        if not self.closing:
+            self.pump(peer)
+
+    # ---- receiving ---------------------------------------------------------------------
+
+    def frame(self, link: Link, frame: FragmentFrame | AckFrame) -> None:
+        peer = link.peer
+        assert peer is not None
+        try:
+            events = peer.dialog.receive_frame(frame, self.loop.time())
+        except ProtocolError as exc:
+            log.warning("dropping a bad frame from broker %s: %s", peer.instance, exc)
+            return
+        self._apply(peer, events, link)
+        self.pump(peer)
+
+    def _apply(self, peer: Peer, events: Iterable[DialogEvent], link: Link | None = None) -> None:
+        engine = self.engine
+        store = engine.store
+        stored: list[MessageReceived | FragmentReceived] = []
+        for event in events:
+            if isinstance(event, MessageReceived):
+                key = (event.conversation_id, event.direction)
+                if key not in self.discarding:
+                    envelope = self.envelopes.get(key)
+                    if envelope is not None:
+                        engine.deliver_remote(
+                            event.conversation_id,
+                            event.direction is Direction.FROM_INITIATOR,
+                            event.seq,
+                            event.message_type,
+                            event.body,
+                            envelope.from_service,
+                            envelope.to_service,
+                            envelope.contract,
+                            str(envelope.from_broker_id),
+                        )
+                    store.set_remote_next_seq(key[0], int(key[1]), "recv", event.seq + 1)
+                    held = (key[0], key[1], event.seq)
+                    if held in self.held_seqs:
+                        self.held_seqs.discard(held)
+                        store.delete_held_message(key[0], int(key[1]), event.seq)
+                stored.append(event)
+            elif isinstance(event, MessageAcked):
+                engine.remote_acknowledged(
+                    event.conversation_id, event.direction is Direction.FROM_INITIATOR, event.seq
+                )
+            elif isinstance(event, FragmentReceived):
+                key = (event.conversation_id, event.direction)
+                if key not in self.discarding:
+                    store.put_held_fragment(
+                        (key[0], int(key[1]), event.seq, event.fragment_index,
+                         event.fragment_count, event.message_type, event.payload)
+                    )
+                    self.held_seqs.add((key[0], key[1], event.seq))
+                stored.append(event)
+            elif isinstance(event, SessionKeyReceived):
+                key = (event.conversation_id, event.direction)
+                if key not in self.discarding:
+                    envelope = self.envelopes.get(key)
+                    store.put_remote_dialog(
+                        (key[0], int(key[1]), "recv", str(peer.instance), event.session_key, None,
+                         0, None if envelope is None else pack(envelope.encode()))
+                    )
+            elif isinstance(event, PartialMessageDiscarded):
+                store.delete_held_message(event.conversation_id, int(event.direction), event.seq)
+            elif isinstance(event, IntegrityFailure):
+                peer.corrupt_fragments += 1
+                if link is not None:
+                    link.link.record_corrupt_fragment()
+                log.warning(
+                    "corrupted fragment from broker %s (conversation %s, seq %s): %s",
+                    peer.instance, event.conversation_id, event.seq, event.reason,
+                )
+            elif isinstance(event, UnknownDialog):
+                self._open_receiver(peer, event, link)
+        if stored:
+            self._when_stored(peer, stored)
+
+    def _when_stored(self, peer: Peer, stored: list[MessageReceived | FragmentReceived]) -> None:
+        def durable() -> None:
+            peer.dialog.mark_stored(stored, self.loop.time())
+            self.pump(peer)
+
+        self.engine.store.when_durable(self.engine.store.watermark(), durable)
+
+    def _open_receiver(self, peer: Peer, event: UnknownDialog, link: Link | None) -> None:
+        frame = event.frame
+        key = (event.conversation_id, event.direction)
+        envelope = frame.envelope
+        from_initiator = event.direction is Direction.FROM_INITIATOR
+        alive = (
+            envelope is not None
+            and envelope.to_broker_id == self.instance
+            and (
+                (from_initiator and frame.seq == 0)
+                or (
+                    not from_initiator
+                    and (event.conversation_id, True) in self.engine.by_conversation
+                )
+            )
+        )
+        if alive:
+            assert envelope is not None
+            self.envelopes[key] = envelope
+            self.discarding.discard(key)
+            first = 0
+        else:
+            # a dialog that ended here (or never existed): accept and drop, so the sender stops
+            self.discarding.add(key)
+            first = frame.seq
+        events = peer.dialog.open_receiver(key[0], key[1], next_expected_seq=first)
+        self._apply(peer, events, link)
+        self._apply(peer, peer.dialog.receive_frame(frame, self.loop.time()), link)
+
+    def endpoint_removed(self, ep: Any) -> None:
+        """A local endpoint closed: forget its dialog directions to other brokers."""
+        if ep.far_broker_instance in (None, self.engine.instance_id):
+            return
+        try:
+            instance = uuid.UUID(ep.far_broker_instance)
+        except ValueError:
+            return
+        peer = self.peers.get(instance)
+        out_d = _direction(ep.is_initiator)
+        in_d = out_d.reverse
+        store = self.engine.store
+        if peer is not None:
+            sender = peer.dialog.sender(ep.conversation_id, out_d)
+            if sender is not None and sender.unacked_count == 0:
+                peer.dialog.close_sender(ep.conversation_id, out_d)
+                store.delete_remote_dialog(ep.conversation_id, int(out_d), "send")
+            if peer.dialog.receiver(ep.conversation_id, in_d) is not None:
+                # keep acking late retransmissions for a while, delivering nothing
+                key = (ep.conversation_id, in_d)
+                self.discarding.add(key)
+                self.loop.call_later(
+                    self.settings.closed_dialog_linger, self._close_receiver, peer, key
+                )
+        store.delete_remote_dialog(ep.conversation_id, int(in_d), "recv")
+        store.delete_held_direction(ep.conversation_id, int(in_d))
+        self.envelopes.pop((ep.conversation_id, in_d), None)
+
+    def _close_receiver(self, peer: Peer, key: tuple[uuid.UUID, Direction]) -> None:
+        if key in self.discarding:
+            peer.dialog.close_receiver(*key)
+            self.discarding.discard(key)
+
+    # ---- views -------------------------------------------------------------------------
+
+    def describe(self, out: Outbound) -> str:
+        if out.status:
+            return out.status
+        route = self.engine.find_route(out.to_service, out.to_broker_instance)
+        if route is None:
+            return f"no route to service '{out.to_service}'"
+        address = self._address(route, out)
+        if address is None:
+            return f"route '{route.name}' has no usable address"
+        return self.connect_errors.get(address, "")
+
+    def connections_view(self, engine: Engine) -> list[dict[str, Any]]:
+        rows = []
+        for link in sorted(self.links, key=lambda l: l.address):
+            counters = link.link.counters
+            peer = link.peer
+            rows.append(
+                {
+                    "peer": None if peer is None else str(peer.instance),
+                    "address": link.address,
+                    "direction": "outbound" if link.role is Role.INITIATOR else "inbound",
+                    "state": link.link.state.name,
+                    "login_state": link.login_state,
+                    "bytes_sent": counters.bytes_out,
+                    "bytes_received": counters.bytes_in,
+                    "fragments_sent": counters.fragments_out,
+                    "fragments_received": counters.fragments_in,
+                    "corrupt_fragments": peer.corrupt_fragments if peer else counters.corrupt_fragments,
+                    "retransmissions": peer.dialog.counters.retransmissions if peer else 0,
+                    "last_activity": time.strftime(
+                        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(link.last_activity)
+                    ),
+                }
+            )
+        linked = {link.peer.instance for link in self.links if link.peer is not None}
+        for peer in self.peers.values():
+            if peer.instance in linked:
+                continue
+            error = self.connect_errors.get(peer.address or "", "")
+            rows.append(
+                {
+                    "peer": str(peer.instance),
+                    "address": peer.address,
+                    "direction": "outbound",
+                    "state": "CLOSED",
+                    "login_state": error or "NONE",
+                    "bytes_sent": 0,
+                    "bytes_received": 0,
+                    "fragments_sent": peer.dialog.counters.fragments_sent,
+                    "fragments_received": 0,
+                    "corrupt_fragments": peer.corrupt_fragments,
+                    "retransmissions": peer.dialog.counters.retransmissions,
+                    "last_activity": None,
+                }
+            )
+        return rows
+
+
+async def start_transport(broker: Broker) -> Callable[[], Awaitable[None]] | None:
+    """Daemon start hook: listen on the broker port and serve adjacent brokers."""
+    try:
+        settings = TransportSettings.from_section(broker.config.sections.get("transport", {}))
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"ssb: bad [transport] settings: {exc}") from None
+    transport = Transport(broker, settings)
+    host, port = await transport.start(broker.config.host, broker.config.broker_port)
+    broker.broker_address = (host, port)
+    ops = broker.operations
+    ops.add("broker_certificate", transport.op_broker_certificate)
+    ops.add("create_certificate", transport.op_create_certificate)
+    ops.add("drop_certificate", transport.op_drop_certificate)
+    from ._views import VIEWS
+
+    VIEWS["broker_connections"] = transport.connections_view
+    broker.transport = transport
+    return transport.close

@@ -1,0 +1,489 @@
+"""The seed-000 scheduler: a conversation as a scheduler handle, tasks run by activated
+readers of the target queue.
+
+Theory of operation. A scheduler named N is made of two services and their queues:
+`N/InitiatorService` on `N/InitiatorQueue` and `N/TargetService` on
+`N/TargetQueue`, which has internal activation with `run_tasks` below as its
+procedure, and the contract `N/AsyncContract` (`N/AsyncSent` sent by the
+initiator, `N/AsyncDone` sent by the target; both VALID_JSON). `get_scheduler`
+begins one dialog: its handle is the scheduler. `exec_async` logs the task in the
+broker's execution log (`log_task`) and sends it as AsyncSent
+{"log_id", "function": "package.module:function", "args", "kwargs"}. Activated
+readers RECEIVE one message at a time outside a transaction, so several readers run
+tasks of the same scheduler at once; each logs start and end and answers AsyncDone
+{"log_id", "ok", "error", "result"}. `synchronize` RECEIVEs AsyncDone on the
+scheduler's own conversation until every task sent so far has answered; `release`
+ends the conversation.
+
+With `max_running = k` a scheduler never has more than k tasks sent and unanswered:
+exec_async first collects an answer when k are out (the seed's caller-side
+semaphore). Schedulers sharing the target queue are served fairly: every
+scheduler's conversation is its own conversation group, and RECEIVE takes, within
+a priority level, the group whose oldest message has waited longest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from protocol import ErrorCode
+
+from ._errors import AlreadyExistsError, ConversationEndedError, NotFoundError
+from ._message import Message
+from ._url import parse_url
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+    from ._sync import SyncConnection
+
+SCHEDULER_PROCEDURE: Final = "client._scheduler:run_tasks"
+RECEIVE_WAIT: Final = 5.0  # how long an idle reader waits for the next task
+DEFAULT_READERS: Final = 5
+_SENT: Final = "AsyncSent"
+_DONE: Final = "AsyncDone"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerNames:
+    """The catalog objects of the scheduler called `name`."""
+
+    name: str
+
+    @property
+    def sent(self) -> str:
+        return f"{self.name}/{_SENT}"
+
+    @property
+    def done(self) -> str:
+        return f"{self.name}/{_DONE}"
+
+    @property
+    def contract(self) -> str:
+        return f"{self.name}/AsyncContract"
+
+    @property
+    def initiator_queue(self) -> str:
+        return f"{self.name}/InitiatorQueue"
+
+    @property
+    def target_queue(self) -> str:
+        return f"{self.name}/TargetQueue"
+
+    @property
+    def initiator_service(self) -> str:
+        return f"{self.name}/InitiatorService"
+
+    @property
+    def target_service(self) -> str:
+        return f"{self.name}/TargetService"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOutcome:
+    """One task's answer: `result` is the function's return value (JSON, or its repr)."""
+
+    log_id: int
+    ok: bool
+    error: str | None
+    result: Any
+
+
+# ---- task messages (shared by both schedulers and the procedure) -------------------
+
+
+def task_spec(task: str | Callable[..., Any]) -> str:
+    """'package.module:function' for a task given by name or as a function."""
+    if isinstance(task, str):
+        head, _, attribute = task.partition(":")
+        if not head or not attribute:
+            raise ValueError(f"a task is 'package.module:function', got {task!r}")
+        return task
+    module: str | None = getattr(task, "__module__", None)
+    qualname: str | None = getattr(task, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        raise ValueError(f"{task!r} cannot be named for a worker; pass 'module:function'")
+    if module == "__main__":
+        raise ValueError(
+            f"{qualname} lives in __main__, which workers cannot import; "
+            "move it into a module or pass 'module:function'"
+        )
+    return f"{module}:{qualname}"
+
+
+def _payload(spec: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    payload = {"function": spec, "args": list(args), "kwargs": kwargs}
+    try:
+        json.dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"task arguments must be JSON values: {exc}") from None
+    return payload
+
+
+def _describe(payload: dict[str, Any]) -> str:
+    parts = [json.dumps(a) for a in payload["args"]]
+    parts += [f"{k}={json.dumps(v)}" for k, v in payload["kwargs"].items()]
+    return f"{payload['function']}({', '.join(parts)})"
+
+
+def _outcome(message: Message, names: SchedulerNames) -> TaskOutcome:
+    if message.message_type_name == names.done:
+        body = json.loads(message.message_body)
+        return TaskOutcome(
+            int(body["log_id"]), bool(body["ok"]), body.get("error"), body.get("result")
+        )
+    what = message.text() if message.is_error else message.message_type_name
+    raise ConversationEndedError(
+        f"scheduler conversation {message.conversation_handle} ended by the target: {what}",
+        ErrorCode.CONVERSATION_ENDED,
+    )
+
+
+class _Bookkeeping:
+    """What both schedulers track: tasks out, answers in."""
+
+    def __init__(self, names: SchedulerNames, handle: uuid.UUID, max_running: int | None) -> None:
+        if max_running is not None and max_running < 1:
+            raise ValueError("max_running must be >= 1 (or None for no limit)")
+        self.names = names
+        self.handle = handle
+        self.max_running = max_running
+        self._outstanding: set[int] = set()
+        self._finished: list[TaskOutcome] = []
+        self._released = False
+
+    @property
+    def outstanding(self) -> int:
+        """Tasks sent whose AsyncDone has not been received yet."""
+        return len(self._outstanding)
+
+    def _full(self) -> bool:
+        return self.max_running is not None and len(self._outstanding) >= self.max_running
+
+    def _usable(self) -> None:
+        if self._released:
+            raise ConversationEndedError(
+                f"scheduler {self.handle} was released", ErrorCode.CONVERSATION_ENDED
+            )
+
+    def _record(self, messages: list[Message], timeout: float | None) -> None:
+        if not messages:
+            raise TimeoutError(
+                f"{len(self._outstanding)} task(s) of scheduler {self.handle} did not finish "
+                f"within {timeout} s"
+            )
+        outcome = _outcome(messages[0], self.names)
+        self._outstanding.discard(outcome.log_id)
+        self._finished.append(outcome)
+
+    def _take_finished(self) -> list[TaskOutcome]:
+        done, self._finished = self._finished, []
+        return done
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+class Scheduler(_Bookkeeping):
+    """A scheduler handle (async); get one with `await conn.get_scheduler()`."""
+
+    def __init__(
+        self, conn: Connection, names: SchedulerNames, handle: uuid.UUID, max_running: int | None
+    ) -> None:
+        super().__init__(names, handle, max_running)
+        self.conn = conn
+
+    async def exec_async(self, task: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> int:
+        """Queue `task(*args, **kwargs)` to run on an activated reader.
+
+        Args:
+            task: 'package.module:function' or an importable function; arguments
+                must be JSON values.
+        Returns:
+            The task's execution log id.
+        """
+        self._usable()
+        payload = _payload(task_spec(task), args, kwargs)
+        while self._full():
+            await self._collect(None)
+        log_id = await self.conn.log_task(_describe(payload), self.handle)
+        await self.conn.send(
+            self.handle, self.names.sent, json.dumps({"log_id": log_id, **payload})
+        )
+        self._outstanding.add(log_id)
+        return log_id
+
+    async def _collect(self, timeout: float | None) -> None:
+        messages = await self.conn.receive(
+            self.names.initiator_queue, top=1, timeout=timeout, conversation_handle=self.handle
+        )
+        self._record(messages, timeout)
+
+    async def synchronize(self, timeout: float | None = None) -> list[TaskOutcome]:
+        """Wait until every task sent so far has finished.
+
+        Returns:
+            The outcomes that arrived since the last synchronize, in arrival order.
+        Raises:
+            TimeoutError: `timeout` seconds passed first (the tasks keep running).
+            ConversationEndedError: the target ended the scheduler's conversation.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._outstanding:
+            await self._collect(_remaining(deadline))
+        return self._take_finished()
+
+    async def release(self) -> None:
+        """End the scheduler's conversation (tasks still running finish unobserved)."""
+        if self._released:
+            return
+        self._released = True
+        with contextlib.suppress(ConversationEndedError, NotFoundError):
+            await self.conn.end_conversation(self.handle)
+
+    async def __aenter__(self) -> Scheduler:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+class SyncScheduler(_Bookkeeping):
+    """A scheduler handle on a blocking connection: `conn.get_scheduler()`."""
+
+    def __init__(
+        self,
+        conn: SyncConnection,
+        names: SchedulerNames,
+        handle: uuid.UUID,
+        max_running: int | None,
+    ) -> None:
+        super().__init__(names, handle, max_running)
+        self.conn = conn
+
+    def exec_async(self, task: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> int:
+        """Queue `task(*args, **kwargs)`; see `Scheduler.exec_async`."""
+        self._usable()
+        payload = _payload(task_spec(task), args, kwargs)
+        while self._full():
+            self._collect(None)
+        log_id = self.conn.log_task(_describe(payload), self.handle)
+        self.conn.send(self.handle, self.names.sent, json.dumps({"log_id": log_id, **payload}))
+        self._outstanding.add(log_id)
+        return log_id
+
+    def _collect(self, timeout: float | None) -> None:
+        messages = self.conn.receive(
+            self.names.initiator_queue, top=1, timeout=timeout, conversation_handle=self.handle
+        )
+        self._record(messages, timeout)
+
+    def synchronize(self, timeout: float | None = None) -> list[TaskOutcome]:
+        """Wait until every task sent so far has finished; see `Scheduler.synchronize`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._outstanding:
+            self._collect(_remaining(deadline))
+        return self._take_finished()
+
+    def release(self) -> None:
+        """End the scheduler's conversation."""
+        if self._released:
+            return
+        self._released = True
+        with contextlib.suppress(ConversationEndedError, NotFoundError):
+            self.conn.end_conversation(self.handle)
+
+    def __enter__(self) -> SyncScheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ---- installing and getting a scheduler ----------------------------------------------
+
+
+def _install_steps(
+    names: SchedulerNames, max_queue_readers: int, execute_as: str
+) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    activation = {
+        "status": "ON",
+        "procedure": SCHEDULER_PROCEDURE,
+        "max_queue_readers": max_queue_readers,
+        "execute_as": execute_as,
+    }
+    return [
+        ("create_message_type", (names.sent, "VALID_JSON"), {}),
+        ("create_message_type", (names.done, "VALID_JSON"), {}),
+        ("create_contract", (names.contract, {names.sent: "INITIATOR", names.done: "TARGET"}), {}),
+        ("create_queue", (names.initiator_queue,), {}),
+        ("create_queue", (names.target_queue,), {"activation": activation}),
+        ("create_service", (names.initiator_service, names.initiator_queue), {}),
+        (
+            "create_service",
+            (names.target_service, names.target_queue),
+            {"contracts": [names.contract]},
+        ),
+    ]
+
+
+async def install_scheduler(
+    conn: Connection,
+    name: str = "Scheduler",
+    *,
+    max_queue_readers: int = DEFAULT_READERS,
+    execute_as: str | None = None,
+) -> None:
+    """Create the scheduler's message types, contract, queues and services if missing.
+
+    Args:
+        name: the scheduler's name (prefix of its objects' names).
+        max_queue_readers: activated readers of its target queue (existing queues keep
+            theirs; change it with alter_queue).
+        execute_as: the user the readers run as (default: this connection's user).
+    """
+    user = parse_url(conn.url).user if execute_as is None else execute_as
+    for operation, args, kwargs in _install_steps(SchedulerNames(name), max_queue_readers, user):
+        with contextlib.suppress(AlreadyExistsError):
+            await getattr(conn, operation)(*args, **kwargs)
+
+
+async def get_scheduler(
+    conn: Connection,
+    name: str = "Scheduler",
+    *,
+    max_running: int | None = None,
+    install: bool = True,
+    max_queue_readers: int = DEFAULT_READERS,
+    execute_as: str | None = None,
+) -> Scheduler:
+    """Begin a scheduler conversation (the seed's GetScheduler).
+
+    Args:
+        max_running: at most this many of its tasks sent and unfinished at once.
+        install: create the scheduler's objects first if they are missing (see
+            `install_scheduler`, which takes max_queue_readers and execute_as).
+    Returns:
+        The scheduler; `release()` it (or use `async with`).
+    """
+    names = SchedulerNames(name)
+    if install:
+        services = await conn.view("services")
+        if not any(row["name"] == names.target_service for row in services):
+            await install_scheduler(
+                conn, name, max_queue_readers=max_queue_readers, execute_as=execute_as
+            )
+    handle = await conn.begin_dialog(names.initiator_service, names.target_service, names.contract)
+    return Scheduler(conn, names, handle, max_running)
+
+
+def install_scheduler_sync(
+    conn: SyncConnection,
+    name: str = "Scheduler",
+    *,
+    max_queue_readers: int = DEFAULT_READERS,
+    execute_as: str | None = None,
+) -> None:
+    """`install_scheduler` on a blocking connection."""
+    user = parse_url(conn.url).user if execute_as is None else execute_as
+    for operation, args, kwargs in _install_steps(SchedulerNames(name), max_queue_readers, user):
+        with contextlib.suppress(AlreadyExistsError):
+            getattr(conn, operation)(*args, **kwargs)
+
+
+def get_scheduler_sync(
+    conn: SyncConnection,
+    name: str = "Scheduler",
+    *,
+    max_running: int | None = None,
+    install: bool = True,
+    max_queue_readers: int = DEFAULT_READERS,
+    execute_as: str | None = None,
+) -> SyncScheduler:
+    """`get_scheduler` on a blocking connection."""
+    names = SchedulerNames(name)
+    if install and not any(row["name"] == names.target_service for row in conn.view("services")):
+        install_scheduler_sync(
+            conn, name, max_queue_readers=max_queue_readers, execute_as=execute_as
+        )
+    handle = conn.begin_dialog(names.initiator_service, names.target_service, names.contract)
+    return SyncScheduler(conn, names, handle, max_running)
+
+
+# ---- the activated procedure of the target queue ---------------------------------------
+
+
+_functions: dict[str, Callable[..., Any]] = {}
+
+
+def _function(spec: str) -> Callable[..., Any]:
+    found = _functions.get(spec)
+    if found is None:
+        module, _, attribute = spec.partition(":")
+        target: Any = importlib.import_module(module)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+        found = _functions[spec] = target
+    return found
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+def run_tasks(conn: SyncConnection, task: Any) -> None:
+    """The scheduler's activation procedure (the seed's ActivationAsyncTarget).
+
+    RECEIVE one task at a time (committed at once, so other readers take the next
+    task of the same scheduler), run it, log it, answer AsyncDone; return after
+    `RECEIVE_WAIT` seconds without a task.
+    """
+    while True:
+        messages = conn.receive(task.queue, top=1, timeout=RECEIVE_WAIT)
+        if not messages:
+            return
+        message = messages[0]
+        if message.is_end_dialog or message.is_error:
+            with contextlib.suppress(ConversationEndedError, NotFoundError):
+                conn.end_conversation(message.conversation_handle)
+        elif message.message_type_name.endswith("/" + _SENT):
+            _run_one(conn, message)
+        else:
+            print(
+                f"scheduler reader: ignoring a {message.message_type_name} message", file=sys.stderr
+            )
+
+
+def _run_one(conn: SyncConnection, message: Message) -> None:
+    request = json.loads(message.message_body)
+    log_id = int(request["log_id"])
+    done = message.message_type_name[: -len(_SENT)] + _DONE
+    conn.log_task_start(log_id, message.conversation_handle, done)
+    error: str | None = None
+    result: Any = None
+    try:
+        value = _function(str(request["function"]))(
+            *request.get("args", []), **request.get("kwargs", {})
+        )
+        if asyncio.iscoroutine(value):
+            value = asyncio.run(value)
+        result = _jsonable(value)
+    except Exception as exc:  # the task failed; the reader goes on
+        error = f"{type(exc).__name__}: {exc}"
+    conn.log_task_end(log_id, error)
+    answer = {"log_id": log_id, "ok": error is None, "error": error, "result": result}
+    with contextlib.suppress(ConversationEndedError, NotFoundError):
+        conn.send(message.conversation_handle, done, json.dumps(answer))

@@ -1,0 +1,390 @@
+"""Shared helpers for the multi-broker tests: start N daemons, trust, route, poll, check EOIO.
+
+`Federation` starts one `BrokerProcess` per name on 127.0.0.1 (each its own data dir and
+free ports) with short transport timeouts, opens one client connection to each, and
+makes every broker trust every other broker's certificate. Catalog helpers create the
+same message types and contract on every broker (each broker has its own catalog),
+initiator and target services, and routes in both directions. Waiting is always a poll
+with a deadline (`wait_until`) or a RECEIVE with WAITFOR, never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from daemon import BrokerProcess
+
+import client
+
+T = TypeVar("T")
+
+# small timeouts so that reconnects, retransmissions and idle closes happen within a test
+TRANSPORT: dict[str, Any] = {
+    "idle_timeout": 1.0,
+    "retry_initial": 0.2,
+    "retry_max": 1.0,
+    "fragment_size": 65536,
+}
+
+REQUEST = "AsyncSent"
+REPLY = "AsyncDone"
+CONTRACT = "AsyncContract"
+POLL_INTERVAL = 0.05
+
+
+# ---- brokers -----------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    """One broker daemon of a federation and an admin connection to it."""
+
+    name: str
+    process: BrokerProcess
+    conn: client.Connection
+    instance: str = ""
+    certificate: str = ""
+
+    @property
+    def broker_port(self) -> int:
+        port = self.process.broker_port
+        if not port:
+            raise AssertionError(
+                f"broker {self.name} printed no broker=HOST:PORT in its ready line: "
+                "the broker-to-broker transport is not listening"
+            )
+        return port
+
+    @property
+    def address(self) -> str:
+        """The route address of this broker's broker port."""
+        return f"tcp://127.0.0.1:{self.broker_port}"
+
+    @property
+    def host_port(self) -> str:
+        return f"127.0.0.1:{self.broker_port}"
+
+    async def view(self, name: str) -> list[dict[str, Any]]:
+        return await self.conn.view(name)
+
+    async def connect(self) -> client.Connection:
+        """A further session with this broker (the caller closes it)."""
+        return await client.connect(self.process.url)
+
+
+class Federation:
+    """N brokers on 127.0.0.1 that trust each other; an async context manager.
+
+    Args:
+        root: a directory for the data dirs, configs and logs (tmp_path).
+        names: one broker per name.
+        durability: "os" (survives kill -9 of a daemon, faster) or "fsync".
+        transport: the `[transport]` settings; defaults to `TRANSPORT`.
+        trust: exchange certificates between every pair of brokers.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        names: Sequence[str],
+        durability: str = "os",
+        transport: dict[str, Any] | None = None,
+        trust: bool = True,
+    ) -> None:
+        self.root = root
+        self.names = list(names)
+        self.durability = durability
+        self.transport = dict(TRANSPORT if transport is None else transport)
+        self.trust = trust
+        self.nodes: dict[str, Node] = {}
+        self._extra: list[client.Connection] = []
+
+    def __getitem__(self, name: str) -> Node:
+        return self.nodes[name]
+
+    async def __aenter__(self) -> Federation:
+        try:
+            for name in self.names:
+                process = BrokerProcess(
+                    self.root / name,
+                    durability=self.durability,
+                    config={"transport": self.transport},
+                )
+                process.start()
+                conn = await client.connect(process.url)
+                node = Node(name, process, conn)
+                self.nodes[name] = node
+                node.instance = await conn.broker_instance()
+                assert node.instance == process.instance, "instance id differs from ready line"
+                node.certificate = await conn.broker_certificate()
+                assert "BEGIN CERTIFICATE" in node.certificate, node.certificate[:80]
+                node.broker_port  # noqa: B018 - fail early and clearly without a broker port
+            if self.trust:
+                for node in self.nodes.values():
+                    for peer in self.nodes.values():
+                        if peer is not node:
+                            await trust(node, peer)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        for conn in [*self._extra, *(n.conn for n in self.nodes.values())]:
+            with contextlib.suppress(Exception):
+                await conn.close()
+        for node in self.nodes.values():
+            node.process.kill()
+        if exc_type is not None:
+            # pytest shows captured stdout of a failed test: the daemons' last words
+            for node in self.nodes.values():
+                with contextlib.suppress(OSError):
+                    print(f"---- broker {node.name} log tail ----\n{node.process.log_text()[-3000:]}")
+
+    async def session(self, name: str) -> client.Connection:
+        """Another connection to broker `name`, closed with the federation."""
+        conn = await self.nodes[name].connect()
+        self._extra.append(conn)
+        return conn
+
+    async def restart(self, name: str, kill: bool = True) -> Node:
+        """kill -9 (or SIGTERM) broker `name` and start it again on the same dir and ports."""
+        node = self.nodes[name]
+        with contextlib.suppress(Exception):
+            await node.conn.close()
+        if kill:
+            node.process.kill()
+        else:
+            node.process.stop()
+        node.process.start()
+        node.conn = await client.connect(node.process.url)
+        return node
+
+
+async def trust(node: Node, peer: Node) -> None:
+    """`node` trusts `peer` (CREATE CERTIFICATE from the peer's public certificate)."""
+    await node.conn.create_certificate(f"cert_{peer.name}", peer.certificate)
+
+
+# ---- catalog -------------------------------------------------------------------------------
+
+
+async def create_contract(conn: client.Connection) -> None:
+    """The message types and contract every broker of a test needs (same names everywhere)."""
+    await conn.create_message_type(REQUEST, validation="NONE")
+    await conn.create_message_type(REPLY, validation="NONE")
+    await conn.create_contract(CONTRACT, {REQUEST: "INITIATOR", REPLY: "TARGET"})
+
+
+async def create_initiator(node: Node, service: str, queue: str | None = None) -> str:
+    queue = queue or f"{service}Queue"
+    await node.conn.create_queue(queue)
+    await node.conn.create_service(service, queue=queue)
+    return queue
+
+
+async def create_target(node: Node, service: str, queue: str | None = None, status: str = "ON") -> str:
+    queue = queue or f"{service}Queue"
+    await node.conn.create_queue(queue, status=status)
+    await node.conn.create_service(service, queue=queue, contracts=[CONTRACT])
+    return queue
+
+
+async def route(
+    node: Node,
+    service: str,
+    to: Node | str,
+    broker_instance: str | None = None,
+    lifetime: float | None = None,
+    name: str | None = None,
+) -> str:
+    """On `node`, a route for `service` to broker `to` (or to an address such as a proxy's)."""
+    address = to.address if isinstance(to, Node) else to
+    name = name or f"route_{service}_{uuid.uuid4().hex[:8]}"
+    await node.conn.create_route(
+        name, service, address, broker_instance=broker_instance, lifetime=lifetime
+    )
+    return name
+
+
+async def link(
+    initiator: Node,
+    initiator_service: str,
+    target: Node,
+    target_service: str,
+    forward: str | None = None,
+    back: str | None = None,
+) -> None:
+    """Routes both ways between a service on `initiator` and one on `target`.
+
+    `forward` / `back` override the addresses (e.g. a fault proxy in between).
+    """
+    await route(initiator, target_service, forward or target)
+    await route(target, initiator_service, back or initiator)
+
+
+# ---- waiting -------------------------------------------------------------------------------
+
+
+async def wait_until(
+    probe: Callable[[], Awaitable[T]],
+    what: str,
+    timeout: float = 30.0,
+    interval: float = POLL_INTERVAL,
+) -> T:
+    """Poll `probe` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {value!r}")
+        await asyncio.sleep(interval)
+
+
+async def receive_count(
+    conn: client.Connection,
+    queue: str,
+    count: int,
+    timeout: float = 30.0,
+    top: int = 500,
+    **where: Any,
+) -> list[client.Message]:
+    """RECEIVE (autocommit) until `count` messages came, or fail after `timeout` seconds."""
+    got: list[client.Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"only {len(got)} of {count} messages from {queue} in {timeout:g} s")
+        got += await conn.receive(queue, top=min(top, count - len(got)), timeout=min(1.0, left), **where)
+    return got
+
+
+async def transmission_queue(node: Node) -> list[dict[str, Any]]:
+    return await node.view("transmission_queue")
+
+
+async def connections(node: Node) -> list[dict[str, Any]]:
+    return await node.view("broker_connections")
+
+
+async def endpoints(node: Node) -> list[dict[str, Any]]:
+    return await node.view("conversation_endpoints")
+
+
+async def wait_quiet(nodes: Iterable[Node], timeout: float = 30.0) -> None:
+    """Wait until no broker has a message in its transmission queue or a conversation endpoint."""
+    for node in nodes:
+        await wait_until(
+            lambda node=node: _is_empty(transmission_queue(node)),  # type: ignore[misc]
+            f"an empty transmission queue on {node.name}",
+            timeout,
+        )
+        await wait_until(
+            lambda node=node: _is_empty(endpoints(node)),  # type: ignore[misc]
+            f"no conversation endpoint left on {node.name}",
+            timeout,
+        )
+
+
+async def _is_empty(rows: Awaitable[list[dict[str, Any]]]) -> bool:
+    return not await rows
+
+
+# ---- checks ----------------------------------------------------------------------------------
+
+
+def by_conversation(messages: Iterable[client.Message]) -> dict[uuid.UUID, list[client.Message]]:
+    groups: dict[uuid.UUID, list[client.Message]] = defaultdict(list)
+    for m in messages:
+        groups[m.conversation_handle].append(m)
+    return dict(groups)
+
+
+def assert_eoio(messages: Iterable[client.Message], first: int = 0) -> dict[uuid.UUID, list[bytes]]:
+    """Each conversation's sequenced messages arrived once each, numbered first, first+1, ...
+
+    Returns each conversation's bodies in arrival order.
+    """
+    bodies: dict[uuid.UUID, list[bytes]] = {}
+    for handle, group in by_conversation(messages).items():
+        numbers = [m.message_sequence_number for m in group]
+        expected = list(range(first, first + len(group)))
+        if numbers != expected:
+            dup = len(numbers) - len(set(numbers))
+            raise AssertionError(
+                f"conversation {handle}: sequence numbers are not {first}..{first + len(group) - 1}"
+                f" in order ({dup} duplicates; first difference at "
+                f"{next(i for i, (a, b) in enumerate(zip(numbers, expected, strict=True)) if a != b)}"
+                f": {numbers[:5]}...)"
+            )
+        bodies[handle] = [m.message_body for m in group]
+    return bodies
+
+
+@dataclass
+class ConnectionSampler:
+    """Polls broker_connections of some brokers in the background and keeps every row.
+
+    Connections close when idle, so counters are sampled while traffic flows.
+    """
+
+    nodes: list[Node]
+    interval: float = 0.2
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    max_established: dict[tuple[str, str | None], int] = field(default_factory=dict)
+    _task: asyncio.Task[None] | None = None
+    _sessions: list[client.Connection] = field(default_factory=list)
+
+    async def start(self) -> ConnectionSampler:
+        self._sessions = [await node.connect() for node in self.nodes]
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def _run(self) -> None:
+        while True:
+            await self.sample()
+            await asyncio.sleep(self.interval)
+
+    async def sample(self) -> None:
+        for node, conn in zip(self.nodes, self._sessions, strict=True):
+            try:
+                rows = await conn.view("broker_connections")
+            except client.BrokerError:
+                continue  # a broker being killed by the test
+            self.rows[node.name] += rows
+            established: dict[str | None, int] = defaultdict(int)
+            for row in rows:
+                if row.get("state") == "ESTABLISHED":
+                    established[row.get("peer")] += 1
+            for peer, count in established.items():
+                key = (node.name, peer)
+                self.max_established[key] = max(self.max_established.get(key, 0), count)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(Exception):
+            await self.sample()
+        for conn in self._sessions:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def peer_rows(self, node: Node, peer: Node) -> list[dict[str, Any]]:
+        return [r for r in self.rows[node.name] if r.get("peer") == peer.instance]
+
+    def peak(self, node: Node, peer: Node, column: str) -> int:
+        """The largest value of a counter seen on `node` for connections with `peer`."""
+        return max((int(r.get(column) or 0) for r in self.peer_rows(node, peer)), default=0)

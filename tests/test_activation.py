@@ -1,0 +1,409 @@
+"""Activation against real daemons: queue monitors, activated tasks in worker processes,
+external activation. Procedures live in tests/activation_procs.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import client
+from broker._activation import TRANSITIONS, MonitorInput, MonitorState, activation_needed
+from daemon import BrokerProcess
+
+TESTS = Path(__file__).parent
+FAST = {
+    "check_interval": 0.2,
+    "empty_rowset_window": 0.5,
+    "notification_timeout": 3.0,
+    "python_path": [str(TESTS)],
+}
+USERS = {"admin": "secret"}
+Rows = list[dict[str, Any]]
+
+
+@pytest.fixture
+def abroker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A daemon with logins and fast activation checks."""
+    process = BrokerProcess(
+        tmp_path / "data", durability="os", config={"users": USERS, "activation": FAST}
+    ).start()
+    yield process
+    process.kill()
+
+
+@pytest.fixture
+async def aconn(abroker: BrokerProcess) -> AsyncIterator[client.Connection]:
+    connection = await client.connect(abroker.url)
+    yield connection
+    await connection.close()
+
+
+async def until(
+    read: Callable[[], Awaitable[Rows]],
+    check: Callable[[Rows], bool],
+    timeout: float = 15.0,
+    what: str = "condition",
+) -> Rows:
+    """Poll `read` until `check` holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = await read()
+        if check(rows):
+            return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last rows: {rows}")
+        await asyncio.sleep(0.02)
+
+
+def monitor(rows: Rows, queue: str) -> dict[str, Any]:
+    found = [r for r in rows if r["queue"] == queue]
+    return found[0] if found else {}
+
+
+async def monitors(conn: client.Connection) -> Rows:
+    return await conn.view("queue_monitors")
+
+
+async def tasks_of(conn: client.Connection, queue: str) -> Rows:
+    return [t for t in await conn.view("activated_tasks") if t["queue"] == queue]
+
+
+async def activated_service(
+    conn: client.Connection, name: str, procedure: str, readers: int = 1, **queue: Any
+) -> None:
+    await conn.create_queue(
+        f"{name}Queue",
+        activation={
+            "status": "ON",
+            "procedure": f"activation_procs:{procedure}",
+            "max_queue_readers": readers,
+            "execute_as": "admin",
+        },
+        **queue,
+    )
+    await conn.create_service(f"{name}Service", queue=f"{name}Queue", contracts=["DEFAULT"])
+
+
+async def reply_service(conn: client.Connection) -> None:
+    await conn.create_queue("ReplyQueue")
+    await conn.create_service("ReplyService", queue="ReplyQueue")
+
+
+async def ask(conn: client.Connection, name: str, body: bytes | str) -> Any:
+    handle = await conn.begin_dialog("ReplyService", f"{name}Service")
+    await conn.send(handle, "DEFAULT", body)
+    return handle
+
+
+async def answer(conn: client.Connection, handle: Any, timeout: float = 15.0) -> bytes:
+    got = await conn.receive("ReplyQueue", timeout=timeout, conversation_handle=handle)
+    assert got, f"no answer within {timeout} s"
+    return got[0].message_body
+
+
+# ---- the rules on their own ----------------------------------------------------------
+
+
+def test_transition_table_is_complete() -> None:
+    assert set(TRANSITIONS) == {(s, i) for s in MonitorState for i in MonitorInput}
+
+
+def test_activation_conditions() -> None:
+    base = dict(running=1, waiting=0, last_empty_rowset=None, now=100.0, window=5.0)
+    assert activation_needed(ready=1, arrived_into_empty=True, **{**base, "running": 0})
+    assert not activation_needed(ready=0, arrived_into_empty=True, **{**base, "running": 0})
+    # (b): backlog, nobody waiting, no recent empty RECEIVE
+    assert activation_needed(ready=3, arrived_into_empty=False, **base)
+    assert not activation_needed(ready=3, arrived_into_empty=False, **{**base, "waiting": 1})
+    recent = {**base, "last_empty_rowset": 97.0}
+    assert not activation_needed(ready=3, arrived_into_empty=False, **recent)
+    assert activation_needed(ready=3, arrived_into_empty=False, **{**recent, "now": 103.0})
+
+
+# ---- internal activation ---------------------------------------------------------------
+
+
+async def test_activation_starts_a_reader_for_a_message_on_an_idle_queue(
+    aconn: client.Connection,
+) -> None:
+    await reply_service(aconn)
+    await activated_service(aconn, "Echo", "echo")
+    await activated_service(aconn, "AsyncEcho", "async_echo")
+    await aconn.create_queue(
+        "OneArgQueue",
+        activation={"status": "ON", "procedure": "activation_procs:no_context",
+                    "execute_as": "admin"},
+    )
+    await aconn.create_service("OneArgService", queue="OneArgQueue", contracts=["DEFAULT"])
+    rows = await monitors(aconn)
+    assert monitor(rows, "EchoQueue")["state"] == "INACTIVE"
+    assert monitor(rows, "EchoQueue")["tasks_running"] == 0
+
+    echo = await ask(aconn, "Echo", b"ping")
+    async_echo = await ask(aconn, "AsyncEcho", b"ping")
+    one_arg = await ask(aconn, "OneArg", b"ping")
+    assert await answer(aconn, echo) == b"ping"
+    assert await answer(aconn, async_echo) == b"async:ping"
+    assert await answer(aconn, one_arg) == b"one-arg"
+
+    tasks = await tasks_of(aconn, "EchoQueue")
+    if tasks:  # still waiting for more work: it is the one the monitor started
+        (task,) = tasks
+        assert task["procedure"] == "activation_procs:echo"
+        assert task["execute_as"] == "admin"
+        assert isinstance(task["pid"], int) and task["pid"] != os.getpid()
+    rows = await until(
+        lambda: monitors(aconn),
+        lambda r: monitor(r, "EchoQueue")["tasks_running"] == 0,
+        what="the echo reader to return once the queue stays empty",
+    )
+    row = monitor(rows, "EchoQueue")
+    assert row["tasks_started"] == 1 and row["tasks_failed"] == 0
+    assert row["state"] == "INACTIVE"
+    assert row["last_activated_time"] is not None
+    assert row["last_empty_rowset_time"] is not None
+
+
+async def test_ramps_up_to_max_queue_readers_and_no_further(aconn: client.Connection) -> None:
+    await reply_service(aconn)
+    await activated_service(aconn, "Slow", "slow", readers=3)
+    handles = [await aconn.begin_dialog("ReplyService", "SlowService") for _ in range(24)]
+    for handle in handles:  # one conversation group each
+        await aconn.send(handle, "DEFAULT", b"work")
+    peak = 0
+    deadline = time.monotonic() + 30
+    while True:
+        row = monitor(await monitors(aconn), "SlowQueue")
+        running = len(await tasks_of(aconn, "SlowQueue"))
+        assert row["tasks_running"] <= 3 and running <= 3
+        peak = max(peak, row["tasks_running"])
+        if row["messages_ready"] == 0 and row["tasks_running"] == 0:
+            break
+        assert time.monotonic() < deadline, f"backlog not drained: {row}"
+        await asyncio.sleep(0.02)
+    assert peak == 3
+    assert 3 <= row["tasks_started"] <= 6, row  # ramp to 3; perhaps a reader again at the end
+
+
+async def test_one_busy_group_gets_one_extra_reader_and_no_third(
+    aconn: client.Connection, tmp_path: Path
+) -> None:
+    await reply_service(aconn)
+    await activated_service(aconn, "Hold", "hold", readers=5)
+    marker = tmp_path / "release"
+    handle = await ask(aconn, "Hold", str(marker))
+    await until(
+        lambda: tasks_of(aconn, "HoldQueue"),
+        lambda t: len(t) == 1 and t[0]["conversation_group_id"] is not None,
+        what="the first reader to hold the conversation group in its transaction",
+    )
+    await aconn.send_many(handle, "DEFAULT", [str(marker)] * 4)
+    await until(
+        lambda: monitors(aconn),
+        lambda r: monitor(r, "HoldQueue")["tasks_running"] == 2
+        and monitor(r, "HoldQueue")["tasks_waiting"] == 1,
+        what="a second reader waiting in RECEIVE",
+    )
+    # several check intervals and empty-rowset windows: never a third reader
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        row = monitor(await monitors(aconn), "HoldQueue")
+        assert row["tasks_running"] <= 2, row
+        assert row["tasks_started"] == 2, row
+        assert row["messages_ready"] == 4, row
+        await asyncio.sleep(0.02)
+    marker.touch()
+    await until(
+        lambda: monitors(aconn),
+        lambda r: monitor(r, "HoldQueue")["messages_ready"] == 0,
+        what="the held messages to be processed after the release",
+    )
+    groups = await until(
+        lambda: aconn.view("conversation_groups"),
+        lambda g: not any(row["is_locked"] for row in g),
+        what="the group lock to be released",
+    )
+    assert groups
+
+
+async def test_activation_status_off_stops_starting_readers(aconn: client.Connection) -> None:
+    await reply_service(aconn)
+    await activated_service(aconn, "Echo", "echo")
+    handle = await ask(aconn, "Echo", b"one")
+    assert await answer(aconn, handle) == b"one"
+    await until(
+        lambda: tasks_of(aconn, "EchoQueue"), lambda t: not t, what="the reader to return"
+    )
+    await aconn.alter_queue("EchoQueue", activation={"status": "OFF"})
+    await aconn.send(handle, "DEFAULT", b"two")
+    end = time.monotonic() + 1.5  # many check intervals and empty-rowset windows
+    while time.monotonic() < end:
+        assert not await tasks_of(aconn, "EchoQueue")
+        assert not monitor(await monitors(aconn), "EchoQueue")
+        await asyncio.sleep(0.05)
+    assert [m.message_body for m in await aconn.peek("EchoQueue")] == [b"two"]
+    await aconn.alter_queue("EchoQueue", activation={"status": "ON"})
+    assert await answer(aconn, handle) == b"two"
+
+
+async def test_execute_as_must_be_a_login(aconn: client.Connection) -> None:
+    await reply_service(aconn)
+    await aconn.create_queue(
+        "NobodyQueue",
+        activation={"status": "ON", "procedure": "activation_procs:echo",
+                    "execute_as": "nobody"},
+    )
+    await aconn.create_service("NobodyService", queue="NobodyQueue", contracts=["DEFAULT"])
+    await ask(aconn, "Nobody", b"x")
+    rows = await until(
+        lambda: monitors(aconn),
+        lambda r: monitor(r, "NobodyQueue").get("tasks_failed", 0) >= 1,
+        what="the refused activation",
+    )
+    assert "not a login" in monitor(rows, "NobodyQueue")["last_task_error"]
+    # a made-up token neither logs in nor attaches
+    host, port = aconn.url.rsplit("@", 1)[1].split(":")
+    with pytest.raises(client.LoginFailedError):
+        await client.connect(f"ssb://admin:not-a-token@{host}:{port}")
+    with pytest.raises(client.PermissionDeniedError):
+        await aconn.attach_task("not-a-token")
+
+
+# ---- faulty procedures leave the broker serving ---------------------------------------
+
+
+async def still_serving(conn: client.Connection) -> None:
+    started = time.monotonic()
+    assert await conn.ping() == "pong"
+    assert time.monotonic() - started < 0.5
+    handle = await ask(conn, "Echo", b"are you there")
+    assert await answer(conn, handle, timeout=10) == b"are you there"
+
+
+async def test_a_raising_procedure_rolls_back_and_ends_its_task(
+    aconn: client.Connection,
+) -> None:
+    await reply_service(aconn)
+    await activated_service(aconn, "Echo", "echo")
+    await activated_service(aconn, "Fail", "fail")
+    await ask(aconn, "Fail", b"poison")
+    rows = await until(
+        lambda: monitors(aconn),
+        lambda r: monitor(r, "FailQueue").get("tasks_failed", 0) >= 1,
+        what="the failing task to end",
+    )
+    assert "procedure failed on purpose" in monitor(rows, "FailQueue")["last_task_error"]
+    await still_serving(aconn)
+    # every failure rolled back; after five in a row poison handling disables the queue
+    queues = await until(
+        lambda: aconn.view("service_queues"),
+        lambda q: not next(r for r in q if r["name"] == "FailQueue")["is_receive_enabled"],
+        what="poison message handling to disable the queue",
+    )
+    assert next(r for r in queues if r["name"] == "FailQueue")["messages_ready"] == 1
+    (message,) = await aconn.peek("FailQueue")
+    assert message.delivery_count == 5
+    await still_serving(aconn)
+
+
+async def test_a_hanging_procedure_does_not_slow_the_broker(aconn: client.Connection) -> None:
+    await reply_service(aconn)
+    await activated_service(aconn, "Echo", "echo")
+    await activated_service(aconn, "Burn", "burn")
+    await ask(aconn, "Burn", b"spin")
+    tasks = await until(
+        lambda: tasks_of(aconn, "BurnQueue"),
+        lambda t: len(t) == 1 and t[0]["pid"] is not None and t[0]["session_id"] is not None,
+        what="the burning task",
+    )
+    pid = tasks[0]["pid"]
+    try:
+        await until(
+            lambda: monitors(aconn),
+            lambda r: monitor(r, "BurnQueue")["messages_ready"] == 0,
+            what="the burning task to take its message",
+        )
+        for _ in range(3):
+            await still_serving(aconn)
+        assert len(await tasks_of(aconn, "BurnQueue")) == 1  # it still runs
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_killed_worker_is_cleaned_up_and_replaced(aconn: client.Connection) -> None:
+    await reply_service(aconn)
+    await activated_service(aconn, "Echo", "echo")
+    await activated_service(aconn, "Crash", "crash_once")
+    handle = await ask(aconn, "Crash", b"hold me")
+    tasks = await until(
+        lambda: tasks_of(aconn, "CrashQueue"),
+        lambda t: len(t) == 1 and t[0]["conversation_group_id"] is not None,
+        what="the task holding its message in a transaction",
+    )
+    pid = tasks[0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    reply = (await answer(aconn, handle)).decode()
+    new_pid, deliveries = reply.split(":")
+    assert int(new_pid) != pid and deliveries == "2"  # rolled back, received again
+    row = monitor(await monitors(aconn), "CrashQueue")
+    assert row["tasks_failed"] == 1 and "SIGKILL" in row["last_task_error"]
+    assert row["tasks_started"] == 2
+    assert all(w["pid"] != pid for w in await aconn.view("activation_workers"))
+    await still_serving(aconn)
+
+
+# ---- external activation ------------------------------------------------------------------
+
+
+async def test_external_activation_notifies_once_until_receive_or_timeout(
+    aconn: client.Connection,
+) -> None:
+    await reply_service(aconn)
+    await aconn.create_queue("WorkQueue")
+    await aconn.create_service("WorkService", queue="WorkQueue", contracts=["DEFAULT"])
+    await aconn.create_queue("EventsQueue")
+    await aconn.create_service(
+        "EventsService", queue="EventsQueue", contracts=[client.POST_EVENT_NOTIFICATION]
+    )
+    await aconn.create_event_notification(
+        "WorkActivation", "QUEUE_ACTIVATION", queue="WorkQueue", service="EventsService"
+    )
+    assert monitor(await monitors(aconn), "WorkQueue")["activation"] == "EXTERNAL"
+
+    async def events() -> Rows:
+        return [{"body": m.message_body} for m in await aconn.peek("EventsQueue")]
+
+    handle = await ask(aconn, "Work", b"1")
+    (first,) = await until(events, lambda e: len(e) == 1, what="the first notification")
+    body = first["body"].decode()
+    for part in ("<EventType>QUEUE_ACTIVATION</EventType>", "<ObjectName>WorkQueue</ObjectName>",
+                 f"<BrokerInstance>{aconn.broker_instance_id}</BrokerInstance>", "<PostTime>"):
+        assert part in body
+    (note,) = await aconn.peek("EventsQueue")
+    assert note.message_type_name == client.EVENT_NOTIFICATION
+
+    await aconn.send_many(handle, "DEFAULT", [b"2", b"3"])
+    end = time.monotonic() + 1.0  # five checks, a third of the response timeout
+    while time.monotonic() < end:
+        assert len(await events()) == 1
+        assert monitor(await monitors(aconn), "WorkQueue")["state"] == "NOTIFIED"
+        await asyncio.sleep(0.05)
+
+    received_at = time.monotonic()
+    assert len(await aconn.receive("WorkQueue", top=1)) == 1  # the external reader answers
+    await until(events, lambda e: len(e) == 2, what="a notification after the RECEIVE")
+    second_at = time.monotonic()
+    assert second_at - received_at < 2.5  # the RECEIVE, not the 3 s timeout, let it through
+
+    await until(events, lambda e: len(e) == 3, timeout=10, what="a notification after timeout")
+    assert time.monotonic() - second_at >= 2.5  # notification_timeout = 3 s
+    assert monitor(await monitors(aconn), "WorkQueue")["notifications_sent"] == 3
