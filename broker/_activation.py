@@ -19,11 +19,11 @@ than one extra reader.
 
 Internal activation (activation STATUS = ON) starts another activated task while
 fewer than MAX_QUEUE_READERS run and no task it started is still on its way to its
-first RECEIVE (a task counts as on its way until it receives, or for at most
-`notification_timeout`): readers are added one at a time, each after the previous
-one proved it is receiving, as Service Broker ramps up. After a task fails the
-monitor waits one `check_interval` before starting the next, so a procedure that
-fails at once cannot spin. External activation (no internal activation, but a
+first RECEIVE (until it runs or waits in one, for at most `notification_timeout`):
+readers are added one at a time, each after the previous one reached its queue, as
+Service Broker ramps up, and a process still starting is never mistaken for missing
+readers. After a task fails the monitor waits one `check_interval` before starting
+the next, so a procedure that fails at once cannot spin. External activation (no internal activation, but a
 QUEUE_ACTIVATION event notification) posts an EventNotification to the
 notification service, then posts no other until a RECEIVE runs on the queue or
 `notification_timeout` passes.
@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from protocol import ErrorCode
 
+from ._config import ConfigError
 from ._daemon import START_HOOKS
 from ._engine import Engine, QueueListener
 from ._errors import BrokerError, bad_argument
@@ -114,7 +115,7 @@ class ActivationSettings:
         known = {f.name: f for f in fields(cls)}
         unknown = set(section) - set(known)
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown [activation] setting(s) {', '.join(sorted(unknown))}; "
                 f"known: {', '.join(known)}"
             )
@@ -122,15 +123,15 @@ class ActivationSettings:
         for name, value in section.items():
             if name == "python_path":
                 if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise ValueError("[activation] python_path must be a list of directories")
+                    raise ConfigError("[activation] python_path must be a list of directories")
                 values[name] = tuple(value)
             elif name in _COUNTS:
                 if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise ValueError(f"[activation] {name} must be an integer >= 0")
+                    raise ConfigError(f"[activation] {name} must be an integer >= 0")
                 values[name] = value
             else:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                    raise ValueError(f"[activation] {name} must be a number of seconds > 0")
+                    raise ConfigError(f"[activation] {name} must be a number of seconds > 0")
                 values[name] = float(value)
         return cls(**values)
 
@@ -232,8 +233,11 @@ class ActivationManager(QueueListener):
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.settings.check_interval)
-            for name in set(self.engine.queues) | set(self.monitors):
-                self._reconcile(name)
+            try:
+                for name in set(self.engine.queues) | set(self.monitors):
+                    self._reconcile(name)
+            except Exception:  # a bug here must not end the periodic checks for good
+                log.exception("queue monitor check failed")
 
     # ---- which queues have a monitor ------------------------------------------------
 

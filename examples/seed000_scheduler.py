@@ -37,9 +37,24 @@ async def private_broker() -> AsyncIterator[str]:
         config = Path(tmp) / "ssb.toml"
         config.write_text("[activation]\ncheck_interval = 1.0\nprestart_workers = 2\n")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "serve", "--data-dir", f"{tmp}/data",
-             "--client-port", "0", "--broker-port", "0", "--durability", "os",
-             "--config", str(config), "--log-level", "WARNING"],
+            [
+                sys.executable,
+                "-m",
+                "broker",
+                "serve",
+                "--data-dir",
+                f"{tmp}/data",
+                "--client-port",
+                "0",
+                "--broker-port",
+                "0",
+                "--durability",
+                "os",
+                "--config",
+                str(config),
+                "--log-level",
+                "WARNING",
+            ],
             stdout=subprocess.PIPE,
         )
         assert proc.stdout is not None
@@ -73,8 +88,20 @@ async def seed_test(url: str, scale: float) -> None:
             print("\nExecutionStatus (activated readers, idle now)")
             print(format_table(await conn.view("execution_status")))
         rows = [
-            {k: r[k] for k in ("log_id", "caller", "activated_task", "pid", "task",
-                               "queued_time", "start_time", "end_time", "status")}
+            {
+                k: r[k]
+                for k in (
+                    "log_id",
+                    "caller",
+                    "activated_task",
+                    "pid",
+                    "task",
+                    "queued_time",
+                    "start_time",
+                    "end_time",
+                    "status",
+                )
+            }
             for r in await conn.view("execution_log")
             if r["scheduler_handle"] == scheduler.handle
         ]
@@ -85,8 +112,9 @@ async def seed_test(url: str, scale: float) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("SSB_URL"), help="a running broker")
-    parser.add_argument("--scale", type=float, default=0.1,
-                        help="multiply the seed's delays by this (default 0.1)")
+    parser.add_argument(
+        "--scale", type=float, default=0.1, help="multiply the seed's delays by this (default 0.1)"
+    )
     args = parser.parse_args()
     if args.url:
         await seed_test(args.url, args.scale)

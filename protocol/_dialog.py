@@ -639,7 +639,7 @@ class DialogReceiver:
         if seq < self._next_expected:
             self.duplicates += 1
             if seq < self._stored_below:
-                pass  # our ack was lost: the cumulative ack repairs it
+                self.ack_pending = True  # our ack was lost: the cumulative ack repairs it
             return []
         if seq >= self._next_expected + self._window:
             self.dropped += 1

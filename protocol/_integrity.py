@@ -375,7 +375,7 @@ def verify_handshake_proof(
         public_key.verify(
             bytes(proof), _proof_transcript(signer_id, peer_id, peer_nonce), _PSS, hashes.SHA256()
         )
-    except InvalidSignature as exc:
+    except (InvalidSignature, ValueError) as exc:
         raise RemoteProtocolError(
             f"handshake proof of broker {signer_id} does not verify", ErrorCode.HANDSHAKE_FAILED
         ) from exc

@@ -318,9 +318,12 @@ class FragmentFrame:
 
     def signed_header(self) -> bytes:
         """Every field but payload and signature, canonically encoded, for signing."""
+        # The kind tag keeps fragment and ack signatures apart; the id goes as raw bytes
+        # because signing needs a canonical encoding, not the wire's UUID extension type.
         return pack(
             [
-                self.conversation_id,
+                int(FrameKind.FRAGMENT),
+                self.conversation_id.bytes,
                 int(self.direction),
                 self.seq,
                 self.fragment_index,
@@ -384,7 +387,9 @@ class AckFrame:
 
     def signed_header(self) -> bytes:
         """Every field but the signature, canonically encoded, for signing."""
-        return pack([self.conversation_id, int(self.direction), self.ack.encode()])
+        return pack(
+            [int(FrameKind.ACK), self.conversation_id.bytes, int(self.direction), self.ack.encode()]
+        )
 
     def encode(self) -> list[object]:
         """Wire form."""

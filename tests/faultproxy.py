@@ -384,9 +384,9 @@ def _abort(writer: asyncio.StreamWriter) -> None:
 class ThreadedFaultProxy:
     """A `FaultProxy` on its own event loop in a daemon thread; usable from sync or async code.
 
-        proxy = ThreadedFaultProxy(target_port, up=FaultPlan(...)).start()
-        ... route to proxy.address ...
-        proxy.set_clean(); proxy.stop()
+    proxy = ThreadedFaultProxy(target_port, up=FaultPlan(...)).start()
+    ... route to proxy.address ...
+    proxy.set_clean(); proxy.stop()
     """
 
     def __init__(

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +147,9 @@ class Federation:
             # pytest shows captured stdout of a failed test: the daemons' last words
             for node in self.nodes.values():
                 with contextlib.suppress(OSError):
-                    print(f"---- broker {node.name} log tail ----\n{node.process.log_text()[-3000:]}")
+                    print(
+                        f"---- broker {node.name} log tail ----\n{node.process.log_text()[-3000:]}"
+                    )
 
     async def session(self, name: str) -> client.Connection:
         """Another connection to broker `name`, closed with the federation."""
@@ -191,7 +193,9 @@ async def create_initiator(node: Node, service: str, queue: str | None = None) -
     return queue
 
 
-async def create_target(node: Node, service: str, queue: str | None = None, status: str = "ON") -> str:
+async def create_target(
+    node: Node, service: str, queue: str | None = None, status: str = "ON"
+) -> str:
     queue = queue or f"{service}Queue"
     await node.conn.create_queue(queue, status=status)
     await node.conn.create_service(service, queue=queue, contracts=[CONTRACT])
@@ -247,8 +251,44 @@ async def wait_until(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {value!r}")
+            raise AssertionError(
+                f"timed out after {timeout:g} s waiting for {what}; last: {value!r}"
+            )
         await asyncio.sleep(interval)
+
+
+async def run_together(*coroutines: Awaitable[Any], timeout: float) -> list[Any]:
+    """Run coroutines concurrently; the first failure cancels the others and is raised as is
+    (not as an ExceptionGroup), and so is running out of `timeout` seconds."""
+    try:
+        async with asyncio.timeout(timeout), asyncio.TaskGroup() as group:
+            tasks = [group.create_task(_as_coroutine(c)) for c in coroutines]
+    except BaseExceptionGroup as failures:
+        first = failures.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+    return [t.result() for t in tasks]
+
+
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+async def pipelined(calls: Iterable[Callable[[], Awaitable[Any]]], in_flight: int) -> None:
+    """Start calls in order with at most `in_flight` unanswered; on failure cancel the rest."""
+    pending: deque[asyncio.Future[Any]] = deque()
+    try:
+        for call in calls:
+            pending.append(asyncio.ensure_future(call()))
+            if len(pending) >= in_flight:
+                await pending.popleft()
+        while pending:
+            await pending.popleft()
+    finally:
+        for future in pending:
+            future.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def receive_count(
@@ -265,8 +305,12 @@ async def receive_count(
     while len(got) < count:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise AssertionError(f"only {len(got)} of {count} messages from {queue} in {timeout:g} s")
-        got += await conn.receive(queue, top=min(top, count - len(got)), timeout=min(1.0, left), **where)
+            raise AssertionError(
+                f"only {len(got)} of {count} messages from {queue} in {timeout:g} s"
+            )
+        got += await conn.receive(
+            queue, top=min(top, count - len(got)), timeout=min(1.0, left), **where
+        )
     return got
 
 
@@ -286,12 +330,12 @@ async def wait_quiet(nodes: Iterable[Node], timeout: float = 30.0) -> None:
     """Wait until no broker has a message in its transmission queue or a conversation endpoint."""
     for node in nodes:
         await wait_until(
-            lambda node=node: _is_empty(transmission_queue(node)),  # type: ignore[misc]
+            lambda node=node: _is_empty(transmission_queue(node)),
             f"an empty transmission queue on {node.name}",
             timeout,
         )
         await wait_until(
-            lambda node=node: _is_empty(endpoints(node)),  # type: ignore[misc]
+            lambda node=node: _is_empty(endpoints(node)),
             f"no conversation endpoint left on {node.name}",
             timeout,
         )

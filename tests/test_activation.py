@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon import BrokerProcess
 
 import client
 from broker._activation import TRANSITIONS, MonitorInput, MonitorState, activation_needed
-from daemon import BrokerProcess
 
 TESTS = Path(__file__).parent
 FAST = {
@@ -139,8 +139,11 @@ async def test_activation_starts_a_reader_for_a_message_on_an_idle_queue(
     await activated_service(aconn, "AsyncEcho", "async_echo")
     await aconn.create_queue(
         "OneArgQueue",
-        activation={"status": "ON", "procedure": "activation_procs:no_context",
-                    "execute_as": "admin"},
+        activation={
+            "status": "ON",
+            "procedure": "activation_procs:no_context",
+            "execute_as": "admin",
+        },
     )
     await aconn.create_service("OneArgService", queue="OneArgQueue", contracts=["DEFAULT"])
     rows = await monitors(aconn)
@@ -208,8 +211,10 @@ async def test_one_busy_group_gets_one_extra_reader_and_no_third(
     await aconn.send_many(handle, "DEFAULT", [str(marker)] * 4)
     await until(
         lambda: monitors(aconn),
-        lambda r: monitor(r, "HoldQueue")["tasks_running"] == 2
-        and monitor(r, "HoldQueue")["tasks_waiting"] == 1,
+        lambda r: (
+            monitor(r, "HoldQueue")["tasks_running"] == 2
+            and monitor(r, "HoldQueue")["tasks_waiting"] == 1
+        ),
         what="a second reader waiting in RECEIVE",
     )
     # several check intervals and empty-rowset windows: never a third reader
@@ -239,9 +244,7 @@ async def test_activation_status_off_stops_starting_readers(aconn: client.Connec
     await activated_service(aconn, "Echo", "echo")
     handle = await ask(aconn, "Echo", b"one")
     assert await answer(aconn, handle) == b"one"
-    await until(
-        lambda: tasks_of(aconn, "EchoQueue"), lambda t: not t, what="the reader to return"
-    )
+    await until(lambda: tasks_of(aconn, "EchoQueue"), lambda t: not t, what="the reader to return")
     await aconn.alter_queue("EchoQueue", activation={"status": "OFF"})
     await aconn.send(handle, "DEFAULT", b"two")
     end = time.monotonic() + 1.5  # many check intervals and empty-rowset windows
@@ -258,8 +261,7 @@ async def test_execute_as_must_be_a_login(aconn: client.Connection) -> None:
     await reply_service(aconn)
     await aconn.create_queue(
         "NobodyQueue",
-        activation={"status": "ON", "procedure": "activation_procs:echo",
-                    "execute_as": "nobody"},
+        activation={"status": "ON", "procedure": "activation_procs:echo", "execute_as": "nobody"},
     )
     await aconn.create_service("NobodyService", queue="NobodyQueue", contracts=["DEFAULT"])
     await ask(aconn, "Nobody", b"x")
@@ -385,8 +387,12 @@ async def test_external_activation_notifies_once_until_receive_or_timeout(
     handle = await ask(aconn, "Work", b"1")
     (first,) = await until(events, lambda e: len(e) == 1, what="the first notification")
     body = first["body"].decode()
-    for part in ("<EventType>QUEUE_ACTIVATION</EventType>", "<ObjectName>WorkQueue</ObjectName>",
-                 f"<BrokerInstance>{aconn.broker_instance_id}</BrokerInstance>", "<PostTime>"):
+    for part in (
+        "<EventType>QUEUE_ACTIVATION</EventType>",
+        "<ObjectName>WorkQueue</ObjectName>",
+        f"<BrokerInstance>{aconn.broker_instance_id}</BrokerInstance>",
+        "<PostTime>",
+    ):
         assert part in body
     (note,) = await aconn.peek("EventsQueue")
     assert note.message_type_name == client.EVENT_NOTIFICATION

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon import BrokerProcess
 
 import client
-from daemon import BrokerProcess
 
 TESTS = Path(__file__).parent
 USERS = {"admin": "secret"}
@@ -128,8 +128,9 @@ async def test_six_schedulers_on_five_readers_all_finish(
     assert [len(r) for r in results] == [3] * 6
     assert all(o.ok for r in results for o in r)
     log = await sconn.view("execution_log")
-    starts = {s.handle: sorted(when(r["start_time"]) for r in log_of(log, s.handle))
-              for s in schedulers}
+    starts = {
+        s.handle: sorted(when(r["start_time"]) for r in log_of(log, s.handle)) for s in schedulers
+    }
     # oldest waiting first: every scheduler's first task started before anyone's last
     last_start = max(t for times in starts.values() for t in times)
     assert all(times[0] < last_start for times in starts.values())
@@ -182,16 +183,17 @@ async def test_sync_scheduler(sbroker: BrokerProcess, sconn: client.Connection) 
     await warm(sconn, 2)
 
     def work() -> list[client.TaskOutcome]:
-        with client.connect_sync(sbroker.url) as conn, conn.get_scheduler(
-            "Blocking", max_queue_readers=2
-        ) as scheduler:
+        with (
+            client.connect_sync(sbroker.url) as conn,
+            conn.get_scheduler("Blocking", max_queue_readers=2) as scheduler,
+        ):
             scheduler.exec_async("activation_procs:worker_pid")
             scheduler.exec_async("activation_procs:sleep_task", seconds=0.1)
             return scheduler.synchronize(timeout=20)
 
     outcomes = await asyncio.to_thread(work)
     assert len(outcomes) == 2 and all(o.ok for o in outcomes)
-    with pytest.raises(ValueError, match="__main__|cannot be named"):
+    with pytest.raises(ValueError, match=r"__main__|cannot be named"):
         await (await sconn.get_scheduler("Blocking")).exec_async(lambda: None)
     with pytest.raises(TypeError, match="JSON"):
         await (await sconn.get_scheduler("Blocking")).exec_async("time:sleep", object())

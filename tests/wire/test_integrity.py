@@ -1,0 +1,285 @@
+"""Integrity: sealed MD5 signatures, session-key wrapping, identities and handshake proofs."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import uuid
+
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol import (
+    ErrorCode,
+    IntegrityError,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from protocol._integrity import (
+    NONCE_SIZE,
+    SESSION_KEY_SIZE,
+    SIGNATURE_SIZE,
+    SessionSeal,
+    TrustStore,
+    certificate_broker_id,
+    certificate_public_key,
+    generate_broker_identity,
+    load_certificate,
+    load_private_key,
+    new_nonce,
+    new_session_key,
+    seal_signature,
+    sign_handshake_proof,
+    unwrap_session_key,
+    verify_handshake_proof,
+    verify_signature,
+    wrap_session_key,
+)
+
+ALICE = uuid.UUID("11111111-1111-4111-8111-111111111111")
+BOB = uuid.UUID("22222222-2222-4222-8222-222222222222")
+ALICE_KEY_PEM, ALICE_CERT = generate_broker_identity(ALICE)
+BOB_KEY_PEM, BOB_CERT = generate_broker_identity(BOB)
+MALLORY_KEY_PEM, MALLORY_CERT = generate_broker_identity(BOB)  # claims to be Bob
+ALICE_KEY = load_private_key(ALICE_KEY_PEM)
+BOB_KEY = load_private_key(BOB_KEY_PEM)
+MALLORY_KEY = load_private_key(MALLORY_KEY_PEM)
+
+KEY = bytes(range(16))
+
+
+def flip(data: bytes, bit: int) -> bytes:
+    out = bytearray(data)
+    out[bit // 8 % len(out)] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def test_signature_is_md5_sealed_with_the_session_key() -> None:
+    content = b"header|payload"
+    digest = hashlib.md5(content).digest()
+    encryptor = Cipher(algorithms.AES(KEY), modes.ECB()).encryptor()
+    expected = encryptor.update(digest) + encryptor.finalize()
+    assert seal_signature(KEY, content) == expected
+    assert len(expected) == SIGNATURE_SIZE
+    assert SessionSeal(KEY).sign(b"header|", b"payload") == expected
+
+
+def test_sealed_signature_verifies() -> None:
+    seal = SessionSeal(KEY)
+    signature = seal.sign(b"header", b"payload")
+    seal.verify(signature, b"header", b"payload")
+    verify_signature(KEY, b"headerpayload", signature)
+    # the encryptor is reused: a second signature is just as right
+    assert seal.sign(b"header", b"payload") == signature
+
+
+@given(bit=st.integers(0, 8 * 13 - 1))
+def test_flipped_bit_in_content_fails(bit: int) -> None:
+    content = b"some content!"
+    signature = seal_signature(KEY, content)
+    with pytest.raises(IntegrityError) as caught:
+        verify_signature(KEY, flip(content, bit), signature)
+    assert caught.value.code is ErrorCode.INTEGRITY_CHECK_FAILED
+
+
+@given(bit=st.integers(0, 8 * SIGNATURE_SIZE - 1))
+def test_flipped_bit_in_signature_fails(bit: int) -> None:
+    signature = seal_signature(KEY, b"content")
+    with pytest.raises(IntegrityError):
+        verify_signature(KEY, b"content", flip(signature, bit))
+
+
+def test_other_session_key_fails() -> None:
+    signature = seal_signature(KEY, b"content")
+    with pytest.raises(IntegrityError):
+        verify_signature(bytes(16), b"content", signature)
+
+
+def test_session_key_must_be_16_bytes() -> None:
+    with pytest.raises(LocalProtocolError):
+        SessionSeal(bytes(15))
+    with pytest.raises(LocalProtocolError):
+        wrap_session_key(bytes(17), BOB_CERT)
+
+
+def test_random_sources_are_injectable() -> None:
+    rng = random.Random(7)
+    assert new_session_key(rng.randbytes) == random.Random(7).randbytes(SESSION_KEY_SIZE)
+    assert len(new_session_key()) == SESSION_KEY_SIZE
+    assert len(new_nonce()) == NONCE_SIZE
+    assert new_session_key() != new_session_key()
+    with pytest.raises(LocalProtocolError):
+        new_nonce(lambda n: b"short")
+
+
+# --------------------------------------------------------------------------- session keys
+
+
+def test_key_wrap_roundtrip_with_generated_identity() -> None:
+    session_key = new_session_key()
+    wrapped = wrap_session_key(session_key, BOB_CERT)
+    assert session_key not in wrapped
+    assert unwrap_session_key(wrapped, BOB_KEY) == session_key
+    by_key = wrap_session_key(session_key, certificate_public_key(BOB_CERT))
+    assert unwrap_session_key(by_key, BOB_KEY) == session_key
+    assert by_key != wrapped  # OAEP is randomised
+
+
+def test_key_wrapped_for_someone_else_does_not_unwrap() -> None:
+    wrapped = wrap_session_key(new_session_key(), BOB_CERT)
+    with pytest.raises(IntegrityError):
+        unwrap_session_key(wrapped, ALICE_KEY)
+    with pytest.raises(IntegrityError):
+        unwrap_session_key(flip(wrapped, 100), BOB_KEY)
+    with pytest.raises(IntegrityError):
+        unwrap_session_key(b"", BOB_KEY)
+    with pytest.raises(IntegrityError):
+        unwrap_session_key(bytes(5000), BOB_KEY)
+
+
+@settings(max_examples=30)
+@given(blob=st.binary(max_size=600))
+def test_unwrap_of_garbage_only_raises_integrity_error(blob: bytes) -> None:
+    with pytest.raises(IntegrityError):
+        unwrap_session_key(blob, BOB_KEY)
+
+
+# --------------------------------------------------------------------------- identities
+
+
+def test_generated_identity_names_the_broker() -> None:
+    assert ALICE_KEY_PEM.startswith(b"-----BEGIN PRIVATE KEY-----")
+    assert ALICE_CERT.startswith(b"-----BEGIN CERTIFICATE-----")
+    assert certificate_broker_id(ALICE_CERT) == ALICE
+    assert certificate_broker_id(BOB_CERT) == BOB
+    certificate = load_certificate(ALICE_CERT)
+    assert certificate.issuer == certificate.subject
+    assert (
+        certificate_public_key(ALICE_CERT).public_numbers()
+        == ALICE_KEY.public_key().public_numbers()
+    )
+
+
+def test_identity_key_size_is_bounded() -> None:
+    with pytest.raises(LocalProtocolError):
+        generate_broker_identity(ALICE, key_size=1024)
+
+
+def test_loaders_reject_garbage() -> None:
+    with pytest.raises(RemoteProtocolError) as caught:
+        load_certificate(b"not a certificate")
+    assert caught.value.code is ErrorCode.HANDSHAKE_FAILED
+    with pytest.raises(RemoteProtocolError):
+        load_certificate(b"x" * 100_000)
+    with pytest.raises(LocalProtocolError):
+        load_private_key(b"not a key")
+    with pytest.raises(RemoteProtocolError):
+        certificate_broker_id(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+
+
+@settings(max_examples=50)
+@given(blob=st.binary(max_size=300))
+def test_certificate_parsing_of_garbage_only_raises_protocol_errors(blob: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        load_certificate(b"-----BEGIN CERTIFICATE-----\n" + blob + b"\n-----END CERTIFICATE-----\n")
+
+
+def test_trust_store_compares_exact_certificates() -> None:
+    store = TrustStore([ALICE_CERT, BOB_CERT])
+    assert len(store) == 2
+    assert store.is_trusted(load_certificate(BOB_CERT))
+    assert not store.is_trusted(load_certificate(MALLORY_CERT))  # same name, other key
+
+
+# --------------------------------------------------------------------------- handshake proof
+
+
+def test_handshake_proof_verifies_with_trusted_certificate() -> None:
+    nonce = new_nonce()
+    proof = sign_handshake_proof(BOB_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
+    certificate = verify_handshake_proof(
+        certificate_pem=BOB_CERT,
+        proof=proof,
+        signer_id=BOB,
+        peer_id=ALICE,
+        peer_nonce=nonce,
+        trusted=[BOB_CERT],
+    )
+    assert certificate_broker_id(BOB_CERT) == BOB
+    assert certificate.subject == load_certificate(BOB_CERT).subject
+    verify_handshake_proof(  # a TrustStore works as well as PEMs
+        certificate_pem=BOB_CERT,
+        proof=proof,
+        signer_id=BOB,
+        peer_id=ALICE,
+        peer_nonce=nonce,
+        trusted=TrustStore([ALICE_CERT, BOB_CERT]),
+    )
+
+
+def test_handshake_proof_fails_with_untrusted_certificate() -> None:
+    nonce = new_nonce()
+    proof = sign_handshake_proof(MALLORY_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
+    with pytest.raises(RemoteProtocolError) as caught:
+        verify_handshake_proof(
+            certificate_pem=MALLORY_CERT,
+            proof=proof,
+            signer_id=BOB,
+            peer_id=ALICE,
+            peer_nonce=nonce,
+            trusted=[BOB_CERT],
+        )
+    assert caught.value.code is ErrorCode.HANDSHAKE_FAILED
+    assert "not trusted" in str(caught.value)
+
+
+def test_handshake_proof_with_a_stolen_certificate_fails() -> None:
+    nonce = new_nonce()
+    proof = sign_handshake_proof(MALLORY_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
+    with pytest.raises(RemoteProtocolError, match="does not verify"):
+        verify_handshake_proof(
+            certificate_pem=BOB_CERT,
+            proof=proof,
+            signer_id=BOB,
+            peer_id=ALICE,
+            peer_nonce=nonce,
+            trusted=[BOB_CERT],
+        )
+
+
+@pytest.mark.parametrize("what", ["nonce", "signer", "peer", "proof"])
+def test_handshake_proof_is_bound_to_nonce_and_both_ids(what: str) -> None:
+    nonce = new_nonce()
+    proof = sign_handshake_proof(BOB_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
+    args = {"proof": proof, "signer_id": BOB, "peer_id": ALICE, "peer_nonce": nonce}
+    if what == "nonce":
+        args["peer_nonce"] = new_nonce()
+    elif what == "signer":
+        args["signer_id"] = uuid.uuid4()  # the certificate names Bob, not this id
+    elif what == "peer":
+        args["peer_id"] = uuid.uuid4()
+    else:
+        args["proof"] = flip(proof, 9)
+    with pytest.raises(RemoteProtocolError) as caught:
+        verify_handshake_proof(certificate_pem=BOB_CERT, trusted=[BOB_CERT], **args)  # type: ignore[arg-type]
+    assert caught.value.code is ErrorCode.HANDSHAKE_FAILED
+
+
+@settings(max_examples=30)
+@given(proof=st.binary(max_size=1100))
+def test_handshake_proof_of_garbage_only_raises_protocol_errors(proof: bytes) -> None:
+    with pytest.raises(RemoteProtocolError):
+        verify_handshake_proof(
+            certificate_pem=BOB_CERT,
+            proof=proof,
+            signer_id=BOB,
+            peer_id=ALICE,
+            peer_nonce=bytes(32),
+            trusted=[BOB_CERT],
+        )

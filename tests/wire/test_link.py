@@ -1,0 +1,519 @@
+"""Adjacent broker layer: frame codecs, the handshake state machine and hostile input."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocol import NEED_DATA, ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
+from protocol._framing import encode_frame, unpack
+from protocol._integrity import (
+    TrustStore,
+    generate_broker_identity,
+    load_private_key,
+    sign_handshake_proof,
+)
+from protocol._link import (
+    _TRANSITIONS,
+    MAX_ACK_RANGES,
+    PROTOCOL_VERSION,
+    AckFrame,
+    AckRecord,
+    CloseFrame,
+    ConnectionClosed,
+    Direction,
+    Envelope,
+    FragmentFrame,
+    HandshakeCompleted,
+    Hello,
+    HelloAccept,
+    LinkConnection,
+    LinkFrame,
+    LinkInput,
+    LinkState,
+    Proof,
+    ProtocolErrorFrame,
+    Role,
+    decode_link_frame,
+    encode_link_frame,
+)
+
+A_ID = uuid.UUID("aaaaaaaa-0000-4000-8000-000000000001")
+B_ID = uuid.UUID("bbbbbbbb-0000-4000-8000-000000000002")
+A_KEY_PEM, A_CERT = generate_broker_identity(A_ID)
+B_KEY_PEM, B_CERT = generate_broker_identity(B_ID)
+M_KEY_PEM, M_CERT = generate_broker_identity(B_ID)  # an impostor's own certificate for B's id
+A_KEY, B_KEY, M_KEY = (load_private_key(pem) for pem in (A_KEY_PEM, B_KEY_PEM, M_KEY_PEM))
+CONV = uuid.UUID("cccccccc-0000-4000-8000-000000000003")
+
+SAMPLE_FRAMES: list[LinkFrame] = [
+    Hello(PROTOCOL_VERSION, A_ID, A_CERT, bytes(range(32))),
+    HelloAccept(PROTOCOL_VERSION, B_ID, B_CERT, bytes(32), b"proof"),
+    Proof(b"p" * 256),
+    FragmentFrame(CONV, Direction.FROM_INITIATOR, 0, 0, 1, "Msg", b"", bytes(16)),
+    FragmentFrame(
+        CONV,
+        Direction.FROM_TARGET,
+        2**40,
+        3,
+        7,
+        "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog",
+        b"\x00\xff" * 100,
+        bytes(range(16)),
+        Envelope("Target", "Initiator", "Contract", B_ID, A_ID),
+        b"w" * 256,
+        AckRecord(5, ((6, 3, 0, 2), (9, 1, 0, 1))),
+    ),
+    AckFrame(CONV, Direction.FROM_INITIATOR, AckRecord(0), bytes(16)),
+    AckFrame(CONV, Direction.FROM_TARGET, AckRecord(12, ((14, 100, 5, 99),)), bytes(16)),
+    ProtocolErrorFrame(int(ErrorCode.MALFORMED_FRAME), "bad frame ✗"),
+    CloseFrame("idle"),
+    CloseFrame(),
+]
+
+
+def link(
+    role: Role, *, me: str = "a", trusted: list[bytes] | None = None, **kw: Any
+) -> LinkConnection:
+    broker_id, key, cert, peer_cert = (
+        (A_ID, A_KEY, A_CERT, B_CERT) if me == "a" else (B_ID, B_KEY, B_CERT, A_CERT)
+    )
+    return LinkConnection(
+        role,
+        broker_id=broker_id,
+        private_key=key,
+        certificate_pem=cert,
+        trusted=TrustStore(trusted if trusted is not None else [peer_cert]),
+        **kw,
+    )
+
+
+def pump(src: LinkConnection, dst: LinkConnection, *, byte_at_a_time: bool = False) -> list[object]:
+    """Move src's pending handshake bytes into dst; return dst's events."""
+    data = src.data_to_send()
+    events: list[object] = []
+    chunks = (
+        [data[i : i + 1] for i in range(len(data))] if byte_at_a_time else [data] if data else []
+    )
+    for chunk in chunks:
+        dst.receive_data(chunk)
+        while (event := dst.next_event()) is not NEED_DATA:
+            events.append(event)
+    return events
+
+
+def established(byte_at_a_time: bool = False) -> tuple[LinkConnection, LinkConnection]:
+    a = link(Role.INITIATOR, me="a")
+    b = link(Role.ACCEPTOR, me="b")
+    assert pump(a, b, byte_at_a_time=byte_at_a_time) == []
+    assert b.state is LinkState.AWAITING_PROOF
+    assert pump(b, a, byte_at_a_time=byte_at_a_time) == [HandshakeCompleted(B_ID, B_CERT)]
+    assert a.state is LinkState.ESTABLISHED
+    assert pump(a, b, byte_at_a_time=byte_at_a_time) == [HandshakeCompleted(A_ID, A_CERT)]
+    assert state_of(b) is LinkState.ESTABLISHED
+    return a, b
+
+
+def state_of(conn: LinkConnection) -> LinkState:
+    return conn.state
+
+
+# =========================================================================== codecs
+
+
+@pytest.mark.parametrize("frame", SAMPLE_FRAMES, ids=lambda f: type(f).__name__)
+def test_every_frame_roundtrips_one_byte_at_a_time(frame: LinkFrame) -> None:
+    from protocol import FrameDecoder
+
+    data = encode_link_frame(frame)
+    decoder = FrameDecoder()
+    decoded = []
+    for i in range(len(data)):
+        decoder.receive_data(data[i : i + 1])
+        while (obj := decoder.next_frame()) is not NEED_DATA:
+            decoded.append(decode_link_frame(obj))
+    assert decoded == [frame]
+
+
+def test_fragment_signed_header_covers_everything_but_payload_and_signature() -> None:
+    frame = SAMPLE_FRAMES[4]
+    assert isinstance(frame, FragmentFrame)
+    base = frame.signed_header()
+    import dataclasses
+
+    assert dataclasses.replace(frame, payload=b"other", signature=bytes(16)).signed_header() == base
+    for change in (
+        {"seq": 1},
+        {"fragment_index": 2},
+        {"fragment_count": 8},
+        {"message_type": "X"},
+        {"envelope": None},
+        {"wrapped_session_key": None},
+        {"ack": None},
+        {"direction": Direction.FROM_INITIATOR},
+    ):
+        assert dataclasses.replace(frame, **change).signed_header() != base, change
+
+
+def test_direction_reverse() -> None:
+    assert Direction.FROM_INITIATOR.reverse is Direction.FROM_TARGET
+    assert Direction.FROM_TARGET.reverse is Direction.FROM_INITIATOR
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [],
+        {},
+        "x",
+        [99],
+        [True],
+        [1],
+        [4, CONV],
+        [5, CONV, 2, [0, []], bytes(16)],  # direction out of range
+        [5, CONV, 0, [0, []], bytes(15)],  # short signature
+        [5, CONV, 0, [-1, []], bytes(16)],
+        [5, CONV, 0, [0, [[1, 2, 2, 2]]], bytes(16)],  # empty range
+        [5, CONV, 0, [0, [[1, 2, 0, 3]]], bytes(16)],  # range beyond count
+        [5, CONV, 0, [0, [[1, 2, 0]]], bytes(16)],
+        [5, CONV, 0, [0, [[0, 1, 0, 1]] * (MAX_ACK_RANGES + 1)], bytes(16)],
+        [4, CONV, 0, 0, 1, 1, "M", b"", bytes(16), None, None, None],  # index == count
+        [4, CONV, 0, 0, 0, 0, "M", b"", bytes(16), None, None, None],  # count 0
+        [4, CONV, 0, 0, 0, 1, b"M", b"", bytes(16), None, None, None],  # type not str
+        [4, CONV, 0, 0, 0, 1, "M", "", bytes(16), None, None, None],  # payload not bytes
+        [4, CONV, 0, 0, 0, 1, "M", b"", bytes(16), ["a"], None, None],  # bad envelope
+        [4, "conv", 0, 0, 0, 1, "M", b"", bytes(16), None, None, None],
+        [1, 1, A_ID, A_CERT, bytes(31)],  # short nonce
+        [6, "1001", "text"],
+        [7, "x" * 5000],
+    ],
+)
+def test_malformed_frames_raise_remote_protocol_error(obj: object) -> None:
+    with pytest.raises(RemoteProtocolError) as caught:
+        decode_link_frame(obj)
+    assert caught.value.code is ErrorCode.MALFORMED_FRAME
+
+
+msgpack_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=40)
+    | st.uuids()
+)
+msgpack_values = st.recursive(
+    msgpack_leaves,
+    lambda children: (
+        st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300)
+@given(kind=st.integers(0, 8), fields=st.lists(msgpack_values, max_size=13))
+def test_decode_of_random_structures_only_raises_protocol_errors(
+    kind: int, fields: list[object]
+) -> None:
+    try:
+        frame = decode_link_frame([kind, *fields])
+    except RemoteProtocolError:
+        return
+    assert encode_link_frame(frame)  # whatever decodes also encodes
+
+
+@settings(max_examples=300)
+@given(data=st.binary(max_size=200))
+def test_random_bytes_into_an_acceptor_only_raise_protocol_errors(data: bytes) -> None:
+    conn = link(Role.ACCEPTOR, me="b")
+    conn.receive_data(data)
+    try:
+        while conn.next_event() is not NEED_DATA:
+            pass
+    except ProtocolError:
+        assert conn.state is LinkState.CLOSED
+        assert conn.data_to_send()  # the error frame for the peer
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    frame_index=st.integers(0, len(SAMPLE_FRAMES) - 1),
+    cuts=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4),
+    truncate=st.integers(0, 10_000),
+    eof=st.booleans(),
+)
+def test_mutated_frames_into_an_established_link_only_raise_protocol_errors(
+    frame_index: int, cuts: list[tuple[int, int]], truncate: int, eof: bool
+) -> None:
+    _, b = ESTABLISHED_FOR_FUZZ()
+    data = bytearray(encode_link_frame(SAMPLE_FRAMES[frame_index]))
+    for position, value in cuts:
+        data[position % len(data)] = value
+    del data[truncate % (len(data) + 1) :]
+    b.receive_data(bytes(data))
+    if eof:
+        b.receive_data(b"")
+    try:
+        while b.next_event() is not NEED_DATA:
+            pass
+    except ProtocolError:
+        assert b.state is LinkState.CLOSED
+
+
+def ESTABLISHED_FOR_FUZZ() -> tuple[LinkConnection, LinkConnection]:
+    """A fresh established pair without the RSA handshake cost (state forced)."""
+    a = link(Role.INITIATOR, me="a")
+    b = link(Role.ACCEPTOR, me="b")
+    a._state = LinkState.ESTABLISHED
+    b._state = LinkState.ESTABLISHED
+    return a, b
+
+
+# =========================================================================== handshake
+
+
+def test_handshake_completes_and_traffic_flows() -> None:
+    a, b = established()
+    assert a.peer_broker_id == B_ID and b.peer_broker_id == A_ID
+    frame = SAMPLE_FRAMES[4]
+    assert isinstance(frame, FragmentFrame)
+    b.receive_data(a.send(frame))
+    assert b.next_event() == frame
+    assert b.next_event() is NEED_DATA
+    ack = SAMPLE_FRAMES[6]
+    assert isinstance(ack, AckFrame)
+    a.receive_data(b.send(ack))
+    assert a.next_event() == ack
+    assert a.counters.fragments_out == 1 and b.counters.fragments_in == 1
+    assert b.counters.acks_out == 1 and a.counters.acks_in == 1
+    assert a.counters.bytes_out == b.counters.bytes_in
+    assert b.counters.bytes_out == a.counters.bytes_in
+    b.record_corrupt_fragment()
+    assert b.counters.corrupt_fragments == 1
+
+
+def test_handshake_one_byte_at_a_time() -> None:
+    established(byte_at_a_time=True)
+
+
+def test_acceptor_refuses_untrusted_initiator() -> None:
+    a = link(Role.INITIATOR, me="a")
+    b = link(Role.ACCEPTOR, me="b", trusted=[])
+    b.receive_data(a.data_to_send())
+    with pytest.raises(RemoteProtocolError) as caught:
+        b.next_event()
+    assert caught.value.code is ErrorCode.HANDSHAKE_FAILED
+    assert b.state is LinkState.CLOSED
+    assert b.error is caught.value
+    events = pump(b, a)
+    assert len(events) == 1 and isinstance(events[0], ProtocolErrorFrame)
+    assert events[0].code == ErrorCode.HANDSHAKE_FAILED
+    assert a.state is LinkState.CLOSED
+    assert b.next_event() is NEED_DATA  # closed: nothing more
+
+
+def test_initiator_refuses_untrusted_acceptor() -> None:
+    a = link(Role.INITIATOR, me="a", trusted=[M_CERT])
+    b = link(Role.ACCEPTOR, me="b")
+    pump(a, b)
+    b_bytes = b.data_to_send()
+    a.receive_data(b_bytes)
+    with pytest.raises(RemoteProtocolError, match="not trusted"):
+        a.next_event()
+    assert a.state is LinkState.CLOSED
+
+
+def test_initiator_checks_expected_peer_id() -> None:
+    a = link(Role.INITIATOR, me="a", expected_peer_id=uuid.uuid4())
+    b = link(Role.ACCEPTOR, me="b")
+    pump(a, b)
+    a.receive_data(b.data_to_send())
+    with pytest.raises(RemoteProtocolError, match="expected broker"):
+        a.next_event()
+
+
+def test_impostor_with_stolen_certificate_fails_the_proof() -> None:
+    """Mallory presents B's (trusted) certificate but only has her own key."""
+    a = link(Role.ACCEPTOR, me="a")
+    hello = Hello(PROTOCOL_VERSION, B_ID, B_CERT, bytes(32))
+    a.receive_data(encode_link_frame(hello))
+    assert a.next_event() is NEED_DATA
+    accept = decode_link_frame(unpack(a.data_to_send()[4:]))
+    assert isinstance(accept, HelloAccept)
+    forged = sign_handshake_proof(M_KEY, signer_id=B_ID, peer_id=A_ID, peer_nonce=accept.nonce)
+    a.receive_data(encode_link_frame(Proof(forged)))
+    with pytest.raises(RemoteProtocolError, match="does not verify"):
+        a.next_event()
+    assert a.state is LinkState.CLOSED
+
+
+def test_replayed_proof_for_another_nonce_fails() -> None:
+    a = link(Role.ACCEPTOR, me="a")
+    a.receive_data(encode_link_frame(Hello(PROTOCOL_VERSION, B_ID, B_CERT, bytes(32))))
+    a.next_event()
+    stale = sign_handshake_proof(B_KEY, signer_id=B_ID, peer_id=A_ID, peer_nonce=bytes(32))
+    a.receive_data(encode_link_frame(Proof(stale)))
+    with pytest.raises(RemoteProtocolError):
+        a.next_event()
+
+
+@pytest.mark.parametrize(
+    ("hello", "message"),
+    [
+        (Hello(PROTOCOL_VERSION + 1, B_ID, B_CERT, bytes(32)), "version"),
+        (Hello(PROTOCOL_VERSION, A_ID, A_CERT, bytes(32)), "our own"),
+        (Hello(PROTOCOL_VERSION, uuid.uuid4(), B_CERT, bytes(32)), "does not belong"),
+        (Hello(PROTOCOL_VERSION, B_ID, b"garbage", bytes(32)), "malformed certificate"),
+    ],
+)
+def test_bad_hellos_fail_the_handshake(hello: Hello, message: str) -> None:
+    a = link(Role.ACCEPTOR, me="a", trusted=[B_CERT, A_CERT])
+    a.receive_data(encode_link_frame(hello))
+    with pytest.raises(RemoteProtocolError, match=message) as caught:
+        a.next_event()
+    assert caught.value.code is ErrorCode.HANDSHAKE_FAILED
+
+
+def test_fragment_before_handshake_is_unexpected() -> None:
+    b = link(Role.ACCEPTOR, me="b")
+    b.receive_data(encode_link_frame(SAMPLE_FRAMES[3]))
+    with pytest.raises(RemoteProtocolError) as caught:
+        b.next_event()
+    assert caught.value.code is ErrorCode.UNEXPECTED_FRAME
+    assert b.state is LinkState.CLOSED
+    error = decode_link_frame(unpack(b.data_to_send()[4:]))
+    assert isinstance(error, ProtocolErrorFrame) and error.code == ErrorCode.UNEXPECTED_FRAME
+
+
+def test_second_hello_after_establishment_is_unexpected() -> None:
+    _, b = established()
+    b.receive_data(encode_link_frame(Hello(PROTOCOL_VERSION, A_ID, A_CERT, bytes(32))))
+    with pytest.raises(RemoteProtocolError) as caught:
+        b.next_event()
+    assert caught.value.code is ErrorCode.UNEXPECTED_FRAME
+
+
+def test_local_misuse_raises_local_protocol_error() -> None:
+    a = link(Role.INITIATOR, me="a")
+    with pytest.raises(LocalProtocolError):
+        a.send(SAMPLE_FRAMES[3])  # type: ignore[arg-type]  # not yet established
+    assert a.state is LinkState.CLOSED
+    a, _ = established()
+    with pytest.raises(LocalProtocolError):
+        a.send(SAMPLE_FRAMES[0])  # type: ignore[arg-type]  # handshake frames are internal
+
+
+def test_close_and_error_frames_end_the_connection() -> None:
+    a, b = established()
+    b.receive_data(a.send(CloseFrame("idle")))
+    assert b.next_event() == CloseFrame("idle")
+    assert a.state is LinkState.CLOSED and b.state is LinkState.CLOSED
+    with pytest.raises(LocalProtocolError):
+        a.send(CloseFrame())
+    a, b = established()
+    b.receive_data(a.send(ProtocolErrorFrame(1006, "integrity")))
+    assert b.next_event() == ProtocolErrorFrame(1006, "integrity")
+    assert b.state is LinkState.CLOSED
+    b.receive_data(b"ignored after close")
+    assert b.next_event() is NEED_DATA
+
+
+def test_end_of_stream() -> None:
+    a, b = established()
+    data = a.send(SAMPLE_FRAMES[3])  # type: ignore[arg-type]
+    b.receive_data(data[:-1])
+    b.receive_data(b"")
+    assert b.next_event() == ConnectionClosed(mid_frame=True)
+    assert b.state is LinkState.CLOSED
+    a2 = link(Role.ACCEPTOR, me="a")
+    a2.receive_data(b"")
+    assert a2.next_event() == ConnectionClosed(mid_frame=False)
+
+
+def test_oversized_frame_is_rejected_before_buffering() -> None:
+    _, b = ESTABLISHED_FOR_FUZZ()
+    b.receive_data((10**9).to_bytes(4, "big"))
+    with pytest.raises(RemoteProtocolError) as caught:
+        b.next_event()
+    assert caught.value.code is ErrorCode.FRAME_TOO_LARGE
+
+
+def test_non_array_frame_is_malformed() -> None:
+    _, b = ESTABLISHED_FOR_FUZZ()
+    b.receive_data(encode_frame({"kind": 4}))
+    with pytest.raises(RemoteProtocolError):
+        b.next_event()
+
+
+# =========================================================================== state table
+
+
+@pytest.mark.parametrize("state", list(LinkState))
+@pytest.mark.parametrize("event", list(LinkInput))
+def test_every_state_and_input(state: LinkState, event: LinkInput) -> None:
+    conn = link(Role.ACCEPTOR, me="a")
+    conn._state = state
+    expected = _TRANSITIONS.get((state, event))
+    if expected is not None:
+        conn._transition(event)
+        assert conn.state is expected
+        return
+    error = RemoteProtocolError if event.name.startswith("RECV") else LocalProtocolError
+    with pytest.raises(error) as caught:
+        conn._transition(event)
+    assert type(caught.value) is error
+    assert caught.value.code is ErrorCode.UNEXPECTED_FRAME
+    assert conn.state is LinkState.CLOSED
+
+
+def test_transition_table_shape() -> None:
+    assert (LinkState.CLOSED, LinkInput.SEND_FRAGMENT) not in _TRANSITIONS
+    assert (LinkState.AWAITING_PROOF, LinkInput.RECV_FRAGMENT) not in _TRANSITIONS
+    open_states = [s for s in LinkState if s is not LinkState.CLOSED]
+    for state in open_states:
+        for event in (
+            LinkInput.RECV_CLOSE,
+            LinkInput.RECV_ERROR,
+            LinkInput.SEND_CLOSE,
+            LinkInput.SEND_ERROR,
+        ):
+            assert _TRANSITIONS[(state, event)] is LinkState.CLOSED
+
+
+# =========================================================================== import rule
+
+
+FORBIDDEN = {"asyncio", "socket", "threading", "time", "select"}
+
+
+def test_protocol_package_imports_no_io_or_clock_modules() -> None:
+    package = pathlib.Path(__file__).resolve().parents[2] / "protocol"
+    modules = sorted(package.glob("*.py"))
+    assert {m.name for m in modules} >= {"_dialog.py", "_integrity.py", "_link.py", "_framing.py"}
+    offenders = []
+    for module in modules:
+        tree = ast.parse(module.read_text(), filename=str(module))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
+                names = [
+                    arg.value
+                    for arg in node.args[:1]
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                ]
+            offenders += [
+                f"{module.name}: {name}" for name in names if name.split(".")[0] in FORBIDDEN
+            ]
+    assert offenders == []
