@@ -11,6 +11,7 @@ types, the event-notification contract) always exist and cannot be dropped.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
@@ -448,6 +449,11 @@ class Catalog:
             )
         if broker_instance is not None and not isinstance(broker_instance, str):
             raise bad_argument("broker_instance must be a broker instance id string")
+        if broker_instance is not None:
+            try:
+                broker_instance = str(uuid.UUID(broker_instance))
+            except ValueError:
+                raise bad_argument(f"broker_instance {broker_instance!r} is not a UUID") from None
         return Route(name, service_name, address, broker_instance, expires)
 
     def new_priority(

@@ -511,6 +511,8 @@ class Engine:
             raise bad_argument("begin_dialog needs the name of the target service (to_service)")
         if not isinstance(contract, str):
             raise bad_argument("contract must be a contract name")
+        if isinstance(broker_instance, uuid.UUID):
+            broker_instance = str(broker_instance)
         if broker_instance is not None and not isinstance(broker_instance, str):
             raise bad_argument("broker_instance must be a broker instance id string")
         service = self.catalog.service(from_service)

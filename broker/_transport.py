@@ -101,6 +101,8 @@ class TransportSettings:
     ack_delay: float = 0.05
     connect_timeout: float = 5.0
     honor_broker_priority: bool = True
+    # a dialog waiting this long to transmit goes next, whatever its priority
+    starvation_bound: float = 2.0
     # how long the receiving side of an ended dialog stays to ack late retransmissions
     closed_dialog_linger: float = 300.0
 
@@ -295,6 +297,7 @@ class Transport:
             fragment_size=s.fragment_size,
             retry=RetryPolicy(initial=s.retry_initial, factor=2.0, maximum=s.retry_max),
             ack_delay=s.ack_delay,
+            starvation_bound=s.starvation_bound,
         )
         peer = self.peers[instance] = Peer(instance, dialog, pem)
         return peer
@@ -441,8 +444,9 @@ class Transport:
             return
         if out.status.startswith("no route"):
             self.engine.set_transmission_status(out, "")
-        instance = out.to_broker_instance or route.broker_instance or self.address_peer.get(address)
-        peer = self._peer(uuid.UUID(instance)) if instance else None
+        named = out.to_broker_instance or route.broker_instance
+        instance = uuid.UUID(named) if named else self.address_peer.get(address)
+        peer = self._peer(instance) if instance else None
         if peer is None:
             self.waiting.setdefault(address, deque()).append(out)
             self._connect(address)

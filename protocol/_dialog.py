@@ -35,8 +35,10 @@ Receiver rules
 
 Scheduling (`DialogPeer`, one per adjacent broker): retransmissions that fall due go
 first, then fresh fragments one at a time, round-robin across dialogs within the highest
-priority level (with every `STARVATION_EVERY`-th pick going to the longest-waiting dialog
-of any level), so small messages overtake the fragments of a large one. Acks ride on
+priority level, so small messages overtake the fragments of a large one. Starvation is
+prevented: with a `starvation_bound`, a dialog that has waited that many seconds goes next
+whatever its level; without one, every `STARVATION_EVERY`-th pick goes to the
+longest-waiting dialog of any level. Acks ride on
 fragments of the reverse direction of the same conversation; an ack with no ride goes alone
 `ack_delay` seconds after it became pending. Timers are heaps with lazy deletion; nothing
 scans all dialogs.
@@ -340,6 +342,7 @@ class DialogSender:
         # scheduling bookkeeping owned by DialogPeer
         self._in_ready = False
         self._ready_stamp = 0
+        self._ready_since = 0.0
 
     # -- queries
 
@@ -816,8 +819,12 @@ class DialogPeer:
         retry: RetryPolicy | None = None,
         ack_delay: float = DEFAULT_ACK_DELAY,
         window: int = RECEIVE_WINDOW,
+        starvation_bound: float | None = None,
     ) -> None:
         """Args:
+            starvation_bound: if set, a dialog whose fragments have waited this many
+                seconds is served next whatever its priority; if None, every
+                STARVATION_EVERY-th pick serves the longest-waiting dialog.
             private_key: this broker's key (unwraps session keys of inbound directions).
             peer_public_key: the peer's public key or certificate PEM (wraps session keys
                 of outbound directions opened without a wrapped key).
@@ -850,6 +857,8 @@ class DialogPeer:
         self._ready: list[deque[DialogSender]] = [deque() for _ in range(MAX_PRIORITY + 1)]
         self._ready_count = 0
         self._picks = 0
+        self._now = 0.0
+        self._starvation_bound = starvation_bound
 
     # -- dialogs
 
@@ -976,6 +985,7 @@ class DialogPeer:
         if not sender._in_ready and not sender.closed and sender.has_unsent():
             sender._in_ready = True
             sender._ready_stamp = self._picks
+            sender._ready_since = self._now
             self._ready[sender.priority].append(sender)
             self._ready_count += 1
 
@@ -988,6 +998,7 @@ class DialogPeer:
             picked = None if sender.closed else sender.next_unsent()
             if picked is not None and sender.has_unsent():
                 sender._ready_stamp = self._picks
+                sender._ready_since = self._now
                 queue.append(sender)
                 self._ready_count += 1
             else:
@@ -998,6 +1009,11 @@ class DialogPeer:
 
     def _choose_ready_queue(self) -> deque[DialogSender]:
         queues = [queue for queue in reversed(self._ready) if queue]
+        if self._starvation_bound is not None:
+            oldest = min(queues, key=lambda queue: queue[0]._ready_since)
+            if self._now - oldest[0]._ready_since >= self._starvation_bound:
+                return oldest
+            return queues[0]
         if self._picks % STARVATION_EVERY == 0:
             return min(queues, key=lambda queue: queue[0]._ready_stamp)
         return queues[0]
@@ -1034,6 +1050,7 @@ class DialogPeer:
         Call again while `wants_to_send` (the writer's buffer permitting), and at
         `get_timer()`.
         """
+        self._now = max(self._now, now)
         self.handle_timer(now)
         frames: list[FragmentFrame | AckFrame] = []
         counters = self.counters
