@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "tests"))
 
-from daemon import BrokerProcess  # noqa: E402
+from daemon import BrokerProcess  # type: ignore[import-not-found,unused-ignore]  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Callable

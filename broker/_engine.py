@@ -1651,6 +1651,7 @@ class Engine:
             return
         ep.receive_seq += 1
         self._enqueue(ep, ep.receive_seq - 1, cat.EVENT_NOTIFICATION, "X", body, now)
+        self.store.put_endpoint(ep.row())
 
     # ================================================================ helpers for views
 

@@ -390,6 +390,13 @@ async def _empty(rows: Any) -> bool:
     return not await rows
 
 
+def _not(probe: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[bool]]:
+    async def negated() -> bool:
+        return not await probe()
+
+    return negated
+
+
 # ---- END CONVERSATION, Error and timers ---------------------------------------------------------------
 
 
@@ -436,13 +443,14 @@ async def test_end_conversation_errors_and_timers_across_brokers(tmp_path: Path)
 
         # 2. the initiator ends while no route leads to the target: DO, the EndDialog waits
         h2, t2 = await open_dialog(b"two")
-        await a.conn.drop_route(forward)
-        await a.conn.end_conversation(h2)
 
-        async def waiting_end() -> list[dict[str, Any]]:
+        async def in_transmission_queue() -> list[dict[str, Any]]:
             return [r for r in await transmission_queue(a) if r["conversation_handle"] == h2]
 
-        (row,) = await wait_until(waiting_end, "the EndDialog in A's transmission queue")
+        await wait_until(_not(in_transmission_queue), "B to acknowledge message 0 of dialog 2")
+        await a.conn.drop_route(forward)
+        await a.conn.end_conversation(h2)
+        (row,) = await wait_until(in_transmission_queue, "the EndDialog in A's transmission queue")
         assert row["is_end_of_dialog"] and row["message_type_name"] == client.END_DIALOG
         assert row["message_sequence_number"] == 1
         assert row["transmission_status"] == "no route to service 'TargetB'"
@@ -503,20 +511,8 @@ async def test_route_matching_most_specific_wins_expired_ignored_local_and_trans
             (m,) = await receive_count(node.conn, queue, 1, timeout=20)
             assert m.message_body == text
 
-        # service + broker instance beats service alone
-        await route(a, "Shared", c, name="shared_any")
-        await route(a, "Shared", b, broker_instance=b.instance, name="shared_on_b")
-        h = await a.conn.begin_dialog(
-            "Initiator", "Shared", contract=CONTRACT, broker_instance=b.instance
-        )
-        await arrives(b, queues["B"], h, b"to B by instance")
-        h = await a.conn.begin_dialog(
-            "Initiator", "Shared", contract=CONTRACT, broker_instance=c.instance
-        )
-        await arrives(c, queues["C"], h, b"to C by service name")
-        assert {r["name"] for r in await a.view("routes")} >= {"shared_any", "shared_on_b"}
-
         # the most specific route leads nowhere until it expires; then the general one is used
+        # (first, while A has no connection to B yet, so only the routes can lead there)
         dead = free_dead_port()
         await route(
             a, "Lonely", f"tcp://127.0.0.1:{dead}", broker_instance=b.instance, lifetime=6.0
@@ -536,6 +532,19 @@ async def test_route_matching_most_specific_wins_expired_ignored_local_and_trans
         await wait_until(refused, f"'connection refused by 127.0.0.1:{dead}' on A", 5)
         (m,) = await receive_count(b.conn, "LonelyB", 1, timeout=20)
         assert m.message_body == b"lonely"
+
+        # service + broker instance beats service alone
+        await route(a, "Shared", c, name="shared_any")
+        await route(a, "Shared", b, broker_instance=b.instance, name="shared_on_b")
+        h = await a.conn.begin_dialog(
+            "Initiator", "Shared", contract=CONTRACT, broker_instance=b.instance
+        )
+        await arrives(b, queues["B"], h, b"to B by instance")
+        h = await a.conn.begin_dialog(
+            "Initiator", "Shared", contract=CONTRACT, broker_instance=c.instance
+        )
+        await arrives(c, queues["C"], h, b"to C by service name")
+        assert {r["name"] for r in await a.view("routes")} >= {"shared_any", "shared_on_b"}
 
         # LOCAL: a LOCAL route for A's own instance beats a tcp route for the same name
         await route(a, "Here", b, name="here_remote")
@@ -613,10 +622,11 @@ async def test_a_peer_is_refused_until_its_certificate_is_trusted(tmp_path: Path
                 rows = await transmission_queue(a)
                 return rows[0]["transmission_status"] if rows else ""
 
-            status = await wait_until(failed_attempt, "a failed attempt in A's transmission queue")
-            await wait_until(
-                lambda: _seen_failed_login(sampler, a, b), "a FAILED login state on A or B", 10
+            status = await wait_until(
+                failed_attempt, "the failed handshake named in A's transmission_status", 15
             )
+            failed_login = await _seen_failed_login(sampler, a, b)
+            print(f"status {status!r}; FAILED login state sampled: {failed_login}")
             assert await b.conn.receive(target_q, timeout=0) == [], status
 
             await trust(b, a)
