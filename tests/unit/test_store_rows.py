@@ -18,7 +18,8 @@ def test_row_widths_match_the_tables() -> None:
     assert len(message.row()) == len(MESSAGE_COLUMNS)
     endpoint = Endpoint(u, u, True, "s", "f", None, "c", u, "q")
     assert len(endpoint.row()) == len(ENDPOINT_COLUMNS)
-    assert Endpoint.from_row(endpoint.row(), "q").handle == u
+    stored = tuple(v.bytes if isinstance(v, uuid.UUID) else v for v in endpoint.row())
+    assert Endpoint.from_row(stored, "q").handle == u
     out = Outbound(1, u, u, "to", None, "from", "c", True, 0, "t", "N", b"", 0.0, 5)
     assert len(out.row()) == len(TRANSMISSION_COLUMNS)
     raw = [v.bytes if isinstance(v, uuid.UUID) else v for v in out.row()]
