@@ -53,6 +53,7 @@ POISON_ROLLBACKS: Final = 5
 LIFETIME_ERROR_CODE: Final = -8489
 LIFETIME_ERROR_TEXT: Final = "The conversation dialog has exceeded the lifetime."
 MAX_LIFETIME: Final = 2**31 - 1
+DETACHED_TIMEOUT: Final = 300.0
 
 
 @dataclass(slots=True, eq=False)
@@ -190,6 +191,8 @@ class Engine:
         self.transmission: dict[int, Outbound] = {}
         self.held: dict[tuple[uuid.UUID, bool], deque[Outbound]] = {}
         self.remote_outbound: dict[tuple[uuid.UUID, bool, int], Outbound] = {}
+        self.detached: dict[uuid.UUID, Transaction] = {}
+        self._detached_timers: dict[uuid.UUID, asyncio.TimerHandle] = {}
         self.sessions: dict[int, Session] = {}
         self.listener: QueueListener = QueueListener()
         self.on_outbound: Callable[[Outbound], None] | None = None
@@ -291,22 +294,40 @@ class Engine:
     def close_session(self, session: Session) -> None:
         """A dropped connection rolls back whatever it had open."""
         session.closed = True
+        if session.txn is not None and session.txn.ident is not None:
+            session.txn = None  # a detached transaction outlives its connection
         if session.txn is not None:
             self._rollback(session.txn, "the connection was closed with the transaction open")
             session.txn = None
         self.sessions.pop(session.ident, None)
 
-    def begin_transaction(self, session: Session) -> None:
+    def begin_transaction(
+        self, session: Session, detached: object = False, timeout: object = None
+    ) -> uuid.UUID | None:
         if session.txn is not None:
             raise BrokerError(
                 ErrorCode.TRANSACTION_ACTIVE,
                 "a transaction is already open on this connection; commit or roll it back first",
             )
-        session.txn = Transaction(session, explicit=True)
+        txn = Transaction(session, explicit=True)
+        if detached:
+            seconds = _as_seconds(
+                DETACHED_TIMEOUT if timeout is None else timeout, "timeout"
+            )
+            assert seconds is not None
+            txn.ident = uuid.uuid4()
+            txn.expires = time.time() + seconds
+            self.detached[txn.ident] = txn
+            self._detached_timers[txn.ident] = self.loop.call_later(
+                seconds, self._expire_transaction, txn.ident
+            )
+        session.txn = txn
+        return txn.ident
 
     def commit(self, session: Session) -> None:
         txn = self._explicit(session, "commit")
         session.txn = None
+        self._forget_detached(txn)
         self._commit(txn)
 
     def rollback(self, session: Session, error: object = None) -> None:
@@ -314,7 +335,78 @@ class Engine:
         if error is not None and not isinstance(error, str):
             raise bad_argument("rollback error must be a text saying what went wrong")
         session.txn = None
+        self._forget_detached(txn)
         self._rollback(txn, error or "")
+
+    # ---- detached transactions --------------------------------------------------
+
+    def _detached(self, transaction_id: object) -> Transaction:
+        ident = _as_uuid(transaction_id, "transaction_id")
+        txn = self.detached.get(ident)
+        if txn is None:
+            raise not_found(
+                ErrorCode.NO_TRANSACTION,
+                "transaction",
+                ident,
+                "it was committed, rolled back, or expired",
+            )
+        return txn
+
+    def _forget_detached(self, txn: Transaction) -> None:
+        if txn.ident is not None:
+            self.detached.pop(txn.ident, None)
+            timer = self._detached_timers.pop(txn.ident, None)
+            if timer is not None:
+                timer.cancel()
+            if txn.session.txn is txn:
+                txn.session.txn = None
+
+    def detach_transaction(self, session: Session) -> uuid.UUID:
+        txn = self._explicit(session, "detach")
+        if txn.ident is None:
+            raise BrokerError(
+                ErrorCode.NO_TRANSACTION,
+                "only a transaction begun with detached=True can be detached",
+            )
+        session.txn = None
+        return txn.ident
+
+    def attach_transaction(self, session: Session, transaction_id: object) -> None:
+        txn = self._detached(transaction_id)
+        if session.txn is not None:
+            raise BrokerError(
+                ErrorCode.TRANSACTION_ACTIVE,
+                "this connection already has a transaction open; finish or detach it first",
+            )
+        if txn.session.txn is txn and txn.session is not session:
+            raise BrokerError(
+                ErrorCode.TRANSACTION_ACTIVE,
+                f"transaction {txn.ident} is attached to another connection",
+            )
+        txn.session = session
+        session.txn = txn
+
+    def commit_transaction(self, session: Session, transaction_id: object) -> None:
+        txn = self._detached(transaction_id)
+        self._forget_detached(txn)
+        self._commit(txn)
+
+    def rollback_transaction(
+        self, session: Session, transaction_id: object, error: object = None
+    ) -> None:
+        txn = self._detached(transaction_id)
+        if error is not None and not isinstance(error, str):
+            raise bad_argument("rollback error must be a text saying what went wrong")
+        self._forget_detached(txn)
+        self._rollback(txn, error or "")
+
+    def _expire_transaction(self, ident: uuid.UUID) -> None:
+        self._detached_timers.pop(ident, None)
+        txn = self.detached.get(ident)
+        if txn is not None:
+            log.info("detached transaction %s expired; rolling it back", ident)
+            self._forget_detached(txn)
+            self._rollback(txn, f"transaction {ident} expired before it was committed")
 
     def requeue_dead_letter(self, session: Session, queue: object, queuing_order: object) -> None:
         self.poison.requeue(queue, queuing_order)

@@ -78,6 +78,10 @@ class Operations:
             "commit",
             "rollback",
             "requeue_dead_letter",
+            "detach_transaction",
+            "attach_transaction",
+            "commit_transaction",
+            "rollback_transaction",
         ):
             self.add(name, getattr(engine, name))
         self.add("view", self.view)

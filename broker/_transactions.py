@@ -62,6 +62,10 @@ class Transaction:
     new_endpoints: list[Endpoint] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
     ended: set[uuid.UUID] = field(default_factory=set)
+    # a detached transaction has an id, outlives its session and can be finished by any
+    ident: uuid.UUID | None = None
+    expires: float | None = None
+    error: str = ""
 
     def holds(self, group: Group) -> bool:
         return group.owner is self

@@ -179,6 +179,20 @@ def poison_messages(engine: Engine) -> list[dict[str, Any]]:
     return [dict(row, time=_time(row["time"])) for row in engine.poison.incidents]
 
 
+def open_transactions(engine: Engine) -> list[dict[str, Any]]:
+    return [
+        {
+            "transaction_id": txn.ident,
+            "attached_session": txn.session.ident if txn.session.txn is txn else None,
+            "locked_groups": len(txn.locks),
+            "received_messages": sum(len(m) for _, _, m in txn.received),
+            "pending_actions": len(txn.actions),
+            "expires": _time(txn.expires),
+        }
+        for txn in engine.detached.values()
+    ]
+
+
 VIEWS: dict[str, ViewFn] = {
     "conversation_endpoints": conversation_endpoints,
     "conversation_groups": conversation_groups,
@@ -191,6 +205,7 @@ VIEWS: dict[str, ViewFn] = {
     "conversation_priorities": conversation_priorities,
     "event_notifications": event_notifications,
     "poison_messages": poison_messages,
+    "open_transactions": open_transactions,
 }
 
 

@@ -345,9 +345,47 @@ def get_conversation_group(queue: str, timeout: float | None = 0.0) -> Call[uuid
 # ---- transactions, views, broker --------------------------------------------------
 
 
-def begin_transaction() -> Call[None]:
-    """BEGIN TRANSACTION on this connection."""
-    return Call("begin_transaction", {}, _none)
+def begin_transaction(
+    detached: bool = False, timeout: float | None = None
+) -> Call[uuid.UUID | None]:
+    """BEGIN TRANSACTION on this connection.
+
+    Args:
+        detached: give the transaction an id so that it can outlive this connection:
+            `detach_transaction()` lets go of it, and any connection may then
+            `attach_transaction(id)`, `commit_transaction(id)` or `rollback_transaction(id)`.
+        timeout: seconds a detached transaction may stay open before it rolls back
+            (default 300).
+    Returns:
+        The detached transaction's id (None for an ordinary transaction).
+    """
+    return Call(
+        "begin_transaction", _some(detached=detached or None, timeout=timeout), _optional_uuid
+    )
+
+
+def detach_transaction() -> Call[uuid.UUID]:
+    """Let go of this connection's detached transaction; it stays open, locks and all."""
+    return Call("detach_transaction", {}, _uuid)
+
+
+def attach_transaction(transaction_id: Handle) -> Call[None]:
+    """Continue a detached transaction on this connection."""
+    return Call("attach_transaction", {"transaction_id": _handle(transaction_id)}, _none)
+
+
+def commit_transaction(transaction_id: Handle) -> Call[None]:
+    """COMMIT a detached transaction by id, from any connection."""
+    return Call("commit_transaction", {"transaction_id": _handle(transaction_id)}, _none)
+
+
+def rollback_transaction(transaction_id: Handle, error: str | None = None) -> Call[None]:
+    """ROLLBACK a detached transaction by id, from any connection."""
+    return Call(
+        "rollback_transaction",
+        _some(transaction_id=_handle(transaction_id), error=error),
+        _none,
+    )
 
 
 def commit() -> Call[None]:
