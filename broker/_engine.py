@@ -1124,9 +1124,9 @@ class Engine:
             _done, _ = await asyncio.wait({future}, timeout=wait)
         except asyncio.CancelledError:
             # the session went away; what was handed to it never reached it
-            if future.done() and not future.cancelled() and future.exception() is None:
-                if not txn.explicit:
-                    self._give_back(txn)
+            delivered = future.done() and not future.cancelled() and future.exception() is None
+            if delivered and not txn.explicit:
+                self._give_back(txn)
             raise
         finally:
             session.waiting = None

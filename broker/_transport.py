@@ -490,7 +490,7 @@ class Transport:
     def _connect(self, address: str) -> None:
         if address in self.connecting or self.closing:
             return
-        if any(l.address == address and not l.closed for l in self.links if l.role is Role.INITIATOR):
+        if any(lk.address == address and not lk.closed for lk in self.links if lk.role is Role.INITIATOR):
             return
         delay = max(0.0, self.retry_at.get(address, 0.0) - self.loop.time())
         self.connecting.add(address)
@@ -510,7 +510,7 @@ class Transport:
                     ),
                     self.settings.connect_timeout,
                 )
-            except (OSError, asyncio.TimeoutError, ValueError) as exc:
+            except (TimeoutError, OSError, ValueError) as exc:
                 if isinstance(exc, ConnectionRefusedError):
                     text = f"connection refused by {address}"
                 elif isinstance(exc, asyncio.TimeoutError):
@@ -790,7 +790,7 @@ class Transport:
 
     def connections_view(self, engine: Engine) -> list[dict[str, Any]]:
         rows = []
-        for link in sorted(self.links, key=lambda l: l.address):
+        for link in sorted(self.links, key=lambda lk: lk.address):
             counters = link.link.counters
             peer = link.peer
             rows.append(

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from setup_objects import seed000
 
 import client
-from setup_objects import seed000
 
 
 async def _messages(conn: client.Connection, n: int) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from daemon import BrokerProcess
 
 import client
-from daemon import BrokerProcess
 
 
 async def _setup(conn: client.Connection, **queue_options: object) -> None:
@@ -107,7 +107,7 @@ async def test_dead_letter_policy(conn: client.Connection) -> None:
             "notify_service": "EventService",
         },
     )
-    bad, good = await _neighbours(conn)
+    _bad, _good = await _neighbours(conn)
     seen = await _fail(conn, "Work", 3, error="ValueError: cannot parse 'bad'")
     assert all(m.message_body == b"bad" for m in seen)
     assert await _drain_good(conn) == [b"g1", b"g2", b"g3"]
@@ -140,7 +140,7 @@ async def test_end_conversation_policy(conn: client.Connection) -> None:
             "description": "unprocessable",
         },
     )
-    bad, good = await _neighbours(conn)
+    bad, _good = await _neighbours(conn)
     seen = await _fail(conn, "Work", 2)
     target_handle = seen[0].conversation_handle
     msgs = await conn.receive("Work", timeout=5)
@@ -172,7 +172,7 @@ async def test_park_policy_redelivers_after_delay_then_dead_letters(
             "dead_letter_queue": "DLQ",
         },
     )
-    bad, good = await _neighbours(conn)
+    bad, _good = await _neighbours(conn)
     await _fail(conn, "Work", 1)
     # while parked, the neighbours flow
     async with conn.transaction():
@@ -204,7 +204,7 @@ async def test_record_policy_only_records(conn: client.Connection) -> None:
         poison_policy={"threshold": 2, "action": "record"},
         poison_message_handling={"status": "OFF"},
     )
-    bad, good = await _neighbours(conn)
+    _bad, _good = await _neighbours(conn)
     await _fail(conn, "Work", 3)
     assert [i["action"] for i in await conn.view("poison_messages")] == ["record"]
     assert b"bad" in [m.message_body for m in await conn.peek("Work")]
@@ -219,11 +219,11 @@ async def test_delivery_count_and_dead_letters_survive_kill_9(tmp_path: Path) ->
             conn,
             poison_policy={"threshold": 3, "action": "dead_letter", "dead_letter_queue": "DLQ"},
         )
-        bad, good = await _neighbours(conn)
+        bad, _good = await _neighbours(conn)
         await _fail(conn, "Work", 3)
         await conn.end_conversation(bad)  # the dead letter outlives its conversation
         await conn.begin_transaction()
-        (g1,) = await conn.receive("Work", top=1, timeout=5)
+        (_g1,) = await conn.receive("Work", top=1, timeout=5)
         await conn.rollback()
         broker.kill()
         broker.start()

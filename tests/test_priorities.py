@@ -139,7 +139,7 @@ async def test_equal_levels_oldest_first(conn: client.Connection) -> None:
 
 
 async def test_bad_priorities(conn: client.Connection) -> None:
-    with pytest.raises(client.InvalidArgumentError, match="1..10"):
+    with pytest.raises(client.InvalidArgumentError, match=r"1\.\.10"):
         await conn.create_broker_priority("p", level=11)
     with pytest.raises(client.NotFoundError):
         await conn.alter_broker_priority("missing", level=3)
