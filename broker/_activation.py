@@ -28,6 +28,19 @@ QUEUE_ACTIVATION event notification) posts an EventNotification to the
 notification service, then posts no other until a RECEIVE runs on the queue or
 `notification_timeout` passes.
 
+External readers (the Spark bridge's tasks, or any program acting as an external
+activator's reader) are activated tasks too: a session calls `register_task` for a
+queue and becomes an `ExternalTask` of its monitor, counted with the internal tasks
+against MAX_QUEUE_READERS (a registration beyond it is refused), shown in
+`activated_tasks` with its activator, job, job task and executor, and ended by
+`end_task` or by its connection closing (found at the next check). `request_stop`
+asks external readers to finish cooperatively: a stopping reader's RECEIVE and GET
+CONVERSATION GROUP return nothing at once (one it is blocked in is woken empty), so
+it commits the transaction it has, sees an empty queue and exits. Stopping a whole
+activator also stops its readers that register afterwards (Spark tasks that were
+still waiting for a slot). An external
+task's life is `TASK_TRANSITIONS`: RUNNING -> STOP_REQUESTED -> ENDED.
+
 A monitor's state follows Service Broker's sys.dm_broker_queue_monitors: INACTIVE
 (nothing to do), NOTIFIED (it activated and waits for a RECEIVE), RECEIVES_OCCURRING
 (RECEIVEs run); `TRANSITIONS` is the whole state machine.
@@ -39,6 +52,7 @@ import asyncio
 import logging
 import secrets
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, fields
@@ -49,9 +63,9 @@ from protocol import ErrorCode
 
 from ._config import ConfigError
 from ._daemon import START_HOOKS
-from ._engine import Engine, QueueListener
-from ._errors import BrokerError, bad_argument
-from ._queues import Queue
+from ._engine import Engine, MaybeAwaitable, QueueListener
+from ._errors import BrokerError, bad_argument, not_found
+from ._queues import Group, Queue
 from ._tasks import ActivatedTask, WorkerPool
 from ._transactions import Session
 from ._views import VIEWS, _time
@@ -92,6 +106,75 @@ TRANSITIONS: Final[dict[tuple[MonitorState, MonitorInput], MonitorState]] = {
     (_S.RECEIVES_OCCURRING, _I.TIMED_OUT): _S.RECEIVES_OCCURRING,
     (_S.RECEIVES_OCCURRING, _I.IDLE): _S.INACTIVE,
 }
+
+
+class ExternalState(Enum):
+    RUNNING = "RUNNING"
+    STOP_REQUESTED = "STOP_REQUESTED"
+    ENDED = "ENDED"
+
+
+class ExternalInput(Enum):
+    STOP = "stop"  # request_stop named it
+    END = "end"  # end_task, or its connection closed
+
+
+_E, _X = ExternalState, ExternalInput
+TASK_TRANSITIONS: Final[dict[tuple[ExternalState, ExternalInput], ExternalState]] = {
+    (_E.RUNNING, _X.STOP): _E.STOP_REQUESTED,
+    (_E.RUNNING, _X.END): _E.ENDED,
+    (_E.STOP_REQUESTED, _X.STOP): _E.STOP_REQUESTED,
+    (_E.STOP_REQUESTED, _X.END): _E.ENDED,
+    (_E.ENDED, _X.STOP): _E.ENDED,
+    (_E.ENDED, _X.END): _E.ENDED,
+}
+
+_TEXT_LIMIT: Final = 200  # activator, job and executor names
+_JOBS_KEPT: Final = 1000  # job ids remembered for readers that register late
+_STOPPED_KEPT: Final = 3600.0  # how long a stopped activator's late readers are stopped
+
+
+@dataclass(eq=False)
+class ExternalTask(ActivatedTask):
+    """A reader that an external activator started (a Spark task) and that registered."""
+
+    activator: str = ""  # who started it, e.g. "spark-bridge:<id>"
+    job: str | None = None  # the activator's job (Spark: the job group)
+    job_id: int | None = None  # Spark: the job id
+    job_task_id: int | None = None  # Spark: the task (attempt) id
+    executor: str | None = None  # Spark: executor id and host
+    state: ExternalState = ExternalState.RUNNING
+
+    def feed(self, event: ExternalInput) -> None:
+        try:
+            self.state = TASK_TRANSITIONS[(self.state, event)]
+        except KeyError:  # the table is complete; a miss is a bug worth hearing about
+            raise RuntimeError(
+                f"external task {self.task_id}: no transition for {self.state.name} on {event.name}"
+            ) from None
+
+    @property
+    def stopping(self) -> bool:
+        return self.state is not ExternalState.RUNNING
+
+
+def _text(value: object, what: str, required: bool = False) -> str | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value or len(value) > _TEXT_LIMIT:
+        raise bad_argument(f"{what} must be a non-empty text of at most {_TEXT_LIMIT} characters")
+    return value
+
+
+def _number(value: object, what: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise bad_argument(f"{what} must be an integer >= 0")
+    return value
+
+
+_NO_GROUP: Final = Group(uuid.UUID(int=0))  # stands in for "nothing" when a wait is ended
 
 
 _COUNTS: Final = ("idle_workers", "prestart_workers", "execution_log_rows")
@@ -206,6 +289,8 @@ class ActivationManager(QueueListener):
         self.tasks: dict[int, ActivatedTask] = {}
         self.tokens: dict[str, ActivatedTask] = {}
         self.task_end_hooks: list[TaskEndHook] = []
+        self.stopped_activators: dict[str, float] = {}  # request_stop(activator=) -> when
+        self.job_ids: dict[str, int] = {}  # label_job: job -> id, for readers still to come
         self._next_task = 1
         self._jobs: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -234,6 +319,7 @@ class ActivationManager(QueueListener):
         while True:
             await asyncio.sleep(self.settings.check_interval)
             try:
+                self._sweep()
                 for name in set(self.engine.queues) | set(self.monitors):
                     self._reconcile(name)
             except Exception:  # a bug here must not end the periodic checks for good
@@ -439,9 +525,188 @@ class ActivationManager(QueueListener):
         session.task = task
         return {"task_id": task.task_id, "queue": task.queue, "procedure": task.procedure}
 
+    # ---- external readers: register, end, stop -----------------------------------------
+
+    def register_task(
+        self,
+        session: Session,
+        queue: object,
+        activator: object,
+        procedure: object = None,
+        job: object = None,
+        job_id: object = None,
+        job_task_id: object = None,
+        executor: object = None,
+        pid: object = None,
+    ) -> dict[str, Any]:
+        """Operation `register_task`: this session becomes an external activated task
+        of `queue`, if the queue has a free reader place (MAX_QUEUE_READERS counts
+        internal and external tasks together)."""
+        if not isinstance(queue, str):
+            raise bad_argument("register_task needs a queue name")
+        who = _text(activator, "activator", required=True)
+        assert who is not None
+        what = _text(procedure, "procedure") or who
+        job_text = _text(job, "job")
+        job_number, task_number = _number(job_id, "job_id"), _number(job_task_id, "job_task_id")
+        where, process = _text(executor, "executor"), _number(pid, "pid")
+        if session.task is not None:
+            raise BrokerError(
+                ErrorCode.TRANSACTION_ACTIVE,
+                "this session is already an activated task; open a connection per reader",
+            )
+        q = self.engine.queues.get(queue)
+        if q is None:
+            raise not_found(ErrorCode.UNKNOWN_QUEUE, "queue", queue)
+        self._sweep()
+        monitor = self.monitors.get(queue)
+        if monitor is None:
+            monitor = self.monitors[queue] = QueueMonitor(queue)
+        limit = q.definition.activation.max_queue_readers
+        if len(monitor.tasks) >= limit:
+            raise BrokerError(
+                ErrorCode.IN_USE,
+                f"queue '{queue}' already has {len(monitor.tasks)} activated reader(s) and "
+                f"MAX_QUEUE_READERS = {limit}; wait for one to end, or "
+                f"alter_queue('{queue}', activation={{'max_queue_readers': N}})",
+            )
+        now = time.time()
+        task = ExternalTask(
+            task_id=self._next_task,
+            queue=queue,
+            procedure=what,
+            execute_as=session.user,
+            token="",
+            started=now,
+            pid=process,
+            session=session,
+            received=True,  # it is at its queue already: never "still starting"
+            activator=who,
+            job=job_text,
+            job_id=job_number if job_number is not None else self.job_ids.get(job_text or ""),
+            job_task_id=task_number,
+            executor=where,
+        )
+        if who in self.stopped_activators:  # started before the stop, registered after it
+            task.feed(ExternalInput.STOP)
+        self._next_task += 1
+        monitor.tasks[task.task_id] = task
+        self.tasks[task.task_id] = task
+        monitor.tasks_started += 1
+        session.task = task
+        return {"task_id": task.task_id, "queue": queue, "max_queue_readers": limit}
+
+    def end_task(self, session: Session, error: object = None) -> None:
+        """Operation `end_task`: the calling external reader is done (its session stays)."""
+        task = session.task
+        if not isinstance(task, ExternalTask):
+            raise bad_argument("end_task: this session is not a registered external reader")
+        if error is not None and not isinstance(error, str):
+            raise bad_argument("end_task error must be a text")
+        session.task = None
+        self._end_external(task, error)
+
+    def _end_external(self, task: ExternalTask, error: str | None) -> None:
+        if task.state is ExternalState.ENDED:
+            return
+        task.feed(ExternalInput.END)
+        self._ended(task, error)
+
+    def _sweep(self) -> None:
+        """End external tasks whose connection closed without end_task (a killed task)."""
+        for task in [t for t in self.tasks.values() if isinstance(t, ExternalTask)]:
+            if task.session is not None and task.session.closed:
+                self._end_external(task, "the reader's connection closed before it ended")
+
+    def request_stop(
+        self,
+        session: Session,
+        queue: object = None,
+        activator: object = None,
+        job: object = None,
+        task_id: object = None,
+    ) -> int:
+        """Operation `request_stop`: ask the external readers that match every given
+        filter to finish after their current transaction; returns how many were asked."""
+        if all(v is None for v in (queue, activator, job, task_id)):
+            raise bad_argument("request_stop needs a queue, activator, job or task_id")
+        if isinstance(activator, str) and queue is None and job is None and task_id is None:
+            # the whole activator stops: readers it started that register later stop too
+            now = time.time()
+            self.stopped_activators = {
+                a: t for a, t in self.stopped_activators.items() if now - t < _STOPPED_KEPT
+            }
+            self.stopped_activators[activator] = now
+        asked = 0
+        for task in list(self.tasks.values()):
+            if not isinstance(task, ExternalTask) or task.state is ExternalState.ENDED:
+                continue
+            if (
+                (queue is not None and task.queue != queue)
+                or (activator is not None and task.activator != activator)
+                or (job is not None and task.job != job)
+                or (task_id is not None and task.task_id != task_id)
+            ):
+                continue
+            task.feed(ExternalInput.STOP)
+            asked += 1
+            waiter = task.session.waiting if task.session is not None else None
+            if waiter is not None and not waiter.get_group and not waiter.future.done():
+                # a RECEIVE it is blocked in ends empty now (GET CONVERSATION GROUP
+                # keeps its own timeout: its answer cannot say "nothing" this way)
+                waiter.future.set_result((_NO_GROUP, []))
+        return asked
+
+    def label_job(self, session: Session, job: object, job_id: object) -> int:
+        """Operation `label_job`: record the job id the activator learned after it
+        submitted `job`, on that job's readers; returns how many were labelled."""
+        name = _text(job, "job", required=True)
+        number = _number(job_id, "job_id")
+        assert name is not None
+        if number is not None:
+            self.job_ids[name] = number
+            while len(self.job_ids) > _JOBS_KEPT:
+                del self.job_ids[next(iter(self.job_ids))]
+        labelled = 0
+        for task in self.tasks.values():
+            if isinstance(task, ExternalTask) and task.job == name:
+                task.job_id = number
+                labelled += 1
+        return labelled
+
+    @staticmethod
+    def _stopping(session: Session) -> bool:
+        task = session.task
+        return isinstance(task, ExternalTask) and task.stopping
+
+    def receive(
+        self,
+        session: Session,
+        queue: object,
+        top: object = None,
+        timeout: object = 0.0,
+        conversation_handle: object = None,
+        conversation_group_id: object = None,
+    ) -> MaybeAwaitable[list[list[Any]]]:
+        """Operation `receive`: the engine's, except that a stopping reader gets nothing."""
+        if self._stopping(session):
+            return []
+        return self.engine.receive(
+            session, queue, top, timeout, conversation_handle, conversation_group_id
+        )
+
+    def get_conversation_group(
+        self, session: Session, queue: object, timeout: object = 0.0
+    ) -> MaybeAwaitable[uuid.UUID | None]:
+        """Operation `get_conversation_group`: the engine's; a stopping reader gets None."""
+        if self._stopping(session):
+            return None
+        return self.engine.get_conversation_group(session, queue, timeout)
+
     # ---- views -------------------------------------------------------------------------
 
     def queue_monitor_rows(self) -> list[dict[str, Any]]:
+        self._sweep()
         rows = []
         for monitor in self.monitors.values():
             queue = self.engine.queues.get(monitor.queue)
@@ -455,6 +720,9 @@ class ActivationManager(QueueListener):
                     "last_activated_time": _time(monitor.last_activated),
                     "tasks_waiting": self.engine.waiting_sessions(queue) if queue else 0,
                     "tasks_running": len(monitor.tasks),
+                    "tasks_external": sum(
+                        isinstance(t, ExternalTask) for t in monitor.tasks.values()
+                    ),
                     "max_queue_readers": activation.max_queue_readers if activation else 0,
                     "messages_ready": queue.ready if queue else 0,
                     "tasks_started": monitor.tasks_started,
@@ -466,8 +734,10 @@ class ActivationManager(QueueListener):
         return rows
 
     def activated_task_rows(self) -> list[dict[str, Any]]:
+        self._sweep()
         rows = []
         for task in self.tasks.values():
+            external = task if isinstance(task, ExternalTask) else None
             session = task.session
             if session is None:
                 state, group = "STARTING", None
@@ -484,8 +754,14 @@ class ActivationManager(QueueListener):
                     "started": _time(task.started),
                     "pid": task.pid,
                     "session_id": None if session is None else session.ident,
-                    "state": state,
+                    "state": "STOPPING" if external and external.stopping else state,
                     "conversation_group_id": group,
+                    "kind": "EXTERNAL" if external else "INTERNAL",
+                    "activator": external.activator if external else None,
+                    "job": external.job if external else None,
+                    "job_id": external.job_id if external else None,
+                    "job_task_id": external.job_task_id if external else None,
+                    "executor": external.executor if external else None,
                 }
             )
         return rows
@@ -573,6 +849,12 @@ async def start(broker: Broker) -> Callable[[], Coroutine[Any, Any, None]]:
     else:
         engine.listener = _Fanout(engine.listener, manager)
     broker.operations.add("attach_task", manager.attach_task)
+    for name in ("register_task", "end_task", "request_stop", "label_job"):
+        broker.operations.add(name, getattr(manager, name))
+    # RECEIVE and GET CONVERSATION GROUP pass through the manager, which answers a
+    # stopping external reader itself
+    broker.operations.add("receive", manager.receive)
+    broker.operations.add("get_conversation_group", manager.get_conversation_group)
     broker.operations.task_login = manager.task_login
     execution_log = ExecutionLog(engine, manager, settings.execution_log_rows)
     execution_log.install(broker.operations)

@@ -178,4 +178,4 @@ def data_dir_info(data_dir: Path) -> dict[str, Any]:
 
 # Subsystems append their start hooks to START_HOOKS when imported; imported last
 # because they import this module.
-from . import _activation  # noqa: E402, F401
+from . import _activation, _leases  # noqa: E402, F401

@@ -198,6 +198,7 @@ class Engine:
         self.on_outbound: Callable[[Outbound], None] | None = None
         self.on_endpoint_removed: Callable[[Endpoint], None] | None = None
         self.describe_outbound: Callable[[Outbound], str] = lambda out: out.status
+        self.on_routes_changed: Callable[[], None] | None = None
         self.poison = PoisonHandler(self)
         self._timers: dict[uuid.UUID, asyncio.TimerHandle] = {}
         self._lifetimes: dict[uuid.UUID, asyncio.TimerHandle] = {}
@@ -498,6 +499,8 @@ class Engine:
         self._persist(
             "route", self.catalog.new_route(name, service_name, address, broker_instance, expires)
         )
+        if self.on_routes_changed is not None:
+            self.on_routes_changed()
 
     def create_broker_priority(
         self,
@@ -582,6 +585,8 @@ class Engine:
             self.listener.altered(queue)
         if kind == "event_notification":
             self.notification_dialogs.pop(name, None)
+        if kind == "route" and self.on_routes_changed is not None:
+            self.on_routes_changed()
 
     # ================================================================ dialogs
 

@@ -8,6 +8,10 @@ with the error if it failed). Rows live in memory (the newest
 `execution_log_rows`) and in the store's `execution_log` table, so the log survives
 a restart; rows a restart interrupted are closed with an error on load.
 
+A task an external reader runs (the Spark bridge's scheduler) also records the
+reader's executor, job and job task (Spark task id); these live in memory only, the
+stored row keeps the rest.
+
 A worker can die in the middle of a task (`kill -9`, a crash in native code). Then
 the task's end is logged here, when activation reports that the activated task
 ended, and, if the reader said where it would reply (`conversation_handle` and
@@ -61,6 +65,10 @@ class LogEntry:
     error: str | None = None
     reply_handle: uuid.UUID | None = None  # where to report a worker's death
     reply_type: str | None = None
+    # where an external reader (a Spark task) ran it; in memory only (not in row())
+    executor: str | None = None
+    job: str | None = None
+    job_task_id: int | None = None
 
     def row(self) -> tuple[Any, ...]:
         return (
@@ -175,6 +183,9 @@ class ExecutionLog:
         entry.session_id = session.ident
         entry.activated_task = task.task_id if task else None
         entry.pid = task.pid if task else None
+        entry.executor = getattr(task, "executor", None)
+        entry.job = getattr(task, "job", None)
+        entry.job_task_id = getattr(task, "job_task_id", None)
         entry.reply_handle = _optional_uuid(conversation_handle, "conversation_handle")
         entry.reply_type = reply_type
         if task is not None:
@@ -247,6 +258,9 @@ class ExecutionLog:
                 "pid": e.pid,
                 "session_id": e.session_id,
                 "error": e.error,
+                "executor": e.executor,
+                "job": e.job,
+                "job_task_id": e.job_task_id,
             }
             for e in self.entries.values()
         ]
@@ -268,6 +282,8 @@ class ExecutionLog:
                         "scheduler_handle": entry.scheduler_handle if entry else None,
                         "task": entry.task if entry else None,
                         "start_time": _time(entry.start_time) if entry else None,
+                        "executor": getattr(task, "executor", None),
+                        "job_task_id": getattr(task, "job_task_id", None),
                     }
                 )
         return rows

@@ -147,6 +147,7 @@ class Peer:
         self.timer_at: float | None = None
         self.corrupt_fragments = 0
         self.last_error = ""
+        self.services: set[str] = set()  # services it hosts that we send to
 
 
 class Link(asyncio.Protocol):
@@ -205,13 +206,18 @@ class Link(asyncio.Protocol):
                         self.owner.frame(self, event)
                 elif isinstance(event, ProtocolErrorFrame):
                     log.warning("peer %s reported a protocol error: %s", self.address, event)
+                    if self.peer is None:
+                        self.login_state = f"FAILED: refused by peer: {event.text}"
+                        self.owner.handshake_failed(self, f"refused by the peer: {event.text}")
                     self.close()
                     return
                 elif isinstance(event, (CloseFrame, ConnectionClosed)):
                     self.close()
                     return
         except ProtocolError as exc:
-            self.login_state = f"FAILED: {exc}" if self.peer is None else self.login_state
+            if self.peer is None:
+                self.login_state = f"FAILED: {exc}"
+                self.owner.handshake_failed(self, str(exc))
             log.warning("closing broker connection %s: %s", self.address, exc)
             self._flush()
             self.close()
@@ -340,6 +346,7 @@ class Transport:
         self.engine.on_outbound = self.outbound
         self.engine.on_endpoint_removed = self.endpoint_removed
         self.engine.describe_outbound = self.describe
+        self.engine.on_routes_changed = self.routes_changed
         self._restore()
         self.server = await self.loop.create_server(
             lambda: Link(self, Role.ACCEPTOR, ""), host, port
@@ -410,6 +417,7 @@ class Transport:
                 pending=[PendingMessage(o.seq, o.message_type, o.body) for o in mine],
                 priority=self._priority(mine[0].priority if mine else 5),
             )
+            peer.services.add(envelope.to_service)
             for o in mine:
                 route = self.engine.find_route(o.to_service, o.to_broker_instance)
                 if route is not None and peer.address is None:
@@ -428,9 +436,12 @@ class Transport:
         return sender is not None and out.seq < sender.next_seq
 
     def _address(self, route: cat.Route, out: Outbound) -> str | None:
-        address = route.address
+        return self._route_address(route.address, out.to_service)
+
+    @staticmethod
+    def _route_address(address: str, service: str) -> str | None:
         if address == "TRANSPORT":
-            address = out.to_service
+            address = service
         if not address.startswith("tcp://"):
             return None
         return address[len("tcp://") :].split("/", 1)[0]
@@ -451,14 +462,14 @@ class Transport:
             self.waiting.setdefault(address, deque()).append(out)
             self._connect(address)
             return
-        if peer.address is None:
-            peer.address = address
+        peer.address = address
         self._queue(peer, out)
         self.pump(peer)
 
     def _queue(self, peer: Peer, out: Outbound) -> None:
         direction = _direction(out.is_initiator)
         dialog = peer.dialog
+        peer.services.add(out.to_service)
         sender = dialog.sender(out.conversation_id, direction)
         if sender is None:
             envelope = Envelope(
@@ -518,20 +529,41 @@ class Transport:
                 else:
                     text = f"cannot connect to {address}: {exc}"
                 self.connect_errors[address] = text
-                step = self.retry_delay.get(address, self.settings.retry_initial)
-                self.retry_at[address] = self.loop.time() + step
-                self.retry_delay[address] = min(step * 2, self.settings.retry_max)
-                self.loop.call_later(step, self._retry_address, address)
+                self.loop.call_later(self._backoff(address), self._retry_address, address)
         finally:
             self.connecting.discard(address)
 
     def _retry_address(self, address: str) -> None:
+        """Try again: routes may have changed (expired, dropped, added) meanwhile."""
         if self.closing:
             return
-        if self.waiting.get(address) or any(
-            p.address == address and self._has_work(p) for p in self.peers.values()
-        ):
-            self._connect(address)
+        for out in self.waiting.pop(address, deque()):
+            if out.id in self.engine.transmission:
+                self.outbound(out)
+        for peer in self.peers.values():
+            if peer.link is None and peer.address == address and self._has_work(peer):
+                self.pump(peer)
+
+    def routes_changed(self) -> None:
+        """A route was created or dropped: messages may now have somewhere to go."""
+        for address in list(self.waiting):
+            self._retry_address(address)
+        for out in list(self.engine.remote_outbound.values()):
+            if out.id in self.engine.transmission and not self._is_queued(out):
+                self.outbound(out)
+        for peer in self.peers.values():
+            if peer.link is None and self._has_work(peer):
+                self.pump(peer)
+
+    def _peer_address(self, peer: Peer) -> str | None:
+        """Where routes say this peer is now (they may have changed or expired)."""
+        for service in peer.services:
+            route = self.engine.find_route(service, str(peer.instance))
+            if route is not None and route.address != "LOCAL":
+                address = self._route_address(route.address, service)
+                if address is not None:
+                    return address
+        return peer.address
 
     def _has_work(self, peer: Peer) -> bool:
         dialog = peer.dialog
@@ -568,13 +600,34 @@ class Transport:
         peer.dialog.retransmit_all(self.loop.time())
         self.pump(peer)
 
+    def handshake_failed(self, link: Link, reason: str) -> None:
+        if link.role is Role.INITIATOR:
+            self.connect_errors[link.address] = f"handshake with {link.address} failed: {reason}"
+            self._backoff(link.address)
+
+    def _backoff(self, address: str) -> float:
+        step = self.retry_delay.get(address, self.settings.retry_initial)
+        self.retry_at[address] = self.loop.time() + step
+        self.retry_delay[address] = min(step * 2, self.settings.retry_max)
+        return step
+
     def lost(self, link: Link) -> None:
         self.links.discard(link)
         peer = link.peer
+        if self.closing:
+            return
         if peer is not None and peer.link is link:
             peer.link = None
-            if not self.closing and self._has_work(peer) and peer.address:
-                self._connect(peer.address)
+            if self._has_work(peer):
+                self.pump(peer)
+        elif peer is None and link.role is Role.INITIATOR:
+            address = link.address
+            if self.waiting.get(address) or any(
+                p.address == address and p.link is None and self._has_work(p)
+                for p in self.peers.values()
+            ):
+                delay = max(0.0, self.retry_at.get(address, 0.0) - self.loop.time())
+                self.loop.call_later(delay, self._retry_address, address)
 
     def _arm_idle_check(self) -> None:
         interval = max(0.05, self.settings.idle_timeout / 2)
@@ -598,8 +651,11 @@ class Transport:
         link = peer.link
         now = self.loop.time()
         if link is None or link.closed or link.link.state is not LinkState.ESTABLISHED:
-            if peer.address and self._has_work(peer) and not self.closing:
-                self._connect(peer.address)
+            if link is None and self._has_work(peer) and not self.closing:
+                address = self._peer_address(peer)
+                if address is not None:
+                    peer.address = address
+                    self._connect(address)
             self._arm(peer)
             return
         dialog = peer.dialog

@@ -494,3 +494,81 @@ def log_task_start(
 def log_task_end(log_id: int, error: str | None = None) -> Call[None]:
     """Log that task `log_id` ended, with `error` if it failed."""
     return Call("log_task_end", _some(log_id=log_id, error=error), _none)
+
+
+# ---- external readers (the Spark bridge) and leases ---------------------------------
+
+
+def register_task(
+    queue: str,
+    activator: str,
+    *,
+    procedure: str | None = None,
+    job: str | None = None,
+    job_id: int | None = None,
+    job_task_id: int | None = None,
+    executor: str | None = None,
+    pid: int | None = None,
+) -> Call[dict[str, Any]]:
+    """Register this session as an external activated task (reader) of `queue`.
+
+    It shows in `activated_tasks` (kind EXTERNAL) until `end_task()` or until the
+    connection closes, and counts against the queue's MAX_QUEUE_READERS together
+    with internal tasks. After `request_stop` names it, its RECEIVEs return [] at once.
+
+    Args:
+        activator: who started the reader (e.g. "spark-bridge:<id>").
+        procedure: what it runs, for the view. job, job_id, job_task_id, executor,
+            pid: where it runs (Spark job group, job id, task id, executor).
+    Returns:
+        {"task_id", "queue", "max_queue_readers"}.
+    Raises:
+        InUseError: the queue already has MAX_QUEUE_READERS readers.
+    """
+    return Call(
+        "register_task",
+        _some(
+            queue=queue,
+            activator=activator,
+            procedure=procedure,
+            job=job,
+            job_id=job_id,
+            job_task_id=job_task_id,
+            executor=executor,
+            pid=pid,
+        ),
+        dict,
+    )
+
+
+def end_task(error: str | None = None) -> Call[None]:
+    """End this session's external activated task (`error`: why it failed, if it did)."""
+    return Call("end_task", _some(error=error), _none)
+
+
+def request_stop(
+    queue: str | None = None,
+    *,
+    activator: str | None = None,
+    job: str | None = None,
+    task_id: int | None = None,
+) -> Call[int]:
+    """Ask the external readers matching every given filter to finish after their
+    current transaction (their RECEIVEs return [] from now on).
+
+    Returns:
+        How many readers were asked.
+    """
+    return Call(
+        "request_stop", _some(queue=queue, activator=activator, job=job, task_id=task_id), int
+    )
+
+
+def label_job(job: str, job_id: int) -> Call[int]:
+    """Record `job_id` on the external readers registered with `job`; returns how many."""
+    return Call("label_job", {"job": job, "job_id": job_id}, int)
+
+
+def transaction_messages(transaction_id: Handle) -> Call[list[Message]]:
+    """The messages a detached transaction received, in order, without changing anything."""
+    return Call("transaction_messages", {"transaction_id": _handle(transaction_id)}, _messages)

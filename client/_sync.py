@@ -152,6 +152,11 @@ class SyncConnection:
     log_task = _method(calls.log_task)
     log_task_start = _method(calls.log_task_start)
     log_task_end = _method(calls.log_task_end)
+    register_task = _method(calls.register_task)
+    end_task = _method(calls.end_task)
+    request_stop = _method(calls.request_stop)
+    label_job = _method(calls.label_job)
+    transaction_messages = _method(calls.transaction_messages)
 
     # ---- the seed-000 scheduler (see _scheduler) --------------------------------------
 

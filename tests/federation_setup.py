@@ -38,6 +38,7 @@ REQUEST = "AsyncSent"
 REPLY = "AsyncDone"
 CONTRACT = "AsyncContract"
 POLL_INTERVAL = 0.05
+DIAGNOSTIC_VIEWS = ("transmission_queue", "broker_connections", "conversation_endpoints")
 
 
 # ---- brokers -----------------------------------------------------------------------------
@@ -138,18 +139,33 @@ class Federation:
         return self
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            await self.report()
         for conn in [*self._extra, *(n.conn for n in self.nodes.values())]:
             with contextlib.suppress(Exception):
                 await conn.close()
         for node in self.nodes.values():
             node.process.kill()
-        if exc_type is not None:
-            # pytest shows captured stdout of a failed test: the daemons' last words
-            for node in self.nodes.values():
-                with contextlib.suppress(OSError):
-                    print(
-                        f"---- broker {node.name} log tail ----\n{node.process.log_text()[-3000:]}"
-                    )
+
+    async def report(self, rows: int = 10) -> None:
+        """Print each broker's transport views and log tail (pytest shows them on failure)."""
+        for node in self.nodes.values():
+            print(f"---- broker {node.name} {node.instance} ----")
+            try:
+                async with asyncio.timeout(5):
+                    conn = await client.connect(node.process.url)
+                    try:
+                        for view in DIAGNOSTIC_VIEWS:
+                            found = await conn.view(view)
+                            print(f"{view}: {len(found)} rows")
+                            for row in found[:rows]:
+                                print(f"  {row}")
+                    finally:
+                        await conn.close()
+            except Exception as exc:
+                print(f"views unavailable: {exc!r}")
+            with contextlib.suppress(OSError):
+                print(f"log tail:\n{node.process.log_text()[-3000:]}")
 
     async def session(self, name: str) -> client.Connection:
         """Another connection to broker `name`, closed with the federation."""

@@ -1,0 +1,209 @@
+"""An activated reader running as a Spark task (executor side).
+
+Theory of operation. The bridge's Spark job has one partition per reader; each
+partition runs `run_partition`, which opens its own blocking connection to the
+broker (nothing but names and numbers crosses the pickle boundary) and registers as
+an external activated task of its queue, giving its Spark job group, task id,
+executor and pid. The broker refuses the registration when the queue already has
+MAX_QUEUE_READERS readers; the reader then exits at once, having touched nothing.
+
+A registered reader loops, one transaction per RECEIVE: RECEIVE TOP(batch) with
+WAITFOR idle_timeout, call the user's function `fn(message, conn)` for each message
+(conn is the connection, inside the open transaction, so replies sent on it commit
+with the RECEIVE), COMMIT. An exception rolls the transaction back with the error's
+text (the poison_messages view and dead-letter reason show it); the reader then
+takes the failed batch one message at a time, so only the message that keeps
+failing accumulates failed deliveries and a poison policy acts on it alone. EndDialog
+and Error messages end their conversation and are not given to the function.
+
+The reader exits when a RECEIVE waited idle_timeout and got nothing, which is also
+what a stop request looks like: the broker answers a stopping reader's RECEIVE with
+nothing at once, so it commits what it has and exits. In "procedure" mode the
+function is an activation procedure `proc(conn, task)` (as in internal activation)
+and runs once. A reader never raises into Spark (on a local master one failing task
+fails the whole job); it reports what happened instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import client
+
+MESSAGE_MODE: Final = "message"
+PROCEDURE_MODE: Final = "procedure"
+ISOLATED_AFTER_FAILURE: Final = 1  # RECEIVE TOP(1) while re-taking a failed batch
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderSpec:
+    """What a reader needs to know; pickled into the Spark task, so plain data only."""
+
+    url: str
+    queue: str
+    function: str  # "package.module:function"
+    activator: str
+    job: str
+    mode: str = MESSAGE_MODE
+    batch_size: int = 100
+    idle_timeout: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """The second argument of a procedure: where it runs."""
+
+    queue: str
+    task_id: int
+    job: str
+    job_task_id: int | None
+    executor: str
+
+
+@dataclass(slots=True)
+class ReaderReport:
+    """What one reader did; collected by the bridge."""
+
+    partition: int
+    registered: bool = False
+    task_id: int | None = None
+    refused: str | None = None
+    error: str | None = None
+    transactions: int = 0
+    processed: int = 0
+    rolled_back: int = 0
+    registered_at: float | None = None
+    ended_at: float | None = None
+    job_task_id: int | None = None
+    executor: str | None = None
+
+
+_functions: dict[str, Callable[..., Any]] = {}
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """Import 'package.module:function' (cached per worker process)."""
+    found = _functions.get(spec)
+    if found is None:
+        module, _, attribute = spec.partition(":")
+        if not module or not attribute:
+            raise ValueError(f"a function is 'package.module:function', got {spec!r}")
+        target: Any = importlib.import_module(module)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+        if not callable(target):
+            raise TypeError(f"{spec} is not callable")
+        found = _functions[spec] = target
+    return found
+
+
+def _where() -> tuple[int | None, str]:
+    """This Spark task's attempt id and a name for its executor."""
+    task_id: int | None = None
+    executor = os.environ.get("SPARK_EXECUTOR_ID", "")
+    with contextlib.suppress(ImportError):
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None:
+            task_id = context.taskAttemptId()
+            executor = executor or "driver"  # local master: the executor is the driver
+    return task_id, f"{executor or 'local'}@{socket.gethostname()}"
+
+
+def run_partition(spec: ReaderSpec, index: int, _rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
+    """The body of one Spark task: one reader. Yields its report (one row)."""
+    yield asdict(run_reader(spec, index))
+
+
+def run_reader(spec: ReaderSpec, index: int = 0) -> ReaderReport:
+    """Register, read until idle or stopped, end; never raises."""
+    report = ReaderReport(partition=index)
+    report.job_task_id, report.executor = _where()
+    try:
+        conn = client.connect_sync(spec.url)
+    except client.BrokerError as exc:
+        report.error = f"cannot connect: {exc}"
+        return report
+    try:
+        try:
+            info = conn.register_task(
+                spec.queue,
+                spec.activator,
+                procedure=spec.function,
+                job=spec.job,
+                job_task_id=report.job_task_id,
+                executor=report.executor,
+                pid=os.getpid(),
+            )
+        except client.InUseError as exc:
+            report.refused = str(exc)
+            return report
+        report.registered, report.task_id = True, int(info["task_id"])
+        report.registered_at = time.time()
+        error: str | None = None
+        try:
+            fn = load_function(spec.function)
+            if spec.mode == PROCEDURE_MODE:
+                task = TaskInfo(
+                    spec.queue, int(info["task_id"]), spec.job, report.job_task_id, report.executor
+                )
+                fn(conn, task)
+            else:
+                _read_messages(conn, spec, fn, report)
+        except Exception as exc:  # reported, not raised: one failing task fails a local job
+            error = f"{type(exc).__name__}: {exc}"
+            report.error = error
+        if not conn.closed:
+            if error is not None:  # it may have left a transaction open
+                with contextlib.suppress(client.TransactionError):
+                    conn.rollback(error=error)
+            conn.end_task(error)
+    except client.BrokerError as exc:
+        report.error = report.error or f"{type(exc).__name__}: {exc}"
+    finally:
+        report.ended_at = time.time()
+        conn.close()
+    return report
+
+
+def _read_messages(
+    conn: client.SyncConnection,
+    spec: ReaderSpec,
+    fn: Callable[[client.Message, client.SyncConnection], Any],
+    report: ReaderReport,
+) -> None:
+    isolated = 0  # messages still to take one at a time after a failure
+    while True:
+        top = ISOLATED_AFTER_FAILURE if isolated > 0 else spec.batch_size
+        conn.begin_transaction()
+        # the broker's errors here (queue disabled, ...) end the reader
+        messages = conn.receive(spec.queue, top=top, timeout=spec.idle_timeout)
+        try:
+            for message in messages:
+                if message.is_end_dialog or message.is_error:
+                    with contextlib.suppress(client.ConversationEndedError, client.NotFoundError):
+                        conn.end_conversation(message.conversation_handle)
+                else:
+                    fn(message, conn)
+        except client.ConnectionLostError:
+            raise
+        except Exception as exc:  # the user's function failed: roll back, go on
+            conn.rollback(error=f"{type(exc).__name__}: {exc}")
+            report.rolled_back += 1
+            isolated = max(isolated, len(messages))
+            continue
+        conn.commit()
+        report.transactions += 1
+        if not messages:
+            return
+        report.processed += sum(1 for m in messages if not (m.is_end_dialog or m.is_error))
+        if isolated > 0:
+            isolated -= len(messages)
