@@ -264,6 +264,8 @@ class Transport:
         self.envelopes: dict[tuple[uuid.UUID, Direction], Envelope] = {}
         self.discarding: set[tuple[uuid.UUID, Direction]] = set()
         self.held_seqs: set[tuple[uuid.UUID, Direction, int]] = set()
+        self.closed_conversations: set[uuid.UUID] = set()  # ended here recently
+        self._closed_order: deque[tuple[float, uuid.UUID]] = deque()
         self.server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -770,33 +772,39 @@ class Transport:
         self.engine.store.when_durable(self.engine.store.watermark(), durable)
 
     def _open_receiver(self, peer: Peer, event: UnknownDialog, link: Link | None) -> None:
+        """First frame of a dialog direction we have no receiver for.
+
+        A new dialog's first frames may arrive in any order (a corrupted or lost
+        fragment of message 0 is retried later), so a live dialog always starts at
+        sequence 0. A direction that ended here (or whose initiator is gone) is
+        received in discard mode: acknowledged and dropped, so its sender stops.
+        Nothing is kept unless the frame passes the integrity check.
+        """
         frame = event.frame
         key = (event.conversation_id, event.direction)
         envelope = frame.envelope
         from_initiator = event.direction is Direction.FROM_INITIATOR
-        alive = (
-            envelope is not None
-            and envelope.to_broker_id == self.instance
-            and (
-                (from_initiator and frame.seq == 0)
-                or (
-                    not from_initiator
-                    and (event.conversation_id, True) in self.engine.by_conversation
-                )
-            )
-        )
+        if from_initiator:
+            alive = key[0] not in self.closed_conversations
+        else:
+            alive = (key[0], True) in self.engine.by_conversation
+        if alive and (envelope is None or envelope.to_broker_id != self.instance):
+            return  # cannot create an endpoint without a routing header addressed to us
+        first = 0 if alive else frame.seq
+        events = peer.dialog.open_receiver(key[0], key[1], next_expected_seq=first)
+        followed = peer.dialog.receive_frame(frame, self.loop.time())
+        if any(isinstance(e, IntegrityFailure) for e in followed):
+            peer.dialog.close_receiver(*key)  # an unverified frame creates nothing
+            self._apply(peer, [e for e in followed if isinstance(e, IntegrityFailure)], link)
+            return
         if alive:
             assert envelope is not None
             self.envelopes[key] = envelope
             self.discarding.discard(key)
-            first = 0
         else:
-            # a dialog that ended here (or never existed): accept and drop, so the sender stops
             self.discarding.add(key)
-            first = frame.seq
-        events = peer.dialog.open_receiver(key[0], key[1], next_expected_seq=first)
         self._apply(peer, events, link)
-        self._apply(peer, peer.dialog.receive_frame(frame, self.loop.time()), link)
+        self._apply(peer, followed, link)
 
     def endpoint_removed(self, ep: Any) -> None:
         """A local endpoint closed: forget its dialog directions to other brokers."""
@@ -822,9 +830,19 @@ class Transport:
                 self.loop.call_later(
                     self.settings.closed_dialog_linger, self._close_receiver, peer, key
                 )
+        self._remember_closed(ep.conversation_id)
         store.delete_remote_dialog(ep.conversation_id, int(in_d), "recv")
         store.delete_held_direction(ep.conversation_id, int(in_d))
         self.envelopes.pop((ep.conversation_id, in_d), None)
+
+    def _remember_closed(self, conversation_id: uuid.UUID) -> None:
+        """Late frames of a dialog that ended here are discarded, for a while."""
+        now = self.loop.time()
+        self.closed_conversations.add(conversation_id)
+        self._closed_order.append((now, conversation_id))
+        horizon = now - 2 * self.settings.closed_dialog_linger
+        while self._closed_order and self._closed_order[0][0] < horizon:
+            self.closed_conversations.discard(self._closed_order.popleft()[1])
 
     def _close_receiver(self, peer: Peer, key: tuple[uuid.UUID, Direction]) -> None:
         if key in self.discarding:

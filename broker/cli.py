@@ -39,6 +39,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
 
+    bridge = commands.add_parser(
+        "spark-bridge",
+        help="run activated readers of queues as Spark tasks (needs pyspark)",
+        description="Subscribe to QUEUE_ACTIVATION events of the given queues and run "
+        "their readers as Spark tasks, until SIGTERM or Ctrl-C (readers finish their "
+        "transaction first). Example: ssb spark-bridge --master local[4] "
+        "--queue Orders=myjobs.orders:process",
+    )
+    _bridge_arguments(bridge)
+
     for name, text in (
         (
             "view",
@@ -53,6 +63,32 @@ def _parser() -> argparse.ArgumentParser:
             "--url", default=os.environ.get("SSB_URL", DEFAULT_URL), help="broker URL (env SSB_URL)"
         )
     return parser
+
+
+def _bridge_arguments(parser: argparse.ArgumentParser) -> None:
+    # declared here, run by spark_bridge._cli: `ssb serve` never imports pyspark
+    parser.add_argument("--config", type=Path, help="TOML file (see the README, Spark bridge)")
+    parser.add_argument("--broker", help=f"broker URL (default env SSB_URL or {DEFAULT_URL})")
+    parser.add_argument("--master", help="Spark master, e.g. local[4] (omit under spark-submit)")
+    parser.add_argument(
+        "--queue",
+        action="append",
+        default=[],
+        metavar="QUEUE=module:function",
+        help="serve QUEUE: its readers call function(message, conn); repeatable",
+    )
+    parser.add_argument(
+        "--scheduler", action="append", default=[], metavar="NAME", help="run scheduler NAME"
+    )
+    parser.add_argument("--batch-size", type=int, help="RECEIVE TOP(n) per transaction (100)")
+    parser.add_argument("--idle-timeout", type=float, help="a reader exits after this idle (2 s)")
+    parser.add_argument("--name", help="bridge name, prefix of its own objects (spark-bridge)")
+    parser.add_argument(
+        "--python-path", action="append", default=[], help="directory executors import from"
+    )
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -98,6 +134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ssb: {exc}", file=sys.stderr)
             return 2
         return run(config)
+
+    if args.command == "spark-bridge":
+        try:
+            from spark_bridge._cli import main as bridge_main
+        except ImportError as exc:
+            print(f"ssb spark-bridge needs pyspark: pip install 'ssb[spark]' ({exc})", file=sys.stderr)
+            return 2
+        return bridge_main(args)
 
     import client
 

@@ -1,5 +1,54 @@
-"""The Spark side of ssb (activated readers as Spark tasks). Not built yet."""
+"""The Spark bridge: activated readers as Spark tasks, the seed-000 scheduler on Spark,
+and the "ssb" data source (batch peek, Structured Streaming source and sink).
+
+    from spark_bridge import SparkActivator
+    SparkActivator(spark, "ssb://admin:pw@127.0.0.1:4021",
+                   {"Orders": "myjobs.orders:process"}).serve()
+
+    spark_bridge.register(spark)        # format("ssb") for read, readStream, writeStream
+
+Needs pyspark (>= 4.2) and pyarrow (`pip install 'ssb[spark]'`).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from ._activator import JobRecord, QueueBinding, SparkActivator, StopReport, event_queue
+from ._reader import ReaderReport, ReaderSpec, TaskInfo, run_reader
+from ._scheduler import (
+    get_spark_scheduler,
+    get_spark_scheduler_async,
+    install_spark_scheduler,
+    spark_scheduler_binding,
+)
+from ._source import (
+    SCHEMA,
+    LeaseStreamReader,
+    MessageStreamWriter,
+    MessageWriter,
+    PeekReader,
+    SsbDataSource,
+    register,
+)
+
+__all__ = [
+    "SCHEMA",
+    "JobRecord",
+    "LeaseStreamReader",
+    "MessageStreamWriter",
+    "MessageWriter",
+    "PeekReader",
+    "QueueBinding",
+    "ReaderReport",
+    "ReaderSpec",
+    "SparkActivator",
+    "SsbDataSource",
+    "StopReport",
+    "TaskInfo",
+    "event_queue",
+    "get_spark_scheduler",
+    "get_spark_scheduler_async",
+    "install_spark_scheduler",
+    "register",
+    "run_reader",
+    "spark_scheduler_binding",
+]

@@ -179,6 +179,7 @@ class SparkActivator:
         self.poll_interval = poll_interval
         self.stop_grace = stop_grace
         self.bindings: dict[str, QueueBinding] = {}
+        self._event_thread: threading.Thread | None = None
         for binding in _bindings(queues):
             self.add_queue(binding)
         self.jobs: list[JobRecord] = []
@@ -186,7 +187,6 @@ class SparkActivator:
         self._lock = threading.Lock()
         self._job_numbers = itertools.count(1)
         self._pool = ThreadPoolExecutor(MAX_JOB_THREADS, thread_name_prefix="ssb-spark-job")
-        self._event_thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._conn: client.SyncConnection | None = None

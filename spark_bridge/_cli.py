@@ -1,0 +1,150 @@
+"""`ssb spark-bridge`: run a SparkActivator in its own Spark driver (options: broker/cli.py).
+
+Options come from the command line and/or a TOML file; the command line wins:
+
+    broker = "ssb://admin:secret@127.0.0.1:4021"
+    master = "local[4]"                 # omit under spark-submit
+    name = "spark-bridge"
+    python_path = ["/srv/jobs"]         # where executors import the functions from
+    stop_grace = 10.0
+
+    [spark]                             # any Spark settings
+    "spark.python.task.killTimeout" = "200ms"
+
+    [[queue]]
+    name = "Orders"
+    function = "myjobs.orders:process"
+    batch_size = 100
+    idle_timeout = 2.0
+    max_readers = 4                     # optional, below the queue's MAX_QUEUE_READERS
+
+    [[scheduler]]
+    name = "Jobs"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, Final
+
+DEFAULT_BROKER: Final = "ssb://127.0.0.1:4021"
+_QUEUE_KEYS: Final = {"name", "function", "mode", "batch_size", "idle_timeout", "max_readers"}
+_TOP_KEYS: Final = {
+    "broker",
+    "master",
+    "name",
+    "python_path",
+    "stop_grace",
+    "poll_interval",
+    "spark",
+    "queue",
+    "scheduler",
+}
+
+
+class BridgeConfigError(ValueError):
+    """The bridge's configuration is wrong; the message says how."""
+
+
+def load_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The TOML file merged with the command line (which wins)."""
+    config: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            config = tomllib.loads(args.config.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise BridgeConfigError(f"cannot read {args.config}: {exc}") from None
+    unknown = set(config) - _TOP_KEYS
+    if unknown:
+        raise BridgeConfigError(
+            f"unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_TOP_KEYS))}"
+        )
+    queues: list[dict[str, Any]] = list(config.get("queue", []))
+    for entry in queues:
+        if not isinstance(entry, dict) or "name" not in entry or "function" not in entry:
+            raise BridgeConfigError("each [[queue]] needs name and function")
+        extra = set(entry) - _QUEUE_KEYS
+        if extra:
+            raise BridgeConfigError(f"unknown [[queue]] key(s) {', '.join(sorted(extra))}")
+    for item in args.queue:
+        queue, sep, function = item.partition("=")
+        if not sep or ":" not in function:
+            raise BridgeConfigError(f"--queue is QUEUE=package.module:function, got {item!r}")
+        queues = [q for q in queues if q["name"] != queue] + [{"name": queue, "function": function}]
+    for entry in queues:
+        if args.batch_size is not None:
+            entry["batch_size"] = args.batch_size
+        if args.idle_timeout is not None:
+            entry["idle_timeout"] = args.idle_timeout
+    schedulers = [s["name"] for s in config.get("scheduler", [])] + list(args.scheduler)
+    spark_conf = {str(k): str(v) for k, v in dict(config.get("spark", {})).items()}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BridgeConfigError(f"--conf is KEY=VALUE, got {item!r}")
+        spark_conf[key] = value
+    if not queues and not schedulers:
+        raise BridgeConfigError("nothing to serve: give --queue or --scheduler (or the TOML)")
+    return {
+        "broker": args.broker or config.get("broker") or os.environ.get("SSB_URL", DEFAULT_BROKER),
+        "master": args.master or config.get("master"),
+        "name": args.name or config.get("name", "spark-bridge"),
+        "python_path": [*config.get("python_path", []), *args.python_path],
+        "stop_grace": float(config.get("stop_grace", 10.0)),
+        "poll_interval": float(config.get("poll_interval", 1.0)),
+        "spark": spark_conf,
+        "queues": queues,
+        "schedulers": schedulers,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the bridge until SIGTERM / Ctrl-C."""
+    try:
+        config = load_config(args)
+    except BridgeConfigError as exc:
+        print(f"ssb spark-bridge: {exc}", file=sys.stderr)
+        return 2
+    paths = [str(Path(p).resolve()) for p in config["python_path"]]
+    if paths:
+        sys.path[:0] = paths
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [*paths, *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    from pyspark.sql import SparkSession
+
+    from ._activator import QueueBinding, SparkActivator
+
+    builder = SparkSession.builder.appName(f"ssb {config['name']}")
+    if config["master"]:
+        builder = builder.master(config["master"])
+    settings = {"spark.scheduler.mode": "FAIR", **config["spark"]}
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    try:
+        activator = SparkActivator(
+            spark,
+            config["broker"],
+            [QueueBinding(q.pop("name"), **q) for q in config["queues"]],
+            name=config["name"],
+            poll_interval=config["poll_interval"],
+            stop_grace=config["stop_grace"],
+        )
+        for scheduler in config["schedulers"]:
+            activator.add_scheduler(scheduler)
+        print(
+            f"ssb spark-bridge ready broker={config['broker']} "
+            f"queues={','.join(activator.bindings)} master={spark.sparkContext.master}",
+            flush=True,
+        )
+        activator.serve()
+    finally:
+        spark.stop()
+    return 0

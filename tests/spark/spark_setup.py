@@ -1,0 +1,98 @@
+"""Shared set-up for the Spark tests: services, loads, and watching from the broker's side."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import client
+
+Rows = list[dict[str, Any]]
+
+
+def until(read: Callable[[], Any], check: Callable[[Any], bool], timeout: float, what: str) -> Any:
+    """Poll `read` until `check` holds; fail after `timeout` seconds (no sleeps as sync)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if check(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {value!r}")
+        time.sleep(0.02)
+
+
+def work_queue(
+    conn: client.SyncConnection, name: str, readers: int, **queue: Any
+) -> None:
+    """Queue `name` (external activation only: activation OFF, MAX_QUEUE_READERS =
+    readers), its service, and a reply service `name`Replies."""
+    conn.create_queue(name, activation={"status": "OFF", "max_queue_readers": readers}, **queue)
+    conn.create_service(f"{name}Service", queue=name, contracts=["DEFAULT"])
+    conn.create_queue(f"{name}Replies")
+    conn.create_service(f"{name}ReplyService", queue=f"{name}Replies")
+
+
+def send_load(
+    conn: client.SyncConnection, name: str, conversations: int, per_conversation: int,
+    body: Callable[[int, int], bytes] = lambda c, i: f"{c}:{i}".encode(),
+) -> list[uuid.UUID]:
+    """`conversations` dialogs to `name`Service with `per_conversation` messages each."""
+    handles = []
+    with conn.transaction():
+        for c in range(conversations):
+            handle = conn.begin_dialog(f"{name}ReplyService", f"{name}Service")
+            conn.send_many(handle, "DEFAULT", [body(c, i) for i in range(per_conversation)])
+            handles.append(handle)
+    return handles
+
+
+def collect_replies(conn: client.SyncConnection, name: str, expected: int, timeout: float) -> Counter[bytes]:
+    """Receive replies until `expected` arrived (more may follow: the caller checks)."""
+    seen: Counter[bytes] = Counter()
+    deadline = time.monotonic() + timeout
+    while sum(seen.values()) < expected:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"only {sum(seen.values())} of {expected} replies in {timeout} s")
+        for m in conn.receive(f"{name}Replies", top=500, timeout=min(left, 1.0)):
+            seen[m.message_body] += 1
+    return seen
+
+
+class ReaderWatch:
+    """Samples the broker's activated_tasks view in a thread: the most readers of a
+    queue seen at once, and every external task seen."""
+
+    def __init__(self, url: str, queue: str) -> None:
+        self.url = url
+        self.queue = queue
+        self.most = 0
+        self.samples = 0
+        self.tasks: dict[int, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ReaderWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        with client.connect_sync(self.url) as conn:
+            while not self._stop.is_set():
+                rows = [r for r in conn.view("activated_tasks") if r["queue"] == self.queue]
+                monitor = [r for r in conn.view("queue_monitors") if r["queue"] == self.queue]
+                running = max(len(rows), monitor[0]["tasks_running"] if monitor else 0)
+                self.most = max(self.most, running)
+                self.samples += 1
+                for row in rows:
+                    self.tasks.setdefault(row["task_id"], row)
+                self._stop.wait(0.01)
