@@ -118,3 +118,17 @@ def failing_task(text: str) -> None:
 def worker_pid() -> int:
     """A scheduler task that reports the worker process it ran in."""
     return os.getpid()
+
+
+def picky(conn: client.SyncConnection, task: Any) -> None:
+    """Echo every message but one whose body is b"poison": that one raises (so its
+    transaction rolls back and this task ends)."""
+    while True:
+        with conn.transaction():
+            messages = conn.receive(task.queue, top=1, timeout=WAIT)
+            for m in messages:
+                if m.message_body == b"poison":
+                    raise ValueError("cannot process this message")
+                conn.send(m.conversation_handle, "DEFAULT", m.message_body)
+        if not messages:
+            return

@@ -28,7 +28,9 @@ wires use (a 4-byte big-endian length, then a msgpack payload) and injects fault
 Duplicates and corruptions spare the first `protect_frames` frames of each direction of
 each connection (the handshake); cuts and delays may hit anything. Every fault is drawn
 from a `random.Random(seed)` per direction and has a budget (`max_*`), so a run is
-bounded; `set_clean()` stops all faults at once so a test can finish. If the first 4
+bounded; `set_clean()` stops all faults at once so a test can finish. `stats` counts what
+was done per direction, and `stats.events` lists every fault injected (connection, frame,
+its first bytes, what was done) for a failing test to print. If the first 4
 bytes of a stream cannot be a frame length (say TLS), that connection falls back to
 forwarding raw chunks with only delays and cuts.
 
@@ -42,6 +44,7 @@ import asyncio
 import contextlib
 import random
 import threading
+from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Final
 
@@ -50,6 +53,7 @@ LENGTH_SIZE: Final = 4
 MAX_FRAME: Final = 128 * 1024 * 1024  # above this a "length" is not one: go raw
 HEADER_ZONE: Final = 32
 READ_SIZE: Final = 256 * 1024
+MAX_EVENTS: Final = 2000
 
 UP: Final = "up"  # client -> target
 DOWN: Final = "down"  # target -> client
@@ -103,6 +107,8 @@ class ProxyStats:
     refused: int = 0  # the target did not accept; the client's socket was closed
     up: DirectionStats = field(default_factory=DirectionStats)
     down: DirectionStats = field(default_factory=DirectionStats)
+    # one line per injected fault (not delays), newest last: print it when a test fails
+    events: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
 
     @property
     def cuts(self) -> int:
@@ -136,9 +142,13 @@ class _Cut(Exception):
 class _Faults:
     """One direction's seeded random source and remaining budgets."""
 
-    def __init__(self, plan: FaultPlan, stats: DirectionStats) -> None:
+    def __init__(
+        self, plan: FaultPlan, stats: DirectionStats, events: deque[str], name: str
+    ) -> None:
         self.plan = plan
         self.stats = stats
+        self.events = events
+        self.name = name
         self.random = random.Random(plan.seed)
         self.clean = False
 
@@ -169,11 +179,18 @@ class _Faults:
             self.plan.duplicate_probability, self.stats.duplicates, self.plan.max_duplicates
         )
 
-    def corrupt(self, frame: bytearray, index: int) -> None:
-        """Maybe flip one byte of `frame` (length prefix included) in place."""
+    def note(self, connection: int, index: int, frame: bytes | bytearray, what: str) -> None:
+        head = bytes(frame[LENGTH_SIZE : LENGTH_SIZE + 2]).hex()
+        self.events.append(
+            f"{self.name} connection {connection} frame {index} ({len(frame)} bytes, "
+            f"starts {head}): {what}"
+        )
+
+    def corrupt(self, frame: bytearray, index: int) -> str:
+        """Maybe flip one byte of `frame` (length prefix included) in place; say what."""
         p = self.plan
         if index < p.protect_frames:
-            return
+            return ""
         length = len(frame) - LENGTH_SIZE
         if length >= p.payload_min_frame and self._draw(
             p.payload_corrupt_probability, self.stats.payload_corruptions, p.max_payload_corruptions
@@ -181,13 +198,15 @@ class _Faults:
             offset = LENGTH_SIZE + self.random.randrange(length // 4, 3 * length // 4)
             frame[offset] ^= self.random.randrange(1, 256)
             self.stats.payload_corruptions += 1
-            return
+            return f"payload byte {offset} flipped"
         if length > 0 and self._draw(
             p.header_corrupt_probability, self.stats.header_corruptions, p.max_header_corruptions
         ):
             offset = LENGTH_SIZE + self.random.randrange(min(length, HEADER_ZONE))
             frame[offset] ^= self.random.randrange(1, 256)
             self.stats.header_corruptions += 1
+            return f"header byte {offset} flipped"
+        return ""
 
 
 class FaultProxy:
@@ -205,8 +224,8 @@ class FaultProxy:
         self.target_port = target_port
         self.stats = ProxyStats()
         self._faults = {
-            UP: _Faults(up or FaultPlan.clean(), self.stats.up),
-            DOWN: _Faults(down or FaultPlan.clean(), self.stats.down),
+            UP: _Faults(up or FaultPlan.clean(), self.stats.up, self.stats.events, UP),
+            DOWN: _Faults(down or FaultPlan.clean(), self.stats.down, self.stats.events, DOWN),
         }
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -257,6 +276,7 @@ class FaultProxy:
         assert task is not None
         self._tasks.add(task)
         self.stats.connections += 1
+        connection = self.stats.connections
         self._writers.add(writer)
         up_writer: asyncio.StreamWriter | None = None
         clean_end = False
@@ -268,8 +288,8 @@ class FaultProxy:
                 return
             self._writers.add(up_writer)
             pumps = [
-                asyncio.ensure_future(self._pump(reader, up_writer, UP)),
-                asyncio.ensure_future(self._pump(up_reader, writer, DOWN)),
+                asyncio.ensure_future(self._pump(reader, up_writer, UP, connection)),
+                asyncio.ensure_future(self._pump(up_reader, writer, DOWN, connection)),
             ]
             try:
                 # an EOF half-closes one direction; a cut or an error in either ends both
@@ -294,7 +314,11 @@ class FaultProxy:
             self._tasks.discard(task)
 
     async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        direction: str,
+        connection: int,
     ) -> bool:
         """Forward one direction; True after a clean EOF, False after a cut or an error."""
         faults = self._faults[direction]
@@ -330,13 +354,18 @@ class FaultProxy:
                         break
                     frame = buffer[:end]
                     del buffer[:end]
-                    await self._forward_frame(frame, index, writer, faults)
+                    await self._forward_frame(frame, index, writer, faults, connection)
                     index += 1
         except (_Cut, ConnectionError, OSError):
             return False
 
     async def _forward_frame(
-        self, frame: bytearray, index: int, writer: asyncio.StreamWriter, faults: _Faults
+        self,
+        frame: bytearray,
+        index: int,
+        writer: asyncio.StreamWriter,
+        faults: _Faults,
+        connection: int,
     ) -> None:
         stats = faults.stats
         pause = faults.delay()
@@ -346,17 +375,24 @@ class FaultProxy:
             stats.cuts += 1
             if faults.truncate() and len(frame) > 1:
                 stats.truncations += 1
-                writer.write(bytes(frame[: faults.random.randrange(1, len(frame))]))
+                part = faults.random.randrange(1, len(frame))
+                faults.note(connection, index, frame, f"cut after {part} bytes of it")
+                writer.write(bytes(frame[:part]))
                 with contextlib.suppress(OSError):
                     await writer.drain()
+            else:
+                faults.note(connection, index, frame, "cut before it")
             raise _Cut
-        faults.corrupt(frame, index)
+        corrupted = faults.corrupt(frame, index)
+        if corrupted:
+            faults.note(connection, index, frame, corrupted)
         payload = bytes(frame)
         writer.write(payload)
         stats.frames += 1
         stats.bytes += len(payload)
         if faults.duplicate(index):
             stats.duplicates += 1
+            faults.note(connection, index, frame, "duplicated")
             writer.write(payload)
             stats.bytes += len(payload)
         await writer.drain()

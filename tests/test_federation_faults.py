@@ -231,6 +231,8 @@ async def test_every_message_arrives_once_in_order_through_a_faulty_network(
                     timeout=60,
                 )
             except TimeoutError:
+                for name, proxy in (("A->B", ab), ("B->A", ba)):
+                    print(f"faults injected by the {name} proxy:", *proxy.stats.events, sep="\n  ")
                 raise AssertionError(await _progress(a, handles, served, replies)) from None
             finally:
                 await sampler.stop()

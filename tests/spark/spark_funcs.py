@@ -18,6 +18,19 @@ def slow_reply(message: client.Message, conn: client.SyncConnection) -> None:
     reply(message, conn)
 
 
+def brisk_reply(message: client.Message, conn: client.SyncConnection) -> None:
+    """`reply` after 5 ms of "work"."""
+    time.sleep(0.005)
+    reply(message, conn)
+
+
+def stuck(message: client.Message, conn: client.SyncConnection) -> None:
+    """Hang inside the transaction (at most a minute) unless the body is "quick"."""
+    if message.message_body != b"quick":
+        time.sleep(60)
+    reply(message, conn)
+
+
 def flaky(message: client.Message, conn: client.SyncConnection) -> None:
     """Fail the first delivery of the message "bad"; answer everything else."""
     if message.message_body == b"bad" and message.delivery_count == 1:

@@ -25,7 +25,7 @@ def test_thousand_messages_each_processed_once_within_the_reader_cap(
         activator = SparkActivator(
             spark,
             sbroker.url,
-            [QueueBinding("Orders", "spark_funcs:slow_reply", batch_size=10, idle_timeout=1.0)],
+            [QueueBinding("Orders", "spark_funcs:brisk_reply", batch_size=10, idle_timeout=1.0)],
         )
         with ReaderWatch(sbroker.url, "Orders") as watch:
             activator.start()
@@ -165,3 +165,23 @@ def test_bridge_shutdown_mid_load_loses_nothing(spark: Any, sbroker: BrokerProce
         finally:
             second.stop(grace=5)
         assert every == {f"done:{c}:{i}".encode(): 1 for c in range(20) for i in range(30)}
+
+
+def test_a_reader_that_does_not_stop_is_cancelled_and_its_message_returns(
+    spark: Any, sbroker: BrokerProcess
+) -> None:
+    with client.connect_sync(sbroker.url) as conn:
+        work_queue(conn, "Stuck", readers=1)
+        activator = SparkActivator(
+            spark, sbroker.url, [QueueBinding("Stuck", "spark_funcs:stuck", batch_size=1)]
+        )
+        activator.start()
+        send_load(conn, "Stuck", 1, 1)
+        until(lambda: tasks_of(conn, "Stuck"), lambda rows: rows and rows[0]["conversation_group_id"], 30, "the reader to hold the message")
+        report = activator.stop(grace=0.5)
+        assert report.jobs_cancelled == 1
+        # the killed task's connection dropped: its transaction rolled back
+        back = until(lambda: conn.peek("Stuck"), lambda rows: len(rows) == 1, 20, "the message to return")
+        assert back[0].message_body == b"0:0"
+        assert conn.peek("StuckReplies") == []
+        until(lambda: tasks_of(conn, "Stuck"), lambda rows: not rows, 20, "the task to end")

@@ -1,0 +1,174 @@
+"""The "ssb" data source: Structured Streaming source and sink, batch peek."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon import BrokerProcess
+from pyspark.errors import StreamingQueryException
+from spark_setup import send_load, until, work_queue
+
+import client
+
+QUERY_TIMEOUT = 60.0
+
+
+def source(spark: Any, url: str, queue: str, **options: Any) -> Any:
+    reader = spark.readStream.format("ssb").option("broker", url).option("queue", queue)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def user_messages(conn: client.SyncConnection, queue: str) -> list[bytes]:
+    return [m.message_body for m in conn.peek(queue) if m.message_type_name == "DEFAULT"]
+
+
+def start_copy(spark: Any, url: str, checkpoint: Path) -> Any:
+    """In -> Spark -> OutService, 40 messages a micro-batch."""
+    return (
+        source(spark, url, "In", maxMessagesPerBatch=40, leaseTimeout=120)
+        .selectExpr("message_body")
+        .writeStream.format("ssb")
+        .option("broker", url)
+        .option("service", "InRepliesService")
+        .option("fromService", "InReplyService")
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+
+
+def setup_copy(conn: client.SyncConnection) -> None:
+    work_queue(conn, "In", readers=1)
+    conn.create_service("InRepliesService", queue="InReplies", contracts=["DEFAULT"])
+
+
+def test_stream_stopped_and_restarted_delivers_every_message_once_in_order(
+    spark: Any, sbroker: BrokerProcess, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    expected = [f"{c}:{i}".encode() for c in range(10) for i in range(50)]
+    with client.connect_sync(sbroker.url) as conn:
+        setup_copy(conn)
+        send_load(conn, "In", conversations=10, per_conversation=50)
+        query = start_copy(spark, sbroker.url, checkpoint)
+        try:
+            until(lambda: len(user_messages(conn, "InReplies")), lambda n: n >= 80, QUERY_TIMEOUT, "a few batches")
+        finally:
+            query.stop()
+        assert query.exception() is None
+        first_run = len(user_messages(conn, "InReplies"))
+        assert first_run < 500, "the query finished before it was stopped: the test proves nothing"
+        query = start_copy(spark, sbroker.url, checkpoint)
+        try:
+            out = until(lambda: user_messages(conn, "InReplies"), lambda rows: len(rows) >= 500, QUERY_TIMEOUT, "all 500")
+            # Spark committed the last batch: its lease commits when the next one is planned
+            until(lambda: conn.peek("In"), lambda rows: not rows, QUERY_TIMEOUT, "the source queue to empty")
+        finally:
+            query.stop()
+        assert query.exception() is None
+        assert sorted(out) == sorted(expected), "every message exactly once"
+        by_conversation: dict[bytes, list[int]] = defaultdict(list)
+        for body in out:
+            c, i = body.split(b":")
+            by_conversation[c].append(int(i))
+        assert all(order == sorted(order) for order in by_conversation.values()), "in order"
+        # at most the last batch's lease is open (it settles when the query next runs)
+        assert len(conn.view("open_transactions")) <= 1
+
+
+def test_a_failed_batch_gets_its_messages_again(
+    spark: Any, sbroker: BrokerProcess, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    seen: dict[int, list[list[Any]]] = defaultdict(list)  # batch id -> each attempt's rows
+    fail_once = {"armed": True}
+
+    def sink(frame: Any, batch_id: int) -> None:
+        rows = [(r.message_body, r.delivery_count) for r in frame.collect()]
+        seen[batch_id].append(rows)
+        if batch_id == 1 and fail_once["armed"]:
+            fail_once["armed"] = False
+            raise RuntimeError("the sink failed batch 1")
+
+    def run() -> Any:
+        return (
+            source(spark, sbroker.url, "In", maxMessagesPerBatch=25, leaseTimeout=120)
+            .select("message_body", "delivery_count")
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+
+    with client.connect_sync(sbroker.url) as conn:
+        setup_copy(conn)
+        send_load(conn, "In", conversations=2, per_conversation=50)
+        query = run()
+        try:
+            with pytest.raises(StreamingQueryException, match="the sink failed batch 1"):
+                query.awaitTermination(QUERY_TIMEOUT)
+        finally:
+            query.stop()
+        assert len(seen[1]) == 1
+        query = run()
+        try:
+            until(lambda: sum(len(a[-1]) for a in seen.values()), lambda n: n >= 100, QUERY_TIMEOUT, "all 100")
+        finally:
+            query.stop()
+        assert query.exception() is None
+        # batch 1 ran again with exactly the messages it had, in the same order
+        assert len(seen[1]) == 2 and seen[1][0] == seen[1][1] and len(seen[1][0]) == 25
+        committed = [body for batch in sorted(seen) for body, _ in seen[batch][-1]]
+        assert sorted(committed) == sorted(f"{c}:{i}".encode() for c in range(2) for i in range(50))
+
+
+def test_a_lease_nobody_commits_comes_back(spark: Any, sbroker: BrokerProcess, tmp_path: Path) -> None:
+    got: list[bytes] = []
+
+    def sink(frame: Any, batch_id: int) -> None:
+        got.extend(r.message_body for r in frame.collect())
+
+    with client.connect_sync(sbroker.url) as conn:
+        setup_copy(conn)
+        send_load(conn, "In", conversations=1, per_conversation=5)
+        query = (
+            source(spark, sbroker.url, "In", leaseTimeout=2)
+            .select("message_body")
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(tmp_path / "abandoned"))
+            .start()
+        )
+        try:
+            until(lambda: len(got), lambda n: n == 5, QUERY_TIMEOUT, "the batch")
+        finally:
+            query.stop()
+        # the query never comes back to settle its lease: it expires, the messages return
+        back = until(lambda: conn.peek("In"), lambda rows: len(rows) == 5, 20, "the lease to expire")
+        assert [m.message_body for m in back] == [f"0:{i}".encode() for i in range(5)]
+        assert all(m.delivery_count == 2 for m in back)
+
+
+def test_batch_read_peeks_without_receiving(spark: Any, sbroker: BrokerProcess) -> None:
+    with client.connect_sync(sbroker.url) as conn:
+        setup_copy(conn)
+        send_load(conn, "In", conversations=3, per_conversation=4)
+        frame = spark.read.format("ssb").option("broker", sbroker.url).option("queue", "In").load()
+        rows = frame.orderBy("queuing_order").collect()
+        assert [r.message_body for r in rows] == [f"{c}:{i}".encode() for c in range(3) for i in range(4)]
+        assert rows[0].service_name == "InService" and rows[0].message_type_name == "DEFAULT"
+        assert len(conn.peek("In")) == 12  # still there
+
+
+def test_batch_write_sends_rows_as_messages(spark: Any, sbroker: BrokerProcess) -> None:
+    with client.connect_sync(sbroker.url) as conn:
+        setup_copy(conn)
+        frame = spark.createDataFrame([(f"row {n}",) for n in range(20)], "message_body string")
+        (
+            frame.coalesce(1).write.format("ssb").option("broker", sbroker.url)
+            .option("service", "InService").option("fromService", "InReplyService")
+            .mode("append").save()
+        )
+        assert user_messages(conn, "In") == [f"row {n}".encode() for n in range(20)]
