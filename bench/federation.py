@@ -44,7 +44,7 @@ from typing import Any
 import client
 
 from . import e2e
-from ._common import BrokerProcess, broker, cpu_seconds, rate, run
+from ._common import BrokerProcess, broker, cpu_seconds, rate, run  # type: ignore[attr-defined]
 
 TARGET_RATIO = 0.6
 DRAIN_TIMEOUT = 60.0

@@ -80,6 +80,7 @@ class ReaderReport:
     processed: int = 0
     rolled_back: int = 0
     registered_at: float | None = None
+    last_processed_at: float | None = None  # its last commit that took messages
     ended_at: float | None = None
     job_task_id: int | None = None
     executor: str | None = None
@@ -205,5 +206,6 @@ def _read_messages(
         if not messages:
             return
         report.processed += sum(1 for m in messages if not (m.is_end_dialog or m.is_error))
+        report.last_processed_at = time.time()
         if isolated > 0:
             isolated -= len(messages)

@@ -345,20 +345,15 @@ async def endpoints(node: Node) -> list[dict[str, Any]]:
 async def wait_quiet(nodes: Iterable[Node], timeout: float = 30.0) -> None:
     """Wait until no broker has a message in its transmission queue or a conversation endpoint."""
     for node in nodes:
-        await wait_until(
-            lambda node=node: _is_empty(transmission_queue(node)),
-            f"an empty transmission queue on {node.name}",
-            timeout,
-        )
-        await wait_until(
-            lambda node=node: _is_empty(endpoints(node)),
-            f"no conversation endpoint left on {node.name}",
-            timeout,
-        )
+        for view in ("transmission_queue", "conversation_endpoints"):
+            await wait_until(_view_empty(node, view), f"an empty {view} on {node.name}", timeout)
 
 
-async def _is_empty(rows: Awaitable[list[dict[str, Any]]]) -> bool:
-    return not await rows
+def _view_empty(node: Node, view: str) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        return not await node.view(view)
+
+    return probe
 
 
 # ---- checks ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ are in test_federation_faults.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import random
 import socket
@@ -497,7 +498,7 @@ async def test_route_matching_most_specific_wins_expired_ignored_local_and_trans
         a, b, c = fed["A"], fed["B"], fed["C"]
         for node in (a, b, c):
             await create_contract(node.conn)
-        init_q = await create_initiator(a, "Initiator")
+        await create_initiator(a, "Initiator")  # B and C route acks back to it
         queues = {}
         for node in (b, c):  # the same service names on B and C
             queues[node.name] = await create_target(node, "Shared")
@@ -565,7 +566,6 @@ async def test_route_matching_most_specific_wins_expired_ignored_local_and_trans
         await a.conn.end_conversation(h)
         (end,) = await b.conn.receive(transported_q, timeout=15)
         assert end.message_type_name == client.END_DIALOG
-        assert init_q  # replies are not needed here; the back routes are for acks
 
 
 @pytest.mark.timeout(60)
@@ -582,7 +582,6 @@ async def test_no_route_is_shown_in_the_transmission_queue_until_a_route_appears
         forward = await route(a, "TargetB", b)
         h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
         await a.conn.drop_route(forward)
-        before = time.time()
         await a.conn.send_many(h, REQUEST, [body(0, n) for n in range(3)])
 
         rows = await transmission_queue(a)
@@ -597,7 +596,6 @@ async def test_no_route_is_shown_in_the_transmission_queue_until_a_route_appears
             assert not r["is_end_of_dialog"] and not r["is_conversation_error"]
             assert r["enqueue_time"] is not None
         assert await b.conn.receive(target_q, timeout=0) == []
-        assert time.time() - before < 30
 
         await route(a, "TargetB", b)
         got = await receive_count(b.conn, target_q, 3, timeout=20)
@@ -676,7 +674,7 @@ async def test_idle_connections_close_and_reopen_on_demand(tmp_path: Path) -> No
                 assert (r.message_body, r.message_sequence_number) == (b"ok %d" % n, n)
                 for node, peer in ((a, b), (b, a)):
                     await wait_until(
-                        lambda node=node, peer=peer: _no_established(node, peer),
+                        functools.partial(_no_established, node, peer),
                         f"{node.name}'s idle connection to {peer.name} to close",
                         15,
                     )

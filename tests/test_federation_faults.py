@@ -324,8 +324,9 @@ async def _progress(
 
 KILL_DIALOGS = 4
 KILL_BATCH = 20
-MAX_BATCHES = 600
+MAX_BATCHES = 1500  # a bound; the run normally stops far earlier
 KILLS = 3
+AHEAD = 1000  # the producer stays this close to B's consumer, except while B is down
 BIG_BATCH_EVERY = 10  # every 10th batch starts with a 200 KiB message (4 fragments)
 
 
@@ -343,12 +344,18 @@ class Ledger:
         self.committed: list[client.Message] = []
         self.in_doubt: list[client.Message] = []  # received, commit unanswered at a kill
         self.drained: list[client.Message] = []
+        self.b_down = False
+
+    def ahead(self) -> bool:
+        return not self.b_down and self.acked - len(self.committed) >= AHEAD
 
 
 async def _keep_sending(
     conn: client.Connection, handles: list[uuid.UUID], ledger: Ledger, stop: asyncio.Event
 ) -> None:
     for batch in range(MAX_BATCHES):
+        while ledger.ahead() and not stop.is_set():
+            await asyncio.sleep(0.005)  # flow control: let B's consumer catch up
         if stop.is_set():
             return
         dialog = batch % KILL_DIALOGS
@@ -358,12 +365,15 @@ async def _keep_sending(
         ledger.acked += len(bodies)
 
 
-async def _consume_until_lost(conn: client.Connection, queue: str, ledger: Ledger) -> None:
-    while True:
+async def _consume(
+    conn: client.Connection, queue: str, ledger: Ledger, stop: asyncio.Event
+) -> None:
+    """Receive in transactions until told to stop or the broker is killed."""
+    while not stop.is_set():
         messages: list[client.Message] = []
         try:
             await conn.begin_transaction()
-            messages = await conn.receive(queue, top=50, timeout=1.0)
+            messages = await conn.receive(queue, top=50, timeout=0.5)
             await conn.commit()
         except client.BrokerError:
             # the broker was killed: this batch may or may not have committed
@@ -402,7 +412,7 @@ async def test_kill_9_of_the_receiving_broker_mid_transfer_loses_and_duplicates_
         try:
             for kill in range(KILLS):
                 consumer = asyncio.ensure_future(
-                    _consume_until_lost(await fed.session("B"), target_q, ledger)
+                    _consume(await fed.session("B"), target_q, ledger, stop)
                 )
                 enough = len(ledger.committed) + 1500
 
@@ -410,6 +420,7 @@ async def test_kill_9_of_the_receiving_broker_mid_transfer_loses_and_duplicates_
                     return len(ledger.committed) >= enough and bool(await transmission_queue(a))
 
                 await wait_until(mid_transfer, "1,500 more receives on B, more in flight", 60)
+                ledger.b_down = True
                 b.process.kill()
                 await asyncio.wait_for(consumer, 30)
                 acked_at_kill = ledger.acked
@@ -422,20 +433,26 @@ async def test_kill_9_of_the_receiving_broker_mid_transfer_loses_and_duplicates_
                     15,
                 )
                 b = await fed.restart("B")
+                ledger.b_down = False
                 assert await b.conn.broker_instance() == instance
                 print(
                     f"kill {kill + 1}: acked {acked_at_kill}, committed {len(ledger.committed)}, "
                     f"in doubt {len(ledger.in_doubt)}"
                 )
-            acked_at_restart = ledger.acked
+            # after the last restart: go on for a while with a consumer, then stop both
+            consumer = asyncio.ensure_future(
+                _consume(await fed.session("B"), target_q, ledger, stop)
+            )
+            more = ledger.acked + 1000
             await wait_until(
-                _true(lambda: ledger.acked >= acked_at_restart + 1000 or producer.done()),
+                _true(lambda: ledger.acked >= more or producer.done()),
                 "more sends after the last restart",
                 60,
             )
         finally:
             stop.set()
             await asyncio.wait_for(producer, 30)
+        await asyncio.wait_for(consumer, 30)
 
         # drain B until A has nothing left to deliver and B's queue is empty
         drain = await fed.session("B")

@@ -1,0 +1,48 @@
+"""The seed-000 scheduler with its tasks run as Spark tasks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daemon import BrokerProcess
+from spark_setup import until
+
+import client
+from spark_bridge import SparkActivator, get_spark_scheduler
+
+
+def test_scheduler_tasks_run_on_spark_executors(spark: Any, sbroker: BrokerProcess) -> None:
+    with client.connect_sync(sbroker.url) as conn:
+        scheduler = get_spark_scheduler(conn, "Jobs", max_queue_readers=2)
+        queue = [q for q in conn.view("service_queues") if q["name"] == "Jobs/TargetQueue"][0]
+        assert not queue["is_activation_enabled"] and queue["max_readers"] == 2
+        activator = SparkActivator(spark, sbroker.url)
+        activator.add_scheduler("Jobs")
+        activator.start()
+        try:
+            with scheduler:
+                ids = [scheduler.exec_async("spark_funcs:add", n, 10) for n in range(4)]
+                first = scheduler.synchronize(timeout=60)
+                failing = scheduler.exec_async("operator:truediv", 1, 0)
+                second = scheduler.synchronize(timeout=60)
+        finally:
+            activator.stop(grace=2)
+        assert sorted((o.log_id, o.ok, o.result) for o in first) == [
+            (log_id, True, n + 10) for n, log_id in enumerate(ids)
+        ]
+        assert [(o.log_id, o.ok) for o in second] == [(failing, False)]
+        assert "ZeroDivisionError" in (second[0].error or "")
+        log = {row["log_id"]: row for row in conn.view("execution_log")}
+        for log_id in [*ids, failing]:
+            row = log[log_id]
+            assert row["status"] == ("FAILED" if log_id == failing else "DONE")
+            # the execution log names the executor and the Spark task that ran it
+            assert row["executor"] and row["job_task_id"] is not None
+            assert row["job"].startswith(activator.activator_id)
+            assert row["activated_task"] is not None
+        until(
+            lambda: [t for t in conn.view("activated_tasks") if t["queue"] == "Jobs/TargetQueue"],
+            lambda rows: not rows,
+            20,
+            "the scheduler's readers to end",
+        )
