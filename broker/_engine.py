@@ -199,6 +199,7 @@ class Engine:
         self.on_endpoint_removed: Callable[[Endpoint], None] | None = None
         self.describe_outbound: Callable[[Outbound], str] = lambda out: out.status
         self.on_routes_changed: Callable[[], None] | None = None
+        self._route_cache: dict[tuple[str, object], tuple[cat.Route | None, float]] = {}
         self.poison = PoisonHandler(self)
         self._timers: dict[uuid.UUID, asyncio.TimerHandle] = {}
         self._lifetimes: dict[uuid.UUID, asyncio.TimerHandle] = {}
@@ -499,6 +500,7 @@ class Engine:
         self._persist(
             "route", self.catalog.new_route(name, service_name, address, broker_instance, expires)
         )
+        self._route_cache.clear()
         if self.on_routes_changed is not None:
             self.on_routes_changed()
 
@@ -585,8 +587,10 @@ class Engine:
             self.listener.altered(queue)
         if kind == "event_notification":
             self.notification_dialogs.pop(name, None)
-        if kind == "route" and self.on_routes_changed is not None:
-            self.on_routes_changed()
+        if kind == "route":
+            self._route_cache.clear()
+            if self.on_routes_changed is not None:
+                self.on_routes_changed()
 
     # ================================================================ dialogs
 
@@ -700,13 +704,25 @@ class Engine:
         return route is None or route.address == "LOCAL"
 
     def find_route(self, service: str, broker_instance: object) -> cat.Route | None:
-        """Service Broker's route matching: the most specific live route wins."""
+        """Service Broker's route matching: the most specific live route wins.
+
+        Answers are cached until a route changes or the next route lifetime ends."""
+        key = (service, broker_instance)
         now = time.time()
+        hit = self._route_cache.get(key)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        if not self.catalog.routes:
+            self._route_cache[key] = (None, float("inf"))
+            return None
         best: cat.Route | None = None
         best_score = -1
+        valid_until = float("inf")
         for route in self.catalog.routes.values():
-            if route.expires is not None and route.expires <= now:
-                continue
+            if route.expires is not None:
+                if route.expires <= now:
+                    continue
+                valid_until = min(valid_until, route.expires)
             if route.address == "TRANSPORT":
                 score = 0
             elif route.service_name != service:
@@ -719,6 +735,9 @@ class Engine:
                 continue
             if score > best_score:
                 best, best_score = route, score
+        if len(self._route_cache) > 10_000:
+            self._route_cache.clear()
+        self._route_cache[key] = (best, valid_until)
         return best
 
     def _endpoint(self, session: Session, handle: object) -> Endpoint:

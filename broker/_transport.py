@@ -148,6 +148,7 @@ class Peer:
         self.corrupt_fragments = 0
         self.last_error = ""
         self.services: set[str] = set()  # services it hosts that we send to
+        self.pump_scheduled = False
 
 
 class Link(asyncio.Protocol):
@@ -192,18 +193,23 @@ class Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._touch()
         self.link.receive_data(data)
+        batch: list[FragmentFrame | AckFrame] = []
         try:
             while True:
                 event = self.link.next_event()
                 if event is NEED_DATA:
                     break
+                if isinstance(event, (FragmentFrame, AckFrame)):
+                    if self.peer is not None:
+                        batch.append(event)
+                    continue
+                if batch:  # keep the order of frames and other events
+                    self.owner.frames(self, batch)
+                    batch = []
                 if isinstance(event, HandshakeCompleted):
                     self.login_state = "AUTHENTICATED"
                     self._flush()  # our proof goes before any fragment
                     self.owner.established(self, event)
-                elif isinstance(event, (FragmentFrame, AckFrame)):
-                    if self.peer is not None:
-                        self.owner.frame(self, event)
                 elif isinstance(event, ProtocolErrorFrame):
                     log.warning("peer %s reported a protocol error: %s", self.address, event)
                     if self.peer is None:
@@ -215,6 +221,8 @@ class Link(asyncio.Protocol):
                     self.close()
                     return
         except ProtocolError as exc:
+            if batch:
+                self.owner.frames(self, batch)
             if self.peer is None:
                 self.login_state = f"FAILED: {exc}"
                 self.owner.handshake_failed(self, str(exc))
@@ -222,6 +230,8 @@ class Link(asyncio.Protocol):
             self._flush()
             self.close()
             return
+        if batch:
+            self.owner.frames(self, batch)
         self._flush()
 
     def close(self) -> None:
@@ -266,6 +276,7 @@ class Transport:
         self.held_seqs: set[tuple[uuid.UUID, Direction, int]] = set()
         self.closed_conversations: set[uuid.UUID] = set()  # ended here recently
         self._closed_order: deque[tuple[float, uuid.UUID]] = deque()
+        self._unsent: dict[int, list[Outbound]] = {}  # by store batch, until durable
         self.server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -345,7 +356,7 @@ class Transport:
     # ---- start and stop ------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self.engine.on_outbound = self.outbound
+        self.engine.on_outbound = self.new_outbound
         self.engine.on_endpoint_removed = self.endpoint_removed
         self.engine.describe_outbound = self.describe
         self.engine.on_routes_changed = self.routes_changed
@@ -448,8 +459,27 @@ class Transport:
             return None
         return address[len("tcp://") :].split("/", 1)[0]
 
+    def new_outbound(self, out: Outbound) -> None:
+        """The engine put a message for another broker in its transmission queue.
+
+        It goes on the wire only once that is durable: a message transmitted before
+        its sender's commit could reach the peer, be lost here in a crash, and its
+        sequence number be used again for another message."""
+        store = self.engine.store
+        batch = store.watermark()
+        waiting = self._unsent.get(batch)
+        if waiting is None:
+            waiting = self._unsent[batch] = []
+            store.when_durable(batch, lambda: self._send_durable(batch))
+        waiting.append(out)
+
+    def _send_durable(self, batch: int) -> None:
+        for out in self._unsent.pop(batch, []):
+            if out.id in self.engine.transmission:
+                self.outbound(out)
+
     def outbound(self, out: Outbound) -> None:
-        """A message for another broker entered the transmission queue."""
+        """Send (or wait to send) a durable transmission-queue entry."""
         route = self.engine.find_route(out.to_service, out.to_broker_instance)
         address = None if route is None else self._address(route, out)
         if route is None or address is None:
@@ -466,7 +496,7 @@ class Transport:
             return
         peer.address = address
         self._queue(peer, out)
-        self.pump(peer)
+        self.pump_soon(peer)
 
     def _queue(self, peer: Peer, out: Outbound) -> None:
         direction = _direction(out.is_initiator)
@@ -649,6 +679,17 @@ class Transport:
 
     # ---- the send loop ---------------------------------------------------------------
 
+    def pump_soon(self, peer: Peer) -> None:
+        """Pump once at the end of this loop iteration (many messages, one write)."""
+        if not peer.pump_scheduled:
+            peer.pump_scheduled = True
+            self.loop.call_soon(self._pump_scheduled, peer)
+
+    def _pump_scheduled(self, peer: Peer) -> None:
+        peer.pump_scheduled = False
+        if not self.closing:
+            self.pump(peer)
+
     def pump(self, peer: Peer) -> None:
         link = peer.link
         now = self.loop.time()
@@ -690,21 +731,27 @@ class Transport:
 
     # ---- receiving ---------------------------------------------------------------------
 
-    def frame(self, link: Link, frame: FragmentFrame | AckFrame) -> None:
+    def frames(self, link: Link, frames: list[FragmentFrame | AckFrame]) -> None:
+        """Frames from one read: their events are applied (and stored) together."""
         peer = link.peer
-        assert peer is not None
-        try:
-            events = peer.dialog.receive_frame(frame, self.loop.time())
-        except ProtocolError as exc:
-            log.warning("dropping a bad frame from broker %s: %s", peer.instance, exc)
+        if peer is None:
             return
+        now = self.loop.time()
+        events: list[DialogEvent] = []
+        receive = peer.dialog.receive_frame
+        for frame in frames:
+            try:
+                events.extend(receive(frame, now))
+            except ProtocolError as exc:
+                log.warning("dropping a bad frame from broker %s: %s", peer.instance, exc)
         self._apply(peer, events, link)
-        self.pump(peer)
+        self.pump_soon(peer)
 
     def _apply(self, peer: Peer, events: Iterable[DialogEvent], link: Link | None = None) -> None:
         engine = self.engine
         store = engine.store
         stored: list[MessageReceived | FragmentReceived] = []
+        next_seqs: dict[tuple[uuid.UUID, Direction], int] = {}
         for event in events:
             if isinstance(event, MessageReceived):
                 key = (event.conversation_id, event.direction)
@@ -722,7 +769,7 @@ class Transport:
                             envelope.contract,
                             str(envelope.from_broker_id),
                         )
-                    store.set_remote_next_seq(key[0], int(key[1]), "recv", event.seq + 1)
+                    next_seqs[key] = event.seq + 1
                     held = (key[0], key[1], event.seq)
                     if held in self.held_seqs:
                         self.held_seqs.discard(held)
@@ -761,13 +808,15 @@ class Transport:
                 )
             elif isinstance(event, UnknownDialog):
                 self._open_receiver(peer, event, link)
+        for (conversation_id, direction), next_seq in next_seqs.items():
+            store.set_remote_next_seq(conversation_id, int(direction), "recv", next_seq)
         if stored:
             self._when_stored(peer, stored)
 
     def _when_stored(self, peer: Peer, stored: list[MessageReceived | FragmentReceived]) -> None:
         def durable() -> None:
             peer.dialog.mark_stored(stored, self.loop.time())
-            self.pump(peer)
+            self.pump_soon(peer)
 
         self.engine.store.when_durable(self.engine.store.watermark(), durable)
 
@@ -782,6 +831,10 @@ class Transport:
         """
         frame = event.frame
         key = (event.conversation_id, event.direction)
+        if peer.dialog.receiver(*key) is not None:
+            # opened by an earlier frame of the same read
+            self._apply(peer, peer.dialog.receive_frame(frame, self.loop.time()), link)
+            return
         envelope = frame.envelope
         from_initiator = event.direction is Direction.FROM_INITIATOR
         if from_initiator:

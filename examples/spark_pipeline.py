@@ -127,8 +127,11 @@ def run_stream(spark: object, url: str, checkpoint: str) -> object:
         .option("broker", url).option("queue", "Orders").option("maxMessagesPerBatch", 2000)
         .load()
     )
+    # conversation_handle + transaction_id: each answer is sent on its order's
+    # conversation inside the lease that received the order, committing with it
     answers = orders.selectExpr(
         "conversation_handle",
+        "transaction_id",
         "to_json(named_struct('order', get_json_object(cast(message_body as string), '$.order')"
         " :: int, 'price', round(get_json_object(cast(message_body as string), '$.quantity')"
         " * 9.99, 2))) as message_body",

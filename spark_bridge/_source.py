@@ -25,7 +25,12 @@ Sink. Each writer task sends its rows in a detached transaction (on the row's
 conversation_handle when the row has one, else on a dialog it begins from
 fromService to service, ended after the rows) and hands the transaction id to
 Spark; `commit` commits every task's transaction when Spark commits the batch,
-`abort` rolls them back. Re-running a batch after its commit must not send twice:
+`abort` rolls them back. A reply to a message this source leased (a row with both
+conversation_handle and the source's transaction_id column) cannot be sent from
+another transaction: the lease holds its conversation group's lock. It is sent in
+the lease itself, at `commit` (a lease that already has sends got them from an
+earlier commit of the same batch), and commits with the RECEIVE when the source
+commits the lease: Service Broker's receive-process-reply in one transaction. Re-running a batch after its commit must not send twice:
 each (query, partition) keeps a marker message, the last batch it committed, in the
 bridge's SinkState queue, received and re-sent in the same transaction as the rows,
 so a task of a batch already committed sends nothing.
@@ -88,12 +93,13 @@ SCHEMA: Final = StructType(
         StructField("message_body", BinaryType()),
         StructField("message_enqueue_time", TimestampType()),
         StructField("delivery_count", IntegerType()),
+        StructField("transaction_id", StringType()),  # the lease (streaming reads only)
     ]
 )
 
 
-def message_row(m: client.Message) -> tuple[Any, ...]:
-    """A received message as a row of SCHEMA."""
+def message_row(m: client.Message, lease: str | None = None) -> tuple[Any, ...]:
+    """A received message as a row of SCHEMA (`lease`: the transaction holding it)."""
     return (
         m.status,
         m.priority,
@@ -108,6 +114,7 @@ def message_row(m: client.Message) -> tuple[Any, ...]:
         bytes(m.message_body),
         m.message_enqueue_time,
         m.delivery_count,
+        lease,
     )
 
 
@@ -295,7 +302,7 @@ class LeaseStreamReader(DataSourceStreamReader):
                 log.warning("lease %s is gone; its messages return in a later batch", partition.txn)
                 return
         for m in messages:
-            yield message_row(m)
+            yield message_row(m, partition.txn)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._settle(end)
@@ -334,6 +341,8 @@ class SentBatch(WriterCommitMessage):
     txn: str | None
     rows: int
     skipped: bool = False
+    # replies to leased messages: (lease, handle, message type, body), sent in the lease
+    replies: tuple[tuple[str, str, str, bytes], ...] = ()
 
 
 def _body(value: Any) -> bytes:
@@ -379,8 +388,15 @@ class _State:
         conn.send(handle, "DEFAULT", json.dumps(body))
 
 
-def _send_rows(conn: client.SyncConnection, settings: _Settings, rows: Iterator[Any]) -> int:
-    """SEND every row in the open transaction; returns how many."""
+def _send_rows(
+    conn: client.SyncConnection,
+    settings: _Settings,
+    rows: Iterator[Any],
+    replies: list[tuple[str, str, str, bytes]],
+) -> int:
+    """SEND every row in the open transaction, except replies to leased messages
+    (rows with conversation_handle and transaction_id), which go to `replies`;
+    returns how many rows were sent or kept."""
     dialog: uuid.UUID | None = None
     count = 0
     pending: list[bytes] = []
@@ -407,7 +423,12 @@ def _send_rows(conn: client.SyncConnection, settings: _Settings, rows: Iterator[
         body = _body(fields["message_body"])
         message_type = fields.get("message_type_name") or settings.message_type
         handle = fields.get("conversation_handle")
-        if handle:
+        lease = fields.get("transaction_id")
+        if handle and lease:
+            # its conversation group is locked by the lease until the lease commits:
+            # the reply goes into the lease, so it commits with the RECEIVE
+            replies.append((str(lease), str(handle), message_type, body))
+        elif handle:
             flush()
             conn.send(str(handle), message_type, body)
         else:
@@ -447,7 +468,8 @@ def _write(settings: _Settings, rows: Iterator[Any], streaming: bool) -> SentBat
                 if done:  # a re-run of a batch this partition committed already
                     conn.rollback()
                     return SentBatch(None, 0, skipped=True)
-            count = _send_rows(conn, settings, rows)
+            replies: list[tuple[str, str, str, bytes]] = []
+            count = _send_rows(conn, settings, rows, replies)
             if marker is not None and batch is not None:
                 state.mark(conn, marker, key, batch)
         except BaseException as exc:
@@ -455,22 +477,52 @@ def _write(settings: _Settings, rows: Iterator[Any], streaming: bool) -> SentBat
                 conn.rollback(error=f"{type(exc).__name__}: {exc}")
             raise
         conn.detach_transaction()
-    return SentBatch(str(txn), count)
+    return SentBatch(str(txn), count, replies=tuple(replies))
 
 
 def _finish(
     settings: _Settings, messages: Sequence[WriterCommitMessage | None], commit: bool
 ) -> None:
-    txns = [m.txn for m in messages if isinstance(m, SentBatch) and m.txn]
-    if not txns:
+    batches = [m for m in messages if isinstance(m, SentBatch)]
+    txns = [m.txn for m in batches if m.txn]
+    replies = [r for m in batches for r in m.replies]
+    if not txns and not replies:
         return
     with client.connect_sync(settings.url) as conn:
+        if commit and replies:
+            _reply_in_leases(conn, replies)
         for txn in txns:
             if commit:
                 conn.commit_transaction(txn)
             else:
                 with contextlib.suppress(client.NotFoundError):
                     conn.rollback_transaction(txn, error="Spark aborted the batch")
+
+
+def _reply_in_leases(
+    conn: client.SyncConnection, replies: list[tuple[str, str, str, bytes]]
+) -> None:
+    """Send replies inside the leases of the messages they answer. A lease that has
+    pending sends already got them from an earlier commit of this batch: skip it."""
+    open_now = {str(r["transaction_id"]): r for r in conn.view("open_transactions")}
+    by_lease: dict[str, list[tuple[str, str, bytes]]] = {}
+    for lease, handle, message_type, body in replies:
+        by_lease.setdefault(lease, []).append((handle, message_type, body))
+    for lease, sends in by_lease.items():
+        row = open_now.get(lease)
+        if row is None:
+            raise client.NotFoundError(
+                f"lease {lease} is gone (expired?): its messages return to the queue and "
+                "their replies are sent when they are read again",
+            )
+        if row["pending_actions"]:
+            continue
+        conn.attach_transaction(lease)
+        try:
+            for handle, message_type, body in sends:
+                conn.send(handle, message_type, body)
+        finally:
+            conn.detach_transaction()
 
 
 class MessageStreamWriter(DataSourceStreamWriter):

@@ -171,3 +171,33 @@ def test_batch_write_sends_rows_as_messages(spark: Any, sbroker: BrokerProcess) 
             .mode("append").save()
         )
         assert user_messages(conn, "In") == [f"row {n}".encode() for n in range(20)]
+
+
+def test_replies_commit_with_the_lease_that_received_their_messages(
+    spark: Any, sbroker: BrokerProcess, tmp_path: Path
+) -> None:
+    with client.connect_sync(sbroker.url) as conn:
+        setup_copy(conn)
+        send_load(conn, "In", conversations=4, per_conversation=25)
+        query = (
+            source(spark, sbroker.url, "In", maxMessagesPerBatch=30)
+            .selectExpr(
+                "conversation_handle",
+                "transaction_id",
+                "concat(cast('done:' as binary), message_body) as message_body",
+            )
+            .writeStream.format("ssb")
+            .option("broker", sbroker.url)
+            .option("checkpointLocation", str(tmp_path / "replies"))
+            .start()
+        )
+        try:
+            replies = until(
+                lambda: user_messages(conn, "InReplies"), lambda r: len(r) >= 100, QUERY_TIMEOUT, "100 replies"
+            )
+        finally:
+            query.stop()
+        assert query.exception() is None
+        assert sorted(replies) == sorted(f"done:{c}:{i}".encode() for c in range(4) for i in range(25))
+        # a reply becomes visible only when its lease commits, and the lease's RECEIVE with it
+        assert conn.peek("In") == []
