@@ -859,6 +859,7 @@ class DialogPeer:
         self._picks = 0
         self._now = 0.0
         self._starvation_bound = starvation_bound
+        self._starvation_checked = -1.0
 
     # -- dialogs
 
@@ -1008,15 +1009,23 @@ class DialogPeer:
         return None
 
     def _choose_ready_queue(self) -> deque[DialogSender]:
-        queues = [queue for queue in reversed(self._ready) if queue]
+        ready = self._ready
         if self._starvation_bound is not None:
-            oldest = min(queues, key=lambda queue: queue[0]._ready_since)
-            if self._now - oldest[0]._ready_since >= self._starvation_bound:
-                return oldest
-            return queues[0]
-        if self._picks % STARVATION_EVERY == 0:
-            return min(queues, key=lambda queue: queue[0]._ready_stamp)
-        return queues[0]
+            # at most once per point in time: the bound is far coarser than one pick
+            if self._now != self._starvation_checked:
+                self._starvation_checked = self._now
+                oldest: deque[DialogSender] | None = None
+                for queue in ready:
+                    if queue and (oldest is None or queue[0]._ready_since < oldest[0]._ready_since):
+                        oldest = queue
+                if oldest is not None and self._now - oldest[0]._ready_since >= self._starvation_bound:
+                    return oldest
+        elif self._picks % STARVATION_EVERY == 0:
+            return min((q for q in ready if q), key=lambda queue: queue[0]._ready_stamp)
+        for queue in reversed(ready):
+            if queue:
+                return queue
+        raise AssertionError("no ready dialog although the ready count is positive")
 
     def _take_ack(self, receiver: DialogReceiver, now: float) -> AckRecord:
         record = receiver.take_ack()
