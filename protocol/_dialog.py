@@ -434,7 +434,18 @@ class DialogSender:
                     "session key not wrapped for the target broker", ErrorCode.BAD_ARGUMENT
                 )
             envelope, wrapped = self.envelope, self.wrapped_session_key
-        args = (
+        header = FragmentFrame.header_for(
+            self.conversation_id,
+            self.direction,
+            message.seq,
+            index,
+            message.count,
+            message.message_type,
+            envelope,
+            wrapped,
+            ack,
+        )
+        return FragmentFrame(
             self.conversation_id,
             self.direction,
             message.seq,
@@ -442,10 +453,10 @@ class DialogSender:
             message.count,
             message.message_type,
             payload,
-        )
-        unsigned = FragmentFrame(*args, b"", envelope, wrapped, ack)
-        return FragmentFrame(
-            *args, self._seal.sign(unsigned.signed_header(), payload), envelope, wrapped, ack
+            self._seal.sign(header, payload),
+            envelope,
+            wrapped,
+            ack,
         )
 
     def is_outstanding(self, message: _OutMessage, index: int) -> bool:

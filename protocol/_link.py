@@ -318,20 +318,45 @@ class FragmentFrame:
 
     def signed_header(self) -> bytes:
         """Every field but payload and signature, canonically encoded, for signing."""
+        return self.header_for(
+            self.conversation_id,
+            self.direction,
+            self.seq,
+            self.fragment_index,
+            self.fragment_count,
+            self.message_type,
+            self.envelope,
+            self.wrapped_session_key,
+            self.ack,
+        )
+
+    @staticmethod
+    def header_for(
+        conversation_id: uuid.UUID,
+        direction: Direction,
+        seq: int,
+        fragment_index: int,
+        fragment_count: int,
+        message_type: str,
+        envelope: Envelope | None,
+        wrapped_session_key: bytes | None,
+        ack: AckRecord | None,
+    ) -> bytes:
+        """`signed_header()` of a fragment with these fields, without building it."""
         # The kind tag keeps fragment and ack signatures apart; the id goes as raw bytes
         # because signing needs a canonical encoding, not the wire's UUID extension type.
         return pack(
             [
                 int(FrameKind.FRAGMENT),
-                self.conversation_id.bytes,
-                int(self.direction),
-                self.seq,
-                self.fragment_index,
-                self.fragment_count,
-                self.message_type,
-                None if self.envelope is None else self.envelope.encode(),
-                self.wrapped_session_key,
-                None if self.ack is None else self.ack.encode(),
+                conversation_id.bytes,
+                int(direction),
+                seq,
+                fragment_index,
+                fragment_count,
+                message_type,
+                None if envelope is None else envelope.encode(),
+                wrapped_session_key,
+                None if ack is None else ack.encode(),
             ]
         )
 
