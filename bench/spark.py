@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import broker
-
 import client
+from bench._common import broker
 
 HERE = Path(__file__).resolve().parent
 FUNCTIONS = "bench.spark:trivial"
@@ -40,7 +39,9 @@ def session(master: str) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     root = str(HERE.parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
     from pyspark.sql import SparkSession
 
     spark = (
@@ -61,7 +62,7 @@ def session(master: str) -> Any:
 def load(conn: client.SyncConnection, queue: str, messages: int, conversations: int) -> None:
     body = b"x" * 1024
     per = messages // conversations
-    for c in range(conversations):
+    for _ in range(conversations):
         with conn.transaction():
             handle = conn.begin_dialog(f"{queue}Sender", f"{queue}Service")
             for start in range(0, per, 1000):

@@ -47,9 +47,22 @@ def private_broker() -> Iterator[str]:
     """A throwaway daemon on a free port."""
     with tempfile.TemporaryDirectory(prefix="ssb-spark-") as tmp:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "serve", "--data-dir", f"{tmp}/data",
-             "--client-port", "0", "--broker-port", "0", "--durability", "os",
-             "--log-level", "WARNING"],
+            [
+                sys.executable,
+                "-m",
+                "broker",
+                "serve",
+                "--data-dir",
+                f"{tmp}/data",
+                "--client-port",
+                "0",
+                "--broker-port",
+                "0",
+                "--durability",
+                "os",
+                "--log-level",
+                "WARNING",
+            ],
             stdout=subprocess.PIPE,
         )
         assert proc.stdout is not None
@@ -102,11 +115,14 @@ def spark_session() -> object:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # executors import price() from this directory in --mode activate
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
     from pyspark.sql import SparkSession
 
     spark = (
-        SparkSession.builder.master("local[4]").appName("ssb spark_pipeline")
+        SparkSession.builder.master("local[4]")
+        .appName("ssb spark_pipeline")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.host", "127.0.0.1")
@@ -124,7 +140,9 @@ def run_stream(spark: object, url: str, checkpoint: str) -> object:
     spark_bridge.register(spark)
     orders = (
         spark.readStream.format("ssb")  # type: ignore[attr-defined]
-        .option("broker", url).option("queue", "Orders").option("maxMessagesPerBatch", 2000)
+        .option("broker", url)
+        .option("queue", "Orders")
+        .option("maxMessagesPerBatch", 2000)
         .load()
     )
     # conversation_handle + transaction_id: each answer is sent on its order's
@@ -137,8 +155,10 @@ def run_stream(spark: object, url: str, checkpoint: str) -> object:
         " * 9.99, 2))) as message_body",
     )
     return (
-        answers.writeStream.format("ssb").option("broker", url)
-        .option("checkpointLocation", checkpoint).start()
+        answers.writeStream.format("ssb")
+        .option("broker", url)
+        .option("checkpointLocation", checkpoint)
+        .start()
     )
 
 
@@ -168,8 +188,10 @@ def main() -> int:
             stack.callback(activator.stop)
         prices = collect(conn, timeout=300)
         seconds = time.monotonic() - began
-        print(f"{len(prices)} answers in ShopReplies in {seconds:.1f} s ({len(prices) / seconds:,.0f} msgs/s), "
-              f"each exactly once; order 42 costs {prices.get(42)}")
+        print(
+            f"{len(prices)} answers in ShopReplies in {seconds:.1f} s ({len(prices) / seconds:,.0f} msgs/s), "
+            f"each exactly once; order 42 costs {prices.get(42)}"
+        )
         return 0 if len(prices) == ORDERS else 1
 
 

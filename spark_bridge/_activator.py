@@ -190,6 +190,7 @@ class SparkActivator:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._conn: client.SyncConnection | None = None
+        self.failure: str | None = None  # why the event thread ended the bridge
         self._fair = spark.sparkContext.getConf().get("spark.scheduler.mode", "FIFO") == "FAIR"
 
     # ---- configuration -----------------------------------------------------------
@@ -244,6 +245,8 @@ class SparkActivator:
         if self._event_thread is None:
             self.start()
         self._stopped.wait()
+        if self.failure is not None:
+            raise RuntimeError(f"the Spark bridge stopped: {self.failure}")
 
     def stop(self, grace: float | None = None) -> StopReport:
         """Stop cooperatively, then cancel what is left after `grace` seconds."""
@@ -251,8 +254,11 @@ class SparkActivator:
         grace = self.stop_grace if grace is None else grace
         self._stopping.set()
         asked = 0
-        with client.connect_sync(self.url) as conn:
-            asked = conn.request_stop(activator=self.activator_id)
+        try:
+            with client.connect_sync(self.url) as conn:
+                asked = conn.request_stop(activator=self.activator_id)
+        except client.BrokerError as exc:  # no broker: cancelling the jobs is all there is
+            log.warning("cannot ask the readers to stop: %s", exc)
         deadline = time.monotonic() + grace
         for future in list(self._futures.values()):
             with contextlib.suppress(Exception):
@@ -267,7 +273,7 @@ class SparkActivator:
         for future in list(self._futures.values()):
             with contextlib.suppress(Exception):
                 future.result(timeout=30.0)
-        if self._event_thread is not None:
+        if self._event_thread is not None and self._event_thread is not threading.current_thread():
             self._event_thread.join(timeout=10.0)
         self._pool.shutdown(wait=False)
         if self._conn is not None:
@@ -327,10 +333,11 @@ class SparkActivator:
                         for queue in self.bindings:
                             self._activate(queue, "check", None)
                     self._label_jobs()
-        except Exception:
+        except Exception as exc:
             if not self._stopping.is_set():
-                log.exception("the spark bridge's event thread failed")
-                raise
+                log.exception("the spark bridge's event thread failed; stopping the bridge")
+                self.failure = f"{type(exc).__name__}: {exc}"
+                self.stop()
 
     def _on_event(self, conn: client.SyncConnection, message: client.Message) -> None:
         if message.is_end_dialog or message.is_error:

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from daemon import BrokerProcess
 
 import client
-from daemon import BrokerProcess
 
 FAST = {
     "check_interval": 0.2,
@@ -62,7 +62,7 @@ async def test_raising_procedure_with_dead_letter_policy_drains_the_queue(
         assert "cannot process this message" in (letter.dead_letter_reason or "")
         (incident,) = await conn.view("poison_messages")
         assert incident["action"] == "dead_letter" and "ValueError" in incident["error"]
-        assert [q for q in await conn.view("service_queues") if q["name"] == "Work"][0][
+        assert next(q for q in await conn.view("service_queues") if q["name"] == "Work")[
             "is_receive_enabled"
         ]
     finally:

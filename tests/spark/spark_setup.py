@@ -26,9 +26,7 @@ def until(read: Callable[[], Any], check: Callable[[Any], bool], timeout: float,
         time.sleep(0.02)
 
 
-def work_queue(
-    conn: client.SyncConnection, name: str, readers: int, **queue: Any
-) -> None:
+def work_queue(conn: client.SyncConnection, name: str, readers: int, **queue: Any) -> None:
     """Queue `name` (external activation only: activation OFF, MAX_QUEUE_READERS =
     readers), its service, and a reply service `name`Replies."""
     conn.create_queue(name, activation={"status": "OFF", "max_queue_readers": readers}, **queue)
@@ -38,7 +36,10 @@ def work_queue(
 
 
 def send_load(
-    conn: client.SyncConnection, name: str, conversations: int, per_conversation: int,
+    conn: client.SyncConnection,
+    name: str,
+    conversations: int,
+    per_conversation: int,
     body: Callable[[int, int], bytes] = lambda c, i: f"{c}:{i}".encode(),
 ) -> list[uuid.UUID]:
     """`conversations` dialogs to `name`Service with `per_conversation` messages each."""
@@ -51,7 +52,9 @@ def send_load(
     return handles
 
 
-def collect_replies(conn: client.SyncConnection, name: str, expected: int, timeout: float) -> Counter[bytes]:
+def collect_replies(
+    conn: client.SyncConnection, name: str, expected: int, timeout: float
+) -> Counter[bytes]:
     """Receive replies until `expected` arrived (more may follow: the caller checks)."""
     seen: Counter[bytes] = Counter()
     deadline = time.monotonic() + timeout

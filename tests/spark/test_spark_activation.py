@@ -33,7 +33,12 @@ def test_thousand_messages_each_processed_once_within_the_reader_cap(
                 send_load(conn, "Orders", conversations=50, per_conversation=20)
                 seen = collect_replies(conn, "Orders", 1000, timeout=90)
                 # readers exit once the queue stays empty: none left, from the broker's side
-                until(lambda: tasks_of(conn, "Orders"), lambda rows: not rows, 20, "idle readers to exit")
+                until(
+                    lambda: tasks_of(conn, "Orders"),
+                    lambda rows: not rows,
+                    20,
+                    "idle readers to exit",
+                )
                 assert activator.wait_idle(20)
             finally:
                 activator.stop(grace=5)
@@ -69,9 +74,16 @@ def test_registration_beyond_max_queue_readers_is_refused(sbroker: BrokerProcess
             readers[2].register_task("Capped", "test", job="j1")
             # a stop request: a RECEIVE blocked waiting returns at once, later ones too
             got: list[Any] = []
-            waiting = threading.Thread(target=lambda: got.append(readers[2].receive("Capped", timeout=30)))
+            waiting = threading.Thread(
+                target=lambda: got.append(readers[2].receive("Capped", timeout=30))
+            )
             waiting.start()
-            until(lambda: tasks_of(conn, "Capped"), lambda rows: rows[0]["state"] == "WAITING", 10, "the wait")
+            until(
+                lambda: tasks_of(conn, "Capped"),
+                lambda rows: rows[0]["state"] == "WAITING",
+                10,
+                "the wait",
+            )
             assert conn.request_stop("Capped") == 1
             waiting.join(timeout=5)
             assert got == [[]]
@@ -87,21 +99,31 @@ def test_a_failing_message_rolls_back_and_the_others_are_processed(
     with client.connect_sync(sbroker.url) as conn:
         work_queue(conn, "Flaky", readers=2)
         activator = SparkActivator(
-            spark, sbroker.url, [QueueBinding("Flaky", "spark_funcs:flaky", batch_size=20, idle_timeout=1.0)]
+            spark,
+            sbroker.url,
+            [QueueBinding("Flaky", "spark_funcs:flaky", batch_size=20, idle_timeout=1.0)],
         )
         activator.start()
         try:
-            send_load(conn, "Flaky", 5, 10, body=lambda c, i: b"bad" if (c, i) == (2, 3) else f"{c}:{i}".encode())
+            send_load(
+                conn,
+                "Flaky",
+                5,
+                10,
+                body=lambda c, i: b"bad" if (c, i) == (2, 3) else f"{c}:{i}".encode(),
+            )
             seen = collect_replies(conn, "Flaky", 50, timeout=60)
             assert activator.wait_idle(20)
         finally:
             activator.stop(grace=5)
-        expected = {f"done:{c}:{i}".encode(): 1 for c in range(5) for i in range(10) if (c, i) != (2, 3)}
+        expected = {
+            f"done:{c}:{i}".encode(): 1 for c in range(5) for i in range(10) if (c, i) != (2, 3)
+        }
         assert seen == {**expected, b"done:bad": 1}
         reports = [r for job in activator.jobs for r in job.reports]
         assert sum(r["rolled_back"] for r in reports) == 1
         assert not [r for r in reports if r["error"]]  # the reader survived its function's error
-        queue = [q for q in conn.view("service_queues") if q["name"] == "Flaky"][0]
+        queue = next(q for q in conn.view("service_queues") if q["name"] == "Flaky")
         assert queue["is_receive_enabled"]
 
 
@@ -111,17 +133,29 @@ def test_poison_message_ends_in_the_dead_letter_queue(spark: Any, sbroker: Broke
         policy = {"threshold": 3, "action": "dead_letter", "dead_letter_queue": "DLQ"}
         work_queue(conn, "Risky", readers=2, poison_policy=policy)
         activator = SparkActivator(
-            spark, sbroker.url, [QueueBinding("Risky", "spark_funcs:poison", batch_size=20, idle_timeout=1.0)]
+            spark,
+            sbroker.url,
+            [QueueBinding("Risky", "spark_funcs:poison", batch_size=20, idle_timeout=1.0)],
         )
         activator.start()
         try:
-            send_load(conn, "Risky", 4, 10, body=lambda c, i: b"poison" if (c, i) == (1, 5) else f"{c}:{i}".encode())
+            send_load(
+                conn,
+                "Risky",
+                4,
+                10,
+                body=lambda c, i: b"poison" if (c, i) == (1, 5) else f"{c}:{i}".encode(),
+            )
             seen = collect_replies(conn, "Risky", 39, timeout=60)
-            dead = until(lambda: conn.peek("DLQ"), lambda rows: len(rows) == 1, 30, "the dead letter")
+            dead = until(
+                lambda: conn.peek("DLQ"), lambda rows: len(rows) == 1, 30, "the dead letter"
+            )
             assert activator.wait_idle(20)
         finally:
             activator.stop(grace=5)
-        assert seen == {f"done:{c}:{i}".encode(): 1 for c in range(4) for i in range(10) if (c, i) != (1, 5)}
+        assert seen == {
+            f"done:{c}:{i}".encode(): 1 for c in range(4) for i in range(10) if (c, i) != (1, 5)
+        }
         assert dead[0].message_body == b"poison"
         assert "cannot process poison" in (dead[0].dead_letter_reason or "")
         incidents = conn.view("poison_messages")
@@ -133,7 +167,9 @@ def test_bridge_shutdown_mid_load_loses_nothing(spark: Any, sbroker: BrokerProce
     with client.connect_sync(sbroker.url) as conn:
         work_queue(conn, "Busy", readers=4)
         activator = SparkActivator(
-            spark, sbroker.url, [QueueBinding("Busy", "spark_funcs:slow_reply", batch_size=5, idle_timeout=1.0)]
+            spark,
+            sbroker.url,
+            [QueueBinding("Busy", "spark_funcs:slow_reply", batch_size=5, idle_timeout=1.0)],
         )
         activator.start()
         send_load(conn, "Busy", 20, 30)  # 600 messages, ~20 ms each: several seconds of work
@@ -146,7 +182,9 @@ def test_bridge_shutdown_mid_load_loses_nothing(spark: Any, sbroker: BrokerProce
         report = activator.stop(grace=1.0)
         assert report.readers_asked >= 1
         until(lambda: tasks_of(conn, "Busy"), lambda rows: not rows, 20, "every reader to end")
-        until(lambda: conn.view("open_transactions"), lambda rows: not rows, 10, "no open transaction")
+        until(
+            lambda: conn.view("open_transactions"), lambda rows: not rows, 10, "no open transaction"
+        )
         # every message was either processed (its reply committed) or is back in the queue
         replies = [m.message_body for m in conn.peek("BusyReplies")]
         left = [m.message_body for m in conn.peek("Busy")]
@@ -157,7 +195,9 @@ def test_bridge_shutdown_mid_load_loses_nothing(spark: Any, sbroker: BrokerProce
         assert left, "the bridge stopped after the whole load: the test proves nothing"
         # what is left is picked up by the next bridge: nothing was lost
         second = SparkActivator(
-            spark, sbroker.url, [QueueBinding("Busy", "spark_funcs:reply", batch_size=50, idle_timeout=1.0)]
+            spark,
+            sbroker.url,
+            [QueueBinding("Busy", "spark_funcs:reply", batch_size=50, idle_timeout=1.0)],
         )
         second.start()
         try:
@@ -177,11 +217,18 @@ def test_a_reader_that_does_not_stop_is_cancelled_and_its_message_returns(
         )
         activator.start()
         send_load(conn, "Stuck", 1, 1)
-        until(lambda: tasks_of(conn, "Stuck"), lambda rows: rows and rows[0]["conversation_group_id"], 30, "the reader to hold the message")
+        until(
+            lambda: tasks_of(conn, "Stuck"),
+            lambda rows: rows and rows[0]["conversation_group_id"],
+            30,
+            "the reader to hold the message",
+        )
         report = activator.stop(grace=0.5)
         assert report.jobs_cancelled == 1
         # the killed task's connection dropped: its transaction rolled back
-        back = until(lambda: conn.peek("Stuck"), lambda rows: len(rows) == 1, 20, "the message to return")
+        back = until(
+            lambda: conn.peek("Stuck"), lambda rows: len(rows) == 1, 20, "the message to return"
+        )
         assert back[0].message_body == b"0:0"
         assert conn.peek("StuckReplies") == []
         until(lambda: tasks_of(conn, "Stuck"), lambda rows: not rows, 20, "the task to end")

@@ -14,7 +14,7 @@ from spark_bridge import SparkActivator, get_spark_scheduler
 def test_scheduler_tasks_run_on_spark_executors(spark: Any, sbroker: BrokerProcess) -> None:
     with client.connect_sync(sbroker.url) as conn:
         scheduler = get_spark_scheduler(conn, "Jobs", max_queue_readers=2)
-        queue = [q for q in conn.view("service_queues") if q["name"] == "Jobs/TargetQueue"][0]
+        queue = next(q for q in conn.view("service_queues") if q["name"] == "Jobs/TargetQueue")
         assert not queue["is_activation_enabled"] and queue["max_readers"] == 2
         activator = SparkActivator(spark, sbroker.url)
         activator.add_scheduler("Jobs")

@@ -56,7 +56,12 @@ def test_stream_stopped_and_restarted_delivers_every_message_once_in_order(
         send_load(conn, "In", conversations=10, per_conversation=50)
         query = start_copy(spark, sbroker.url, checkpoint)
         try:
-            until(lambda: len(user_messages(conn, "InReplies")), lambda n: n >= 80, QUERY_TIMEOUT, "a few batches")
+            until(
+                lambda: len(user_messages(conn, "InReplies")),
+                lambda n: n >= 80,
+                QUERY_TIMEOUT,
+                "a few batches",
+            )
         finally:
             query.stop()
         assert query.exception() is None
@@ -64,9 +69,19 @@ def test_stream_stopped_and_restarted_delivers_every_message_once_in_order(
         assert first_run < 500, "the query finished before it was stopped: the test proves nothing"
         query = start_copy(spark, sbroker.url, checkpoint)
         try:
-            out = until(lambda: user_messages(conn, "InReplies"), lambda rows: len(rows) >= 500, QUERY_TIMEOUT, "all 500")
+            out = until(
+                lambda: user_messages(conn, "InReplies"),
+                lambda rows: len(rows) >= 500,
+                QUERY_TIMEOUT,
+                "all 500",
+            )
             # Spark committed the last batch: its lease commits when the next one is planned
-            until(lambda: conn.peek("In"), lambda rows: not rows, QUERY_TIMEOUT, "the source queue to empty")
+            until(
+                lambda: conn.peek("In"),
+                lambda rows: not rows,
+                QUERY_TIMEOUT,
+                "the source queue to empty",
+            )
         finally:
             query.stop()
         assert query.exception() is None
@@ -115,7 +130,12 @@ def test_a_failed_batch_gets_its_messages_again(
         assert len(seen[1]) == 1
         query = run()
         try:
-            until(lambda: sum(len(a[-1]) for a in seen.values()), lambda n: n >= 100, QUERY_TIMEOUT, "all 100")
+            until(
+                lambda: sum(len(a[-1]) for a in seen.values()),
+                lambda n: n >= 100,
+                QUERY_TIMEOUT,
+                "all 100",
+            )
         finally:
             query.stop()
         assert query.exception() is None
@@ -125,7 +145,9 @@ def test_a_failed_batch_gets_its_messages_again(
         assert sorted(committed) == sorted(f"{c}:{i}".encode() for c in range(2) for i in range(50))
 
 
-def test_a_lease_nobody_commits_comes_back(spark: Any, sbroker: BrokerProcess, tmp_path: Path) -> None:
+def test_a_lease_nobody_commits_comes_back(
+    spark: Any, sbroker: BrokerProcess, tmp_path: Path
+) -> None:
     got: list[bytes] = []
 
     def sink(frame: Any, batch_id: int) -> None:
@@ -146,7 +168,9 @@ def test_a_lease_nobody_commits_comes_back(spark: Any, sbroker: BrokerProcess, t
         finally:
             query.stop()
         # the query never comes back to settle its lease: it expires, the messages return
-        back = until(lambda: conn.peek("In"), lambda rows: len(rows) == 5, 20, "the lease to expire")
+        back = until(
+            lambda: conn.peek("In"), lambda rows: len(rows) == 5, 20, "the lease to expire"
+        )
         assert [m.message_body for m in back] == [f"0:{i}".encode() for i in range(5)]
 
 
@@ -156,7 +180,9 @@ def test_batch_read_peeks_without_receiving(spark: Any, sbroker: BrokerProcess) 
         send_load(conn, "In", conversations=3, per_conversation=4)
         frame = spark.read.format("ssb").option("broker", sbroker.url).option("queue", "In").load()
         rows = frame.orderBy("queuing_order").collect()
-        assert [r.message_body for r in rows] == [f"{c}:{i}".encode() for c in range(3) for i in range(4)]
+        assert [r.message_body for r in rows] == [
+            f"{c}:{i}".encode() for c in range(3) for i in range(4)
+        ]
         assert rows[0].service_name == "InService" and rows[0].message_type_name == "DEFAULT"
         assert len(conn.peek("In")) == 12  # still there
 
@@ -166,9 +192,13 @@ def test_batch_write_sends_rows_as_messages(spark: Any, sbroker: BrokerProcess) 
         setup_copy(conn)
         frame = spark.createDataFrame([(f"row {n}",) for n in range(20)], "message_body string")
         (
-            frame.coalesce(1).write.format("ssb").option("broker", sbroker.url)
-            .option("service", "InService").option("fromService", "InReplyService")
-            .mode("append").save()
+            frame.coalesce(1)
+            .write.format("ssb")
+            .option("broker", sbroker.url)
+            .option("service", "InService")
+            .option("fromService", "InReplyService")
+            .mode("append")
+            .save()
         )
         assert user_messages(conn, "In") == [f"row {n}".encode() for n in range(20)]
 
@@ -193,11 +223,16 @@ def test_replies_commit_with_the_lease_that_received_their_messages(
         )
         try:
             replies = until(
-                lambda: user_messages(conn, "InReplies"), lambda r: len(r) >= 100, QUERY_TIMEOUT, "100 replies"
+                lambda: user_messages(conn, "InReplies"),
+                lambda r: len(r) >= 100,
+                QUERY_TIMEOUT,
+                "100 replies",
             )
         finally:
             query.stop()
         assert query.exception() is None
-        assert sorted(replies) == sorted(f"done:{c}:{i}".encode() for c in range(4) for i in range(25))
+        assert sorted(replies) == sorted(
+            f"done:{c}:{i}".encode() for c in range(4) for i in range(25)
+        )
         # a reply becomes visible only when its lease commits, and the lease's RECEIVE with it
         assert conn.peek("In") == []

@@ -1,0 +1,69 @@
+"""`ssb spark-bridge` as a process, configured from TOML, stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from daemon import BrokerProcess
+from spark_setup import collect_replies, send_load, until, work_queue
+
+import client
+
+HERE = Path(__file__).parent
+
+
+def test_the_command_serves_queues_from_a_toml_config(
+    sbroker: BrokerProcess, tmp_path: Path
+) -> None:
+    config = tmp_path / "bridge.toml"
+    config.write_text(
+        f'broker = "{sbroker.url}"\n'
+        'master = "local[2]"\n'
+        f"python_path = [{str(HERE)!r}]\n"
+        "stop_grace = 5.0\n"
+        "[spark]\n"
+        '"spark.ui.enabled" = "false"\n'
+        '"spark.driver.host" = "127.0.0.1"\n'
+        '"spark.driver.bindAddress" = "127.0.0.1"\n'
+        "[[queue]]\n"
+        'name = "Cli"\n'
+        'function = "spark_funcs:reply"\n'
+        "idle_timeout = 1.0\n"
+    )
+    with client.connect_sync(sbroker.url) as conn:
+        work_queue(conn, "Cli", readers=2)
+        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "broker", "spark-bridge", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        try:
+            assert proc.stdout is not None
+            ready, deadline = b"", time.monotonic() + 60
+            while b"ssb spark-bridge ready" not in ready and time.monotonic() < deadline:
+                if select.select([proc.stdout], [], [], 0.5)[0]:
+                    ready += os.read(proc.stdout.fileno(), 4096)
+                assert proc.poll() is None, "the bridge exited early"
+            assert b"queues=Cli" in ready
+            send_load(conn, "Cli", conversations=4, per_conversation=10)
+            seen = collect_replies(conn, "Cli", 40, timeout=60)
+            assert seen == {f"done:{c}:{i}".encode(): 1 for c in range(4) for i in range(10)}
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        notes = conn.view("event_notifications")
+        assert [(n["queue_name"], n["service_name"]) for n in notes] == [
+            ("Cli", "spark-bridge/NotificationService")
+        ]
+        until(lambda: conn.view("activated_tasks"), lambda rows: not rows, 20, "no reader left")
