@@ -1397,7 +1397,7 @@ class Engine:
         if not self._is_local(ep.far_service, ep.far_broker_instance):
             route = self.find_route(ep.far_service, ep.far_broker_instance)
             status = "" if route is not None else f"no route to service '{ep.far_service}'"
-            self._hold(out, status)
+            self._hold(out, status, local=False)
             if self.on_outbound is not None:
                 self.on_outbound(out)
             return
@@ -1419,17 +1419,19 @@ class Engine:
             return f"queue '{queue.name}' is disabled (STATUS = OFF)"
         return ""
 
-    def _hold(self, out: Outbound, status: str) -> None:
+    def _hold(self, out: Outbound, status: str, local: bool | None = None) -> None:
         out.id = self._next_outbound
         self._next_outbound += 1
         out.status = status
-        self._index(out)
+        self._index(out, local)
         self.store.put_transmission(out.row())
 
-    def _index(self, out: Outbound) -> None:
+    def _index(self, out: Outbound, local: bool | None = None) -> None:
         """A transmission-queue entry waits either for a local queue or for a peer."""
         self.transmission[out.id] = out
-        if self._is_local(out.to_service, out.to_broker_instance):
+        if local is None:
+            local = self._is_local(out.to_service, out.to_broker_instance)
+        if local:
             self.held.setdefault((out.conversation_id, out.is_initiator), deque()).append(out)
         else:
             self.remote_outbound[(out.conversation_id, out.is_initiator, out.seq)] = out

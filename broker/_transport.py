@@ -30,6 +30,7 @@ receivers from their persisted next sequence number and held fragments.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -128,6 +129,11 @@ def load_identity(data_dir: Path, instance_id: str) -> tuple[bytes, bytes]:
     key_path.chmod(0o600)
     cert_path.write_bytes(cert_pem)
     return key_pem, cert_pem
+
+
+@functools.lru_cache(maxsize=1024)
+def _instance_id(text: str) -> uuid.UUID:
+    return uuid.UUID(text)
 
 
 def _direction(from_initiator: bool) -> Direction:
@@ -452,6 +458,7 @@ class Transport:
         return self._route_address(route.address, out.to_service)
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)
     def _route_address(address: str, service: str) -> str | None:
         if address == "TRANSPORT":
             address = service
@@ -488,7 +495,7 @@ class Transport:
         if out.status.startswith("no route"):
             self.engine.set_transmission_status(out, "")
         named = out.to_broker_instance or route.broker_instance
-        instance = uuid.UUID(named) if named else self.address_peer.get(address)
+        instance = _instance_id(named) if named else self.address_peer.get(address)
         peer = self._peer(instance) if instance else None
         if peer is None:
             self.waiting.setdefault(address, deque()).append(out)

@@ -87,6 +87,9 @@ class FrameDecoder:
         self._max = max_frame_size
 
     def receive_data(self, data: bytes) -> None:
+        if self._offset:  # drop consumed frames first: appending then moves less
+            del self._buffer[: self._offset]
+            self._offset = 0
         self._buffer += data
 
     @property

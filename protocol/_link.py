@@ -99,6 +99,9 @@ class Direction(IntEnum):
 # --------------------------------------------------------------------------- field checks
 
 
+_DIRECTIONS: Final = (Direction.FROM_INITIATOR, Direction.FROM_TARGET)
+
+
 def _malformed(what: str) -> RemoteProtocolError:
     return RemoteProtocolError(f"malformed link frame: {what}", ErrorCode.MALFORMED_FRAME)
 
@@ -384,7 +387,7 @@ class FragmentFrame:
         count = _int(f[5], "fragment count", 1, MAX_FRAGMENT_COUNT)
         return cls(
             conversation_id=_uuid(f[1], "conversation id"),
-            direction=Direction(_int(f[2], "direction", 0, 1)),
+            direction=_DIRECTIONS[_int(f[2], "direction", 0, 1)],
             seq=_int(f[3], "sequence number", 0, MAX_SEQ),
             fragment_index=_int(f[4], "fragment index", 0, count - 1),
             fragment_count=count,
