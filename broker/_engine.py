@@ -1143,6 +1143,8 @@ class Engine:
         waiter = Waiter(txn, q, top, handle, group_id, get_group, future)
         q.waiters.append(waiter)
         session.waiting = waiter
+        # a message may have arrived between the first try and now: look once more
+        self.kick(q)
         self.listener.waiting_changed(q)
         try:
             _done, _ = await asyncio.wait({future}, timeout=wait)
