@@ -131,6 +131,12 @@ def load_identity(data_dir: Path, instance_id: str) -> tuple[bytes, bytes]:
     return key_pem, cert_pem
 
 
+def transmission_priority(level: int, honor_broker_priority: bool) -> int:
+    """The level a dialog direction is transmitted at: its endpoint's, or 5 when the
+    instance does not honor broker priorities. It never travels on the wire."""
+    return level if honor_broker_priority else 5
+
+
 @functools.lru_cache(maxsize=1024)
 def _instance_id(text: str) -> uuid.UUID:
     return uuid.UUID(text)
@@ -443,7 +449,7 @@ class Transport:
                     peer.address = self._address(route, o)
 
     def _priority(self, level: int) -> int:
-        return level if self.settings.honor_broker_priority else 5
+        return transmission_priority(level, self.settings.honor_broker_priority)
 
     # ---- outbound ----------------------------------------------------------------
 

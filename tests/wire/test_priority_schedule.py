@@ -53,3 +53,18 @@ def test_flood_at_ten_does_not_starve_level_one_beyond_the_bound() -> None:
     gaps = [b - a for a, b in zip([0.0, *low_sent_at], low_sent_at, strict=False)]
     assert all(gap <= bound + 0.1 + 1e-9 for gap in gaps)
     assert all(gap >= bound - 1e-9 for gap in gaps)
+
+
+def test_priorities_never_travel_on_the_wire() -> None:
+    from dataclasses import fields
+
+    from protocol._link import FragmentFrame
+
+    assert not [f.name for f in fields(FragmentFrame) if "prior" in f.name]
+
+
+def test_honor_broker_priority_off_transmits_everything_at_five() -> None:
+    from broker._transport import transmission_priority
+
+    assert [transmission_priority(level, True) for level in (1, 5, 10)] == [1, 5, 10]
+    assert [transmission_priority(level, False) for level in (1, 5, 10)] == [5, 5, 5]
