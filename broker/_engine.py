@@ -54,6 +54,7 @@ LIFETIME_ERROR_CODE: Final = -8489
 LIFETIME_ERROR_TEXT: Final = "The conversation dialog has exceeded the lifetime."
 MAX_LIFETIME: Final = 2**31 - 1
 DETACHED_TIMEOUT: Final = 300.0
+_SYSTEM_TYPES: Final = frozenset({cat.END_DIALOG, cat.ERROR})
 
 
 @dataclass(slots=True, eq=False)
@@ -1510,6 +1511,19 @@ class Engine:
         now = time.time()
         known = self.catalog.message_types.get(message_type)
         letter = cat.VALIDATIONS[known.validation] if known else "N"
+        key = (conversation_id, from_initiator)
+        far = self.by_conversation.get((conversation_id, not from_initiator))
+        if (
+            far is not None
+            and far.state is State.CO
+            and key not in self.held
+            and message_type not in _SYSTEM_TYPES
+            and not self._local_block(to_service)
+        ):
+            # the common case, a user message on an established conversation
+            far.receive_seq = seq + 1
+            self._enqueue(far, seq, message_type, letter, body, now)
+            return
         out = Outbound(
             0,
             conversation_id,
@@ -1527,7 +1541,6 @@ class Engine:
             5,
             extra=from_broker.encode(),
         )
-        key = (conversation_id, from_initiator)
         reason = self._local_block(to_service)
         if key in self.held or reason:
             self._hold(out, reason or "waiting behind earlier messages of this conversation")
