@@ -69,6 +69,7 @@ from ._link import (
     Direction,
     Envelope,
     FragmentFrame,
+    new_fragment_frame,
 )
 
 DEFAULT_FRAGMENT_SIZE: Final = 64 * 1024
@@ -325,6 +326,8 @@ class DialogSender:
         """True once the receiver acked this direction; fragments then omit envelope and key."""
         self.closed = False
         self._seal = SessionSeal(self.session_key)
+        self._header_prefix = FragmentFrame.header_prefix(conversation_id, direction)
+        self._reverse_key = (conversation_id, direction.reverse)
         self._fragment_size = fragment_size
         self._window = window
         self._messages: dict[int, _OutMessage] = {}
@@ -425,7 +428,7 @@ class DialogSender:
 
         Raises: LocalProtocolError: the session key has not been wrapped for the target.
         """
-        payload = message.payload(index)
+        payload = message.body if message.count == 1 else message.payload(index)
         envelope: Envelope | None = None
         wrapped: bytes | None = None
         if not self.confirmed:
@@ -434,18 +437,11 @@ class DialogSender:
                     "session key not wrapped for the target broker", ErrorCode.BAD_ARGUMENT
                 )
             envelope, wrapped = self.envelope, self.wrapped_session_key
-        header = FragmentFrame.header_for(
-            self.conversation_id,
-            self.direction,
-            message.seq,
-            index,
-            message.count,
-            message.message_type,
-            envelope,
-            wrapped,
-            ack,
+        # == FragmentFrame.header_for(...), with the direction's constant part precomputed
+        header = self._header_prefix + FragmentFrame.header_rest(
+            message.seq, index, message.count, message.message_type, envelope, wrapped, ack
         )
-        return FragmentFrame(
+        return new_fragment_frame(
             self.conversation_id,
             self.direction,
             message.seq,
@@ -552,6 +548,7 @@ class DialogReceiver:
         self.dropped = 0
         self._private_key = private_key
         self._seal = None if session_key is None else SessionSeal(session_key)
+        self._header_prefix = FragmentFrame.header_prefix(conversation_id, direction)
         self._next_expected = next_expected_seq
         self._stored_below = next_expected_seq
         self._window = window
@@ -606,7 +603,23 @@ class DialogReceiver:
         Raises: IntegrityError: no usable session key, or the signature does not verify.
         """
         if self._seal is not None:
-            self._seal.verify(frame.signature, frame.signed_header(), frame.payload)
+            cid = frame.conversation_id
+            if frame.direction is self.direction and (
+                cid is self.conversation_id or cid == self.conversation_id
+            ):
+                # == frame.signed_header(), with this direction's constant part precomputed
+                header = self._header_prefix + FragmentFrame.header_rest(
+                    frame.seq,
+                    frame.fragment_index,
+                    frame.fragment_count,
+                    frame.message_type,
+                    frame.envelope,
+                    frame.wrapped_session_key,
+                    frame.ack,
+                )
+            else:
+                header = frame.signed_header()
+            self._seal.verify(frame.signature, header, frame.payload)
             return None
         if frame.wrapped_session_key is None:
             raise IntegrityError("no session key for this dialog direction yet")
@@ -645,7 +658,10 @@ class DialogReceiver:
 
         Raises: RemoteProtocolError: the fragment names another dialog direction.
         """
-        if frame.conversation_id != self.conversation_id or frame.direction is not self.direction:
+        cid = frame.conversation_id
+        if (
+            cid is not self.conversation_id and cid != self.conversation_id
+        ) or frame.direction is not self.direction:
             raise RemoteProtocolError(
                 "fragment routed to the wrong dialog", ErrorCode.UNKNOWN_CONVERSATION
             )
@@ -857,12 +873,19 @@ class DialogPeer:
         self._peer_public_key = peer_public_key
         self._fragment_size = fragment_size
         self._retry = retry if retry is not None else RetryPolicy()
+        # retry.delay(n) at index n for the first few transmissions (a frozen policy)
+        self._retry_delays = (0.0, *(self._retry.delay(n) for n in range(1, 9)))
         self._ack_delay = ack_delay
         self._window = window
         self._senders: dict[_Key, DialogSender] = {}
         self._receivers: dict[_Key, DialogReceiver] = {}
         self._tick = itertools.count()
+        # Retry entries in (due, tick) order: a FIFO while they arrive in that order (the
+        # common case: every first transmission waits the same delay and time only moves
+        # forward), a heap for the rest. Entries of acked fragments are skipped lazily; in
+        # the FIFO that costs O(1) each.
         self._retry_heap: list[_RetryEntry] = []
+        self._retry_fifo: deque[_RetryEntry] = deque()
         self._retry_ready: deque[tuple[DialogSender, _OutMessage, int, int]] = deque()
         self._ack_heap: list[_AckEntry] = []
         self._ready: list[deque[DialogSender]] = [deque() for _ in range(MAX_PRIORITY + 1)]
@@ -1029,7 +1052,10 @@ class DialogPeer:
                 for queue in ready:
                     if queue and (oldest is None or queue[0]._ready_since < oldest[0]._ready_since):
                         oldest = queue
-                if oldest is not None and self._now - oldest[0]._ready_since >= self._starvation_bound:
+                if (
+                    oldest is not None
+                    and self._now - oldest[0]._ready_since >= self._starvation_bound
+                ):
                     return oldest
         elif self._picks % STARVATION_EVERY == 0:
             return min((q for q in ready if q), key=lambda queue: queue[0]._ready_stamp)
@@ -1076,6 +1102,8 @@ class DialogPeer:
         counters = self.counters
         receivers = self._receivers
         retry = self._retry
+        delays = self._retry_delays
+        fifo = self._retry_fifo
         while len(frames) < limit:
             if self._retry_ready:
                 sender, message, index, transmissions = self._retry_ready.popleft()
@@ -1089,24 +1117,21 @@ class DialogPeer:
                 sender, message, index = picked
                 transmissions = 0
             ack = None
-            receiver = receivers.get((sender.conversation_id, sender.direction.reverse))
+            receiver = receivers.get(sender._reverse_key)
             if receiver is not None and receiver.ack_pending:
                 ack = self._take_ack(receiver, now)
                 counters.piggybacked_acks += 1
             frames.append(sender.build_fragment(message, index, ack))
             counters.fragments_sent += 1
             transmissions += 1
-            heapq.heappush(
-                self._retry_heap,
-                (
-                    now + retry.delay(transmissions),
-                    next(self._tick),
-                    sender,
-                    message,
-                    index,
-                    transmissions,
-                ),
+            delay = (
+                delays[transmissions] if transmissions < len(delays) else retry.delay(transmissions)
             )
+            entry = (now + delay, next(self._tick), sender, message, index, transmissions)
+            if not fifo or entry[0] >= fifo[-1][0]:
+                fifo.append(entry)
+            else:
+                heapq.heappush(self._retry_heap, entry)
         heap = self._ack_heap
         while heap and heap[0][0] <= now:
             _, _, receiver, generation = heapq.heappop(heap)
@@ -1129,24 +1154,37 @@ class DialogPeer:
         heap = self._retry_heap
         while heap and not heap[0][2].is_outstanding(heap[0][3], heap[0][4]):
             heapq.heappop(heap)
+        fifo = self._retry_fifo
+        while fifo and not fifo[0][2].is_outstanding(fifo[0][3], fifo[0][4]):
+            fifo.popleft()
         acks = self._ack_heap
         while acks and (acks[0][2].closed or acks[0][3] != acks[0][2]._ack_generation):
             heapq.heappop(acks)
-        times = [entries[0][0] for entries in (heap, acks) if entries]
+        times = [entries[0][0] for entries in (heap, fifo, acks) if entries]
         return min(times) if times else None
 
     def handle_timer(self, now: float) -> None:
         """Move retransmissions due by `now` to the front of the send order."""
         heap = self._retry_heap
-        while heap and heap[0][0] <= now:
-            _, _, sender, message, index, transmissions = heapq.heappop(heap)
+        fifo = self._retry_fifo
+        ready = self._retry_ready
+        while True:
+            # the earlier (due, tick) of both fronts, as one heap would have popped them
+            if fifo and fifo[0][0] <= now and (not heap or fifo[0][:2] < heap[0][:2]):
+                _, _, sender, message, index, transmissions = fifo.popleft()
+            elif heap and heap[0][0] <= now:
+                _, _, sender, message, index, transmissions = heapq.heappop(heap)
+            else:
+                return
             if sender.is_outstanding(message, index):
-                self._retry_ready.append((sender, message, index, transmissions))
+                ready.append((sender, message, index, transmissions))
 
     def retransmit_all(self, now: float) -> None:
         """Make every unacked, already-sent fragment due at `now` (e.g. after a new
         connection replaced one that died), keeping each fragment's backoff step."""
-        entries, self._retry_heap = self._retry_heap, []
+        entries = [*self._retry_heap, *self._retry_fifo]
+        self._retry_heap = []
+        self._retry_fifo.clear()
         for due, tick, sender, message, index, transmissions in entries:
             if sender.is_outstanding(message, index):
                 self._retry_heap.append(
@@ -1192,12 +1230,15 @@ class DialogPeer:
                     str(exc),
                 )
             ]
-        events: list[DialogEvent] = [] if key_event is None else [key_event]
+        # accept() and the piggybacked ack touch different objects: apply both, then
+        # order the events as key, acks, accepted
+        events = receiver.accept(frame)
         if frame.ack is not None:
             sender = self._senders.get((frame.conversation_id, frame.direction.reverse))
             if sender is not None:
-                events.extend(self._apply_ack(sender, frame.ack))
-        events.extend(receiver.accept(frame))
+                events[:0] = self._apply_ack(sender, frame.ack)
+        if key_event is not None:
+            events.insert(0, key_event)
         self._schedule_ack(receiver, now)
         return events
 

@@ -22,7 +22,8 @@ broker id. The connection produces and consumes handshake frames itself: the she
 `data_to_send()` after every `receive_data`/`next_event` round and never builds them.
 
 After the handshake both sides exchange `FragmentFrame`s and standalone `AckFrame`s (the
-dialog layer gives them meaning) until either sends `CloseFrame` or `ProtocolErrorFrame`, or
+dialog layer gives them meaning; they carry the conversation id as 16 raw bytes, not as
+the msgpack UUID extension, and decoding interns it) until either sends `CloseFrame` or `ProtocolErrorFrame`, or
 the byte stream ends. Any frame that the table does not allow in the current state, or any
 malformed frame, raises `RemoteProtocolError`, moves the connection to CLOSED and queues a
 `ProtocolErrorFrame` in `data_to_send()` so the peer learns why. Decoding never raises
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum, IntEnum
 from typing import Any, Final
 
@@ -100,6 +101,10 @@ class Direction(IntEnum):
 
 
 _DIRECTIONS: Final = (Direction.FROM_INITIATOR, Direction.FROM_TARGET)
+_FRAGMENT: Final = int(FrameKind.FRAGMENT)
+_ACK: Final = int(FrameKind.ACK)
+_HEADER_FIELDS: Final = 10
+_FRAGMENT_HEADER_TAG: Final = bytes([0x90 | _HEADER_FIELDS])  # msgpack fixarray of 10
 
 
 def _malformed(what: str) -> RemoteProtocolError:
@@ -130,6 +135,24 @@ def _uuid(value: object, what: str) -> uuid.UUID:
     if not isinstance(value, uuid.UUID):
         raise _malformed(f"{what} must be a UUID")
     return value
+
+
+# Conversation ids travel in fragments and acks as 16 raw bytes (no msgpack extension
+# round trip). Decoded ids are interned: a connection sees the same few dialogs over and
+# over, and one UUID object per id makes later comparisons identity checks.
+MAX_INTERNED_IDS: Final = 4096
+_interned_ids: dict[bytes, uuid.UUID] = {}
+
+
+def _raw_uuid(value: object, what: str) -> uuid.UUID:
+    if type(value) is not bytes or len(value) != 16:
+        raise _malformed(f"{what} must be 16 bytes")
+    known = _interned_ids.get(value)
+    if known is None:
+        if len(_interned_ids) >= MAX_INTERNED_IDS:
+            _interned_ids.clear()
+        known = _interned_ids[value] = uuid.UUID(bytes=value)
+    return known
 
 
 def _list(value: object, what: str, length: int | None = None, max_length: int = 64) -> list[Any]:
@@ -346,13 +369,45 @@ class FragmentFrame:
         ack: AckRecord | None,
     ) -> bytes:
         """`signed_header()` of a fragment with these fields, without building it."""
-        # The kind tag keeps fragment and ack signatures apart; the id goes as raw bytes
-        # because signing needs a canonical encoding, not the wire's UUID extension type.
+        return FragmentFrame.header_prefix(conversation_id, direction) + FragmentFrame.header_rest(
+            seq,
+            fragment_index,
+            fragment_count,
+            message_type,
+            envelope,
+            wrapped_session_key,
+            ack,
+        )
+
+    @staticmethod
+    def header_prefix(conversation_id: uuid.UUID, direction: Direction) -> bytes:
+        """The part of `header_for` fixed by the dialog direction; senders and receivers
+        compute it once and append `header_rest` per fragment."""
+        # The signed header is one msgpack array of _HEADER_FIELDS elements: its array
+        # tag, the kind tag (keeps fragment and ack signatures apart), the id as raw bytes
+        # and the direction. `header_rest` packs the remaining fields as an array of
+        # their own and drops that array's one-byte tag, so prefix + rest is exactly
+        # pack([kind, id, direction, *rest]).
+        return (
+            _FRAGMENT_HEADER_TAG
+            + pack(int(FrameKind.FRAGMENT))
+            + pack(conversation_id.bytes)
+            + pack(int(direction))
+        )
+
+    @staticmethod
+    def header_rest(
+        seq: int,
+        fragment_index: int,
+        fragment_count: int,
+        message_type: str,
+        envelope: Envelope | None,
+        wrapped_session_key: bytes | None,
+        ack: AckRecord | None,
+    ) -> bytes:
+        """The per-fragment part of `header_for` (see `header_prefix`)."""
         return pack(
             [
-                int(FrameKind.FRAGMENT),
-                conversation_id.bytes,
-                int(direction),
                 seq,
                 fragment_index,
                 fragment_count,
@@ -361,13 +416,13 @@ class FragmentFrame:
                 wrapped_session_key,
                 None if ack is None else ack.encode(),
             ]
-        )
+        )[1:]
 
     def encode(self) -> list[object]:
-        """Wire form."""
+        """Wire form (the conversation id as 16 raw bytes)."""
         return [
-            FrameKind.FRAGMENT,
-            self.conversation_id,
+            _FRAGMENT,
+            self.conversation_id.bytes,
             int(self.direction),
             self.seq,
             self.fragment_index,
@@ -383,10 +438,48 @@ class FragmentFrame:
     @classmethod
     def decode(cls, obj: list[Any]) -> FragmentFrame:
         """Raises: RemoteProtocolError: malformed."""
+        if len(obj) == 12:
+            # The steady-state frame (no envelope, no key) checked inline: same rules as
+            # the field helpers below, which name the fault when any check fails.
+            _, raw_id, direction, seq, index, count, message_type, payload, signature = obj[:9]
+            if (
+                type(raw_id) is bytes
+                and len(raw_id) == 16
+                and type(direction) is int
+                and 0 <= direction <= 1
+                and type(seq) is int
+                and 0 <= seq <= MAX_SEQ
+                and type(count) is int
+                and 1 <= count <= MAX_FRAGMENT_COUNT
+                and type(index) is int
+                and 0 <= index < count
+                and type(message_type) is str
+                and len(message_type) <= MAX_NAME_LENGTH
+                and type(payload) is bytes
+                and len(payload) <= MAX_FRAGMENT_SIZE
+                and type(signature) is bytes
+                and len(signature) == SIGNATURE_SIZE
+                and obj[9] is None
+                and obj[10] is None
+            ):
+                ack = obj[11]
+                return new_fragment_frame(
+                    _raw_uuid(raw_id, "conversation id"),
+                    _DIRECTIONS[direction],
+                    seq,
+                    index,
+                    count,
+                    message_type,
+                    payload,
+                    signature,
+                    None,
+                    None,
+                    None if ack is None else AckRecord.decode(ack),
+                )
         f = _fields(obj, FrameKind.FRAGMENT, 11)
         count = _int(f[5], "fragment count", 1, MAX_FRAGMENT_COUNT)
         return cls(
-            conversation_id=_uuid(f[1], "conversation id"),
+            conversation_id=_raw_uuid(f[1], "conversation id"),
             direction=_DIRECTIONS[_int(f[2], "direction", 0, 1)],
             seq=_int(f[3], "sequence number", 0, MAX_SEQ),
             fragment_index=_int(f[4], "fragment index", 0, count - 1),
@@ -402,6 +495,59 @@ class FragmentFrame:
             ),
             ack=None if f[11] is None else AckRecord.decode(f[11]),
         )
+
+
+# Building a FragmentFrame through its frozen dataclass __init__ costs one
+# object.__setattr__ call per field; the hot paths (decoding, and the dialog layer
+# building fragments) set the slots through their member descriptors instead, which is
+# about twice as fast. The instance is the same (still frozen to everyone else); a test
+# checks the result equals FragmentFrame(...) field for field.
+_new_object: Final = object.__new__
+_set_fragment_fields: Final = tuple(
+    FragmentFrame.__dict__[field.name].__set__ for field in fields(FragmentFrame)
+)
+(
+    _set_conversation_id,
+    _set_direction,
+    _set_seq,
+    _set_fragment_index,
+    _set_fragment_count,
+    _set_message_type,
+    _set_payload,
+    _set_signature,
+    _set_envelope,
+    _set_wrapped_session_key,
+    _set_ack,
+) = _set_fragment_fields
+
+
+def new_fragment_frame(
+    conversation_id: uuid.UUID,
+    direction: Direction,
+    seq: int,
+    fragment_index: int,
+    fragment_count: int,
+    message_type: str,
+    payload: bytes,
+    signature: bytes,
+    envelope: Envelope | None,
+    wrapped_session_key: bytes | None,
+    ack: AckRecord | None,
+) -> FragmentFrame:
+    """`FragmentFrame(...)` with every field given, built without the dataclass __init__."""
+    frame: FragmentFrame = _new_object(FragmentFrame)
+    _set_conversation_id(frame, conversation_id)
+    _set_direction(frame, direction)
+    _set_seq(frame, seq)
+    _set_fragment_index(frame, fragment_index)
+    _set_fragment_count(frame, fragment_count)
+    _set_message_type(frame, message_type)
+    _set_payload(frame, payload)
+    _set_signature(frame, signature)
+    _set_envelope(frame, envelope)
+    _set_wrapped_session_key(frame, wrapped_session_key)
+    _set_ack(frame, ack)
+    return frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,10 +566,10 @@ class AckFrame:
         )
 
     def encode(self) -> list[object]:
-        """Wire form."""
+        """Wire form (the conversation id as 16 raw bytes)."""
         return [
-            FrameKind.ACK,
-            self.conversation_id,
+            _ACK,
+            self.conversation_id.bytes,
             int(self.direction),
             self.ack.encode(),
             self.signature,
@@ -434,8 +580,8 @@ class AckFrame:
         """Raises: RemoteProtocolError: malformed."""
         f = _fields(obj, FrameKind.ACK, 4)
         return cls(
-            _uuid(f[1], "conversation id"),
-            Direction(_int(f[2], "direction", 0, 1)),
+            _raw_uuid(f[1], "conversation id"),
+            _DIRECTIONS[_int(f[2], "direction", 0, 1)],
             AckRecord.decode(f[3]),
             _bytes(f[4], "signature", SIGNATURE_SIZE, SIGNATURE_SIZE),
         )
@@ -579,6 +725,18 @@ _SEND_INPUT: Final[dict[type, LinkInput]] = {
     ProtocolErrorFrame: _I.SEND_ERROR,
     CloseFrame: _I.SEND_CLOSE,
 }
+# Frame types whose input leaves ESTABLISHED as it is, derived from the table: the
+# steady-state traffic skips the (state, input) lookup and its enum hashing.
+_RECV_KEEPS_ESTABLISHED: Final = frozenset(
+    kind
+    for kind, event in _RECV_INPUT.items()
+    if _TRANSITIONS.get((_S.ESTABLISHED, event)) is _S.ESTABLISHED
+)
+_SEND_KEEPS_ESTABLISHED: Final = frozenset(
+    kind
+    for kind, event in _SEND_INPUT.items()
+    if _TRANSITIONS.get((_S.ESTABLISHED, event)) is _S.ESTABLISHED
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -741,7 +899,10 @@ class LinkConnection:
                     return ConnectionClosed(mid_frame=self._decoder.buffered > 0)
                 frame = decode_link_frame(obj)
                 self.counters.frames_in += 1
-                self._transition(_RECV_INPUT[type(frame)])
+                if not (
+                    self._state is LinkState.ESTABLISHED and type(frame) in _RECV_KEEPS_ESTABLISHED
+                ):
+                    self._transition(_RECV_INPUT[type(frame)])
                 event = self._handle(frame)
             except RemoteProtocolError as exc:
                 self._fail(exc)
@@ -869,20 +1030,22 @@ class LinkConnection:
 
         Raises: LocalProtocolError: the frame is not allowed in the current state.
         """
-        event = _SEND_INPUT.get(type(frame))
-        if event is None:
-            raise LocalProtocolError(
-                f"{type(frame).__name__} frames are produced by the connection itself",
-                ErrorCode.UNEXPECTED_FRAME,
-            )
-        self._transition(event)
-        data = encode_link_frame(frame)
+        kind = type(frame)
+        if not (self._state is LinkState.ESTABLISHED and kind in _SEND_KEEPS_ESTABLISHED):
+            event = _SEND_INPUT.get(kind)
+            if event is None:
+                raise LocalProtocolError(
+                    f"{kind.__name__} frames are produced by the connection itself",
+                    ErrorCode.UNEXPECTED_FRAME,
+                )
+            self._transition(event)
+        data = encode_frame(frame.encode())
         counters = self.counters
         counters.bytes_out += len(data)
         counters.frames_out += 1
-        if event is LinkInput.SEND_FRAGMENT:
+        if kind is FragmentFrame:
             counters.fragments_out += 1
-        elif event is LinkInput.SEND_ACK:
+        elif kind is AckFrame:
             counters.acks_out += 1
         return data
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import NEED_DATA, LocalProtocolError
+from protocol import NEED_DATA, LocalProtocolError, RemoteProtocolError
 from protocol._dialog import (
     MAX_PRIORITY,
     DialogEvent,
@@ -1008,3 +1008,54 @@ def test_peer_argument_checks() -> None:
         a.peer.open_sender(
             uuid.uuid4(), INIT, envelope_for(INIT), session_key=bytes(16), priority=11
         )
+
+
+def test_retries_fall_due_in_deadline_order_even_when_time_goes_back() -> None:
+    """Retry entries sit in a FIFO while deadlines arrive in order and in a heap
+    otherwise; together they must release retries exactly as one heap would."""
+    a, _ = make_pair(retry=RetryPolicy(initial=4.0, factor=2.0, maximum=64.0))
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    sent_at = [3.0, 3.5, 1.0, 3.2, 1.0, 3.9]  # deadlines 7, 7.5, 5, 7.2, 5, 7.9
+    for seq, now in enumerate(sent_at):
+        a.send(conv, INIT, bytes([seq]))
+        frames = a.peer.frames_to_send(now)
+        assert [f.seq for f in frames if isinstance(f, FragmentFrame)] == [seq]
+    assert a.peer.get_timer() == 5.0
+    retried = a.peer.frames_to_send(20.0)
+    assert [f.seq for f in retried if isinstance(f, FragmentFrame)] == [2, 4, 0, 3, 1, 5]
+    assert a.peer.counters.retransmissions == 6
+    assert a.peer.get_timer() == 28.0  # the second wait of the ones just retried (20 + 8)
+
+
+def test_stale_retry_entries_do_not_hold_the_timer() -> None:
+    a, b = make_pair(ack_delay=0.0)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    for index in range(50):
+        a.send(conv, INIT, bytes([index]))
+    network = Network(a, b)
+    network.transfer(0.0)
+    network.transfer(0.0)
+    assert not a.transmission_queue[(conv, INIT)]
+    assert a.peer.get_timer() is None
+
+
+def test_fragment_with_a_foreign_conversation_id_is_still_refused() -> None:
+    """The receiver's precomputed header part is only used for its own direction; a
+    validly signed fragment of another dialog still fails as before."""
+    a, _ = make_pair()
+    conv, other = uuid.uuid4(), uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"x")
+    (frame,) = a.peer.frames_to_send(0.0)
+    assert isinstance(frame, FragmentFrame)
+    session_key = a.send_state[(conv, INIT)][0]
+    receiver = DialogReceiver(other, INIT, private_key=B_KEY, session_key=session_key)
+    with pytest.raises(RemoteProtocolError):
+        receiver.receive_fragment(frame)
+    wrong_direction = DialogReceiver(conv, TARG, private_key=B_KEY, session_key=session_key)
+    with pytest.raises(RemoteProtocolError):
+        wrong_direction.receive_fragment(frame)
+    own = DialogReceiver(conv, INIT, private_key=B_KEY, session_key=session_key)
+    assert [type(e) for e in own.receive_fragment(frame)] == [MessageReceived]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import pathlib
 import uuid
 from typing import Any
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import NEED_DATA, ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
-from protocol._framing import encode_frame, unpack
+from protocol._framing import encode_frame, pack, unpack
 from protocol._integrity import (
     TrustStore,
     generate_broker_identity,
@@ -20,6 +21,8 @@ from protocol._integrity import (
     sign_handshake_proof,
 )
 from protocol._link import (
+    _RECV_KEEPS_ESTABLISHED,
+    _SEND_KEEPS_ESTABLISHED,
     _TRANSITIONS,
     MAX_ACK_RANGES,
     PROTOCOL_VERSION,
@@ -30,6 +33,7 @@ from protocol._link import (
     Direction,
     Envelope,
     FragmentFrame,
+    FrameKind,
     HandshakeCompleted,
     Hello,
     HelloAccept,
@@ -42,6 +46,7 @@ from protocol._link import (
     Role,
     decode_link_frame,
     encode_link_frame,
+    new_fragment_frame,
 )
 
 A_ID = uuid.UUID("aaaaaaaa-0000-4000-8000-000000000001")
@@ -161,6 +166,90 @@ def test_fragment_signed_header_covers_everything_but_payload_and_signature() ->
         assert dataclasses.replace(frame, **change).signed_header() != base, change
 
 
+def test_signed_header_is_one_canonical_array_whatever_the_split() -> None:
+    """header_prefix + header_rest (the senders' and receivers' fast path) is exactly
+    the documented layout: pack([kind, id bytes, direction, seq, index, count, type,
+    envelope, wrapped key, ack])."""
+    for frame in SAMPLE_FRAMES:
+        if not isinstance(frame, FragmentFrame):
+            continue
+        expected = pack(
+            [
+                int(FrameKind.FRAGMENT),
+                frame.conversation_id.bytes,
+                int(frame.direction),
+                frame.seq,
+                frame.fragment_index,
+                frame.fragment_count,
+                frame.message_type,
+                None if frame.envelope is None else frame.envelope.encode(),
+                frame.wrapped_session_key,
+                None if frame.ack is None else frame.ack.encode(),
+            ]
+        )
+        split = FragmentFrame.header_prefix(
+            frame.conversation_id, frame.direction
+        ) + FragmentFrame.header_rest(
+            frame.seq,
+            frame.fragment_index,
+            frame.fragment_count,
+            frame.message_type,
+            frame.envelope,
+            frame.wrapped_session_key,
+            frame.ack,
+        )
+        assert frame.signed_header() == split == expected
+
+
+def test_fragment_and_ack_carry_the_conversation_id_as_raw_bytes() -> None:
+    for frame in SAMPLE_FRAMES:
+        if isinstance(frame, (FragmentFrame, AckFrame)):
+            wire = unpack(encode_link_frame(frame)[4:])
+            assert wire[1] == CONV.bytes
+            decoded = decode_link_frame(wire)
+            assert decoded == frame
+            assert type(decoded.conversation_id) is uuid.UUID
+            assert type(decoded.direction) is Direction
+
+
+def test_decoded_conversation_ids_are_interned() -> None:
+    first = decode_link_frame(unpack(encode_link_frame(SAMPLE_FRAMES[3])[4:]))
+    second = decode_link_frame(unpack(encode_link_frame(SAMPLE_FRAMES[5])[4:]))
+    assert isinstance(first, FragmentFrame) and isinstance(second, AckFrame)
+    assert first.conversation_id is second.conversation_id
+
+
+def test_fast_and_general_fragment_decoding_agree() -> None:
+    """The inline-checked path (no envelope, no key) and the field helpers build the
+    same frame."""
+    plain = FragmentFrame(
+        CONV, Direction.FROM_TARGET, 7, 2, 3, "M", b"body", bytes(16), ack=AckRecord(4)
+    )
+    assert decode_link_frame(plain.encode()) == plain
+    with_envelope = dataclasses.replace(
+        plain, envelope=Envelope("T", "I", "C", B_ID, A_ID), wrapped_session_key=b"k" * 256
+    )
+    assert decode_link_frame(with_envelope.encode()) == with_envelope
+
+
+def test_new_fragment_frame_equals_the_dataclass_constructor() -> None:
+    frame = SAMPLE_FRAMES[4]
+    assert isinstance(frame, FragmentFrame)
+    values = [getattr(frame, f.name) for f in dataclasses.fields(FragmentFrame)]
+    built = new_fragment_frame(*values)
+    assert type(built) is FragmentFrame
+    assert built == FragmentFrame(*values) == frame
+    assert hash(built) == hash(frame)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.seq = 1  # type: ignore[misc]
+
+
+def test_established_fast_path_keeps_the_table_authoritative() -> None:
+    """Only inputs the table maps ESTABLISHED -> ESTABLISHED skip the lookup."""
+    assert {FragmentFrame, AckFrame} == _RECV_KEEPS_ESTABLISHED
+    assert {FragmentFrame, AckFrame} == _SEND_KEEPS_ESTABLISHED
+
+
 def test_direction_reverse() -> None:
     assert Direction.FROM_INITIATOR.reverse is Direction.FROM_TARGET
     assert Direction.FROM_TARGET.reverse is Direction.FROM_INITIATOR
@@ -175,20 +264,25 @@ def test_direction_reverse() -> None:
         [99],
         [True],
         [1],
-        [4, CONV],
-        [5, CONV, 2, [0, []], bytes(16)],  # direction out of range
-        [5, CONV, 0, [0, []], bytes(15)],  # short signature
-        [5, CONV, 0, [-1, []], bytes(16)],
-        [5, CONV, 0, [0, [[1, 2, 2, 2]]], bytes(16)],  # empty range
-        [5, CONV, 0, [0, [[1, 2, 0, 3]]], bytes(16)],  # range beyond count
-        [5, CONV, 0, [0, [[1, 2, 0]]], bytes(16)],
-        [5, CONV, 0, [0, [[0, 1, 0, 1]] * (MAX_ACK_RANGES + 1)], bytes(16)],
-        [4, CONV, 0, 0, 1, 1, "M", b"", bytes(16), None, None, None],  # index == count
-        [4, CONV, 0, 0, 0, 0, "M", b"", bytes(16), None, None, None],  # count 0
-        [4, CONV, 0, 0, 0, 1, b"M", b"", bytes(16), None, None, None],  # type not str
-        [4, CONV, 0, 0, 0, 1, "M", "", bytes(16), None, None, None],  # payload not bytes
-        [4, CONV, 0, 0, 0, 1, "M", b"", bytes(16), ["a"], None, None],  # bad envelope
+        [4, CONV.bytes],
+        [5, CONV.bytes, 2, [0, []], bytes(16)],  # direction out of range
+        [5, CONV.bytes, 0, [0, []], bytes(15)],  # short signature
+        [5, CONV.bytes, 0, [-1, []], bytes(16)],
+        [5, CONV.bytes, 0, [0, [[1, 2, 2, 2]]], bytes(16)],  # empty range
+        [5, CONV.bytes, 0, [0, [[1, 2, 0, 3]]], bytes(16)],  # range beyond count
+        [5, CONV.bytes, 0, [0, [[1, 2, 0]]], bytes(16)],
+        [5, CONV.bytes, 0, [0, [[0, 1, 0, 1]] * (MAX_ACK_RANGES + 1)], bytes(16)],
+        [4, CONV.bytes, 0, 0, 1, 1, "M", b"", bytes(16), None, None, None],  # index == count
+        [4, CONV.bytes, 0, 0, 0, 0, "M", b"", bytes(16), None, None, None],  # count 0
+        [4, CONV.bytes, 0, 0, 0, 1, b"M", b"", bytes(16), None, None, None],  # type not str
+        [4, CONV.bytes, 0, 0, 0, 1, "M", "", bytes(16), None, None, None],  # payload not bytes
+        [4, CONV.bytes, 0, 0, 0, 1, "M", b"", bytes(16), ["a"], None, None],  # bad envelope
         [4, "conv", 0, 0, 0, 1, "M", b"", bytes(16), None, None, None],
+        [4, CONV, 0, 0, 0, 1, "M", b"", bytes(16), None, None, None],  # id as UUID ext
+        [4, CONV.bytes[:15], 0, 0, 0, 1, "M", b"", bytes(16), None, None, None],  # short id
+        [5, CONV, 0, [0, []], bytes(16)],  # id as UUID ext
+        [4, CONV.bytes, True, 0, 0, 1, "M", b"", bytes(16), None, None, None],  # bool
+        [4, CONV.bytes, 0, 0, 0, 1, "M", b"", bytes(17), None, None, None],  # long signature
         [1, 1, A_ID, A_CERT, bytes(31)],  # short nonce
         [6, "1001", "text"],
         [7, "x" * 5000],
