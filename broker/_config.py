@@ -43,7 +43,7 @@ class Config:
 
 
 _SCALARS = {f.name for f in fields(Config)} - {"users", "sections"}
-SECTIONS = ("activation", "transport", "poison")
+SECTIONS = ("activation", "transport")
 
 
 def load(path: Path | None, overrides: dict[str, Any]) -> Config:

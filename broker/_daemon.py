@@ -11,6 +11,7 @@ memory would be ahead of disk, and a restart rebuilds from what is durable.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import json
 import logging
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._config import Config
+from ._config import Config, ConfigError
 from ._engine import Engine
 from ._server import ClientConnection, Operations
 from ._store import Store
@@ -126,6 +127,7 @@ class Broker:
             connection.connection_lost(None)
         if self.store.failed is None:
             await self.store.close()
+        (self.data_dir / "broker.json").unlink(missing_ok=True)
         self._lock_file.close()
 
 
@@ -156,9 +158,18 @@ def run(config: Config) -> int:
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             return runner.run(serve(config))
-    except DataDirLocked as exc:
+    except (DataDirLocked, ConfigError) as exc:
         print(f"ssb: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            print(
+                f"ssb: cannot listen: {exc.strerror} ({exc}); stop the other process or pick"
+                " other ports with --client-port / --broker-port (0 = any free port)",
+                file=sys.stderr,
+            )
+            return 2
+        raise
 
 
 def _register_subsystems() -> None:

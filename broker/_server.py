@@ -204,7 +204,14 @@ class ClientConnection(asyncio.Protocol):
             and self.users.get(hello.user) != hello.password
             and not self.operations.task_login(hello.user, hello.password)
         ):
-            self._send_now(encode_error(0, ErrorCode.LOGIN_FAILED, f"login failed for user '{hello.user}'"))
+            self._send_now(
+                encode_error(
+                    0,
+                    ErrorCode.LOGIN_FAILED,
+                    f"login failed for user '{hello.user}': the URL's user and password must"
+                    " match the broker's [users]",
+                )
+            )
             self.close()
             return
         self.session = self.engine.open_session(hello.user, self.peer)

@@ -647,7 +647,11 @@ class Transport:
 
     def handshake_failed(self, link: Link, reason: str) -> None:
         if link.role is Role.INITIATOR:
-            self.connect_errors[link.address] = f"handshake with {link.address} failed: {reason}"
+            self.connect_errors[link.address] = (
+                f"handshake with {link.address} failed: {reason}; both brokers must trust"
+                " each other's certificate (create_certificate with the peer's"
+                " broker_certificate())"
+            )
             self._backoff(link.address)
 
     def _backoff(self, address: str) -> float:

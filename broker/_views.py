@@ -213,7 +213,12 @@ def queue_contents(engine: Engine, name: str) -> list[dict[str, Any]]:
     queue = engine.queues.get(name)
     if queue is None:
         raise BrokerError(ErrorCode.UNKNOWN_QUEUE, f"queue '{name}' does not exist")
-    return [dict(zip(MESSAGE_COLUMNS, m.wire(), strict=True)) for m in queue.all_messages()]
+    rows = []
+    for m in queue.all_messages():
+        row = dict(zip(MESSAGE_COLUMNS, m.wire(), strict=True))
+        row["message_enqueue_time"] = _time(m.message_enqueue_time)
+        rows.append(row)
+    return rows
 
 
 def render(engine: Engine, name: str) -> list[dict[str, Any]]:

@@ -59,7 +59,13 @@ def load_procedure(spec: str) -> Callable[..., Any]:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"activation procedure {spec!r} must be 'package.module:function'")
-    target: Any = importlib.import_module(module_name)
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"{exc}; activation workers import procedures from the daemon's working directory"
+            " and from [activation] python_path in its --config file"
+        ) from exc
     for part in attribute.split("."):
         target = getattr(target, part)
     if not callable(target):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -60,7 +61,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "view":
             sub.add_argument("name", help="view name, or queue:NAME to read a queue")
         sub.add_argument(
-            "--url", default=os.environ.get("SSB_URL", DEFAULT_URL), help="broker URL (env SSB_URL)"
+            "--url",
+            help="broker URL (default: $SSB_URL, else the broker of ./ssb-data, else "
+            f"{DEFAULT_URL})",
         )
     return parser
 
@@ -109,6 +112,7 @@ def _cell(value: object) -> str:
         return "NULL"
     if isinstance(value, bytes):
         text = value[:40].decode("utf-8", "replace")
+        text = "".join(c if c.isprintable() else "." for c in text)
         return text + ("..." if len(value) > 40 else "")
     return str(value)
 
@@ -146,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import client
 
     try:
-        with client.connect_sync(args.url) as conn:
+        with client.connect_sync(_url(args.url)) as conn:
             if args.command == "view":
                 print(format_table(conn.view(args.name)))
             else:
@@ -159,7 +163,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"messages ready    {sum(q['messages_ready'] for q in queues)}")
                 print(f"conversations     {len(endpoints)}")
                 print(f"transmission queue {len(pending)}")
-    except client.BrokerError as exc:
+    except (client.BrokerError, ValueError) as exc:
         print(f"ssb: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _url(given: str | None) -> str:
+    """--url, else $SSB_URL, else the broker running from ./ssb-data, else the default."""
+    if given:
+        return given
+    if os.environ.get("SSB_URL"):
+        return os.environ["SSB_URL"]
+    info = Path("ssb-data") / "broker.json"
+    if info.exists():
+        try:
+            port = json.loads(info.read_text())["client_port"]
+            return f"ssb://127.0.0.1:{int(port)}"
+        except (ValueError, KeyError, TypeError):
+            pass
+    return DEFAULT_URL

@@ -423,6 +423,7 @@ def peek(queue: str) -> Call[list[Message]]:
     return Call("view", {"name": f"queue:{queue}"}, decode)
 
 
+
 def broker_instance() -> Call[str]:
     """This broker's persistent instance id."""
     return Call("broker_instance", {}, str)

@@ -280,5 +280,8 @@ async def connect(url: str = "ssb://127.0.0.1:4021", timeout: float = CONNECT_TI
         raise error_for(exc.code, str(exc)) from exc
     except (TimeoutError, OSError) as exc:
         wire.transport.close()
-        raise ConnectionLostError(f"the broker did not complete the handshake: {exc!r}") from exc
+        raise ConnectionLostError(
+            f"the broker did not complete the handshake: {exc!r}; is {target.port} its client"
+            " port (4021 by default, not the broker-to-broker port)?"
+        ) from exc
     return Connection(wire, welcome, url)

@@ -46,7 +46,12 @@ class Message:
         if len(row) != len(MESSAGE_COLUMNS):
             raise ValueError(f"a message row has {len(MESSAGE_COLUMNS)} columns, got {len(row)}")
         values = list(row)
-        values[11] = dt.datetime.fromtimestamp(values[11], dt.UTC)
+        stamp = values[11]
+        values[11] = (
+            dt.datetime.fromisoformat(stamp)
+            if isinstance(stamp, str)
+            else dt.datetime.fromtimestamp(stamp, dt.UTC)
+        )
         return cls(*values)
 
     @property

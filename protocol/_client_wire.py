@@ -85,7 +85,9 @@ class Welcome:
             raise RemoteProtocolError(text, code)
         if not isinstance(frame, dict) or not isinstance(frame.get("welcome"), int):
             raise RemoteProtocolError(
-                "the broker did not answer the hello", ErrorCode.HANDSHAKE_FAILED
+                "the server did not answer the hello; is this the broker's client port"
+                " (4021 by default) and not its broker-to-broker port?",
+                ErrorCode.HANDSHAKE_FAILED,
             )
         return cls(frame["welcome"], str(frame.get("broker_instance")), str(frame.get("server")))
 
