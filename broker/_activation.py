@@ -612,6 +612,12 @@ class ActivationManager(QueueListener):
         task.feed(ExternalInput.END)
         self._ended(task, error)
 
+    def session_closed(self, session: Session) -> None:
+        """A reader's connection closed: an external task ends now, freeing its place."""
+        task = session.task
+        if isinstance(task, ExternalTask) and task.state is not ExternalState.ENDED:
+            self._end_external(task, "the reader's connection closed before it ended")
+
     def _sweep(self) -> None:
         """End external tasks whose connection closed without end_task (a killed task)."""
         for task in [t for t in self.tasks.values() if isinstance(t, ExternalTask)]:
@@ -805,6 +811,10 @@ class _Fanout(QueueListener):
     def waiting_changed(self, queue: Queue) -> None:
         for listener in self.listeners:
             listener.waiting_changed(queue)
+
+    def session_closed(self, session: Session) -> None:
+        for listener in self.listeners:
+            listener.session_closed(session)
 
 
 _MANAGERS: weakref.WeakKeyDictionary[Engine, ActivationManager] = weakref.WeakKeyDictionary()

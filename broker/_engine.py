@@ -130,6 +130,7 @@ class QueueListener:
     def rolled_back(self, queue: Queue) -> None: ...
     def altered(self, queue: Queue) -> None: ...
     def waiting_changed(self, queue: Queue) -> None: ...
+    def session_closed(self, session: Session) -> None: ...
 
 
 def _as_uuid(value: object, what: str) -> uuid.UUID:
@@ -303,6 +304,7 @@ class Engine:
             self._rollback(session.txn, "the connection was closed with the transaction open")
             session.txn = None
         self.sessions.pop(session.ident, None)
+        self.listener.session_closed(session)
 
     def begin_transaction(
         self, session: Session, detached: object = False, timeout: object = None
