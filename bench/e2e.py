@@ -225,14 +225,20 @@ def _child(role: str, url: str, phase: int, opts: Options, go: Any, results: Any
 
 
 def run_processes(
-    url: str, phase: int, roles: list[str], opts: Options
+    url: str | dict[str, str], phase: int, roles: list[str], opts: Options
 ) -> tuple[float, dict[str, dict[str, Any]]]:
-    """Start one process per role, release them together, return (go time, outcomes)."""
+    """Start one process per role, release them together, return (go time, outcomes).
+
+    `url` is one broker for every role, or a map role -> broker URL.
+    """
+    urls = url if isinstance(url, dict) else dict.fromkeys(roles, url)
     ctx = mp.get_context("spawn")
     go = ctx.Event()
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=_child, args=(role, url, phase, opts, go, results), name=f"bench-{role}")
+        ctx.Process(
+            target=_child, args=(role, urls[role], phase, opts, go, results), name=f"bench-{role}"
+        )
         for role in roles
     ]
     for p in procs:

@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing as mp
 import os
 import platform
-import queue
 import shutil
 import sys
 import tempfile
@@ -72,60 +70,6 @@ class Outcome:
     ratio: float
     target_ratio: float = TARGET_RATIO
     target_met: bool = False
-
-
-# ---- processes with a URL per role --------------------------------------------------------
-
-
-def run_roles(
-    urls: dict[str, str], phase: int, opts: e2e.Options
-) -> tuple[float, dict[str, dict[str, Any]]]:
-    """Like e2e.run_processes, but each role (producer, consumer) gets its own broker URL."""
-    ctx = mp.get_context("spawn")
-    go = ctx.Event()
-    results = ctx.Queue()
-    procs = {
-        role: ctx.Process(
-            target=e2e._child, args=(role, url, phase, opts, go, results), name=f"bench-{role}"
-        )
-        for role, url in urls.items()
-    }
-    for p in procs.values():
-        p.start()
-    outcomes: dict[str, dict[str, Any]] = {}
-
-    def next_report(limit: float) -> tuple[str, Any]:
-        while True:
-            try:
-                return results.get(timeout=0.5)  # type: ignore[no-any-return]
-            except queue.Empty:
-                pass
-            dead = [r for r, p in procs.items() if p.exitcode is not None and r not in outcomes]
-            if dead and results.empty():
-                raise e2e.BenchFailure(f"{dead[0]} exited with code {procs[dead[0]].exitcode}")
-            if time.monotonic() > limit:
-                raise e2e.BenchFailure("timed out waiting for the producer/consumer processes")
-
-    try:
-        for _ in procs:
-            role, what = next_report(time.monotonic() + 60)
-            if what != "ready":
-                raise e2e.BenchFailure(f"{role} failed before the start: {what.get('error', what)}")
-        go_time = time.monotonic()
-        go.set()
-        limit = go_time + opts.phase_timeout + 30
-        while len(outcomes) < len(procs):
-            role, outcome = next_report(limit)
-            if "error" in outcome:
-                raise e2e.BenchFailure(f"{role} failed:\n{outcome['error']}")
-            outcomes[role] = outcome
-    finally:
-        for p in procs.values():
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    return go_time, outcomes
 
 
 def _fill(result: Run, go_time: float, out: dict[str, dict[str, Any]], opts: e2e.Options) -> None:
@@ -216,7 +160,9 @@ def two_brokers(durability: str, opts: e2e.Options) -> Run:
         print(f"[{durability}] two brokers: {opts.messages} messages A -> B ...", flush=True)
         pids = [_pid(a), _pid(b)]
         before = _cpu(pids)
-        go_time, out = run_roles({"consumer": b.url, "producer": a.url}, e2e.PHASE_E2E, opts)
+        go_time, out = e2e.run_processes(
+            {"consumer": b.url, "producer": a.url}, e2e.PHASE_E2E, ["consumer", "producer"], opts
+        )
         after = _cpu(pids)
         _fill(result, go_time, out, opts)
         if before is not None and after is not None:
