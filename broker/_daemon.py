@@ -57,7 +57,7 @@ class Broker:
                 f"another ssb daemon is using {self.data_dir}; stop it or pick another --data-dir"
             ) from None
         self.store = Store(self.data_dir / "broker.db", config.durability)
-        meta = self.store.load().meta
+        meta = self.store.load_meta()
         instance = meta.get("broker_instance")
         if instance is None:
             instance = str(uuid.uuid4())

@@ -242,7 +242,7 @@ class Engine:
         queue = self.queues.get(queue_name)
         message = None
         if ep is not None:
-            message = self._message(ep, order, seq, mtype, letter, body, enqueued)
+            message = self.message_for(ep, order, seq, mtype, letter, body, enqueued)
         elif extra is not None:  # a dead letter lives on without its endpoint
             message = Message(
                 order, queue_name, handle, handle, seq, "", "", mtype, letter, body, enqueued, 5
@@ -1600,7 +1600,7 @@ class Engine:
         self._arm_lifetime(far)
         return far
 
-    def _message(
+    def message_for(
         self,
         ep: Endpoint,
         order: int,
@@ -1610,6 +1610,7 @@ class Engine:
         body: bytes,
         now: float,
     ) -> Message:
+        """A message of `ep`'s conversation, as its queue holds it."""
         return Message(
             order,
             ep.queue,
@@ -1629,9 +1630,7 @@ class Engine:
         self, ep: Endpoint, seq: int, mtype: str, letter: str, body: bytes, now: float
     ) -> Message:
         queue = self.queues[ep.queue]
-        order = self._next_order
-        self._next_order += 1
-        message = self._message(ep, order, seq, mtype, letter, body, now)
+        message = self.message_for(ep, self.next_queuing_order(), seq, mtype, letter, body, now)
         queue.add(message)
         self.store.insert_message(message.row())
         self.kick(queue)

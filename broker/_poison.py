@@ -314,19 +314,14 @@ class PoisonHandler:
         if not group.endpoints and not group.convs:
             del dlq.groups[group.id]
         engine.store.delete_message(letter.queuing_order)
-        again = Message(
+        again = engine.message_for(
+            ep,
             engine.next_queuing_order(),
-            origin.name,
-            ep.handle,
-            ep.group_id,
             letter.message_sequence_number,
-            ep.service,
-            ep.contract,
             letter.message_type_name,
             letter.validation,
             letter.message_body,
             letter.message_enqueue_time,
-            ep.priority,
         )
         origin.add_front(again)
         engine.store.insert_message(again.row())

@@ -182,8 +182,6 @@ class Snapshot:
     messages: list[Row] = field(default_factory=list)
     transmission: list[Row] = field(default_factory=list)
     poison: list[Row] = field(default_factory=list)
-    remote_dialogs: list[Row] = field(default_factory=list)
-    held_fragments: list[Row] = field(default_factory=list)
 
 
 class StoreFailure(RuntimeError):
@@ -226,11 +224,15 @@ class Store:
 
     # ---- start and stop -------------------------------------------------
 
+    def load_meta(self) -> dict[str, str]:
+        """The broker's own settings (its instance id), without reading anything else."""
+        return dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+
     def load(self) -> Snapshot:
-        """Read everything back (called once, before the loop starts serving)."""
+        """Read the core's state back (called once, before the loop starts serving)."""
         db = self._db
         snap = Snapshot()
-        snap.meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        snap.meta = self.load_meta()
         snap.catalog = db.execute("SELECT kind, name, body FROM catalog").fetchall()
         snap.endpoints = db.execute(
             f"SELECT {', '.join(ENDPOINT_COLUMNS)} FROM endpoints ORDER BY created"
@@ -245,15 +247,20 @@ class Store:
             "SELECT id, queue, handle, queuing_order, delivery_count, action, time, error"
             " FROM poison_messages ORDER BY id"
         ).fetchall()
-        snap.remote_dialogs = db.execute(
+        return snap
+
+    def load_remote(self) -> tuple[list[Row], list[Row]]:
+        """The dialog directions to other brokers and their held fragments (transport start)."""
+        db = self._db
+        dialogs = db.execute(
             "SELECT conversation_id, direction, side, peer, session_key, wrapped_key, next_seq,"
             " envelope FROM remote_dialogs"
         ).fetchall()
-        snap.held_fragments = db.execute(
+        fragments = db.execute(
             "SELECT conversation_id, direction, seq, fragment_index, fragment_count, message_type,"
             " payload FROM held_fragments ORDER BY conversation_id, direction, seq, fragment_index"
         ).fetchall()
-        return snap
+        return dialogs, fragments
 
     def max_ids(self) -> tuple[int, int, int]:
         """Largest queuing order, transmission id and poison incident id on disk."""

@@ -404,16 +404,16 @@ class Transport:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _restore(self) -> None:
-        snap = self.engine.store.load()
+        remote_dialogs, held_fragments = self.engine.store.load_remote()
         held: dict[tuple[uuid.UUID, Direction], list[HeldFragment]] = {}
-        for conv, direction, seq, index, count, mtype, payload in snap.held_fragments:
+        for conv, direction, seq, index, count, mtype, payload in held_fragments:
             key = (uuid.UUID(bytes=conv), Direction(direction))
             held.setdefault(key, []).append(HeldFragment(seq, index, count, mtype, payload))
             self.held_seqs.add((key[0], key[1], seq))
         pending: dict[tuple[uuid.UUID, Direction], list[Outbound]] = {}
         for out in self.engine.remote_outbound.values():
             pending.setdefault((out.conversation_id, _direction(out.is_initiator)), []).append(out)
-        for conv_raw, direction, side, peer_id, key, wrapped, next_seq, env in snap.remote_dialogs:
+        for conv_raw, direction, side, peer_id, key, wrapped, next_seq, env in remote_dialogs:
             conv, d = uuid.UUID(bytes=conv_raw), Direction(direction)
             peer = self._peer(uuid.UUID(peer_id))
             if peer is None:
