@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import client
+from ssb import client
 
 from ._common import REPO_ROOT, BrokerProcess, percentile, run
 

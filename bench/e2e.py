@@ -42,7 +42,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import client
+from ssb import client
 
 from ._common import broker, cpu_seconds, percentile, rate, run
 

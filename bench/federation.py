@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import client
+from ssb import client
 
 from . import e2e
 from ._common import BrokerProcess, broker, cpu_seconds, rate, run  # type: ignore[attr-defined]

@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import client
+from ssb import client
 
 from ._common import broker, cpu_seconds, rate, run
 

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import client
 from bench._common import broker
+from ssb import client
 
 HERE = Path(__file__).resolve().parent
 FUNCTIONS = "bench.spark:trivial"
@@ -77,7 +77,7 @@ def objects(conn: client.SyncConnection, queue: str, readers: int) -> None:
 
 
 def throughput(spark: Any, url: str, args: argparse.Namespace) -> dict[str, float]:
-    from spark_bridge import QueueBinding, SparkActivator
+    from ssb.spark_bridge import QueueBinding, SparkActivator
 
     with client.connect_sync(url) as conn:
         objects(conn, "Bench", args.readers)
@@ -117,7 +117,7 @@ def throughput(spark: Any, url: str, args: argparse.Namespace) -> dict[str, floa
 
 def latency(spark: Any, url: str, queue: str, samples: int) -> list[tuple[float, float]]:
     """(event -> first reader, send -> first reader) seconds, per sample."""
-    from spark_bridge import QueueBinding, SparkActivator
+    from ssb.spark_bridge import QueueBinding, SparkActivator
 
     out = []
     with client.connect_sync(url) as conn:

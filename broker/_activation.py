@@ -59,7 +59,7 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Final
 
-from protocol import ErrorCode
+from ssb.protocol import ErrorCode
 
 from ._config import ConfigError
 from ._daemon import START_HOOKS

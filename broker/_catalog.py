@@ -15,7 +15,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
-from protocol import ErrorCode
+from ssb.protocol import ErrorCode
 
 from ._errors import BrokerError, bad_argument, not_found
 

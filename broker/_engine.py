@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final, TypeAlias, TypeVar, Union
 from xml.sax.saxutils import escape
 
-from protocol import ErrorCode
+from ssb.protocol import ErrorCode
 
 from . import _catalog as cat
 from ._catalog import Catalog, QueueDef

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol import ErrorCode
+from ssb.protocol import ErrorCode
 
 
 class BrokerError(Exception):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from protocol import ErrorCode
+from ssb.protocol import ErrorCode
 
 from ._daemon import START_HOOKS
 from ._engine import _as_uuid

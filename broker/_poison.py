@@ -31,7 +31,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
 
-from protocol import ErrorCode, unpack
+from ssb.protocol import ErrorCode, unpack
 
 from . import _catalog as cat
 from ._conversations import CAN_SEND, State

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from protocol import pack
+from ssb.protocol import pack
 
 from ._catalog import QueueDef
 

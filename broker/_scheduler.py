@@ -33,7 +33,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from protocol import ErrorCode
+from ssb.protocol import ErrorCode
 
 from ._engine import Engine
 from ._errors import BrokerError, bad_argument

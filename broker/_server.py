@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, cast
 
-from protocol import (
+from ssb.protocol import (
     WIRE_VERSION,
     ErrorCode,
     FrameDecoder,
@@ -34,7 +34,7 @@ from protocol import (
     encode_frame,
     encode_ok,
 )
-from protocol._framing import NEED_DATA
+from ssb.protocol._framing import NEED_DATA
 
 from ._engine import Engine
 from ._errors import BrokerError

@@ -103,7 +103,7 @@ class WorkerProcess:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "broker._worker",
+            "ssb.broker._worker",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,

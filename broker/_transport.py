@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from protocol import NEED_DATA, ErrorCode, ProtocolError, pack, unpack
-from protocol._dialog import (
+from ssb.protocol import NEED_DATA, ErrorCode, ProtocolError, pack, unpack
+from ssb.protocol._dialog import (
     DialogEvent,
     DialogPeer,
     FragmentReceived,
@@ -55,7 +55,7 @@ from protocol._dialog import (
     SessionKeyReceived,
     UnknownDialog,
 )
-from protocol._integrity import (
+from ssb.protocol._integrity import (
     TrustStore,
     certificate_broker_id,
     generate_broker_identity,
@@ -63,7 +63,7 @@ from protocol._integrity import (
     new_session_key,
     wrap_session_key,
 )
-from protocol._link import (
+from ssb.protocol._link import (
     AckFrame,
     CloseFrame,
     ConnectionClosed,

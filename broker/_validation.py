@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from xml.parsers import expat
 
-from protocol import ErrorCode
+from ssb.protocol import ErrorCode
 
 from ._errors import BrokerError
 

@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from protocol import MESSAGE_COLUMNS, ErrorCode
+from ssb.protocol import MESSAGE_COLUMNS, ErrorCode
 
 from ._engine import Engine
 from ._errors import BrokerError

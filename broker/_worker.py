@@ -88,7 +88,7 @@ def _url(run: dict[str, Any]) -> str:
 
 
 def _run_sync(fn: Callable[..., Any], run: dict[str, Any], context: TaskContext) -> None:
-    import client
+    from ssb import client
 
     conn = client.connect_sync(_url(run))
     try:
@@ -102,7 +102,7 @@ def _run_sync(fn: Callable[..., Any], run: dict[str, Any], context: TaskContext)
 
 
 async def _run_async(fn: Callable[..., Any], run: dict[str, Any], context: TaskContext) -> None:
-    import client
+    from ssb import client
 
     conn = await client.connect(_url(run))
     try:
@@ -164,7 +164,7 @@ def main() -> None:
 
     inbox: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
     threading.Thread(target=_read_commands, args=(control_in, inbox), daemon=True).start()
-    import client  # noqa: F401 - pay for the import before saying ready
+    from ssb import client  # noqa: F401 - pay for the import before saying ready
 
     for entry in reversed(os.environ.get("SSB_WORKER_PATH", "").split(os.pathsep)):
         if entry and entry not in sys.path:

@@ -141,13 +141,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.command == "spark-bridge":
         try:
-            from spark_bridge._cli import main as bridge_main
+            from ssb.spark_bridge._cli import main as bridge_main
         except ImportError as exc:
             print(f"ssb spark-bridge needs pyspark: pip install 'ssb[spark]' ({exc})", file=sys.stderr)
             return 2
         return bridge_main(args)
 
-    import client
+    from ssb import client
 
     try:
         with client.connect_sync(_url(args.url)) as conn:

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
-from protocol import (
+from ssb.protocol import (
     WIRE_VERSION,
     FrameDecoder,
     Hello,
@@ -22,7 +22,7 @@ from protocol import (
     Welcome,
     encode_frame,
 )
-from protocol._framing import NEED_DATA
+from ssb.protocol._framing import NEED_DATA
 
 from . import _calls as calls
 from ._errors import BrokerError, ConnectionLostError, ProtocolViolationError, error_for

@@ -9,7 +9,7 @@ itself (a wrong argument type caught before anything is sent) raises the usual
 
 from __future__ import annotations
 
-from protocol import ErrorCode
+from ssb.protocol import ErrorCode
 
 
 class BrokerError(Exception):

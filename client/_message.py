@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from protocol import MESSAGE_COLUMNS
+from ssb.protocol import MESSAGE_COLUMNS
 
 END_DIALOG = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
 ERROR = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"

@@ -33,19 +33,17 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-from protocol import ErrorCode
+from ssb.protocol import ErrorCode
 
+from . import _calls as calls
 from ._errors import AlreadyExistsError, ConversationEndedError, NotFoundError
 from ._message import Message
+from ._session import AsyncSession, SyncSession
 from ._url import parse_url
 
-if TYPE_CHECKING:
-    from ._connection import Connection
-    from ._sync import SyncConnection
-
-SCHEDULER_PROCEDURE: Final = "client._scheduler:run_tasks"
+SCHEDULER_PROCEDURE: Final = "ssb.client._scheduler:run_tasks"
 RECEIVE_WAIT: Final = 5.0  # how long an idle reader waits for the next task
 DEFAULT_READERS: Final = 5
 _SENT: Final = "AsyncSent"
@@ -197,7 +195,7 @@ class Scheduler(_Bookkeeping):
     """A scheduler handle (async); get one with `await conn.get_scheduler()`."""
 
     def __init__(
-        self, conn: Connection, names: SchedulerNames, handle: uuid.UUID, max_running: int | None
+        self, conn: AsyncSession, names: SchedulerNames, handle: uuid.UUID, max_running: int | None
     ) -> None:
         super().__init__(names, handle, max_running)
         self.conn = conn
@@ -215,16 +213,18 @@ class Scheduler(_Bookkeeping):
         payload = _payload(task_spec(task), args, kwargs)
         while self._full():
             await self._collect(None)
-        log_id = await self.conn.log_task(_describe(payload), self.handle)
-        await self.conn.send(
-            self.handle, self.names.sent, json.dumps({"log_id": log_id, **payload})
+        log_id = await self.conn.call(calls.log_task(_describe(payload), self.handle))
+        await self.conn.call(
+            calls.send(self.handle, self.names.sent, json.dumps({"log_id": log_id, **payload}))
         )
         self._outstanding.add(log_id)
         return log_id
 
     async def _collect(self, timeout: float | None) -> None:
-        messages = await self.conn.receive(
-            self.names.initiator_queue, top=1, timeout=timeout, conversation_handle=self.handle
+        messages = await self.conn.call(
+            calls.receive(
+                self.names.initiator_queue, top=1, timeout=timeout, conversation_handle=self.handle
+            )
         )
         self._record(messages, timeout)
 
@@ -248,7 +248,7 @@ class Scheduler(_Bookkeeping):
             return
         self._released = True
         with contextlib.suppress(ConversationEndedError, NotFoundError):
-            await self.conn.end_conversation(self.handle)
+            await self.conn.call(calls.end_conversation(self.handle))
 
     async def __aenter__(self) -> Scheduler:
         return self
@@ -262,7 +262,7 @@ class SyncScheduler(_Bookkeeping):
 
     def __init__(
         self,
-        conn: SyncConnection,
+        conn: SyncSession,
         names: SchedulerNames,
         handle: uuid.UUID,
         max_running: int | None,
@@ -276,14 +276,18 @@ class SyncScheduler(_Bookkeeping):
         payload = _payload(task_spec(task), args, kwargs)
         while self._full():
             self._collect(None)
-        log_id = self.conn.log_task(_describe(payload), self.handle)
-        self.conn.send(self.handle, self.names.sent, json.dumps({"log_id": log_id, **payload}))
+        log_id = self.conn.call(calls.log_task(_describe(payload), self.handle))
+        self.conn.call(
+            calls.send(self.handle, self.names.sent, json.dumps({"log_id": log_id, **payload}))
+        )
         self._outstanding.add(log_id)
         return log_id
 
     def _collect(self, timeout: float | None) -> None:
-        messages = self.conn.receive(
-            self.names.initiator_queue, top=1, timeout=timeout, conversation_handle=self.handle
+        messages = self.conn.call(
+            calls.receive(
+                self.names.initiator_queue, top=1, timeout=timeout, conversation_handle=self.handle
+            )
         )
         self._record(messages, timeout)
 
@@ -300,7 +304,7 @@ class SyncScheduler(_Bookkeeping):
             return
         self._released = True
         with contextlib.suppress(ConversationEndedError, NotFoundError):
-            self.conn.end_conversation(self.handle)
+            self.conn.call(calls.end_conversation(self.handle))
 
     def __enter__(self) -> SyncScheduler:
         return self
@@ -337,7 +341,7 @@ def _install_steps(
 
 
 async def install_scheduler(
-    conn: Connection,
+    conn: AsyncSession,
     name: str = "Scheduler",
     *,
     max_queue_readers: int = DEFAULT_READERS,
@@ -354,11 +358,11 @@ async def install_scheduler(
     user = parse_url(conn.url).user if execute_as is None else execute_as
     for operation, args, kwargs in _install_steps(SchedulerNames(name), max_queue_readers, user):
         with contextlib.suppress(AlreadyExistsError):
-            await getattr(conn, operation)(*args, **kwargs)
+            await conn.call(getattr(calls, operation)(*args, **kwargs))
 
 
 async def get_scheduler(
-    conn: Connection,
+    conn: AsyncSession,
     name: str = "Scheduler",
     *,
     max_running: int | None = None,
@@ -377,17 +381,19 @@ async def get_scheduler(
     """
     names = SchedulerNames(name)
     if install:
-        services = await conn.view("services")
+        services = await conn.call(calls.view("services"))
         if not any(row["name"] == names.target_service for row in services):
             await install_scheduler(
                 conn, name, max_queue_readers=max_queue_readers, execute_as=execute_as
             )
-    handle = await conn.begin_dialog(names.initiator_service, names.target_service, names.contract)
+    handle = await conn.call(
+        calls.begin_dialog(names.initiator_service, names.target_service, names.contract)
+    )
     return Scheduler(conn, names, handle, max_running)
 
 
 def install_scheduler_sync(
-    conn: SyncConnection,
+    conn: SyncSession,
     name: str = "Scheduler",
     *,
     max_queue_readers: int = DEFAULT_READERS,
@@ -397,11 +403,11 @@ def install_scheduler_sync(
     user = parse_url(conn.url).user if execute_as is None else execute_as
     for operation, args, kwargs in _install_steps(SchedulerNames(name), max_queue_readers, user):
         with contextlib.suppress(AlreadyExistsError):
-            getattr(conn, operation)(*args, **kwargs)
+            conn.call(getattr(calls, operation)(*args, **kwargs))
 
 
 def get_scheduler_sync(
-    conn: SyncConnection,
+    conn: SyncSession,
     name: str = "Scheduler",
     *,
     max_running: int | None = None,
@@ -411,11 +417,15 @@ def get_scheduler_sync(
 ) -> SyncScheduler:
     """`get_scheduler` on a blocking connection."""
     names = SchedulerNames(name)
-    if install and not any(row["name"] == names.target_service for row in conn.view("services")):
+    if install and not any(
+        row["name"] == names.target_service for row in conn.call(calls.view("services"))
+    ):
         install_scheduler_sync(
             conn, name, max_queue_readers=max_queue_readers, execute_as=execute_as
         )
-    handle = conn.begin_dialog(names.initiator_service, names.target_service, names.contract)
+    handle = conn.call(
+        calls.begin_dialog(names.initiator_service, names.target_service, names.contract)
+    )
     return SyncScheduler(conn, names, handle, max_running)
 
 
@@ -444,7 +454,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def run_tasks(conn: SyncConnection, task: Any) -> None:
+def run_tasks(conn: SyncSession, task: Any) -> None:
     """The scheduler's activation procedure (the seed's ActivationAsyncTarget).
 
     RECEIVE one task at a time (committed at once, so other readers take the next
@@ -452,13 +462,13 @@ def run_tasks(conn: SyncConnection, task: Any) -> None:
     `RECEIVE_WAIT` seconds without a task.
     """
     while True:
-        messages = conn.receive(task.queue, top=1, timeout=RECEIVE_WAIT)
+        messages = conn.call(calls.receive(task.queue, top=1, timeout=RECEIVE_WAIT))
         if not messages:
             return
         message = messages[0]
         if message.is_end_dialog or message.is_error:
             with contextlib.suppress(ConversationEndedError, NotFoundError):
-                conn.end_conversation(message.conversation_handle)
+                conn.call(calls.end_conversation(message.conversation_handle))
         elif message.message_type_name.endswith("/" + _SENT):
             _run_one(conn, message)
         else:
@@ -467,11 +477,11 @@ def run_tasks(conn: SyncConnection, task: Any) -> None:
             )
 
 
-def _run_one(conn: SyncConnection, message: Message) -> None:
+def _run_one(conn: SyncSession, message: Message) -> None:
     request = json.loads(message.message_body)
     log_id = int(request["log_id"])
     done = message.message_type_name[: -len(_SENT)] + _DONE
-    conn.log_task_start(log_id, message.conversation_handle, done)
+    conn.call(calls.log_task_start(log_id, message.conversation_handle, done))
     error: str | None = None
     result: Any = None
     try:
@@ -483,7 +493,7 @@ def _run_one(conn: SyncConnection, message: Message) -> None:
         result = _jsonable(value)
     except Exception as exc:  # the task failed; the reader goes on
         error = f"{type(exc).__name__}: {exc}"
-    conn.log_task_end(log_id, error)
+    conn.call(calls.log_task_end(log_id, error))
     answer = {"log_id": log_id, "ok": error is None, "error": error, "result": result}
     with contextlib.suppress(ConversationEndedError, NotFoundError):
-        conn.send(message.conversation_handle, done, json.dumps(answer))
+        conn.call(calls.send(message.conversation_handle, done, json.dumps(answer)))

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from protocol import (
+from ssb.protocol import (
     NEED_DATA,
     WIRE_VERSION,
     FrameDecoder,

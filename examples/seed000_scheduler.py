@@ -24,8 +24,8 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import client
-from broker.cli import format_table
+from ssb import client
+from ssb.broker.cli import format_table
 
 WAVES = [(4, 10.1), (2, 9.2), (1, 8.3), (2, 7.4), (1, 6.5)]
 
@@ -40,7 +40,7 @@ async def private_broker() -> AsyncIterator[str]:
             [
                 sys.executable,
                 "-m",
-                "broker",
+                "ssb.broker",
                 "serve",
                 "--data-dir",
                 f"{tmp}/data",

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import client
+from ssb import client
 
 HERE = Path(__file__).resolve().parent
 ORDERS = 10_000
@@ -50,7 +50,7 @@ def private_broker() -> Iterator[str]:
             [
                 sys.executable,
                 "-m",
-                "broker",
+                "ssb.broker",
                 "serve",
                 "--data-dir",
                 f"{tmp}/data",
@@ -135,7 +135,7 @@ def spark_session() -> object:
 
 
 def run_stream(spark: object, url: str, checkpoint: str) -> object:
-    import spark_bridge
+    from ssb import spark_bridge
 
     spark_bridge.register(spark)
     orders = (
@@ -181,7 +181,7 @@ def main() -> int:
             query = run_stream(spark, url, stack.enter_context(tempfile.TemporaryDirectory()))
             stack.callback(query.stop)  # type: ignore[attr-defined]
         else:
-            from spark_bridge import QueueBinding, SparkActivator
+            from ssb.spark_bridge import QueueBinding, SparkActivator
 
             activator = SparkActivator(spark, url, [QueueBinding("Orders", "spark_pipeline:price")])  # type: ignore[arg-type]
             activator.start()

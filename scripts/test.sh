@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Install everything the tests need, then run them all (the README's test command).
+# Install everything the tests need into .venv, then run them all (the README's
+# test command). The Spark tests need Java 17 or 21 on the PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
-python3 -m ruff check broker protocol client spark_bridge tests bench examples
-python3 -m mypy
-python3 -m pytest -q -p no:cacheprovider tests "$@"
+. scripts/_venv.sh
+ensure_venv "[test]"
+python -m ruff check broker protocol client spark_bridge tests bench examples
+bash scripts/typecheck.sh
+python -m pytest -q -p no:cacheprovider tests "$@"

@@ -1,7 +1,7 @@
 """The Spark bridge: activated readers as Spark tasks, the seed-000 scheduler on Spark,
 and the "ssb" data source (batch peek, Structured Streaming source and sink).
 
-    from spark_bridge import SparkActivator
+    from ssb.spark_bridge import SparkActivator
     SparkActivator(spark, "ssb://admin:pw@127.0.0.1:4021",
                    {"Orders": "myjobs.orders:process"}).serve()
 
@@ -12,8 +12,8 @@ Needs pyspark (>= 4.2) and pyarrow (`pip install 'ssb[spark]'`).
 
 from __future__ import annotations
 
-from ._activator import JobRecord, QueueBinding, SparkActivator, StopReport, event_queue
-from ._reader import ReaderReport, ReaderSpec, TaskInfo, run_reader
+from ._activator import JobRecord, SparkActivator, StopReport, event_queue
+from ._reader import QueueBinding, ReaderReport, ReaderSpec, TaskInfo, run_reader
 from ._scheduler import (
     get_spark_scheduler,
     get_spark_scheduler_async,

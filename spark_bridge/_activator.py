@@ -42,9 +42,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-import client
+from ssb import client
 
-from ._reader import MESSAGE_MODE, PROCEDURE_MODE, ReaderSpec, run_partition
+from ._reader import QueueBinding, ReaderSpec, run_partition
+from ._scheduler import spark_scheduler_binding
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,36 +54,6 @@ log = logging.getLogger("ssb.spark_bridge")
 
 EVENT_WAIT: Final = 0.25  # the event thread's RECEIVE timeout (its tick)
 MAX_JOB_THREADS: Final = 64
-
-
-@dataclass(frozen=True, slots=True)
-class QueueBinding:
-    """A queue the bridge serves and what its readers run.
-
-    Args:
-        queue: the queue.
-        function: "package.module:function"; `fn(message, conn)` per message, or in
-            procedure mode an activation procedure `proc(conn, task)`.
-        mode: "message" or "procedure".
-        batch_size: RECEIVE TOP(n) per transaction.
-        idle_timeout: a reader exits after a RECEIVE waited this long for nothing.
-        max_readers: a further cap below the queue's MAX_QUEUE_READERS (None: none).
-    """
-
-    queue: str
-    function: str
-    mode: str = MESSAGE_MODE
-    batch_size: int = 100
-    idle_timeout: float = 2.0
-    max_readers: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode not in (MESSAGE_MODE, PROCEDURE_MODE):
-            raise ValueError(f"mode is 'message' or 'procedure', got {self.mode!r}")
-        if ":" not in self.function:
-            raise ValueError(f"function is 'package.module:function', got {self.function!r}")
-        if self.batch_size < 1 or self.idle_timeout <= 0:
-            raise ValueError("batch_size must be >= 1 and idle_timeout > 0")
 
 
 @dataclass(eq=False)
@@ -217,8 +188,6 @@ class SparkActivator:
 
     def add_scheduler(self, name: str = "Scheduler", **options: Any) -> None:
         """Run the seed-000 scheduler `name`'s tasks on Spark (see `install_spark_scheduler`)."""
-        from ._scheduler import spark_scheduler_binding
-
         self.add_queue(spark_scheduler_binding(name, **options))
 
     # ---- life ----------------------------------------------------------------------

@@ -119,7 +119,8 @@ def main(args: argparse.Namespace) -> int:
 
     from pyspark.sql import SparkSession
 
-    from ._activator import QueueBinding, SparkActivator
+    from ._activator import SparkActivator
+    from ._reader import QueueBinding
 
     builder = SparkSession.builder.appName(f"ssb {config['name']}")
     if config["master"]:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-import client
+from ssb import client
 
 MESSAGE_MODE: Final = "message"
 PROCEDURE_MODE: Final = "procedure"
@@ -209,3 +209,33 @@ def _read_messages(
         report.last_processed_at = time.time()
         if isolated > 0:
             isolated -= len(messages)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBinding:
+    """A queue the bridge serves and what its readers run.
+
+    Args:
+        queue: the queue.
+        function: "package.module:function"; `fn(message, conn)` per message, or in
+            procedure mode an activation procedure `proc(conn, task)`.
+        mode: "message" or "procedure".
+        batch_size: RECEIVE TOP(n) per transaction.
+        idle_timeout: a reader exits after a RECEIVE waited this long for nothing.
+        max_readers: a further cap below the queue's MAX_QUEUE_READERS (None: none).
+    """
+
+    queue: str
+    function: str
+    mode: str = MESSAGE_MODE
+    batch_size: int = 100
+    idle_timeout: float = 2.0
+    max_readers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in (MESSAGE_MODE, PROCEDURE_MODE):
+            raise ValueError(f"mode is 'message' or 'procedure', got {self.mode!r}")
+        if ":" not in self.function:
+            raise ValueError(f"function is 'package.module:function', got {self.function!r}")
+        if self.batch_size < 1 or self.idle_timeout <= 0:
+            raise ValueError("batch_size must be >= 1 and idle_timeout > 0")

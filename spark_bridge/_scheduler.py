@@ -7,7 +7,7 @@ scheduler's (`client._scheduler`): a conversation is the scheduler handle,
 queue: its activation is OFF (so the broker starts no worker) and its
 MAX_QUEUE_READERS caps the Spark bridge, which subscribes to the queue's
 QUEUE_ACTIVATION events and runs the scheduler's activation procedure
-(`client._scheduler:run_tasks`) in Spark tasks. Each task body therefore runs on an
+(`ssb.client._scheduler:run_tasks`) in Spark tasks. Each task body therefore runs on an
 executor, and the execution log row of each task records the reader's executor,
 Spark job group and Spark task id (`execution_log` view), next to its times.
 """
@@ -17,17 +17,16 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-import client
-from client._scheduler import (
+from ssb import client
+from ssb.client._scheduler import (
     DEFAULT_READERS,
     SCHEDULER_PROCEDURE,
     SchedulerNames,
     _install_steps,
 )
-from client._url import parse_url
+from ssb.client._url import parse_url
 
-from ._activator import QueueBinding
-from ._reader import PROCEDURE_MODE
+from ._reader import PROCEDURE_MODE, QueueBinding
 
 
 def _spark_steps(

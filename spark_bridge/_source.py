@@ -68,7 +68,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-import client
+from ssb import client
 
 log = logging.getLogger("ssb.spark_bridge")
 

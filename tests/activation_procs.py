@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import client
+from ssb import client
 
 WAIT = 1.0
 HANG_LIMIT = 60.0

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from daemon import BrokerProcess
 
-import client
+from ssb import client
 
 
 @pytest.fixture

@@ -27,11 +27,13 @@ class BrokerProcess:
         durability: str = "fsync",
         config: dict[str, Any] | None = None,
         extra_args: list[str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.durability = durability
         self.config = config
         self.extra_args = extra_args or []
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self.client_port = 0
         self.broker_port: int | None = None
@@ -64,7 +66,7 @@ class BrokerProcess:
         args = [
             sys.executable,
             "-m",
-            "broker",
+            "ssb.broker",
             "serve",
             "--data-dir",
             str(self.data_dir),
@@ -80,7 +82,7 @@ class BrokerProcess:
             *self.extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, cwd=self.cwd)
         log.close()
         line = self._read_ready()
         fields = dict(part.split("=", 1) for part in line.split()[2:])

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from daemon import BrokerProcess
+from polling import wait_until
 
-import client
+from ssb import client
 
 T = TypeVar("T")
 
@@ -37,7 +38,6 @@ TRANSPORT: dict[str, Any] = {
 REQUEST = "AsyncSent"
 REPLY = "AsyncDone"
 CONTRACT = "AsyncContract"
-POLL_INTERVAL = 0.05
 DIAGNOSTIC_VIEWS = ("transmission_queue", "broker_connections", "conversation_endpoints")
 
 
@@ -252,25 +252,6 @@ async def link(
 
 
 # ---- waiting -------------------------------------------------------------------------------
-
-
-async def wait_until(
-    probe: Callable[[], Awaitable[T]],
-    what: str,
-    timeout: float = 30.0,
-    interval: float = POLL_INTERVAL,
-) -> T:
-    """Poll `probe` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:g} s waiting for {what}; last: {value!r}"
-            )
-        await asyncio.sleep(interval)
 
 
 async def run_together(*coroutines: Awaitable[Any], timeout: float) -> list[Any]:

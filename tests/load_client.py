@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import client
+from ssb import client
 
 MAX_BATCHES = 2000
 MAX_SECONDS = 60.0

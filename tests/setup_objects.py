@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import client
+from ssb import client
 
 ASYNC_CONTRACT = {"AsyncSent": "INITIATOR", "AsyncDone": "TARGET"}
 

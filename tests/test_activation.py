@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from daemon import BrokerProcess
 
-import client
-from broker._activation import TRANSITIONS, MonitorInput, MonitorState, activation_needed
+from ssb import client
+from ssb.broker._activation import TRANSITIONS, MonitorInput, MonitorState, activation_needed
 
 TESTS = Path(__file__).parent
 FAST = {

@@ -7,12 +7,12 @@ import sys
 
 from daemon import BrokerProcess
 
-import client
+from ssb import client
 
 
 def _ssb(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "ssb.broker", *args], capture_output=True, text=True, timeout=60
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from setup_objects import seed000
 
-import client
+from ssb import client
 
 
 async def _messages(conn: client.Connection, n: int) -> str:

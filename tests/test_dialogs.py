@@ -8,7 +8,7 @@ import uuid
 import pytest
 from setup_objects import seed000
 
-import client
+from ssb import client
 
 
 async def test_seed000_round_trip_and_no_endpoint_left(conn: client.Connection) -> None:

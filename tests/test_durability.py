@@ -11,7 +11,7 @@ import pytest
 from daemon import BrokerProcess
 from setup_objects import seed000
 
-import client
+from ssb import client
 
 HERE = Path(__file__).parent
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from setup_objects import seed000
 
-import client
-from protocol import ErrorCode
+from ssb import client
+from ssb.protocol import ErrorCode
 
 
 async def test_unknown_objects(conn: client.Connection) -> None:

@@ -52,7 +52,7 @@ from federation_setup import (
     wait_until,
 )
 
-import client
+from ssb import client
 
 TRANSMISSION_QUEUE_COLUMNS = {
     "conversation_handle",
@@ -128,7 +128,7 @@ async def test_each_broker_has_a_persistent_instance_id_and_certificate(tmp_path
         uuid.UUID(a.instance)
         assert a.certificate != b.certificate
         status = subprocess.run(
-            [sys.executable, "-m", "broker", "status", "--url", a.process.url],
+            [sys.executable, "-m", "ssb.broker", "status", "--url", a.process.url],
             capture_output=True,
             text=True,
             timeout=60,

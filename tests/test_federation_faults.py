@@ -44,7 +44,7 @@ from federation_setup import (
     wait_until,
 )
 
-import client
+from ssb import client
 
 SEED = int(os.environ.get("SSB_FAULT_SEED", "4022"))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from daemon import BrokerProcess
 
-import client
+from ssb import client
 
 
 async def _setup(conn: client.Connection, **queue_options: object) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from daemon import BrokerProcess
 
-import client
+from ssb import client
 
 FAST = {
     "check_interval": 0.2,

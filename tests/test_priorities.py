@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import client
+from ssb import client
 
 
 async def _services(conn: client.Connection) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from daemon import BrokerProcess
 
-import client
+from ssb import client
 
 TESTS = Path(__file__).parent
 USERS = {"admin": "secret"}

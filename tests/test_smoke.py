@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-import client
+from ssb import client
 
 
 async def test_ping(conn: client.Connection) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from setup_objects import seed000
 
-import client
+from ssb import client
 
 
 async def _dialogs(conn: client.Connection, count: int, per: int) -> tuple[str, list]:

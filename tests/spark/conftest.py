@@ -28,7 +28,7 @@ def spark() -> Iterator[Any]:
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     from pyspark.sql import SparkSession
 
-    import spark_bridge
+    from ssb import spark_bridge
 
     session = (
         SparkSession.builder.master("local[4]")

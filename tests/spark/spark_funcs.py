@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-import client
+from ssb import client
 
 
 def reply(message: client.Message, conn: client.SyncConnection) -> None:

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import client
+from ssb import client
 
 Rows = list[dict[str, Any]]
 

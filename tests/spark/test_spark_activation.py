@@ -9,8 +9,8 @@ import pytest
 from daemon import BrokerProcess
 from spark_setup import ReaderWatch, collect_replies, send_load, until, work_queue
 
-import client
-from spark_bridge import QueueBinding, SparkActivator
+from ssb import client
+from ssb.spark_bridge import QueueBinding, SparkActivator
 
 
 def tasks_of(conn: client.SyncConnection, queue: str) -> list[dict[str, Any]]:

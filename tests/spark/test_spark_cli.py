@@ -13,7 +13,7 @@ from pathlib import Path
 from daemon import BrokerProcess
 from spark_setup import collect_replies, send_load, until, work_queue
 
-import client
+from ssb import client
 
 HERE = Path(__file__).parent
 
@@ -40,7 +40,7 @@ def test_the_command_serves_queues_from_a_toml_config(
         work_queue(conn, "Cli", readers=2)
         env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker", "spark-bridge", "--config", str(config)],
+            [sys.executable, "-m", "ssb.broker", "spark-bridge", "--config", str(config)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,

@@ -7,8 +7,8 @@ from typing import Any
 from daemon import BrokerProcess
 from spark_setup import until
 
-import client
-from spark_bridge import SparkActivator, get_spark_scheduler
+from ssb import client
+from ssb.spark_bridge import SparkActivator, get_spark_scheduler
 
 
 def test_scheduler_tasks_run_on_spark_executors(spark: Any, sbroker: BrokerProcess) -> None:

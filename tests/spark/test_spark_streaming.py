@@ -11,7 +11,7 @@ from daemon import BrokerProcess
 from pyspark.errors import StreamingQueryException
 from spark_setup import send_load, until, work_queue
 
-import client
+from ssb import client
 
 QUERY_TIMEOUT = 60.0
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from ssb.protocol import (
     NEED_DATA,
     FrameDecoder,
     Hello,
@@ -21,7 +21,7 @@ from protocol import (
     encode_frame,
     encode_ok,
 )
-from protocol._errors import ErrorCode
+from ssb.protocol._errors import ErrorCode
 
 
 def _feed_bytewise(data: bytes, decoder: FrameDecoder) -> list[object]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-from broker._conversations import Endpoint
-from broker._engine import Outbound
-from broker._queues import Message
-from broker._store import ENDPOINT_COLUMNS, MESSAGE_COLUMNS, TRANSMISSION_COLUMNS
+from ssb.broker._conversations import Endpoint
+from ssb.broker._engine import Outbound
+from ssb.broker._queues import Message
+from ssb.broker._store import ENDPOINT_COLUMNS, MESSAGE_COLUMNS, TRANSMISSION_COLUMNS
 
 
 def test_row_widths_match_the_tables() -> None:

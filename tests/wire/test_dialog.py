@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import NEED_DATA, LocalProtocolError, RemoteProtocolError
-from protocol._dialog import (
+from ssb.protocol import NEED_DATA, LocalProtocolError, RemoteProtocolError
+from ssb.protocol._dialog import (
     MAX_PRIORITY,
     DialogEvent,
     DialogPeer,
@@ -30,13 +30,13 @@ from protocol._dialog import (
     UnknownDialog,
     fragment_layout,
 )
-from protocol._integrity import (
+from ssb.protocol._integrity import (
     TrustStore,
     generate_broker_identity,
     load_private_key,
     new_session_key,
 )
-from protocol._link import (
+from ssb.protocol._link import (
     MAX_ACK_RANGES,
     AckFrame,
     AckRecord,

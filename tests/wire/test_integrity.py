@@ -11,14 +11,14 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from ssb.protocol import (
     ErrorCode,
     IntegrityError,
     LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
 )
-from protocol._integrity import (
+from ssb.protocol._integrity import (
     NONCE_SIZE,
     SESSION_KEY_SIZE,
     SIGNATURE_SIZE,

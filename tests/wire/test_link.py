@@ -12,15 +12,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import NEED_DATA, ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
-from protocol._framing import encode_frame, pack, unpack
-from protocol._integrity import (
+from ssb.protocol import (
+    NEED_DATA,
+    ErrorCode,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from ssb.protocol._framing import encode_frame, pack, unpack
+from ssb.protocol._integrity import (
     TrustStore,
     generate_broker_identity,
     load_private_key,
     sign_handshake_proof,
 )
-from protocol._link import (
+from ssb.protocol._link import (
     _RECV_KEEPS_ESTABLISHED,
     _SEND_KEEPS_ESTABLISHED,
     _TRANSITIONS,
@@ -134,7 +140,7 @@ def state_of(conn: LinkConnection) -> LinkState:
 
 @pytest.mark.parametrize("frame", SAMPLE_FRAMES, ids=lambda f: type(f).__name__)
 def test_every_frame_roundtrips_one_byte_at_a_time(frame: LinkFrame) -> None:
-    from protocol import FrameDecoder
+    from ssb.protocol import FrameDecoder
 
     data = encode_link_frame(frame)
     decoder = FrameDecoder()

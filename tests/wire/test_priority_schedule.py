@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from protocol._dialog import DialogPeer, RetryPolicy
-from protocol._link import Direction, Envelope
+from ssb.protocol._dialog import DialogPeer, RetryPolicy
+from ssb.protocol._link import Direction, Envelope
 
 BROKER_A, BROKER_B = uuid.uuid4(), uuid.uuid4()
 
@@ -58,13 +58,13 @@ def test_flood_at_ten_does_not_starve_level_one_beyond_the_bound() -> None:
 def test_priorities_never_travel_on_the_wire() -> None:
     from dataclasses import fields
 
-    from protocol._link import FragmentFrame
+    from ssb.protocol._link import FragmentFrame
 
     assert not [f.name for f in fields(FragmentFrame) if "prior" in f.name]
 
 
 def test_honor_broker_priority_off_transmits_everything_at_five() -> None:
-    from broker._transport import transmission_priority
+    from ssb.broker._transport import transmission_priority
 
     assert [transmission_priority(level, True) for level in (1, 5, 10)] == [1, 5, 10]
     assert [transmission_priority(level, False) for level in (1, 5, 10)] == [5, 5, 5]

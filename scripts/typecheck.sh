@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# mypy --strict over the packages as they install: the folders broker/, protocol/,
+# client/ and spark_bridge/ become ssb.broker, ssb.protocol, ... through a tree of
+# symbolic links in build/typecheck (the source stays where it is).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+tree="$here/build/typecheck"
+mkdir -p "$tree/ssb"
+for package in broker protocol client spark_bridge; do
+    ln -sfn "$here/$package" "$tree/ssb/$package"
+done
+cd "$tree"
+exec python -m mypy --config-file "$here/pyproject.toml" "$@"
