@@ -1,11 +1,21 @@
-"""Starting and stopping the daemon.
+"""Starting and stopping the daemon: the one place that builds and wires everything.
 
-Start: lock the data directory (one daemon per directory), open the store, rebuild
-the engine from it, listen on the client port, write `broker.json` (ports, pid,
-broker instance) into the data directory and print one `ssb ready ...` line. Stop
-(SIGTERM or SIGINT): stop accepting, roll back every open transaction, let the
-last batch reach the disk, close. A store failure stops the daemon with exit code 3:
-memory would be ahead of disk, and a restart rebuilds from what is durable.
+Start, in this order: lock the data directory (one daemon per directory); open the
+store (migrating an older one); build the core from it; gather the operations and
+views of every part (a name offered twice fails start); listen on the client port;
+start the broker-to-broker transport, then activation and the scheduler's execution
+log; write `broker.json` (ports, pid, broker instance) and print one `ssb ready ...`
+line. Every part gets what it needs passed in; nothing registers itself at import.
+
+While running, every SPACE_CHECK seconds the daemon measures the free space for the
+store (the file system's plus the store's own free pages) and tells the core, which
+refuses new messages below `min_free_disk`; when the store has been idle a while it
+truncates the WAL. A commit that fails for want of space is retried by the store;
+one that fails for any other reason stops the daemon with exit code 3 (memory would
+be ahead of disk; a restart rebuilds from what is durable).
+
+Stop (SIGTERM or SIGINT): stop accepting, roll back every open transaction, let the
+last batch reach the disk, close.
 """
 
 from __future__ import annotations
@@ -17,106 +27,242 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+from ._activation.execution_log import ExecutionLog
+from ._activation.manager import ActivationManager, ActivationSettings, loopback
+from ._activation.workers import WorkerPool
 from ._config import Config, ConfigError
-from ._engine import Engine
-from ._server import ClientConnection, Operations
-from ._store import Store
+from ._core.engine import Engine, StoredState
+from ._core.ports import Cancellable
+from ._operations import Operations
+from ._server import ClientConnection
+from ._store import Store, StoreUnavailable, describe_failure
+from ._transport import Transport, TransportSettings
+from ._views import Views
 
 log = logging.getLogger("ssb.daemon")
 
-EXIT_STORE_FAILURE = 3
-
-# Other subsystems (activation, transport) register start-up hooks here; each gets
-# the running Broker and returns an async close function.
-StartHook = Callable[["Broker"], Any]
-START_HOOKS: list[StartHook] = []
+EXIT_STORE_FAILURE: Final = 3
+EXIT_CANNOT_START: Final = 2
+SPACE_CHECK: Final = 1.0  # seconds between free-space measurements
+CHECKPOINT_IDLE: Final = 10.0  # seconds without commits before the WAL is truncated
 
 
 class DataDirLocked(RuntimeError):
     pass
 
 
+class LoopClock:
+    """The core's Clock on an asyncio loop: wall-clock times, loop timers."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.time: Callable[[], float] = time.time  # no wrapper on the hot path
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Cancellable:
+        return self.loop.call_later(max(0.0, when - time.time()), callback)
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.loop.call_soon(callback)
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return self.loop.create_future()
+
+
 class Broker:
-    """A running daemon: store, engine, listeners, and the hooks' services."""
+    """A running daemon: store, core, listeners and the parts around them."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.data_dir = config.data_dir.resolve()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.data_dir / "LOCK", "a+")  # noqa: SIM115 - held for life
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DataDirLocked(
-                f"another ssb daemon is using {self.data_dir}; stop it or pick another --data-dir"
-            ) from None
-        self.store = Store(self.data_dir / "broker.db", config.durability)
-        meta = self.store.load_meta()
-        instance = meta.get("broker_instance")
-        if instance is None:
-            instance = str(uuid.uuid4())
-            self.store.put_meta("broker_instance", instance)
-            self.store.write_now()
-        self.engine = Engine(self.store, instance, config.lock_timeout)
-        self.engine.load()
-        self.operations = Operations(self.engine)
-        self.connections: set[ClientConnection] = set()
         self.stopped = asyncio.Event()
         self.exit_code = 0
+        self.connections: set[ClientConnection] = set()
         self.client_address: tuple[str, int] = (config.host, 0)
         self.broker_address: tuple[str, int] | None = None
         self._server: asyncio.base_events.Server | None = None
         self._closers: list[Callable[[], Any]] = []
-        self.extra_info: dict[str, Any] = {}
-        self.transport: Any = None  # the broker-to-broker transport, once started
+        self._jobs: set[asyncio.Task[Any]] = set()
+        self._lock_file: Any = None
+        self.store: Store
+        self.engine: Engine
+        self.transport: Transport | None = None
+        self.activation: ActivationManager | None = None
+
+    # ---- start ------------------------------------------------------------------------
+
+    def _open_store(self) -> Store:
+        data_dir = self.data_dir
+        if data_dir.exists() and not data_dir.is_dir():
+            raise StoreUnavailable(f"--data-dir {data_dir} is a file, not a directory")
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailable(
+                f"cannot create the data directory {data_dir}: {exc.strerror}"
+            ) from None
+        self._lock_file = open(data_dir / "LOCK", "a+")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataDirLocked(
+                f"another ssb daemon is using {data_dir}; stop it or pick another --data-dir"
+            ) from None
+        try:
+            store = Store(data_dir / "broker.db", self.config.durability)
+            meta = store.load_meta()
+            if "broker_instance" not in meta:
+                store.put_meta("broker_instance", str(uuid.uuid4()))
+                store.write_now()
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreUnavailable(_cannot_open(data_dir, exc)) from None
+        return store
 
     async def start(self) -> None:
+        config = self.config
         loop = asyncio.get_running_loop()
-        self.store.attach(loop, self._store_failed)
-        self.engine.start(loop)
-        users = self.config.users
+        self.store = store = self._open_store()
+        instance = store.load_meta()["broker_instance"]
+        clock = LoopClock(loop)
+        started = time.monotonic()
+        self.engine = engine = Engine(
+            store,
+            clock,
+            instance,
+            lock_timeout=config.lock_timeout,
+            message_cache_bytes=config.message_cache_bytes,
+            max_message_size=config.max_message_size,
+            min_free_disk=config.min_free_disk,
+        )
+        engine.load(StoredState(store.load_catalog(), store.max_ids()))
+        store.write_now()
+        store.attach(loop, self._store_failed, self._store_trouble)
+        engine.start()
+        log.info(
+            "store loaded in %.2f s: %d queue(s), %d ready message(s), %d transmission-queue"
+            " direction(s)",
+            time.monotonic() - started,
+            len(engine.queues),
+            sum(q.ready for q in engine.queues.values()),
+            len(engine.delivery.outboxes),
+        )
+        operations = Operations()
+        views = Views(engine, store)
+        operations.merge("the core", engine.operations())
+        operations.merge("views", views.operations())
+        operations.merge("the daemon", {"ping": _ping})
+
+        users = config.users
+        task_login: list[Callable[[str, str], bool]] = []
+
+        def login(user: str, password: str) -> bool:
+            if not users or users.get(user) == password:
+                return True
+            return any(check(user, password) for check in task_login)
+
         self._server = await loop.create_server(
-            lambda: ClientConnection(self.engine, self.operations, users, self.connections),
-            self.config.host,
-            self.config.client_port,
+            lambda: ClientConnection(engine, store, operations, login, self.connections),
+            config.host,
+            config.client_port,
         )
         sock = self._server.sockets[0].getsockname()
         self.client_address = (sock[0], sock[1])
-        for hook in START_HOOKS:
-            closer = await hook(self)
-            if closer is not None:
-                self._closers.append(closer)
+
+        transport_settings = TransportSettings.from_section(config.sections.get("transport", {}))
+        self.transport = transport = Transport(engine, store, self.data_dir, transport_settings)
+        self.broker_address = await transport.start(config.host, config.broker_port)
+        engine.set_sink(transport)
+        operations.merge("the transport", transport.operations())
+        views.merge(transport.views())
+        self._closers.append(transport.close)
+
+        settings = ActivationSettings.from_section(config.sections.get("activation", {}))
+        pool = WorkerPool(
+            loopback(self.client_address[0]),
+            self.client_address[1],
+            settings.idle_workers,
+            settings.worker_start_timeout,
+            settings.python_path,
+        )
+        self.activation = manager = ActivationManager(engine, settings, pool, users)
+        engine.set_listener(manager)
+        operations.merge("activation", manager.operations())
+        views.merge(manager.views())
+        task_login.append(manager.task_login)
+        execution_log = ExecutionLog(engine, store, manager, settings.execution_log_rows)
+        operations.merge("the scheduler's execution log", execution_log.operations())
+        views.merge(execution_log.views())
+        manager.start()
+        pool.prestart(settings.prestart_workers)
+        self._closers.append(manager.close)
+
+        self._own(self._watch_space())
         info = {
             "pid": os.getpid(),
-            "broker_instance": self.engine.instance_id,
+            "broker_instance": instance,
             "host": self.client_address[0],
             "client_port": self.client_address[1],
-            "broker_port": self.broker_address[1] if self.broker_address else None,
-            "durability": self.config.durability,
-            **self.extra_info,
+            "broker_port": self.broker_address[1],
+            "durability": config.durability,
         }
         (self.data_dir / "broker.json").write_text(json.dumps(info, indent=2))
-        broker = f" broker=127.0.0.1:{info['broker_port']}" if self.broker_address else ""
         print(
-            f"ssb ready client={self.client_address[0]}:{self.client_address[1]}{broker}"
-            f" instance={self.engine.instance_id} data={self.data_dir}",
+            f"ssb ready client={self.client_address[0]}:{self.client_address[1]}"
+            f" broker=127.0.0.1:{self.broker_address[1]} instance={instance}"
+            f" data={self.data_dir}",
             flush=True,
         )
 
+    def _own(self, coro: Any) -> None:
+        job = asyncio.get_running_loop().create_task(coro)
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+
+    async def _watch_space(self) -> None:
+        store, capacity = self.store, self.engine.capacity
+        last_commits, idle_since = store.commits, time.monotonic()
+        while True:
+            try:
+                capacity.measured(store.free_bytes(), str(self.data_dir))
+            except (OSError, sqlite3.Error) as exc:
+                log.warning("cannot measure free space for %s: %s", self.data_dir, exc)
+            now = time.monotonic()
+            if store.commits != last_commits:
+                last_commits, idle_since = store.commits, now
+            elif now - idle_since >= CHECKPOINT_IDLE:
+                await store.checkpoint()
+                idle_since = now + 3600.0  # once per idle spell
+            await asyncio.sleep(SPACE_CHECK)
+
     def _store_failed(self, exc: BaseException) -> None:
-        log.critical("store commit failed, stopping: %r", exc)
+        log.critical(
+            "a store commit failed and cannot be retried (%s); stopping: restart the daemon,"
+            " it rebuilds from what is durable",
+            describe_failure(exc),
+        )
         self.exit_code = EXIT_STORE_FAILURE
         self.stopped.set()
+
+    def _store_trouble(self, reason: str | None) -> None:
+        if reason is None:
+            self.engine.capacity.commit_succeeded()
+        else:
+            self.engine.capacity.commit_failed(reason)
+
+    # ---- stop -----------------------------------------------------------------------------
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        for job in list(self._jobs):
+            job.cancel()
         for closer in reversed(self._closers):
             try:
                 await closer()
@@ -125,10 +271,35 @@ class Broker:
         for connection in list(self.connections):
             connection.close()
             connection.connection_lost(None)
-        if self.store.failed is None:
-            await self.store.close()
+        if hasattr(self, "engine"):
+            self.engine.close()
+        if hasattr(self, "store") and self.store.failed is None:
+            try:
+                await self.store.close()
+            except (sqlite3.Error, OSError) as exc:
+                log.error("the last batch could not be written (%s); it was not acknowledged", exc)
         (self.data_dir / "broker.json").unlink(missing_ok=True)
-        self._lock_file.close()
+        if self._lock_file is not None:
+            self._lock_file.close()
+
+
+def _ping(session: Any) -> str:
+    return "pong"
+
+
+def _cannot_open(data_dir: Path, exc: BaseException) -> str:
+    text = str(exc)
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "full" in text.lower():
+        try:
+            stat = os.statvfs(data_dir)
+            free = f"{stat.f_bavail * stat.f_frsize / (1024 * 1024):.1f} MiB free"
+        except OSError:
+            free = "no space"
+        return (
+            f"cannot start: the disk holding {data_dir} is full ({free}); free some space"
+            " and start again"
+        )
+    return f"cannot open the store in {data_dir}: {text}"
 
 
 async def serve(config: Config) -> int:
@@ -136,7 +307,11 @@ async def serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, broker.stopped.set)
-    await broker.start()
+    try:
+        await broker.start()
+    except BaseException:
+        await broker.stop()
+        raise
     await broker.stopped.wait()
     log.info("stopping")
     await broker.stop()
@@ -158,9 +333,9 @@ def run(config: Config) -> int:
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             return runner.run(serve(config))
-    except (DataDirLocked, ConfigError) as exc:
+    except (DataDirLocked, ConfigError, StoreUnavailable) as exc:
         print(f"ssb: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CANNOT_START
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             print(
@@ -168,25 +343,10 @@ def run(config: Config) -> int:
                 " other ports with --client-port / --broker-port (0 = any free port)",
                 file=sys.stderr,
             )
-            return 2
+            return EXIT_CANNOT_START
         raise
-
-
-def _register_subsystems() -> None:
-    from ._transport import start_transport
-
-    if start_transport not in START_HOOKS:
-        START_HOOKS.insert(0, start_transport)
-
-
-_register_subsystems()
 
 
 def data_dir_info(data_dir: Path) -> dict[str, Any]:
     """What a running daemon wrote about itself into its data directory."""
     return dict(json.loads((data_dir / "broker.json").read_text()))
-
-
-# Subsystems append their start hooks to START_HOOKS when imported; imported last
-# because they import this module.
-from . import _activation, _leases  # noqa: E402, F401

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Final, cast
 
 from ssb.protocol import (
+    NEED_DATA,
     WIRE_VERSION,
     ErrorCode,
     FrameDecoder,
@@ -34,104 +35,35 @@ from ssb.protocol import (
     encode_frame,
     encode_ok,
 )
-from ssb.protocol._framing import NEED_DATA
 
-from ._engine import Engine
+from ._core.engine import Engine
+from ._core.transactions import Session
 from ._errors import BrokerError
-from ._transactions import Session
-from ._views import render
+from ._operations import Operations
+from ._store import Store
 
 log = logging.getLogger("ssb.server")
 
 MAX_QUEUED_REQUESTS: Final = 1024
 RESUME_READING_AT: Final = 128
-SERVER_NAME: Final = "ssb/0.1"
+SERVER_NAME: Final = "ssb/0.2"
 
-Operation = Callable[..., Any]
-
-
-class Operations:
-    """The table of operations a client may call, with their signatures."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.table: dict[str, tuple[Operation, inspect.Signature]] = {}
-        for name in (
-            "create_message_type",
-            "create_contract",
-            "create_queue",
-            "alter_queue",
-            "create_service",
-            "create_route",
-            "create_broker_priority",
-            "alter_broker_priority",
-            "create_event_notification",
-            "drop",
-            "begin_dialog",
-            "send",
-            "end_conversation",
-            "begin_conversation_timer",
-            "move_conversation",
-            "receive",
-            "get_conversation_group",
-            "begin_transaction",
-            "commit",
-            "rollback",
-            "requeue_dead_letter",
-            "detach_transaction",
-            "attach_transaction",
-            "commit_transaction",
-            "rollback_transaction",
-        ):
-            self.add(name, getattr(engine, name))
-        self.add("view", self.view)
-        self.add("broker_instance", self.broker_instance)
-        self.add("ping", self.ping)
-        # activation sets this: a worker logs in as EXECUTE AS with a one-time task token
-        self.task_login: Callable[[str, str], bool] = lambda user, password: False
-
-    def add(self, name: str, fn: Operation) -> None:
-        self.table[name] = (fn, inspect.signature(fn))
-
-    def view(self, session: Session, name: object) -> list[dict[str, Any]]:
-        if not isinstance(name, str):
-            raise BrokerError(ErrorCode.BAD_ARGUMENT, "view needs a view name")
-        return render(self.engine, name)
-
-    def broker_instance(self, session: Session) -> str:
-        return self.engine.instance_id
-
-    def ping(self, session: Session) -> str:
-        return "pong"
-
-    def call(self, session: Session, request: Request) -> Any:
-        entry = self.table.get(request.operation)
-        if entry is None:
-            raise BrokerError(
-                ErrorCode.UNKNOWN_OPERATION,
-                f"unknown operation '{request.operation}'; is the client newer than the broker?",
-            )
-        fn, signature = entry
-        try:
-            signature.bind(session, **request.arguments)
-        except TypeError as exc:
-            raise BrokerError(
-                ErrorCode.BAD_ARGUMENT, f"{request.operation}: {exc}"
-            ) from None
-        return fn(session, **request.arguments)
+Login = Callable[[str, str], bool]
 
 
 class ClientConnection(asyncio.Protocol):
     def __init__(
         self,
         engine: Engine,
+        store: Store,
         operations: Operations,
-        users: dict[str, str],
+        login: Login,
         connections: set[ClientConnection],
     ) -> None:
         self.engine = engine
+        self.store = store
         self.operations = operations
-        self.users = users
+        self.login = login
         self.connections = connections
         self.decoder = FrameDecoder()
         self.transport: asyncio.Transport | None = None
@@ -181,7 +113,7 @@ class ClientConnection(asyncio.Protocol):
         if self.busy is not None:
             self.busy.cancel()
         if self.session is not None:
-            self.engine.close_session(self.session)
+            self.engine.transactions.close_session(self.session)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -199,11 +131,7 @@ class ClientConnection(asyncio.Protocol):
                 f"client speaks wire version {hello.version}, this broker speaks {WIRE_VERSION}",
                 ErrorCode.HANDSHAKE_FAILED,
             )
-        if (
-            self.users
-            and self.users.get(hello.user) != hello.password
-            and not self.operations.task_login(hello.user, hello.password)
-        ):
+        if not self.login(hello.user, hello.password):
             self._send_now(
                 encode_error(
                     0,
@@ -214,8 +142,14 @@ class ClientConnection(asyncio.Protocol):
             )
             self.close()
             return
-        self.session = self.engine.open_session(hello.user, self.peer)
-        self._send_now(Welcome(WIRE_VERSION, self.engine.instance_id, SERVER_NAME).encode())
+        self.session = self.engine.transactions.open_session(hello.user, self.peer)
+        welcome = Welcome(
+            WIRE_VERSION,
+            self.engine.instance_id,
+            SERVER_NAME,
+            self.engine.capacity.max_message_size,
+        )
+        self._send_now(welcome.encode())
 
     def _protocol_error(self, exc: ProtocolError) -> None:
         log.info("closing client %s: %s", self.peer, exc)
@@ -286,16 +220,16 @@ class ClientConnection(asyncio.Protocol):
     def _answer(self, frame: list[Any]) -> None:
         try:
             data = encode_frame(frame)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, ProtocolError) as exc:
             log.exception("cannot encode the answer to request %s", frame[0])
             data = encode_frame(
                 encode_error(frame[0], ErrorCode.INTERNAL_ERROR, f"unencodable answer: {exc}")
             )
-        self.replies.append((self.engine.store.watermark(), data))
+        self.replies.append((self.store.watermark(), data))
 
     def _flush(self) -> None:
         """Write every answer whose effects are durable; wait for the rest."""
-        store = self.engine.store
+        store = self.store
         durable = store.durable
         out = []
         replies = self.replies

@@ -1,79 +1,69 @@
 """The embedded store: every SQL statement of the broker lives in this module.
 
-Theory of operation. The broker's authoritative state is in memory (catalog,
-endpoints, queues, locks); SQLite in WAL mode is its durable log and the source it
-is rebuilt from at start. The core appends writes to the *open batch* as it mutates
-memory, always in one synchronous stretch per operation, so a batch never holds
-half of an operation. One batch at a time is committed by a single store thread in
-one SQLite transaction (one fsync with `durability="fsync"`, none with `"os"`:
-then the WAL is in the OS and survives a daemon crash but not a power cut). While
-a batch commits, new writes collect in the next one: that is group commit.
+Theory of operation. SQLite in WAL mode holds everything durable: the catalog,
+conversation endpoints, messages, the transmission queue, the transport's dialog
+state, poison incidents and the scheduler's log. The core keeps in memory only what it
+is using (see `_core.backlog` and `_core.endpoints`) and reads the rest on demand, on a
+second connection (WAL readers never block the writer), which sees committed batches
+only.
 
-Batches are numbered. `watermark()` is the number of the newest batch holding a
-write, and `when_durable(n, callback)` runs the callback on the event loop once
-batch `n` is on disk. The server answers a request only when everything applied
-before its answer is durable, so nothing a client observes can be lost by a crash.
-A failed commit leaves memory ahead of disk, which cannot be repaired in place: the
-store reports it as fatal and the daemon stops; a restart rebuilds from disk.
+Writes join the *open batch* as the core changes its memory, always in one synchronous
+stretch per operation, so a batch never holds half of an operation. One batch at a time
+is committed by a single store thread in one SQLite transaction (one fsync with
+`durability="fsync"`, none with `"os"`: then the WAL is in the OS and survives a daemon
+crash but not a power cut). While a batch commits, new writes collect in the next one:
+that is group commit. Two rewrites keep batches small: a message deleted before the
+batch that inserts it has started committing is neither inserted nor deleted; and an
+endpoint written several times in one open batch is written once, with its last state.
+
+Batches are numbered. `watermark()` is the number of the newest batch holding a write,
+and `when_durable(n, callback)` runs the callback on the event loop once batch `n` is
+on disk. The server answers a request only when everything applied before its answer
+is durable, so nothing a client observes can be lost by a crash.
+
+A commit that fails for want of space or an I/O error is not the end: the batch stays,
+merged with the writes that follow, and is tried again after `RETRY_DELAY`; meanwhile
+`on_trouble` tells the daemon (which refuses new messages with the real cause) and
+answers wait. Any other failure (a constraint broken: a bug) is fatal: memory would stay
+ahead of disk, so the daemon stops and a restart rebuilds from what is durable.
+
+Space: `auto_vacuum = INCREMENTAL` lets `maintain` return free pages to the file system
+a few at a time as the backlog shrinks; `journal_size_limit` truncates the WAL after a
+checkpoint, and `checkpoint` truncates it when the store is idle.
+
+Schema versions (`PRAGMA user_version`): 1 is the first layout (no version recorded),
+2 adds message sizes, the conversation index and endpoint indexes. `_migrate` upgrades
+in place.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import sqlite3
+import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-SCHEMA_VERSION: Final = 1
+from ssb.protocol import unpack
 
-_SCHEMA: Final = (
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS catalog ("
-    " kind TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL,"
-    " PRIMARY KEY (kind, name))",
-    "CREATE TABLE IF NOT EXISTS endpoints ("
-    " handle BLOB PRIMARY KEY, conversation_id BLOB NOT NULL, is_initiator INTEGER NOT NULL,"
-    " service TEXT NOT NULL, far_service TEXT NOT NULL, far_broker_instance TEXT,"
-    " contract TEXT NOT NULL, group_id BLOB NOT NULL, state TEXT NOT NULL,"
-    " send_seq INTEGER NOT NULL, receive_seq INTEGER NOT NULL, priority INTEGER NOT NULL,"
-    " lifetime_expiry REAL, timer_at REAL, far_handle BLOB, created REAL NOT NULL,"
-    " extra BLOB)",
-    "CREATE TABLE IF NOT EXISTS messages ("
-    " queuing_order INTEGER PRIMARY KEY, queue TEXT NOT NULL, handle BLOB NOT NULL,"
-    " seq INTEGER NOT NULL, message_type TEXT NOT NULL, validation TEXT NOT NULL,"
-    " body BLOB NOT NULL, enqueue_time REAL NOT NULL, status INTEGER NOT NULL,"
-    " delivery_count INTEGER NOT NULL, extra BLOB)",
-    "CREATE TABLE IF NOT EXISTS transmission_queue ("
-    " id INTEGER PRIMARY KEY, handle BLOB NOT NULL, conversation_id BLOB NOT NULL,"
-    " to_service TEXT NOT NULL, to_broker_instance TEXT, from_service TEXT NOT NULL,"
-    " contract TEXT NOT NULL, is_initiator INTEGER NOT NULL, seq INTEGER NOT NULL,"
-    " message_type TEXT NOT NULL, validation TEXT NOT NULL, body BLOB NOT NULL,"
-    " enqueue_time REAL NOT NULL, priority INTEGER NOT NULL, status TEXT NOT NULL,"
-    " extra BLOB)",
-    "CREATE TABLE IF NOT EXISTS remote_dialogs ("
-    " conversation_id BLOB NOT NULL, direction INTEGER NOT NULL, side TEXT NOT NULL,"
-    " peer TEXT NOT NULL, session_key BLOB, wrapped_key BLOB, next_seq INTEGER NOT NULL,"
-    " envelope BLOB, PRIMARY KEY (conversation_id, direction, side))",
-    "CREATE TABLE IF NOT EXISTS held_fragments ("
-    " conversation_id BLOB NOT NULL, direction INTEGER NOT NULL, seq INTEGER NOT NULL,"
-    " fragment_index INTEGER NOT NULL, fragment_count INTEGER NOT NULL,"
-    " message_type TEXT NOT NULL, payload BLOB NOT NULL,"
-    " PRIMARY KEY (conversation_id, direction, seq, fragment_index))",
-    "CREATE TABLE IF NOT EXISTS poison_messages ("
-    " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, handle BLOB, queuing_order INTEGER,"
-    " delivery_count INTEGER, action TEXT NOT NULL, time REAL NOT NULL,"
-    " error TEXT NOT NULL, body BLOB)",
-    # the seed-000 scheduler's execution log (see broker/_scheduler.py)
-    "CREATE TABLE IF NOT EXISTS execution_log ("
-    " log_id INTEGER PRIMARY KEY, caller INTEGER, scheduler_handle BLOB, task TEXT NOT NULL,"
-    " queued_time REAL NOT NULL, start_time REAL, end_time REAL, activated_task INTEGER,"
-    " pid INTEGER, session_id INTEGER, error TEXT)",
-)
+log = logging.getLogger("ssb.store")
+
+SCHEMA_VERSION: Final = 2
+RETRY_DELAY: Final = 1.0  # seconds before a failed commit is tried again
+WAL_LIMIT: Final = 64 * 1024 * 1024  # the WAL is truncated to this after a checkpoint
+PAGE_SIZE: Final = 4096  # a small commit writes whole pages: small pages keep round trips short
+WRITER_CACHE_KIB: Final = 8192  # SQLite page cache of the store thread's connection
+READER_CACHE_KIB: Final = 4096  # and of the event loop's reading connection
+VACUUM_PAGES: Final = 2048  # free pages returned per maintenance step
+MAINTAIN_EVERY: Final = 32  # commits between maintenance steps
+READ_CHUNK: Final = 500  # parameters per IN (...) read
 
 ENDPOINT_COLUMNS: Final = (
     "handle",
@@ -106,6 +96,7 @@ MESSAGE_COLUMNS: Final = (
     "status",
     "delivery_count",
     "extra",
+    "size",
 )
 TRANSMISSION_COLUMNS: Final = (
     "id",
@@ -125,6 +116,89 @@ TRANSMISSION_COLUMNS: Final = (
     "status",
     "extra",
 )
+EXECUTION_LOG_COLUMNS: Final = (
+    "log_id",
+    "caller",
+    "scheduler_handle",
+    "task",
+    "queued_time",
+    "start_time",
+    "end_time",
+    "activated_task",
+    "pid",
+    "session_id",
+    "error",
+)
+POISON_COLUMNS: Final = (
+    "id",
+    "queue",
+    "handle",
+    "queuing_order",
+    "delivery_count",
+    "action",
+    "time",
+    "error",
+    "body",
+)
+
+_TABLES: Final = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS catalog ("
+    " kind TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL,"
+    " PRIMARY KEY (kind, name))",
+    # keyed by conversation: both endpoints of a local dialog share a page, so a commit
+    # that changes both writes one
+    "CREATE TABLE IF NOT EXISTS endpoints ("
+    " handle BLOB NOT NULL, conversation_id BLOB NOT NULL, is_initiator INTEGER NOT NULL,"
+    " service TEXT NOT NULL, far_service TEXT NOT NULL, far_broker_instance TEXT,"
+    " contract TEXT NOT NULL, group_id BLOB NOT NULL, state TEXT NOT NULL,"
+    " send_seq INTEGER NOT NULL, receive_seq INTEGER NOT NULL, priority INTEGER NOT NULL,"
+    " lifetime_expiry REAL, timer_at REAL, far_handle BLOB, created REAL NOT NULL,"
+    " extra BLOB, PRIMARY KEY (conversation_id, is_initiator)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS messages ("
+    " queuing_order INTEGER PRIMARY KEY, queue TEXT NOT NULL, handle BLOB NOT NULL,"
+    " seq INTEGER NOT NULL, message_type TEXT NOT NULL, validation TEXT NOT NULL,"
+    " body BLOB NOT NULL, enqueue_time REAL NOT NULL, status INTEGER NOT NULL,"
+    " delivery_count INTEGER NOT NULL, extra BLOB, size INTEGER NOT NULL DEFAULT 0)",
+    "CREATE TABLE IF NOT EXISTS transmission_queue ("
+    " id INTEGER PRIMARY KEY, handle BLOB NOT NULL, conversation_id BLOB NOT NULL,"
+    " to_service TEXT NOT NULL, to_broker_instance TEXT, from_service TEXT NOT NULL,"
+    " contract TEXT NOT NULL, is_initiator INTEGER NOT NULL, seq INTEGER NOT NULL,"
+    " message_type TEXT NOT NULL, validation TEXT NOT NULL, body BLOB NOT NULL,"
+    " enqueue_time REAL NOT NULL, priority INTEGER NOT NULL, status TEXT NOT NULL,"
+    " extra BLOB)",
+    "CREATE TABLE IF NOT EXISTS remote_dialogs ("
+    " conversation_id BLOB NOT NULL, direction INTEGER NOT NULL, side TEXT NOT NULL,"
+    " peer TEXT NOT NULL, session_key BLOB, wrapped_key BLOB, next_seq INTEGER NOT NULL,"
+    " envelope BLOB, PRIMARY KEY (conversation_id, direction, side))",
+    "CREATE TABLE IF NOT EXISTS held_fragments ("
+    " conversation_id BLOB NOT NULL, direction INTEGER NOT NULL, seq INTEGER NOT NULL,"
+    " fragment_index INTEGER NOT NULL, fragment_count INTEGER NOT NULL,"
+    " message_type TEXT NOT NULL, payload BLOB NOT NULL,"
+    " PRIMARY KEY (conversation_id, direction, seq, fragment_index))",
+    "CREATE TABLE IF NOT EXISTS poison_messages ("
+    " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, handle BLOB, queuing_order INTEGER,"
+    " delivery_count INTEGER, action TEXT NOT NULL, time REAL NOT NULL,"
+    " error TEXT NOT NULL, body BLOB)",
+    # the seed-000 scheduler's execution log (see broker/_activation/execution_log.py)
+    "CREATE TABLE IF NOT EXISTS execution_log ("
+    " log_id INTEGER PRIMARY KEY, caller INTEGER, scheduler_handle BLOB, task TEXT NOT NULL,"
+    " queued_time REAL NOT NULL, start_time REAL, end_time REAL, activated_task INTEGER,"
+    " pid INTEGER, session_id INTEGER, error TEXT)",
+)
+_INDEXES: Final = (
+    # a conversation's messages in order, by status; covering for the start-up summary
+    "CREATE INDEX IF NOT EXISTS messages_by_conversation"
+    " ON messages (status, queue, handle, queuing_order, size)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS endpoints_by_handle ON endpoints (handle)",
+    "CREATE INDEX IF NOT EXISTS endpoints_by_group ON endpoints (group_id)",
+    "CREATE INDEX IF NOT EXISTS endpoints_by_timer ON endpoints (timer_at)"
+    " WHERE timer_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS endpoints_by_lifetime ON endpoints (lifetime_expiry)"
+    " WHERE lifetime_expiry IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS transmission_by_direction"
+    " ON transmission_queue (conversation_id, is_initiator, seq)",
+)
 
 
 def _insert(table: str, columns: Sequence[str], verb: str = "INSERT") -> str:
@@ -132,19 +206,59 @@ def _insert(table: str, columns: Sequence[str], verb: str = "INSERT") -> str:
     return f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({marks})"
 
 
+def _columns(columns: Sequence[str]) -> str:
+    return ", ".join(columns)
+
+
+_ENDPOINT_SELECT: Final = f"SELECT {_columns(ENDPOINT_COLUMNS)} FROM endpoints"
+_MESSAGE_SELECT: Final = f"SELECT {_columns(MESSAGE_COLUMNS)} FROM messages"
+_TRANSMISSION_SELECT: Final = f"SELECT {_columns(TRANSMISSION_COLUMNS)} FROM transmission_queue"
+
 _PUT_META: Final = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
 _PUT_CATALOG: Final = "INSERT OR REPLACE INTO catalog (kind, name, body) VALUES (?, ?, ?)"
 _DELETE_CATALOG: Final = "DELETE FROM catalog WHERE kind = ? AND name = ?"
-_PUT_ENDPOINT: Final = _insert("endpoints", ENDPOINT_COLUMNS, "INSERT OR REPLACE")
+_INSERT_ENDPOINT: Final = _insert("endpoints", ENDPOINT_COLUMNS)
+_UPDATE_ENDPOINT: Final = (
+    "UPDATE endpoints SET "
+    + ", ".join(f"{c} = ?" for c in ENDPOINT_COLUMNS if c not in ("conversation_id", "is_initiator"))
+    + " WHERE conversation_id = ? AND is_initiator = ?"
+)
+# the columns that change as a dialog runs, none of them indexed: an update that names only
+# these leaves the endpoint's index entries alone
+HOT_ENDPOINT_COLUMNS: Final = (
+    "state",
+    "send_seq",
+    "receive_seq",
+    "far_handle",
+    "far_broker_instance",
+    "extra",
+)
+_UPDATE_ENDPOINT_HOT: Final = (
+    "UPDATE endpoints SET "
+    + ", ".join(f"{c} = ?" for c in HOT_ENDPOINT_COLUMNS)
+    + " WHERE conversation_id = ? AND is_initiator = ?"
+)
+_KEY_AT: Final = (ENDPOINT_COLUMNS.index("conversation_id"), ENDPOINT_COLUMNS.index("is_initiator"))
+_FULL_AT: Final = tuple(
+    i for i, c in enumerate(ENDPOINT_COLUMNS) if c not in ("conversation_id", "is_initiator")
+)
 _DELETE_ENDPOINT: Final = "DELETE FROM endpoints WHERE handle = ?"
 _INSERT_MESSAGE: Final = _insert("messages", MESSAGE_COLUMNS)
 _DELETE_MESSAGE: Final = "DELETE FROM messages WHERE queuing_order = ?"
+_DELETE_CONVERSATION_MESSAGES: Final = (
+    "DELETE FROM messages WHERE status IN (0, 1, 6, 7) AND queue = ? AND handle = ?"
+)
 _SET_MESSAGE_STATUS: Final = "UPDATE messages SET status = ? WHERE queuing_order = ?"
 _SET_DELIVERY_COUNT: Final = "UPDATE messages SET delivery_count = ? WHERE queuing_order = ?"
 _SET_MESSAGE_EXTRA: Final = "UPDATE messages SET extra = ? WHERE queuing_order = ?"
-_INSERT_TRANSMISSION: Final = _insert("transmission_queue", TRANSMISSION_COLUMNS, "INSERT OR REPLACE")
+_INSERT_TRANSMISSION: Final = _insert("transmission_queue", TRANSMISSION_COLUMNS)
 _DELETE_TRANSMISSION: Final = "DELETE FROM transmission_queue WHERE id = ?"
-_SET_TRANSMISSION_STATUS: Final = "UPDATE transmission_queue SET status = ? WHERE id = ?"
+_DELETE_TRANSMISSION_SEQ: Final = (
+    "DELETE FROM transmission_queue WHERE conversation_id = ? AND is_initiator = ? AND seq = ?"
+)
+_DELETE_TRANSMISSION_DIRECTION: Final = (
+    "DELETE FROM transmission_queue WHERE conversation_id = ? AND is_initiator = ?"
+)
 _PUT_REMOTE_DIALOG: Final = (
     "INSERT OR REPLACE INTO remote_dialogs (conversation_id, direction, side, peer, session_key,"
     " wrapped_key, next_seq, envelope) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -153,7 +267,9 @@ _SET_REMOTE_NEXT_SEQ: Final = (
     "UPDATE remote_dialogs SET next_seq = ? WHERE conversation_id = ? AND direction = ?"
     " AND side = ?"
 )
-_DELETE_REMOTE_DIALOG: Final = "DELETE FROM remote_dialogs WHERE conversation_id = ? AND direction = ? AND side = ?"
+_DELETE_REMOTE_DIALOG: Final = (
+    "DELETE FROM remote_dialogs WHERE conversation_id = ? AND direction = ? AND side = ?"
+)
 _PUT_HELD_FRAGMENT: Final = (
     "INSERT OR REPLACE INTO held_fragments (conversation_id, direction, seq, fragment_index,"
     " fragment_count, message_type, payload) VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -164,28 +280,28 @@ _DELETE_HELD_MESSAGE: Final = (
 _DELETE_HELD_DIRECTION: Final = (
     "DELETE FROM held_fragments WHERE conversation_id = ? AND direction = ?"
 )
-_INSERT_POISON: Final = (
-    "INSERT INTO poison_messages (id, queue, handle, queuing_order, delivery_count, action,"
-    " time, error, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
+_INSERT_POISON: Final = _insert("poison_messages", POISON_COLUMNS)
+_PUT_EXECUTION_LOG: Final = _insert("execution_log", EXECUTION_LOG_COLUMNS, "INSERT OR REPLACE")
+_DELETE_EXECUTION_LOG_UPTO: Final = "DELETE FROM execution_log WHERE log_id <= ?"
 
 Row = tuple[Any, ...]
-
-
-@dataclass
-class Snapshot:
-    """Everything the core needs to rebuild its memory at start."""
-
-    meta: dict[str, str] = field(default_factory=dict)
-    catalog: list[tuple[str, str, str]] = field(default_factory=list)
-    endpoints: list[Row] = field(default_factory=list)
-    messages: list[Row] = field(default_factory=list)
-    transmission: list[Row] = field(default_factory=list)
-    poison: list[Row] = field(default_factory=list)
+_CANCELLED: Final = None  # a batch row that was cancelled before it was committed
 
 
 class StoreFailure(RuntimeError):
-    """A batch could not be committed; memory is ahead of disk."""
+    """A batch cannot be committed and retrying will not help; memory is ahead of disk."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The store cannot be opened (the message says why and what to do)."""
+
+
+def _message_size(row: Row) -> int:
+    return int(row[11])
+
+
+def _transmission_size(row: Row) -> int:
+    return len(row[11])
 
 
 def _uuid_adapter(value: uuid.UUID) -> bytes:
@@ -195,59 +311,192 @@ def _uuid_adapter(value: uuid.UUID) -> bytes:
 sqlite3.register_adapter(uuid.UUID, _uuid_adapter)
 
 
-class Store:
-    """SQLite-backed durable log with group commit on one background thread."""
+def _transient(exc: BaseException) -> bool:
+    """Whether a failed commit may succeed later (space, I/O), rather than being a bug."""
+    if isinstance(exc, OSError):
+        return True
+    if isinstance(exc, sqlite3.OperationalError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        transient = {
+            getattr(sqlite3, name)
+            for name in ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN")
+            if hasattr(sqlite3, name)
+        }
+        if code is not None:
+            return code & 0xFF in transient
+        text = str(exc).lower()
+        return "full" in text or "disk i/o" in text or "locked" in text
+    return False
 
-    def __init__(self, path: Path, durability: str = "fsync") -> None:
+
+def describe_failure(exc: BaseException) -> str:
+    """A store error in words: SQLite's own name for it and its text."""
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{exc} ({name})" if name else str(exc) or type(exc).__name__
+
+
+class Batch:
+    """Writes collected for one SQLite transaction, in statement order (consecutive writes
+    of one statement share a parameter list: one executemany)."""
+
+    __slots__ = ("last_sql", "number", "params", "rows", "statements")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.statements: list[tuple[str, list[Row | None]]] = []
+        self.rows = 0
+        self.last_sql = ""
+        self.params: list[Row | None] = []
+
+    def add(self, sql: str, row: Row) -> list[Row | None]:
+        """Append a write; returns the parameter list it went into (it is the last item)."""
+        if sql is not self.last_sql:
+            self.last_sql = sql
+            self.params = []
+            self.statements.append((sql, self.params))
+        params = self.params
+        params.append(row)
+        self.rows += 1
+        return params
+
+
+class Store:
+    """SQLite-backed durable store with group commit on one background thread."""
+
+    def __init__(self, path: Path | str, durability: str = "fsync", *, threaded: bool = True) -> None:
+        """Args:
+            path: the database file (":memory:" for tests: one connection, no thread).
+            durability: "fsync" or "os".
+            threaded: commit on a store thread (the daemon); False commits only when
+                `flush()` is called (tests drive durability by hand).
+        """
         if durability not in ("fsync", "os"):
             raise ValueError(f"durability must be 'fsync' or 'os', not {durability!r}")
         self.path = path
         self.durability = durability
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={'FULL' if durability == 'fsync' else 'NORMAL'}")
-        self._db.execute("PRAGMA foreign_keys=OFF")
-        for statement in _SCHEMA:
-            self._db.execute(statement)
-        self._batch: list[tuple[str, list[Row]]] = []
-        self._open_batch = 1  # number of the batch currently collecting writes
-        self._durable = 0  # newest batch known to be on disk
-        self._flushing = False
-        self._flush_scheduled = False
+        memory = str(path) == ":memory:"
+        self._db = self._connect(path, WRITER_CACHE_KIB)
+        self._create()
+        self._reader = self._db if memory else self._connect(path, READER_CACHE_KIB)
+        self._open = Batch(1)
+        self._retry: list[Batch] = []  # batches whose commit failed, to try again first
+        self._durable = 0
+        # a write schedules a commit only when none runs or is scheduled (`_wake`)
+        self._committing = False
+        self._wake = False
         self._callbacks: deque[tuple[int, Callable[[], None]]] = deque()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssb-store")
+        self._inserts: dict[int, tuple[list[Row | None], int]] = {}
+        self._endpoint_rows: dict[bytes, tuple[list[Row | None], int, bool]] = {}
+        self._deferred: list[Callable[[], None]] = []  # writers run when the batch is taken
+        self._threaded = threaded and not memory
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssb-store")
+            if self._threaded
+            else None
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_failure: Callable[[BaseException], None] | None = None
+        self._on_trouble: Callable[[str | None], None] | None = None
         self.failed: BaseException | None = None
+        self.trouble: str | None = None
+        self.fail_next: BaseException | None = None  # tests: the next commit raises this
         self.commits = 0
         self.rows_written = 0
+        self.cancelled = 0  # message rows never written (deleted before their batch ran)
 
-    # ---- start and stop -------------------------------------------------
+    def _connect(self, path: Path | str, cache_kib: int) -> sqlite3.Connection:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA foreign_keys=OFF")
+        db.execute(f"PRAGMA cache_size=-{cache_kib}")
+        return db
+
+    def _create(self) -> None:
+        db = self._db
+        fresh = db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+        if fresh:
+            db.execute(f"PRAGMA page_size={PAGE_SIZE}")
+            db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if not fresh and version < SCHEMA_VERSION:
+            self._migrate(version)
+        if str(self.path) != ":memory:":
+            db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={'FULL' if self.durability == 'fsync' else 'NORMAL'}")
+        db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
+        for statement in (*_TABLES, *_INDEXES):
+            db.execute(statement)
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _migrate(self, version: int) -> None:
+        """Upgrade a store written by an older ssb, in place (one transaction per step)."""
+        db = self._db
+        if version > SCHEMA_VERSION:
+            raise StoreUnavailable(
+                f"the store {self.path} was written by a newer ssb (schema {version}); "
+                "run that version, or start from a backup"
+            )
+        if version < 2:
+            log.info("migrating the store %s from schema %d to 2", self.path, version)
+            started = time.monotonic()
+            db.execute("BEGIN")
+            db.execute(_TABLES[2].replace("IF NOT EXISTS endpoints", "endpoints_v2"))
+            cols = _columns(ENDPOINT_COLUMNS)
+            db.execute(f"INSERT INTO endpoints_v2 ({cols}) SELECT {cols} FROM endpoints")
+            db.execute("DROP TABLE endpoints")
+            db.execute("ALTER TABLE endpoints_v2 RENAME TO endpoints")
+            db.execute("ALTER TABLE messages ADD COLUMN size INTEGER NOT NULL DEFAULT 0")
+            db.execute("UPDATE messages SET size = length(body)")
+            parked = []
+            for order, extra in db.execute(
+                "SELECT queuing_order, extra FROM messages WHERE extra IS NOT NULL"
+            ):
+                data = unpack(extra)
+                if data.get("parked_until") is not None:
+                    parked.append((order,))
+            db.executemany("UPDATE messages SET status = 6 WHERE queuing_order = ?", parked)
+            # the scheduler's procedure moved into the ssb namespace
+            for name, body in db.execute(
+                "SELECT name, body FROM catalog WHERE kind = 'queue'"
+            ).fetchall():
+                if '"client._scheduler:' in body:
+                    db.execute(
+                        "UPDATE catalog SET body = ? WHERE kind = 'queue' AND name = ?",
+                        (body.replace('"client._scheduler:', '"ssb.client._scheduler:'), name),
+                    )
+            for statement in _INDEXES:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute("COMMIT")
+            # free pages go back to the file system from now on, and pages are larger
+            # (both need one rebuild, outside WAL mode)
+            try:
+                db.execute("PRAGMA journal_mode=DELETE")
+                db.execute(f"PRAGMA page_size={PAGE_SIZE}")
+                db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+                db.execute("VACUUM")
+            except sqlite3.Error as exc:
+                log.warning(
+                    "could not rebuild the store (%s): it works, but its free pages stay in"
+                    " the file until it is rebuilt (VACUUM it while ssb is stopped)",
+                    exc,
+                )
+            log.info("store migrated in %.1f s", time.monotonic() - started)
+
+    # ---- start and stop -------------------------------------------------------------
 
     def load_meta(self) -> dict[str, str]:
-        """The broker's own settings (its instance id), without reading anything else."""
         return dict(self._db.execute("SELECT key, value FROM meta").fetchall())
 
-    def load(self) -> Snapshot:
-        """Read the core's state back (called once, before the loop starts serving)."""
+    def load_catalog(self) -> list[tuple[str, str, str]]:
+        return self._db.execute("SELECT kind, name, body FROM catalog").fetchall()
+
+    def max_ids(self) -> tuple[int, int, int]:
+        """Largest queuing order, transmission id and poison incident id on disk."""
         db = self._db
-        snap = Snapshot()
-        snap.meta = self.load_meta()
-        snap.catalog = db.execute("SELECT kind, name, body FROM catalog").fetchall()
-        snap.endpoints = db.execute(
-            f"SELECT {', '.join(ENDPOINT_COLUMNS)} FROM endpoints ORDER BY created"
-        ).fetchall()
-        snap.messages = db.execute(
-            f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM messages ORDER BY queuing_order"
-        ).fetchall()
-        snap.transmission = db.execute(
-            f"SELECT {', '.join(TRANSMISSION_COLUMNS)} FROM transmission_queue ORDER BY id"
-        ).fetchall()
-        snap.poison = db.execute(
-            "SELECT id, queue, handle, queuing_order, delivery_count, action, time, error"
-            " FROM poison_messages ORDER BY id"
-        ).fetchall()
-        return snap
+        q = db.execute("SELECT COALESCE(MAX(queuing_order), 0) FROM messages").fetchone()[0]
+        t = db.execute("SELECT COALESCE(MAX(id), 0) FROM transmission_queue").fetchone()[0]
+        p = db.execute("SELECT COALESCE(MAX(id), 0) FROM poison_messages").fetchone()[0]
+        return int(q), int(t), int(p)
 
     def load_remote(self) -> tuple[list[Row], list[Row]]:
         """The dialog directions to other brokers and their held fragments (transport start)."""
@@ -262,47 +511,67 @@ class Store:
         ).fetchall()
         return dialogs, fragments
 
-    def max_ids(self) -> tuple[int, int, int]:
-        """Largest queuing order, transmission id and poison incident id on disk."""
-        db = self._db
-        q = db.execute("SELECT COALESCE(MAX(queuing_order), 0) FROM messages").fetchone()[0]
-        t = db.execute("SELECT COALESCE(MAX(id), 0) FROM transmission_queue").fetchone()[0]
-        p = db.execute("SELECT COALESCE(MAX(id), 0) FROM poison_messages").fetchone()[0]
-        return int(q), int(t), int(p)
-
     def attach(
-        self, loop: asyncio.AbstractEventLoop, on_failure: Callable[[BaseException], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_failure: Callable[[BaseException], None],
+        on_trouble: Callable[[str | None], None] | None = None,
     ) -> None:
         self._loop = loop
         self._on_failure = on_failure
+        self._on_trouble = on_trouble
+        self._wake = self._threaded
+        if self._wake and (self._open.rows or self._deferred):
+            self._schedule()
 
     def write_now(self) -> None:
-        """Commit the open batch synchronously (start-up and shutdown only)."""
-        if self._batch:
-            batch, self._batch = self._batch, []
-            self._commit(batch)
-            self._durable = self._open_batch
-            self._open_batch += 1
-            self._run_callbacks()
+        """Commit what is pending, synchronously; errors propagate (start-up, shutdown)."""
+        if self._open.rows or self._retry or self._deferred:
+            batches = self._pending()
+            self._commit(batches)
+            self._settle(batches, None)
+
+    def flush(self) -> None:
+        """Commit what is pending now, as the store thread would (tests drive durability
+        by hand with a store made with threaded=False)."""
+        if self._open.rows or self._retry or self._deferred:
+            batches = self._pending()
+            try:
+                self._commit(batches)
+            except Exception as exc:
+                self._settle(batches, exc)
+                return
+            self._settle(batches, None)
 
     async def close(self) -> None:
-        if self._flushing and self.failed is None and self._loop is not None:
+        if self._committing and self.failed is None and self._loop is not None:
             done: asyncio.Future[None] = self._loop.create_future()
-            self.when_durable(self._open_batch - 1, lambda: done.set_result(None))
+            self.when_durable(self._open.number - 1, lambda: done.set_result(None))
             await done
-        self._flush_scheduled = False
-        if self.failed is None:
+        self._wake = False
+        if self.failed is None and self.trouble is None:
             self.write_now()
-        self._executor.shutdown(wait=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        if self._reader is not self._db:
+            self._reader.close()
         self._db.close()
 
-    # ---- durability --------------------------------------------------------
+    # ---- durability ---------------------------------------------------------------------
 
     def watermark(self) -> int:
         """The batch that must be durable before an answer may leave."""
-        if self._batch:
-            return self._open_batch
-        return self._open_batch - 1
+        if self._open.rows or self._deferred:
+            return self._open.number
+        return self._open.number - 1
+
+    def defer(self, writer: Callable[[], None]) -> None:
+        """Run `writer` just before the open batch is committed, to write rows that would
+        otherwise be rewritten many times in one batch (an endpoint's state); the batch
+        counts as holding a write from now on."""
+        self._deferred.append(writer)
+        if self._wake:
+            self._schedule()
 
     @property
     def durable(self) -> int:
@@ -320,62 +589,160 @@ class Store:
         while callbacks and callbacks[0][0] <= durable:
             callbacks.popleft()[1]()
 
-    # ---- group commit ------------------------------------------------------
+    # ---- group commit ---------------------------------------------------------------------
 
     def _add(self, sql: str, row: Row) -> None:
-        batch = self._batch
-        if batch and batch[-1][0] is sql:
-            batch[-1][1].append(row)
-        else:
-            batch.append((sql, [row]))
-        if not self._flushing and not self._flush_scheduled and self._loop is not None:
-            self._flush_scheduled = True
+        self._open.add(sql, row)
+        if self._wake:
+            self._schedule()
+
+    def _add_tracked(self, sql: str, row: Row) -> tuple[list[Row | None], int]:
+        """`_add`, returning where the row went (to cancel or replace it in this batch)."""
+        params = self._open.add(sql, row)
+        if self._wake:
+            self._schedule()
+        return params, len(params) - 1
+
+    def _schedule(self) -> None:
+        """A write arrived while no commit is under way or scheduled: schedule one."""
+        if self._wake and self._loop is not None:
+            self._wake = False
             self._loop.call_soon(self._start_flush)
 
+
+    def _take_open(self) -> Batch:
+        writers, self._deferred = self._deferred, []
+        for writer in writers:
+            writer()
+        batch = self._open
+        self._open = Batch(batch.number + 1)
+        self._inserts = {}
+        self._endpoint_rows = {}
+        return batch
+
+    def _pending(self) -> list[Batch]:
+        """Failed batches first, then the open one: what the next commit writes."""
+        batches = self._retry
+        self._retry = []
+        if self._open.rows or self._deferred:
+            batches = [*batches, self._take_open()]
+        return batches
+
     def _start_flush(self) -> None:
-        self._flush_scheduled = False
-        if self._flushing or not self._batch or self.failed is not None:
+        if self._committing or self.failed is not None:
+            return
+        if not (self._open.rows or self._retry or self._deferred):
+            self._wake = True
+            return
+        assert self._loop is not None and self._executor is not None
+        self._committing = True  # (deferred writers write while the batch is taken)
+        batches = self._pending()
+        future = self._loop.run_in_executor(self._executor, self._commit, batches)
+        future.add_done_callback(lambda f: self._flushed(f, batches))
+
+    def _flushed(self, future: asyncio.Future[None], batches: list[Batch]) -> None:
+        self._committing = False
+        exc = future.exception()
+        self._settle(batches, exc)
+        if self.failed is not None:
             return
         assert self._loop is not None
-        batch, self._batch = self._batch, []
-        number = self._open_batch
-        self._open_batch += 1
-        self._flushing = True
-        future = self._loop.run_in_executor(self._executor, self._commit, batch)
-        future.add_done_callback(lambda f: self._flushed(f, number))
-
-    def _flushed(self, future: asyncio.Future[None], number: int) -> None:
-        self._flushing = False
-        exc = future.exception()
-        if exc is not None:
-            self.failed = exc
-            if self._on_failure is not None:
-                self._on_failure(exc)
-            return
-        self._durable = number
-        self._run_callbacks()
-        if self._batch:
+        if self._retry:
+            self._loop.call_later(RETRY_DELAY, self._start_flush)
+        elif self._open.rows or self._deferred:
             self._start_flush()
+        else:
+            self._wake = True
 
-    def _commit(self, batch: list[tuple[str, list[Row]]]) -> None:
+    def _settle(self, batches: list[Batch], exc: BaseException | None) -> None:
+        """A commit of `batches` ended: make them durable, keep them to retry, or fail."""
+        if exc is not None:
+            if not _transient(exc):
+                self.failed = exc
+                if self._on_failure is not None:
+                    self._on_failure(exc)
+                return
+            reason = describe_failure(exc)
+            if self.trouble is None:
+                log.error("store commit failed (%s); retrying every %g s", reason, RETRY_DELAY)
+            self.trouble = reason
+            if self._on_trouble is not None:
+                self._on_trouble(reason)
+            self._retry = batches
+            return
+        if self.trouble is not None:
+            log.warning("store commits again after: %s", self.trouble)
+            self.trouble = None
+            if self._on_trouble is not None:
+                self._on_trouble(None)
+        self._durable = batches[-1].number
+        self._run_callbacks()
+
+    def _commit(self, batches: list[Batch]) -> None:
+        """Write batches in one transaction (on the store thread, or synchronously)."""
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
         db = self._db
+        rows = 0
         db.execute("BEGIN")
         try:
-            rows = 0
-            for sql, params in batch:
-                if len(params) == 1:
-                    db.execute(sql, params[0])
-                else:
-                    db.executemany(sql, params)
-                rows += len(params)
+            for batch in batches:
+                for sql, params in batch.statements:
+                    live = [p for p in params if p is not _CANCELLED]
+                    if len(live) == 1:
+                        db.execute(sql, live[0])
+                    elif live:
+                        db.executemany(sql, live)
+                    rows += len(live)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite may have rolled back already (a full disk does): keep the first error
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
         self.commits += 1
         self.rows_written += rows
+        if self.commits % MAINTAIN_EVERY == 0:
+            self._maintain()
 
-    # ---- writes ------------------------------------------------------------
+    def _maintain(self) -> None:
+        """Return some free pages to the file system (store thread, between commits)."""
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        if free > VACUUM_PAGES:
+            self._db.execute(f"PRAGMA incremental_vacuum({VACUUM_PAGES})").fetchall()
+
+    async def checkpoint(self) -> None:
+        """Truncate the WAL, when no commit runs (the daemon calls it when idle)."""
+        if self._committing or self.failed is not None or self._executor is None:
+            return
+        assert self._loop is not None
+
+        def run() -> None:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            self._maintain()
+
+        self._committing = True
+        self._wake = False
+        try:
+            await self._loop.run_in_executor(self._executor, run)
+        except sqlite3.Error as exc:
+            log.info("checkpoint skipped: %s", exc)
+        finally:
+            self._committing = False
+            self._start_flush()
+
+    def free_bytes(self) -> int:
+        """Free space for the store: the file system's plus the store's own free pages."""
+        pages = self._reader.execute("PRAGMA freelist_count").fetchone()[0]
+        size = self._reader.execute("PRAGMA page_size").fetchone()[0]
+        if str(self.path) == ":memory:":
+            return 1 << 62
+        stat = os.statvfs(Path(self.path).parent)
+        return int(stat.f_bavail * stat.f_frsize + pages * size)
+
+    # ---- writes: the catalog and meta ------------------------------------------------------------
 
     def put_meta(self, key: str, value: str) -> None:
         self._add(_PUT_META, (key, value))
@@ -386,17 +753,60 @@ class Store:
     def delete_catalog(self, kind: str, name: str) -> None:
         self._add(_DELETE_CATALOG, (kind, name))
 
-    def put_endpoint(self, row: Row) -> None:
-        self._add(_PUT_ENDPOINT, row)
+    # ---- writes: endpoints -----------------------------------------------------------------
+
+    def insert_endpoint(self, row: Row) -> None:
+        params, index = self._add_tracked(_INSERT_ENDPOINT, row)
+        self._endpoint_rows[row[0].bytes] = (params, index, True)
+
+    def update_endpoint(self, row: Row) -> None:
+        """Write an endpoint's whole state (ENDPOINT_COLUMNS order)."""
+        key = row[0].bytes
+        pending = self._endpoint_rows.get(key)
+        if pending is not None and pending[2]:
+            pending[0][pending[1]] = row  # inserted in this batch: insert the last state
+            return
+        if pending is not None:
+            pending[0][pending[1]] = _CANCELLED
+        params = [row[i] for i in _FULL_AT]
+        params += (row[_KEY_AT[0]], row[_KEY_AT[1]])
+        self._endpoint_rows[key] = (*self._add_tracked(_UPDATE_ENDPOINT, tuple(params)), False)
+
+    def update_endpoint_hot(self, row: Row) -> None:
+        """Write the columns of `HOT_ENDPOINT_COLUMNS` (no index holds them), then the
+        endpoint's conversation id and is_initiator, in that order. It goes after any
+        earlier write of the endpoint in this batch."""
+        self._open.add(_UPDATE_ENDPOINT_HOT, row)
+        if self._wake:
+            self._schedule()
 
     def delete_endpoint(self, handle: uuid.UUID) -> None:
+        pending = self._endpoint_rows.pop(handle.bytes, None)
+        if pending is not None and pending[2]:
+            pending[0][pending[1]] = _CANCELLED  # inserted in this batch: never written
+            return
+        if pending is not None:
+            pending[0][pending[1]] = _CANCELLED
         self._add(_DELETE_ENDPOINT, (handle,))
 
+    # ---- writes: messages ------------------------------------------------------------------
+
     def insert_message(self, row: Row) -> None:
-        self._add(_INSERT_MESSAGE, row)
+        params = self._open.add(_INSERT_MESSAGE, row)
+        self._inserts[row[0]] = (params, len(params) - 1)
+        if self._wake:
+            self._schedule()
 
     def delete_message(self, queuing_order: int) -> None:
+        pending = self._inserts.pop(queuing_order, None)
+        if pending is not None:
+            pending[0][pending[1]] = _CANCELLED  # inserted in this very batch: never written
+            self.cancelled += 1
+            return
         self._add(_DELETE_MESSAGE, (queuing_order,))
+
+    def delete_conversation_messages(self, queue: str, handle: uuid.UUID) -> None:
+        self._add(_DELETE_CONVERSATION_MESSAGES, (queue, handle))
 
     def set_message_status(self, queuing_order: int, status: int) -> None:
         self._add(_SET_MESSAGE_STATUS, (status, queuing_order))
@@ -407,14 +817,25 @@ class Store:
     def set_message_extra(self, queuing_order: int, extra: bytes | None) -> None:
         self._add(_SET_MESSAGE_EXTRA, (extra, queuing_order))
 
-    def put_transmission(self, row: Row) -> None:
+    # ---- writes: the transmission queue ---------------------------------------------------------
+
+    def insert_transmission(self, row: Row) -> None:
         self._add(_INSERT_TRANSMISSION, row)
 
     def delete_transmission(self, ident: int) -> None:
         self._add(_DELETE_TRANSMISSION, (ident,))
 
-    def set_transmission_status(self, ident: int, status: str) -> None:
-        self._add(_SET_TRANSMISSION_STATUS, (status, ident))
+    def delete_transmission_seq(
+        self, conversation_id: uuid.UUID, is_initiator: bool, seq: int
+    ) -> None:
+        self._add(_DELETE_TRANSMISSION_SEQ, (conversation_id, int(is_initiator), seq))
+
+    def delete_transmission_direction(
+        self, conversation_id: uuid.UUID, is_initiator: bool
+    ) -> None:
+        self._add(_DELETE_TRANSMISSION_DIRECTION, (conversation_id, int(is_initiator)))
+
+    # ---- writes: the transport's dialog state -------------------------------------------------
 
     def put_remote_dialog(self, row: Row) -> None:
         self._add(_PUT_REMOTE_DIALOG, row)
@@ -436,10 +857,10 @@ class Store:
     def delete_held_direction(self, conversation_id: uuid.UUID, direction: int) -> None:
         self._add(_DELETE_HELD_DIRECTION, (conversation_id, direction))
 
+    # ---- writes: poison incidents and the execution log --------------------------------------------
+
     def insert_poison(self, row: Row) -> None:
         self._add(_INSERT_POISON, row)
-
-    # ---- the scheduler's execution log -------------------------------------
 
     def put_execution_log(self, row: Row) -> None:
         """Insert or replace one row, in EXECUTION_LOG_COLUMNS order."""
@@ -449,34 +870,226 @@ class Store:
         """Forget every execution log row up to and including `log_id`."""
         self._add(_DELETE_EXECUTION_LOG_UPTO, (log_id,))
 
-    def execution_log(self, limit: int) -> list[Row]:
-        """The newest `limit` rows, oldest first, read on a connection of its own (WAL
-        readers do not disturb the store thread)."""
-        db = sqlite3.connect(self.path)
+    # ---- reads (committed state; on the event loop's own connection) --------------------------------
+
+    def read_endpoint(self, handle: uuid.UUID) -> Row | None:
+        row: Row | None = self._reader.execute(
+            f"{_ENDPOINT_SELECT} WHERE handle = ?", (handle,)
+        ).fetchone()
+        return row
+
+    def read_endpoint_by_conversation(
+        self, conversation_id: uuid.UUID, is_initiator: bool
+    ) -> Row | None:
+        row: Row | None = self._reader.execute(
+            f"{_ENDPOINT_SELECT} WHERE conversation_id = ? AND is_initiator = ?",
+            (conversation_id, int(is_initiator)),
+        ).fetchone()
+        return row
+
+    def read_endpoints(
+        self,
+        *,
+        group_id: uuid.UUID | None = None,
+        service: str | None = None,
+        contract: str | None = None,
+        after: uuid.UUID | None = None,
+        limit: int,
+    ) -> list[Row]:
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (("group_id", group_id), ("service", service), ("contract", contract)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if after is not None:
+            where.append("handle > ?")
+            params.append(after)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        return self._reader.execute(
+            f"{_ENDPOINT_SELECT}{clause} ORDER BY handle LIMIT ?", (*params, limit)
+        ).fetchall()
+
+    def read_groups(self, limit: int) -> list[Row]:
+        """(group id, a service of it, endpoints) per conversation group, by group id."""
+        return self._reader.execute(
+            "SELECT group_id, MIN(service), COUNT(*) FROM endpoints GROUP BY group_id"
+            " ORDER BY group_id LIMIT ?",
+            (limit,),
+        ).fetchall()
+
+    def read_due_endpoints(self, after: float | None, until: float) -> list[Row]:
+        low = float("-inf") if after is None else after
+        rows = self._reader.execute(
+            "SELECT handle, timer_at, lifetime_expiry FROM endpoints"
+            " WHERE timer_at IS NOT NULL AND timer_at > ? AND timer_at <= ?",
+            (low, until),
+        ).fetchall()
+        rows += self._reader.execute(
+            "SELECT handle, timer_at, lifetime_expiry FROM endpoints"
+            " WHERE lifetime_expiry IS NOT NULL AND lifetime_expiry > ? AND lifetime_expiry <= ?",
+            (low, until),
+        ).fetchall()
+        return rows
+
+    def read_ready_messages(
+        self,
+        queue: str,
+        handle: uuid.UUID,
+        first: int,
+        before: int | None,
+        limit: int,
+        max_bytes: int,
+    ) -> list[Row]:
+        top = (1 << 62) if before is None else before
+        # the sizes come from the index alone; then one read of exactly what fits
+        sizes = self._reader.execute(
+            "SELECT queuing_order, size FROM messages WHERE status = 1 AND queue = ?"
+            " AND handle = ? AND queuing_order >= ? AND queuing_order < ?"
+            " ORDER BY queuing_order LIMIT ?",
+            (queue, handle, first, top, limit),
+        ).fetchall()
+        if not sizes:
+            return []
+        used = 0
+        last = sizes[-1][0]
+        for order, size in sizes:
+            used += size
+            if used >= max_bytes:
+                last = order
+                break
+        return self._reader.execute(
+            f"{_MESSAGE_SELECT} WHERE status = 1 AND queue = ? AND handle = ?"
+            " AND queuing_order >= ? AND queuing_order <= ? ORDER BY queuing_order",
+            (queue, handle, first, last),
+        ).fetchall()
+
+    def _bounded(
+        self, sql: str, params: Row, size: Callable[[Row], int], max_bytes: int
+    ) -> list[Row]:
+        """Rows of `sql`, stopping after the one that reaches `max_bytes` (at least one)."""
+        rows: list[Row] = []
+        used = 0
+        cursor = self._reader.execute(sql, params)
         try:
-            rows = db.execute(
-                f"SELECT {', '.join(EXECUTION_LOG_COLUMNS)} FROM execution_log"
-                " ORDER BY log_id DESC LIMIT ?",
-                (limit,),
-            ).fetchall()
+            for row in cursor:
+                rows.append(row)
+                used += size(row)
+                if used >= max_bytes:
+                    break
         finally:
-            db.close()
+            cursor.close()
+        return rows
+
+    def next_ready_order(
+        self, queue: str, handle: uuid.UUID, after: int, before: int | None
+    ) -> int | None:
+        row = self._reader.execute(
+            "SELECT queuing_order FROM messages WHERE status = 1 AND queue = ? AND handle = ?"
+            " AND queuing_order > ? AND queuing_order < ? ORDER BY queuing_order LIMIT 1",
+            (queue, handle, after, (1 << 62) if before is None else before),
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def read_message_bodies(self, orders: Sequence[int]) -> dict[int, bytes]:
+        found: dict[int, bytes] = {}
+        for start in range(0, len(orders), READ_CHUNK):
+            chunk = list(orders[start : start + READ_CHUNK])
+            marks = ", ".join("?" for _ in chunk)
+            for order, body in self._reader.execute(
+                f"SELECT queuing_order, body FROM messages WHERE queuing_order IN ({marks})", chunk
+            ):
+                found[order] = body
+        return found
+
+    def read_message(self, queuing_order: int) -> Row | None:
+        row: Row | None = self._reader.execute(
+            f"{_MESSAGE_SELECT} WHERE queuing_order = ?", (queuing_order,)
+        ).fetchone()
+        return row
+
+    def read_queue_messages(
+        self, queue: str, after: int | None, limit: int, max_bytes: int
+    ) -> list[Row]:
+        sql = (
+            f"{_MESSAGE_SELECT} WHERE queuing_order > ? AND queue = ? AND status IN (0, 1, 7)"
+            " ORDER BY queuing_order LIMIT ?"
+        )
+        return self._bounded(sql, (after or 0, queue, limit), _message_size, max_bytes)
+
+    def message_summary(self, statuses: Iterable[int]) -> list[Row]:
+        chosen = sorted({int(s) for s in statuses})
+        marks = ", ".join("?" for _ in chosen)
+        return self._db.execute(
+            "SELECT status, queue, handle, COUNT(*), SUM(size), MIN(queuing_order) FROM messages"
+            f" WHERE status IN ({marks}) GROUP BY status, queue, handle",
+            chosen,
+        ).fetchall()
+
+    def read_messages_with_status(self, statuses: Iterable[int]) -> list[Row]:
+        chosen = sorted({int(s) for s in statuses})
+        marks = ", ".join("?" for _ in chosen)
+        return self._db.execute(f"{_MESSAGE_SELECT} WHERE status IN ({marks})", chosen).fetchall()
+
+    def count_conversation_messages(self, queue: str, handle: uuid.UUID, status: int) -> int:
+        row = self._reader.execute(
+            "SELECT COUNT(*) FROM messages WHERE status = ? AND queue = ? AND handle = ?",
+            (status, queue, handle),
+        ).fetchone()
+        return int(row[0])
+
+    def read_transmission(
+        self,
+        conversation_id: uuid.UUID,
+        is_initiator: bool,
+        first: int,
+        before: int | None,
+        limit: int,
+        max_bytes: int,
+    ) -> list[Row]:
+        sql = (
+            f"{_TRANSMISSION_SELECT} WHERE conversation_id = ? AND is_initiator = ?"
+            " AND seq >= ? AND seq < ? ORDER BY seq LIMIT ?"
+        )
+        top = (1 << 62) if before is None else before
+        params = (conversation_id, int(is_initiator), first, top, limit)
+        return self._bounded(sql, params, _transmission_size, max_bytes)
+
+    def next_transmission_seq(
+        self, conversation_id: uuid.UUID, is_initiator: bool, after: int, before: int | None
+    ) -> int | None:
+        row = self._reader.execute(
+            "SELECT seq FROM transmission_queue WHERE conversation_id = ? AND is_initiator = ?"
+            " AND seq > ? AND seq < ? ORDER BY seq LIMIT 1",
+            (conversation_id, int(is_initiator), after, (1 << 62) if before is None else before),
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def transmission_summary(self) -> list[Row]:
+        return self._db.execute(
+            "SELECT conversation_id, is_initiator, COUNT(*), MIN(seq) FROM transmission_queue"
+            " GROUP BY conversation_id, is_initiator"
+        ).fetchall()
+
+    def read_transmission_page(self, after: int | None, limit: int) -> list[Row]:
+        return self._reader.execute(
+            f"{_TRANSMISSION_SELECT} WHERE id > ? ORDER BY id LIMIT ?", (after or 0, limit)
+        ).fetchall()
+
+    def read_poison(self, limit: int) -> list[Row]:
+        rows = self._reader.execute(
+            f"SELECT {_columns(POISON_COLUMNS[:-1])} FROM poison_messages ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
         rows.reverse()
         return rows
 
-
-EXECUTION_LOG_COLUMNS: Final = (
-    "log_id",
-    "caller",
-    "scheduler_handle",
-    "task",
-    "queued_time",
-    "start_time",
-    "end_time",
-    "activated_task",
-    "pid",
-    "session_id",
-    "error",
-)
-_PUT_EXECUTION_LOG: Final = _insert("execution_log", EXECUTION_LOG_COLUMNS, "INSERT OR REPLACE")
-_DELETE_EXECUTION_LOG_UPTO: Final = "DELETE FROM execution_log WHERE log_id <= ?"
+    def execution_log(self, limit: int) -> list[Row]:
+        """The newest `limit` rows, oldest first."""
+        rows = self._reader.execute(
+            f"SELECT {_columns(EXECUTION_LOG_COLUMNS)} FROM execution_log"
+            " ORDER BY log_id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        rows.reverse()
+        return rows

@@ -8,23 +8,30 @@ opened on demand to the address a route gives, authenticated by the handshake
 quiet, and reopened when there is traffic again. If both brokers connect at once,
 both keep the connection opened by the broker with the smaller instance id.
 
-Sending: the engine puts a message for another broker in its durable transmission
-queue and calls `outbound`. Once the peer's identity is known the message is queued
-on the dialog direction's `DialogSender` (opened with a fresh session key, wrapped
-with the peer's public key and persisted). `pump` writes due fragments (retries
-first, then fresh fragments round-robin by priority, acks piggybacked) while the
-socket accepts them. `MessageAcked` deletes the message from the transmission
-queue; an acknowledged EndDialog or Error lets the ending endpoint close.
+Sending: the core keeps messages for other brokers in its durable transmission queue,
+one outbox per dialog direction (see `_core.delivery`), and tells the transport
+(`outbound`). Once the entries are durable and the peer's identity is known, `_feed`
+pulls them into the direction's `DialogSender` (opened with a fresh session key,
+wrapped with the peer's public key and persisted), in order, while the peer's in-flight
+budget (IN_FLIGHT_MESSAGES, IN_FLIGHT_BYTES) allows: memory holds what is in flight, not
+the backlog. `pump` writes due fragments (retries first, then fresh fragments
+round-robin by priority, acks piggybacked) while the socket accepts them. A
+`MessageAcked` deletes the message from the transmission queue, frees its budget and
+feeds more; an acknowledged EndDialog or Error lets the ending endpoint close.
 
-Receiving: fragments go to the dialog layer; `MessageReceived` is handed to the
-engine (which creates the target endpoint with the first message, or holds the
-message while the target queue is OFF), fragments of incomplete messages are held
-in the store, and the receiver's next sequence number is persisted, all in the
-store's open batch. Only when that batch is durable does the dialog layer learn the
-events were stored, so no ack ever leaves for something a crash could lose.
+Receiving: before the dialog layer sees a fragment, the core says whether a message for
+that direction could be stored now; a fragment for a full queue, or while the disk is
+full, is dropped unacknowledged and the sender retries with its usual backoff. Fragments
+go to the dialog layer; `MessageReceived` is handed to the core (which creates the
+target endpoint with the first message, or holds the message while the target queue is
+OFF), fragments of incomplete messages are held in the store, and the receiver's next
+sequence number is persisted, all in the store's open batch. Only when that batch is
+durable does the dialog layer learn the events were stored, so no ack ever leaves for
+something a crash could lose.
 
-Restart: senders are rebuilt from the transmission queue and their persisted keys,
-receivers from their persisted next sequence number and held fragments.
+Restart: receivers come back from their persisted next sequence number and held
+fragments; a sender resumes at its direction's first unacknowledged message (numbers in
+between that were acknowledged out of order are skipped, see `DialogSender.skip_to`).
 """
 
 from __future__ import annotations
@@ -32,65 +39,69 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Any, Final, cast
 
-from ssb.protocol import NEED_DATA, ErrorCode, ProtocolError, pack, unpack
-from ssb.protocol._dialog import (
+from ssb.protocol import (
+    NEED_DATA,
+    AckFrame,
+    CloseFrame,
+    ConnectionClosed,
     DialogEvent,
     DialogPeer,
+    Direction,
+    Envelope,
+    ErrorCode,
+    FragmentFrame,
     FragmentReceived,
+    HandshakeCompleted,
     HeldFragment,
     IntegrityFailure,
+    LinkConnection,
+    LinkState,
     MessageAcked,
     MessageReceived,
     PartialMessageDiscarded,
-    PendingMessage,
+    ProtocolError,
+    ProtocolErrorFrame,
     RetryPolicy,
+    Role,
     SessionKeyReceived,
-    UnknownDialog,
-)
-from ssb.protocol._integrity import (
     TrustStore,
+    UnknownDialog,
     certificate_broker_id,
     generate_broker_identity,
     load_private_key,
     new_session_key,
+    pack,
+    unpack,
     wrap_session_key,
 )
-from ssb.protocol._link import (
-    AckFrame,
-    CloseFrame,
-    ConnectionClosed,
-    Direction,
-    Envelope,
-    FragmentFrame,
-    HandshakeCompleted,
-    LinkConnection,
-    LinkState,
-    ProtocolErrorFrame,
-    Role,
-)
 
-from . import _catalog as cat
+from ._config import ConfigError
+from ._core import catalog as cat
+from ._core.conversations import Endpoint
+from ._core.delivery import DialogOutbox, DirectionKey, Outbound
+from ._core.engine import Engine
+from ._core.transactions import Session
 from ._errors import BrokerError, bad_argument
-from ._transactions import Session
-
-if TYPE_CHECKING:
-    from ._daemon import Broker
-    from ._engine import Engine, Outbound
+from ._store import Store
 
 log = logging.getLogger("ssb.transport")
 
-HIGH_WATER: Final = 4 * 1024 * 1024
 SEND_BATCH: Final = 256
 KEY_FILE: Final = "broker-key.pem"
 CERT_FILE: Final = "broker-cert.pem"
+IN_FLIGHT_MESSAGES: Final = 8192  # messages pulled into a peer's senders and not yet acked
+IN_FLIGHT_BYTES: Final = 64 * 1024 * 1024  # their bodies
+FEED_CHUNK: Final = 256  # messages pulled from one direction per turn
+REFUSAL_LOG_EVERY: Final = 60.0  # seconds between log lines about one refused direction
 
 
 @dataclass(frozen=True)
@@ -109,14 +120,43 @@ class TransportSettings:
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> TransportSettings:
-        known = set(cls.__dataclass_fields__)
-        unknown = set(section) - known
+        """The config's [transport] section, every value checked."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = set(section) - set(known)
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown [transport] setting(s) {', '.join(sorted(unknown))}; "
                 f"known: {', '.join(sorted(known))}"
             )
-        return cls(**section)
+        limits: dict[str, tuple[float, float]] = {
+            "idle_timeout": (0.01, 86400.0),
+            "retry_initial": (0.01, 3600.0),
+            "retry_max": (0.01, 86400.0),
+            "fragment_size": (1024, 1024 * 1024),
+            "ack_delay": (0.0, 1.0),
+            "connect_timeout": (0.01, 600.0),
+            "starvation_bound": (0.001, 3600.0),
+            "closed_dialog_linger": (0.0, 86400.0),
+        }
+        for name, value in section.items():
+            if name == "honor_broker_priority":
+                if not isinstance(value, bool):
+                    raise ConfigError("[transport] honor_broker_priority must be true or false")
+                continue
+            low, high = limits[name]
+            whole = name == "fragment_size"
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int if whole else (int, float))
+                or not math.isfinite(value)
+                or not low <= value <= high
+            ):
+                kind = "a whole number" if whole else "a number of seconds"
+                raise ConfigError(f"[transport] {name} must be {kind} from {low:g} to {high:g}, not {value!r}")
+        settings = cls(**section)
+        if settings.retry_max < settings.retry_initial:
+            raise ConfigError("[transport] retry_max must be at least retry_initial")
+        return settings
 
 
 def load_identity(data_dir: Path, instance_id: str) -> tuple[bytes, bytes]:
@@ -158,9 +198,14 @@ class Peer:
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at: float | None = None
         self.corrupt_fragments = 0
+        self.refused_fragments = 0
         self.last_error = ""
         self.services: set[str] = set()  # services it hosts that we send to
         self.pump_scheduled = False
+        # outboxes with entries still to pull, and what is pulled and not yet acked
+        self.boxes: dict[DirectionKey, DialogOutbox] = {}
+        self.in_flight: dict[tuple[uuid.UUID, Direction, int], tuple[int, str]] = {}
+        self.in_flight_bytes = 0
 
 
 class Link(asyncio.Protocol):
@@ -264,21 +309,25 @@ class Link(asyncio.Protocol):
 
 
 class Transport:
-    """All adjacent brokers of this broker."""
+    """All adjacent brokers of this broker; the core's OutboundSink."""
 
-    def __init__(self, broker: Broker, settings: TransportSettings) -> None:
-        self.broker = broker
-        self.engine: Engine = broker.engine
+    def __init__(
+        self, engine: Engine, store: Store, data_dir: Path, settings: TransportSettings
+    ) -> None:
+        self.engine = engine
+        self.store = store
         self.settings = settings
         self.loop = asyncio.get_running_loop()
-        self.instance = uuid.UUID(self.engine.instance_id)
-        key_pem, self.certificate_pem = load_identity(broker.data_dir, self.engine.instance_id)
+        self.instance = uuid.UUID(engine.instance_id)
+        key_pem, self.certificate_pem = load_identity(data_dir, engine.instance_id)
         self.private_key = load_private_key(key_pem)
         self.trust = self._trust_store()
         self.peers: dict[uuid.UUID, Peer] = {}
         self.links: set[Link] = set()
         self.address_peer: dict[str, uuid.UUID] = {}
-        self.waiting: dict[str, deque[Outbound]] = {}  # per address, until the peer is known
+        # outboxes waiting to learn which broker an address is
+        self.waiting: dict[str, dict[DirectionKey, DialogOutbox]] = {}
+        self.unrouted: dict[DirectionKey, DialogOutbox] = {}  # no route (yet)
         self.connecting: set[str] = set()
         self.connect_errors: dict[str, str] = {}
         self.retry_at: dict[str, float] = {}
@@ -288,7 +337,9 @@ class Transport:
         self.held_seqs: set[tuple[uuid.UUID, Direction, int]] = set()
         self.closed_conversations: set[uuid.UUID] = set()  # ended here recently
         self._closed_order: deque[tuple[float, uuid.UUID]] = deque()
-        self._unsent: dict[int, list[Outbound]] = {}  # by store batch, until durable
+        self._fresh: set[DialogOutbox] = set()  # told of, to place once durable
+        self._fresh_batch = -1
+        self._refusal_logged: dict[DirectionKey, float] = {}
         self.server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -333,7 +384,17 @@ class Transport:
         peer = self.peers[instance] = Peer(instance, dialog, pem)
         return peer
 
-    # ---- operations for clients --------------------------------------------------
+    # ---- operations and views for clients --------------------------------------------
+
+    def operations(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "broker_certificate": self.op_broker_certificate,
+            "create_certificate": self.op_create_certificate,
+            "drop_certificate": self.op_drop_certificate,
+        }
+
+    def views(self) -> dict[str, Callable[[], list[dict[str, Any]]]]:
+        return {"broker_connections": self.connections_view}
 
     def op_broker_certificate(self, session: Session) -> str:
         return self.certificate_pem.decode()
@@ -351,36 +412,27 @@ class Transport:
             raise bad_argument(f"not a broker certificate: {exc}") from None
         if instance == self.instance:
             raise bad_argument("that is this broker's own certificate")
-        cert = cat.Certificate(name, pem, str(instance))
-        self.engine.catalog.certificates[name] = cert
-        self.engine.store.put_catalog("certificate", name, cat.encode(cert))
+        self.engine.ddl.persist("certificate", cat.Certificate(name, pem, str(instance)))
         self.trust = self._trust_store()
-        for out in list(self.engine.remote_outbound.values()):
-            if out.id in self.engine.transmission and not self._is_queued(out):
-                self.outbound(out)
+        self._replace_all()
 
     def op_drop_certificate(self, session: Session, name: object) -> None:
         if not isinstance(name, str):
             raise bad_argument("drop_certificate needs a certificate name")
-        self.engine.drop(session, "certificate", name)
+        self.engine.ddl.drop(session, "certificate", name)
         self.trust = self._trust_store()
 
     # ---- start and stop ------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self.engine.on_outbound = self.new_outbound
-        self.engine.on_endpoint_removed = self.endpoint_removed
-        self.engine.describe_outbound = self.describe
-        self.engine.on_routes_changed = self.routes_changed
         self._restore()
         self.server = await self.loop.create_server(
             lambda: Link(self, Role.ACCEPTOR, ""), host, port
         )
         sock = self.server.sockets[0].getsockname()
         self._arm_idle_check()
-        for out in list(self.engine.remote_outbound.values()):
-            if not self._is_queued(out):
-                self.outbound(out)
+        for box in self.engine.delivery.remote_outboxes():
+            self._place(box)
         for peer in self.peers.values():
             self.pump(peer)
         return sock[0], sock[1]
@@ -404,15 +456,13 @@ class Transport:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _restore(self) -> None:
-        remote_dialogs, held_fragments = self.engine.store.load_remote()
+        remote_dialogs, held_fragments = self.store.load_remote()
         held: dict[tuple[uuid.UUID, Direction], list[HeldFragment]] = {}
         for conv, direction, seq, index, count, mtype, payload in held_fragments:
             key = (uuid.UUID(bytes=conv), Direction(direction))
             held.setdefault(key, []).append(HeldFragment(seq, index, count, mtype, payload))
             self.held_seqs.add((key[0], key[1], seq))
-        pending: dict[tuple[uuid.UUID, Direction], list[Outbound]] = {}
-        for out in self.engine.remote_outbound.values():
-            pending.setdefault((out.conversation_id, _direction(out.is_initiator)), []).append(out)
+        outboxes = self.engine.delivery.outboxes
         for conv_raw, direction, side, peer_id, key, wrapped, next_seq, env in remote_dialogs:
             conv, d = uuid.UUID(bytes=conv_raw), Direction(direction)
             peer = self._peer(uuid.UUID(peer_id))
@@ -429,86 +479,96 @@ class Transport:
                 )
                 self._apply(peer, events)
                 continue
-            mine = sorted(pending.get((conv, d), ()), key=lambda o: o.seq)
-            ep = self.engine.by_conversation.get((conv, d is Direction.FROM_INITIATOR))
-            if not mine and ep is None:
-                self.engine.store.delete_remote_dialog(conv, int(d), "send")
+            from_initiator = d is Direction.FROM_INITIATOR
+            box = outboxes.get((conv, from_initiator))
+            ep = self.engine.endpoints.by_conversation(conv, from_initiator)
+            if (box is None or box.local) and ep is None:
+                self.store.delete_remote_dialog(conv, int(d), "send")
                 continue
-            nxt = max([ep.send_seq if ep else 0] + [o.seq + 1 for o in mine])
+            first = box.first_key() if box is not None and not box.local else None
+            resume = first if first is not None else (ep.send_seq if ep else 0)
             assert envelope is not None
             peer.dialog.open_sender(
                 conv, d, envelope, session_key=key, wrapped_session_key=wrapped,
-                next_seq=nxt,
-                pending=[PendingMessage(o.seq, o.message_type, o.body) for o in mine],
-                priority=self._priority(mine[0].priority if mine else 5),
+                next_seq=resume,
+                priority=self._priority(box.priority if box is not None else 5),
             )
             peer.services.add(envelope.to_service)
-            for o in mine:
-                route = self.engine.find_route(o.to_service, o.to_broker_instance)
-                if route is not None and peer.address is None:
-                    peer.address = self._address(route, o)
 
     def _priority(self, level: int) -> int:
         return transmission_priority(level, self.settings.honor_broker_priority)
 
-    # ---- outbound ----------------------------------------------------------------
+    # ---- outbound: the core's OutboundSink -------------------------------------------------
 
-    def _is_queued(self, out: Outbound) -> bool:
-        peer = self.peers.get(uuid.UUID(out.to_broker_instance)) if out.to_broker_instance else None
-        if peer is None:
-            return any(out in w for w in self.waiting.values())
-        sender = peer.dialog.sender(out.conversation_id, _direction(out.is_initiator))
-        return sender is not None and out.seq < sender.next_seq
+    def outbound(self, box: DialogOutbox) -> None:
+        """The core put entries for another broker in `box`; they go once durable (a message
+        sent before its sender's commit could reach the peer, be lost here in a crash, and its
+        sequence number be used again for another message)."""
+        self._fresh.add(box)
+        batch = self.store.watermark()
+        if batch != self._fresh_batch:
+            self._fresh_batch = batch
+            self.store.when_durable(batch, self._place_fresh)
 
-    def _address(self, route: cat.Route, out: Outbound) -> str | None:
-        return self._route_address(route.address, out.to_service)
+    def _place_fresh(self) -> None:
+        fresh, self._fresh = self._fresh, set()
+        self._fresh_batch = -1
+        for box in fresh:
+            self._place(box)
 
-    @staticmethod
-    @functools.lru_cache(maxsize=4096)
-    def _route_address(address: str, service: str) -> str | None:
-        if address == "TRANSPORT":
-            address = service
-        if not address.startswith("tcp://"):
-            return None
-        return address[len("tcp://") :].split("/", 1)[0]
-
-    def new_outbound(self, out: Outbound) -> None:
-        """The engine put a message for another broker in its transmission queue.
-
-        It goes on the wire only once that is durable: a message transmitted before
-        its sender's commit could reach the peer, be lost here in a crash, and its
-        sequence number be used again for another message."""
-        store = self.engine.store
-        batch = store.watermark()
-        waiting = self._unsent.get(batch)
-        if waiting is None:
-            waiting = self._unsent[batch] = []
-            store.when_durable(batch, lambda: self._send_durable(batch))
-        waiting.append(out)
-
-    def _send_durable(self, batch: int) -> None:
-        for out in self._unsent.pop(batch, []):
-            if out.id in self.engine.transmission:
-                self.outbound(out)
-
-    def outbound(self, out: Outbound) -> None:
-        """Send (or wait to send) a durable transmission-queue entry."""
-        route = self.engine.find_route(out.to_service, out.to_broker_instance)
-        address = None if route is None else self._address(route, out)
-        if route is None or address is None:
-            self.engine.set_transmission_status(out, f"no route to service '{out.to_service}'")
+    def _place(self, box: DialogOutbox) -> None:
+        """Find the peer of a direction's entries and feed it, or record why they wait."""
+        if self.closing or self.engine.delivery.outboxes.get(box.direction) is not box:
             return
-        if out.status.startswith("no route"):
-            self.engine.set_transmission_status(out, "")
-        named = out.to_broker_instance or route.broker_instance
+        key = box.direction
+        route = self.engine.routes.find(box.to_service, box.to_broker_instance)
+        address = None if route is None else self._route_address(route.address, box.to_service)
+        if route is None or address is None:
+            box.status = f"no route to service '{box.to_service}'"
+            self.unrouted[key] = box
+            return
+        self.unrouted.pop(key, None)
+        box.status = ""
+        named = box.to_broker_instance or route.broker_instance
         instance = _instance_id(named) if named else self.address_peer.get(address)
         peer = self._peer(instance) if instance else None
         if peer is None:
-            self.waiting.setdefault(address, deque()).append(out)
+            self.waiting.setdefault(address, {})[key] = box
             self._connect(address)
             return
         peer.address = address
-        self._queue(peer, out)
+        peer.boxes[key] = box
+        self._feed(peer)
+
+    def _replace_all(self) -> None:
+        """Routes or trust changed: place again every direction that waits."""
+        boxes = list(self.unrouted.values())
+        for waiting in self.waiting.values():
+            boxes += waiting.values()
+        self.unrouted.clear()
+        self.waiting.clear()
+        for box in boxes:
+            self._place(box)
+
+    def _feed(self, peer: Peer) -> None:
+        """Pull durable entries into the peer's senders while its budget allows."""
+        delivery = self.engine.delivery
+        for key, box in list(peer.boxes.items()):
+            room = IN_FLIGHT_MESSAGES - len(peer.in_flight)
+            room_bytes = IN_FLIGHT_BYTES - peer.in_flight_bytes
+            if room <= 0 or room_bytes <= 0:
+                break
+            if delivery.outboxes.get(key) is not box:
+                del peer.boxes[key]
+                continue
+            entries = delivery.pull(box, min(room, FEED_CHUNK), room_bytes)
+            for out in entries:
+                self._queue(peer, out)
+            if delivery.outboxes.get(key) is not box:
+                del peer.boxes[key]  # all pulled: a later entry makes a new outbox
+            elif entries:
+                del peer.boxes[key]
+                peer.boxes[key] = box  # round robin among directions
         self.pump_soon(peer)
 
     def _queue(self, peer: Peer, out: Outbound) -> None:
@@ -522,26 +582,82 @@ class Transport:
             )
             key = new_session_key()
             wrapped = wrap_session_key(key, peer.certificate_pem)
-            dialog.open_sender(
+            sender = dialog.open_sender(
                 out.conversation_id, direction, envelope, session_key=key,
                 wrapped_session_key=wrapped, next_seq=out.seq,
                 priority=self._priority(out.priority),
             )
-            self.engine.store.put_remote_dialog(
+            self.store.put_remote_dialog(
                 (out.conversation_id, int(direction), "send", str(peer.instance), key, wrapped,
                  out.seq, pack(envelope.encode()))
             )
-            ep = self.engine.by_conversation.get((out.conversation_id, out.is_initiator))
+            ep = self.engine.endpoints.by_conversation(out.conversation_id, out.is_initiator)
             if ep is not None and ep.far_broker_instance is None:
                 ep.far_broker_instance = str(peer.instance)
-                self.engine.store.put_endpoint(ep.row())
-            sender = dialog.sender(out.conversation_id, direction)
-            assert sender is not None
+                self.engine.endpoints.update(ep)
         if out.seq < sender.next_seq:
-            return  # already queued (restored at start)
+            return  # already on its way (a duplicate pull cannot happen; kept safe)
+        if out.seq > sender.next_seq:
+            sender.skip_to(out.seq)  # acknowledged out of order before a restart
         dialog.queue_message(out.conversation_id, direction, out.seq, out.message_type, out.body)
-        if out.to_broker_instance is None:
-            out.to_broker_instance = str(peer.instance)
+        peer.in_flight[(out.conversation_id, direction, out.seq)] = (out.size, out.message_type)
+        peer.in_flight_bytes += out.size
+
+    def endpoint_removed(self, ep: Endpoint) -> None:
+        """A local endpoint closed: forget its dialog directions to other brokers."""
+        if ep.far_broker_instance in (None, self.engine.instance_id):
+            return
+        try:
+            instance = uuid.UUID(ep.far_broker_instance)
+        except ValueError:
+            return
+        peer = self.peers.get(instance)
+        out_d = _direction(ep.is_initiator)
+        in_d = out_d.reverse
+        store = self.store
+        if peer is not None:
+            sender = peer.dialog.sender(ep.conversation_id, out_d)
+            if sender is not None and sender.unacked_count == 0:
+                peer.dialog.close_sender(ep.conversation_id, out_d)
+                store.delete_remote_dialog(ep.conversation_id, int(out_d), "send")
+            if peer.dialog.receiver(ep.conversation_id, in_d) is not None:
+                # keep acking late retransmissions for a while, delivering nothing
+                key = (ep.conversation_id, in_d)
+                self.discarding.add(key)
+                self.loop.call_later(
+                    self.settings.closed_dialog_linger, self._close_receiver, peer, key
+                )
+        self._remember_closed(ep.conversation_id)
+        store.delete_remote_dialog(ep.conversation_id, int(in_d), "recv")
+        store.delete_held_direction(ep.conversation_id, int(in_d))
+        self.envelopes.pop((ep.conversation_id, in_d), None)
+
+    def routes_changed(self) -> None:
+        """A route was created or dropped: messages may now have somewhere to go."""
+        self._replace_all()
+        for peer in self.peers.values():
+            if peer.link is None and self._has_work(peer):
+                self.pump(peer)
+
+    def describe(self, out: Outbound) -> str:
+        route = self.engine.routes.find(out.to_service, out.to_broker_instance)
+        if route is None:
+            return f"no route to service '{out.to_service}'"
+        address = self._route_address(route.address, out.to_service)
+        if address is None:
+            return f"route '{route.name}' has no usable address"
+        return self.connect_errors.get(address, "")
+
+    @staticmethod
+    @functools.lru_cache(maxsize=4096)
+    def _route_address(address: str, service: str) -> str | None:
+        if address == "TRANSPORT":
+            address = service
+        if not address.startswith("tcp://"):
+            return None
+        return address[len("tcp://") :].split("/", 1)[0]
+
+    # ---- connections -----------------------------------------------------------------
 
     def _connect(self, address: str) -> None:
         if address in self.connecting or self.closing:
@@ -582,28 +698,16 @@ class Transport:
         """Try again: routes may have changed (expired, dropped, added) meanwhile."""
         if self.closing:
             return
-        for out in self.waiting.pop(address, deque()):
-            if out.id in self.engine.transmission:
-                self.outbound(out)
+        for box in self.waiting.pop(address, {}).values():
+            self._place(box)
         for peer in self.peers.values():
             if peer.link is None and peer.address == address and self._has_work(peer):
-                self.pump(peer)
-
-    def routes_changed(self) -> None:
-        """A route was created or dropped: messages may now have somewhere to go."""
-        for address in list(self.waiting):
-            self._retry_address(address)
-        for out in list(self.engine.remote_outbound.values()):
-            if out.id in self.engine.transmission and not self._is_queued(out):
-                self.outbound(out)
-        for peer in self.peers.values():
-            if peer.link is None and self._has_work(peer):
                 self.pump(peer)
 
     def _peer_address(self, peer: Peer) -> str | None:
         """Where routes say this peer is now (they may have changed or expired)."""
         for service in peer.services:
-            route = self.engine.find_route(service, str(peer.instance))
+            route = self.engine.routes.find(service, str(peer.instance))
             if route is not None and route.address != "LOCAL":
                 address = self._route_address(route.address, service)
                 if address is not None:
@@ -639,9 +743,8 @@ class Transport:
             self.connect_errors.pop(link.address, None)
             self.retry_delay.pop(link.address, None)
             self.retry_at.pop(link.address, None)
-            for out in self.waiting.pop(link.address, deque()):
-                if out.id in self.engine.transmission:
-                    self._queue(peer, out)
+            for box in self.waiting.pop(link.address, {}).values():
+                self._place(box)
         peer.dialog.retransmit_all(self.loop.time())
         self.pump(peer)
 
@@ -693,6 +796,8 @@ class Transport:
                 link.close()
         if not self.closing:
             self._arm_idle_check()
+
+    # ---- the send loop ---------------------------------------------------------------
 
     # ---- the send loop ---------------------------------------------------------------
 
@@ -748,6 +853,8 @@ class Transport:
 
     # ---- receiving ---------------------------------------------------------------------
 
+    # ---- receiving ---------------------------------------------------------------------
+
     def frames(self, link: Link, frames: list[FragmentFrame | AckFrame]) -> None:
         """Frames from one read: their events are applied (and stored) together."""
         peer = link.peer
@@ -757,16 +864,49 @@ class Transport:
         events: list[DialogEvent] = []
         receive = peer.dialog.receive_frame
         for frame in frames:
+            if isinstance(frame, FragmentFrame) and self._refused(peer, frame):
+                continue
             try:
                 events.extend(receive(frame, now))
             except ProtocolError as exc:
                 log.warning("dropping a bad frame from broker %s: %s", peer.instance, exc)
         self._apply(peer, events, link)
-        self.pump_soon(peer)
+        if peer.boxes:
+            self._feed(peer)
+        else:
+            self.pump_soon(peer)
+
+    def _refused(self, peer: Peer, frame: FragmentFrame) -> bool:
+        """Whether a message of this fragment's direction could not be stored now (a full
+        queue or disk): then it is dropped unacknowledged, and the sender retries."""
+        key = (frame.conversation_id, frame.direction)
+        if key in self.discarding:
+            return False
+        envelope = frame.envelope or self.envelopes.get(key)
+        from_initiator = frame.direction is Direction.FROM_INITIATOR
+        reason = self.engine.delivery.accepts(
+            frame.conversation_id, from_initiator, envelope.to_service if envelope else ""
+        )
+        if reason is None:
+            return False
+        peer.refused_fragments += 1
+        direction = (frame.conversation_id, from_initiator)
+        now = self.loop.time()
+        if now - self._refusal_logged.get(direction, -REFUSAL_LOG_EVERY) >= REFUSAL_LOG_EVERY:
+            self._refusal_logged[direction] = now
+            if len(self._refusal_logged) > 10_000:
+                self._refusal_logged.clear()
+            log.info(
+                "not acknowledging messages of conversation %s from broker %s: %s (it retries)",
+                frame.conversation_id,
+                peer.instance,
+                reason,
+            )
+        return True
 
     def _apply(self, peer: Peer, events: Iterable[DialogEvent], link: Link | None = None) -> None:
-        engine = self.engine
-        store = engine.store
+        delivery = self.engine.delivery
+        store = self.store
         stored: list[MessageReceived | FragmentReceived] = []
         next_seqs: dict[tuple[uuid.UUID, Direction], int] = {}
         for event in events:
@@ -775,7 +915,7 @@ class Transport:
                 if key not in self.discarding:
                     envelope = self.envelopes.get(key)
                     if envelope is not None:
-                        engine.deliver_remote(
+                        delivery.deliver_remote(
                             event.conversation_id,
                             event.direction is Direction.FROM_INITIATOR,
                             event.seq,
@@ -793,8 +933,16 @@ class Transport:
                         store.delete_held_message(key[0], int(key[1]), event.seq)
                 stored.append(event)
             elif isinstance(event, MessageAcked):
-                engine.remote_acknowledged(
-                    event.conversation_id, event.direction is Direction.FROM_INITIATOR, event.seq
+                done = peer.in_flight.pop((event.conversation_id, event.direction, event.seq), None)
+                mtype = ""
+                if done is not None:
+                    peer.in_flight_bytes -= done[0]
+                    mtype = done[1]
+                delivery.remote_acknowledged(
+                    event.conversation_id,
+                    event.direction is Direction.FROM_INITIATOR,
+                    event.seq,
+                    mtype,
                 )
             elif isinstance(event, FragmentReceived):
                 key = (event.conversation_id, event.direction)
@@ -835,7 +983,7 @@ class Transport:
             peer.dialog.mark_stored(stored, self.loop.time())
             self.pump_soon(peer)
 
-        self.engine.store.when_durable(self.engine.store.watermark(), durable)
+        self.store.when_durable(self.store.watermark(), durable)
 
     def _open_receiver(self, peer: Peer, event: UnknownDialog, link: Link | None) -> None:
         """First frame of a dialog direction we have no receiver for.
@@ -857,7 +1005,7 @@ class Transport:
         if from_initiator:
             alive = key[0] not in self.closed_conversations
         else:
-            alive = (key[0], True) in self.engine.by_conversation
+            alive = self.engine.endpoints.by_conversation(key[0], True) is not None
         if alive and (envelope is None or envelope.to_broker_id != self.instance):
             return  # cannot create an endpoint without a routing header addressed to us
         first = 0 if alive else frame.seq
@@ -876,35 +1024,6 @@ class Transport:
         self._apply(peer, events, link)
         self._apply(peer, followed, link)
 
-    def endpoint_removed(self, ep: Any) -> None:
-        """A local endpoint closed: forget its dialog directions to other brokers."""
-        if ep.far_broker_instance in (None, self.engine.instance_id):
-            return
-        try:
-            instance = uuid.UUID(ep.far_broker_instance)
-        except ValueError:
-            return
-        peer = self.peers.get(instance)
-        out_d = _direction(ep.is_initiator)
-        in_d = out_d.reverse
-        store = self.engine.store
-        if peer is not None:
-            sender = peer.dialog.sender(ep.conversation_id, out_d)
-            if sender is not None and sender.unacked_count == 0:
-                peer.dialog.close_sender(ep.conversation_id, out_d)
-                store.delete_remote_dialog(ep.conversation_id, int(out_d), "send")
-            if peer.dialog.receiver(ep.conversation_id, in_d) is not None:
-                # keep acking late retransmissions for a while, delivering nothing
-                key = (ep.conversation_id, in_d)
-                self.discarding.add(key)
-                self.loop.call_later(
-                    self.settings.closed_dialog_linger, self._close_receiver, peer, key
-                )
-        self._remember_closed(ep.conversation_id)
-        store.delete_remote_dialog(ep.conversation_id, int(in_d), "recv")
-        store.delete_held_direction(ep.conversation_id, int(in_d))
-        self.envelopes.pop((ep.conversation_id, in_d), None)
-
     def _remember_closed(self, conversation_id: uuid.UUID) -> None:
         """Late frames of a dialog that ended here are discarded, for a while."""
         now = self.loop.time()
@@ -921,18 +1040,7 @@ class Transport:
 
     # ---- views -------------------------------------------------------------------------
 
-    def describe(self, out: Outbound) -> str:
-        if out.status:
-            return out.status
-        route = self.engine.find_route(out.to_service, out.to_broker_instance)
-        if route is None:
-            return f"no route to service '{out.to_service}'"
-        address = self._address(route, out)
-        if address is None:
-            return f"route '{route.name}' has no usable address"
-        return self.connect_errors.get(address, "")
-
-    def connections_view(self, engine: Engine) -> list[dict[str, Any]]:
+    def connections_view(self) -> list[dict[str, Any]]:
         rows = []
         for link in sorted(self.links, key=lambda lk: lk.address):
             counters = link.link.counters
@@ -949,6 +1057,8 @@ class Transport:
                     "fragments_sent": counters.fragments_out,
                     "fragments_received": counters.fragments_in,
                     "corrupt_fragments": peer.corrupt_fragments if peer else counters.corrupt_fragments,
+                    "refused_fragments": peer.refused_fragments if peer else 0,
+                    "in_flight": len(peer.in_flight) if peer else 0,
                     "retransmissions": peer.dialog.counters.retransmissions if peer else 0,
                     "last_activity": time.strftime(
                         "%Y-%m-%dT%H:%M:%SZ", time.gmtime(link.last_activity)
@@ -972,28 +1082,10 @@ class Transport:
                     "fragments_sent": peer.dialog.counters.fragments_sent,
                     "fragments_received": 0,
                     "corrupt_fragments": peer.corrupt_fragments,
+                    "refused_fragments": peer.refused_fragments,
+                    "in_flight": len(peer.in_flight),
                     "retransmissions": peer.dialog.counters.retransmissions,
                     "last_activity": None,
                 }
             )
         return rows
-
-
-async def start_transport(broker: Broker) -> Callable[[], Awaitable[None]] | None:
-    """Daemon start hook: listen on the broker port and serve adjacent brokers."""
-    try:
-        settings = TransportSettings.from_section(broker.config.sections.get("transport", {}))
-    except (TypeError, ValueError) as exc:
-        raise SystemExit(f"ssb: bad [transport] settings: {exc}") from None
-    transport = Transport(broker, settings)
-    host, port = await transport.start(broker.config.host, broker.config.broker_port)
-    broker.broker_address = (host, port)
-    ops = broker.operations
-    ops.add("broker_certificate", transport.op_broker_certificate)
-    ops.add("create_certificate", transport.op_create_certificate)
-    ops.add("drop_certificate", transport.op_drop_certificate)
-    from ._views import VIEWS
-
-    VIEWS["broker_connections"] = transport.connections_view
-    broker.transport = transport
-    return transport.close

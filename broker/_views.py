@@ -1,233 +1,367 @@
-"""Read-only views of the broker's live state, one list of rows (dicts) per view.
+"""Read-only views of the broker, one list of rows (dicts) per view.
 
 Names follow Service Broker's catalog views and DMVs without the `sys.` prefix.
-`queue:NAME` reads a queue's messages without receiving them, like SELECT on a
-queue. Extra views can be registered by other modules (activation, transport).
+`queue:NAME` reads a queue's messages without receiving them, like SELECT on a queue.
+
+Theory of operation. A view first waits until everything applied before it is durable
+(so a session always sees its own writes), then reads the core's memory and the store.
+Views over what can be huge (endpoints, groups, the transmission queue, a queue's
+messages) are bounded: at most `limit` rows (DEFAULT_LIMIT unless asked, MAX_LIMIT at
+most) and, for messages, an answer's worth of bytes; `after` pages through a queue or
+the transmission queue by queuing order / id. Other parts of the daemon (activation,
+the transport, the scheduler's log) add their own views with `merge`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
-from typing import Any
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
-from ssb.protocol import MESSAGE_COLUMNS, ErrorCode
+from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, MESSAGE_COLUMNS, ErrorCode
 
-from ._engine import Engine
-from ._errors import BrokerError
+from ._core.delivery import Outbound
+from ._core.engine import Engine
+from ._core.queues import Conversation, Group
+from ._core.transactions import Session
+from ._errors import BrokerError, bad_argument
+from ._store import Store
 
-ViewFn = Callable[[Engine], list[dict[str, Any]]]
+DEFAULT_LIMIT: Final = 10_000
+MAX_LIMIT: Final = 100_000
+
+ViewFn = Callable[[int, int | None], list[dict[str, Any]]]
 
 
-def _time(value: float | None) -> str | None:
+def iso_time(value: float | None) -> str | None:
     if value is None:
         return None
     return dt.datetime.fromtimestamp(value, dt.UTC).isoformat(timespec="milliseconds")
 
 
-def conversation_endpoints(engine: Engine) -> list[dict[str, Any]]:
-    return [
-        {
-            "conversation_handle": ep.handle,
-            "conversation_id": ep.conversation_id,
-            "is_initiator": ep.is_initiator,
-            "service_name": ep.service,
-            "far_service": ep.far_service,
-            "far_broker_instance": ep.far_broker_instance,
-            "service_contract_name": ep.contract,
-            "conversation_group_id": ep.group_id,
-            "queue_name": ep.queue,
-            "state": ep.state.name,
-            "state_desc": ep.state.value,
-            "priority": ep.priority,
-            "lifetime": _time(ep.lifetime_expiry),
-            "dialog_timer": _time(ep.timer_at),
-            "send_sequence": ep.send_seq,
-            "receive_sequence": ep.receive_seq,
+class Views:
+    def __init__(self, engine: Engine, store: Store) -> None:
+        self.engine = engine
+        self.store = store
+        self.table: dict[str, ViewFn] = {
+            "conversation_endpoints": self.conversation_endpoints,
+            "conversation_groups": self.conversation_groups,
+            "service_queues": self.service_queues,
+            "transmission_queue": self.transmission_queue,
+            "services": self._catalog(self.services),
+            "service_contracts": self._catalog(self.service_contracts),
+            "message_types": self._catalog(self.message_types),
+            "routes": self._catalog(self.routes),
+            "conversation_priorities": self._catalog(self.conversation_priorities),
+            "event_notifications": self._catalog(self.event_notifications),
+            "poison_messages": self.poison_messages,
+            "open_transactions": self._catalog(self.open_transactions),
+            "broker_resources": self._catalog(self.broker_resources),
         }
-        for ep in engine.all_endpoints()
-    ]
 
+    def merge(self, views: Mapping[str, Callable[[], list[dict[str, Any]]]]) -> None:
+        for name, fn in views.items():
+            if name in self.table:
+                raise RuntimeError(f"view '{name}' is defined twice")
+            self.table[name] = self._catalog(fn)
 
-def conversation_groups(engine: Engine) -> list[dict[str, Any]]:
-    rows = []
-    for queue in engine.queues.values():
-        for group in queue.groups.values():
-            if not group.endpoints:
-                continue
+    def operations(self) -> dict[str, Callable[..., Any]]:
+        return {"view": self.view}
+
+    @staticmethod
+    def _catalog(fn: Callable[[], list[dict[str, Any]]]) -> ViewFn:
+        return lambda limit, after: fn()[:limit]
+
+    # ---- the operation -------------------------------------------------------------------
+
+    async def view(
+        self, session: Session, name: object, limit: object = None, after: object = None
+    ) -> list[dict[str, Any]]:
+        if not isinstance(name, str):
+            raise bad_argument("view needs a view name")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT
+        ):
+            raise bad_argument(f"limit must be a whole number 1..{MAX_LIMIT}, got {limit!r}")
+        if after is not None and (isinstance(after, bool) or not isinstance(after, int)):
+            raise bad_argument("after must be a queuing order (or id) to page from")
+        view: ViewFn
+        if name.startswith("queue:"):
+            queue = name[len("queue:") :]
+            if queue not in self.engine.queues:
+                raise BrokerError(ErrorCode.UNKNOWN_QUEUE, f"queue '{queue}' does not exist")
+            view = lambda lim, aft: self.queue_contents(queue, lim, aft)  # noqa: E731
+        else:
+            found = self.table.get(name)
+            if found is None:
+                raise BrokerError(
+                    ErrorCode.UNKNOWN_VIEW,
+                    f"there is no view '{name}'; views are {', '.join(sorted(self.table))}"
+                    " and queue:NAME",
+                )
+            view = found
+        await self._settled()
+        return view(DEFAULT_LIMIT if limit is None else limit, after)
+
+    async def _settled(self) -> None:
+        """Wait until what was applied so far is durable (unless the store is in trouble:
+        then a view shows what is durable, which is what an operator needs to see)."""
+        store = self.store
+        if store.trouble is not None or store.watermark() <= store.durable:
+            return
+        future = self.engine.clock.create_future()
+        store.when_durable(
+            store.watermark(), lambda: None if future.done() else future.set_result(None)
+        )
+        await future
+
+    # ---- views over what can be huge ----------------------------------------------------------
+
+    def conversation_endpoints(self, limit: int, after: int | None) -> list[dict[str, Any]]:
+        return [
+            {
+                "conversation_handle": ep.handle,
+                "conversation_id": ep.conversation_id,
+                "is_initiator": ep.is_initiator,
+                "service_name": ep.service,
+                "far_service": ep.far_service,
+                "far_broker_instance": ep.far_broker_instance,
+                "service_contract_name": ep.contract,
+                "conversation_group_id": ep.group_id,
+                "queue_name": ep.queue,
+                "state": ep.state.name,
+                "state_desc": ep.state.value,
+                "priority": ep.priority,
+                "lifetime": iso_time(ep.lifetime_expiry),
+                "dialog_timer": iso_time(ep.timer_at),
+                "send_sequence": ep.send_seq,
+                "receive_sequence": ep.receive_seq,
+            }
+            for ep in self.engine.endpoints.page(None, limit)
+        ]
+
+    def conversation_groups(self, limit: int, after: int | None) -> list[dict[str, Any]]:
+        engine = self.engine
+        rows = []
+        for raw_group, service, conversations in self.store.read_groups(limit):
+            group_id = uuid.UUID(bytes=raw_group)
+            found = engine.catalog.services.get(service)
+            queue = engine.queues.get(found.queue) if found else None
+            group = queue.groups.get(group_id) if queue else None
+            owner = getattr(group.owner, "session", None) if group else None
             rows.append(
                 {
-                    "conversation_group_id": group.id,
-                    "queue_name": queue.name,
-                    "conversations": len(group.endpoints),
-                    "messages": group.message_count(),
-                    "is_locked": group.owner is not None,
-                    "locked_by_session": getattr(
-                        getattr(group.owner, "session", None), "ident", None
-                    ),
+                    "conversation_group_id": group_id,
+                    "queue_name": queue.name if queue else None,
+                    "conversations": conversations,
+                    "messages": group.message_count() if group else 0,
+                    "is_locked": group is not None and group.owner is not None,
+                    "locked_by_session": getattr(owner, "ident", None),
                 }
             )
-    return rows
+        return rows
 
+    def transmission_queue(self, limit: int, after: int | None) -> list[dict[str, Any]]:
+        delivery = self.engine.delivery
+        rows = []
+        for row in self.store.read_transmission_page(after, limit):
+            out = Outbound.from_row(row)
+            box = delivery.outboxes.get((out.conversation_id, out.is_initiator))
+            if box is not None and box.local:
+                status = delivery.local_block(out.to_service) or box.status
+            else:
+                status = delivery.sink.describe(out)
+            rows.append(
+                {
+                    "id": out.id,
+                    "conversation_handle": out.handle,
+                    "to_service_name": out.to_service,
+                    "to_broker_instance": out.to_broker_instance,
+                    "from_service_name": out.from_service,
+                    "service_contract_name": out.contract,
+                    "message_sequence_number": out.seq,
+                    "message_type_name": out.message_type,
+                    "priority": out.priority,
+                    "enqueue_time": iso_time(out.enqueue_time),
+                    "is_conversation_error": out.message_type.endswith("/Error"),
+                    "is_end_of_dialog": out.message_type.endswith("/EndDialog"),
+                    "message_body_length": len(out.body),
+                    "transmission_status": status,
+                }
+            )
+        return rows
 
-def service_queues(engine: Engine) -> list[dict[str, Any]]:
-    rows = []
-    for queue in engine.queues.values():
-        d = queue.definition
-        rows.append(
+    def queue_contents(self, queue: str, limit: int, after: int | None) -> list[dict[str, Any]]:
+        """A queue's messages without receiving them (not those an open transaction took)."""
+        engine = self.engine
+        taken = engine.taken()
+        found = engine.queues[queue]
+        rows = []
+        for row in self.store.read_queue_messages(queue, after, limit, MAX_MESSAGE_SIZE_LIMIT):
+            if row[0] in taken:
+                continue
+            conv = self._conversation_of(found.name, row)
+            if conv is None:
+                continue
+            message = conv.message(row)
+            wire = dict(zip(MESSAGE_COLUMNS, message.wire(row[6]), strict=True))
+            wire["message_enqueue_time"] = iso_time(message.message_enqueue_time)
+            rows.append(wire)
+        return rows
+
+    def _conversation_of(self, queue_name: str, row: tuple[Any, ...]) -> Conversation | None:
+        engine = self.engine
+        queue = engine.queues[queue_name]
+        handle = uuid.UUID(bytes=row[2])
+        for conv in queue.conversations():
+            if conv.handle == handle:
+                return conv
+        found = engine.identity(queue, handle, row[0])
+        if found is None:
+            return None
+        group_id, priority, service, contract, _ = found
+        return Conversation(
+            engine.cache, engine.journal, queue.name, Group(group_id), handle, priority, service,
+            contract,
+        )
+
+    # ---- views of memory ------------------------------------------------------------------------
+
+    def service_queues(self, limit: int, after: int | None) -> list[dict[str, Any]]:
+        rows = []
+        for queue in list(self.engine.queues.values())[:limit]:
+            d = queue.definition
+            rows.append(
+                {
+                    "name": d.name,
+                    "is_receive_enabled": d.status,
+                    "is_enqueue_enabled": d.status,
+                    "is_retention_enabled": d.retention,
+                    "is_activation_enabled": d.activation.status,
+                    "activation_procedure": d.activation.procedure or None,
+                    "max_readers": d.activation.max_queue_readers,
+                    "execute_as": d.activation.execute_as or None,
+                    "is_poison_message_handling_enabled": d.poison_message_handling,
+                    "poison_policy": None if d.poison_policy is None else d.poison_policy.action,
+                    "max_messages": d.max_messages,
+                    "max_bytes": d.max_bytes,
+                    "messages_ready": queue.ready,
+                    "messages_retained": sum(c for c, _ in queue.retained.values()),
+                    "messages_stored": queue.messages,
+                    "bytes_stored": queue.bytes,
+                    "messages_held_for_it": queue.held,
+                    "disabled_reason": queue.disabled_reason or None,
+                }
+            )
+        return rows
+
+    def poison_messages(self, limit: int, after: int | None) -> list[dict[str, Any]]:
+        rows = []
+        for ident, queue, handle, order, count, action, when, error in self.store.read_poison(limit):
+            rows.append(
+                {
+                    "id": ident,
+                    "queue": queue,
+                    "conversation_handle": None if handle is None else uuid.UUID(bytes=handle),
+                    "queuing_order": order,
+                    "delivery_count": count,
+                    "action": action,
+                    "time": iso_time(when),
+                    "error": error,
+                }
+            )
+        return rows
+
+    def services(self) -> list[dict[str, Any]]:
+        return [
+            {"name": s.name, "queue_name": s.queue, "contracts": ", ".join(s.contracts)}
+            for s in self.engine.catalog.services.values()
+        ]
+
+    def service_contracts(self) -> list[dict[str, Any]]:
+        return [
+            {"name": name, "message_type_name": mtype, "sent_by": sent_by}
+            for name, contract in self.engine.catalog.contracts.items()
+            for mtype, sent_by in contract.messages.items()
+        ]
+
+    def message_types(self) -> list[dict[str, Any]]:
+        return [
+            {"name": m.name, "validation": m.validation}
+            for m in self.engine.catalog.message_types.values()
+        ]
+
+    def routes(self) -> list[dict[str, Any]]:
+        return [
             {
-                "name": d.name,
-                "is_receive_enabled": d.status,
-                "is_enqueue_enabled": d.status,
-                "is_retention_enabled": d.retention,
-                "is_activation_enabled": d.activation.status,
-                "activation_procedure": d.activation.procedure or None,
-                "max_readers": d.activation.max_queue_readers,
-                "execute_as": d.activation.execute_as or None,
-                "is_poison_message_handling_enabled": d.poison_message_handling,
-                "poison_policy": None if d.poison_policy is None else d.poison_policy.action,
-                "messages_ready": queue.ready,
-                "messages_retained": sum(len(v) for v in queue.retained.values()),
-                "disabled_reason": queue.disabled_reason or None,
+                "name": r.name,
+                "remote_service_name": r.service_name,
+                "broker_instance": r.broker_instance,
+                "address": r.address,
+                "lifetime": iso_time(r.expires),
             }
-        )
-    return rows
+            for r in self.engine.catalog.routes.values()
+        ]
 
+    def conversation_priorities(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": p.name,
+                "service_contract_name": p.contract or "ANY",
+                "local_service_name": p.local_service or "ANY",
+                "remote_service_name": p.remote_service or "ANY",
+                "priority": p.level,
+            }
+            for p in self.engine.catalog.priorities.values()
+        ]
 
-def transmission_queue(engine: Engine) -> list[dict[str, Any]]:
-    return [
-        {
-            "conversation_handle": out.handle,
-            "to_service_name": out.to_service,
-            "to_broker_instance": out.to_broker_instance,
-            "from_service_name": out.from_service,
-            "service_contract_name": out.contract,
-            "message_sequence_number": out.seq,
-            "message_type_name": out.message_type,
-            "priority": out.priority,
-            "enqueue_time": _time(out.enqueue_time),
-            "is_conversation_error": out.message_type.endswith("/Error"),
-            "is_end_of_dialog": out.message_type.endswith("/EndDialog"),
-            "message_body_length": len(out.body),
-            "transmission_status": engine.describe_outbound(out),
-        }
-        for out in sorted(engine.transmission.values(), key=lambda o: o.id)
-    ]
+    def event_notifications(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": n.name,
+                "event": n.event,
+                "queue_name": n.queue,
+                "service_name": n.service,
+                "broker_instance": n.broker_instance,
+            }
+            for n in self.engine.catalog.notifications.values()
+        ]
 
+    def open_transactions(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "transaction_id": txn.ident,
+                "attached_session": txn.session.ident if txn.session.txn is txn else None,
+                "locked_groups": len(txn.locks),
+                "received_messages": sum(len(m) for _, m in txn.received),
+                "pending_actions": len(txn.actions),
+                "expires": iso_time(txn.expires),
+            }
+            for txn in self.engine.transactions.detached.values()
+        ]
 
-def services(engine: Engine) -> list[dict[str, Any]]:
-    return [
-        {"name": s.name, "queue_name": s.queue, "contracts": ", ".join(s.contracts)}
-        for s in engine.catalog.services.values()
-    ]
-
-
-def service_contracts(engine: Engine) -> list[dict[str, Any]]:
-    return [
-        {"name": name, "message_type_name": mtype, "sent_by": sent_by}
-        for name, contract in engine.catalog.contracts.items()
-        for mtype, sent_by in contract.messages.items()
-    ]
-
-
-def message_types(engine: Engine) -> list[dict[str, Any]]:
-    return [
-        {"name": m.name, "validation": m.validation} for m in engine.catalog.message_types.values()
-    ]
-
-
-def routes(engine: Engine) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": r.name,
-            "remote_service_name": r.service_name,
-            "broker_instance": r.broker_instance,
-            "address": r.address,
-            "lifetime": _time(r.expires),
-        }
-        for r in engine.catalog.routes.values()
-    ]
-
-
-def conversation_priorities(engine: Engine) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": p.name,
-            "service_contract_name": p.contract or "ANY",
-            "local_service_name": p.local_service or "ANY",
-            "remote_service_name": p.remote_service or "ANY",
-            "priority": p.level,
-        }
-        for p in engine.catalog.priorities.values()
-    ]
-
-
-def event_notifications(engine: Engine) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": n.name,
-            "event": n.event,
-            "queue_name": n.queue,
-            "service_name": n.service,
-            "broker_instance": n.broker_instance,
-        }
-        for n in engine.catalog.notifications.values()
-    ]
-
-
-def poison_messages(engine: Engine) -> list[dict[str, Any]]:
-    return [dict(row, time=_time(row["time"])) for row in engine.poison.incidents]
-
-
-def open_transactions(engine: Engine) -> list[dict[str, Any]]:
-    return [
-        {
-            "transaction_id": txn.ident,
-            "attached_session": txn.session.ident if txn.session.txn is txn else None,
-            "locked_groups": len(txn.locks),
-            "received_messages": sum(len(m) for _, _, m in txn.received),
-            "pending_actions": len(txn.actions),
-            "expires": _time(txn.expires),
-        }
-        for txn in engine.detached.values()
-    ]
-
-
-VIEWS: dict[str, ViewFn] = {
-    "conversation_endpoints": conversation_endpoints,
-    "conversation_groups": conversation_groups,
-    "service_queues": service_queues,
-    "transmission_queue": transmission_queue,
-    "services": services,
-    "service_contracts": service_contracts,
-    "message_types": message_types,
-    "routes": routes,
-    "conversation_priorities": conversation_priorities,
-    "event_notifications": event_notifications,
-    "poison_messages": poison_messages,
-    "open_transactions": open_transactions,
-}
-
-
-def queue_contents(engine: Engine, name: str) -> list[dict[str, Any]]:
-    queue = engine.queues.get(name)
-    if queue is None:
-        raise BrokerError(ErrorCode.UNKNOWN_QUEUE, f"queue '{name}' does not exist")
-    rows = []
-    for m in queue.all_messages():
-        row = dict(zip(MESSAGE_COLUMNS, m.wire(), strict=True))
-        row["message_enqueue_time"] = _time(m.message_enqueue_time)
-        rows.append(row)
-    return rows
-
-
-def render(engine: Engine, name: str) -> list[dict[str, Any]]:
-    if name.startswith("queue:"):
-        return queue_contents(engine, name[len("queue:") :])
-    view = VIEWS.get(name)
-    if view is None:
-        raise BrokerError(
-            ErrorCode.UNKNOWN_VIEW,
-            f"there is no view '{name}'; views are {', '.join(sorted(VIEWS))} and queue:NAME",
-        )
-    return view(engine)
+    def broker_resources(self) -> list[dict[str, Any]]:
+        """What the broker holds in memory and on disk, and whether it accepts new work."""
+        engine = self.engine
+        cache = engine.cache
+        capacity = engine.capacity
+        return [
+            {
+                "message_cache_bytes": cache.budget,
+                "cached_bytes": cache.resident,
+                "cache_spills": cache.spills,
+                "endpoints_in_memory": engine.endpoints.in_memory(),
+                "endpoint_reads": engine.endpoints.reads,
+                "timers_pending": engine.dialogs.timers.pending(),
+                "transmission_directions": len(engine.delivery.outboxes),
+                "free_disk_bytes": self.store.free_bytes(),
+                "min_free_disk": capacity.min_free_disk,
+                "max_message_size": capacity.max_message_size,
+                "accepting_messages": capacity.refusal is None,
+                "refusal": capacity.refusal,
+                "store_commits": self.store.commits,
+                "store_rows_written": self.store.rows_written,
+                "store_rows_never_written": self.store.cancelled,
+            }
+        ]

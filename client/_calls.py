@@ -13,6 +13,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ssb.protocol import ErrorCode, ProtocolError, encode_frame
+
+from ._errors import MessageTooLargeError
 from ._message import Message
 
 T = TypeVar("T")
@@ -26,6 +29,30 @@ class Call(Generic[T]):
     operation: str
     arguments: dict[str, Any]
     decode: Callable[[Any], T]
+
+
+def encode_request(request_id: int, request: Call[Any], max_message_size: int) -> bytes:
+    """The request's frame, after checking its size against the broker's limits.
+
+    Raises: MessageTooLargeError: a body exceeds `max_message_size`, or the whole
+        request exceeds the frame limit (nothing is sent).
+    """
+    if request.operation == "send":
+        for body in request.arguments.get("bodies", ()):
+            if len(body) > max_message_size:
+                raise MessageTooLargeError(
+                    f"a message body of {len(body)} bytes exceeds the broker's max_message_size"
+                    f" of {max_message_size} bytes; nothing was sent",
+                    ErrorCode.MESSAGE_TOO_LARGE,
+                )
+    try:
+        return encode_frame([request_id, request.operation, request.arguments])
+    except ProtocolError as exc:
+        raise MessageTooLargeError(
+            f"{exc}: this {request.operation} request is too large to send; send fewer or"
+            " smaller bodies per call (each send_many is one request)",
+            ErrorCode.FRAME_TOO_LARGE,
+        ) from None
 
 
 def _none(_: Any) -> None:
@@ -101,6 +128,8 @@ def create_queue(
     activation: dict[str, Any] | None = None,
     poison_message_handling: dict[str, Any] | str | None = None,
     poison_policy: dict[str, Any] | None = None,
+    max_messages: int | None = None,
+    max_bytes: int | None = None,
 ) -> Call[None]:
     """CREATE QUEUE.
 
@@ -113,6 +142,9 @@ def create_queue(
             five rollbacks in a row (default ON).
         poison_policy: {"threshold", "action": "dead_letter" | "end_conversation" |
             "park" | "record", "dead_letter_queue", "delay", "max_parks", "notify_service"}.
+        max_messages, max_bytes: quotas: a SEND that would store more messages (or more
+            bytes of bodies) in the queue fails with QueueFullError, and a message from
+            another broker waits in its sender's transmission queue (default: no limit).
     """
     return Call(
         "create_queue",
@@ -123,6 +155,8 @@ def create_queue(
             activation=activation,
             poison_message_handling=poison_message_handling,
             poison_policy=poison_policy,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
         ),
         _none,
     )
@@ -130,7 +164,7 @@ def create_queue(
 
 def alter_queue(name: str, **changes: Any) -> Call[None]:
     """ALTER QUEUE: any of status, retention, activation (merged), poison_message_handling,
-    poison_policy (None removes it)."""
+    poison_policy (None removes it), max_messages, max_bytes (None removes a quota)."""
     return Call("alter_queue", {"name": name, **changes}, _none)
 
 
@@ -409,18 +443,24 @@ def requeue_dead_letter(queue: str, queuing_order: int) -> Call[None]:
     return Call("requeue_dead_letter", {"queue": queue, "queuing_order": queuing_order}, _none)
 
 
-def view(name: str) -> Call[list[dict[str, Any]]]:
-    """A view's rows (conversation_endpoints, service_queues, ..., or 'queue:NAME')."""
-    return Call("view", {"name": name}, _rows)
+def view(name: str, limit: int | None = None, after: int | None = None) -> Call[list[dict[str, Any]]]:
+    """A view's rows (conversation_endpoints, service_queues, ..., or 'queue:NAME').
+
+    Args:
+        limit: at most this many rows (the broker's default is 10,000; 100,000 at most).
+        after: for queue:NAME and transmission_queue, rows after this queuing order / id.
+    """
+    return Call("view", _some(name=name, limit=limit, after=after), _rows)
 
 
-def peek(queue: str) -> Call[list[Message]]:
-    """The messages of a queue without receiving them (like SELECT on a queue)."""
+def peek(queue: str, limit: int | None = None, after: int | None = None) -> Call[list[Message]]:
+    """The messages of a queue without receiving them (like SELECT on a queue), in queuing
+    order: at most `limit` (and an answer's worth of bytes), after queuing order `after`."""
 
     def decode(rows: Any) -> list[Message]:
         return [Message.from_wire(list(row.values())) for row in rows]
 
-    return Call("view", {"name": f"queue:{queue}"}, decode)
+    return Call("view", _some(name=f"queue:{queue}", limit=limit, after=after), decode)
 
 
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 from ssb.protocol import (
+    NEED_DATA,
     WIRE_VERSION,
     FrameDecoder,
     Hello,
@@ -22,7 +23,6 @@ from ssb.protocol import (
     Welcome,
     encode_frame,
 )
-from ssb.protocol._framing import NEED_DATA
 
 from . import _calls as calls
 from ._errors import BrokerError, ConnectionLostError, ProtocolViolationError, error_for
@@ -106,6 +106,7 @@ class Connection:
         self._next_id = 1
         self.broker_instance_id = welcome.broker_instance
         self.server = welcome.server
+        self.max_message_size = welcome.max_message_size
         self.url = url
         self._closed = False
         wire.connection = self
@@ -123,8 +124,8 @@ class Connection:
         self._pending[request_id] = (future, request)
         assert wire.transport is not None
         try:
-            frame = encode_frame([request_id, request.operation, request.arguments])
-        except (TypeError, ValueError):
+            frame = calls.encode_request(request_id, request, self.max_message_size)
+        except (TypeError, ValueError, BrokerError):
             del self._pending[request_id]
             raise
         wire.transport.write(frame)

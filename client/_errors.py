@@ -72,6 +72,21 @@ class PermissionDeniedError(BrokerError):
     """The login may not do this."""
 
 
+class MessageTooLargeError(InvalidArgumentError):
+    """A body exceeds the broker's max_message_size, or a request the 64 MiB frame limit.
+    Nothing was sent."""
+
+
+class QueueFullError(BrokerError):
+    """A SEND (or its COMMIT) would take a queue past its max_messages / max_bytes quota;
+    nothing of it was applied. Receive from the queue, or raise its quota."""
+
+
+class DiskFullError(BrokerError):
+    """The broker refuses new messages while its disk is (nearly) full or its store cannot
+    write; RECEIVE and END CONVERSATION still work. It accepts them again by itself."""
+
+
 class ProtocolViolationError(BrokerError):
     """The broker and client disagree about the wire protocol."""
 
@@ -101,6 +116,10 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
     ErrorCode.LOCK_TIMEOUT: LockTimeoutError,
     ErrorCode.LOGIN_FAILED: LoginFailedError,
     ErrorCode.PERMISSION_DENIED: PermissionDeniedError,
+    ErrorCode.MESSAGE_TOO_LARGE: MessageTooLargeError,
+    ErrorCode.QUEUE_FULL: QueueFullError,
+    ErrorCode.DISK_FULL: DiskFullError,
+    ErrorCode.STORE_FAILED: DiskFullError,
 }
 
 

@@ -51,6 +51,7 @@ class SyncConnection:
         self._next_id = 1
         self.broker_instance_id = welcome.broker_instance
         self.server = welcome.server
+        self.max_message_size = welcome.max_message_size
         self.url = url
         self._lost: str | None = None
 
@@ -60,7 +61,7 @@ class SyncConnection:
             raise ConnectionLostError(f"not connected to the broker: {self._lost}")
         request_id = self._next_id
         self._next_id += 1
-        frame = encode_frame([request_id, request.operation, request.arguments])
+        frame = calls.encode_request(request_id, request, self.max_message_size)
         try:
             self._sock.sendall(frame)
             while True:

@@ -1,7 +1,8 @@
 """Pure (sans-IO) protocol code shared by the broker and the client.
 
 Nothing in this package performs I/O or reads a clock: bytes and time come in as
-arguments, events and bytes go out.
+arguments, events and bytes go out. Everything another package uses is exported
+here; the private modules are this package's own business.
 """
 
 from __future__ import annotations
@@ -16,6 +17,20 @@ from ._client_wire import (
     encode_error,
     encode_ok,
 )
+from ._dialog import (
+    DialogEvent,
+    DialogPeer,
+    FragmentReceived,
+    HeldFragment,
+    IntegrityFailure,
+    MessageAcked,
+    MessageReceived,
+    PartialMessageDiscarded,
+    PendingMessage,
+    RetryPolicy,
+    SessionKeyReceived,
+    UnknownDialog,
+)
 from ._errors import (
     ErrorCode,
     IntegrityError,
@@ -23,26 +38,91 @@ from ._errors import (
     ProtocolError,
     RemoteProtocolError,
 )
-from ._framing import MAX_FRAME_SIZE, NEED_DATA, FrameDecoder, encode_frame, pack, unpack
+from ._framing import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    FRAME_HEADROOM,
+    MAX_FRAME_SIZE,
+    MAX_MESSAGE_SIZE_LIMIT,
+    NEED_DATA,
+    ROW_OVERHEAD,
+    FrameDecoder,
+    encode_frame,
+    pack,
+    unpack,
+)
+from ._integrity import (
+    TrustStore,
+    certificate_broker_id,
+    generate_broker_identity,
+    load_private_key,
+    new_session_key,
+    wrap_session_key,
+)
+from ._link import (
+    AckFrame,
+    CloseFrame,
+    ConnectionClosed,
+    Direction,
+    Envelope,
+    FragmentFrame,
+    HandshakeCompleted,
+    LinkConnection,
+    LinkState,
+    ProtocolErrorFrame,
+    Role,
+)
 
 __all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "FRAME_HEADROOM",
     "MAX_FRAME_SIZE",
+    "MAX_MESSAGE_SIZE_LIMIT",
     "MESSAGE_COLUMNS",
     "NEED_DATA",
+    "ROW_OVERHEAD",
     "WIRE_VERSION",
+    "AckFrame",
+    "CloseFrame",
+    "ConnectionClosed",
+    "DialogEvent",
+    "DialogPeer",
+    "Direction",
+    "Envelope",
     "ErrorCode",
+    "FragmentFrame",
+    "FragmentReceived",
     "FrameDecoder",
+    "HandshakeCompleted",
+    "HeldFragment",
     "Hello",
     "IntegrityError",
+    "IntegrityFailure",
+    "LinkConnection",
+    "LinkState",
     "LocalProtocolError",
+    "MessageAcked",
+    "MessageReceived",
+    "PartialMessageDiscarded",
+    "PendingMessage",
     "ProtocolError",
+    "ProtocolErrorFrame",
     "RemoteProtocolError",
     "Reply",
     "Request",
+    "RetryPolicy",
+    "Role",
+    "SessionKeyReceived",
+    "TrustStore",
+    "UnknownDialog",
     "Welcome",
+    "certificate_broker_id",
     "encode_error",
     "encode_frame",
     "encode_ok",
+    "generate_broker_identity",
+    "load_private_key",
+    "new_session_key",
     "pack",
     "unpack",
+    "wrap_session_key",
 ]

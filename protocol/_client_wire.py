@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ._errors import ErrorCode, RemoteProtocolError
+from ._framing import DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT
 
 WIRE_VERSION: Final = 1
 REPLY_OK: Final = 0
@@ -70,12 +71,14 @@ class Welcome:
     version: int
     broker_instance: str
     server: str
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE  # the broker's limit on a body
 
     def encode(self) -> dict[str, Any]:
         return {
             "welcome": self.version,
             "broker_instance": self.broker_instance,
             "server": self.server,
+            "max_message_size": self.max_message_size,
         }
 
     @classmethod
@@ -89,7 +92,14 @@ class Welcome:
                 " (4021 by default) and not its broker-to-broker port?",
                 ErrorCode.HANDSHAKE_FAILED,
             )
-        return cls(frame["welcome"], str(frame.get("broker_instance")), str(frame.get("server")))
+        limit = frame.get("max_message_size", DEFAULT_MAX_MESSAGE_SIZE)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_MESSAGE_SIZE_LIMIT:
+            raise RemoteProtocolError(
+                f"the broker announced a max_message_size of {limit!r}", ErrorCode.HANDSHAKE_FAILED
+            )
+        return cls(
+            frame["welcome"], str(frame.get("broker_instance")), str(frame.get("server")), limit
+        )
 
 
 @dataclass(frozen=True, slots=True)

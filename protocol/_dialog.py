@@ -59,6 +59,7 @@ from typing import Final
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from ._errors import ErrorCode, IntegrityError, LocalProtocolError, RemoteProtocolError
+from ._framing import MAX_MESSAGE_SIZE_LIMIT
 from ._integrity import SessionSeal, unwrap_session_key, wrap_session_key
 from ._link import (
     MAX_ACK_RANGES,
@@ -74,7 +75,7 @@ from ._link import (
 
 DEFAULT_FRAGMENT_SIZE: Final = 64 * 1024
 MIN_FRAGMENT_SIZE: Final = 1
-MAX_MESSAGE_SIZE: Final = 256 * 1024 * 1024
+MAX_MESSAGE_SIZE: Final = MAX_MESSAGE_SIZE_LIMIT  # as on the client wire (see _framing)
 RECEIVE_WINDOW: Final = 8192
 MAX_RECEIVE_WINDOW: Final = 1 << 20
 MAX_BUFFERED_BYTES: Final = 256 * 1024 * 1024
@@ -376,6 +377,21 @@ class DialogSender:
         message = _OutMessage(seq, message_type, bytes(body), self._fragment_size)
         self._messages[seq] = message
         self._unsent.append(message)
+
+    def skip_to(self, seq: int) -> None:
+        """Sequence numbers from `next_seq` up to `seq` were sent and fully acknowledged
+        before this sender was rebuilt (a restart resumes from the first unacknowledged
+        message, and acks may have come out of order): the next message carries `seq`.
+
+        Raises: LocalProtocolError: `seq` is below `next_seq`.
+        """
+        if seq < self._next_seq:
+            raise LocalProtocolError(
+                f"cannot skip back from {self._next_seq} to {seq}", ErrorCode.BAD_ARGUMENT
+            )
+        if not self._messages:
+            self._acked_floor = seq
+        self._next_seq = seq
 
     def queue_message(self, seq: int, message_type: str, body: bytes) -> None:
         """Add the next sequenced message of this direction.

@@ -42,8 +42,10 @@ class ErrorCode(IntEnum):
     CONTRACT_NOT_ACCEPTED = 3005
     VALIDATION_FAILED = 3006
     UNKNOWN_CONVERSATION_GROUP = 3007
+    MESSAGE_TOO_LARGE = 3008
     # queues and receiving
     QUEUE_DISABLED = 4001
+    QUEUE_FULL = 4002
     # transactions and locks
     NO_TRANSACTION = 5001
     TRANSACTION_ACTIVE = 5002
@@ -54,6 +56,8 @@ class ErrorCode(IntEnum):
     # broker faults
     INTERNAL_ERROR = 9001
     SHUTTING_DOWN = 9002
+    DISK_FULL = 9003
+    STORE_FAILED = 9004
 
 
 class ProtocolError(Exception):

@@ -2,7 +2,13 @@
 
 A frame is a 4-byte big-endian payload length followed by one msgpack object. UUIDs
 travel as msgpack extension type 1 (16 raw bytes) so both ends get `uuid.UUID` back
-without a schema. The decoder is incremental: feed it any slice of the stream with
+without a schema.
+
+Size limits agree everywhere: a frame carries at most MAX_FRAME_SIZE bytes; a message
+body is at most a broker's `max_message_size` (DEFAULT_MAX_MESSAGE_SIZE unless
+configured), which can never exceed MAX_MESSAGE_SIZE_LIMIT, the frame limit less
+FRAME_HEADROOM for the columns and headers around a body. So one message always fits
+in a frame, and an answer carrying several is cut to fit (ROW_OVERHEAD per message). The decoder is incremental: feed it any slice of the stream with
 `receive_data` and pull whole frames with `next_frame`, which returns `NEED_DATA`
 until one is complete. A frame longer than the decoder's limit, or a payload that is
 not exactly one msgpack object, raises `RemoteProtocolError`; nothing else escapes.
@@ -16,9 +22,13 @@ from typing import Any, Final
 
 import msgpack
 
-from ._errors import ErrorCode, RemoteProtocolError
+from ._errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 
 MAX_FRAME_SIZE: Final = 64 * 1024 * 1024
+FRAME_HEADROOM: Final = 1024 * 1024
+MAX_MESSAGE_SIZE_LIMIT: Final = MAX_FRAME_SIZE - FRAME_HEADROOM
+DEFAULT_MAX_MESSAGE_SIZE: Final = 32 * 1024 * 1024
+ROW_OVERHEAD: Final = 1024  # what one message's columns add to an answer, at most
 HEADER_SIZE: Final = 4
 UUID_EXT: Final = 1
 
@@ -71,10 +81,16 @@ def unpack(data: bytes | bytearray | memoryview) -> Any:
 
 
 def encode_frame(obj: object) -> bytes:
-    """One frame: length prefix plus msgpack payload."""
+    """One frame: length prefix plus msgpack payload.
+
+    Raises: LocalProtocolError (FRAME_TOO_LARGE): the payload exceeds MAX_FRAME_SIZE.
+    """
     payload: bytes = _packer.pack(obj)
     if len(payload) > MAX_FRAME_SIZE:
-        raise ValueError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_SIZE}")
+        raise LocalProtocolError(
+            f"a frame of {len(payload)} bytes exceeds the limit of {MAX_FRAME_SIZE}",
+            ErrorCode.FRAME_TOO_LARGE,
+        )
     return _HEADER.pack(len(payload)) + payload
 
 

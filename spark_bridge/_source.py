@@ -201,9 +201,23 @@ class PeekReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         with client.connect_sync(self.settings.url) as conn:
-            messages = conn.peek(self.settings.need_queue())
-        for m in messages:
-            yield message_row(m)
+            for m in peek_all(conn, self.settings.need_queue()):
+                yield message_row(m)
+
+
+PEEK_PAGE: Final = 1000
+
+
+def peek_all(conn: client.SyncConnection, queue: str) -> Iterator[client.Message]:
+    """Every message of a queue, without receiving any, a page at a time (a page is also
+    cut by bytes, so only an empty page ends the queue)."""
+    after: int | None = None
+    while True:
+        page = conn.peek(queue, limit=PEEK_PAGE, after=after)
+        if not page:
+            return
+        yield from page
+        after = page[-1].queuing_order
 
 
 # ---- streaming read: leases ------------------------------------------------------------
@@ -372,7 +386,7 @@ class _State:
     ) -> tuple[uuid.UUID, bool]:
         """Inside the open transaction: take (key)'s marker. Returns the initiator handle
         to send the new marker on, and whether `batch` was committed already."""
-        for m in conn.peek(self.queue):
+        for m in peek_all(conn, self.queue):
             marker = json.loads(m.message_body)
             if marker.get("key") == key:
                 got = conn.receive(

@@ -16,7 +16,12 @@ import pytest
 from daemon import BrokerProcess
 
 from ssb import client
-from ssb.broker._activation import TRANSITIONS, MonitorInput, MonitorState, activation_needed
+from ssb.broker._activation.monitor import (
+    TRANSITIONS,
+    MonitorInput,
+    MonitorState,
+    activation_needed,
+)
 
 TESTS = Path(__file__).parent
 FAST = {

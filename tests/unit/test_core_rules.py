@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ssb.broker._catalog import BrokerPriority
-from ssb.broker._conversations import TRANSITIONS, Endpoint, Event, State, TransitionError
+from ssb.broker._core.catalog import BrokerPriority
+from ssb.broker._core.conversations import TRANSITIONS, Endpoint, Event, State, TransitionError
+from ssb.broker._core.priorities import PRECEDENCE, assign_level
+from ssb.broker._core.validation import validate_body
 from ssb.broker._errors import BrokerError
-from ssb.broker._priorities import PRECEDENCE, assign_level
-from ssb.broker._validation import validate_body
 
 
 @pytest.mark.parametrize(

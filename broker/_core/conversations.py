@@ -12,6 +12,8 @@ CD (closed). Transitions happen only through `TRANSITIONS`, keyed by
 An endpoint is removed as soon as it is closed: after our END CONVERSATION once the
 far side knows (local dialogs: at once), or after END CONVERSATION on an endpoint
 whose far side already ended or failed. Nothing is left behind by normal use.
+
+Endpoints live in the store; `endpoints.Endpoints` keeps in memory the ones in use.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any, Final
 
 
 class State(Enum):
+    __hash__ = object.__hash__  # members are singletons: identity hashing, at C speed
+
     SO = "STARTED_OUTBOUND"
     SI = "STARTED_INBOUND"
     CO = "CONVERSING"
@@ -33,6 +37,8 @@ class State(Enum):
 
 
 class Event(Enum):
+    __hash__ = object.__hash__
+
     SENT = "sent"  # we sent a sequenced message
     RECEIVED_MESSAGE = "received_message"  # a complete user message arrived
     RECEIVED_PARTIAL = "received_partial"  # a fragment of an incomplete first message
@@ -81,7 +87,7 @@ class TransitionError(RuntimeError):
     """An event that the endpoint's state does not allow (a bug in the caller)."""
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class Endpoint:
     handle: uuid.UUID
     conversation_id: uuid.UUID
@@ -102,6 +108,28 @@ class Endpoint:
     created: float = 0.0
     extra: bytes | None = None
     committed: bool = True  # False while the BEGIN DIALOG's transaction is open
+    # the registry's bookkeeping (see endpoints.Endpoints), not stored
+    gone: bool = False  # removed: no longer this broker's endpoint
+    cached: bool = False  # held by the registry's recently-used list
+    dirty: bool = False  # to be written with the open batch
+    written: tuple[Any, ...] | None = None  # its indexed columns as last written
+
+    def indexed(self) -> tuple[Any, ...]:
+        """The columns the store indexes besides the key: what makes an update not hot."""
+        return (self.group_id, self.timer_at, self.lifetime_expiry)
+
+    def hot_row(self) -> tuple[Any, ...]:
+        """What changes as a dialog runs, then the key (the store's HOT_ENDPOINT_COLUMNS)."""
+        return (
+            self.state.name,
+            self.send_seq,
+            self.receive_seq,
+            self.far_handle,
+            self.far_broker_instance,
+            self.extra,
+            self.conversation_id,
+            int(self.is_initiator),
+        )
 
     def apply(self, event: Event) -> State:
         try:
@@ -154,7 +182,7 @@ class Endpoint:
             created,
             extra,
         ) = row
-        return cls(
+        ep = cls(
             handle=uuid.UUID(bytes=handle),
             conversation_id=uuid.UUID(bytes=conversation_id),
             is_initiator=bool(is_initiator),
@@ -174,3 +202,5 @@ class Endpoint:
             created=created,
             extra=extra,
         )
+        ep.written = ep.indexed()
+        return ep

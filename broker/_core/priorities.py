@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from ._catalog import BrokerPriority
+from .catalog import BrokerPriority
 
 DEFAULT_LEVEL: Final = 5
 

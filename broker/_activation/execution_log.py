@@ -30,20 +30,19 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ssb.protocol import ErrorCode
 
-from ._engine import Engine
-from ._errors import BrokerError, bad_argument
-from ._tasks import ActivatedTask
-from ._transactions import Session
-from ._views import VIEWS, _time
-
-if TYPE_CHECKING:
-    from ._activation import ActivationManager
-    from ._server import Operations
+from .._core.engine import Engine
+from .._core.transactions import Session
+from .._errors import BrokerError, bad_argument
+from .._store import Store
+from .._views import iso_time
+from .manager import ActivationManager
+from .workers import ActivatedTask
 
 log = logging.getLogger("ssb.scheduler")
 
@@ -112,28 +111,36 @@ def _optional_uuid(value: object, what: str) -> uuid.UUID | None:
 class ExecutionLog:
     """The scheduler's execution log of one broker."""
 
-    def __init__(self, engine: Engine, manager: ActivationManager, keep: int) -> None:
+    def __init__(
+        self, engine: Engine, store: Store, manager: ActivationManager, keep: int
+    ) -> None:
         self.engine = engine
+        self.store = store
         self.manager = manager
         self.keep = max(1, keep)
         self.entries: OrderedDict[int, LogEntry] = OrderedDict()
         self.running: dict[int, set[int]] = {}  # activated task id -> log ids it runs
         self._system = Session(user="", peer="activation")
         now = time.time()
-        for row in engine.store.execution_log(self.keep):
+        for row in store.execution_log(self.keep):
             entry = LogEntry.from_row(row)
             if entry.end_time is None and entry.start_time is not None:
                 entry.end_time, entry.error = now, RESTART_ERROR
-                engine.store.put_execution_log(entry.row())
+                store.put_execution_log(entry.row())
             self.entries[entry.log_id] = entry
         self._next_id = (next(reversed(self.entries)) + 1) if self.entries else 1
 
-    def install(self, operations: Operations) -> None:
-        operations.add("log_task", self.log_task)
-        operations.add("log_task_start", self.log_task_start)
-        operations.add("log_task_end", self.log_task_end)
-        self.manager.task_end_hooks.append(self.task_ended)
-        _LOGS[self.engine] = self
+        manager.task_end_hooks.append(self.task_ended)
+
+    def operations(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "log_task": self.log_task,
+            "log_task_start": self.log_task_start,
+            "log_task_end": self.log_task_end,
+        }
+
+    def views(self) -> dict[str, Callable[[], list[dict[str, Any]]]]:
+        return {"execution_log": self.log_rows, "execution_status": self.status_rows}
 
     # ---- operations --------------------------------------------------------------
 
@@ -150,10 +157,10 @@ class ExecutionLog:
         )
         self._next_id += 1
         self.entries[entry.log_id] = entry
-        self.engine.store.put_execution_log(entry.row())
+        self.store.put_execution_log(entry.row())
         while len(self.entries) > self.keep:
             old_id, _ = self.entries.popitem(last=False)
-            self.engine.store.delete_execution_log_upto(old_id)
+            self.store.delete_execution_log_upto(old_id)
         return entry.log_id
 
     def _entry(self, log_id: object) -> LogEntry:
@@ -190,7 +197,7 @@ class ExecutionLog:
         entry.reply_type = reply_type
         if task is not None:
             self.running.setdefault(task.task_id, set()).add(entry.log_id)
-        self.engine.store.put_execution_log(entry.row())
+        self.store.put_execution_log(entry.row())
 
     def log_task_end(self, session: Session, log_id: object, error: object = None) -> None:
         """Operation `log_task_end`: task `log_id` ended (with `error` if it failed)."""
@@ -208,7 +215,7 @@ class ExecutionLog:
                 running.discard(entry.log_id)
                 if not running:
                     del self.running[entry.activated_task]
-        self.engine.store.put_execution_log(entry.row())
+        self.store.put_execution_log(entry.row())
 
     # ---- a worker that died mid-task ---------------------------------------------
 
@@ -228,7 +235,7 @@ class ExecutionLog:
             {"log_id": entry.log_id, "ok": False, "error": entry.error, "result": None}
         ).encode()
         try:
-            pending = self.engine.send(self._system, entry.reply_handle, entry.reply_type, [body])
+            pending = self.engine.dialogs.send(self._system, entry.reply_handle, entry.reply_type, [body])
         except BrokerError as exc:
             log.info("cannot report the failure of task %s: %s", entry.log_id, exc.message)
             return
@@ -251,9 +258,9 @@ class ExecutionLog:
                 "scheduler_handle": e.scheduler_handle,
                 "task": e.task,
                 "status": e.status(),
-                "queued_time": _time(e.queued_time),
-                "start_time": _time(e.start_time),
-                "end_time": _time(e.end_time),
+                "queued_time": iso_time(e.queued_time),
+                "start_time": iso_time(e.start_time),
+                "end_time": iso_time(e.end_time),
                 "activated_task": e.activated_task,
                 "pid": e.pid,
                 "session_id": e.session_id,
@@ -281,26 +288,9 @@ class ExecutionLog:
                         "caller": entry.caller if entry else None,
                         "scheduler_handle": entry.scheduler_handle if entry else None,
                         "task": entry.task if entry else None,
-                        "start_time": _time(entry.start_time) if entry else None,
+                        "start_time": iso_time(entry.start_time) if entry else None,
                         "executor": getattr(task, "executor", None),
                         "job_task_id": getattr(task, "job_task_id", None),
                     }
                 )
         return rows
-
-
-_LOGS: dict[Engine, ExecutionLog] = {}
-
-
-def _log_view(engine: Engine) -> list[dict[str, Any]]:
-    found = _LOGS.get(engine)
-    return [] if found is None else found.log_rows()
-
-
-def _status_view(engine: Engine) -> list[dict[str, Any]]:
-    found = _LOGS.get(engine)
-    return [] if found is None else found.status_rows()
-
-
-VIEWS["execution_log"] = _log_view
-VIEWS["execution_status"] = _status_view

@@ -12,7 +12,7 @@ from xml.parsers import expat
 
 from ssb.protocol import ErrorCode
 
-from ._errors import BrokerError
+from .._errors import BrokerError
 
 
 def validate_body(message_type: str, validation: str, body: bytes) -> None:

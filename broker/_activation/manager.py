@@ -38,12 +38,11 @@ asks external readers to finish cooperatively: a stopping reader's RECEIVE and G
 CONVERSATION GROUP return nothing at once (one it is blocked in is woken empty), so
 it commits the transaction it has, sees an empty queue and exits. Stopping a whole
 activator also stops its readers that register afterwards (Spark tasks that were
-still waiting for a slot). An external
-task's life is `TASK_TRANSITIONS`: RUNNING -> STOP_REQUESTED -> ENDED.
+still waiting for a slot). The manager hears the core as its `QueueListener`, and
+answers the core's `stopping(session)` for RECEIVE.
 
-A monitor's state follows Service Broker's sys.dm_broker_queue_monitors: INACTIVE
-(nothing to do), NOTIFIED (it activated and waits for a RECEIVE), RECEIVES_OCCURRING
-(RECEIVEs run); `TRANSITIONS` is the whole state machine.
+The state machines and the activation rule are `monitor`'s; the worker processes are
+`workers`'.
 """
 
 from __future__ import annotations
@@ -52,82 +51,34 @@ import asyncio
 import logging
 import secrets
 import time
-import uuid
-import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, fields
-from enum import Enum
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from ssb.protocol import ErrorCode
 
-from ._config import ConfigError
-from ._daemon import START_HOOKS
-from ._engine import Engine, MaybeAwaitable, QueueListener
-from ._errors import BrokerError, bad_argument, not_found
-from ._queues import Group, Queue
-from ._tasks import ActivatedTask, WorkerPool
-from ._transactions import Session
-from ._views import VIEWS, _time
-
-if TYPE_CHECKING:
-    from ._daemon import Broker
+from .._config import ConfigError
+from .._core.engine import Engine
+from .._core.queues import Queue
+from .._core.receive import Waiter
+from .._core.transactions import Session
+from .._errors import BrokerError, bad_argument, not_found
+from .._views import iso_time
+from .monitor import (
+    TASK_TRANSITIONS,
+    ExternalInput,
+    ExternalState,
+    MonitorInput,
+    MonitorState,
+    QueueMonitor,
+    activation_needed,
+)
+from .workers import ActivatedTask, WorkerPool
 
 log = logging.getLogger("ssb.activation")
 
 QUEUE_ACTIVATION: Final = "QUEUE_ACTIVATION"
 
-
-class MonitorState(Enum):
-    INACTIVE = "INACTIVE"
-    NOTIFIED = "NOTIFIED"
-    RECEIVES_OCCURRING = "RECEIVES_OCCURRING"
-
-
-class MonitorInput(Enum):
-    ACTIVATED = "activated"  # a task was started or an event notification posted
-    RECEIVED = "received"  # a RECEIVE or GET CONVERSATION GROUP ran on the queue
-    TIMED_OUT = "timed out"  # notified, and no RECEIVE within notification_timeout
-    IDLE = "idle"  # no ready message and no activated task
-
-
-_S, _I = MonitorState, MonitorInput
-TRANSITIONS: Final[dict[tuple[MonitorState, MonitorInput], MonitorState]] = {
-    (_S.INACTIVE, _I.ACTIVATED): _S.NOTIFIED,
-    (_S.INACTIVE, _I.RECEIVED): _S.RECEIVES_OCCURRING,
-    (_S.INACTIVE, _I.TIMED_OUT): _S.INACTIVE,
-    (_S.INACTIVE, _I.IDLE): _S.INACTIVE,
-    (_S.NOTIFIED, _I.ACTIVATED): _S.NOTIFIED,
-    (_S.NOTIFIED, _I.RECEIVED): _S.RECEIVES_OCCURRING,
-    (_S.NOTIFIED, _I.TIMED_OUT): _S.INACTIVE,
-    (_S.NOTIFIED, _I.IDLE): _S.NOTIFIED,
-    (_S.RECEIVES_OCCURRING, _I.ACTIVATED): _S.NOTIFIED,
-    (_S.RECEIVES_OCCURRING, _I.RECEIVED): _S.RECEIVES_OCCURRING,
-    (_S.RECEIVES_OCCURRING, _I.TIMED_OUT): _S.RECEIVES_OCCURRING,
-    (_S.RECEIVES_OCCURRING, _I.IDLE): _S.INACTIVE,
-}
-
-
-class ExternalState(Enum):
-    RUNNING = "RUNNING"
-    STOP_REQUESTED = "STOP_REQUESTED"
-    ENDED = "ENDED"
-
-
-class ExternalInput(Enum):
-    STOP = "stop"  # request_stop named it
-    END = "end"  # end_task, or its connection closed
-
-
-_E, _X = ExternalState, ExternalInput
-TASK_TRANSITIONS: Final[dict[tuple[ExternalState, ExternalInput], ExternalState]] = {
-    (_E.RUNNING, _X.STOP): _E.STOP_REQUESTED,
-    (_E.RUNNING, _X.END): _E.ENDED,
-    (_E.STOP_REQUESTED, _X.STOP): _E.STOP_REQUESTED,
-    (_E.STOP_REQUESTED, _X.END): _E.ENDED,
-    (_E.ENDED, _X.STOP): _E.ENDED,
-    (_E.ENDED, _X.END): _E.ENDED,
-}
 
 _TEXT_LIMIT: Final = 200  # activator, job and executor names
 _JOBS_KEPT: Final = 1000  # job ids remembered for readers that register late
@@ -174,9 +125,6 @@ def _number(value: object, what: str) -> int | None:
     return value
 
 
-_NO_GROUP: Final = Group(uuid.UUID(int=0))  # stands in for "nothing" when a wait is ended
-
-
 _COUNTS: Final = ("idle_workers", "prestart_workers", "execution_log_rows")
 
 
@@ -219,59 +167,10 @@ class ActivationSettings:
         return cls(**values)
 
 
-def activation_needed(
-    *,
-    ready: int,
-    arrived_into_empty: bool,
-    running: int,
-    waiting: int,
-    last_empty_rowset: float | None,
-    now: float,
-    window: float,
-) -> bool:
-    """Seed 001's two conditions; pure, so the rule reads (and tests) on its own."""
-    if ready <= 0:
-        return False
-    if arrived_into_empty and running == 0:
-        return True
-    recently_empty = last_empty_rowset is not None and now - last_empty_rowset < window
-    return waiting == 0 and not recently_empty
-
-
-class QueueMonitor:
-    """What activation knows about one queue."""
-
-    def __init__(self, queue: str) -> None:
-        self.queue = queue
-        self.state = MonitorState.INACTIVE
-        self.tasks: dict[int, ActivatedTask] = {}
-        self.last_activated: float | None = None
-        self.notified_at: float | None = None
-        self.arrived_into_empty = False
-        self.check_scheduled = False
-        self.retry_after = 0.0
-        self.tasks_started = 0
-        self.tasks_failed = 0
-        self.notifications = 0
-        self.last_error: str | None = None
-
-    def feed(self, event: MonitorInput) -> None:
-        try:
-            self.state = TRANSITIONS[(self.state, event)]
-        except KeyError:  # the table is complete; a miss is a bug worth hearing about
-            raise RuntimeError(
-                f"queue monitor {self.queue}: no transition for {self.state.name} on {event.name}"
-            ) from None
-
-    def starting(self, now: float, timeout: float) -> bool:
-        """A task it started has not reached its first RECEIVE yet (within timeout)."""
-        return any(not t.received and now - t.started < timeout for t in self.tasks.values())
-
-
 TaskEndHook = Callable[[ActivatedTask, "str | None"], None]
 
 
-class ActivationManager(QueueListener):
+class ActivationManager:
     """All queue monitors of one broker, their activated tasks and the worker pool."""
 
     def __init__(
@@ -304,7 +203,7 @@ class ActivationManager(QueueListener):
 
     def own(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run `coro` as a task owned (and cancelled on close) by the manager."""
-        job = self.engine.loop.create_task(coro)
+        job = asyncio.get_running_loop().create_task(coro)
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
 
@@ -376,6 +275,7 @@ class ActivationManager(QueueListener):
         monitor = self.monitors.get(queue.name)
         if monitor is not None:
             for waiter in queue.waiters:  # a task blocked in its first RECEIVE has arrived
+                assert isinstance(waiter, Waiter)
                 task = waiter.txn.session.task
                 if isinstance(task, ActivatedTask) and task.queue == queue.name:
                     task.received = True
@@ -386,7 +286,7 @@ class ActivationManager(QueueListener):
     def _request(self, monitor: QueueMonitor) -> None:
         if not monitor.check_scheduled and not self._closed:
             monitor.check_scheduled = True
-            self.engine.loop.call_soon(self._check, monitor)
+            asyncio.get_running_loop().call_soon(self._check, monitor)
 
     def _check(self, monitor: QueueMonitor) -> None:
         monitor.check_scheduled = False
@@ -414,7 +314,7 @@ class ActivationManager(QueueListener):
             ready=queue.ready,
             arrived_into_empty=arrived,
             running=running,
-            waiting=self.engine.waiting_sessions(queue),
+            waiting=self.engine.receiving.waiting_sessions(queue),
             last_empty_rowset=queue.last_empty_rowset,
             now=now,
             window=settings.empty_rowset_window,
@@ -428,7 +328,7 @@ class ActivationManager(QueueListener):
                 and not monitor.starting(now, settings.notification_timeout)
             ):
                 self._start_task(monitor, queue, now)
-        elif monitor.state is not MonitorState.NOTIFIED and self.engine.fire_event(
+        elif monitor.state is not MonitorState.NOTIFIED and self.engine.events.fire(
             QUEUE_ACTIVATION, queue.name
         ):
             monitor.notifications += 1
@@ -656,11 +556,10 @@ class ActivationManager(QueueListener):
                 continue
             task.feed(ExternalInput.STOP)
             asked += 1
-            waiter = task.session.waiting if task.session is not None else None
-            if waiter is not None and not waiter.get_group and not waiter.future.done():
+            if task.session is not None:
                 # a RECEIVE it is blocked in ends empty now (GET CONVERSATION GROUP
                 # keeps its own timeout: its answer cannot say "nothing" this way)
-                waiter.future.set_result((_NO_GROUP, []))
+                self.engine.receiving.end_wait(task.session)
         return asked
 
     def label_job(self, session: Session, job: object, job_id: object) -> int:
@@ -680,36 +579,28 @@ class ActivationManager(QueueListener):
                 labelled += 1
         return labelled
 
-    @staticmethod
-    def _stopping(session: Session) -> bool:
+    def stopping(self, session: Session) -> bool:
+        """QueueListener: a reader asked to stop gets nothing from RECEIVE."""
         task = session.task
         return isinstance(task, ExternalTask) and task.stopping
 
-    def receive(
-        self,
-        session: Session,
-        queue: object,
-        top: object = None,
-        timeout: object = 0.0,
-        conversation_handle: object = None,
-        conversation_group_id: object = None,
-    ) -> MaybeAwaitable[list[list[Any]]]:
-        """Operation `receive`: the engine's, except that a stopping reader gets nothing."""
-        if self._stopping(session):
-            return []
-        return self.engine.receive(
-            session, queue, top, timeout, conversation_handle, conversation_group_id
-        )
-
-    def get_conversation_group(
-        self, session: Session, queue: object, timeout: object = 0.0
-    ) -> MaybeAwaitable[uuid.UUID | None]:
-        """Operation `get_conversation_group`: the engine's; a stopping reader gets None."""
-        if self._stopping(session):
-            return None
-        return self.engine.get_conversation_group(session, queue, timeout)
-
     # ---- views -------------------------------------------------------------------------
+
+    def operations(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "attach_task": self.attach_task,
+            "register_task": self.register_task,
+            "end_task": self.end_task,
+            "request_stop": self.request_stop,
+            "label_job": self.label_job,
+        }
+
+    def views(self) -> dict[str, Callable[[], list[dict[str, Any]]]]:
+        return {
+            "queue_monitors": self.queue_monitor_rows,
+            "activated_tasks": self.activated_task_rows,
+            "activation_workers": self.worker_rows,
+        }
 
     def queue_monitor_rows(self) -> list[dict[str, Any]]:
         self._sweep()
@@ -722,9 +613,9 @@ class ActivationManager(QueueListener):
                     "queue": monitor.queue,
                     "state": monitor.state.name,
                     "activation": "INTERNAL" if activation and activation.status else "EXTERNAL",
-                    "last_empty_rowset_time": _time(queue.last_empty_rowset if queue else None),
-                    "last_activated_time": _time(monitor.last_activated),
-                    "tasks_waiting": self.engine.waiting_sessions(queue) if queue else 0,
+                    "last_empty_rowset_time": iso_time(queue.last_empty_rowset if queue else None),
+                    "last_activated_time": iso_time(monitor.last_activated),
+                    "tasks_waiting": self.engine.receiving.waiting_sessions(queue) if queue else 0,
                     "tasks_running": len(monitor.tasks),
                     "tasks_external": sum(
                         isinstance(t, ExternalTask) for t in monitor.tasks.values()
@@ -757,7 +648,7 @@ class ActivationManager(QueueListener):
                     "task_id": task.task_id,
                     "procedure": task.procedure,
                     "execute_as": task.execute_as,
-                    "started": _time(task.started),
+                    "started": iso_time(task.started),
                     "pid": task.pid,
                     "session_id": None if session is None else session.ident,
                     "state": "STOPPING" if external and external.stopping else state,
@@ -780,100 +671,12 @@ class ActivationManager(QueueListener):
                 "task_id": worker.task.task_id if worker.task else None,
                 "queue": worker.task.queue if worker.task else None,
                 "tasks_run": worker.tasks_run,
-                "started": _time(worker.started),
+                "started": iso_time(worker.started),
             }
             for worker, state in self.pool.rows()
         ]
 
 
-class _Fanout(QueueListener):
-    """Several listeners on one engine (activation plus whatever was installed)."""
-
-    def __init__(self, *listeners: QueueListener) -> None:
-        self.listeners = listeners
-
-    def message_arrived(self, queue: Queue) -> None:
-        for listener in self.listeners:
-            listener.message_arrived(queue)
-
-    def received(self, queue: Queue, session: Session, empty: bool) -> None:
-        for listener in self.listeners:
-            listener.received(queue, session, empty)
-
-    def rolled_back(self, queue: Queue) -> None:
-        for listener in self.listeners:
-            listener.rolled_back(queue)
-
-    def altered(self, queue: Queue) -> None:
-        for listener in self.listeners:
-            listener.altered(queue)
-
-    def waiting_changed(self, queue: Queue) -> None:
-        for listener in self.listeners:
-            listener.waiting_changed(queue)
-
-    def session_closed(self, session: Session) -> None:
-        for listener in self.listeners:
-            listener.session_closed(session)
-
-
-_MANAGERS: weakref.WeakKeyDictionary[Engine, ActivationManager] = weakref.WeakKeyDictionary()
-
-
-def manager_for(engine: Engine) -> ActivationManager | None:
-    """The activation manager running on `engine`, if any."""
-    return _MANAGERS.get(engine)
-
-
-def _view(
-    rows: Callable[[ActivationManager], list[dict[str, Any]]],
-) -> Callable[[Engine], list[dict[str, Any]]]:
-    def view(engine: Engine) -> list[dict[str, Any]]:
-        manager = _MANAGERS.get(engine)
-        return [] if manager is None else rows(manager)
-
-    return view
-
-
-def _loopback(host: str) -> str:
+def loopback(host: str) -> str:
+    """The address local workers use to reach a daemon listening on `host`."""
     return "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
-
-
-async def start(broker: Broker) -> Callable[[], Coroutine[Any, Any, None]]:
-    """Start hook: install queue monitors, the worker pool and the scheduler's log."""
-    from ._scheduler import ExecutionLog
-
-    settings = ActivationSettings.from_section(broker.config.sections.get("activation", {}))
-    engine = broker.engine
-    pool = WorkerPool(
-        _loopback(broker.client_address[0]),
-        broker.client_address[1],
-        settings.idle_workers,
-        settings.worker_start_timeout,
-        settings.python_path,
-    )
-    manager = ActivationManager(engine, settings, pool, broker.config.users)
-    _MANAGERS[engine] = manager
-    if type(engine.listener) is QueueListener:
-        engine.listener = manager
-    else:
-        engine.listener = _Fanout(engine.listener, manager)
-    broker.operations.add("attach_task", manager.attach_task)
-    for name in ("register_task", "end_task", "request_stop", "label_job"):
-        broker.operations.add(name, getattr(manager, name))
-    # RECEIVE and GET CONVERSATION GROUP pass through the manager, which answers a
-    # stopping external reader itself
-    broker.operations.add("receive", manager.receive)
-    broker.operations.add("get_conversation_group", manager.get_conversation_group)
-    broker.operations.task_login = manager.task_login
-    execution_log = ExecutionLog(engine, manager, settings.execution_log_rows)
-    execution_log.install(broker.operations)
-    manager.start()
-    pool.prestart(settings.prestart_workers)
-    return manager.close
-
-
-VIEWS["queue_monitors"] = _view(ActivationManager.queue_monitor_rows)
-VIEWS["activated_tasks"] = _view(ActivationManager.activated_task_rows)
-VIEWS["activation_workers"] = _view(ActivationManager.worker_rows)
-START_HOOKS.append(start)

@@ -1,7 +1,8 @@
 """An activation worker: a child process of the daemon that runs activated procedures.
 
-Theory of operation. The daemon starts `python -m broker._worker` and keeps the
-process while it is useful (see `_tasks`). The control channel is the process's
+Theory of operation. The daemon starts `python -m ssb.client._worker` and keeps
+the process while it is useful (see the broker's activation workers). It imports only
+the client package, so a procedure runs against exactly what a user program would. The control channel is the process's
 original stdin/stdout, moved to private descriptors at start so that a procedure
 printing to stdout (which now goes to stderr, the daemon's log) or reading stdin
 (now /dev/null) cannot corrupt it. A reader thread takes commands off the channel;

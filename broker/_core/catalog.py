@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from ssb.protocol import ErrorCode
 
-from ._errors import BrokerError, bad_argument, not_found
+from .._errors import BrokerError, bad_argument, not_found
 
 END_DIALOG: Final = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
 ERROR: Final = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
@@ -77,6 +77,8 @@ class QueueDef:
     activation: Activation = Activation()
     poison_message_handling: bool = True
     poison_policy: PoisonPolicy | None = None
+    max_messages: int | None = None  # quota: messages stored in the queue
+    max_bytes: int | None = None  # quota: bytes of message bodies stored in the queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,18 @@ def check_name(kind: str, name: object) -> str:
     if len(name) > MAX_NAME:
         raise bad_argument(f"a {kind} name may have at most {MAX_NAME} characters")
     return name
+
+
+MAX_QUOTA: Final = 1 << 62
+
+
+def parse_quota(what: str, value: object) -> int | None:
+    """A queue quota: None (no limit) or an integer 1..2**62."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_QUOTA:
+        raise bad_argument(f"{what} must be a whole number >= 1, or None for no limit; got {value!r}")
+    return value
 
 
 def parse_switch(what: str, value: object) -> bool:
@@ -351,6 +365,8 @@ class Catalog:
         activation: object = None,
         poison_message_handling: object = None,
         poison_policy: object = None,
+        max_messages: object = None,
+        max_bytes: object = None,
     ) -> QueueDef:
         name = check_name("queue", name)
         self._absent("queue", name)
@@ -361,6 +377,8 @@ class Catalog:
             activation=parse_activation(activation),
             poison_message_handling=self._poison_switch(poison_message_handling, True),
             poison_policy=parse_poison_policy(poison_policy),
+            max_messages=parse_quota("max_messages", max_messages),
+            max_bytes=parse_quota("max_bytes", max_bytes),
         )
         self._check_policy_queue(definition)
         return definition
@@ -373,6 +391,8 @@ class Catalog:
             "activation",
             "poison_message_handling",
             "poison_policy",
+            "max_messages",
+            "max_bytes",
         }
         if unknown:
             raise bad_argument(f"alter_queue does not know {', '.join(sorted(unknown))}")
@@ -394,6 +414,12 @@ class Catalog:
             )
         if "poison_policy" in changes:
             updated = replace(updated, poison_policy=parse_poison_policy(changes["poison_policy"]))
+        if "max_messages" in changes:
+            updated = replace(
+                updated, max_messages=parse_quota("max_messages", changes["max_messages"])
+            )
+        if "max_bytes" in changes:
+            updated = replace(updated, max_bytes=parse_quota("max_bytes", changes["max_bytes"]))
         self._check_policy_queue(updated)
         return updated
 

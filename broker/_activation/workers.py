@@ -1,7 +1,7 @@
 """Activated tasks and the worker processes that run them.
 
 Theory of operation. An activated task is one run of a queue's activation procedure.
-It never runs in the daemon: a *worker* (a `python -m broker._worker` child process)
+It never runs in the daemon: a *worker* (a `python -m ssb.client._worker` child process)
 runs it, so a procedure that hangs, burns CPU, leaks or crashes the interpreter
 cannot stall the broker's event loop or other queues. A worker runs one task at a
 time and talks to the daemon over its stdin/stdout, one JSON object per line:
@@ -37,7 +37,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ._transactions import Session
+from .._core.transactions import Session
 
 log = logging.getLogger("ssb.activation")
 
@@ -103,7 +103,7 @@ class WorkerProcess:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "ssb.broker._worker",
+            "ssb.client._worker",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,

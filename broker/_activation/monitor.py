@@ -1,0 +1,118 @@
+"""Queue monitors: the state machine and the rule that decides activation (pure).
+
+Theory of operation (seed 001, DESIGN.md §6). A queue monitor follows Service Broker's
+sys.dm_broker_queue_monitors: INACTIVE (nothing to do), NOTIFIED (it activated and waits
+for a RECEIVE), RECEIVES_OCCURRING (RECEIVEs run); `TRANSITIONS` is the whole state
+machine, and a pair not in it is a bug. `activation_needed` is seed 001's two conditions
+as one pure function. An external reader's life is `TASK_TRANSITIONS`: RUNNING ->
+STOP_REQUESTED -> ENDED. Nothing here does I/O or reads a clock (`manager` does).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Final
+
+from .workers import ActivatedTask
+
+
+class MonitorState(Enum):
+    INACTIVE = "INACTIVE"
+    NOTIFIED = "NOTIFIED"
+    RECEIVES_OCCURRING = "RECEIVES_OCCURRING"
+
+
+class MonitorInput(Enum):
+    ACTIVATED = "activated"  # a task was started or an event notification posted
+    RECEIVED = "received"  # a RECEIVE or GET CONVERSATION GROUP ran on the queue
+    TIMED_OUT = "timed out"  # notified, and no RECEIVE within notification_timeout
+    IDLE = "idle"  # no ready message and no activated task
+
+
+_S, _I = MonitorState, MonitorInput
+TRANSITIONS: Final[dict[tuple[MonitorState, MonitorInput], MonitorState]] = {
+    (_S.INACTIVE, _I.ACTIVATED): _S.NOTIFIED,
+    (_S.INACTIVE, _I.RECEIVED): _S.RECEIVES_OCCURRING,
+    (_S.INACTIVE, _I.TIMED_OUT): _S.INACTIVE,
+    (_S.INACTIVE, _I.IDLE): _S.INACTIVE,
+    (_S.NOTIFIED, _I.ACTIVATED): _S.NOTIFIED,
+    (_S.NOTIFIED, _I.RECEIVED): _S.RECEIVES_OCCURRING,
+    (_S.NOTIFIED, _I.TIMED_OUT): _S.INACTIVE,
+    (_S.NOTIFIED, _I.IDLE): _S.NOTIFIED,
+    (_S.RECEIVES_OCCURRING, _I.ACTIVATED): _S.NOTIFIED,
+    (_S.RECEIVES_OCCURRING, _I.RECEIVED): _S.RECEIVES_OCCURRING,
+    (_S.RECEIVES_OCCURRING, _I.TIMED_OUT): _S.RECEIVES_OCCURRING,
+    (_S.RECEIVES_OCCURRING, _I.IDLE): _S.INACTIVE,
+}
+
+
+class ExternalState(Enum):
+    RUNNING = "RUNNING"
+    STOP_REQUESTED = "STOP_REQUESTED"
+    ENDED = "ENDED"
+
+
+class ExternalInput(Enum):
+    STOP = "stop"  # request_stop named it
+    END = "end"  # end_task, or its connection closed
+
+
+_E, _X = ExternalState, ExternalInput
+TASK_TRANSITIONS: Final[dict[tuple[ExternalState, ExternalInput], ExternalState]] = {
+    (_E.RUNNING, _X.STOP): _E.STOP_REQUESTED,
+    (_E.RUNNING, _X.END): _E.ENDED,
+    (_E.STOP_REQUESTED, _X.STOP): _E.STOP_REQUESTED,
+    (_E.STOP_REQUESTED, _X.END): _E.ENDED,
+    (_E.ENDED, _X.STOP): _E.ENDED,
+    (_E.ENDED, _X.END): _E.ENDED,
+}
+
+def activation_needed(
+    *,
+    ready: int,
+    arrived_into_empty: bool,
+    running: int,
+    waiting: int,
+    last_empty_rowset: float | None,
+    now: float,
+    window: float,
+) -> bool:
+    """Seed 001's two conditions; pure, so the rule reads (and tests) on its own."""
+    if ready <= 0:
+        return False
+    if arrived_into_empty and running == 0:
+        return True
+    recently_empty = last_empty_rowset is not None and now - last_empty_rowset < window
+    return waiting == 0 and not recently_empty
+
+
+class QueueMonitor:
+    """What activation knows about one queue."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.state = MonitorState.INACTIVE
+        self.tasks: dict[int, ActivatedTask] = {}
+        self.last_activated: float | None = None
+        self.notified_at: float | None = None
+        self.arrived_into_empty = False
+        self.check_scheduled = False
+        self.retry_after = 0.0
+        self.tasks_started = 0
+        self.tasks_failed = 0
+        self.notifications = 0
+        self.last_error: str | None = None
+
+    def feed(self, event: MonitorInput) -> None:
+        try:
+            self.state = TRANSITIONS[(self.state, event)]
+        except KeyError:  # the table is complete; a miss is a bug worth hearing about
+            raise RuntimeError(
+                f"queue monitor {self.queue}: no transition for {self.state.name} on {event.name}"
+            ) from None
+
+    def starting(self, now: float, timeout: float) -> bool:
+        """A task it started has not reached its first RECEIVE yet (within timeout)."""
+        return any(not t.received and now - t.started < timeout for t in self.tasks.values())
+
+

@@ -1,0 +1,89 @@
+"""Capacity: the limits that keep the broker alive whatever clients send.
+
+Theory of operation. Two kinds of limit. `max_message_size` bounds every body, at
+SEND and on arrival from another broker, and always fits a frame (see protocol's
+size limits). Free disk space is watched from outside the core (the daemon measures
+it; the store reports failed writes): while the free space is below `min_free_disk`,
+or while the store cannot write, statements that add data (SEND, BEGIN DIALOG, a
+message from another broker) are refused with the reason, and everything that frees
+space (RECEIVE, END CONVERSATION) goes on. The refusal lifts by itself when the space
+comes back. Queue quotas are the queues' own (see `queues.Queue.over_quota`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ssb.protocol import ErrorCode
+
+from .._errors import BrokerError
+
+log = logging.getLogger("ssb.core")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):.1f} MiB"
+
+
+class Capacity:
+    def __init__(self, max_message_size: int, min_free_disk: int) -> None:
+        self.max_message_size = max_message_size
+        self.min_free_disk = min_free_disk
+        self.low_space: str | None = None  # why free space is too low, while it is
+        self.store_failure: str | None = None  # why the last commit failed, until one succeeds
+        self.refusal: str | None = None  # why new messages are refused now, if they are
+        self.refusals = 0
+        self.queue_quotas = 0  # queues with a quota (none: SEND need not look)
+
+    def _update(self) -> None:
+        self.refusal = self.store_failure or self.low_space
+
+    def check_body(self, size: int) -> None:
+        if size > self.max_message_size:
+            raise BrokerError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"a message body of {size} bytes exceeds this broker's max_message_size of"
+                f" {self.max_message_size} bytes; split it, or raise max_message_size in the"
+                " broker's config",
+            )
+
+    def check_space(self, what: str) -> None:
+        """Raise DISK_FULL when new data cannot be accepted now."""
+        reason = self.refusal
+        if reason is not None:
+            self.refusals += 1
+            log.info("refused %s: %s", what, reason)
+            raise BrokerError(
+                ErrorCode.DISK_FULL,
+                f"{what} refused: {reason}; RECEIVE and END CONVERSATION still work and free"
+                " space, and the broker accepts new messages again by itself when there is room",
+            )
+
+    def measured(self, free: int, where: str) -> None:
+        """The daemon measured `free` bytes available for the store at `where`."""
+        if free < self.min_free_disk:
+            if self.low_space is None:
+                log.warning(
+                    "free disk space for %s is %s, below min_free_disk %s: refusing new messages",
+                    where, _mib(free), _mib(self.min_free_disk),
+                )
+            self.low_space = (
+                f"free disk space for the store is {_mib(free)}, below min_free_disk"
+                f" ({_mib(self.min_free_disk)})"
+            )
+        elif self.low_space is not None:
+            log.warning("free disk space for %s is %s again: accepting new messages", where, _mib(free))
+            self.low_space = None
+        self._update()
+
+    def commit_failed(self, reason: str) -> None:
+        if self.store_failure is None:
+            log.error("the store cannot write (%s): refusing new messages until it can", reason)
+        self.store_failure = f"the store cannot write: {reason}"
+        self._update()
+
+    def commit_succeeded(self) -> None:
+        if self.store_failure is not None:
+            log.warning("the store writes again: accepting new messages")
+            self.store_failure = None
+        self._update()

@@ -1,0 +1,367 @@
+"""The engine: the core's parts, built and wired in one place, and their operations.
+
+Theory of operation. Everything runs on one thread (the daemon's event loop), so each
+operation is atomic with respect to the others: it checks all its input first, then
+changes memory and appends its store writes in one synchronous stretch, so a store
+batch never holds half of an operation. Operations that must wait (RECEIVE ... WAITFOR,
+a lock another transaction holds) return a coroutine instead of a value.
+
+Parts, each owning its state (imports run one way, top to bottom):
+
+    catalog, routes      the objects, and where services live
+    queues, backlog      groups, conversations, the message cache
+    endpoints            conversation endpoints over the store, timers
+    transactions         sessions, transactions, locks (hooks call back here)
+    delivery             the transmission queue; local and remote delivery
+    receive              RECEIVE, GET CONVERSATION GROUP, waiters
+    dialogs              BEGIN DIALOG, SEND, END, timers, MOVE; effects at commit
+    events, poison, ddl  notifications, poison rules, catalog statements
+
+The engine implements `TransactionHooks` by delegating: commit applies the dialog
+actions then settles received messages; rollback puts received messages back and
+forgets begun endpoints, and once the locks are free runs the poison rules.
+
+Start-up reads the catalog and one summary of the stored messages (per conversation:
+count, bytes, first queuing order) and of the transmission queue (per direction); it
+does not read the messages themselves (see `backlog`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any, Final
+
+from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE
+
+from . import catalog as cat
+from .backlog import MessageCache
+from .capacity import Capacity
+from .conversations import Endpoint
+from .ddl import Ddl
+from .delivery import Delivery, Outbound
+from .dialogs import Dialogs
+from .endpoints import Endpoints
+from .events import Events
+from .poison import Poison
+from .ports import Clock, Journal, NoListener, OutboundSink, QueueListener, Row
+from .queues import Conversation, Group, Message, Queue, Status, dead_letter_identity
+from .receive import Receiving
+from .routes import Routes
+from .transactions import Session, Transaction, Transactions
+
+log = logging.getLogger("ssb.core")
+
+DEFAULT_CACHE_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_MIN_FREE_DISK: Final = 1 << 30
+
+Operation = Callable[..., Any]
+
+
+class StoredState:
+    """What the engine reads from the store at start (the Journal's start-up queries)."""
+
+    def __init__(
+        self,
+        catalog: list[tuple[str, str, str]],
+        max_ids: tuple[int, int, int],
+    ) -> None:
+        self.catalog = catalog
+        self.max_ids = max_ids
+
+
+class Engine:
+    """One broker's core."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        clock: Clock,
+        instance_id: str,
+        *,
+        lock_timeout: float = 30.0,
+        message_cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        min_free_disk: int = DEFAULT_MIN_FREE_DISK,
+    ) -> None:
+        self.journal = journal
+        self.clock = clock
+        self.instance_id = instance_id
+        self.catalog = cat.Catalog()
+        self.capacity = Capacity(max_message_size, min_free_disk)
+        self.cache = MessageCache(message_cache_bytes, journal, clock)
+        self.queues: dict[str, Queue] = {}
+        self.routes = Routes(self.catalog, clock, instance_id)
+        self.endpoints = Endpoints(journal, self.catalog)
+        self.transactions = Transactions(clock, self, lock_timeout)
+        self.delivery = Delivery(
+            journal,
+            clock,
+            self.catalog,
+            self.routes,
+            self.queues,
+            self.endpoints,
+            self.cache,
+            self.capacity,
+            instance_id,
+        )
+        self.receiving = Receiving(
+            clock, journal, self.queues, self.endpoints, self.transactions, self.delivery
+        )
+        self.dialogs = Dialogs(
+            clock,
+            self.catalog,
+            self.routes,
+            self.queues,
+            self.endpoints,
+            self.transactions,
+            self.delivery,
+            self.capacity,
+        )
+        self.events = Events(
+            clock, self.catalog, self.routes, self.endpoints, self.delivery, instance_id
+        )
+        self.poison = Poison(
+            journal, clock, self.queues, self.endpoints, self.delivery, self.events
+        )
+        self.ddl = Ddl(
+            journal,
+            clock,
+            self.catalog,
+            self.routes,
+            self.queues,
+            self.cache,
+            self.capacity,
+            self.endpoints,
+            self.delivery,
+            self.receiving,
+            self.events,
+        )
+        self.delivery.kick = self.receiving.kick
+        self.delivery.conversation_removed = self._conversation_removed
+        self.poison.disable_queue = self.ddl.disable_queue
+        self.listener: QueueListener = NoListener()
+
+    # ---- wiring from outside the core -----------------------------------------------
+
+    def set_listener(self, listener: QueueListener) -> None:
+        self.listener = listener
+        self.delivery.listener = self.receiving.listener = self.ddl.listener = listener
+
+    def set_sink(self, sink: OutboundSink) -> None:
+        self.delivery.sink = sink
+
+    def _conversation_removed(self, ep: Endpoint) -> None:
+        self.poison.forget_conversation(ep.handle)
+        self.delivery.sink.endpoint_removed(ep)
+
+    # ---- TransactionHooks -------------------------------------------------------------
+
+    def check_commit(self, txn: Transaction) -> None:
+        self.dialogs.check_commit(txn)
+
+    def apply_commit(self, txn: Transaction) -> None:
+        self.dialogs.apply_commit(txn)
+        if txn.received:
+            self.receiving.commit_received(txn)
+
+    def undo(self, txn: Transaction, error: str) -> None:
+        txn.restored = self.receiving.restore_received(txn, error)
+        self.dialogs.undo(txn)
+
+    def after_rollback(self, txn: Transaction, error: str) -> None:
+        for queue, messages in txn.restored:
+            if messages:
+                self.poison.after_rollback(queue, messages)
+            self.listener.rolled_back(queue)
+        txn.restored = []
+
+    def released(self, queue: Queue) -> None:
+        self.receiving.kick(queue)
+
+    def session_closed(self, session: Session) -> None:
+        self.listener.session_closed(session)
+
+    # ---- start ---------------------------------------------------------------------------
+
+    def load(self, state: StoredState) -> None:
+        """Rebuild memory from the store: the catalog, and a summary of the backlog."""
+        for kind, _name, body in state.catalog:
+            self.catalog.load(kind, body)
+        for definition in self.catalog.queues.values():
+            self.ddl.add_queue(definition)
+        self.ddl.count_quotas()
+        max_order, max_outbound, max_incident = state.max_ids
+        self.delivery.restore_ids(max_order, max_outbound)
+        self.poison.restore_ids(max_incident)
+        self._load_messages()
+        self._load_transmission()
+
+    def _load_messages(self) -> None:
+        journal = self.journal
+        statuses = (Status.READY, Status.RETAINED, Status.PARKED, Status.REQUEUED)
+        for status, queue_name, raw, count, nbytes, first in journal.message_summary(statuses):
+            queue = self.queues.get(queue_name)
+            handle = uuid.UUID(bytes=raw)
+            if queue is None:
+                log.warning("dropping %d message(s) of unknown queue %s", count, queue_name)
+                journal.delete_conversation_messages(queue_name, handle)
+                continue
+            queue.messages += count
+            queue.bytes += nbytes
+            if status == Status.RETAINED:
+                queue.retained[handle] = [count, nbytes]
+            elif status == Status.READY:
+                conv = self.stored_conversation(queue, handle, first)
+                if conv is None:
+                    queue.messages -= count
+                    queue.bytes -= nbytes
+                    continue
+                conv.count = conv.spilled = count
+                conv.bytes = nbytes
+                conv.spilled_from = first
+                queue.ready += count
+                queue.touch(conv.group)
+        for row in sorted(
+            journal.read_messages_with_status((Status.PARKED, Status.REQUEUED)),
+            key=lambda r: -r[0],
+        ):
+            self._load_out_of_order(row)
+
+    def identity(
+        self, queue: Queue, handle: uuid.UUID, first: int
+    ) -> tuple[uuid.UUID, int, str, str, bool] | None:
+        """(group, priority, service, contract, dead letters?) of a queue's stored messages
+        of conversation `handle`, from its endpoint or, for dead letters, from the row."""
+        ep = self.endpoints.get(handle)
+        if ep is not None and ep.queue == queue.name:
+            return ep.group_id, ep.priority, ep.service, ep.contract, False
+        row = self.journal.read_message(first)
+        found = dead_letter_identity(row[10] if row is not None else None)
+        if found is None:
+            return None
+        group_id, service, contract, priority = found
+        return group_id, priority, service, contract, True
+
+    def stored_conversation(
+        self, queue: Queue, handle: uuid.UUID, first: int, register: bool = True
+    ) -> Conversation | None:
+        """The conversation record of a queue's stored messages (or None: orphans, deleted)."""
+        found = self.identity(queue, handle, first)
+        if found is None:
+            log.warning(
+                "dropping the messages of conversation %s in queue %s: the conversation"
+                " no longer exists",
+                handle,
+                queue.name,
+            )
+            self.journal.delete_conversation_messages(queue.name, handle)
+            return None
+        group_id, priority, service, contract, dead = found
+        if register:
+            conv = queue.conversation(queue.group(group_id), handle, priority, service, contract)
+        else:
+            conv = Conversation(
+                self.cache, self.journal, queue.name, Group(group_id), handle, priority, service,
+                contract,
+            )
+        conv.dead_letters = dead
+        return conv
+
+    def _load_out_of_order(self, row: Row) -> None:
+        queue = self.queues.get(row[1])
+        handle = uuid.UUID(bytes=row[2])
+        parked = row[8] == Status.PARKED
+        if queue is None:
+            return
+        conv = self.stored_conversation(queue, handle, row[0], register=not parked)
+        if conv is None:
+            return
+        message = conv.message(row)
+        if parked:
+            self.poison.park_loaded(queue, message)
+        else:
+            queue.add_front(message)
+
+    def _load_transmission(self) -> None:
+        for conversation_id, is_initiator, count, first in self.journal.transmission_summary():
+            rows = self.journal.read_transmission(
+                uuid.UUID(bytes=conversation_id), bool(is_initiator), first, None, 1, 0
+            )
+            if not rows:
+                continue
+            out = Outbound.from_row(rows[0])
+            local = self.routes.is_local(out.to_service, out.to_broker_instance)
+            self.delivery.restore_outbox(out, count, local)
+
+    def start(self) -> None:
+        """Arm timers and deliver what waited for queues that are ON (on the loop)."""
+        self.dialogs.timers.start()
+        for queue in list(self.queues.values()):
+            if queue.definition.status:
+                self.delivery.release_held(queue.name)
+
+    def close(self) -> None:
+        self.dialogs.timers.close()
+
+    # ---- operations ------------------------------------------------------------------------
+
+    def operations(self) -> dict[str, Operation]:
+        """The client operations the core answers, by name."""
+        t, d, r, ddl = self.transactions, self.dialogs, self.receiving, self.ddl
+        return {
+            "create_message_type": ddl.create_message_type,
+            "create_contract": ddl.create_contract,
+            "create_queue": ddl.create_queue,
+            "alter_queue": ddl.alter_queue,
+            "create_service": ddl.create_service,
+            "create_route": ddl.create_route,
+            "create_broker_priority": ddl.create_broker_priority,
+            "alter_broker_priority": ddl.alter_broker_priority,
+            "create_event_notification": ddl.create_event_notification,
+            "drop": ddl.drop,
+            "begin_dialog": d.begin_dialog,
+            "send": d.send,
+            "end_conversation": d.end_conversation,
+            "begin_conversation_timer": d.begin_conversation_timer,
+            "move_conversation": d.move_conversation,
+            "receive": r.receive,
+            "get_conversation_group": r.get_conversation_group,
+            "begin_transaction": t.begin_transaction,
+            "commit": t.commit,
+            "rollback": t.rollback,
+            "detach_transaction": t.detach_transaction,
+            "attach_transaction": t.attach_transaction,
+            "commit_transaction": t.commit_transaction,
+            "rollback_transaction": t.rollback_transaction,
+            "transaction_messages": self.transaction_messages,
+            "requeue_dead_letter": self.requeue_dead_letter,
+            "broker_instance": self.broker_instance,
+        }
+
+    def transaction_messages(self, session: Session, transaction_id: object) -> list[list[Any]]:
+        """Operation: the rows a detached transaction received (leases; changes nothing)."""
+        return self.receiving.rows(self.transactions.transaction_messages(session, transaction_id))
+
+    def requeue_dead_letter(self, session: Session, queue: object, queuing_order: object) -> None:
+        self.poison.requeue(queue, queuing_order)
+
+    def broker_instance(self, session: Session) -> str:
+        return self.instance_id
+
+    # ---- for views ---------------------------------------------------------------------------
+
+    def taken(self) -> dict[int, Message]:
+        """Messages received by open transactions, by queuing order."""
+        found: dict[int, Message] = {}
+        for txn in self._open_transactions():
+            for _, messages in txn.received:
+                for m in messages:
+                    found[m.queuing_order] = m
+        return found
+
+    def _open_transactions(self) -> list[Transaction]:
+        txns = [s.txn for s in self.transactions.sessions.values() if s.txn is not None]
+        txns += [t for t in self.transactions.detached.values() if t not in txns]
+        return txns

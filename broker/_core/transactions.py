@@ -1,0 +1,423 @@
+"""Sessions, transactions, detached transactions and conversation-group locks.
+
+Theory of operation. A session is one client connection. It runs at most one
+transaction at a time: explicit (BEGIN TRANSACTION ... COMMIT/ROLLBACK) or implicit
+(one statement that commits on its own). A transaction owns the conversation-group
+locks it took, the messages it received (to put back on rollback), the endpoints it
+began (to forget on rollback) and its deferred actions: SEND, END CONVERSATION, timers
+and moves take effect, in statement order, only when it commits. Nothing a transaction
+does is visible to other sessions before commit except the locks themselves.
+
+What commit and rollback *do* belongs to the rest of the core; this module calls it
+through `TransactionHooks`: `check_commit` may refuse an explicit transaction's commit
+before anything is applied (a quota filled meanwhile; a one-statement transaction was
+checked at its statement), `apply_commit` applies it, `undo` puts received
+messages back, `after_rollback` runs once the locks are free (poison detection), and
+`released` hears of every queue whose lock was let go (its waiters may now proceed).
+
+Locks. A statement that touches a conversation group locks it for the transaction; a
+group locked by another transaction makes the statement wait up to `lock_timeout`
+(then LockTimeoutError). Waiting statements return a coroutine; the rest return
+their value at once, so the common case costs no task.
+
+A detached transaction has an id, outlives its session (a dropped connection does not
+roll it back), can be attached, committed or rolled back from any session, and rolls
+back by itself when nobody finishes it within its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any, Final, Protocol, TypeAlias, TypeVar, Union
+
+from ssb.protocol import ErrorCode
+
+from .._errors import BrokerError, bad_argument, not_found
+from .conversations import Endpoint
+from .ports import Cancellable, Clock
+from .queues import Group, Message, Queue
+
+log = logging.getLogger("ssb.core")
+
+T = TypeVar("T")
+MaybeAwaitable: TypeAlias = Union[T, Awaitable[T]]  # noqa: UP007 - a generic alias
+
+DETACHED_TIMEOUT: Final = 300.0
+MAX_TIMEOUT: Final = 366 * 24 * 3600.0  # a year and a day: any wait or timer beyond is a typo
+
+_session_ids: Final = count(1)
+
+
+@dataclass(slots=True, eq=False)
+class Send:
+    endpoint: Endpoint
+    message_type: str
+    validation: str
+    bodies: list[bytes]
+
+
+@dataclass(slots=True, eq=False)
+class End:
+    endpoint: Endpoint
+    error: int | None = None
+    description: str = ""
+    cleanup: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Timer:
+    endpoint: Endpoint
+    timeout: float
+
+
+@dataclass(slots=True, eq=False)
+class Move:
+    endpoint: Endpoint
+    group: uuid.UUID
+
+
+Action = Send | End | Timer | Move
+
+
+@dataclass(slots=True, eq=False)
+class Transaction:
+    session: Session
+    explicit: bool
+    locks: dict[uuid.UUID, tuple[Queue, Group]] = field(default_factory=dict)
+    received: list[tuple[Queue, list[Message]]] = field(default_factory=list)
+    new_endpoints: list[Endpoint] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    ended: set[uuid.UUID] = field(default_factory=set)
+    # a detached transaction has an id, outlives its session and can be finished by any
+    ident: uuid.UUID | None = None
+    expires: float | None = None
+    # what a rollback put back, by queue, for the poison rules that run after it
+    restored: list[tuple[Queue, list[Message]]] = field(default_factory=list)
+
+    def received_messages(self) -> list[Message]:
+        return [m for _, messages in self.received for m in messages]
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    user: str = ""
+    peer: str = ""
+    ident: int = field(default_factory=lambda: next(_session_ids))
+    txn: Transaction | None = None
+    closed: bool = False
+    waiting: Any = None  # the Waiter this session is blocked in, for views
+    task: Any = None  # an activated task's identity, when a worker connects as one
+
+
+class TransactionHooks(Protocol):
+    def check_commit(self, txn: Transaction) -> None: ...
+
+    def apply_commit(self, txn: Transaction) -> None: ...
+
+    def undo(self, txn: Transaction, error: str) -> None: ...
+
+    def after_rollback(self, txn: Transaction, error: str) -> None: ...
+
+    def released(self, queue: Queue) -> None: ...
+
+    def session_closed(self, session: Session) -> None: ...
+
+
+def as_uuid(value: object, what: str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    if isinstance(value, bytes) and len(value) == 16:
+        return uuid.UUID(bytes=value)
+    raise bad_argument(f"{what} must be a UUID, got {value!r}")
+
+
+def as_seconds(value: object, what: str, allow_none: bool = False) -> float | None:
+    """A duration from a client: a finite number of seconds, 0..MAX_TIMEOUT."""
+    if value is None and allow_none:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 <= value <= MAX_TIMEOUT
+    ):
+        raise bad_argument(
+            f"{what} must be a number of seconds from 0 to {MAX_TIMEOUT:g}, got {value!r}"
+        )
+    return float(value)
+
+
+class Transactions:
+    """Every session and transaction of the broker, and the locks they hold."""
+
+    def __init__(self, clock: Clock, hooks: TransactionHooks, lock_timeout: float) -> None:
+        self.clock = clock
+        self.hooks = hooks
+        self.lock_timeout = lock_timeout
+        self.sessions: dict[int, Session] = {}
+        self.detached: dict[uuid.UUID, Transaction] = {}
+        self._expiry: dict[uuid.UUID, Cancellable] = {}
+
+    # ---- sessions ----------------------------------------------------------------------
+
+    def open_session(self, user: str, peer: str) -> Session:
+        session = Session(user=user, peer=peer)
+        self.sessions[session.ident] = session
+        return session
+
+    def close_session(self, session: Session) -> None:
+        """A dropped connection rolls back whatever it had open (not a detached one)."""
+        session.closed = True
+        txn = session.txn
+        session.txn = None
+        if txn is not None and txn.ident is None:
+            self.rollback_now(txn, "the connection was closed with the transaction open")
+        self.sessions.pop(session.ident, None)
+        self.hooks.session_closed(session)
+
+    # ---- the statement's transaction ----------------------------------------------------------
+
+    def current(self, session: Session) -> Transaction:
+        """The session's open transaction, or a new implicit one for this statement."""
+        return session.txn if session.txn is not None else Transaction(session, explicit=False)
+
+    def finish(self, txn: Transaction) -> None:
+        """End a statement: an implicit transaction commits on its own."""
+        if not txn.explicit:
+            self.commit_now(txn)
+
+    def commit_now(self, txn: Transaction) -> None:
+        if txn.explicit:  # a one-statement transaction checked everything at its statement
+            try:
+                self.hooks.check_commit(txn)
+            except BrokerError:
+                self.rollback_now(txn, "")
+                raise
+        self.hooks.apply_commit(txn)
+        self.release(txn)
+
+    def rollback_now(self, txn: Transaction, error: str) -> None:
+        self.hooks.undo(txn, error)
+        self.release(txn)
+        self.hooks.after_rollback(txn, error)
+
+    # ---- BEGIN / COMMIT / ROLLBACK -----------------------------------------------------------------
+
+    def begin_transaction(
+        self, session: Session, detached: object = False, timeout: object = None
+    ) -> uuid.UUID | None:
+        if session.txn is not None:
+            raise BrokerError(
+                ErrorCode.TRANSACTION_ACTIVE,
+                "a transaction is already open on this connection; commit or roll it back first",
+            )
+        if not isinstance(detached, bool):
+            raise bad_argument("detached must be True or False")
+        txn = Transaction(session, explicit=True)
+        if detached:
+            seconds = as_seconds(DETACHED_TIMEOUT if timeout is None else timeout, "timeout")
+            assert seconds is not None
+            ident = txn.ident = uuid.uuid4()
+            txn.expires = self.clock.time() + seconds
+            self.detached[ident] = txn
+            self._expiry[ident] = self.clock.call_at(txn.expires, lambda: self._expire(ident))
+        session.txn = txn
+        return txn.ident
+
+    def commit(self, session: Session) -> None:
+        txn = self._explicit(session, "commit")
+        session.txn = None
+        self._forget_detached(txn)
+        self.commit_now(txn)
+
+    def rollback(self, session: Session, error: object = None) -> None:
+        txn = self._explicit(session, "roll back")
+        text = self._error_text(error)
+        session.txn = None
+        self._forget_detached(txn)
+        self.rollback_now(txn, text)
+
+    @staticmethod
+    def _error_text(error: object) -> str:
+        if error is not None and not isinstance(error, str):
+            raise bad_argument("rollback error must be a text saying what went wrong")
+        return (error or "")[:4000]
+
+    def _explicit(self, session: Session, verb: str) -> Transaction:
+        if session.txn is None:
+            raise BrokerError(
+                ErrorCode.NO_TRANSACTION,
+                f"there is no open transaction to {verb}; call begin_transaction() first",
+            )
+        return session.txn
+
+    # ---- detached transactions ---------------------------------------------------------------------
+
+    def _detached(self, transaction_id: object) -> Transaction:
+        ident = as_uuid(transaction_id, "transaction_id")
+        txn = self.detached.get(ident)
+        if txn is None:
+            raise not_found(
+                ErrorCode.NO_TRANSACTION,
+                "transaction",
+                ident,
+                "it was committed, rolled back, or expired",
+            )
+        return txn
+
+    def _forget_detached(self, txn: Transaction) -> None:
+        if txn.ident is not None:
+            self.detached.pop(txn.ident, None)
+            timer = self._expiry.pop(txn.ident, None)
+            if timer is not None:
+                timer.cancel()
+            if txn.session.txn is txn:
+                txn.session.txn = None
+
+    def detach_transaction(self, session: Session) -> uuid.UUID:
+        txn = self._explicit(session, "detach")
+        if txn.ident is None:
+            raise BrokerError(
+                ErrorCode.NO_TRANSACTION,
+                "only a transaction begun with detached=True can be detached",
+            )
+        session.txn = None
+        return txn.ident
+
+    def attach_transaction(self, session: Session, transaction_id: object) -> None:
+        txn = self._detached(transaction_id)
+        if session.txn is not None:
+            raise BrokerError(
+                ErrorCode.TRANSACTION_ACTIVE,
+                "this connection already has a transaction open; finish or detach it first",
+            )
+        if txn.session.txn is txn and txn.session is not session:
+            raise BrokerError(
+                ErrorCode.TRANSACTION_ACTIVE,
+                f"transaction {txn.ident} is attached to another connection",
+            )
+        txn.session = session
+        session.txn = txn
+
+    def commit_transaction(self, session: Session, transaction_id: object) -> None:
+        txn = self._detached(transaction_id)
+        self._forget_detached(txn)
+        self.commit_now(txn)
+
+    def rollback_transaction(
+        self, session: Session, transaction_id: object, error: object = None
+    ) -> None:
+        txn = self._detached(transaction_id)
+        text = self._error_text(error)
+        self._forget_detached(txn)
+        self.rollback_now(txn, text)
+
+    def transaction_messages(self, session: Session, transaction_id: object) -> list[Message]:
+        """What a detached transaction received, in receive order (it changes nothing)."""
+        ident = as_uuid(transaction_id, "transaction_id")
+        txn = self.detached.get(ident)
+        if txn is None:
+            raise not_found(
+                ErrorCode.NO_TRANSACTION,
+                "transaction",
+                ident,
+                "it was committed, rolled back, or expired (its messages went back to their queue)",
+            )
+        return txn.received_messages()
+
+    def _expire(self, ident: uuid.UUID) -> None:
+        self._expiry.pop(ident, None)
+        txn = self.detached.get(ident)
+        if txn is not None:
+            log.info("detached transaction %s expired; rolling it back", ident)
+            self._forget_detached(txn)
+            self.rollback_now(txn, f"transaction {ident} expired before it was committed")
+
+    # ---- locks -----------------------------------------------------------------------------
+
+    @staticmethod
+    def lockable(txn: Transaction, queue: Queue, group_id: uuid.UUID) -> bool:
+        group = queue.groups.get(group_id)
+        return group is None or group.owner is None or group.owner is txn
+
+    @staticmethod
+    def lock(txn: Transaction, queue: Queue, group_id: uuid.UUID) -> Group:
+        group = queue.group(group_id)
+        if group.owner is not txn:
+            group.owner = txn
+            txn.locks[group.id] = (queue, group)
+            queue.touch(group)
+        return group
+
+    def locked(
+        self, txn: Transaction, targets: list[tuple[Queue, uuid.UUID]], act: Callable[[], T]
+    ) -> MaybeAwaitable[T]:
+        """Run `act` holding the lock of every target (queue, group id), waiting if needed."""
+        if all(self.lockable(txn, q, g) for q, g in targets):
+            for queue, group_id in targets:
+                self.lock(txn, queue, group_id)
+            return act()
+        return self._wait_locks(txn, targets, act)
+
+    async def _wait_locks(
+        self, txn: Transaction, targets: list[tuple[Queue, uuid.UUID]], act: Callable[[], T]
+    ) -> T:
+        deadline = self.clock.time() + self.lock_timeout
+        while True:
+            blocked = next((g for q, g in targets if not self.lockable(txn, q, g)), None)
+            if blocked is None:
+                break
+            queue = next(q for q, g in targets if g == blocked)
+            remaining = deadline - self.clock.time()
+            if remaining <= 0 or txn.session.closed:
+                raise BrokerError(
+                    ErrorCode.LOCK_TIMEOUT,
+                    f"conversation group {blocked} stayed locked by another transaction for "
+                    f"{self.lock_timeout:g} s; retry, or commit the transaction holding it",
+                )
+            await self.wait(queue.group(blocked).lock_waiters, remaining)
+        for queue, group_id in targets:
+            self.lock(txn, queue, group_id)
+        return act()
+
+    async def wait(self, waiters: list[Callable[[], None]], timeout: float) -> None:
+        """Wait until one of `waiters` is called, or `timeout` seconds."""
+        future: asyncio.Future[None] = self.clock.create_future()
+
+        def wake() -> None:
+            if not future.done():
+                future.set_result(None)
+
+        waiters.append(wake)
+        timer = self.clock.call_at(self.clock.time() + timeout, wake)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            if wake in waiters:
+                waiters.remove(wake)
+
+    def release(self, txn: Transaction) -> None:
+        touched: dict[str, Queue] = {}
+        for queue, group in txn.locks.values():
+            group.owner = None
+            queue.touch(group)
+            waiters, group.lock_waiters = group.lock_waiters, []
+            for wake in waiters:
+                wake()
+            queue.drop_if_idle(group)
+            touched[queue.name] = queue
+        txn.locks.clear()
+        for queue in touched.values():
+            self.hooks.released(queue)

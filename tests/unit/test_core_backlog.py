@@ -1,0 +1,261 @@
+"""The backlog lives on disk: memory holds a budget of bodies, and nothing is lost or
+reordered on the way out and back in (core only: in-memory store, fake clock)."""
+
+from __future__ import annotations
+
+import gc
+import uuid
+
+import pytest
+
+from ssb.broker._core.queues import Queue, Status
+from ssb.protocol import ROW_OVERHEAD
+
+from .core_harness import BODY, HANDLE, SEQ, Core
+
+KIB = 1024
+
+
+def _body(conversation: int, n: int, size: int = KIB) -> bytes:
+    head = f"{conversation}:{n}:".encode()
+    return head + b"x" * (size - len(head))
+
+
+def _fill(core: Core, conversations: int, per: int, size: int = KIB) -> list[uuid.UUID]:
+    handles = [core.dialog() for _ in range(conversations)]
+    for n in range(per):
+        for c, handle in enumerate(handles):
+            core.op("send", handle, "DEFAULT", [_body(c, n, size)])
+        core.flush()
+    return handles
+
+
+def _in_order(core: Core, rows: list[list[object]], handles: list[uuid.UUID], per: int) -> None:
+    """Every message exactly once, each conversation's in sequence order."""
+    by_target: dict[object, list[bytes]] = {}
+    for row in rows:
+        by_target.setdefault(row[HANDLE], []).append(row[BODY])  # type: ignore[arg-type]
+    assert len(by_target) == len(handles)
+    for bodies in by_target.values():
+        c = int(bodies[0].split(b":")[0])
+        assert bodies == [_body(c, n, len(bodies[0])) for n in range(per)]
+
+
+def test_a_backlog_beyond_the_cache_stays_within_it_and_comes_back_in_order() -> None:
+    core = Core(message_cache_bytes=64 * KIB)
+    core.services()
+    handles = _fill(core, conversations=10, per=100)
+    queue = core.engine.queues["Target"]
+    assert queue.ready == 1000
+    assert core.engine.cache.resident <= 64 * KIB
+    assert sum(c.spilled for c in queue.conversations()) > 900  # most of it only on disk
+    rows = core.receive_all(top=7)
+    core.flush()
+    _in_order(core, rows, handles, 100)
+    assert queue.ready == 0 and queue.messages == 0 and queue.bytes == 0
+    assert core.engine.cache.resident == 0
+
+
+def test_bodies_that_are_not_durable_stay_in_memory_until_they_are() -> None:
+    core = Core(message_cache_bytes=16 * KIB)
+    core.services()
+    handle = core.dialog()
+    core.flush()
+    core.op("send", handle, "DEFAULT", [_body(0, n) for n in range(50)])
+    cache = core.engine.cache
+    # nothing is durable yet: a store read could not find these, so none may be dropped
+    assert cache.resident > 50 * KIB
+    core.flush()  # durable now; the cache trims as soon as it hears so
+    assert cache.resident <= 16 * KIB
+    rows = core.receive_all(top=10)
+    assert [r[BODY] for r in rows] == [_body(0, n) for n in range(50)]
+
+
+def test_new_arrivals_after_a_spill_queue_behind_it() -> None:
+    core = Core(message_cache_bytes=8 * KIB)
+    core.services()
+    handle = core.dialog()
+    for n in range(40):
+        core.op("send", handle, "DEFAULT", [_body(0, n)])
+    core.flush()
+    for n in range(40, 60):  # a resident tail behind the spilled range, some not durable
+        core.op("send", handle, "DEFAULT", [_body(0, n)])
+        if n == 50:
+            core.flush()
+    rows = core.receive_all(top=3)
+    assert [r[BODY] for r in rows] == [_body(0, n) for n in range(60)]
+
+
+def test_a_restart_rebuilds_queues_from_a_summary_and_loses_nothing() -> None:
+    core = Core(message_cache_bytes=32 * KIB)
+    core.services()
+    handles = _fill(core, conversations=5, per=40)
+    core.op("send", handles[0], "DEFAULT", [b"never durable"])  # not flushed: lost in a crash
+    again = core.restart(message_cache_bytes=32 * KIB)
+    queue = again.engine.queues["Target"]
+    assert queue.ready == 200 and queue.messages == 200
+    assert again.engine.cache.resident == 0  # start-up reads no message
+    rows = again.receive_all(top=13)
+    _in_order(again, rows, handles, 40)
+
+
+def test_a_rollback_puts_spilled_messages_back_and_they_are_read_again() -> None:
+    core = Core(message_cache_bytes=4 * KIB)
+    core.services()
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [_body(0, n) for n in range(30)])
+    core.flush()
+    core.op("begin_transaction")
+    first = core.op("receive", "Target", top=10)
+    core.flush()
+    core.op("rollback", error="try again")
+    core.flush()
+    rows = core.receive_all(top=100)
+    assert [r[BODY] for r in rows] == [_body(0, n) for n in range(30)]
+    assert [r[BODY] for r in rows[:10]] == [r[BODY] for r in first]
+
+
+def test_small_bodies_are_bounded_by_their_records_too() -> None:
+    core = Core(message_cache_bytes=64 * KIB)
+    core.services()
+    handle = core.dialog()
+    for _ in range(20):
+        core.op("send", handle, "DEFAULT", [b"."] * 100)
+        core.flush()
+    # 2,000 one-byte bodies: the per-message record counts against the budget
+    assert core.engine.cache.resident <= 64 * KIB
+    assert len(core.receive_all()) == 2000
+
+
+def test_a_message_received_before_it_reached_the_disk_is_never_written() -> None:
+    core = Core()
+    core.services()
+    handle = core.dialog()
+    core.flush()
+    core.op("send", handle, "DEFAULT", [b"a", b"b", b"c"])
+    assert len(core.op("receive", "Target", top=10)) == 3
+    core.flush()
+    assert core.store.cancelled == 3
+    assert core.store.read_queue_messages("Target", None, 10, 1 << 20) == []
+
+
+def test_an_answer_stops_at_its_byte_budget_and_the_rest_stays() -> None:
+    core = Core()
+    core.services()
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"1" * 1000, b"2" * 1000, b"3" * 1000])
+    core.flush()
+    queue: Queue = core.engine.queues["Target"]
+    group = queue.peek_eligible()
+    assert group is not None
+    taken = queue.take(group, 10, None, max_bytes=2 * (1000 + ROW_OVERHEAD) + 10)
+    assert [m.message_body for m in taken] == [b"1" * 1000, b"2" * 1000]
+    assert queue.ready == 1
+    queue.restore(taken)
+    one = queue.take(group, 10, None, max_bytes=10)  # the first always goes, alone
+    assert [m.message_body for m in one] == [b"1" * 1000]
+
+
+def test_endpoints_leave_memory_and_come_back_from_the_store() -> None:
+    core = Core()
+    core.engine.endpoints.cache_size = 4
+    core.services()
+    handles = [core.dialog() for _ in range(50)]
+    for handle in handles:
+        core.op("send", handle, "DEFAULT", [b"x"])
+    core.flush()
+    gc.collect()
+    endpoints = core.engine.endpoints
+    assert endpoints.in_memory() <= 4 + 2
+    reads = endpoints.reads
+    for handle in handles:
+        ep = endpoints.get(handle)
+        assert ep is not None and ep.send_seq == 1 and ep.state.name == "CO"
+    assert endpoints.reads > reads
+    assert len(core.receive_all()) == 50
+
+
+def test_a_change_not_yet_durable_survives_eviction() -> None:
+    core = Core()
+    core.engine.endpoints.cache_size = 1
+    core.services()
+    handle = core.dialog()
+    core.flush()
+    core.op("send", handle, "DEFAULT", [b"x", b"y"])  # send_seq 2, not durable
+    for _ in range(10):
+        core.dialog()  # push it out of the LRU
+    gc.collect()
+    ep = core.engine.endpoints.get(handle)
+    assert ep is not None and ep.send_seq == 2
+    core.flush()
+    del ep
+    gc.collect()
+    again = core.engine.endpoints.get(handle)
+    assert again is not None and again.send_seq == 2
+
+
+def test_retained_messages_stay_on_disk_and_go_with_their_conversation() -> None:
+    core = Core()
+    core.services(retention="ON")
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"kept1", b"kept2"])
+    core.flush()
+    rows = core.op("receive", "Target", top=10)
+    core.flush()
+    queue = core.engine.queues["Target"]
+    assert queue.ready == 0 and queue.messages == 2
+    assert [r[0] for r in core.store.read_queue_messages("Target", None, 10, 1 << 20)] != []
+    target = rows[0][HANDLE]
+    core.op("end_conversation", handle)
+    core.op("receive", "Target")  # the EndDialog
+    core.op("end_conversation", target)
+    core.flush()
+    assert queue.messages == 0
+    assert core.store.read_queue_messages("Target", None, 10, 1 << 20) == []
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_moving_a_conversation_takes_its_backlog_along(spill: bool) -> None:
+    core = Core(message_cache_bytes=4 * KIB if spill else 1 << 20)
+    core.services()
+    a, b = core.dialog(), core.dialog()
+    core.op("send", [a, b], "DEFAULT", [_body(0, n) for n in range(20)])
+    core.flush()
+    rows = core.op("receive", "Target", top=1)
+    target_a = rows[0][HANDLE]
+    other = next(
+        ep
+        for ep in core.engine.endpoints.page(None, 100)
+        if not ep.is_initiator and ep.handle != target_a
+    )
+    core.op("move_conversation", target_a, other.group_id)
+    core.flush()
+    queue = core.engine.queues["Target"]
+    assert len(queue.groups) == 1
+    rows = core.receive_all(top=100)
+    assert len(rows) == 39
+    assert {r[3] for r in rows} == {other.group_id}
+    assert [r[SEQ] for r in rows if r[HANDLE] == target_a] == list(range(1, 20))
+
+
+def test_requeued_messages_keep_their_place_across_a_restart() -> None:
+    core = Core()
+    core.op("create_queue", "DLQ")
+    policy = {"threshold": 1, "action": "dead_letter", "dead_letter_queue": "DLQ"}
+    core.services(poison_policy=policy)
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"poison", b"fine"])
+    core.flush()
+    core.op("begin_transaction")
+    core.op("receive", "Target", top=1)
+    core.op("rollback", error="cannot")
+    core.flush()
+    (letter,) = core.store.read_queue_messages("DLQ", None, 10, 1 << 20)
+    core.op("requeue_dead_letter", "DLQ", letter[0])
+    core.flush()
+    assert len(core.store.read_messages_with_status([Status.REQUEUED])) == 1
+    again = core.restart()
+    rows = again.receive_all()
+    assert [r[BODY] for r in rows] == [b"poison", b"fine"]
+    again.flush()
+    assert core.store.read_messages_with_status([Status.REQUEUED]) == []  # received: deleted

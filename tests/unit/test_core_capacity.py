@@ -1,0 +1,177 @@
+"""Quotas, size limits, a full disk and a failing store: refused with the reason,
+nothing half-applied, and the broker recovers by itself (core only)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from ssb.broker._errors import BrokerError
+from ssb.protocol import ErrorCode
+
+from .core_harness import BODY, Core
+
+
+def _code(excinfo: pytest.ExceptionInfo[BrokerError]) -> ErrorCode:
+    return excinfo.value.code
+
+
+def test_a_send_past_max_messages_is_refused_and_applies_nothing() -> None:
+    core = Core()
+    core.services(max_messages=3)
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"1", b"2"])
+    with pytest.raises(BrokerError) as refused:
+        core.op("send", handle, "DEFAULT", [b"3", b"4"])  # would make 4
+    assert _code(refused) == ErrorCode.QUEUE_FULL
+    assert "max_messages = 3" in refused.value.message and "'Target'" in refused.value.message
+    ep = core.engine.endpoints.get(handle)
+    assert ep is not None and ep.send_seq == 2  # nothing of the refused SEND
+    core.op("send", handle, "DEFAULT", [b"3"])
+    core.op("receive", "Target", top=1)
+    core.op("send", handle, "DEFAULT", [b"4"])  # room again
+    assert [r[BODY] for r in core.receive_all()] == [b"2", b"3", b"4"]
+
+
+def test_max_bytes_counts_bodies() -> None:
+    core = Core()
+    core.services(max_bytes=10)
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"12345678"])
+    with pytest.raises(BrokerError) as refused:
+        core.op("send", handle, "DEFAULT", [b"123"])
+    assert _code(refused) == ErrorCode.QUEUE_FULL and "max_bytes = 10" in refused.value.message
+    core.op("send", handle, "DEFAULT", [b"12"])
+
+
+def test_a_transactions_own_sends_count_toward_the_quota() -> None:
+    core = Core()
+    core.services(max_messages=3)
+    handle = core.dialog()
+    core.op("begin_transaction")
+    core.op("send", handle, "DEFAULT", [b"1", b"2"])
+    with pytest.raises(BrokerError) as refused:
+        core.op("send", handle, "DEFAULT", [b"3", b"4"])
+    assert _code(refused) == ErrorCode.QUEUE_FULL
+    core.op("commit")
+    assert core.engine.queues["Target"].ready == 2
+
+
+def test_a_queue_filled_meanwhile_fails_the_commit_and_rolls_all_of_it_back() -> None:
+    core = Core()
+    core.services(max_messages=3)
+    a, b = core.dialog(), core.dialog()
+    other = core.new_session()
+    core.op("begin_transaction")
+    core.op("send", a, "DEFAULT", [b"a1", b"a2"])
+    core.op("send", b, "DEFAULT", [b"b1", b"b2"], session=other)  # autocommit: 2 stored
+    with pytest.raises(BrokerError) as refused:
+        core.op("commit")
+    assert _code(refused) == ErrorCode.QUEUE_FULL and "COMMIT" in refused.value.message
+    assert core.engine.queues["Target"].ready == 2
+    assert core.engine.transactions.sessions[core.session.ident].txn is None
+    ep = core.engine.endpoints.get(a)
+    assert ep is not None and ep.send_seq == 0
+
+
+def test_quotas_can_be_altered_and_removed() -> None:
+    core = Core()
+    core.services(max_messages=1)
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"1"])
+    with pytest.raises(BrokerError):
+        core.op("send", handle, "DEFAULT", [b"2"])
+    core.op("alter_queue", "Target", max_messages=None)
+    core.op("send", handle, "DEFAULT", [b"2", b"3"])
+    with pytest.raises(BrokerError) as bad:
+        core.op("alter_queue", "Target", max_bytes=-1)
+    assert _code(bad) == ErrorCode.BAD_ARGUMENT
+
+
+def test_held_messages_count_toward_the_quota_of_their_queue() -> None:
+    core = Core()
+    core.services(max_messages=2, status="OFF")
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"1", b"2"])  # held: the queue is OFF
+    assert core.engine.queues["Target"].held == 2
+    with pytest.raises(BrokerError) as refused:
+        core.op("send", handle, "DEFAULT", [b"3"])
+    assert _code(refused) == ErrorCode.QUEUE_FULL
+    core.op("alter_queue", "Target", status="ON")
+    assert [r[BODY] for r in core.receive_all()] == [b"1", b"2"]
+
+
+def test_a_body_over_max_message_size_is_refused() -> None:
+    core = Core(max_message_size=100)
+    core.services()
+    handle = core.dialog()
+    with pytest.raises(BrokerError) as refused:
+        core.op("send", handle, "DEFAULT", [b"ok", b"x" * 101])
+    assert _code(refused) == ErrorCode.MESSAGE_TOO_LARGE
+    assert "max_message_size of 100" in refused.value.message
+    assert core.engine.queues["Target"].ready == 0
+
+
+def test_low_disk_refuses_new_messages_keeps_receive_and_recovers() -> None:
+    core = Core(min_free_disk=1000)
+    core.services()
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"before"])
+    capacity = core.engine.capacity
+    capacity.measured(999, "test")
+    for statement in (
+        lambda: core.op("send", handle, "DEFAULT", [b"during"]),
+        lambda: core.dialog(),
+    ):
+        with pytest.raises(BrokerError) as refused:
+            statement()
+        assert _code(refused) == ErrorCode.DISK_FULL
+        assert "min_free_disk" in refused.value.message
+    assert [r[BODY] for r in core.op("receive", "Target")] == [b"before"]  # still drains
+    core.op("end_conversation", handle)
+    capacity.measured(1000, "test")
+    core.dialog()
+
+
+def test_a_failed_commit_is_retried_and_refuses_new_messages_meanwhile() -> None:
+    core = Core()
+    core.store.attach(None, lambda exc: None, _trouble(core))  # type: ignore[arg-type]
+    core.services()
+    handle = core.dialog()
+    core.flush()
+    core.op("send", handle, "DEFAULT", [b"kept"])
+    core.store.fail_next = sqlite3.OperationalError("database or disk is full")
+    core.flush()
+    assert core.store.trouble is not None and "disk is full" in core.store.trouble
+    assert core.store.durable < core.store.watermark()
+    with pytest.raises(BrokerError) as refused:
+        core.op("send", handle, "DEFAULT", [b"refused"])
+    assert _code(refused) == ErrorCode.DISK_FULL and "disk is full" in refused.value.message
+    core.flush()  # the retry: the failed batch and what came after it, together
+    assert core.store.trouble is None and core.store.durable == core.store.watermark()
+    core.op("send", handle, "DEFAULT", [b"after"])
+    core.flush()
+    again = core.restart()
+    assert [r[BODY] for r in again.receive_all()] == [b"kept", b"after"]
+
+
+def test_a_failure_that_retrying_cannot_fix_is_reported_as_fatal() -> None:
+    core = Core()
+    failures: list[BaseException] = []
+    core.store.attach(None, failures.append, _trouble(core))  # type: ignore[arg-type]
+    core.services()
+    core.store.fail_next = sqlite3.IntegrityError("UNIQUE constraint failed")
+    core.dialog()
+    core.flush()
+    assert len(failures) == 1 and core.store.failed is failures[0]
+
+
+def _trouble(core: Core):  # type: ignore[no-untyped-def]
+    def hear(reason: str | None) -> None:
+        if reason is None:
+            core.engine.capacity.commit_succeeded()
+        else:
+            core.engine.capacity.commit_failed(reason)
+
+    return hear

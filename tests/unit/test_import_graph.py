@@ -1,0 +1,105 @@
+"""The packages' import graphs have no cycles, and protocol/ stays pure.
+
+Every import statement counts, wherever it stands (module level, inside a function,
+under TYPE_CHECKING): a cycle at any of those places is a tangle a reader has to
+hold in their head, and it is how wiring by import-time side effects creeps back.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("broker", "protocol", "client", "spark_bridge")
+
+
+def _modules(package: str) -> dict[str, Path]:
+    found = {}
+    for path in (ROOT / package).rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found["ssb." + ".".join(parts)] = path
+    return found
+
+
+def _imports(module: str, path: Path, known: set[str]) -> Iterator[str]:
+    """Modules of `known` that `module` imports (resolving relative imports)."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in known:
+                    yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" in known:
+                    yield f"{target}.{alias.name}"
+                elif target in known:
+                    yield target
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycles(package: str) -> None:
+    modules = _modules(package)
+    known = set(modules)
+    graph = {name: set(_imports(name, path, known)) - {name} for name, path in modules.items()}
+    # a package's __init__ re-exports its modules; importing it is importing them all
+    assert _cycles(graph) == []
+
+
+def test_protocol_is_pure() -> None:
+    forbidden = {"asyncio", "socket", "threading", "time", "selectors", "ssl"}
+    for name, path in _modules("protocol").items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            )
+            for imported in names:
+                assert imported.split(".")[0] not in forbidden, f"{name} imports {imported}"
