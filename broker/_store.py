@@ -22,9 +22,9 @@ on disk. The server answers a request only when everything applied before its an
 is durable, so nothing a client observes can be lost by a crash.
 
 A commit that fails for want of space or an I/O error is not the end: the batch stays,
-merged with the writes that follow, and is tried again after `RETRY_DELAY`; meanwhile
-`on_trouble` tells the daemon (which refuses new messages with the real cause) and
-answers wait. Any other failure (a constraint broken: a bug) is fatal: memory would stay
+merged with the writes that follow, and is tried again after `RETRY_DELAY`, after a WAL
+checkpoint that lets it reuse the WAL file's space; meanwhile `on_trouble` tells the
+daemon (which refuses new messages with the real cause) and answers wait. Any other failure (a constraint broken: a bug) is fatal: memory would stay
 ahead of disk, so the daemon stops and a restart rebuilds from what is durable.
 
 Space: `auto_vacuum = INCREMENTAL` lets `maintain` return free pages to the file system
@@ -684,6 +684,11 @@ class Store:
             exc, self.fail_next = self.fail_next, None
             raise exc
         db = self._db
+        if self.trouble is not None and str(self.path) != ":memory:":
+            # the last commit failed: let this one reuse the WAL file's own space (a full
+            # disk cannot grow it), after moving what it holds into the database
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
         rows = 0
         db.execute("BEGIN")
         try:
@@ -909,6 +914,12 @@ class Store:
         return self._reader.execute(
             f"{_ENDPOINT_SELECT}{clause} ORDER BY handle LIMIT ?", (*params, limit)
         ).fetchall()
+
+    def count_rows(self, table: str) -> int:
+        """How many rows a table holds (endpoints, transmission_queue, messages)."""
+        if table not in ("endpoints", "transmission_queue", "messages"):
+            raise ValueError(f"no count for table {table!r}")
+        return int(self._reader.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
     def read_groups(self, limit: int) -> list[Row]:
         """(group id, a service of it, endpoints) per conversation group, by group id."""

@@ -143,7 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             from ssb.spark_bridge._cli import main as bridge_main
         except ImportError as exc:
-            print(f"ssb spark-bridge needs pyspark: pip install 'ssb[spark]' ({exc})", file=sys.stderr)
+            print(
+                f"ssb spark-bridge needs pyspark: install the Spark extra from the clone,"
+                f" pip install -e '.[spark]' ({exc})",
+                file=sys.stderr,
+            )
             return 2
         return bridge_main(args)
 
@@ -155,14 +159,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(format_table(conn.view(args.name)))
             else:
                 queues = conn.view("service_queues")
-                endpoints = conn.view("conversation_endpoints")
-                pending = conn.view("transmission_queue")
-                print(f"broker instance   {conn.broker_instance()}")
-                print(f"server            {conn.server}")
-                print(f"queues            {len(queues)}")
-                print(f"messages ready    {sum(q['messages_ready'] for q in queues)}")
-                print(f"conversations     {len(endpoints)}")
-                print(f"transmission queue {len(pending)}")
+                (resources,) = conn.view("broker_resources")
+                print(f"broker instance    {conn.broker_instance()}")
+                print(f"server             {conn.server}")
+                print(f"queues             {len(queues)}")
+                print(f"messages ready     {sum(q['messages_ready'] for q in queues)}")
+                print(f"messages stored    {resources['stored_messages']}")
+                print(f"conversations      {resources['conversation_endpoints']}")
+                print(f"transmission queue {resources['transmission_queue_messages']}")
+                if resources["refusal"]:
+                    print(f"refusing messages  {resources['refusal']}")
     except (client.BrokerError, ValueError) as exc:
         print(f"ssb: {exc}", file=sys.stderr)
         return 1
