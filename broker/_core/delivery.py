@@ -528,9 +528,6 @@ class Delivery:
             self.enqueue(far, seq, message_type, letter, body, now)
             self.endpoints.update(far)
             return
-        if too_large:
-            self._refuse_too_large(far, conversation_id, from_initiator, seq, len(body), from_broker)
-            return
         out = Outbound(
             0,
             conversation_id,
@@ -548,6 +545,11 @@ class Delivery:
             5,
             extra=from_broker.encode(),
         )
+        if too_large:
+            if far is None and from_initiator and to_service in self.catalog.services:
+                far = self._create_target(out, now)
+            self._refuse_too_large(far, conversation_id, from_initiator, seq, len(body), from_broker)
+            return
         reason = self.local_block(to_service)
         if key in self.outboxes or reason:
             out.status = reason or "waiting behind earlier messages of this conversation"

@@ -125,11 +125,12 @@ class Core:
     def receive_all(self, queue: str = "Target", top: int = 100) -> list[list[Any]]:
         """RECEIVE (committing each at once) until the queue is empty."""
         rows: list[list[Any]] = []
-        while True:
+        for _ in range(100_000):
             got = self.op("receive", queue, top=top)
             if not got:
                 return rows
             rows += got
+        raise AssertionError(f"queue {queue} did not empty after 100,000 RECEIVEs")
 
 
 BODY = 10  # column of the message body in a RECEIVE row

@@ -1,0 +1,175 @@
+"""Memory and disk figures of a daemon, for the backlog, slow-consumer and endpoint benchmarks.
+
+The daemon's memory is its resident set (VmRSS in /proc/<pid>/status) and its peak
+(VmHWM, the high-water mark since the process started). `RssSampler` samples VmRSS on a
+background thread every `interval` seconds, following the daemon across restarts (it
+reads the pid anew each time). The store is `<data_dir>/broker.db` plus its `-wal` file.
+
+`daemon()` is `_common.broker()` with a config (a dict of settings, written to a TOML
+file by tests/daemon.py), which the memory benchmarks need for `message_cache_bytes`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._common import BrokerProcess
+
+MB = 1_000_000  # the issue's "MB": figures are reported in 10^6 bytes
+
+
+def _status_kb(pid: int, field: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def rss_bytes(pid: int) -> int | None:
+    """The process's resident set size now (VmRSS), in bytes; None if it is gone."""
+    kb = _status_kb(pid, "VmRSS")
+    return None if kb is None else kb * 1024
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """The process's peak resident set size since it started (VmHWM), in bytes."""
+    kb = _status_kb(pid, "VmHWM")
+    return None if kb is None else kb * 1024
+
+
+def daemon_pid(process: BrokerProcess) -> int:
+    if process.proc is None or process.proc.poll() is not None:
+        raise RuntimeError("the daemon is not running")
+    return process.proc.pid
+
+
+def daemon_rss(process: BrokerProcess) -> int:
+    value = rss_bytes(daemon_pid(process))
+    if value is None:
+        raise RuntimeError("cannot read the daemon's VmRSS")
+    return value
+
+
+def daemon_peak(process: BrokerProcess) -> int:
+    value = peak_rss_bytes(daemon_pid(process))
+    if value is None:
+        raise RuntimeError("cannot read the daemon's VmHWM")
+    return value
+
+
+class RssSampler:
+    """Samples a process's VmRSS every `interval` s on a thread, between start() and stop().
+
+    `pid` is called at every sample, so the sampler follows a restarted daemon. Bounded:
+    it stops by itself after `limit` seconds.
+    """
+
+    def __init__(self, pid: Callable[[], int | None], interval: float = 1.0, limit: float = 7200.0):
+        self._pid = pid
+        self.interval = interval
+        self.limit = limit
+        self.samples: list[tuple[float, int]] = []  # (monotonic time, bytes)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> RssSampler:
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.limit
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            pid = self._pid()
+            value = rss_bytes(pid) if pid else None
+            if value is not None:
+                self.samples.append((time.monotonic(), value))
+            self._stop.wait(self.interval)
+
+    def stop(self) -> RssSampler:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        return self
+
+    @property
+    def peak(self) -> int:
+        return max((v for _, v in self.samples), default=0)
+
+    def __enter__(self) -> RssSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class StoreSize:
+    db: int  # broker.db
+    wal: int  # broker.db-wal
+
+    @property
+    def total(self) -> int:
+        return self.db + self.wal
+
+
+def store_size(data_dir: Path) -> StoreSize:
+    def size(path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except OSError:
+            return 0
+
+    return StoreSize(db=size(data_dir / "broker.db"), wal=size(data_dir / "broker.db-wal"))
+
+
+def timed_restart(process: BrokerProcess) -> float:
+    """kill -9 and start again on the same data dir and ports; seconds until "ssb ready"."""
+    started = time.perf_counter()
+    process.restart()
+    return time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def daemon(
+    durability: str, config: dict[str, Any] | None = None, keep: bool = False
+) -> Iterator[BrokerProcess]:
+    """A fresh daemon on free ports in a temp data dir, with `config`; stopped on exit."""
+    root = Path(tempfile.mkdtemp(prefix=f"ssb-bench-{durability}-"))
+    process = BrokerProcess(root / "data", durability=durability, config=config or None)
+    try:
+        process.start()
+        yield process
+    except BaseException:
+        exit_code = process.proc.poll() if process.proc is not None else None
+        tail = process.log_text()[-3000:] if process.log_path.exists() else ""
+        print(
+            f"benchmark failed; daemon exit code {exit_code}; daemon log tail:\n{tail}",
+            file=sys.stderr,
+        )
+        raise
+    finally:
+        try:
+            process.stop(timeout=60.0)
+        except Exception:
+            process.kill()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def mb(value: float | None) -> str:
+    """Bytes as MB (10^6) for a table."""
+    return "n/a" if value is None else f"{value / MB:,.1f}"

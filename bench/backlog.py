@@ -1,0 +1,720 @@
+"""Deep backlog: millions of queued messages with no reader, memory, restart and drain.
+
+The issue's figures: 2,000,000 messages of 1 KiB on 10,000 conversations queued with no
+reader. Daemon RSS growth <= 150 MB; restart to ready at most 1 s slower than an empty
+daemon's restart, same run; RSS after the drain within 50 MB of the empty daemon's;
+drain rate from the deep queue >= 0.8 of the rate from a short queue, same run.
+
+Procedure, on one fresh daemon (durability "os" unless --durability; the default
+`message_cache_bytes` unless --cache-bytes):
+
+  empty      restart the empty daemon (kill -9, start, until its "ssb ready" line)
+             --restarts times: median restart time; then its idle RSS ("empty RSS");
+  setup      one queue/service pair and --conversations dialogs, begun in explicit
+             transactions of 1,000 (pipelined); a restart (reported) for a cold start;
+  short      the reference: a short backlog (--short-messages, default 20,000, at most
+             a tenth of --messages) with the SAME number of messages per conversation as
+             the deep one (so on fewer conversations: each RECEIVE returns as many
+             messages in both), filled and then drained; --short-repeats times, median
+             rate. It fits the message cache, so it is served from memory;
+  fill       a restart (so the peak RSS, VmHWM, covers the fill only), the idle RSS
+             before the fill, then --messages bodies with `send_many` (--batch bodies per
+             call on one conversation, calls going round the conversations, --in-flight
+             calls pipelined on one connection). RSS sampled every second; the peak is
+             the larger of the samples and VmHWM. Store size (broker.db + -wal) after;
+  restart    kill -9 and start with the backlog, --restarts times: median restart time
+             (and time until the first answer), RSS right after; the queue must show
+             every message after each restart;
+  drain      one consumer: pipelined BEGIN / RECEIVE TOP (--receive-top) / COMMIT until
+             every message arrived; msgs/s over the whole drain and over its first and
+             last 10%, and the daemon's CPU time per message;
+  after      --settle seconds idle (the daemon truncates the WAL after 10 s idle), then
+             RSS and the store size (free pages go back to the file system gradually, by
+             incremental vacuum, so the file shrinks only with later commits).
+
+Every body starts with (phase, conversation, index): the consumer checks that every
+message arrives exactly once, on the right conversation, in order within it, and that
+the queue is empty at the end; the run fails loudly otherwise. Gated (exit status 1 when
+missed): RSS growth during the fill, the restart time difference, RSS after the drain vs
+the empty daemon's, and the deep/short drain ratio. Every loop is bounded in count and
+time; everything stays on 127.0.0.1.
+
+Run from the repository root (the defaults are the full-size run: minutes, ~2.5 GB of
+disk in a temp dir):
+
+    python -m bench.backlog
+    python -m bench.backlog --messages 50000 --conversations 1000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import struct
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ssb import client
+
+from ._common import BrokerProcess, cpu_seconds, rate, run
+from ._memory import (
+    MB,
+    RssSampler,
+    daemon,
+    daemon_peak,
+    daemon_rss,
+    mb,
+    store_size,
+    timed_restart,
+)
+
+MESSAGE_TYPE = "BacklogMessage"
+CONTRACT = "BacklogContract"
+INITIATOR_QUEUE = "BacklogInitiatorQueue"
+TARGET_QUEUE = "BacklogTargetQueue"
+INITIATOR_SERVICE = "BacklogInitiator"
+TARGET_SERVICE = "BacklogTarget"
+
+TAG = struct.Struct(">BII")  # (phase, conversation, index in the conversation)
+PHASE_SHORT = 1
+PHASE_DEEP = 2
+DIALOGS_PER_TRANSACTION = 1000
+
+# the issue's targets
+TARGET_GROWTH = 150 * MB
+TARGET_RESTART_DELTA = 1.0  # seconds
+TARGET_AFTER_DRAIN = 50 * MB
+TARGET_DRAIN_RATIO = 0.8
+
+
+class BenchFailure(RuntimeError):
+    """The benchmark's own check failed (lost, duplicated, misordered messages...)."""
+
+
+@dataclass
+class Options:
+    messages: int = 2_000_000
+    conversations: int = 10_000
+    body_size: int = 1024
+    durability: str = "os"
+    cache_bytes: int | None = None
+    batch: int = 100
+    in_flight: int = 8
+    receive_top: int = 100
+    short_messages: int = 20_000
+    short_repeats: int = 3
+    restarts: int = 3
+    settle: float = 12.0
+    phase_timeout: float = 3600.0
+    idle_timeout: float = 60.0
+
+
+@dataclass
+class Drain:
+    messages: int = 0
+    receives: int = 0
+    seconds: float = 0.0
+    msgs_s: float = 0.0
+    first_10pct_msgs_s: float = 0.0
+    last_10pct_msgs_s: float = 0.0
+    daemon_cpu_us: float | None = None  # daemon CPU (user+system) per message
+
+
+@dataclass
+class Result:
+    messages: int = 0
+    conversations: int = 0
+    messages_per_conversation: float = 0.0
+    # empty daemon
+    empty_restart_s: list[float] = field(default_factory=list)
+    empty_restart_median_s: float = 0.0
+    rss_empty: int = 0
+    # setup
+    dialogs_s: float = 0.0
+    idle_conversations_restart_s: float = 0.0
+    # short reference
+    short_messages: int = 0
+    short_conversations: int = 0
+    short_drains: list[Drain] = field(default_factory=list)
+    short_msgs_s: float = 0.0  # median of every short drain (before the fill and after)
+    short_before_msgs_s: float = 0.0
+    short_after_msgs_s: float = 0.0
+    # fill
+    rss_before_fill: int = 0
+    fill_s: float = 0.0
+    fill_msgs_s: float = 0.0
+    rss_after_fill: int = 0
+    rss_peak_fill: int = 0
+    rss_growth: int = 0
+    store_after_fill: dict[str, int] = field(default_factory=dict)
+    resources_after_fill: dict[str, Any] = field(default_factory=dict)
+    # restart with the backlog
+    deep_restart_s: list[float] = field(default_factory=list)
+    deep_restart_median_s: float = 0.0
+    deep_first_answer_s: list[float] = field(default_factory=list)
+    rss_after_deep_restart: list[int] = field(default_factory=list)
+    restart_delta_s: float = 0.0
+    # drain
+    deep: Drain = field(default_factory=Drain)
+    rss_peak_drain: int = 0
+    drain_ratio: float = 0.0
+    drain_cpu_ratio: float | None = None  # short / deep daemon CPU per message (informative)
+    # after
+    rss_after_drain: int = 0
+    rss_after_drain_vs_empty: int = 0
+    store_after_drain: dict[str, int] = field(default_factory=dict)
+    store_after_settle: dict[str, int] = field(default_factory=dict)
+    resources_after_drain: dict[str, Any] = field(default_factory=dict)
+    # gates
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    all_met: bool = False
+
+
+# ---- plumbing ----------------------------------------------------------------------------
+
+
+def spread(total: int, conversations: int) -> list[int]:
+    """`total` messages over `conversations`, as evenly as possible."""
+    base, extra = divmod(total, conversations)
+    return [base + (1 if c < extra else 0) for c in range(conversations)]
+
+
+def plan(counts: list[int], batch: int) -> Iterator[tuple[int, int, int]]:
+    """(conversation, first index, count) per send_many call: rounds over the
+    conversations, `batch` bodies of one conversation per call."""
+    rounds = (max(counts, default=0) + batch - 1) // batch
+    for r in range(rounds):
+        first = r * batch
+        for c, count in enumerate(counts):
+            if first < count:
+                yield c, first, min(batch, count - first)
+
+
+async def create_objects(url: str) -> None:
+    async with await client.connect(url) as conn:
+        await conn.create_message_type(MESSAGE_TYPE, validation="NONE")
+        await conn.create_contract(CONTRACT, {MESSAGE_TYPE: "INITIATOR"})
+        await conn.create_queue(INITIATOR_QUEUE)
+        await conn.create_queue(TARGET_QUEUE)
+        await conn.create_service(INITIATOR_SERVICE, queue=INITIATOR_QUEUE)
+        await conn.create_service(TARGET_SERVICE, queue=TARGET_QUEUE, contracts=[CONTRACT])
+
+
+async def begin_dialogs(url: str, count: int, timeout: float) -> list[uuid.UUID]:
+    handles: list[uuid.UUID] = []
+    deadline = time.monotonic() + timeout
+    async with await client.connect(url) as conn:
+        for first in range(0, count, DIALOGS_PER_TRANSACTION):
+            if time.monotonic() > deadline:
+                raise BenchFailure(f"only {len(handles)} of {count} dialogs in {timeout:g} s")
+            n = min(DIALOGS_PER_TRANSACTION, count - first)
+            async with conn.transaction():
+                calls = [
+                    conn.begin_dialog(INITIATOR_SERVICE, TARGET_SERVICE, contract=CONTRACT)
+                    for _ in range(n)
+                ]
+                handles += await asyncio.gather(*calls)
+    return handles
+
+
+async def fill(
+    url: str,
+    handles: list[uuid.UUID],
+    counts: list[int],
+    phase: int,
+    opts: Options,
+    label: str,
+    progress: Any = None,
+) -> float:
+    """Send every planned message; seconds taken. `progress(fraction)` prints a line."""
+    pad = b"b" * max(0, opts.body_size - TAG.size)
+    total_calls = sum((n + opts.batch - 1) // opts.batch for n in counts)
+    step = max(1, total_calls // 10)
+    async with await client.connect(url) as conn:
+        started = time.monotonic()
+        deadline = started + opts.phase_timeout
+        in_flight: deque[asyncio.Future[None]] = deque()
+
+        async def settle_one() -> None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BenchFailure(f"{label}: fill did not finish in {opts.phase_timeout:g} s")
+            await asyncio.wait_for(in_flight.popleft(), left)
+
+        for number, (c, first, n) in enumerate(plan(counts, opts.batch), 1):
+            bodies = [TAG.pack(phase, c, i) + pad for i in range(first, first + n)]
+            in_flight.append(
+                asyncio.ensure_future(conn.send_many(handles[c], MESSAGE_TYPE, bodies))
+            )
+            if len(in_flight) >= opts.in_flight:
+                await settle_one()
+            if progress is not None and number % step == 0 and number < total_calls:
+                progress(number / total_calls, time.monotonic() - started)
+        while in_flight:
+            await settle_one()
+        return time.monotonic() - started
+
+
+async def _receive_batch(conn: client.Connection, top: int) -> list[client.Message]:
+    # BEGIN, RECEIVE and COMMIT leave together; the broker runs them in order
+    begin = asyncio.ensure_future(conn.begin_transaction())
+    received = asyncio.ensure_future(conn.receive(TARGET_QUEUE, top=top, timeout=1.0))
+    commit = asyncio.ensure_future(conn.commit())
+    await begin
+    messages = await received
+    await commit
+    return messages
+
+
+async def drain(
+    url: str,
+    counts: list[int],
+    phase: int,
+    opts: Options,
+    label: str,
+    pid: int,
+    verbose: bool = False,
+) -> Drain:
+    """Receive every planned message, checking exactly once, conversation and order."""
+    total = sum(counts)
+    expected = [0] * len(counts)  # next index per conversation
+    conversation_of: dict[uuid.UUID, int] = {}  # target handle -> conversation
+    handle_of: dict[int, uuid.UUID] = {}
+    tenth = max(1, total // 10)
+    mark_10 = mark_90 = 0.0
+    count = receives = 0
+    cpu_before = cpu_seconds(pid)
+    async with await client.connect(url) as conn:
+        await conn.ping()
+        started = time.monotonic()
+        deadline = started + opts.phase_timeout
+        last_message = started
+        next_report = tenth
+        while count < total:
+            now = time.monotonic()
+            if now > deadline:
+                raise BenchFailure(
+                    f"{label}: only {count} of {total} after {opts.phase_timeout:g} s"
+                )
+            if now - last_message > opts.idle_timeout:
+                raise BenchFailure(
+                    f"{label}: no message for {opts.idle_timeout:g} s with {count} of {total} "
+                    "received (messages lost or stuck in the queue)"
+                )
+            messages = await _receive_batch(conn, opts.receive_top)
+            if not messages:
+                continue
+            last_message = time.monotonic()
+            receives += 1
+            for m in messages:
+                if m.message_type_name != MESSAGE_TYPE:
+                    raise BenchFailure(f"{label}: unexpected message type {m.message_type_name}")
+                got_phase, c, index = TAG.unpack_from(m.message_body)
+                if got_phase != phase or c >= len(counts):
+                    raise BenchFailure(
+                        f"{label}: foreign message phase={got_phase} conversation={c}"
+                    )
+                known = conversation_of.setdefault(m.conversation_handle, c)
+                if (
+                    known != c
+                    or handle_of.setdefault(c, m.conversation_handle) != m.conversation_handle
+                ):
+                    raise BenchFailure(
+                        f"{label}: message ({c}, {index}) arrived on the wrong conversation"
+                    )
+                if index != expected[c]:
+                    what = "twice" if index < expected[c] else "early (a message is missing)"
+                    raise BenchFailure(
+                        f"{label}: conversation {c}: message {index} arrived {what}; "
+                        f"expected {expected[c]}"
+                    )
+                expected[c] += 1
+            before = count
+            count += len(messages)
+            if before < tenth <= count:
+                mark_10 = last_message
+            if before < total - tenth <= count:
+                mark_90 = last_message
+            if verbose and count >= next_report and count < total:
+                elapsed = last_message - started
+                print(
+                    f"  [{label}] drained {count:,}/{total:,} ({100 * count / total:.0f}%) "
+                    f"{rate(count, elapsed):,.0f} msgs/s",
+                    flush=True,
+                )
+                next_report += tenth
+        finished = last_message
+        leftover = await conn.receive(TARGET_QUEUE, top=1, timeout=0)
+        if leftover:
+            raise BenchFailure(f"{label}: the queue is not empty after {count} messages")
+    short = [c for c, n in enumerate(counts) if expected[c] != n]
+    if short:
+        raise BenchFailure(f"{label}: {len(short)} conversations incomplete, e.g. {short[0]}")
+    cpu_after = cpu_seconds(pid)
+    seconds = finished - started
+    return Drain(
+        messages=count,
+        receives=receives,
+        seconds=seconds,
+        msgs_s=rate(count, seconds),
+        first_10pct_msgs_s=rate(tenth, mark_10 - started),
+        last_10pct_msgs_s=rate(total - (total - tenth), finished - mark_90),
+        daemon_cpu_us=None
+        if cpu_before is None or cpu_after is None
+        else (cpu_after - cpu_before) * 1e6 / max(1, count),
+    )
+
+
+async def first_answer(url: str) -> float:
+    """Seconds to connect and get a ping answered."""
+    started = time.perf_counter()
+    async with await client.connect(url) as conn:
+        await conn.ping()
+    return time.perf_counter() - started
+
+
+async def queue_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the target queue's service_queues row, the broker_resources row)."""
+    async with await client.connect(url) as conn:
+        queues = await conn.view("service_queues")
+        resources = (await conn.view("broker_resources"))[0]
+    row = next((q for q in queues if q.get("name") == TARGET_QUEUE), None)
+    if row is None:
+        raise BenchFailure(f"{TARGET_QUEUE} is not in service_queues")
+    return row, resources
+
+
+def _sizes(process: BrokerProcess) -> dict[str, int]:
+    size = store_size(process.data_dir)
+    return {"db": size.db, "wal": size.wal}
+
+
+def _pid(process: BrokerProcess) -> int | None:
+    return process.proc.pid if process.proc is not None else None
+
+
+def _settle(seconds: float) -> None:
+    time.sleep(seconds)  # pacing, bounded: let the daemon go idle before a memory reading
+
+
+# ---- the run -------------------------------------------------------------------------------
+
+
+def bench(opts: Options) -> Result:
+    r = Result(messages=opts.messages, conversations=opts.conversations)
+    r.messages_per_conversation = opts.messages / opts.conversations
+    deep_counts = spread(opts.messages, opts.conversations)
+    per_conversation = max(1, opts.messages // opts.conversations)
+    short_total = max(1, min(opts.short_messages, opts.messages // 10))
+    short_conversations = max(1, min(opts.conversations, short_total // per_conversation))
+    short_counts = spread(short_total, short_conversations)
+    r.short_messages = short_total
+    r.short_conversations = short_conversations
+    config = {} if opts.cache_bytes is None else {"message_cache_bytes": opts.cache_bytes}
+
+    with daemon(opts.durability, config) as d:
+        url = d.url
+        print(f"[empty] {opts.restarts} restarts of the empty daemon ...", flush=True)
+        r.empty_restart_s = [timed_restart(d) for _ in range(opts.restarts)]
+        r.empty_restart_median_s = statistics.median(r.empty_restart_s)
+        _settle(2.0)
+        r.rss_empty = daemon_rss(d)
+
+        print(f"[setup] objects and {opts.conversations:,} dialogs ...", flush=True)
+        run(create_objects(url))
+        started = time.monotonic()
+        handles = run(begin_dialogs(url, opts.conversations, opts.phase_timeout))
+        r.dialogs_s = time.monotonic() - started
+        r.idle_conversations_restart_s = timed_restart(d)
+
+        def short_phase(when: str) -> None:
+            print(
+                f"[short, {when}] {short_total:,} messages on {short_conversations:,} "
+                f"conversations ({per_conversation} each), {opts.short_repeats} times ...",
+                flush=True,
+            )
+            pid = d.proc.pid if d.proc else 0
+            for i in range(opts.short_repeats):
+                run(fill(url, handles, short_counts, PHASE_SHORT, opts, "short"))
+                got = run(drain(url, short_counts, PHASE_SHORT, opts, "short", pid))
+                r.short_drains.append(got)
+                print(f"  short drain {i + 1}: {got.msgs_s:,.0f} msgs/s", flush=True)
+
+        short_phase("before the fill")
+
+        print(
+            f"[fill] {opts.messages:,} messages on {opts.conversations:,} conversations ...",
+            flush=True,
+        )
+        timed_restart(d)  # a fresh process: VmHWM covers the fill only
+        _settle(2.0)
+        r.rss_before_fill = daemon_rss(d)
+        hwm_before = daemon_peak(d)
+
+        def progress(fraction: float, elapsed: float) -> None:
+            print(
+                f"  [fill] {100 * fraction:.0f}% {rate(int(fraction * opts.messages), elapsed):,.0f}"
+                f" msgs/s, RSS {mb(daemon_rss(d))} MB, store {mb(store_size(d.data_dir).total)} MB",
+                flush=True,
+            )
+
+        with RssSampler(lambda: _pid(d)) as sampler:
+            r.fill_s = run(fill(url, handles, deep_counts, PHASE_DEEP, opts, "fill", progress))
+        r.fill_msgs_s = rate(opts.messages, r.fill_s)
+        r.rss_after_fill = daemon_rss(d)
+        hwm_after = daemon_peak(d)
+        r.rss_peak_fill = max(
+            sampler.peak, r.rss_after_fill, hwm_after if hwm_after > hwm_before else 0
+        )
+        r.rss_growth = r.rss_peak_fill - r.rss_before_fill
+        r.store_after_fill = _sizes(d)
+        row, r.resources_after_fill = run(queue_state(url))
+        print(
+            f"  filled in {r.fill_s:.1f} s ({r.fill_msgs_s:,.0f} msgs/s); RSS {mb(r.rss_after_fill)}"
+            f" MB, peak {mb(r.rss_peak_fill)} MB; queue: {row['messages_ready']:,} ready,"
+            f" {row['bytes_stored'] / MB:,.1f} MB",
+            flush=True,
+        )
+
+        print(f"[restart] {opts.restarts} restarts with the backlog ...", flush=True)
+        for _ in range(opts.restarts):
+            r.deep_restart_s.append(timed_restart(d))
+            r.rss_after_deep_restart.append(daemon_rss(d))
+            r.deep_first_answer_s.append(r.deep_restart_s[-1] + run(first_answer(url)))
+            row, _ = run(queue_state(url))
+            stored = row["messages_ready"]
+            if stored != opts.messages:
+                raise BenchFailure(
+                    f"after a restart the queue shows {stored} messages, not {opts.messages}: {row}"
+                )
+        r.deep_restart_median_s = statistics.median(r.deep_restart_s)
+        r.restart_delta_s = r.deep_restart_median_s - r.empty_restart_median_s
+
+        print(f"[drain] {opts.messages:,} messages ...", flush=True)
+        with RssSampler(lambda: _pid(d)) as sampler:
+            r.deep = run(
+                drain(url, deep_counts, PHASE_DEEP, opts, "deep", d.proc.pid if d.proc else 0, True)
+            )
+        r.rss_peak_drain = sampler.peak
+        r.store_after_drain = _sizes(d)
+
+        print(f"[after] {opts.settle:g} s idle ...", flush=True)
+        _settle(opts.settle)
+        r.rss_after_drain = daemon_rss(d)
+        r.rss_after_drain_vs_empty = r.rss_after_drain - r.rss_empty
+        r.store_after_settle = _sizes(d)
+        _, r.resources_after_drain = run(queue_state(url))
+
+        # the reference again, on the same daemon: both bracket the deep drain in time
+        short_phase("after the drain")
+        half = len(r.short_drains) // 2
+        r.short_before_msgs_s = statistics.median(x.msgs_s for x in r.short_drains[:half])
+        r.short_after_msgs_s = statistics.median(x.msgs_s for x in r.short_drains[half:])
+        r.short_msgs_s = statistics.median(x.msgs_s for x in r.short_drains)
+        r.drain_ratio = r.deep.msgs_s / r.short_msgs_s if r.short_msgs_s else 0.0
+        short_cpu = [x.daemon_cpu_us for x in r.short_drains if x.daemon_cpu_us is not None]
+        if short_cpu and r.deep.daemon_cpu_us:
+            r.drain_cpu_ratio = statistics.median(short_cpu) / r.deep.daemon_cpu_us
+
+    r.targets = {
+        "rss_growth_during_fill": {
+            "value": r.rss_growth,
+            "target": f"<= {TARGET_GROWTH}",
+            "met": r.rss_growth <= TARGET_GROWTH,
+        },
+        "restart_slower_by_s": {
+            "value": r.restart_delta_s,
+            "target": f"<= {TARGET_RESTART_DELTA}",
+            "met": r.restart_delta_s <= TARGET_RESTART_DELTA,
+        },
+        "rss_after_drain_vs_empty": {
+            "value": r.rss_after_drain_vs_empty,
+            "target": f"|x| <= {TARGET_AFTER_DRAIN}",
+            "met": abs(r.rss_after_drain_vs_empty) <= TARGET_AFTER_DRAIN,
+        },
+        "drain_ratio_deep_vs_short": {
+            "value": r.drain_ratio,
+            "target": f">= {TARGET_DRAIN_RATIO}",
+            "met": r.drain_ratio >= TARGET_DRAIN_RATIO,
+        },
+    }
+    r.all_met = all(t["met"] for t in r.targets.values())
+    return r
+
+
+# ---- report ---------------------------------------------------------------------------------
+
+
+def print_table(r: Result, opts: Options) -> None:
+    cache = "default" if opts.cache_bytes is None else f"{opts.cache_bytes:,} B"
+    print()
+    print(
+        f"{opts.messages:,} messages of {opts.body_size} B on {opts.conversations:,} conversations"
+        f" ({r.messages_per_conversation:g} each), durability={opts.durability}, "
+        f"message_cache_bytes={cache}, {os.cpu_count()} CPUs; MB = 10^6 bytes"
+    )
+    width = 48
+
+    def line(name: str, value: str, target: str = "", met: bool | None = None) -> None:
+        flag = "" if met is None else ("yes" if met else "NO")
+        print(f"{name:<{width}} {value:>14} {target:>10} {flag:>4}")
+
+    def sizes(s: dict[str, int]) -> str:
+        return f"{mb(s.get('db'))} + {mb(s.get('wal'))}"
+
+    header = f"{'figure':<{width}} {'value':>14} {'target':>10} {'met':>4}"
+    print(header)
+    print("-" * len(header))
+    t = r.targets
+    line("RSS, empty daemon (MB)", mb(r.rss_empty))
+    line("RSS before the fill (MB)", mb(r.rss_before_fill))
+    line("RSS after the fill (MB)", mb(r.rss_after_fill))
+    line("RSS peak during the fill (MB)", mb(r.rss_peak_fill))
+    g = t["rss_growth_during_fill"]
+    line("RSS growth during the fill (MB)", mb(r.rss_growth), "<= 150", g["met"])
+    line("fill rate (msgs/s)", f"{r.fill_msgs_s:,.0f}")
+    line("store after the fill: db + wal (MB)", sizes(r.store_after_fill))
+    line(
+        "restart, empty (median, s)",
+        f"{r.empty_restart_median_s:.2f}",
+    )
+    line(
+        f"restart, {opts.conversations:,} idle conversations (s)",
+        f"{r.idle_conversations_restart_s:.2f}",
+    )
+    line("restart, deep backlog (median, s)", f"{r.deep_restart_median_s:.2f}")
+    line(
+        "restart to first answer, deep (median, s)",
+        f"{statistics.median(r.deep_first_answer_s):.2f}" if r.deep_first_answer_s else "n/a",
+    )
+    d = t["restart_slower_by_s"]
+    line("restart slower than empty by (s)", f"{r.restart_delta_s:+.2f}", "<= 1.0", d["met"])
+    line(
+        "RSS right after a deep restart (MB)",
+        mb(statistics.median(r.rss_after_deep_restart)) if r.rss_after_deep_restart else "n/a",
+    )
+    line(f"drain rate, short ({r.short_messages:,}; median, msgs/s)", f"{r.short_msgs_s:,.0f}")
+    line(
+        "  before the fill / after the drain (msgs/s)",
+        f"{r.short_before_msgs_s:,.0f} / {r.short_after_msgs_s:,.0f}",
+    )
+    line("drain rate, deep (msgs/s)", f"{r.deep.msgs_s:,.0f}")
+    line(
+        "  first 10% / last 10% (msgs/s)",
+        f"{r.deep.first_10pct_msgs_s:,.0f} / {r.deep.last_10pct_msgs_s:,.0f}",
+    )
+    short_cpu = [x.daemon_cpu_us for x in r.short_drains if x.daemon_cpu_us is not None]
+    line(
+        "daemon CPU/msg, short / deep (us)",
+        f"{statistics.median(short_cpu):.1f} / {r.deep.daemon_cpu_us:.1f}"
+        if short_cpu and r.deep.daemon_cpu_us is not None
+        else "n/a",
+    )
+    q = t["drain_ratio_deep_vs_short"]
+    line("drain rate ratio deep / short", f"{r.drain_ratio:.2f}", ">= 0.8", q["met"])
+    line(
+        "  same by daemon CPU/msg (informative)",
+        "n/a" if r.drain_cpu_ratio is None else f"{r.drain_cpu_ratio:.2f}",
+    )
+    line("RSS peak during the drain (MB)", mb(r.rss_peak_drain))
+    line("RSS after the drain (MB)", mb(r.rss_after_drain))
+    a = t["rss_after_drain_vs_empty"]
+    line(
+        "RSS after the drain - empty (MB)",
+        f"{r.rss_after_drain_vs_empty / MB:+,.1f}",
+        "<= 50",
+        a["met"],
+    )
+    line("store right after the drain: db + wal (MB)", sizes(r.store_after_drain))
+    line(f"store {opts.settle:g} s later: db + wal (MB)", sizes(r.store_after_settle))
+    res = r.resources_after_drain
+    line(
+        "after: cached_bytes / endpoints_in_memory",
+        f"{res.get('cached_bytes', 'n/a')} / {res.get('endpoints_in_memory', 'n/a')}",
+    )
+    print()
+    print("all targets met" if r.all_met else "TARGET MISSED")
+
+
+def main(argv: list[str] | None = None) -> int:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(prog="python -m bench.backlog", description=doc.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=Options.messages)
+    parser.add_argument("--conversations", type=int, default=Options.conversations)
+    parser.add_argument("--body-size", type=int, default=Options.body_size)
+    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
+    parser.add_argument(
+        "--cache-bytes", type=int, default=None, help="message_cache_bytes (default: the daemon's)"
+    )
+    parser.add_argument("--batch", type=int, default=Options.batch, help="bodies per send_many")
+    parser.add_argument("--in-flight", type=int, default=Options.in_flight)
+    parser.add_argument("--receive-top", type=int, default=Options.receive_top)
+    parser.add_argument("--short-messages", type=int, default=Options.short_messages)
+    parser.add_argument("--short-repeats", type=int, default=Options.short_repeats)
+    parser.add_argument("--restarts", type=int, default=Options.restarts)
+    parser.add_argument("--settle", type=float, default=Options.settle)
+    parser.add_argument("--phase-timeout", type=float, default=Options.phase_timeout)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    for name in (
+        "messages",
+        "conversations",
+        "batch",
+        "in_flight",
+        "receive_top",
+        "short_messages",
+        "short_repeats",
+        "restarts",
+    ):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.body_size < TAG.size:
+        parser.error(f"--body-size must be >= {TAG.size}")
+    if args.conversations > args.messages:
+        parser.error("--conversations must be <= --messages")
+    if not 0 <= args.settle <= 600 or not 0 < args.phase_timeout <= 86400:
+        parser.error("--settle must be 0..600 s, --phase-timeout 0..86400 s")
+    opts = Options(
+        messages=args.messages,
+        conversations=args.conversations,
+        body_size=args.body_size,
+        durability=args.durability,
+        cache_bytes=args.cache_bytes,
+        batch=args.batch,
+        in_flight=args.in_flight,
+        receive_top=args.receive_top,
+        short_messages=args.short_messages,
+        short_repeats=args.short_repeats,
+        restarts=args.restarts,
+        settle=args.settle,
+        phase_timeout=args.phase_timeout,
+    )
+    result = bench(opts)
+    print_table(result, opts)
+    if args.json:
+        payload = {
+            "benchmark": "backlog",
+            "options": asdict(opts),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": sys.version.split()[0],
+                "platform": platform.platform(),
+            },
+            "result": asdict(result),
+        }
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2, default=str)
+    return 0 if result.all_met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
