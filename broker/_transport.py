@@ -186,6 +186,17 @@ def _direction(from_initiator: bool) -> Direction:
     return Direction.FROM_INITIATOR if from_initiator else Direction.FROM_TARGET
 
 
+class _Applying:
+    """What applying one read's frames leaves for its end: the events to acknowledge once
+    durable, and each direction's next sequence number to persist."""
+
+    __slots__ = ("next_seqs", "stored")
+
+    def __init__(self) -> None:
+        self.stored: list[MessageReceived | FragmentReceived] = []
+        self.next_seqs: dict[tuple[uuid.UUID, Direction], int] = {}
+
+
 class Peer:
     """One adjacent broker: its dialogs, its connection, where to reach it."""
 
@@ -861,16 +872,19 @@ class Transport:
         if peer is None:
             return
         now = self.loop.time()
-        events: list[DialogEvent] = []
         receive = peer.dialog.receive_frame
+        applying = _Applying()
         for frame in frames:
+            # one frame at a time: a queue a message just filled refuses the next one
             if isinstance(frame, FragmentFrame) and self._refused(peer, frame):
                 continue
             try:
-                events.extend(receive(frame, now))
+                events = receive(frame, now)
             except ProtocolError as exc:
                 log.warning("dropping a bad frame from broker %s: %s", peer.instance, exc)
-        self._apply(peer, events, link)
+                continue
+            self._apply(peer, events, link, applying)
+        self._applied(peer, applying)
         if peer.boxes:
             self._feed(peer)
         else:
@@ -904,11 +918,22 @@ class Transport:
             )
         return True
 
-    def _apply(self, peer: Peer, events: Iterable[DialogEvent], link: Link | None = None) -> None:
+    def _apply(
+        self,
+        peer: Peer,
+        events: Iterable[DialogEvent],
+        link: Link | None = None,
+        applying: _Applying | None = None,
+    ) -> None:
+        """Hand the dialog layer's events to the core and the store; with `applying`, leave
+        the writes that can wait for the end of the read to it (`_applied`)."""
+        own = applying is None
+        if applying is None:
+            applying = _Applying()
         delivery = self.engine.delivery
         store = self.store
-        stored: list[MessageReceived | FragmentReceived] = []
-        next_seqs: dict[tuple[uuid.UUID, Direction], int] = {}
+        stored = applying.stored
+        next_seqs = applying.next_seqs
         for event in events:
             if isinstance(event, MessageReceived):
                 key = (event.conversation_id, event.direction)
@@ -973,10 +998,15 @@ class Transport:
                 )
             elif isinstance(event, UnknownDialog):
                 self._open_receiver(peer, event, link)
-        for (conversation_id, direction), next_seq in next_seqs.items():
-            store.set_remote_next_seq(conversation_id, int(direction), "recv", next_seq)
-        if stored:
-            self._when_stored(peer, stored)
+        if own:
+            self._applied(peer, applying)
+
+    def _applied(self, peer: Peer, applying: _Applying) -> None:
+        """A read's events were applied: persist next sequence numbers, ack once durable."""
+        for (conversation_id, direction), next_seq in applying.next_seqs.items():
+            self.store.set_remote_next_seq(conversation_id, int(direction), "recv", next_seq)
+        if applying.stored:
+            self._when_stored(peer, applying.stored)
 
     def _when_stored(self, peer: Peer, stored: list[MessageReceived | FragmentReceived]) -> None:
         def durable() -> None:

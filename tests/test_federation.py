@@ -387,6 +387,35 @@ async def test_messages_for_a_disabled_queue_wait_on_the_target_broker_until_it_
         await wait_until(lambda: _empty(transmission_queue(b)), "B's transmission queue to drain")
 
 
+@pytest.mark.timeout(90)
+async def test_messages_for_a_full_queue_stay_unacknowledged_on_the_sender_until_there_is_room(
+    tmp_path: Path,
+) -> None:
+    async with Federation(tmp_path, ["A", "B"]) as fed:
+        a, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
+        await b.conn.alter_queue(target_q, max_messages=10)
+        handle = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        await a.conn.send_many(handle, REQUEST, [body(0, n) for n in range(30)])
+
+        async def stuck_on_a() -> list[dict[str, Any]]:
+            rows = await transmission_queue(a)
+            full = await b.conn.view("service_queues")
+            ready = next(q["messages_ready"] for q in full if q["name"] == target_q)
+            return rows if ready == 10 and len(rows) == 20 else []
+
+        # B took what fits; the rest is not acknowledged and waits, in order, on A
+        rows = await wait_until(stuck_on_a, "10 on B and 20 waiting on A")
+        assert sorted(r["message_sequence_number"] for r in rows) == list(range(10, 30))
+        (connection,) = [c for c in await connections(b) if c["peer"] == a.instance]
+        assert connection["refused_fragments"] > 0
+        assert await transmission_queue(b) == []  # nothing held on B: it refused, not stored
+        got = await receive_count(b.conn, target_q, 30)  # room again: A's retries get through
+        assert assert_eoio(got) and [m.message_body for m in got] == [
+            body(0, n) for n in range(30)
+        ]
+        await wait_until(lambda: _empty(transmission_queue(a)), "A's transmission queue to drain")
+
+
 async def _empty(rows: Any) -> bool:
     return not await rows
 
