@@ -22,7 +22,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._common import BrokerProcess
+from ._common import BrokerProcess  # type: ignore[attr-defined,unused-ignore]
+
+__all__ = [
+    "MB",
+    "BrokerProcess",
+    "RssSampler",
+    "StoreSize",
+    "daemon",
+    "daemon_peak",
+    "daemon_pid",
+    "daemon_rss",
+    "mb",
+    "peak_rss_bytes",
+    "rss_bytes",
+    "store_size",
+    "timed_restart",
+]
 
 MB = 1_000_000  # the "MB": figures are reported in 10^6 bytes
 
@@ -53,7 +69,7 @@ def peak_rss_bytes(pid: int) -> int | None:
 def daemon_pid(process: BrokerProcess) -> int:
     if process.proc is None or process.proc.poll() is not None:
         raise RuntimeError("the daemon is not running")
-    return process.proc.pid
+    return int(process.proc.pid)
 
 
 def daemon_rss(process: BrokerProcess) -> int:

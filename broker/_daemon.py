@@ -53,6 +53,7 @@ EXIT_STORE_FAILURE: Final = 3
 EXIT_CANNOT_START: Final = 2
 SPACE_CHECK: Final = 1.0  # seconds between free-space measurements
 CHECKPOINT_IDLE: Final = 10.0  # seconds without commits before the WAL is truncated
+NEARLY_FULL: Final = 1024 * 1024  # free bytes below which a store that cannot open blames the disk
 
 
 class DataDirLocked(RuntimeError):
@@ -156,8 +157,8 @@ class Broker:
         operations = Operations()
         views = Views(engine, store)
         operations.merge("the core", engine.operations())
-        operations.merge("views", views.operations())
-        operations.merge("the daemon", {"ping": _ping})
+        operations.merge("views", views.operations(), observing=True)
+        operations.merge("the daemon", {"ping": _ping}, observing=True)
 
         users = config.users
         task_login: list[Callable[[str, str], bool]] = []
@@ -236,9 +237,9 @@ class Broker:
             now = time.monotonic()
             if store.commits != last_commits:
                 last_commits, idle_since = store.commits, now
-            elif now - idle_since >= CHECKPOINT_IDLE:
-                await store.checkpoint()
-                idle_since = now + 3600.0  # once per idle spell
+            elif now - idle_since >= CHECKPOINT_IDLE and await store.checkpoint() == 0:
+                # the WAL truncated, free pages returned a slice per call while idle
+                idle_since = now + 3600.0  # done for this idle spell
             await asyncio.sleep(SPACE_CHECK)
 
     def _store_failed(self, exc: BaseException) -> None:
@@ -288,16 +289,21 @@ def _ping(session: Any) -> str:
 
 
 def _cannot_open(data_dir: Path, exc: BaseException) -> str:
+    """One line for a store that cannot be opened. SQLite does not always say a full
+    disk is the cause (sizing the shared-memory file fails as an I/O error), so an
+    almost full file system is named whatever the error says."""
     text = str(exc)
-    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "full" in text.lower():
-        try:
-            stat = os.statvfs(data_dir)
-            free = f"{stat.f_bavail * stat.f_frsize / (1024 * 1024):.1f} MiB free"
-        except OSError:
-            free = "no space"
+    try:
+        stat = os.statvfs(data_dir)
+        free_bytes: int | None = stat.f_bavail * stat.f_frsize
+    except OSError:
+        free_bytes = None
+    full = (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "full" in text.lower()
+    if full or (free_bytes is not None and free_bytes < NEARLY_FULL):
+        free = "no space" if free_bytes is None else f"{free_bytes / (1024 * 1024):.1f} MiB free"
         return (
-            f"cannot start: the disk holding {data_dir} is full ({free}); free some space"
-            " and start again"
+            f"cannot start: the disk holding {data_dir} is full ({free}; SQLite said: {text});"
+            " free some space and start again"
         )
     return f"cannot open the store in {data_dir}: {text}"
 

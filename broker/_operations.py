@@ -3,6 +3,8 @@
 Each part of the daemon (the core, views, the transport, activation, the scheduler's
 execution log) hands the daemon a dict of its operations; `merge` adds them and fails
 start-up on a name offered twice, so no part can silently replace another's operation.
+A part may offer operations as observations (views, ping): they change nothing, so
+the server may answer them while the store cannot write (see `_server`).
 A call checks the request's arguments against the operation's signature first, so a
 wrong argument is a clear error rather than a traceback.
 """
@@ -23,8 +25,11 @@ Operation = Callable[..., Any]
 class Operations:
     def __init__(self) -> None:
         self._table: dict[str, tuple[Operation, inspect.Signature, str]] = {}
+        self._observations: set[str] = set()
 
-    def merge(self, owner: str, operations: Mapping[str, Operation]) -> None:
+    def merge(
+        self, owner: str, operations: Mapping[str, Operation], *, observing: bool = False
+    ) -> None:
         for name, fn in operations.items():
             known = self._table.get(name)
             if known is not None:
@@ -32,6 +37,12 @@ class Operations:
                     f"operation '{name}' is offered by both {known[2]} and {owner}"
                 )
             self._table[name] = (fn, inspect.signature(fn), owner)
+            if observing:
+                self._observations.add(name)
+
+    def observes(self, name: str) -> bool:
+        """Whether `name` only looks (changes nothing)."""
+        return name in self._observations
 
     def names(self) -> list[str]:
         return sorted(self._table)

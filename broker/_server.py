@@ -7,7 +7,10 @@ finishes at once is answered in the same pass, one that must wait (RECEIVE with
 WAITFOR, a lock) runs as a task owned by the connection, and the next request
 starts when it ends. Answers leave in request order and only once everything the
 engine had applied before the answer was produced is durable (see `_store`), so a
-client never sees state that a crash could take back. Reading pauses while too many
+client never sees state that a crash could take back. Two kinds of answer need not
+wait for the store, only for the connection's earlier answers: a refusal (it
+applied nothing) and, while the store cannot write, an observation (ping, a view),
+so that clients hear why while the disk is full. Reading pauses while too many
 requests are queued and processing pauses while the socket's write buffer is full.
 A malformed frame gets a protocol error and the connection is closed; whatever the
 session had open is rolled back. Other sessions are not affected.
@@ -175,7 +178,7 @@ class ClientConnection(asyncio.Protocol):
             try:
                 result = self.operations.call(session, request)
             except BrokerError as exc:
-                self._answer(encode_error(request.request_id, exc.code, exc.message))
+                self._refuse(request, exc)
                 continue
             except Exception as exc:  # a bug must not take the daemon down
                 log.exception("operation %s failed", request.operation)
@@ -190,7 +193,7 @@ class ClientConnection(asyncio.Protocol):
             if inspect.isawaitable(result):
                 self.busy = asyncio.ensure_future(self._finish(request, result))
                 break
-            self._answer(encode_ok(request.request_id, result))
+            self._succeed(request, result)
         if self.read_paused and len(self.inbox) < RESUME_READING_AT and self.transport is not None:
             self.read_paused = False
             self.transport.resume_reading()
@@ -200,7 +203,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             result = await pending
         except BrokerError as exc:
-            self._answer(encode_error(request.request_id, exc.code, exc.message))
+            self._refuse(request, exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -213,11 +216,23 @@ class ClientConnection(asyncio.Protocol):
                 )
             )
         else:
-            self._answer(encode_ok(request.request_id, result))
+            self._succeed(request, result)
         self.busy = None
         self._pump()
 
-    def _answer(self, frame: list[Any]) -> None:
+    def _succeed(self, request: Request, result: Any) -> None:
+        observation = self.operations.observes(request.operation)
+        self._answer(
+            encode_ok(request.request_id, result),
+            waits=not (observation and self.store.trouble is not None),
+        )
+
+    def _refuse(self, request: Request, exc: BrokerError) -> None:
+        self._answer(encode_error(request.request_id, exc.code, exc.message), waits=False)
+
+    def _answer(self, frame: list[Any], *, waits: bool = True) -> None:
+        """Queue an answer behind the connection's earlier ones; one that `waits` also
+        waits until everything applied so far is durable."""
         try:
             data = encode_frame(frame)
         except (TypeError, ValueError, ProtocolError) as exc:
@@ -225,7 +240,10 @@ class ClientConnection(asyncio.Protocol):
             data = encode_frame(
                 encode_error(frame[0], ErrorCode.INTERNAL_ERROR, f"unencodable answer: {exc}")
             )
-        self.replies.append((self.store.watermark(), data))
+        if waits:
+            self.replies.append((self.store.watermark(), data))
+        else:
+            self.replies.append((self.replies[-1][0] if self.replies else 0, data))
 
     def _flush(self) -> None:
         """Write every answer whose effects are durable; wait for the rest."""

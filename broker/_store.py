@@ -27,9 +27,12 @@ checkpoint that lets it reuse the WAL file's space; meanwhile `on_trouble` tells
 daemon (which refuses new messages with the real cause) and answers wait. Any other failure (a constraint broken: a bug) is fatal: memory would stay
 ahead of disk, so the daemon stops and a restart rebuilds from what is durable.
 
-Space: `auto_vacuum = INCREMENTAL` lets `maintain` return free pages to the file system
-a few at a time as the backlog shrinks; `journal_size_limit` truncates the WAL after a
-checkpoint, and `checkpoint` truncates it when the store is idle.
+Space: `auto_vacuum = INCREMENTAL` lets the store return free pages to the file system.
+While busy, free pages are kept for the next inserts unless they are a large part of
+the file (then a few are returned every `MAINTAIN_EVERY` commits); when the daemon is
+idle it calls `checkpoint` repeatedly, each call returning up to `IDLE_VACUUM_PAGES`
+and truncating the WAL, until only `VACUUM_PAGES` are left free. `journal_size_limit`
+truncates the WAL after any checkpoint.
 
 Schema versions (`PRAGMA user_version`): 1 is the first layout (no version recorded),
 2 adds message sizes, the conversation index and endpoint indexes. `_migrate` upgrades
@@ -51,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
-from ssb.protocol import unpack
+from ssb.protocol import ROW_OVERHEAD, unpack
 
 log = logging.getLogger("ssb.store")
 
@@ -61,7 +64,10 @@ WAL_LIMIT: Final = 64 * 1024 * 1024  # the WAL is truncated to this after a chec
 PAGE_SIZE: Final = 4096  # a small commit writes whole pages: small pages keep round trips short
 WRITER_CACHE_KIB: Final = 8192  # SQLite page cache of the store thread's connection
 READER_CACHE_KIB: Final = 4096  # and of the event loop's reading connection
-VACUUM_PAGES: Final = 2048  # free pages returned per maintenance step
+VACUUM_PAGES: Final = 2048  # free pages returned per step while busy; kept when idle
+BUSY_FREE_PAGES: Final = 16384  # while busy, return pages only above this many free
+BUSY_FREE_SHARE: Final = 4  # ... and above this fraction (1/n) of the file
+IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
 MAINTAIN_EVERY: Final = 32  # commits between maintenance steps
 READ_CHUNK: Final = 500  # parameters per IN (...) read
 
@@ -297,7 +303,8 @@ class StoreUnavailable(RuntimeError):
 
 
 def _message_size(row: Row) -> int:
-    return int(row[11])
+    """What a message row adds to an answer: its body and its other columns."""
+    return int(row[11]) + ROW_OVERHEAD
 
 
 def _transmission_size(row: Row) -> int:
@@ -710,30 +717,42 @@ class Store:
         self.commits += 1
         self.rows_written += rows
         if self.commits % MAINTAIN_EVERY == 0:
-            self._maintain()
+            free = self._free_pages()
+            pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+            if free > BUSY_FREE_PAGES and free * BUSY_FREE_SHARE > pages:
+                self._vacuum(VACUUM_PAGES)
 
-    def _maintain(self) -> None:
-        """Return some free pages to the file system (store thread, between commits)."""
-        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
-        if free > VACUUM_PAGES:
-            self._db.execute(f"PRAGMA incremental_vacuum({VACUUM_PAGES})").fetchall()
+    def _free_pages(self) -> int:
+        return int(self._db.execute("PRAGMA freelist_count").fetchone()[0])
 
-    async def checkpoint(self) -> None:
-        """Truncate the WAL, when no commit runs (the daemon calls it when idle)."""
+    def _vacuum(self, pages: int) -> None:
+        """Return up to `pages` free pages to the file system (store thread). The pragma
+        frees one page per step, and a statement that yields no rows is stepped only
+        once by `execute`: a script runs it to the end."""
+        self._db.executescript(f"PRAGMA incremental_vacuum({pages});")
+
+    async def checkpoint(self) -> int:
+        """When the store is idle (the daemon calls this): return up to
+        `IDLE_VACUUM_PAGES` free pages, truncate the WAL, and say how many free pages are
+        left beyond the `VACUUM_PAGES` kept for reuse (0: nothing more to return)."""
         if self._committing or self.failed is not None or self._executor is None:
-            return
+            return 0
         assert self._loop is not None
 
-        def run() -> None:
+        def run() -> int:
+            surplus = self._free_pages() - VACUUM_PAGES
+            if surplus > 0:
+                self._vacuum(min(surplus, IDLE_VACUUM_PAGES))
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-            self._maintain()
+            return max(0, self._free_pages() - VACUUM_PAGES)
 
         self._committing = True
         self._wake = False
         try:
-            await self._loop.run_in_executor(self._executor, run)
+            return await self._loop.run_in_executor(self._executor, run)
         except sqlite3.Error as exc:
             log.info("checkpoint skipped: %s", exc)
+            return 0
         finally:
             self._committing = False
             self._start_flush()
@@ -978,16 +997,16 @@ class Store:
     def _bounded(
         self, sql: str, params: Row, size: Callable[[Row], int], max_bytes: int
     ) -> list[Row]:
-        """Rows of `sql`, stopping after the one that reaches `max_bytes` (at least one)."""
+        """Rows of `sql` while their sizes add up to at most `max_bytes` (at least one)."""
         rows: list[Row] = []
         used = 0
         cursor = self._reader.execute(sql, params)
         try:
             for row in cursor:
-                rows.append(row)
                 used += size(row)
-                if used >= max_bytes:
+                if rows and used > max_bytes:
                     break
+                rows.append(row)
         finally:
             cursor.close()
         return rows
@@ -1041,13 +1060,6 @@ class Store:
         chosen = sorted({int(s) for s in statuses})
         marks = ", ".join("?" for _ in chosen)
         return self._db.execute(f"{_MESSAGE_SELECT} WHERE status IN ({marks})", chosen).fetchall()
-
-    def count_conversation_messages(self, queue: str, handle: uuid.UUID, status: int) -> int:
-        row = self._reader.execute(
-            "SELECT COUNT(*) FROM messages WHERE status = ? AND queue = ? AND handle = ?",
-            (status, queue, handle),
-        ).fetchone()
-        return int(row[0])
 
     def read_transmission(
         self,

@@ -48,13 +48,14 @@ class Capacity:
             )
 
     def check_space(self, what: str) -> None:
-        """Raise DISK_FULL when new data cannot be accepted now."""
+        """Raise STORE_FAILED while the store cannot write, DISK_FULL while free space is
+        below `min_free_disk`."""
         reason = self.refusal
         if reason is not None:
             self.refusals += 1
             log.info("refused %s: %s", what, reason)
             raise BrokerError(
-                ErrorCode.DISK_FULL,
+                ErrorCode.STORE_FAILED if self.store_failure is not None else ErrorCode.DISK_FULL,
                 f"{what} refused: {reason}; RECEIVE and END CONVERSATION still work and free"
                 " space, and the broker accepts new messages again by itself when there is room",
             )

@@ -147,7 +147,7 @@ def test_a_failed_commit_is_retried_and_refuses_new_messages_meanwhile() -> None
     assert core.store.durable < core.store.watermark()
     with pytest.raises(BrokerError) as refused:
         core.op("send", handle, "DEFAULT", [b"refused"])
-    assert _code(refused) == ErrorCode.DISK_FULL and "disk is full" in refused.value.message
+    assert _code(refused) == ErrorCode.STORE_FAILED and "disk is full" in refused.value.message
     core.flush()  # the retry: the failed batch and what came after it, together
     assert core.store.trouble is None and core.store.durable == core.store.watermark()
     core.op("send", handle, "DEFAULT", [b"after"])

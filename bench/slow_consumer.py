@@ -1,0 +1,470 @@
+"""Slow consumer: a producer at full speed, a consumer at 1% of its rate; daemon memory.
+
+The issue's figure: slow consumer, producer at full speed, consumer at 1% of it, 60 s:
+RSS growth <= 100 MB; with a quota the producer gets the quota error instead.
+
+Two runs, each on a fresh daemon (durability "os" unless --durability; the default
+`message_cache_bytes` unless --cache-bytes), each --seconds long:
+
+  no quota   a producer process sends as fast as it can: `send_many` of --batch bodies of
+             --body-size bytes, round the --conversations conversations, --in-flight calls
+             pipelined on one connection. A consumer process receives (autocommitted
+             RECEIVE TOP n) at --fraction (1%) of the producer's rate: a token bucket that
+             allows it --fraction of what the producer has sent so far (the producer
+             publishes its count through shared memory). The queue grows by ~99% of what
+             is sent;
+  quota      the same, but the target queue has max_messages = --quota. The producer gets
+             QueueFullError once the queue is full (it counts them and pauses 10 ms after
+             each, pacing, so it does not spin); the consumer is paced at --fraction of the
+             first run's producer rate (this run's producer is held back by the quota).
+
+Meanwhile this process samples the daemon's RSS (VmRSS) and the queue's depth
+(`service_queues.messages_stored`) every second. RSS growth is the peak (the samples,
+and VmHWM when it rose during the run) minus the RSS just before the start. At the end
+the queue must hold exactly what was sent and not received, and no message may arrive
+twice (every body carries the producer's index).
+
+Gated (exit status 1 when missed): RSS growth <= 100 MB in both runs; in the quota run,
+at least one QueueFullError and a queue depth that never exceeds the quota. Every loop is
+bounded in count and time; everything stays on 127.0.0.1.
+
+Run from the repository root:
+
+    python -m bench.slow_consumer                    # 60 s per run (about 2.5 min in all)
+    python -m bench.slow_consumer --seconds 10 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import queue
+import struct
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ssb import client
+
+from ._common import rate, run
+from ._memory import MB, BrokerProcess, daemon, daemon_peak, daemon_rss, mb, rss_bytes, store_size
+
+MESSAGE_TYPE = "SlowMessage"
+CONTRACT = "SlowContract"
+INITIATOR_QUEUE = "SlowInitiatorQueue"
+TARGET_QUEUE = "SlowTargetQueue"
+INITIATOR_SERVICE = "SlowInitiator"
+TARGET_SERVICE = "SlowTarget"
+
+TAG = struct.Struct(">Q")  # the producer's index of the message
+TARGET_GROWTH = 100 * MB
+QUOTA_PAUSE = 0.01  # seconds the producer pauses after a QueueFullError (pacing)
+
+
+class BenchFailure(RuntimeError):
+    """The benchmark's own check failed."""
+
+
+@dataclass
+class Options:
+    seconds: float = 60.0
+    quota: int = 100_000
+    fraction: float = 0.01
+    batch: int = 100
+    body_size: int = 1024
+    conversations: int = 10
+    in_flight: int = 4
+    durability: str = "os"
+    cache_bytes: int | None = None
+    interval: float = 1.0
+
+
+@dataclass
+class RunResult:
+    name: str
+    quota: int | None
+    seconds: float = 0.0
+    sent: int = 0
+    producer_msgs_s: float = 0.0
+    quota_errors: int = 0
+    received: int = 0
+    consumer_msgs_s: float = 0.0
+    consumer_fraction: float = 0.0
+    queued_end: int = 0
+    max_depth: int = 0
+    rss_start: int = 0
+    rss_peak: int = 0
+    rss_end: int = 0
+    rss_growth: int = 0
+    store_end: dict[str, int] = field(default_factory=dict)
+    resources_end: dict[str, Any] = field(default_factory=dict)
+    rss_samples: list[int] = field(default_factory=list)
+    depth_samples: list[int] = field(default_factory=list)
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    met: bool = False
+
+
+# ---- the producer and the consumer (each in its own process) ------------------------------
+
+
+async def produce(url: str, opts: Options, go: Any, ready: Any, counter: Any) -> dict[str, Any]:
+    pad = b"s" * max(0, opts.body_size - TAG.size)
+    async with await client.connect(url) as conn:
+        handles = [
+            await conn.begin_dialog(INITIATOR_SERVICE, TARGET_SERVICE, contract=CONTRACT)
+            for _ in range(opts.conversations)
+        ]
+        loop = asyncio.get_running_loop()
+        ready.put(("producer", "ready"))
+        if not await loop.run_in_executor(None, go.wait, 120.0):
+            raise BenchFailure("producer: never told to start")
+        started = time.monotonic()
+        end = started + opts.seconds
+        sent = errors = calls = 0
+        in_flight: deque[tuple[asyncio.Future[None], int]] = deque()
+
+        async def settle() -> None:
+            nonlocal sent, errors
+            future, count = in_flight.popleft()
+            try:
+                await asyncio.wait_for(future, 60.0)
+            except client.QueueFullError:
+                errors += 1
+                await asyncio.sleep(QUOTA_PAUSE)
+            else:
+                sent += count
+                counter.value = sent
+
+        index = 0
+        while time.monotonic() < end:
+            bodies = [TAG.pack(index + i) + pad for i in range(opts.batch)]
+            index += opts.batch
+            handle = handles[calls % len(handles)]
+            calls += 1
+            in_flight.append(
+                (asyncio.ensure_future(conn.send_many(handle, MESSAGE_TYPE, bodies)), opts.batch)
+            )
+            if len(in_flight) >= opts.in_flight:
+                await settle()
+        while in_flight:
+            await settle()
+        finished = time.monotonic()
+    return {"sent": sent, "errors": errors, "calls": calls, "seconds": finished - started}
+
+
+async def consume(
+    url: str, opts: Options, go: Any, ready: Any, counter: Any, reference_rate: float | None
+) -> dict[str, Any]:
+    """Receive at opts.fraction of the producer's rate: of its running count, or of
+    `reference_rate` msgs/s when given."""
+    seen: set[int] = set()
+    async with await client.connect(url) as conn:
+        await conn.ping()
+        loop = asyncio.get_running_loop()
+        ready.put(("consumer", "ready"))
+        if not await loop.run_in_executor(None, go.wait, 120.0):
+            raise BenchFailure("consumer: never told to start")
+        started = time.monotonic()
+        end = started + opts.seconds
+        received = receives = 0
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                break
+            if reference_rate is None:
+                allowed = opts.fraction * counter.value
+            else:
+                allowed = opts.fraction * reference_rate * (now - started)
+            want = int(allowed) - received
+            if want < 1:
+                await asyncio.sleep(0.02)  # pacing: the token bucket is empty
+                continue
+            messages = await conn.receive(TARGET_QUEUE, top=min(opts.batch, want), timeout=0.2)
+            receives += 1
+            for m in messages:
+                (index,) = TAG.unpack_from(m.message_body)
+                if index in seen:
+                    raise BenchFailure(f"consumer: message {index} received twice")
+                seen.add(index)
+            received += len(messages)
+        finished = time.monotonic()
+    return {"received": received, "receives": receives, "seconds": finished - started}
+
+
+def _child(
+    role: str,
+    url: str,
+    opts: Options,
+    go: Any,
+    results: Any,
+    counter: Any,
+    reference_rate: float | None,
+) -> None:
+    try:
+        if role == "producer":
+            outcome = run(produce(url, opts, go, results, counter))
+        else:
+            outcome = run(consume(url, opts, go, results, counter, reference_rate))
+        results.put((role, outcome))
+    except BaseException:
+        results.put((role, {"error": traceback.format_exc()}))
+
+
+# ---- one run -------------------------------------------------------------------------------
+
+
+async def create_objects(url: str, quota: int | None) -> None:
+    async with await client.connect(url) as conn:
+        await conn.create_message_type(MESSAGE_TYPE, validation="NONE")
+        await conn.create_contract(CONTRACT, {MESSAGE_TYPE: "INITIATOR"})
+        await conn.create_queue(INITIATOR_QUEUE)
+        await conn.create_queue(TARGET_QUEUE, max_messages=quota)
+        await conn.create_service(INITIATOR_SERVICE, queue=INITIATOR_QUEUE)
+        await conn.create_service(TARGET_SERVICE, queue=TARGET_QUEUE, contracts=[CONTRACT])
+
+
+async def target_queue(conn: client.Connection) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = await conn.view("service_queues")
+    for row in rows:
+        if row.get("name") == TARGET_QUEUE:
+            return row
+    raise BenchFailure(f"{TARGET_QUEUE} is not in service_queues")
+
+
+async def monitor(
+    d: BrokerProcess, procs: list[Any], results: Any, limit: float, interval: float
+) -> tuple[list[int], list[int], dict[str, dict[str, Any]]]:
+    """Sample RSS and queue depth every `interval` s until both children reported."""
+    rss: list[int] = []
+    depth: list[int] = []
+    outcomes: dict[str, dict[str, Any]] = {}
+    async with await client.connect(d.url) as conn:
+        while len(outcomes) < len(procs):
+            if time.monotonic() > limit:
+                raise BenchFailure("timed out waiting for the producer and the consumer")
+            pid = d.proc.pid if d.proc is not None else 0
+            value = rss_bytes(pid)
+            if value is not None:
+                rss.append(value)
+            depth.append(int((await target_queue(conn))["messages_stored"]))
+            while True:
+                try:
+                    role, outcome = results.get_nowait()
+                except queue.Empty:
+                    break
+                if "error" in outcome:
+                    raise BenchFailure(f"{role} failed:\n{outcome['error']}")
+                outcomes[role] = outcome
+            dead = [p for p in procs if p.exitcode not in (None, 0) and p.name[6:] not in outcomes]
+            if dead:
+                raise BenchFailure(f"{dead[0].name} exited with code {dead[0].exitcode}")
+            await asyncio.sleep(interval)  # pacing of the samples
+    return rss, depth, outcomes
+
+
+async def final_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    async with await client.connect(url) as conn:
+        row = await target_queue(conn)
+        resources = (await conn.view("broker_resources"))[0]
+    return row, resources
+
+
+def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Options) -> RunResult:
+    r = RunResult(name=name, quota=quota)
+    config = {} if opts.cache_bytes is None else {"message_cache_bytes": opts.cache_bytes}
+    with daemon(opts.durability, config) as d:
+        run(create_objects(d.url, quota))
+        ctx = mp.get_context("spawn")
+        go = ctx.Event()
+        results = ctx.Queue()
+        counter = ctx.Value("q", 0, lock=False)
+        procs = [
+            ctx.Process(
+                target=_child,
+                args=(role, d.url, opts, go, results, counter, reference_rate),
+                name=f"bench-{role}",
+            )
+            for role in ("producer", "consumer")
+        ]
+        for p in procs:
+            p.start()
+        try:
+            deadline = time.monotonic() + 60
+            ready = 0
+            while ready < len(procs):
+                try:
+                    role, what = results.get(timeout=0.5)
+                except queue.Empty:
+                    if time.monotonic() > deadline:
+                        raise BenchFailure("the producer/consumer did not get ready") from None
+                    if any(p.exitcode is not None for p in procs):
+                        raise BenchFailure("a producer/consumer process died") from None
+                    continue
+                if what != "ready":
+                    raise BenchFailure(f"{role} failed before the start: {what}")
+                ready += 1
+            time.sleep(1.0)  # pacing: let the daemon settle before the baseline
+            r.rss_start = daemon_rss(d)
+            hwm_start = daemon_peak(d)
+            print(f"[{name}] {opts.seconds:g} s ...", flush=True)
+            go.set()
+            started = time.monotonic()
+            rss, depth, outcomes = run(
+                monitor(d, procs, results, started + opts.seconds + 120, opts.interval)
+            )
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+        r.rss_end = daemon_rss(d)
+        hwm_end = daemon_peak(d)
+        r.rss_peak = max([*rss, r.rss_end, hwm_end if hwm_end > hwm_start else 0])
+        r.rss_growth = r.rss_peak - r.rss_start
+        r.rss_samples = rss
+        r.depth_samples = depth
+        producer, consumer = outcomes["producer"], outcomes["consumer"]
+        r.seconds = producer["seconds"]
+        r.sent = producer["sent"]
+        r.quota_errors = producer["errors"]
+        r.producer_msgs_s = rate(r.sent, producer["seconds"])
+        r.received = consumer["received"]
+        r.consumer_msgs_s = rate(r.received, consumer["seconds"])
+        r.consumer_fraction = r.received / r.sent if r.sent else 0.0
+        row, r.resources_end = run(final_state(d.url))
+        r.queued_end = int(row["messages_stored"])
+        r.max_depth = max([*depth, r.queued_end])
+        size = store_size(d.data_dir)
+        r.store_end = {"db": size.db, "wal": size.wal}
+        if r.queued_end != r.sent - r.received:
+            raise BenchFailure(
+                f"[{name}] the queue holds {r.queued_end} messages; sent {r.sent} - received "
+                f"{r.received} = {r.sent - r.received}"
+            )
+    r.targets = {
+        "rss_growth": {
+            "value": r.rss_growth,
+            "target": f"<= {TARGET_GROWTH // MB} MB",
+            "met": r.rss_growth <= TARGET_GROWTH,
+        }
+    }
+    if quota is not None:
+        r.targets["quota_errors"] = {
+            "value": r.quota_errors,
+            "target": ">= 1",
+            "met": r.quota_errors >= 1,
+        }
+        r.targets["max_depth"] = {
+            "value": r.max_depth,
+            "target": f"<= {quota}",
+            "met": r.max_depth <= quota,
+        }
+    r.met = all(t["met"] for t in r.targets.values())
+    return r
+
+
+# ---- report --------------------------------------------------------------------------------
+
+
+def print_table(results: list[RunResult], opts: Options) -> None:
+    cache = "default" if opts.cache_bytes is None else f"{opts.cache_bytes:,} B"
+    print()
+    print(
+        f"{opts.seconds:g} s per run; send_many of {opts.batch} x {opts.body_size} B on "
+        f"{opts.conversations} conversations, {opts.in_flight} in flight; consumer at "
+        f"{100 * opts.fraction:g}%; durability={opts.durability}, message_cache_bytes={cache}, "
+        f"{os.cpu_count()} CPUs; MB = 10^6 bytes"
+    )
+    header = (
+        f"{'run':<14} {'sent':>10} {'prod/s':>8} {'recv':>8} {'recv %':>7} {'queued':>10} "
+        f"{'max depth':>10} {'quota err':>9} {'RSS start':>9} {'RSS peak':>9} {'growth':>7} "
+        f"{'store MB':>9} {'met':>4}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        size = r.store_end.get("db", 0) + r.store_end.get("wal", 0)
+        print(
+            f"{r.name:<14} {r.sent:>10,} {r.producer_msgs_s:>8,.0f} {r.received:>8,} "
+            f"{100 * r.consumer_fraction:>6.2f}% {r.queued_end:>10,} {r.max_depth:>10,} "
+            f"{r.quota_errors:>9,} {mb(r.rss_start):>9} {mb(r.rss_peak):>9} "
+            f"{mb(r.rss_growth):>7} {mb(size):>9} {'yes' if r.met else 'NO':>4}"
+        )
+    print()
+    print("targets: RSS growth <= 100 MB; with the quota: >= 1 QueueFullError, depth <= quota")
+    for r in results:
+        for key, t in r.targets.items():
+            value = t["value"]
+            shown = mb(value) + " MB" if key == "rss_growth" else f"{value:,}"
+            print(
+                f"  {r.name:<14} {key:<12} {shown:>12} (target {t['target']}): "
+                f"{'met' if t['met'] else 'MISSED'}"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.slow_consumer", description=doc.split("\n")[0]
+    )
+    parser.add_argument("--seconds", type=float, default=Options.seconds)
+    parser.add_argument("--quota", type=int, default=Options.quota, help="max_messages, run 2")
+    parser.add_argument("--fraction", type=float, default=Options.fraction)
+    parser.add_argument("--batch", type=int, default=Options.batch)
+    parser.add_argument("--body-size", type=int, default=Options.body_size)
+    parser.add_argument("--conversations", type=int, default=Options.conversations)
+    parser.add_argument("--in-flight", type=int, default=Options.in_flight)
+    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
+    parser.add_argument("--cache-bytes", type=int, default=None)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if not 0 < args.seconds <= 3600:
+        parser.error("--seconds must be in (0, 3600]")
+    if not 0 < args.fraction <= 1:
+        parser.error("--fraction must be in (0, 1]")
+    for name in ("quota", "batch", "conversations", "in_flight"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.body_size < TAG.size:
+        parser.error(f"--body-size must be >= {TAG.size}")
+    opts = Options(
+        seconds=args.seconds,
+        quota=args.quota,
+        fraction=args.fraction,
+        batch=args.batch,
+        body_size=args.body_size,
+        conversations=args.conversations,
+        in_flight=args.in_flight,
+        durability=args.durability,
+        cache_bytes=args.cache_bytes,
+    )
+    free = one_run("no quota", None, None, opts)
+    quota = one_run(f"quota {opts.quota:,}", opts.quota, free.producer_msgs_s, opts)
+    results = [free, quota]
+    print_table(results, opts)
+    if args.json:
+        payload = {
+            "benchmark": "slow_consumer",
+            "options": asdict(opts),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": sys.version.split()[0],
+                "platform": platform.platform(),
+            },
+            "results": [asdict(r) for r in results],
+        }
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2, default=str)
+    return 0 if all(r.met for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

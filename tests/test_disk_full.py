@@ -1,0 +1,403 @@
+"""A (nearly) full disk never crashes the daemon or loses what it acknowledged.
+
+Each test puts the data directory on a private 64 MiB tmpfs and fills it with a ballast
+file. Below `min_free_disk` SEND and BEGIN DIALOG are refused with DiskFullError naming
+the setting, while RECEIVE and END CONVERSATION go on; with the disk truly full the store
+cannot commit, the daemon stays up, refuses new messages with SQLite's own reason and
+takes them again by itself once space returns, and every acknowledged message is
+received exactly once. A broker started on a full disk exits at once with one line
+that says so.
+
+Mounting needs root; without it these tests skip (tests/unit/test_core_capacity.py
+covers the core with a failing journal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon import BrokerProcess
+from polling import wait_until
+
+from ssb import client
+from ssb.protocol import ErrorCode
+
+MIB = 1024 * 1024
+DISK_SIZE = 64 * MIB
+STORE_FAILED_LOG = "store commit failed"  # the daemon's log line when a commit fails
+ANSWER_TIMEOUT = 5.0  # an answer that needs no write comes in well under this
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A private 64 MiB tmpfs (the broker's log and config stay outside it)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a private tmpfs needs root")
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE // MIB}m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _free(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def fill(ballast: Path, leave: int = 0) -> None:
+    """Grow `ballast` until at most `leave` bytes are free; 0: until a write fails."""
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for size in (MIB, 4096, 512):
+            chunk = bytes(size)
+            for _ in range(DISK_SIZE // size + 1):
+                if leave and _free(ballast.parent) - size < leave:
+                    break
+                try:
+                    os.write(fd, chunk)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    break
+    finally:
+        os.close(fd)
+
+
+async def _objects(conn: client.Connection) -> None:
+    await conn.create_queue("InitQ")
+    await conn.create_queue("TargetQ")
+    await conn.create_service("InitSvc", queue="InitQ")
+    await conn.create_service("TargetSvc", queue="TargetQ", contracts=["DEFAULT"])
+
+
+async def _resources(conn: client.Connection) -> dict[str, Any]:
+    (row,) = await conn.view("broker_resources")
+    return row
+
+
+async def _drain(conn: client.Connection, queue: str, expected: int) -> list[client.Message]:
+    got: list[client.Message] = []
+    for _ in range(expected + 1):  # bounded
+        if len(got) >= expected:
+            break
+        batch = await conn.receive(queue, top=100, timeout=10)
+        assert batch, f"{queue} ran dry after {len(got)} of {expected} messages"
+        got += batch
+    assert await conn.receive(queue, timeout=0) == []
+    return got
+
+
+async def _log_says(broker: BrokerProcess, text: str, timeout: float) -> None:
+    async def probe() -> bool:
+        return text in broker.log_text()
+
+    await wait_until(probe, f"the daemon's log to say {text!r}", timeout=timeout)
+
+
+async def test_low_disk_refuses_new_messages_until_space_returns(small_disk: Path) -> None:
+    broker = BrokerProcess(small_disk, config={"min_free_disk": 24 * MIB}).start()
+    ballast = small_disk / "ballast"
+    try:
+        conn = await client.connect(broker.url)
+        await _objects(conn)
+        h = await conn.begin_dialog("InitSvc", "TargetSvc")
+        ended = await conn.begin_dialog("InitSvc", "TargetSvc")
+        await conn.send_many(h, "DEFAULT", [f"before:{i}" for i in range(10)])
+        await conn.send(ended, "DEFAULT", b"to be ended")
+        assert (await _resources(conn))["accepting_messages"] is True
+        committer = await client.connect(broker.url)  # a transaction that sent before
+        await committer.begin_transaction()
+        await committer.send(h, "DEFAULT", b"in a transaction")
+
+        fill(ballast, leave=16 * MIB)
+
+        async def refusing() -> dict[str, Any] | None:
+            row = await _resources(conn)
+            return None if row["accepting_messages"] else row
+
+        row = await wait_until(refusing, "the broker to refuse new messages", timeout=15)
+        assert row["min_free_disk"] == 24 * MIB
+        assert row["free_disk_bytes"] < 24 * MIB
+        assert "min_free_disk" in row["refusal"]
+
+        with pytest.raises(client.DiskFullError) as refused:
+            await conn.send(h, "DEFAULT", b"refused")
+        assert refused.value.code == ErrorCode.DISK_FULL
+        assert "min_free_disk" in refused.value.message
+        with pytest.raises(client.DiskFullError, match="min_free_disk"):
+            await conn.send_many(h, "DEFAULT", [b"refused 1", b"refused 2"])
+        with pytest.raises(client.DiskFullError, match="min_free_disk"):
+            await conn.begin_dialog("InitSvc", "TargetSvc")
+        with pytest.raises(client.DiskFullError, match="min_free_disk"):
+            await committer.commit()  # nothing of it applied
+        await committer.close()
+
+        # what frees space goes on
+        first = await conn.receive("TargetQ", top=3, timeout=5)  # the oldest group first
+        assert [m.message_body for m in first] == [b"before:0", b"before:1", b"before:2"]
+        await conn.end_conversation(ended)
+        assert await conn.ping() == "pong"
+
+        ballast.unlink()
+
+        async def accepting() -> bool:
+            return bool((await _resources(conn))["accepting_messages"])
+
+        await wait_until(accepting, "the broker to accept new messages again", timeout=15)
+        await conn.send(h, "DEFAULT", b"after")
+        new = await conn.begin_dialog("InitSvc", "TargetSvc")
+        await conn.send(new, "DEFAULT", b"new dialog")
+
+        rest = await _drain(conn, "TargetQ", 7 + 1 + 1 + 2)
+        bodies = [m.message_body for m in rest]
+        assert [b for b in bodies if b.startswith(b"before:") or b == b"after"] == [
+            *(f"before:{i}".encode() for i in range(3, 10)),
+            b"after",
+        ]
+        assert bodies.count(b"to be ended") == 1
+        assert b"new dialog" in bodies
+        assert [m.message_type_name for m in rest].count(client.END_DIALOG) == 1
+        assert not [b for b in bodies if b.startswith(b"refused") or b == b"in a transaction"]
+        await conn.close()
+    finally:
+        broker.kill()
+        ballast.unlink(missing_ok=True)
+
+
+async def _until_the_store_fails(
+    broker: BrokerProcess, conn: client.Connection, h: Any, acked: list[int]
+) -> tuple[asyncio.Task[None], asyncio.Event]:
+    """Send numbered 32 KiB messages one at a time (recording each acknowledged one) until
+    a commit fails for want of space; then top the disk up to completely full. Returns the
+    producer (its last SEND waits for the store) and the event that stops it."""
+    stop = asyncio.Event()
+
+    async def produce() -> None:
+        for n in range(4 * DISK_SIZE // (32 * 1024)):  # bounded: far more than fits
+            if stop.is_set():
+                return
+            await conn.send(h, "DEFAULT", f"{n}:".encode().ljust(32 * 1024, b"."))
+            acked.append(n)
+
+    fill(broker.data_dir / "ballast", leave=2 * MIB)
+    producer = asyncio.create_task(produce())
+    await _log_says(broker, STORE_FAILED_LOG, timeout=60)
+    assert not producer.done(), "the producer stopped before the store failed"
+    fill(broker.data_dir / "ballast2")
+    return producer, stop
+
+
+async def test_full_disk_keeps_the_daemon_alive_and_loses_nothing(small_disk: Path) -> None:
+    broker = BrokerProcess(
+        small_disk, config={"min_free_disk": 0, "message_cache_bytes": MIB}
+    ).start()
+    try:
+        conn = await client.connect(broker.url)
+        await _objects(conn)
+        h = await conn.begin_dialog("InitSvc", "TargetSvc")
+        other_dialog = await conn.begin_dialog("InitSvc", "TargetSvc")
+        other = await client.connect(broker.url)
+        acked: list[int] = []
+        producer, stop = await _until_the_store_fails(broker, conn, h, acked)
+        assert broker.proc is not None and broker.proc.poll() is None, "the daemon died"
+
+        refused = asyncio.create_task(other.send(other_dialog, "DEFAULT", b"refused"))
+        await _log_says(broker, "refused SEND", timeout=30)
+        assert broker.proc.poll() is None, "the daemon died"
+        stop.set()
+        for name in ("ballast", "ballast2"):
+            (small_disk / name).unlink()
+
+        with pytest.raises(client.DiskFullError) as info:
+            await asyncio.wait_for(refused, 60)
+        assert info.value.code in (ErrorCode.DISK_FULL, ErrorCode.STORE_FAILED)
+        assert "database or disk is full" in info.value.message
+        assert "cannot rollback" not in info.value.message
+        await asyncio.wait_for(producer, 60)  # its last SEND is answered once it is stored
+        assert broker.proc.poll() is None, "the daemon died"
+        assert await asyncio.wait_for(other.ping(), 30) == "pong"
+
+        async def accepting() -> bool:
+            return bool((await _resources(conn))["accepting_messages"])
+
+        await wait_until(accepting, "the broker to accept new messages again", timeout=30)
+        await conn.send(h, "DEFAULT", b"after")
+        await other.send(other_dialog, "DEFAULT", b"other after")
+
+        got = await _drain(conn, "TargetQ", len(acked) + 2)
+        numbered = [m for m in got if m.conversation_handle == got[0].conversation_handle]
+        if numbered[0].message_body == b"other after":
+            numbered = [m for m in got if m.conversation_handle != got[0].conversation_handle]
+        assert [m.message_body.split(b":")[0] for m in numbered[:-1]] == [
+            str(n).encode() for n in acked
+        ], "acknowledged messages lost, repeated or out of order"
+        assert numbered[-1].message_body == b"after"
+        assert [m.message_sequence_number for m in numbered] == list(range(len(acked) + 1))
+        assert sorted(m.message_body for m in got if m not in numbered) == [b"other after"]
+        await other.close()
+        await conn.close()
+    finally:
+        broker.kill()
+
+
+async def test_full_disk_answers_what_needs_no_write(small_disk: Path) -> None:
+    """While the store cannot write, a session that writes nothing is still answered: a
+    ping, a view, and a SEND refused with the store's reason (README: 9004 "the store
+    cannot write"; answers that depend on the failed commit wait)."""
+    broker = BrokerProcess(
+        small_disk, config={"min_free_disk": 0, "message_cache_bytes": MIB}
+    ).start()
+    try:
+        conn = await client.connect(broker.url)
+        await _objects(conn)
+        h = await conn.begin_dialog("InitSvc", "TargetSvc")
+        other_dialog = await conn.begin_dialog("InitSvc", "TargetSvc")
+        pinger, viewer, sender = [await client.connect(broker.url) for _ in range(3)]
+        acked: list[int] = []
+        producer, stop = await _until_the_store_fails(broker, conn, h, acked)
+
+        outcomes: dict[str, Any] = {}
+
+        async def ask(name: str, call: Any) -> None:
+            try:
+                outcomes[name] = await asyncio.wait_for(call, ANSWER_TIMEOUT)
+            except TimeoutError:
+                outcomes[name] = f"no answer within {ANSWER_TIMEOUT:g} s"
+            except client.BrokerError as exc:
+                outcomes[name] = exc
+
+        send = asyncio.create_task(sender.send(other_dialog, "DEFAULT", b"refused"))
+        await asyncio.gather(
+            ask("ping", pinger.ping()),
+            ask("view", viewer.view("broker_resources")),
+            asyncio.wait({send}, timeout=ANSWER_TIMEOUT),
+        )
+        send_answered_while_full = send.done()
+        still_full = _free(small_disk) < 64 * 1024
+        alive = broker.proc is not None and broker.proc.poll() is None
+        stop.set()
+        for name in ("ballast", "ballast2"):
+            (small_disk / name).unlink()
+        await asyncio.wait_for(producer, 60)
+        try:  # answered by now in any case: what was the answer?
+            await asyncio.wait_for(send, 60)
+            outcomes["send"] = "accepted"
+        except client.BrokerError as exc:
+            outcomes["send"] = exc
+        for c in (pinger, viewer, sender, conn):
+            await c.close()
+    finally:
+        broker.kill()
+
+    assert alive and still_full
+    problems = []
+    if outcomes["ping"] != "pong":
+        problems.append(f"ping: {outcomes['ping']!r}")
+    view = outcomes["view"]
+    if not (
+        isinstance(view, list)
+        and view[0]["accepting_messages"] is False
+        and "database or disk is full" in (view[0]["refusal"] or "")
+    ):
+        problems.append(f"view broker_resources: {view!r}")
+    if not send_answered_while_full:
+        problems.append(f"SEND: no answer within {ANSWER_TIMEOUT:g} s")
+    refusal = outcomes["send"]
+    if not (
+        isinstance(refusal, client.DiskFullError)
+        and refusal.code == ErrorCode.STORE_FAILED
+        and "database or disk is full" in refusal.message
+    ):
+        problems.append(f"SEND refused with {refusal!s} (README: 9004 the store cannot write)")
+    assert not problems, "while the store cannot write: " + "; ".join(problems)
+
+
+def _serve(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ssb.broker",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--host",
+            "127.0.0.1",
+            "--client-port",
+            "0",
+            "--broker-port",
+            "0",
+            "--durability",
+            "fsync",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def _one_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode != 0, f"the broker started on a full disk: {done.stdout!r}"
+    assert "ssb ready" not in done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_starting_on_a_full_disk_exits_with_one_line(small_disk: Path) -> None:
+    fill(small_disk / "ballast")
+    assert _free(small_disk) < 4096
+    done = _serve(small_disk / "data")
+    line = _one_line(done)
+    assert str(small_disk / "data") in line
+    words = line.replace(str(small_disk / "data"), "DATA_DIR").lower()  # the path has "full"
+    assert "full" in words, line
+
+
+async def test_restarting_on_a_full_disk_exits_with_one_line(small_disk: Path) -> None:
+    """A broker with a store (the common case: it stopped, the disk filled meanwhile)."""
+    data_dir = small_disk / "data"
+    broker = BrokerProcess(data_dir, config={"min_free_disk": 0}).start()
+    try:
+        conn = await client.connect(broker.url)
+        await _objects(conn)
+        h = await conn.begin_dialog("InitSvc", "TargetSvc")
+        await conn.send_many(h, "DEFAULT", [b"kept"] * 10)
+        await conn.close()
+        assert broker.stop() == 0
+    finally:
+        broker.kill()
+    fill(small_disk / "ballast")
+    done = _serve(data_dir)
+    line = _one_line(done)
+    (small_disk / "ballast").unlink()
+    broker.start()  # with space back, everything is there
+    try:
+        conn = await client.connect(broker.url)
+        got = await conn.receive("TargetQ", timeout=5)
+        assert [m.message_body for m in got] == [b"kept"] * 10
+        await conn.close()
+    finally:
+        broker.kill()
+    words = line.replace(str(data_dir), "DATA_DIR").lower()  # the path has "full" in it
+    assert "full" in words, f"the line does not say the disk is full: {line!r}"

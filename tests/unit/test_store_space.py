@@ -1,0 +1,58 @@
+"""The store gives a drained backlog's space back to the file system once it is idle."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from ssb.broker._core.backlog import MessageCache
+from ssb.broker._core.queues import Conversation, Group, Message
+from ssb.broker._store import VACUUM_PAGES, Store
+
+from .test_store_rows import _Clock
+
+MESSAGES = 20_000
+BODY = b"x" * 1024
+
+
+async def _durable(store: Store) -> None:
+    done = asyncio.get_running_loop().create_future()
+    store.when_durable(store.watermark(), lambda: done.set_result(None))
+    await asyncio.wait_for(done, 30)
+
+
+def _file_bytes(path: Path) -> int:
+    wal = path.with_name(path.name + "-wal")
+    return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+
+
+async def test_idle_checkpoints_return_the_space_of_deleted_messages(tmp_path: Path) -> None:
+    path = tmp_path / "broker.db"
+    store = Store(path, "os")
+    failures: list[BaseException] = []
+    store.attach(asyncio.get_running_loop(), failures.append)
+    u = uuid.uuid4()
+    cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
+    conv = Conversation(cache, store, "q", Group(u), u, 5, "s", "c")
+    for order in range(1, MESSAGES + 1):
+        store.insert_message(Message(order, conv, order, "t", "N", BODY, 0.0, 0).row())
+    await _durable(store)
+    full = _file_bytes(path)
+    assert full > MESSAGES * len(BODY)
+
+    for order in range(1, MESSAGES + 1):
+        store.delete_message(order)
+    await _durable(store)
+    assert _file_bytes(path) >= full  # freed pages stay in the file until the store is idle
+
+    for _ in range(100):  # each call returns a slice; bounded
+        if await store.checkpoint() == 0:
+            break
+    else:
+        raise AssertionError("the idle checkpoints never finished returning free pages")
+    left = _file_bytes(path)
+    assert left < full // 4, f"store still {left} bytes after a drain (was {full})"
+    assert left <= (VACUUM_PAGES + 1024) * 4096  # a reserve of free pages, and the schema
+    assert not failures
+    await store.close()
