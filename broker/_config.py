@@ -16,6 +16,8 @@ from typing import Any, Final
 
 from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT
 
+from ._core.backlog import DEFAULT_CACHE_BYTES
+
 MIB: Final = 1024 * 1024
 
 
@@ -33,7 +35,7 @@ class Config:
     lock_timeout: float = 30.0
     log_level: str = "INFO"
     # bodies of queued messages held in memory at most (the rest stays on disk)
-    message_cache_bytes: int = 64 * MIB
+    message_cache_bytes: int = DEFAULT_CACHE_BYTES
     # the largest message body accepted (always fits a frame with its headers)
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     # below this much free disk space, SEND and BEGIN DIALOG are refused

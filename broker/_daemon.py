@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from . import _heap
 from ._activation.execution_log import ExecutionLog
 from ._activation.manager import ActivationManager, ActivationSettings, loopback
 from ._activation.workers import WorkerPool
@@ -229,6 +230,7 @@ class Broker:
     async def _watch_space(self) -> None:
         store, capacity = self.store, self.engine.capacity
         last_commits, idle_since = store.commits, time.monotonic()
+        released = False  # memory given back in this idle spell
         while True:
             try:
                 capacity.measured(store.free_bytes(), str(self.data_dir))
@@ -236,10 +238,18 @@ class Broker:
                 log.warning("cannot measure free space for %s: %s", self.data_dir, exc)
             now = time.monotonic()
             if store.commits != last_commits:
-                last_commits, idle_since = store.commits, now
-            elif now - idle_since >= CHECKPOINT_IDLE and await store.checkpoint() == 0:
-                # the WAL truncated, free pages returned a slice per call while idle
-                idle_since = now + 3600.0  # done for this idle spell
+                last_commits, idle_since, released = store.commits, now, False
+            elif now - idle_since >= CHECKPOINT_IDLE:
+                # the WAL truncated, free pages returned a slice per call while idle, the
+                # store's page caches emptied
+                left = await store.checkpoint()
+                if left is not None and (not released or not left):
+                    # what a drained backlog left behind, at once and at the end
+                    _heap.collect()
+                    await asyncio.get_running_loop().run_in_executor(None, _heap.trim)
+                    released = True
+                if left == 0:
+                    idle_since = now + 3600.0  # done for this idle spell
             await asyncio.sleep(SPACE_CHECK)
 
     def _store_failed(self, exc: BaseException) -> None:

@@ -28,10 +28,10 @@ daemon (which refuses new messages with the real cause) and answers wait. Any ot
 ahead of disk, so the daemon stops and a restart rebuilds from what is durable.
 
 Space: `auto_vacuum = INCREMENTAL` lets the store return free pages to the file system.
-While busy, free pages are kept for the next inserts unless they are a large part of
-the file (then a few are returned every `MAINTAIN_EVERY` commits); when the daemon is
+While busy, free pages are only reused by the next inserts (returning them moves live
+pages from the file's end, which would stall the commits of a drain); once the daemon is
 idle it calls `checkpoint` repeatedly, each call returning up to `IDLE_VACUUM_PAGES`
-and truncating the WAL, until only `VACUUM_PAGES` are left free. `journal_size_limit`
+and truncating the WAL, until only `KEEP_FREE_PAGES` are left free for reuse. `journal_size_limit`
 truncates the WAL after any checkpoint.
 
 Schema versions (`PRAGMA user_version`): 1 is the first layout (no version recorded),
@@ -64,11 +64,8 @@ WAL_LIMIT: Final = 64 * 1024 * 1024  # the WAL is truncated to this after a chec
 PAGE_SIZE: Final = 4096  # a small commit writes whole pages: small pages keep round trips short
 WRITER_CACHE_KIB: Final = 8192  # SQLite page cache of the store thread's connection
 READER_CACHE_KIB: Final = 4096  # and of the event loop's reading connection
-VACUUM_PAGES: Final = 2048  # free pages returned per step while busy; kept when idle
-BUSY_FREE_PAGES: Final = 16384  # while busy, return pages only above this many free
-BUSY_FREE_SHARE: Final = 4  # ... and above this fraction (1/n) of the file
+KEEP_FREE_PAGES: Final = 2048  # free pages an idle store keeps for the next inserts
 IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
-MAINTAIN_EVERY: Final = 32  # commits between maintenance steps
 READ_CHUNK: Final = 500  # parameters per IN (...) read
 
 ENDPOINT_COLUMNS: Final = (
@@ -217,6 +214,7 @@ def _columns(columns: Sequence[str]) -> str:
 
 
 _ENDPOINT_SELECT: Final = f"SELECT {_columns(ENDPOINT_COLUMNS)} FROM endpoints"
+_SIZE: Final = MESSAGE_COLUMNS.index("size")
 _MESSAGE_SELECT: Final = f"SELECT {_columns(MESSAGE_COLUMNS)} FROM messages"
 _TRANSMISSION_SELECT: Final = f"SELECT {_columns(TRANSMISSION_COLUMNS)} FROM transmission_queue"
 
@@ -251,6 +249,13 @@ _FULL_AT: Final = tuple(
 _DELETE_ENDPOINT: Final = "DELETE FROM endpoints WHERE handle = ?"
 _INSERT_MESSAGE: Final = _insert("messages", MESSAGE_COLUMNS)
 _DELETE_MESSAGE: Final = "DELETE FROM messages WHERE queuing_order = ?"
+# many rows in one statement cost about half as much as one statement each; a few sizes,
+# the list padded with repeats, keep the statements few (and cached)
+DELETE_LISTS: Final = (8, 32, 128, 512)
+_DELETE_MESSAGE_LISTS: Final = {
+    n: f"DELETE FROM messages WHERE queuing_order IN ({', '.join('?' * n)})" for n in DELETE_LISTS
+}
+_LIST_STATEMENTS: Final = frozenset(_DELETE_MESSAGE_LISTS.values())
 _DELETE_CONVERSATION_MESSAGES: Final = (
     "DELETE FROM messages WHERE status IN (0, 1, 6, 7) AND queue = ? AND handle = ?"
 )
@@ -304,7 +309,7 @@ class StoreUnavailable(RuntimeError):
 
 def _message_size(row: Row) -> int:
     """What a message row adds to an answer: its body and its other columns."""
-    return int(row[11]) + ROW_OVERHEAD
+    return int(row[_SIZE]) + ROW_OVERHEAD
 
 
 def _transmission_size(row: Row) -> int:
@@ -706,7 +711,10 @@ class Store:
                         db.execute(sql, live[0])
                     elif live:
                         db.executemany(sql, live)
-                    rows += len(live)
+                    if sql in _LIST_STATEMENTS:
+                        rows += sum(len(set(p)) for p in live if p is not None)
+                    else:
+                        rows += len(live)
             db.execute("COMMIT")
         except BaseException:
             # SQLite may have rolled back already (a full disk does): keep the first error
@@ -716,11 +724,6 @@ class Store:
             raise
         self.commits += 1
         self.rows_written += rows
-        if self.commits % MAINTAIN_EVERY == 0:
-            free = self._free_pages()
-            pages = self._db.execute("PRAGMA page_count").fetchone()[0]
-            if free > BUSY_FREE_PAGES and free * BUSY_FREE_SHARE > pages:
-                self._vacuum(VACUUM_PAGES)
 
     def _free_pages(self) -> int:
         return int(self._db.execute("PRAGMA freelist_count").fetchone()[0])
@@ -731,28 +734,35 @@ class Store:
         once by `execute`: a script runs it to the end."""
         self._db.executescript(f"PRAGMA incremental_vacuum({pages});")
 
-    async def checkpoint(self) -> int:
+    async def checkpoint(self) -> int | None:
         """When the store is idle (the daemon calls this): return up to
         `IDLE_VACUUM_PAGES` free pages, truncate the WAL, and say how many free pages are
-        left beyond the `VACUUM_PAGES` kept for reuse (0: nothing more to return)."""
+        left beyond the `KEEP_FREE_PAGES` kept for reuse (0: nothing more to return; None:
+        skipped, a commit was under way or the store failed). The
+        connections' page caches are emptied each time (the next reads fill them again)."""
         if self._committing or self.failed is not None or self._executor is None:
-            return 0
+            return None
         assert self._loop is not None
 
         def run() -> int:
-            surplus = self._free_pages() - VACUUM_PAGES
+            surplus = self._free_pages() - KEEP_FREE_PAGES
             if surplus > 0:
                 self._vacuum(min(surplus, IDLE_VACUUM_PAGES))
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-            return max(0, self._free_pages() - VACUUM_PAGES)
+            left = max(0, self._free_pages() - KEEP_FREE_PAGES)
+            self._db.execute("PRAGMA shrink_memory")  # the page cache, until needed again
+            return left
 
         self._committing = True
         self._wake = False
         try:
-            return await self._loop.run_in_executor(self._executor, run)
+            left = await self._loop.run_in_executor(self._executor, run)
+            if self._reader is not self._db:
+                self._reader.execute("PRAGMA shrink_memory")
+            return left
         except sqlite3.Error as exc:
             log.info("checkpoint skipped: %s", exc)
-            return 0
+            return None
         finally:
             self._committing = False
             self._start_flush()
@@ -828,6 +838,24 @@ class Store:
             self.cancelled += 1
             return
         self._add(_DELETE_MESSAGE, (queuing_order,))
+
+    def delete_messages(self, orders: Iterable[int]) -> None:
+        """Delete many message rows, a list of them per statement."""
+        written: list[int] = []
+        for order in orders:
+            pending = self._inserts.pop(order, None)
+            if pending is not None:
+                pending[0][pending[1]] = _CANCELLED
+                self.cancelled += 1
+            else:
+                written.append(order)
+        largest = DELETE_LISTS[-1]
+        while len(written) >= DELETE_LISTS[0]:
+            part, written = written[:largest], written[largest:]
+            size = next(n for n in DELETE_LISTS if n >= len(part))
+            self._add(_DELETE_MESSAGE_LISTS[size], (*part, *([part[-1]] * (size - len(part)))))
+        for order in written:
+            self._add(_DELETE_MESSAGE, (order,))
 
     def delete_conversation_messages(self, queue: str, handle: uuid.UUID) -> None:
         self._add(_DELETE_CONVERSATION_MESSAGES, (queue, handle))
@@ -972,27 +1000,22 @@ class Store:
         max_bytes: int,
     ) -> list[Row]:
         top = (1 << 62) if before is None else before
-        # the sizes come from the index alone; then one read of exactly what fits
-        sizes = self._reader.execute(
-            "SELECT queuing_order, size FROM messages WHERE status = 1 AND queue = ?"
-            " AND handle = ? AND queuing_order >= ? AND queuing_order < ?"
-            " ORDER BY queuing_order LIMIT ?",
-            (queue, handle, first, top, limit),
-        ).fetchall()
-        if not sizes:
-            return []
+        rows: list[Row] = []
         used = 0
-        last = sizes[-1][0]
-        for order, size in sizes:
-            used += size
-            if used >= max_bytes:
-                last = order
-                break
-        return self._reader.execute(
+        cursor = self._reader.execute(
             f"{_MESSAGE_SELECT} WHERE status = 1 AND queue = ? AND handle = ?"
-            " AND queuing_order >= ? AND queuing_order <= ? ORDER BY queuing_order",
-            (queue, handle, first, last),
-        ).fetchall()
+            " AND queuing_order >= ? AND queuing_order < ? ORDER BY queuing_order LIMIT ?",
+            (queue, handle, first, top, limit),
+        )
+        try:
+            for row in cursor:  # stepped one row at a time: nothing is read past the budget
+                rows.append(row)
+                used += row[_SIZE]
+                if used >= max_bytes:
+                    break
+        finally:
+            cursor.close()
+        return rows
 
     def _bounded(
         self, sql: str, params: Row, size: Callable[[Row], int], max_bytes: int
@@ -1048,11 +1071,17 @@ class Store:
         return self._bounded(sql, (after or 0, queue, limit), _message_size, max_bytes)
 
     def message_summary(self, statuses: Iterable[int]) -> list[Row]:
+        """Per (status, queue, conversation): count, bytes, first queuing order, and the
+        endpoint's service, group, priority and contract (NULL without an endpoint)."""
         chosen = sorted({int(s) for s in statuses})
         marks = ", ".join("?" for _ in chosen)
         return self._db.execute(
-            "SELECT status, queue, handle, COUNT(*), SUM(size), MIN(queuing_order) FROM messages"
-            f" WHERE status IN ({marks}) GROUP BY status, queue, handle",
+            "SELECT s.status, s.queue, s.handle, s.n, s.bytes, s.first,"
+            " e.service, e.group_id, e.priority, e.contract FROM"
+            " (SELECT status, queue, handle, COUNT(*) AS n, SUM(size) AS bytes,"
+            " MIN(queuing_order) AS first FROM messages"
+            f" WHERE status IN ({marks}) GROUP BY status, queue, handle) AS s"
+            " LEFT JOIN endpoints AS e ON e.handle = s.handle",
             chosen,
         ).fetchall()
 

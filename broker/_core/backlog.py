@@ -39,6 +39,8 @@ from .ports import Clock, Journal
 
 log = logging.getLogger("ssb.core")
 
+DEFAULT_CACHE_BYTES: Final = 48 << 20  # `message_cache_bytes`: with the records of 10,000
+# busy conversations, within 150 MB of growth (the backlog benchmark)
 PREFETCH: Final = 16  # items read beyond what a take needs, so the next take hits memory
 ITEM_OVERHEAD: Final = 256  # memory a resident item costs beyond its body (charged to the cache)
 LOAD_BYTES: Final = 1 << 20  # bodies one read brings in at most (plus one item)
@@ -207,6 +209,15 @@ class Backlog(Generic[T]):
             self._credit(resident)
         return taken
 
+    def read_ahead(self, need: int) -> bool:
+        """Bring the next spilled items into an empty head before a take asks for them,
+        when the cache has room for them; True when it read."""
+        if self.head or not self.spilled:
+            return False
+        if self.cache.resident + LOAD_BYTES > self.cache.budget:
+            return False
+        return self._load(need)
+
     def remove(self, item: T) -> bool:
         """Take one resident item out from anywhere (poison handling)."""
         for part in (self.head, self.tail):
@@ -256,7 +267,8 @@ class Backlog(Generic[T]):
         self._credit(self.resident)
         self.head.clear()
         self.tail.clear()
-        self.spilled = self.count = self.bytes = 0
+        self.spilled = self.spilled_from = self.count = self.bytes = 0
+        self.gone = None
         return resident
 
     def _load(self, need: int) -> bool:
@@ -273,7 +285,11 @@ class Backlog(Generic[T]):
             self.bytes = sum(i.size for i in self.head) + sum(i.size for i in self.tail)
             return False
         gone = self.gone
-        items = read if not gone else [item for item in read if item.key not in gone]
+        items = read
+        if gone:
+            items = [item for item in read if item.key not in gone]
+            last = read[-1].key
+            self.gone = {key for key in gone if key > last} or None  # the rest was passed
         self.head.extend(items)
         self.spilled -= len(items)
         if self.spilled:
@@ -302,7 +318,8 @@ class Backlog(Generic[T]):
         if not self.spilled:
             # no range yet: the head's end that is not durable becomes (part of) the tail,
             # which keeps the order, so that what precedes it can go
-            while head and head[-1].batch > durable:
+            # (only items a range read would find: one that cannot be spilled stays in front)
+            while head and head[-1].batch > durable and head[-1].spillable:
                 tail.appendleft(head.pop())
         # the head's end joins the range: the range grows at its front
         while freed < want and head and head[-1].batch <= durable and head[-1].spillable:
@@ -378,8 +395,13 @@ class MessageCache:
             self.spills += 1 if freed else 0
             if backlog in members:
                 members.move_to_end(backlog)
-        if self.resident > self.budget and not self._retry_armed:
-            # what is left is not durable yet: try again once it is
+        if (
+            self.resident > self.budget
+            and not self._retry_armed
+            and self.journal.watermark() > durable
+        ):
+            # what is left is not durable yet: try again once it is (what is durable and
+            # still resident cannot be spilled: re-queued messages, until they are received)
             self._retry_armed = True
             self.journal.when_durable(self.journal.watermark(), self._retry)
 

@@ -36,7 +36,7 @@ from typing import Any, Final
 from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE
 
 from . import catalog as cat
-from .backlog import MessageCache
+from .backlog import DEFAULT_CACHE_BYTES, MessageCache
 from .capacity import Capacity
 from .conversations import Endpoint
 from .ddl import Ddl
@@ -53,7 +53,6 @@ from .transactions import Session, Transaction, Transactions
 
 log = logging.getLogger("ssb.core")
 
-DEFAULT_CACHE_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_MIN_FREE_DISK: Final = 1 << 30
 
 Operation = Callable[..., Any]
@@ -201,7 +200,9 @@ class Engine:
     def _load_messages(self) -> None:
         journal = self.journal
         statuses = (Status.READY, Status.RETAINED, Status.PARKED, Status.REQUEUED)
-        for status, queue_name, raw, count, nbytes, first in journal.message_summary(statuses):
+        services = self.catalog.services
+        for row in journal.message_summary(statuses):
+            status, queue_name, raw, count, nbytes, first, service, group, priority, contract = row
             queue = self.queues.get(queue_name)
             handle = uuid.UUID(bytes=raw)
             if queue is None:
@@ -213,7 +214,14 @@ class Engine:
             if status == Status.RETAINED:
                 queue.retained[handle] = [count, nbytes]
             elif status == Status.READY:
-                conv = self.stored_conversation(queue, handle, first)
+                known = services.get(service) if service is not None else None
+                conv: Conversation | None
+                if known is not None and known.queue == queue_name:  # the endpoint's queue
+                    conv = queue.conversation(
+                        queue.group(uuid.UUID(bytes=group)), handle, priority, service, contract
+                    )
+                else:  # dead letters, orphans
+                    conv = self.stored_conversation(queue, handle, first)
                 if conv is None:
                     queue.messages -= count
                     queue.bytes -= nbytes

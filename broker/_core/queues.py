@@ -335,7 +335,8 @@ class Queue:
             idle = self._idle
             idle[group.id] = group
             if len(idle) > IDLE_GROUPS:
-                idle.popitem(last=False)
+                # its records point back at it: unlink them, or only the cycle collector frees them
+                idle.popitem(last=False)[1].conversations.clear()
 
     def conversation(
         self, group: Group, handle: uuid.UUID, priority: int, service: str, contract: str
@@ -399,6 +400,22 @@ class Queue:
                 return group
             heapq.heappop(heap)
         return None
+
+    def read_ahead(self, top: int) -> None:
+        """Read the next eligible group's first spilled messages from the store now, while
+        the last RECEIVE's commit is being written, so that its RECEIVE finds them resident."""
+        group = self.peek_eligible()
+        if group is None:
+            return
+        best: Conversation | None = None
+        for conv in group.conversations.values():
+            first = conv.first_key()
+            if first is not None and (
+                best is None or (-conv.priority, first) < (-best.priority, best.first_key() or 0)
+            ):
+                best = conv
+        if best is not None:
+            best.read_ahead(top)
 
     # ---- messages --------------------------------------------------------------------------
 

@@ -263,6 +263,9 @@ class Receiving:
             m.delivery_count += 1
         if messages:
             txn.received.append((q, messages))
+            if handle is None and group_id is None:
+                # the next RECEIVE likely takes the next eligible group: read it meanwhile
+                self.clock.call_soon(lambda: q.read_ahead(top))
         return group, messages
 
     # ---- waiting -------------------------------------------------------------------------
@@ -358,7 +361,6 @@ class Receiving:
 
     def commit_received(self, txn: Transaction) -> None:
         """Received messages leave their queue (or stay, received, with RETENTION ON)."""
-        delete = self.journal.delete_message
         for queue, messages in txn.received:
             if queue.definition.retention:
                 for m in messages:
@@ -369,9 +371,9 @@ class Receiving:
                     else:
                         self.delivery.delete(queue, m)
             else:
+                self.journal.delete_messages([m.queuing_order for m in messages])
                 nbytes = 0
                 for m in messages:
-                    delete(m.queuing_order)
                     nbytes += m.size
                 queue.messages -= len(messages)
                 queue.bytes -= nbytes
@@ -388,6 +390,10 @@ class Receiving:
                     m.last_error = error
                     self.journal.set_message_extra(m.queuing_order, m.extra())
                 self.journal.set_delivery_count(m.queuing_order, m.delivery_count)
+            # spillable only once these updates are durable: a read before would undo them
+            batch = self.journal.watermark()
+            for m in alive:
+                m.batch = batch
             by_queue.setdefault(queue.name, (queue, []))[1].extend(alive)
             self.kick(queue)
         txn.received.clear()

@@ -8,10 +8,11 @@ import uuid
 
 import pytest
 
+from ssb.broker._core.backlog import Backlog, MessageCache
 from ssb.broker._core.queues import Queue, Status
 from ssb.protocol import ROW_OVERHEAD
 
-from .core_harness import BODY, HANDLE, SEQ, Core
+from .core_harness import BODY, HANDLE, SEQ, Core, FakeClock
 
 KIB = 1024
 
@@ -259,3 +260,70 @@ def test_requeued_messages_keep_their_place_across_a_restart() -> None:
     assert [r[BODY] for r in rows] == [b"poison", b"fine"]
     again.flush()
     assert core.store.read_messages_with_status([Status.REQUEUED]) == []  # received: deleted
+
+
+class _Item:
+    """A backlog item for the cache tests: `spillable` False is a re-queued message."""
+
+    def __init__(self, key: int, batch: int, spillable: bool = True) -> None:
+        self.key, self.batch, self.spillable = key, batch, spillable
+        self.size = KIB
+        self.resident_size = KIB + 256
+
+
+class _Journal:
+    def __init__(self) -> None:
+        self.durable = self.open = 1
+        self.armed: list[object] = []
+
+    def watermark(self) -> int:
+        return self.open
+
+    def when_durable(self, batch: int, callback: object) -> None:
+        if batch <= self.durable:
+            callback()  # type: ignore[operator]  # as the store does: at once
+        else:
+            self.armed.append(callback)
+
+
+class _Backlog(Backlog[_Item]):
+    def __init__(self, cache: MessageCache) -> None:
+        super().__init__(cache)
+        self.rows: dict[int, _Item] = {}
+
+    def _read(self, first: int, before: int | None, limit: int, max_bytes: int) -> list[_Item]:
+        keys = sorted(k for k in self.rows if k >= first and (before is None or k < before))
+        return [self.rows[k] for k in keys[:limit]]
+
+    def _next_key(self, after: int, before: int | None) -> int | None:
+        keys = [k for k in self.rows if k > after and (before is None or k < before)]
+        return min(keys, default=None)
+
+
+def test_a_requeued_message_does_not_keep_later_arrivals_in_memory() -> None:
+    journal = _Journal()
+    clock = FakeClock()
+    cache = MessageCache(KIB, journal, clock)  # type: ignore[arg-type]
+    backlog = _Backlog(cache)
+    journal.open = 2  # the re-queue is not durable yet, and alone over the budget
+    backlog.appendleft(_Item(0, batch=2, spillable=False))
+    clock.run_soon()
+    journal.durable = 2
+    for key in range(1, 200):  # arrivals, each durable at once
+        journal.open = journal.durable = key + 2
+        item = _Item(key, batch=key + 2)
+        backlog.rows[key] = item
+        backlog.append(item)
+    assert cache.resident <= 2 * (KIB + 256)  # the re-queued one and the newest arrival
+    assert [i.key for i in backlog.take(300, 1 << 30)] == list(range(200))
+
+
+def test_a_cache_over_budget_with_nothing_spillable_does_not_loop() -> None:
+    journal = _Journal()
+    clock = FakeClock()
+    cache = MessageCache(4 * KIB, journal, clock)  # type: ignore[arg-type]
+    backlog = _Backlog(cache)
+    for key in range(10):  # durable, but re-queued: they stay until received
+        backlog.appendleft(_Item(key, batch=1, spillable=False))
+    clock.run_soon()  # the scheduled trim must return, not recurse
+    assert cache.resident > cache.budget and not journal.armed

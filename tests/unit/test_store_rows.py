@@ -56,3 +56,23 @@ def test_an_endpoints_hot_row_matches_the_stores_hot_columns() -> None:
     named = (*HOT_ENDPOINT_COLUMNS, "conversation_id", "is_initiator")
     assert len(hot) == len(named)
     assert hot == tuple(full[c] for c in named)
+
+
+def test_deleting_many_messages_removes_exactly_those_and_counts_them() -> None:
+    u = uuid.uuid4()
+    store = Store(":memory:", threaded=False)
+    cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
+    conv = Conversation(cache, store, "q", Group(u), u, 5, "s", "c")
+    for order in range(1, 1201):
+        store.insert_message(Message(order, conv, order, "t", "N", b"x", 0.0, 0).row())
+    store.flush()
+    written = store.rows_written
+    gone = [*range(2, 5), *range(10, 19), *range(100, 700), *range(900, 1000, 3)]
+    fresh = Message(1201, conv, 1201, "t", "N", b"x", 0.0, 0)
+    store.insert_message(fresh.row())  # in the open batch: cancelled, never written
+    store.delete_messages([*gone, 1201])
+    store.flush()
+    left = {row[0] for row in store.read_queue_messages("q", None, 5000, 1 << 30)}
+    assert left == set(range(1, 1201)) - set(gone)
+    assert store.rows_written - written == len(gone)
+    assert store.cancelled == 1

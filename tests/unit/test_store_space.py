@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ssb.broker._core.backlog import MessageCache
 from ssb.broker._core.queues import Conversation, Group, Message
-from ssb.broker._store import VACUUM_PAGES, Store
+from ssb.broker._store import KEEP_FREE_PAGES, Store
 
 from .test_store_rows import _Clock
 
@@ -53,6 +53,6 @@ async def test_idle_checkpoints_return_the_space_of_deleted_messages(tmp_path: P
         raise AssertionError("the idle checkpoints never finished returning free pages")
     left = _file_bytes(path)
     assert left < full // 4, f"store still {left} bytes after a drain (was {full})"
-    assert left <= (VACUUM_PAGES + 1024) * 4096  # a reserve of free pages, and the schema
+    assert left <= (KEEP_FREE_PAGES + 1024) * 4096  # a reserve of free pages, and the schema
     assert not failures
     await store.close()
