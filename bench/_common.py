@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import platform
 import shutil
 import sys
 import tempfile
 from collections.abc import Coroutine, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,10 +45,16 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 @contextlib.contextmanager
-def broker(durability: str, keep: bool = False) -> Iterator[BrokerProcess]:
-    """A fresh daemon on free ports in a temp data dir; stopped (and removed) on exit."""
+def broker(
+    durability: str,
+    config: dict[str, Any] | None = None,
+    keep: bool = False,
+    stop_timeout: float = 30.0,
+) -> Iterator[BrokerProcess]:
+    """A fresh daemon on free ports in a temp data dir, with `config`; stopped (and
+    removed) on exit."""
     root = Path(tempfile.mkdtemp(prefix=f"ssb-bench-{durability}-"))
-    process = BrokerProcess(root / "data", durability=durability)
+    process = BrokerProcess(root / "data", durability=durability, config=config or None)
     try:
         process.start()
         yield process
@@ -59,7 +68,7 @@ def broker(durability: str, keep: bool = False) -> Iterator[BrokerProcess]:
         raise
     finally:
         try:
-            process.stop(timeout=30.0)
+            process.stop(timeout=stop_timeout)
         except Exception:
             process.kill()
         if not keep:
@@ -90,3 +99,22 @@ def cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def write_json(path: str, benchmark: str, options: object, **results: Any) -> None:
+    """The benchmark's options, the machine and `results` as JSON to `path` ("-": stdout)."""
+    payload = {
+        "benchmark": benchmark,
+        "options": asdict(options),  # type: ignore[call-overload]
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
+        **results,
+    }
+    text = json.dumps(payload, indent=2, default=str)
+    if path == "-":
+        print(text)
+    else:
+        Path(path).write_text(text + "\n")

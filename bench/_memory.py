@@ -11,16 +11,11 @@ file by tests/daemon.py), which the memory benchmarks need for `message_cache_by
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ._common import BrokerProcess  # type: ignore[attr-defined,unused-ignore]
 
@@ -29,7 +24,6 @@ __all__ = [
     "BrokerProcess",
     "RssSampler",
     "StoreSize",
-    "daemon",
     "daemon_peak",
     "daemon_pid",
     "daemon_rss",
@@ -157,33 +151,6 @@ def timed_restart(process: BrokerProcess) -> float:
     started = time.perf_counter()
     process.restart()
     return time.perf_counter() - started
-
-
-@contextlib.contextmanager
-def daemon(
-    durability: str, config: dict[str, Any] | None = None, keep: bool = False
-) -> Iterator[BrokerProcess]:
-    """A fresh daemon on free ports in a temp data dir, with `config`; stopped on exit."""
-    root = Path(tempfile.mkdtemp(prefix=f"ssb-bench-{durability}-"))
-    process = BrokerProcess(root / "data", durability=durability, config=config or None)
-    try:
-        process.start()
-        yield process
-    except BaseException:
-        exit_code = process.proc.poll() if process.proc is not None else None
-        tail = process.log_text()[-3000:] if process.log_path.exists() else ""
-        print(
-            f"benchmark failed; daemon exit code {exit_code}; daemon log tail:\n{tail}",
-            file=sys.stderr,
-        )
-        raise
-    finally:
-        try:
-            process.stop(timeout=60.0)
-        except Exception:
-            process.kill()
-        if not keep:
-            shutil.rmtree(root, ignore_errors=True)
 
 
 def mb(value: float | None) -> str:

@@ -53,9 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import struct
 import sys
@@ -68,12 +66,11 @@ from typing import Any
 
 from ssb import client
 
-from ._common import cpu_seconds, rate, run
+from ._common import broker, cpu_seconds, rate, run, write_json
 from ._memory import (
     MB,
     BrokerProcess,
     RssSampler,
-    daemon,
     daemon_peak,
     daemon_rss,
     mb,
@@ -425,7 +422,7 @@ def bench(opts: Options) -> Result:
     r.short_conversations = short_conversations
     config = {} if opts.cache_bytes is None else {"message_cache_bytes": opts.cache_bytes}
 
-    with daemon(opts.durability, config) as d:
+    with broker(opts.durability, config, stop_timeout=60.0) as d:
         url = d.url
         print(f"[empty] {opts.restarts} restarts of the empty daemon ...", flush=True)
         r.empty_restart_s = [timed_restart(d) for _ in range(opts.restarts)]
@@ -705,18 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     result = bench(opts)
     print_table(result, opts)
     if args.json:
-        payload = {
-            "benchmark": "backlog",
-            "options": asdict(opts),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": sys.version.split()[0],
-                "platform": platform.platform(),
-            },
-            "result": asdict(result),
-        }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2, default=str)
+        write_json(args.json, "backlog", opts, result=asdict(result))
     return 0 if result.all_met else 1
 
 

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
-import platform
 import queue
 import struct
 import sys
@@ -44,7 +42,7 @@ from typing import Any
 
 from ssb import client
 
-from ._common import broker, cpu_seconds, percentile, rate, run
+from ._common import broker, cpu_seconds, percentile, rate, run, write_json
 
 MESSAGE_TYPE = "BenchMessage"
 CONTRACT = "BenchContract"
@@ -448,18 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [bench_durability(d, opts) for d in settings]
     print_table(results, opts)
     if args.json:
-        payload = {
-            "benchmark": "e2e",
-            "options": asdict(opts),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": sys.version.split()[0],
-                "platform": platform.platform(),
-            },
-            "results": [asdict(r) for r in results],
-        }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2)
+        write_json(args.json, "e2e", opts, results=[asdict(r) for r in results])
     return 0 if all(r.target_met for r in results) else 1
 
 

@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -46,11 +44,10 @@ from typing import Any
 
 from ssb import client
 
-from ._common import rate, run
+from ._common import broker, rate, run, write_json
 from ._memory import (
     BrokerProcess,
     RssSampler,
-    daemon,
     daemon_peak,
     daemon_rss,
     mb,
@@ -164,7 +161,7 @@ async def resources(url: str) -> dict[str, Any]:
 
 def bench(opts: Options) -> Result:
     r = Result(dialogs=opts.dialogs)
-    with daemon(opts.durability) as d:
+    with broker(opts.durability, stop_timeout=60.0) as d:
         run(create_objects(d.url))
         time.sleep(opts.settle)  # pacing: an idle daemon before the baseline
         r.rss_before = daemon_rss(d)
@@ -277,18 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     result = bench(opts)
     print_table(result, opts)
     if args.json:
-        payload = {
-            "benchmark": "endpoints",
-            "options": asdict(opts),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": sys.version.split()[0],
-                "platform": platform.platform(),
-            },
-            "result": asdict(result),
-        }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2, default=str)
+        write_json(args.json, "endpoints", opts, result=asdict(result))
     return 0 if result.target_met else 1
 
 

@@ -38,10 +38,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
-import platform
 import queue
 import struct
 import sys
@@ -53,8 +51,8 @@ from typing import Any
 
 from ssb import client
 
-from ._common import rate, run
-from ._memory import MB, BrokerProcess, daemon, daemon_peak, daemon_rss, mb, rss_bytes, store_size
+from ._common import broker, rate, run, write_json
+from ._memory import MB, BrokerProcess, daemon_peak, daemon_rss, mb, rss_bytes, store_size
 
 MESSAGE_TYPE = "SlowMessage"
 CONTRACT = "SlowContract"
@@ -279,7 +277,7 @@ async def final_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
 def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Options) -> RunResult:
     r = RunResult(name=name, quota=quota)
     config = {} if opts.cache_bytes is None else {"message_cache_bytes": opts.cache_bytes}
-    with daemon(opts.durability, config) as d:
+    with broker(opts.durability, config, stop_timeout=60.0) as d:
         run(create_objects(d.url, quota))
         ctx = mp.get_context("spawn")
         go = ctx.Event()
@@ -451,18 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [free, quota]
     print_table(results, opts)
     if args.json:
-        payload = {
-            "benchmark": "slow_consumer",
-            "options": asdict(opts),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": sys.version.split()[0],
-                "platform": platform.platform(),
-            },
-            "results": [asdict(r) for r in results],
-        }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2, default=str)
+        write_json(args.json, "slow_consumer", opts, results=[asdict(r) for r in results])
     return 0 if all(r.met for r in results) else 1
 
 

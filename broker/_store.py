@@ -712,7 +712,7 @@ class Store:
                     elif live:
                         db.executemany(sql, live)
                     if sql in _LIST_STATEMENTS:
-                        rows += sum(len(set(p)) for p in live if p is not None)
+                        rows += sum(len(set(p)) for p in live)
                     else:
                         rows += len(live)
             db.execute("COMMIT")
@@ -831,24 +831,22 @@ class Store:
         if self._wake:
             self._schedule()
 
-    def delete_message(self, queuing_order: int) -> None:
+    def _cancel_insert(self, queuing_order: int) -> bool:
+        """Cancel the message's insert if it is in the open batch (then it is never written)."""
         pending = self._inserts.pop(queuing_order, None)
-        if pending is not None:
-            pending[0][pending[1]] = _CANCELLED  # inserted in this very batch: never written
-            self.cancelled += 1
-            return
-        self._add(_DELETE_MESSAGE, (queuing_order,))
+        if pending is None:
+            return False
+        pending[0][pending[1]] = _CANCELLED
+        self.cancelled += 1
+        return True
+
+    def delete_message(self, queuing_order: int) -> None:
+        if not self._cancel_insert(queuing_order):
+            self._add(_DELETE_MESSAGE, (queuing_order,))
 
     def delete_messages(self, orders: Iterable[int]) -> None:
         """Delete many message rows, a list of them per statement."""
-        written: list[int] = []
-        for order in orders:
-            pending = self._inserts.pop(order, None)
-            if pending is not None:
-                pending[0][pending[1]] = _CANCELLED
-                self.cancelled += 1
-            else:
-                written.append(order)
+        written = [order for order in orders if not self._cancel_insert(order)]
         largest = DELETE_LISTS[-1]
         while len(written) >= DELETE_LISTS[0]:
             part, written = written[:largest], written[largest:]

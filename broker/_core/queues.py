@@ -248,16 +248,25 @@ class Group:
         self.heap_key: GroupKey | None = None
         self.lock_waiters: list[Callable[[], None]] = []
 
-    def key(self) -> GroupKey | None:
-        best: GroupKey | None = None
+    def _next(self) -> tuple[GroupKey, Conversation] | None:
+        """The conversation RECEIVE would take from first, and its (priority, order) key."""
+        best: tuple[GroupKey, Conversation] | None = None
         for conv in self.conversations.values():
             first = conv.first_key()
             if first is None:
                 continue
             key = (-conv.priority, first)
-            if best is None or key < best:
-                best = key
+            if best is None or key < best[0]:
+                best = (key, conv)
         return best
+
+    def key(self) -> GroupKey | None:
+        best = self._next()
+        return None if best is None else best[0]
+
+    def next_conversation(self) -> Conversation | None:
+        best = self._next()
+        return None if best is None else best[1]
 
     def ready(self) -> bool:
         # a plain loop: any() with a generator costs twice as much on this hot path
@@ -405,17 +414,9 @@ class Queue:
         """Read the next eligible group's first spilled messages from the store now, while
         the last RECEIVE's commit is being written, so that its RECEIVE finds them resident."""
         group = self.peek_eligible()
-        if group is None:
-            return
-        best: Conversation | None = None
-        for conv in group.conversations.values():
-            first = conv.first_key()
-            if first is not None and (
-                best is None or (-conv.priority, first) < (-best.priority, best.first_key() or 0)
-            ):
-                best = conv
-        if best is not None:
-            best.read_ahead(top)
+        conv = None if group is None else group.next_conversation()
+        if conv is not None:
+            conv.read_ahead(top)
 
     # ---- messages --------------------------------------------------------------------------
 
