@@ -67,6 +67,8 @@ READER_CACHE_KIB: Final = 4096  # and of the event loop's reading connection
 KEEP_FREE_PAGES: Final = 2048  # free pages an idle store keeps for the next inserts
 IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
 READ_CHUNK: Final = 500  # parameters per IN (...) read
+# the start-up summary's slices of the handle range (handles are random UUIDs)
+_HANDLE_SLICES: Final = ((b"", bytes([0x80])), (bytes([0x80]), None))
 
 ENDPOINT_COLUMNS: Final = (
     "handle",
@@ -1070,17 +1072,68 @@ class Store:
 
     def message_summary(self, statuses: Iterable[int]) -> list[Row]:
         """Per (status, queue, conversation): count, bytes, first queuing order, and the
-        endpoint's service, group, priority and contract (NULL without an endpoint)."""
+        endpoint's service, group, priority and contract (NULL without an endpoint).
+
+        Start-up reads every message's index entry once; on a deep backlog that scan is
+        most of the time to ready, so it runs in slices of the handle range, each on its
+        own connection and thread (SQLite releases the GIL while it steps)."""
         chosen = sorted({int(s) for s in statuses})
-        marks = ", ".join("?" for _ in chosen)
-        return self._db.execute(
+        parts = [
+            (status, queue, lo, hi)
+            for status, queue in self._status_queues(chosen)
+            for lo, hi in _HANDLE_SLICES
+        ]
+        if str(self.path) == ":memory:" or len(parts) <= 1:
+            return [row for part in parts for row in self._summary_slice(self._db, *part)]
+        workers = min(len(_HANDLE_SLICES), os.cpu_count() or 1)
+        connections = [self._connect(self.path, READER_CACHE_KIB) for _ in range(workers)]
+        try:
+            with ThreadPoolExecutor(workers, thread_name_prefix="ssb-start") as pool:
+                slices = pool.map(
+                    lambda i: [
+                        row
+                        for part in parts[i::workers]
+                        for row in self._summary_slice(connections[i], *part)
+                    ],
+                    range(workers),
+                )
+                return [row for rows in slices for row in rows]
+        finally:
+            for db in connections:
+                db.close()
+
+    def _status_queues(self, statuses: Sequence[int]) -> list[tuple[int, str]]:
+        """The distinct (status, queue) pairs among `statuses`, one index seek each."""
+        found: list[tuple[int, str]] = []
+        for status in statuses:
+            queue = ""
+            while True:
+                row = self._db.execute(
+                    "SELECT queue FROM messages WHERE status = ? AND queue > ?"
+                    " ORDER BY queue LIMIT 1",
+                    (status, queue),
+                ).fetchone()
+                if row is None:
+                    break
+                queue = row[0]
+                found.append((status, queue))
+        return found
+
+    @staticmethod
+    def _summary_slice(
+        db: sqlite3.Connection, status: int, queue: str, lo: bytes, hi: bytes | None
+    ) -> list[Row]:
+        upper = "" if hi is None else " AND handle < ?"
+        params: tuple[Any, ...] = (status, queue, lo) if hi is None else (status, queue, lo, hi)
+        return db.execute(
             "SELECT s.status, s.queue, s.handle, s.n, s.bytes, s.first,"
             " e.service, e.group_id, e.priority, e.contract FROM"
             " (SELECT status, queue, handle, COUNT(*) AS n, SUM(size) AS bytes,"
             " MIN(queuing_order) AS first FROM messages"
-            f" WHERE status IN ({marks}) GROUP BY status, queue, handle) AS s"
+            f" WHERE status = ? AND queue = ? AND handle >= ?{upper}"
+            " GROUP BY handle) AS s"
             " LEFT JOIN endpoints AS e ON e.handle = s.handle",
-            chosen,
+            params,
         ).fetchall()
 
     def read_messages_with_status(self, statuses: Iterable[int]) -> list[Row]:

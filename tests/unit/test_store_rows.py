@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 from ssb.broker._core.backlog import MessageCache
 from ssb.broker._core.conversations import Endpoint
@@ -76,3 +77,28 @@ def test_deleting_many_messages_removes_exactly_those_and_counts_them() -> None:
     assert left == set(range(1, 1201)) - set(gone)
     assert store.rows_written - written == len(gone)
     assert store.cancelled == 1
+
+
+def test_start_up_summary_covers_every_conversation_whatever_its_handle(tmp_path: Path) -> None:
+    """The summary is read in slices of the handle range on several connections: a
+    conversation at either end of the range, or at a slice's edge, is counted once."""
+    store = Store(tmp_path / "broker.db", "os", threaded=False)
+    edges = [bytes([b]) + bytes(15) for b in (0x00, 0x7F, 0x80, 0xFF)]
+    edges.append(b"\x7f" + b"\xff" * 15)
+    handles = [uuid.UUID(bytes=raw) for raw in edges]
+    expected = {}
+    order = 0
+    for queue in ("q1", "q2"):
+        for status in (1, 3):
+            for i, handle in enumerate(handles):
+                sizes = [10 * (i + 1) + k for k in range(i + 1)]
+                for size in sizes:
+                    order += 1
+                    row = (order, queue, handle, order, "t", "NONE", b"x" * size, 0.0, status, 0, None, size)
+                    store.insert_message(row)
+                expected[(status, queue, handle.bytes)] = (len(sizes), sum(sizes))
+    store.flush()
+    summary = store.message_summary((1, 3))
+    got = {(r[0], r[1], r[2]): (r[3], r[4]) for r in summary}
+    assert len(summary) == len(got) == len(expected)
+    assert got == expected
