@@ -9,6 +9,11 @@ install -e .` there). The benchmark runs with each side's own code and its own
 the ratio B / A of every figure.
 
     python -m bench.compare ../old . --runs 5 -- --messages 100000 --durability both
+
+`--b-args` adds arguments for side B only, so one checkout can be compared with itself
+under another setting (TLS against plain TCP, same run):
+
+    python -m bench.compare . . --runs 5 --b-args=--tls -- --messages 50000 --durability both
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", default="bench.e2e")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    parser.add_argument("--b-args", default="", help="extra arguments for side B only")
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     opts = parser.parse_args(argv[:split])
@@ -76,9 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     for n in range(opts.runs):
         for name, side in (("a", opts.a), ("b", opts.b)):
             print(f"run {n + 1}/{opts.runs}: {side} ...", file=sys.stderr, flush=True)
-            runs[name].append(_figures(_run(side.resolve(), opts.module, extra, opts.timeout)))
+            args = [*extra, *opts.b_args.split()] if name == "b" else extra
+            runs[name].append(_figures(_run(side.resolve(), opts.module, args, opts.timeout)))
     keys = sorted(set(runs["a"][0]) & set(runs["b"][0]))
-    print(f"{opts.module} {' '.join(extra)}: medians of {opts.runs} interleaved runs")
+    b_only = f" (B also {opts.b_args})" if opts.b_args else ""
+    print(f"{opts.module} {' '.join(extra)}{b_only}: medians of {opts.runs} interleaved runs")
     print(f"{'figure':44s} {'A':>12s} {'B':>12s} {'B/A':>7s}")
     for key in keys:
         a = statistics.median(r[key] for r in runs["a"])

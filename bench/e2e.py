@@ -71,6 +71,7 @@ class Options:
     latency_warmup: int = 100
     phase_timeout: float = 600.0
     idle_timeout: float = 30.0
+    tls: bool = False  # every client on ssbs:// (pinned to the broker's certificate)
 
 
 @dataclass
@@ -326,7 +327,7 @@ async def check_empty(url: str) -> None:
 def bench_durability(durability: str, opts: Options) -> Result:
     result = Result(durability=durability, messages=opts.messages)
     with broker(durability) as daemon:
-        url = daemon.url
+        url = daemon.tls_url if opts.tls else daemon.url
         run(create_objects(url))
         pid = daemon.proc.pid if daemon.proc is not None else 0
 
@@ -426,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--latency-iterations", type=int, default=Options.latency_iterations)
     parser.add_argument("--phase-timeout", type=float, default=Options.phase_timeout)
+    parser.add_argument("--tls", action="store_true", help="clients connect with TLS (ssbs://)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.batch < 1 or args.conversations < 1 or args.in_flight < 1:
@@ -441,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         consumer=args.consumer,
         latency_iterations=args.latency_iterations,
         phase_timeout=args.phase_timeout,
+        tls=args.tls,
     )
     settings = ["fsync", "os"] if args.durability == "both" else [args.durability]
     results = [bench_durability(d, opts) for d in settings]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
@@ -23,6 +24,57 @@ MIB: Final = 1024 * 1024
 
 class ConfigError(ValueError):
     """A setting is wrong; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """The [limits] section: what one client connection may cost."""
+
+    hello_frame_size: int = 64 * 1024  # bytes of the first frame, before login
+    login_timeout: float = 10.0  # seconds from connecting to a successful login
+    connections_per_address: int = 256  # open client connections from one address
+    locks_per_transaction: int = 100_000  # conversation-group locks one transaction holds
+    detached_per_login: int = 1_000  # open detached transactions of one login
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any]) -> ClientLimits:
+        ranges: dict[str, tuple[float, float, bool] | None] = {
+            "hello_frame_size": (1024, 1024 * 1024, True),
+            "login_timeout": (0.1, 3600.0, False),
+            "connections_per_address": (1, 1_000_000, True),
+            "locks_per_transaction": (1, 100_000_000, True),
+            "detached_per_login": (1, 1_000_000, True),
+        }
+        return cls(**checked_section("limits", section, ranges))
+
+
+def checked_section(
+    name: str, section: dict[str, Any], ranges: Mapping[str, tuple[float, float, bool] | None]
+) -> dict[str, Any]:
+    """A config section's values, each known: numbers finite and within (low, high,
+    whole), switches (a range of None) true or false."""
+    unknown = set(section) - set(ranges)
+    if unknown:
+        raise ConfigError(
+            f"unknown [{name}] setting(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(ranges))}"
+        )
+    for key, value in section.items():
+        limits = ranges[key]
+        if limits is None:
+            if not isinstance(value, bool):
+                raise ConfigError(f"[{name}] {key} must be true or false, not {value!r}")
+            continue
+        low, high, whole = limits
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int if whole else (int, float))
+            or not math.isfinite(value)
+            or not low <= value <= high
+        ):
+            kind = "a whole number" if whole else "a number of seconds"
+            raise ConfigError(f"[{name}] {key} must be {kind} from {low:g} to {high:g}, not {value!r}")
+    return dict(section)
 
 
 @dataclass
@@ -40,8 +92,16 @@ class Config:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     # below this much free disk space, SEND and BEGIN DIALOG are refused
     min_free_disk: int = 1024 * MIB
-    # login name -> password; empty means any login is accepted (loopback default)
-    users: dict[str, str] = field(default_factory=dict)
+    # plain TCP on the client port beyond loopback (TLS is always offered; on loopback
+    # plain TCP is always accepted)
+    allow_plain: bool = False
+    # the client port's TLS certificate and key (PEM files); none: made on first start
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # the functions activation and scheduler tasks may run (fnmatch over module:function)
+    procedures: tuple[str, ...] = ()
+    # what one client connection may cost ([limits])
+    limits: ClientLimits = field(default_factory=lambda: ClientLimits())
     # sections other modules read (activation, transport, ...)
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -62,6 +122,8 @@ class Config:
         _bytes("message_cache_bytes", self.message_cache_bytes, MIB, 1 << 40)
         _bytes("max_message_size", self.max_message_size, 1, MAX_MESSAGE_SIZE_LIMIT)
         _bytes("min_free_disk", self.min_free_disk, 0, 1 << 50)
+        if not isinstance(self.allow_plain, bool):
+            raise ConfigError(f"allow_plain must be true or false, not {self.allow_plain!r}")
 
 
 def _bytes(name: str, value: object, low: int, high: int) -> None:
@@ -69,8 +131,15 @@ def _bytes(name: str, value: object, low: int, high: int) -> None:
         raise ConfigError(f"{name} must be a whole number of bytes from {low} to {high}, not {value!r}")
 
 
-_SCALARS = {f.name for f in fields(Config)} - {"users", "sections"}
+_SCALARS = {f.name for f in fields(Config)} - {"limits", "sections", "procedures"}
 SECTIONS = ("activation", "transport")
+_PATHS = ("data_dir", "tls_cert_file", "tls_key_file")
+PLAINTEXT_USERS = (
+    "[users] with passwords in the config is no longer supported: logins live in the store"
+    " as salted hashes. Remove [users] and add each login to the running broker with"
+    " `ssb login add NAME` (the first start creates 'admin'; its password is in the data"
+    " directory's admin.password)"
+)
 
 
 def load(path: Path | None, overrides: dict[str, Any]) -> Config:
@@ -85,20 +154,28 @@ def load(path: Path | None, overrides: dict[str, Any]) -> Config:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         for key, value in data.items():
             if key in _SCALARS:
-                setattr(config, key, Path(value) if key == "data_dir" else value)
+                setattr(config, key, Path(value) if key in _PATHS else value)
             elif key == "users":
-                if not isinstance(value, dict):
-                    raise ConfigError("[users] must map login names to passwords")
-                config.users = {str(k): str(v) for k, v in value.items()}
+                raise ConfigError(PLAINTEXT_USERS)
+            elif key == "procedures":
+                if not isinstance(value, list) or not all(
+                    isinstance(v, str) and v.strip() for v in value
+                ):
+                    raise ConfigError(
+                        'procedures must be a list of patterns, e.g. ["myapp.tasks.*"]'
+                    )
+                config.procedures = tuple(value)
+            elif key == "limits" and isinstance(value, dict):
+                config.limits = ClientLimits.from_section(value)
             elif key in SECTIONS and isinstance(value, dict):
                 config.sections[key] = value
             else:
                 raise ConfigError(
                     f"unknown setting {key!r} in {path}; known: "
-                    f"{', '.join(sorted(_SCALARS | {'users', *SECTIONS}))}"
+                    f"{', '.join(sorted(_SCALARS | {'limits', 'procedures', *SECTIONS}))}"
                 )
     for key, value in overrides.items():
         if value is not None:
-            setattr(config, key, Path(value) if key == "data_dir" else value)
+            setattr(config, key, Path(value) if key in _PATHS else value)
     config.check()
     return config

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -42,9 +43,13 @@ from ._activation.workers import WorkerPool
 from ._config import Config, ConfigError
 from ._core.engine import Engine, StoredState
 from ._core.ports import Cancellable
+from ._logins import Logins
 from ._operations import Operations
+from ._permissions import Permissions
+from ._procedures import ProcedurePolicy
 from ._server import ClientConnection
 from ._store import Store, StoreUnavailable, describe_failure
+from ._tls import ClientDoor, server_context
 from ._transport import Transport, TransportSettings
 from ._views import Views
 
@@ -89,7 +94,7 @@ class Broker:
         self.connections: set[ClientConnection] = set()
         self.client_address: tuple[str, int] = (config.host, 0)
         self.broker_address: tuple[str, int] | None = None
-        self._server: asyncio.base_events.Server | None = None
+        self.door: ClientDoor | None = None
         self._closers: list[Callable[[], Any]] = []
         self._jobs: set[asyncio.Task[Any]] = set()
         self._lock_file: Any = None
@@ -143,6 +148,8 @@ class Broker:
             max_message_size=config.max_message_size,
             min_free_disk=config.min_free_disk,
         )
+        engine.transactions.max_locks = config.limits.locks_per_transaction
+        engine.transactions.max_detached = config.limits.detached_per_login
         engine.load(StoredState(store.load_catalog(), store.max_ids()))
         store.write_now()
         store.attach(loop, self._store_failed, self._store_trouble)
@@ -155,27 +162,51 @@ class Broker:
             sum(q.ready for q in engine.queues.values()),
             len(engine.delivery.outboxes),
         )
-        operations = Operations()
+        self.logins = logins = Logins(store)
+        logins.load()
+        permissions = Permissions(store, engine, logins)
+        permissions.load()
+        logins.on_change.append(
+            lambda name: None if name in logins else permissions.login_dropped(name)
+        )
+        operations = Operations(permissions)
         views = Views(engine, store)
         operations.merge("the core", engine.operations())
         operations.merge("views", views.operations(), observing=True)
         operations.merge("the daemon", {"ping": _ping}, observing=True)
 
-        users = config.users
+        created = logins.bootstrap(self.data_dir)
+        if created is not None:
+            print(f"ssb: created the login 'admin'; its password is in {created}", flush=True)
+            log.info("created the login 'admin'; its password is in %s", created)
+        operations.merge("logins", logins.operations())
+        operations.merge("permissions", permissions.operations())
+        views.merge(permissions.views())
+        procedures = ProcedurePolicy(config.procedures)
+        engine.ddl.check_procedure = functools.partial(procedures.check, what="activation procedure")
+        operations.merge("procedures", procedures.operations())
+        views.merge(logins.views())
         task_login: list[Callable[[str, str], bool]] = []
 
-        def login(user: str, password: str) -> bool:
-            if not users or users.get(user) == password:
-                return True
-            return any(check(user, password) for check in task_login)
+        async def login(user: str, password: str, peer: str) -> str | None:
+            # an activated task's worker logs in with its one-time token, at no cost
+            if any(check(user, password) for check in task_login):
+                return None
+            return await logins.check(user, password, peer)
 
-        self._server = await loop.create_server(
-            lambda: ClientConnection(engine, store, operations, login, self.connections),
-            config.host,
-            config.client_port,
+        limits = config.limits
+        context, fingerprint = server_context(
+            self.data_dir, config.host, config.tls_cert_file, config.tls_key_file
         )
-        sock = self._server.sockets[0].getsockname()
-        self.client_address = (sock[0], sock[1])
+        connections = self.connections
+        self.door = door = ClientDoor(
+            lambda: ClientConnection(engine, store, operations, login, connections, limits),
+            context,
+            config.allow_plain,
+            limits,
+            lambda host: sum(1 for c in connections if c.host == host),
+        )
+        self.client_address = await door.start(config.host, config.client_port)
 
         transport_settings = TransportSettings.from_section(config.sections.get("transport", {}))
         self.transport = transport = Transport(engine, store, self.data_dir, transport_settings)
@@ -193,7 +224,9 @@ class Broker:
             settings.worker_start_timeout,
             settings.python_path,
         )
-        self.activation = manager = ActivationManager(engine, settings, pool, users)
+        self.activation = manager = ActivationManager(
+            engine, settings, pool, logins, procedures, lambda queue: permissions.owner("queue", queue)
+        )
         engine.set_listener(manager)
         operations.merge("activation", manager.operations())
         views.merge(manager.views())
@@ -213,12 +246,13 @@ class Broker:
             "client_port": self.client_address[1],
             "broker_port": self.broker_address[1],
             "durability": config.durability,
+            "tls_fingerprint": fingerprint,
         }
         (self.data_dir / "broker.json").write_text(json.dumps(info, indent=2))
         print(
             f"ssb ready client={self.client_address[0]}:{self.client_address[1]}"
             f" broker=127.0.0.1:{self.broker_address[1]} instance={instance}"
-            f" data={self.data_dir}",
+            f" data={self.data_dir} tls={fingerprint}",
             flush=True,
         )
 
@@ -270,8 +304,8 @@ class Broker:
     # ---- stop -----------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self.door is not None:
+            self.door.close()  # no new clients from here on
         for job in list(self._jobs):
             job.cancel()
         for closer in reversed(self._closers):
@@ -335,6 +369,8 @@ async def serve(config: Config) -> int:
 
 
 def run(config: Config) -> int:
+    # the store, keys and password files are private from their creation on
+    os.umask(0o077)
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

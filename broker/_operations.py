@@ -12,8 +12,8 @@ wrong argument is a clear error rather than a traceback.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from ssb.protocol import ErrorCode, Request
 
@@ -22,10 +22,22 @@ from ._errors import BrokerError
 Operation = Callable[..., Any]
 
 
+class Guard(Protocol):
+    """Who may call what (see `_permissions`)."""
+
+    def check(self, session: Any, operation: str, arguments: dict[str, Any]) -> None: ...
+
+    def succeeded(self, session: Any, operation: str, arguments: dict[str, Any]) -> None: ...
+
+    # the operations whose success `succeeded` must hear of
+    tracked: frozenset[str]
+
+
 class Operations:
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard | None = None) -> None:
         self._table: dict[str, tuple[Operation, inspect.Signature, str]] = {}
         self._observations: set[str] = set()
+        self.guard = guard
 
     def merge(
         self, owner: str, operations: Mapping[str, Operation], *, observing: bool = False
@@ -59,4 +71,21 @@ class Operations:
             signature.bind(session, **request.arguments)
         except TypeError as exc:
             raise BrokerError(ErrorCode.BAD_ARGUMENT, f"{request.operation}: {exc}") from None
-        return fn(session, **request.arguments)
+        guard = self.guard
+        if guard is None:
+            return fn(session, **request.arguments)
+        operation = request.operation
+        guard.check(session, operation, request.arguments)
+        result = fn(session, **request.arguments)
+        if operation not in guard.tracked:
+            return result
+        if inspect.isawaitable(result):
+            return self._then(result, guard, session, request)
+        guard.succeeded(session, request.operation, request.arguments)
+        return result
+
+    @staticmethod
+    async def _then(pending: Awaitable[Any], guard: Guard, session: Any, request: Request) -> Any:
+        result = await pending
+        guard.succeeded(session, request.operation, request.arguments)
+        return result

@@ -14,6 +14,12 @@ so that clients hear why while the disk is full. Reading pauses while too many
 requests are queued and processing pauses while the socket's write buffer is full.
 A malformed frame gets a protocol error and the connection is closed; whatever the
 session had open is rolled back. Other sessions are not affected.
+
+Before login a connection may send only a small Hello frame and must finish logging in
+within the login timeout; the password check runs off the loop (see `_logins`) and
+reading pauses until it has answered. The door in front (`_tls`) has already sorted
+TLS from plain TCP and bounded the connections per address.
+Every refusal is logged with the peer's address, never with a secret.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ import asyncio
 import inspect
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
 
 from ssb.protocol import (
+    MAX_FRAME_SIZE,
     NEED_DATA,
     WIRE_VERSION,
     ErrorCode,
@@ -39,6 +46,7 @@ from ssb.protocol import (
     encode_ok,
 )
 
+from ._config import ClientLimits
 from ._core.engine import Engine
 from ._core.transactions import Session
 from ._errors import BrokerError
@@ -51,7 +59,8 @@ MAX_QUEUED_REQUESTS: Final = 1024
 RESUME_READING_AT: Final = 128
 SERVER_NAME: Final = "ssb/0.2"
 
-Login = Callable[[str, str], bool]
+# (user, password, peer address) -> None when the login may open a session, else why not
+Login = Callable[[str, str, str], Awaitable[str | None]]
 
 
 class ClientConnection(asyncio.Protocol):
@@ -62,16 +71,21 @@ class ClientConnection(asyncio.Protocol):
         operations: Operations,
         login: Login,
         connections: set[ClientConnection],
+        limits: ClientLimits,
     ) -> None:
         self.engine = engine
         self.store = store
         self.operations = operations
         self.login = login
         self.connections = connections
-        self.decoder = FrameDecoder()
+        self.limits = limits
+        self.decoder = FrameDecoder(limits.hello_frame_size)
+        self.greeted = False  # a Hello arrived; its login may still be running
+        self.login_timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self.peer = ""
+        self.host = ""
         self.inbox: deque[Request] = deque()
         self.busy: asyncio.Task[None] | None = None
         self.replies: deque[tuple[int, bytes]] = deque()
@@ -86,10 +100,16 @@ class ClientConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.host = peer[0] if isinstance(peer, tuple) else self.peer
         self.connections.add(self)
+        self.login_timer = asyncio.get_running_loop().call_later(
+            self.limits.login_timeout, self._login_timed_out
+        )
 
     def data_received(self, data: bytes) -> None:
         self.decoder.receive_data(data)
+        if self.greeted and self.session is None:
+            return  # the login is being checked; later frames wait in the decoder
         try:
             while True:
                 frame = self.decoder.next_frame()
@@ -97,8 +117,7 @@ class ClientConnection(asyncio.Protocol):
                     break
                 if self.session is None:
                     self._hello(frame)
-                    if self.closed:
-                        return
+                    return  # the rest stays buffered until the login has answered
                 else:
                     self.inbox.append(Request.decode(frame))
         except ProtocolError as exc:
@@ -112,6 +131,8 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.login_timer is not None:
+            self.login_timer.cancel()
         self.connections.discard(self)
         if self.busy is not None:
             self.busy.cancel()
@@ -134,17 +155,28 @@ class ClientConnection(asyncio.Protocol):
                 f"client speaks wire version {hello.version}, this broker speaks {WIRE_VERSION}",
                 ErrorCode.HANDSHAKE_FAILED,
             )
-        if not self.login(hello.user, hello.password):
-            self._send_now(
-                encode_error(
-                    0,
-                    ErrorCode.LOGIN_FAILED,
-                    f"login failed for user '{hello.user}': the URL's user and password must"
-                    " match the broker's [users]",
-                )
-            )
+        self.greeted = True
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self.busy = asyncio.ensure_future(self._login(hello))
+
+    async def _login(self, hello: Hello) -> None:
+        try:
+            refused = await self.login(hello.user, hello.password, self.peer)
+        except Exception:
+            log.exception("checking the login of %s failed", self.peer)
+            refused = "the broker could not check the login; it logged why"
+        self.busy = None
+        if self.closed:
+            return
+        if refused is not None:
+            hint = "" if hello.user else " (the URL names none: ssb://USER:PASSWORD@HOST:PORT)"
+            self._send_now(encode_error(0, ErrorCode.LOGIN_FAILED, refused + hint))
             self.close()
             return
+        if self.login_timer is not None:
+            self.login_timer.cancel()
+            self.login_timer = None
         self.session = self.engine.transactions.open_session(hello.user, self.peer)
         welcome = Welcome(
             WIRE_VERSION,
@@ -153,6 +185,24 @@ class ClientConnection(asyncio.Protocol):
             self.engine.capacity.max_message_size,
         )
         self._send_now(welcome.encode())
+        self.decoder.max_frame_size = MAX_FRAME_SIZE
+        self.decoder.nesting = False  # Request.decode checks each request's arguments
+        assert self.transport is not None
+        self.transport.resume_reading()
+        self.data_received(b"")  # frames sent right behind the Hello
+
+    def _login_timed_out(self) -> None:
+        self.login_timer = None
+        if self.session is None and not self.closed:
+            log.info("closing client %s: no login within %g s", self.peer, self.limits.login_timeout)
+            self._send_now(
+                encode_error(
+                    0,
+                    ErrorCode.HANDSHAKE_FAILED,
+                    f"no login within {self.limits.login_timeout:g} s",
+                )
+            )
+            self.close()
 
     def _protocol_error(self, exc: ProtocolError) -> None:
         log.info("closing client %s: %s", self.peer, exc)

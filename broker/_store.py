@@ -185,6 +185,16 @@ _TABLES: Final = (
     " id INTEGER PRIMARY KEY, queue TEXT NOT NULL, handle BLOB, queuing_order INTEGER,"
     " delivery_count INTEGER, action TEXT NOT NULL, time REAL NOT NULL,"
     " error TEXT NOT NULL, body BLOB)",
+    # who may log in: scrypt hashes, never a password (see broker/_logins.py)
+    "CREATE TABLE IF NOT EXISTS logins ("
+    " name TEXT PRIMARY KEY, hash TEXT NOT NULL, created REAL NOT NULL)",
+    # permissions granted, and who owns each catalog object (see broker/_permissions.py)
+    "CREATE TABLE IF NOT EXISTS grants ("
+    " login TEXT NOT NULL, permission TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,"
+    " PRIMARY KEY (login, permission, kind, name)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS owners ("
+    " kind TEXT NOT NULL, name TEXT NOT NULL, login TEXT NOT NULL,"
+    " PRIMARY KEY (kind, name)) WITHOUT ROWID",
     # the seed-000 scheduler's execution log (see broker/_activation/execution_log.py)
     "CREATE TABLE IF NOT EXISTS execution_log ("
     " log_id INTEGER PRIMARY KEY, caller INTEGER, scheduler_handle BLOB, task TEXT NOT NULL,"
@@ -504,6 +514,15 @@ class Store:
     def load_catalog(self) -> list[tuple[str, str, str]]:
         return self._db.execute("SELECT kind, name, body FROM catalog").fetchall()
 
+    def load_logins(self) -> list[tuple[str, str, float]]:
+        return self._db.execute("SELECT name, hash, created FROM logins").fetchall()
+
+    def load_permissions(self) -> tuple[list[Row], list[Row]]:
+        """(grants, owners) rows."""
+        db = self._db
+        grants = db.execute("SELECT login, permission, kind, name FROM grants").fetchall()
+        return grants, db.execute("SELECT kind, name, login FROM owners").fetchall()
+
     def max_ids(self) -> tuple[int, int, int]:
         """Largest queuing order, transmission id and poison incident id on disk."""
         db = self._db
@@ -788,6 +807,34 @@ class Store:
 
     def delete_catalog(self, kind: str, name: str) -> None:
         self._add(_DELETE_CATALOG, (kind, name))
+
+    def put_login(self, row: Row) -> None:
+        """(name, hash, created)"""
+        self._add("INSERT OR REPLACE INTO logins (name, hash, created) VALUES (?, ?, ?)", row)
+
+    def delete_login(self, name: str) -> None:
+        self._add("DELETE FROM logins WHERE name = ?", (name,))
+
+    def put_grant(self, row: Row) -> None:
+        """(login, permission, kind, name); kind and name '' for the broker itself"""
+        self._add("INSERT OR IGNORE INTO grants VALUES (?, ?, ?, ?)", row)
+
+    def delete_grant(self, row: Row) -> None:
+        self._add(
+            "DELETE FROM grants WHERE login = ? AND permission = ? AND kind = ? AND name = ?", row
+        )
+
+    def put_owner(self, row: Row) -> None:
+        """(kind, name, login)"""
+        self._add("INSERT OR REPLACE INTO owners VALUES (?, ?, ?)", row)
+
+    def forget_object(self, kind: str, name: str) -> None:
+        """A dropped object's owner and the permissions granted on it."""
+        self._add("DELETE FROM owners WHERE kind = ? AND name = ?", (kind, name))
+        self._add("DELETE FROM grants WHERE kind = ? AND name = ?", (kind, name))
+
+    def forget_login(self, login: str) -> None:
+        self._add("DELETE FROM grants WHERE login = ?", (login,))
 
     # ---- writes: endpoints -----------------------------------------------------------------
 

@@ -39,12 +39,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -84,13 +83,14 @@ from ssb.protocol import (
     wrap_session_key,
 )
 
-from ._config import ConfigError
+from ._config import ConfigError, checked_section
 from ._core import catalog as cat
 from ._core.conversations import Endpoint
 from ._core.delivery import DialogOutbox, DirectionKey, Outbound
 from ._core.engine import Engine
 from ._core.transactions import Session
 from ._errors import BrokerError, bad_argument
+from ._logins import write_secret_file
 from ._store import Store
 
 log = logging.getLogger("ssb.transport")
@@ -117,43 +117,26 @@ class TransportSettings:
     starvation_bound: float = 2.0
     # how long the receiving side of an ended dialog stays to ack late retransmissions
     closed_dialog_linger: float = 300.0
+    # incoming broker connections accepted per second (each may cost an RSA signature
+    # before its sender has proved anything); more are closed at once
+    accept_rate: float = 20.0
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> TransportSettings:
         """The config's [transport] section, every value checked."""
-        known = {f.name: f for f in fields(cls)}
-        unknown = set(section) - set(known)
-        if unknown:
-            raise ConfigError(
-                f"unknown [transport] setting(s) {', '.join(sorted(unknown))}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        limits: dict[str, tuple[float, float]] = {
-            "idle_timeout": (0.01, 86400.0),
-            "retry_initial": (0.01, 3600.0),
-            "retry_max": (0.01, 86400.0),
-            "fragment_size": (1024, 1024 * 1024),
-            "ack_delay": (0.0, 1.0),
-            "connect_timeout": (0.01, 600.0),
-            "starvation_bound": (0.001, 3600.0),
-            "closed_dialog_linger": (0.0, 86400.0),
+        ranges: dict[str, tuple[float, float, bool] | None] = {
+            "idle_timeout": (0.01, 86400.0, False),
+            "retry_initial": (0.01, 3600.0, False),
+            "retry_max": (0.01, 86400.0, False),
+            "fragment_size": (1024, 1024 * 1024, True),
+            "ack_delay": (0.0, 1.0, False),
+            "connect_timeout": (0.01, 600.0, False),
+            "starvation_bound": (0.001, 3600.0, False),
+            "closed_dialog_linger": (0.0, 86400.0, False),
+            "accept_rate": (0.1, 10000.0, False),
+            "honor_broker_priority": None,
         }
-        for name, value in section.items():
-            if name == "honor_broker_priority":
-                if not isinstance(value, bool):
-                    raise ConfigError("[transport] honor_broker_priority must be true or false")
-                continue
-            low, high = limits[name]
-            whole = name == "fragment_size"
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int if whole else (int, float))
-                or not math.isfinite(value)
-                or not low <= value <= high
-            ):
-                kind = "a whole number" if whole else "a number of seconds"
-                raise ConfigError(f"[transport] {name} must be {kind} from {low:g} to {high:g}, not {value!r}")
-        settings = cls(**section)
+        settings = cls(**checked_section("transport", section, ranges))
         if settings.retry_max < settings.retry_initial:
             raise ConfigError("[transport] retry_max must be at least retry_initial")
         return settings
@@ -165,8 +148,7 @@ def load_identity(data_dir: Path, instance_id: str) -> tuple[bytes, bytes]:
     if key_path.exists() and cert_path.exists():
         return key_path.read_bytes(), cert_path.read_bytes()
     key_pem, cert_pem = generate_broker_identity(uuid.UUID(instance_id))
-    key_path.write_bytes(key_pem)
-    key_path.chmod(0o600)
+    write_secret_file(key_path, key_pem.decode("ascii"))
     cert_path.write_bytes(cert_pem)
     return key_pem, cert_pem
 
@@ -240,6 +222,11 @@ class Link(asyncio.Protocol):
         peer = self.transport.get_extra_info("peername")
         if self.role is Role.ACCEPTOR and isinstance(peer, tuple):
             self.address = f"{peer[0]}:{peer[1]}"
+        if self.role is Role.ACCEPTOR and not self.owner.accepts.take(self.owner.loop.time()):
+            self.owner.refused_accept(self.address)
+            self.closed = True
+            self.transport.abort()
+            return
         self.owner.links.add(self)
         self._touch()
         self._flush()
@@ -319,6 +306,22 @@ class Link(asyncio.Protocol):
             self.owner.pump(self.peer)
 
 
+class TokenBucket:
+    """`rate` events a second on average, `burst` at once."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = burst, 0.0
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
 class Transport:
     """All adjacent brokers of this broker; the core's OutboundSink."""
 
@@ -335,6 +338,9 @@ class Transport:
         self.trust = self._trust_store()
         self.peers: dict[uuid.UUID, Peer] = {}
         self.links: set[Link] = set()
+        self.accepts = TokenBucket(settings.accept_rate, burst=max(1.0, settings.accept_rate))
+        self._accept_refusals = 0
+        self._accept_logged = -REFUSAL_LOG_EVERY
         self.address_peer: dict[str, uuid.UUID] = {}
         # outboxes waiting to learn which broker an address is
         self.waiting: dict[str, dict[DirectionKey, DialogOutbox]] = {}
@@ -758,6 +764,20 @@ class Transport:
                 self._place(box)
         peer.dialog.retransmit_all(self.loop.time())
         self.pump(peer)
+
+    def refused_accept(self, address: str) -> None:
+        """An incoming connection beyond `accept_rate`: closed before any handshake work."""
+        self._accept_refusals += 1
+        now = self.loop.time()
+        if now - self._accept_logged >= REFUSAL_LOG_EVERY:
+            log.warning(
+                "closed %d incoming broker connection(s) beyond [transport] accept_rate = %g/s"
+                " (latest from %s)",
+                self._accept_refusals,
+                self.settings.accept_rate,
+                address,
+            )
+            self._accept_logged, self._accept_refusals = now, 0
 
     def handshake_failed(self, link: Link, reason: str) -> None:
         if link.role is Role.INITIATOR:

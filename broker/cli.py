@@ -1,9 +1,9 @@
-"""The `ssb` command: `ssb serve`, `ssb view NAME`, `ssb status`."""
+"""The `ssb` command: `ssb serve`, `ssb view NAME`, `ssb status`, `ssb login ...`."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import getpass
 import os
 import sys
 from collections.abc import Sequence
@@ -60,12 +60,30 @@ def _parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=text, description=text)
         if name == "view":
             sub.add_argument("name", help="view name, or queue:NAME to read a queue")
-        sub.add_argument(
-            "--url",
-            help="broker URL (default: $SSB_URL, else the broker of ./ssb-data, else "
-            f"{DEFAULT_URL})",
-        )
+        _url_argument(sub)
+
+    login = commands.add_parser(
+        "login",
+        help="add, change or drop a login of the running broker (needs CONTROL: admin)",
+        description="Logins live in the broker's store as salted hashes. `add NAME` with no "
+        "--password-stdin makes a random password and prints it once; `passwd NAME` asks "
+        "for the new password (or reads it from stdin); `drop NAME` removes the login.",
+    )
+    login.add_argument("action", choices=("add", "passwd", "drop"))
+    login.add_argument("name", help="the login name")
+    login.add_argument(
+        "--password-stdin", action="store_true", help="read the password from standard input"
+    )
+    _url_argument(login)
     return parser
+
+
+def _url_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        help="broker URL (default: $SSB_URL, else the broker of ./ssb-data as admin, else "
+        f"{DEFAULT_URL})",
+    )
 
 
 def _bridge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         with client.connect_sync(_url(args.url)) as conn:
+            if args.command == "login":
+                return _login(conn, args)
             if args.command == "view":
                 print(format_table(conn.view(args.name)))
             else:
@@ -175,17 +195,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _login(conn: Any, args: argparse.Namespace) -> int:
+    if args.action == "drop":
+        conn.drop_login(args.name)
+        print(f"login '{args.name}' dropped")
+        return 0
+    password: str | None = None
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    elif args.action == "passwd":
+        password = getpass.getpass(f"new password for {args.name}: ")
+        if getpass.getpass("again: ") != password:
+            print("ssb: the passwords differ; nothing changed", file=sys.stderr)
+            return 1
+    if args.action == "passwd":
+        conn.alter_login(args.name, password)
+        print(f"password of login '{args.name}' changed")
+        return 0
+    created = conn.create_login(args.name, password)
+    print(f"login '{args.name}' created")
+    if "password" in created:
+        print(f"password: {created['password']}")
+    return 0
+
+
 def _url(given: str | None) -> str:
-    """--url, else $SSB_URL, else the broker running from ./ssb-data, else the default."""
+    """--url, else $SSB_URL, else the broker running from ./ssb-data (as admin, with the
+    password the first start wrote there), else the default."""
     if given:
         return given
     if os.environ.get("SSB_URL"):
         return os.environ["SSB_URL"]
-    info = Path("ssb-data") / "broker.json"
-    if info.exists():
-        try:
-            port = json.loads(info.read_text())["client_port"]
-            return f"ssb://127.0.0.1:{int(port)}"
-        except (ValueError, KeyError, TypeError):
-            pass
-    return DEFAULT_URL
+    from ssb.client import local_url
+
+    return local_url("ssb-data") or DEFAULT_URL

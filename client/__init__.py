@@ -25,6 +25,7 @@ from ._errors import (
     ProtocolViolationError,
     QueueDisabledError,
     QueueFullError,
+    TLSError,
     TransactionError,
     ValidationError,
 )
@@ -38,6 +39,7 @@ from ._message import (
 )
 from ._scheduler import Scheduler, SyncScheduler, TaskOutcome
 from ._sync import SyncConnection, connect_sync
+from ._url import local_url
 
 __all__ = [
     "DIALOG_TIMER",
@@ -67,9 +69,11 @@ __all__ = [
     "Scheduler",
     "SyncConnection",
     "SyncScheduler",
+    "TLSError",
     "TaskOutcome",
     "TransactionError",
     "ValidationError",
     "connect",
     "connect_sync",
+    "local_url",
 ]

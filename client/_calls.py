@@ -484,6 +484,38 @@ def drop_certificate(name: str) -> Call[None]:
     return Call("drop_certificate", {"name": name}, _none)
 
 
+def create_login(name: str, password: str | None = None) -> Call[dict[str, str]]:
+    """A new login (needs CONTROL). With no password the broker makes a random one and
+    returns it, once, as {"name", "password"}; it is stored only as a salted hash."""
+    return Call("create_login", _some(name=name, password=password), dict)
+
+
+def alter_login(name: str, password: str) -> Call[None]:
+    """Change a login's password (needs CONTROL); its open sessions stay open."""
+    return Call("alter_login", {"name": name, "password": password}, _none)
+
+
+def drop_login(name: str) -> Call[None]:
+    """Remove a login (needs CONTROL); it can no longer log in."""
+    return Call("drop_login", {"name": name}, _none)
+
+
+def grant(
+    permission: str, login: str, kind: str | None = None, name: str | None = None
+) -> Call[None]:
+    """GRANT `permission` (CONTROL, CREATE, ALTER, DROP, SEND, RECEIVE, VIEW, EXECUTE) to
+    `login`, on the object `kind` `name` (e.g. "service", "Orders") or, with neither, on
+    the whole broker. Needs CONTROL of the broker, or of the object (its owner)."""
+    return Call("grant", _some(permission=permission, login=login, kind=kind, name=name), _none)
+
+
+def revoke(
+    permission: str, login: str, kind: str | None = None, name: str | None = None
+) -> Call[None]:
+    """REVOKE what `grant` gave (an object's owner keeps every permission on it)."""
+    return Call("revoke", _some(permission=permission, login=login, kind=kind, name=name), _none)
+
+
 def ping() -> Call[str]:
     """A round trip that does nothing."""
     return Call("ping", {}, str)
@@ -507,6 +539,12 @@ def log_task(task: str, scheduler: Handle | None = None) -> Call[int]:
         _some(task=task, scheduler=None if scheduler is None else _handle(scheduler)),
         int,
     )
+
+
+def check_procedure(procedure: str) -> Call[None]:
+    """Whether the broker allows running `module:function` (its config's `procedures`);
+    PermissionDeniedError, saying how to allow it, when not. Readers ask before importing."""
+    return Call("check_procedure", {"procedure": procedure}, _none)
 
 
 def log_task_start(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
@@ -25,7 +26,13 @@ from ssb.protocol import (
 )
 
 from . import _calls as calls
-from ._errors import BrokerError, ConnectionLostError, ProtocolViolationError, error_for
+from ._errors import (
+    BrokerError,
+    ConnectionLostError,
+    ProtocolViolationError,
+    TLSError,
+    error_for,
+)
 from ._scheduler import get_scheduler, install_scheduler
 from ._url import parse_url
 
@@ -38,7 +45,7 @@ CONNECT_TIMEOUT: Final = 10.0
 
 class _Wire(asyncio.Protocol):
     def __init__(self) -> None:
-        self.decoder = FrameDecoder()
+        self.decoder = FrameDecoder(nesting=False)  # answers of the broker it chose
         self.transport: asyncio.Transport | None = None
         self.frames: asyncio.Queue[Any] = asyncio.Queue()  # only before the welcome
         self.connection: Connection | None = None
@@ -236,6 +243,11 @@ class Connection:
     broker_certificate = _method(calls.broker_certificate)
     create_certificate = _method(calls.create_certificate)
     drop_certificate = _method(calls.drop_certificate)
+    create_login = _method(calls.create_login)
+    alter_login = _method(calls.alter_login)
+    drop_login = _method(calls.drop_login)
+    grant = _method(calls.grant)
+    revoke = _method(calls.revoke)
     attach_task = _method(calls.attach_task)
     log_task = _method(calls.log_task)
     log_task_start = _method(calls.log_task_start)
@@ -252,6 +264,10 @@ class Connection:
     get_scheduler = get_scheduler
 
 
+def _peer_certificate(ssl_object: Any) -> bytes | None:
+    return None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
+
+
 async def connect(url: str = "ssb://127.0.0.1:4021", timeout: float = CONNECT_TIMEOUT) -> Connection:
     """Open a session with the broker at `url` (ssb://user:password@host:port).
 
@@ -261,14 +277,32 @@ async def connect(url: str = "ssb://127.0.0.1:4021", timeout: float = CONNECT_TI
     """
     target = parse_url(url)
     loop = asyncio.get_running_loop()
+    context = target.tls_context()
     try:
-        _, wire = await asyncio.wait_for(
-            loop.create_connection(_Wire, target.host, target.port), timeout
+        transport, wire = await asyncio.wait_for(
+            loop.create_connection(
+                _Wire,
+                target.host,
+                target.port,
+                ssl=context,
+                server_hostname=target.host if context is not None else None,
+            ),
+            timeout,
         )
+    except ssl.SSLError as exc:
+        raise TLSError(
+            f"TLS with the broker at {target.host}:{target.port} failed: {exc}; check the URL's"
+            " ?ca= or ?fingerprint="
+        ) from exc
     except (TimeoutError, OSError) as exc:
         raise ConnectionLostError(
             f"cannot connect to the broker at {target.host}:{target.port}: {exc or 'timed out'}"
         ) from exc
+    try:
+        target.check_pin(_peer_certificate(transport.get_extra_info("ssl_object")))
+    except ssl.SSLError as exc:
+        transport.close()
+        raise TLSError(str(exc)) from exc
     assert wire.transport is not None
     wire.transport.write(encode_frame(Hello(WIRE_VERSION, target.user, target.password).encode()))
     try:

@@ -99,6 +99,10 @@ class ConnectionLostError(BrokerError):
     """The connection to the broker failed or closed."""
 
 
+class TLSError(ConnectionLostError):
+    """TLS with the broker failed: its certificate is not the one the URL trusts."""
+
+
 _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
     ErrorCode.ALREADY_EXISTS: AlreadyExistsError,
     ErrorCode.IN_USE: InUseError,
@@ -114,6 +118,8 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
     ErrorCode.NO_TRANSACTION: TransactionError,
     ErrorCode.TRANSACTION_ACTIVE: TransactionError,
     ErrorCode.LOCK_TIMEOUT: LockTimeoutError,
+    ErrorCode.TOO_MANY_LOCKS: TransactionError,
+    ErrorCode.TOO_MANY_TRANSACTIONS: TransactionError,
     ErrorCode.LOGIN_FAILED: LoginFailedError,
     ErrorCode.PERMISSION_DENIED: PermissionDeniedError,
     ErrorCode.MESSAGE_TOO_LARGE: MessageTooLargeError,

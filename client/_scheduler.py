@@ -485,13 +485,14 @@ def _run_one(conn: SyncSession, message: Message) -> None:
     error: str | None = None
     result: Any = None
     try:
-        value = _function(str(request["function"]))(
-            *request.get("args", []), **request.get("kwargs", {})
-        )
+        spec = str(request["function"])
+        if spec not in _functions:  # the broker decides what its workers may import
+            conn.call(calls.check_procedure(spec))
+        value = _function(spec)(*request.get("args", []), **request.get("kwargs", {}))
         if asyncio.iscoroutine(value):
             value = asyncio.run(value)
         result = _jsonable(value)
-    except Exception as exc:  # the task failed; the reader goes on
+    except Exception as exc:  # the task failed (or was refused); the reader goes on
         error = f"{type(exc).__name__}: {exc}"
     conn.call(calls.log_task_end(log_id, error))
     answer = {"log_id": log_id, "ok": error is None, "error": error, "result": result}

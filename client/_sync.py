@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 from collections.abc import Callable, Iterator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -24,7 +25,7 @@ from ssb.protocol import (
 )
 
 from . import _calls as calls
-from ._errors import ConnectionLostError, ProtocolViolationError, error_for
+from ._errors import ConnectionLostError, ProtocolViolationError, TLSError, error_for
 from ._scheduler import get_scheduler_sync, install_scheduler_sync
 from ._url import parse_url
 
@@ -149,6 +150,11 @@ class SyncConnection:
     broker_certificate = _method(calls.broker_certificate)
     create_certificate = _method(calls.create_certificate)
     drop_certificate = _method(calls.drop_certificate)
+    create_login = _method(calls.create_login)
+    alter_login = _method(calls.alter_login)
+    drop_login = _method(calls.drop_login)
+    grant = _method(calls.grant)
+    revoke = _method(calls.revoke)
     attach_task = _method(calls.attach_task)
     log_task = _method(calls.log_task)
     log_task_start = _method(calls.log_task_start)
@@ -185,8 +191,19 @@ def connect_sync(url: str = "ssb://127.0.0.1:4021", timeout: float = 10.0) -> Sy
         raise ConnectionLostError(
             f"cannot connect to the broker at {target.host}:{target.port}: {exc}"
         ) from exc
+    context = target.tls_context()
+    if context is not None:
+        try:
+            sock = context.wrap_socket(sock, server_hostname=target.host)
+            target.check_pin(sock.getpeercert(binary_form=True))
+        except ssl.SSLError as exc:
+            sock.close()
+            raise TLSError(
+                f"TLS with the broker at {target.host}:{target.port} failed: {exc}; check the"
+                " URL's ?ca= or ?fingerprint="
+            ) from exc
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    decoder = FrameDecoder()
+    decoder = FrameDecoder(nesting=False)  # answers of the broker it chose
     try:
         sock.sendall(encode_frame(Hello(WIRE_VERSION, target.user, target.password).encode()))
         welcome = Welcome.decode(_read_frame(sock, decoder))

@@ -7,7 +7,7 @@ queue (five readers, like MAX_QUEUE_READERS = 5), and the script prints the
 ExecutionLog and ExecutionStatus views at the end.
 
     python examples/seed000_scheduler.py                 # starts a private broker
-    python examples/seed000_scheduler.py --url ssb://admin:secret@127.0.0.1:4021
+    python examples/seed000_scheduler.py --url "$SSB_URL"
 """
 
 from __future__ import annotations
@@ -59,12 +59,15 @@ async def private_broker() -> AsyncIterator[str]:
         )
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
+        if line.startswith("ssb: created the login"):  # the first start says where it is
+            line = proc.stdout.readline().decode()
         if not line.startswith("ssb ready"):
             proc.kill()
             raise SystemExit(f"the broker did not start: {line!r}")
-        client_address = dict(p.split("=", 1) for p in line.split()[2:])["client"]
+        url = client.local_url(f"{tmp}/data")  # admin, with the password the start wrote
+        assert url is not None
         try:
-            yield f"ssb://{client_address}"
+            yield url
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=20)

@@ -6,7 +6,7 @@ answers arrive in the shop's reply queue, each exactly once:
 
     python examples/spark_pipeline.py                  # Structured Streaming (default)
     python examples/spark_pipeline.py --mode activate  # Spark-activated readers
-    python examples/spark_pipeline.py --url ssb://admin:secret@127.0.0.1:4021
+    python examples/spark_pipeline.py --url "$SSB_URL"
 
 `--mode stream` runs `readStream.format("ssb")` -> a DataFrame transformation ->
 `writeStream.format("ssb")`; each micro-batch's messages stay leased until Spark
@@ -67,12 +67,15 @@ def private_broker() -> Iterator[str]:
         )
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
+        if line.startswith("ssb: created the login"):  # the first start says where it is
+            line = proc.stdout.readline().decode()
         if not line.startswith("ssb ready"):
             proc.kill()
             raise SystemExit(f"the broker did not start: {line!r}")
-        port = line.split("client=")[1].split()[0].rsplit(":", 1)[1]
+        url = client.local_url(f"{tmp}/data")  # admin, with the password the start wrote
+        assert url is not None
         try:
-            yield f"ssb://admin:secret@127.0.0.1:{port}"
+            yield url
         finally:
             proc.terminate()
             proc.wait(timeout=30)

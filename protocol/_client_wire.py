@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ._errors import ErrorCode, RemoteProtocolError
-from ._framing import DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT
+from ._framing import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    MAX_MESSAGE_SIZE_LIMIT,
+    MAX_NESTING,
+    check_nesting,
+    is_container,
+)
 
 WIRE_VERSION: Final = 1
 REPLY_OK: Final = 0
@@ -124,6 +130,11 @@ class Request:
                 "a request is [request_id:int, operation:str, arguments:map]",
                 ErrorCode.MALFORMED_FRAME,
             )
+        for value in frame[2].values():  # flat lists of scalars pass at C speed
+            if type(value) is dict or (
+                type(value) is list and any(map(is_container, map(type, value)))
+            ):
+                check_nesting(value, MAX_NESTING - 2)
         return cls(frame[0], frame[1], frame[2])
 
 

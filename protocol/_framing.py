@@ -10,8 +10,10 @@ configured), which can never exceed MAX_MESSAGE_SIZE_LIMIT, the frame limit less
 FRAME_HEADROOM for the columns and headers around a body. So one message always fits
 in a frame, and an answer carrying several is cut to fit (ROW_OVERHEAD per message). The decoder is incremental: feed it any slice of the stream with
 `receive_data` and pull whole frames with `next_frame`, which returns `NEED_DATA`
-until one is complete. A frame longer than the decoder's limit, or a payload that is
-not exactly one msgpack object, raises `RemoteProtocolError`; nothing else escapes.
+until one is complete. A frame longer than the decoder's limit, a payload that is
+not exactly one msgpack object, or one whose lists and maps nest deeper than MAX_NESTING
+raises `RemoteProtocolError`; nothing else escapes (so no reader of a frame can run out
+of recursion on it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ FRAME_HEADROOM: Final = 1024 * 1024
 MAX_MESSAGE_SIZE_LIMIT: Final = MAX_FRAME_SIZE - FRAME_HEADROOM
 DEFAULT_MAX_MESSAGE_SIZE: Final = 32 * 1024 * 1024
 ROW_OVERHEAD: Final = 1024  # what one message's columns add to an answer, at most
+MAX_NESTING: Final = 32  # lists and maps inside each other in one frame, at most
 HEADER_SIZE: Final = 4
 UUID_EXT: Final = 1
 
@@ -80,6 +83,39 @@ def unpack(data: bytes | bytearray | memoryview) -> Any:
         ) from exc
 
 
+def check_nesting(obj: Any, limit: int = MAX_NESTING) -> None:
+    """RemoteProtocolError when lists and maps in `obj` nest deeper than `limit`."""
+    if type(obj) in (list, dict) and _too_deep(obj, limit):
+        raise RemoteProtocolError(
+            f"a frame nests lists and maps more than {MAX_NESTING} deep",
+            ErrorCode.MALFORMED_FRAME,
+        )
+
+
+is_container = frozenset({list, dict}).__contains__
+
+
+def _too_deep(obj: list[Any] | dict[Any, Any], limit: int) -> bool:
+    """Whether containers nest beyond `limit` (level by level: no recursion to exhaust;
+    a level of scalars is passed over at C speed)."""
+    level: list[Any] = [obj]
+    for _ in range(limit):
+        inner: list[Any] = []
+        for container in level:
+            if type(container) is dict:
+                if any(map(is_container, map(type, container))):
+                    return True  # a list or map as a key: nothing of ours sends that
+                items: Any = container.values()
+            else:
+                items = container
+            if any(map(is_container, map(type, items))):
+                inner.extend(x for x in items if type(x) in (list, dict))
+        if not inner:
+            return False
+        level = inner
+    return True
+
+
 def encode_frame(obj: object) -> bytes:
     """One frame: length prefix plus msgpack payload.
 
@@ -97,10 +133,13 @@ def encode_frame(obj: object) -> bytes:
 class FrameDecoder:
     """Incremental decoder: bytes in, whole decoded frames out."""
 
-    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE, *, nesting: bool = True) -> None:
         self._buffer = bytearray()
         self._offset = 0
-        self._max = max_frame_size
+        self.max_frame_size = max_frame_size  # may change between frames (e.g. after login)
+        # check MAX_NESTING on every frame; off where the frame's reader checks it itself
+        # (requests: `Request.decode`) or trusts the sender (a client reading answers)
+        self.nesting = nesting
 
     def receive_data(self, data: bytes) -> None:
         if self._offset:  # drop consumed frames first: appending then moves less
@@ -119,15 +158,17 @@ class FrameDecoder:
         if len(buf) - start < HEADER_SIZE:
             return NEED_DATA
         (size,) = _HEADER.unpack_from(buf, start)
-        if size > self._max:
+        if size > self.max_frame_size:
             raise RemoteProtocolError(
-                f"frame of {size} bytes exceeds the limit of {self._max}",
+                f"frame of {size} bytes exceeds the limit of {self.max_frame_size}",
                 ErrorCode.FRAME_TOO_LARGE,
             )
         end = start + HEADER_SIZE + size
         if len(buf) < end:
             return NEED_DATA
         frame = unpack(buf[start + HEADER_SIZE : end])
+        if self.nesting:
+            check_nesting(frame)
         if end == len(buf):
             buf.clear()
             self._offset = 0

@@ -31,6 +31,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Final
 
+from ssb import client
+
 DEFAULT_BROKER: Final = "ssb://127.0.0.1:4021"
 _QUEUE_KEYS: Final = {"name", "function", "mode", "batch_size", "idle_timeout", "max_readers"}
 _TOP_KEYS: Final = {
@@ -90,7 +92,11 @@ def load_config(args: argparse.Namespace) -> dict[str, Any]:
     if not queues and not schedulers:
         raise BridgeConfigError("nothing to serve: give --queue or --scheduler (or the TOML)")
     return {
-        "broker": args.broker or config.get("broker") or os.environ.get("SSB_URL", DEFAULT_BROKER),
+        "broker": args.broker
+        or config.get("broker")
+        or os.environ.get("SSB_URL")
+        or client.local_url("ssb-data")
+        or DEFAULT_BROKER,
         "master": args.master or config.get("master"),
         "name": args.name or config.get("name", "spark-bridge"),
         "python_path": [*config.get("python_path", []), *args.python_path],

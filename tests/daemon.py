@@ -16,8 +16,18 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 READY_TIMEOUT = 30.0
+# what the tests' and benchmarks' brokers may run (the operator's `procedures` list)
+TEST_PROCEDURES = [
+    "activation_procs:*",
+    "spark_funcs:*",
+    "myprocs:*",
+    "bench.*",
+    "time:sleep",
+    "operator:truediv",
+]
 
 
 class BrokerProcess:
@@ -38,16 +48,33 @@ class BrokerProcess:
         self.client_port = 0
         self.broker_port: int | None = None
         self.instance = ""
+        self.tls_fingerprint = ""
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
 
     @property
     def url(self) -> str:
-        return f"ssb://admin:secret@127.0.0.1:{self.client_port}"
+        """The admin login's URL (its password is the one the first start wrote)."""
+        return self.url_for("admin", self.admin_password())
+
+    def url_for(self, user: str, password: str, *, tls: bool = False) -> str:
+        """A login's URL; with `tls`, ssbs:// pinned to the broker's certificate."""
+        credentials = f"{quote(user, safe='')}:{quote(password, safe='')}"
+        if not tls:
+            return f"ssb://{credentials}@127.0.0.1:{self.client_port}"
+        pin = f"?fingerprint={self.tls_fingerprint}"
+        return f"ssbs://{credentials}@127.0.0.1:{self.client_port}{pin}"
+
+    @property
+    def tls_url(self) -> str:
+        return self.url_for("admin", self.admin_password(), tls=True)
+
+    def admin_password(self) -> str:
+        return (self.data_dir / "admin.password").read_text().strip()
 
     def _config_file(self) -> list[str]:
         # a test machine may have less free disk than the 1 GiB default guard: tests that
         # are about free space set min_free_disk themselves
-        settings = {"min_free_disk": 0, **(self.config or {})}
+        settings = {"min_free_disk": 0, "procedures": TEST_PROCEDURES, **(self.config or {})}
         path = self.data_dir.parent / f"{self.data_dir.name}.toml"
         lines = []
         sections: dict[str, dict[str, Any]] = {}
@@ -91,6 +118,7 @@ class BrokerProcess:
         if "broker" in fields:
             self.broker_port = int(fields["broker"].rsplit(":", 1)[1])
         self.instance = fields["instance"]
+        self.tls_fingerprint = fields.get("tls", "")
         return self
 
     def _read_ready(self) -> str:
@@ -105,8 +133,9 @@ class BrokerProcess:
                 if not chunk:
                     break
                 buffer += chunk
-                if b"\n" in buffer:
-                    line = buffer.split(b"\n", 1)[0].decode()
+                while b"\n" in buffer:  # earlier lines: e.g. where the admin password is
+                    raw, buffer = buffer.split(b"\n", 1)
+                    line = raw.decode()
                     if line.startswith("ssb ready"):
                         return line
             elif self.proc.poll() is not None:

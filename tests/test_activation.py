@@ -30,7 +30,6 @@ FAST = {
     "notification_timeout": 3.0,
     "python_path": [str(TESTS)],
 }
-USERS = {"admin": "secret"}
 Rows = list[dict[str, Any]]
 
 
@@ -38,7 +37,7 @@ Rows = list[dict[str, Any]]
 def abroker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A daemon with logins and fast activation checks."""
     process = BrokerProcess(
-        tmp_path / "data", durability="os", config={"users": USERS, "activation": FAST}
+        tmp_path / "data", durability="os", config={"activation": FAST}
     ).start()
     yield process
     process.kill()

@@ -18,7 +18,6 @@ from daemon import BrokerProcess
 from ssb import client
 
 TESTS = Path(__file__).parent
-USERS = {"admin": "secret"}
 Rows = list[dict[str, Any]]
 
 
@@ -39,7 +38,7 @@ def sbroker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerPr
     process = BrokerProcess(
         tmp_path / "data",
         durability="os",
-        config={"users": USERS, "activation": activation(workers)},
+        config={"activation": activation(workers)},
     ).start()
     yield process
     process.kill()

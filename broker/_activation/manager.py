@@ -51,7 +51,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Container, Coroutine
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
@@ -63,6 +63,8 @@ from .._core.queues import Queue
 from .._core.receive import Waiter
 from .._core.transactions import Session
 from .._errors import BrokerError, bad_argument, not_found
+from .._logins import ADMIN
+from .._procedures import ProcedurePolicy
 from .._views import iso_time
 from .monitor import (
     TASK_TRANSITIONS,
@@ -178,12 +180,16 @@ class ActivationManager:
         engine: Engine,
         settings: ActivationSettings,
         pool: WorkerPool,
-        users: dict[str, str],
+        logins: Container[str],
+        procedures: ProcedurePolicy,
+        queue_owner: Callable[[str], str | None],
     ) -> None:
         self.engine = engine
         self.settings = settings
         self.pool = pool
-        self.users = users
+        self.logins = logins
+        self.procedures = procedures
+        self.queue_owner = queue_owner
         self.monitors: dict[str, QueueMonitor] = {}
         self.tasks: dict[int, ActivatedTask] = {}
         self.tokens: dict[str, ActivatedTask] = {}
@@ -339,9 +345,15 @@ class ActivationManager:
 
     def _start_task(self, monitor: QueueMonitor, queue: Queue, now: float) -> None:
         activation = queue.definition.activation
-        user = activation.execute_as
-        if self.users and user and user not in self.users:
+        # EXECUTE AS the named login, else the queue's owner (admin for an unowned queue)
+        user = activation.execute_as or self.queue_owner(queue.name) or ADMIN
+        if user not in self.logins:
             self._failed(monitor, f"EXECUTE AS user '{user}' is not a login of this broker")
+            return
+        try:
+            self.procedures.check(activation.procedure, "activation procedure", user)
+        except BrokerError as exc:
+            self._failed(monitor, exc.message)
             return
         task = ActivatedTask(
             task_id=self._next_task,

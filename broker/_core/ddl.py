@@ -12,6 +12,7 @@ object (open conversations, stored messages, a receiving transaction).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -58,6 +59,8 @@ class Ddl:
         self.receiving = receiving
         self.events = events
         self.listener: QueueListener = NoListener()
+        # refuses an activation procedure the broker may not run (the daemon's policy)
+        self.check_procedure: Callable[[str], None] = lambda spec: None
 
     def persist(self, kind: str, obj: Any) -> None:
         self.catalog.table(kind)[obj.name] = obj
@@ -109,13 +112,19 @@ class Ddl:
             max_messages,
             max_bytes,
         )
+        if definition.activation.procedure:
+            self.check_procedure(definition.activation.procedure)
         self.persist("queue", definition)
         self.listener.altered(self.add_queue(definition))
 
     def alter_queue(self, session: Session, name: object, **changes: object) -> None:
         if not isinstance(name, str):
             raise bad_argument("alter_queue needs a queue name")
-        self.set_queue(self.catalog.altered_queue(name, changes))
+        updated = self.catalog.altered_queue(name, changes)
+        procedure = updated.activation.procedure
+        if procedure and procedure != self.catalog.queues[name].activation.procedure:
+            self.check_procedure(procedure)
+        self.set_queue(updated)
 
     def set_queue(self, updated: cat.QueueDef, reason: str = "") -> None:
         queue = self.queues[updated.name]

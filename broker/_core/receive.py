@@ -255,6 +255,8 @@ class Receiving:
                     group = best
             if group is None:
                 return None
+        if group.owner is not txn and len(txn.locks) >= self.transactions.max_locks:
+            self.transactions.room(txn, 1)
         self.transactions.lock(txn, q, group.id)
         if get_group:
             return group, []

@@ -49,6 +49,8 @@ T = TypeVar("T")
 MaybeAwaitable: TypeAlias = Union[T, Awaitable[T]]  # noqa: UP007 - a generic alias
 
 DETACHED_TIMEOUT: Final = 300.0
+DEFAULT_MAX_LOCKS: Final = 100_000
+DEFAULT_MAX_DETACHED: Final = 1_000
 MAX_TIMEOUT: Final = 366 * 24 * 3600.0  # a year and a day: any wait or timer beyond is a typo
 
 _session_ids: Final = count(1)
@@ -165,6 +167,9 @@ class Transactions:
         self.clock = clock
         self.hooks = hooks
         self.lock_timeout = lock_timeout
+        # bounds on what one client can hold ([limits] in the config)
+        self.max_locks = DEFAULT_MAX_LOCKS  # conversation-group locks per transaction
+        self.max_detached = DEFAULT_MAX_DETACHED  # open detached transactions per login
         self.sessions: dict[int, Session] = {}
         self.detached: dict[uuid.UUID, Transaction] = {}
         self._expiry: dict[uuid.UUID, Cancellable] = {}
@@ -224,6 +229,14 @@ class Transactions:
             )
         if not isinstance(detached, bool):
             raise bad_argument("detached must be True or False")
+        if detached:
+            mine = sum(1 for t in self.detached.values() if t.session.user == session.user)
+            if mine >= self.max_detached:
+                raise BrokerError(
+                    ErrorCode.TOO_MANY_TRANSACTIONS,
+                    f"login '{session.user}' has {mine} open detached transactions, the limit"
+                    " ([limits] detached_per_login); commit or roll some back first",
+                )
         txn = Transaction(session, explicit=True)
         if detached:
             seconds = as_seconds(DETACHED_TIMEOUT if timeout is None else timeout, "timeout")
@@ -352,6 +365,20 @@ class Transactions:
         return group is None or group.owner is None or group.owner is txn
 
     @staticmethod
+    def _owner(queue: Queue, group_id: uuid.UUID) -> object | None:
+        group = queue.groups.get(group_id)
+        return None if group is None else group.owner
+
+    def room(self, txn: Transaction, new: int) -> None:
+        """Refuse, before anything is applied, `new` more locks beyond the limit."""
+        if new and len(txn.locks) + new > self.max_locks:
+            raise BrokerError(
+                ErrorCode.TOO_MANY_LOCKS,
+                f"this transaction already holds {len(txn.locks)} conversation-group locks,"
+                " the limit ([limits] locks_per_transaction); commit it and go on in a new one",
+            )
+
+    @staticmethod
     def lock(txn: Transaction, queue: Queue, group_id: uuid.UUID) -> Group:
         group = queue.group(group_id)
         if group.owner is not txn:
@@ -364,6 +391,8 @@ class Transactions:
         self, txn: Transaction, targets: list[tuple[Queue, uuid.UUID]], act: Callable[[], T]
     ) -> MaybeAwaitable[T]:
         """Run `act` holding the lock of every target (queue, group id), waiting if needed."""
+        if len(txn.locks) + len(targets) > self.max_locks:  # near the limit: count exactly
+            self.room(txn, sum(1 for q, g in targets if self._owner(q, g) is not txn))
         if all(self.lockable(txn, q, g) for q, g in targets):
             for queue, group_id in targets:
                 self.lock(txn, queue, group_id)

@@ -16,7 +16,6 @@ import pytest
 from daemon import BrokerProcess
 
 HERE = Path(__file__).parent
-USERS = {"admin": "secret"}
 ACTIVATION = {"notification_timeout": 1.0, "check_interval": 0.2, "empty_rowset_window": 0.5}
 
 
@@ -57,7 +56,7 @@ def spark() -> Iterator[Any]:
 def sbroker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A daemon with logins and fast activation checks (durability os: tests are I/O bound)."""
     process = BrokerProcess(
-        tmp_path / "data", durability="os", config={"users": USERS, "activation": ACTIVATION}
+        tmp_path / "data", durability="os", config={"activation": ACTIVATION}
     ).start()
     yield process
     process.kill()

@@ -1,0 +1,360 @@
+"""Permissions in Service Broker's terms: which login may do what to which object.
+
+Theory of operation. Permissions are CONTROL, CREATE, ALTER, DROP, SEND, RECEIVE, VIEW
+and EXECUTE, held on the broker itself (everything of the kind) or on one object: SEND
+on a service, RECEIVE and EXECUTE on a queue, ALTER / DROP / CONTROL on any catalog
+object. The login that creates an object owns it and holds every permission on it;
+`admin` holds CONTROL of the broker and cannot lose it. Grants and owners live in the
+store (owned here) and are changed by `grant` / `revoke`, which CONTROL of the broker or
+of the object (its owner) may call.
+
+Every client operation passes `check` before it runs (`Operations.call`): a table names,
+per operation, what it needs, resolved from its arguments (a conversation handle leads
+to its endpoint's service and that service's queue). An operation missing from the
+table needs CONTROL, so a new operation is closed until someone decides otherwise. A
+session acts for a conversation endpoint only if it may RECEIVE from that endpoint's
+queue; beginning a dialog also needs SEND on the target service. A refusal raises
+PERMISSION_DENIED naming the permission, the object and who can grant it, before
+anything is applied, and is logged. `created` / `dropped` keep owners current after a
+statement succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Container, Mapping
+from typing import Any, Final
+
+from ssb.protocol import ErrorCode
+
+from ._core.engine import Engine
+from ._core.transactions import Session
+from ._errors import BrokerError, bad_argument
+from ._logins import ADMIN
+from ._store import Store
+
+log = logging.getLogger("ssb.permissions")
+
+KINDS: Final = (
+    "message_type",
+    "contract",
+    "queue",
+    "service",
+    "route",
+    "broker_priority",
+    "event_notification",
+    "certificate",
+)
+# which kinds of object each permission can be granted on ("" is the broker itself)
+GRANTABLE: Final[Mapping[str, frozenset[str]]] = {
+    "CONTROL": frozenset({"", *KINDS}),
+    "CREATE": frozenset({""}),
+    "ALTER": frozenset({"", *KINDS}),
+    "DROP": frozenset({"", *KINDS}),
+    "SEND": frozenset({"", "service"}),
+    "RECEIVE": frozenset({"", "queue"}),
+    "VIEW": frozenset({""}),
+    "EXECUTE": frozenset({"", "queue"}),
+}
+# operations that create an object of a kind (the creator becomes its owner)
+CREATES: Final = {
+    "create_message_type": "message_type",
+    "create_contract": "contract",
+    "create_queue": "queue",
+    "create_service": "service",
+    "create_route": "route",
+    "create_broker_priority": "broker_priority",
+    "create_event_notification": "event_notification",
+    "create_certificate": "certificate",
+}
+# operations anyone logged in may call: they touch only the caller's own session,
+# its own activated task or its own scheduler log, or read this broker's identity
+OPEN: Final = frozenset(
+    {
+        "ping",
+        "broker_instance",
+        "broker_certificate",
+        "begin_transaction",
+        "commit",
+        "rollback",
+        "detach_transaction",
+        "attach_task",
+        "end_task",
+        "log_task",
+        "log_task_start",
+        "log_task_end",
+    }
+)
+
+_TRACKED: Final = frozenset({*CREATES, "drop"})
+Need = tuple[str, str, str]  # (permission, kind, name): kind "" for the broker
+
+
+class Permissions:
+    """Grants and owners (owned here), and the check every operation passes."""
+
+    def __init__(self, store: Store, engine: Engine, logins: Container[str]) -> None:
+        self.store = store
+        self.engine = engine
+        self.logins = logins
+        self.tracked = _TRACKED
+        self.grants: set[tuple[str, str, str, str]] = set()
+        self.owners: dict[tuple[str, str], str] = {}
+        self._rules: dict[str, Callable[[Session, dict[str, Any]], list[Need]]] = {
+            "create_queue": self._create_queue,
+            "alter_queue": self._alter_queue,
+            "create_service": self._create_service,
+            "alter_broker_priority": lambda s, a: [("ALTER", "broker_priority", _name(a))],
+            "drop": self._drop,
+            "begin_dialog": self._begin_dialog,
+            "send": lambda s, a: self._endpoints(a.get("handles")),
+            "end_conversation": lambda s, a: self._endpoints([a.get("handle")]),
+            "begin_conversation_timer": lambda s, a: self._endpoints([a.get("handle")]),
+            "move_conversation": lambda s, a: self._endpoints([a.get("handle")]),
+            "receive": self._queue_receive,
+            "get_conversation_group": self._queue_receive,
+            "requeue_dead_letter": self._queue_receive,
+            "view": self._view,
+            "attach_transaction": self._detached,
+            "commit_transaction": self._detached,
+            "rollback_transaction": self._detached,
+            "transaction_messages": self._detached,
+            "check_procedure": lambda s, a: [("EXECUTE", "", "")],
+            "register_task": self._queue_receive,
+            "request_stop": lambda s, a: [("EXECUTE", "", "")],
+            "label_job": lambda s, a: [("EXECUTE", "", "")],
+            # CONTROL of the broker or of the object, checked by grant / revoke themselves
+            "grant": lambda s, a: [],
+            "revoke": lambda s, a: [],
+        }
+        for operation, kind in CREATES.items():
+            if operation not in self._rules:
+                trusted = kind in ("route", "certificate")  # who this broker talks to
+                need: Need = ("CONTROL", "", "") if trusted else ("CREATE", "", "")
+                self._rules[operation] = lambda s, a, need=need: [need]  # type: ignore[misc]
+
+    def load(self) -> None:
+        grants, owners = self.store.load_permissions()
+        self.grants = {(str(a), str(b), str(c), str(d)) for a, b, c, d in grants}
+        self.owners = {(str(k), str(n)): str(login) for k, n, login in owners}
+
+    # ---- the question ---------------------------------------------------------------
+
+    def has(self, user: str, permission: str, kind: str = "", name: str = "") -> bool:
+        if user == ADMIN:
+            return True
+        grants = self.grants
+        if (user, "CONTROL", "", "") in grants or (user, permission, "", "") in grants:
+            return True
+        if not kind:
+            return False
+        return (
+            self.owners.get((kind, name)) == user
+            or (user, permission, kind, name) in grants
+            or (user, "CONTROL", kind, name) in grants
+        )
+
+    def owner(self, kind: str, name: str) -> str | None:
+        return self.owners.get((kind, name))
+
+    def check(self, session: Session, operation: str, arguments: dict[str, Any]) -> None:
+        """Raise PERMISSION_DENIED unless `session` may run `operation` with `arguments`."""
+        if operation in OPEN or session.user == ADMIN:
+            return
+        rule = self._rules.get(operation)
+        needs = [("CONTROL", "", "")] if rule is None else rule(session, arguments)
+        for permission, kind, name in needs:
+            if not self.has(session.user, permission, kind, name):
+                self._refuse(session, operation, permission, kind, name)
+
+    def _refuse(self, session: Session, operation: str, permission: str, kind: str, name: str) -> None:
+        target = f"{kind.replace('_', ' ')} '{name}'" if kind else "the broker"
+        owner = self.owners.get((kind, name)) if kind else None
+        who = f"its owner '{owner}' or a login with CONTROL" if owner else "a login with CONTROL"
+        log.warning(
+            "refused %s to %r from %s: needs %s on %s", operation, session.user, session.peer,
+            permission, target,
+        )
+        raise BrokerError(
+            ErrorCode.PERMISSION_DENIED,
+            f"login '{session.user}' lacks {permission} on {target}, which {operation} needs;"
+            f" {who} can grant it",
+        )
+
+    # ---- after a statement succeeded ------------------------------------------------------
+
+    def succeeded(self, session: Session, operation: str, arguments: dict[str, Any]) -> None:
+        kind = CREATES.get(operation)
+        if kind is not None and isinstance(arguments.get("name"), str):
+            self.owners[(kind, arguments["name"])] = session.user
+            self.store.put_owner((kind, arguments["name"], session.user))
+        elif operation == "drop":
+            kind, name = str(arguments.get("kind")), str(arguments.get("name"))
+            self.forget(kind, name)
+
+    def forget(self, kind: str, name: str) -> None:
+        self.owners.pop((kind, name), None)
+        self.grants = {g for g in self.grants if (g[2], g[3]) != (kind, name)}
+        self.store.forget_object(kind, name)
+
+    def login_dropped(self, login: str) -> None:
+        if any(g[0] == login for g in self.grants):
+            self.grants = {g for g in self.grants if g[0] != login}
+            self.store.forget_login(login)
+
+    # ---- rules ----------------------------------------------------------------------------
+
+    def _create_queue(self, session: Session, args: dict[str, Any]) -> list[Need]:
+        return [("CREATE", "", ""), *self._activation(session, args.get("activation"))]
+
+    def _alter_queue(self, session: Session, args: dict[str, Any]) -> list[Need]:
+        name = _name(args)
+        return [("ALTER", "queue", name), *self._activation(session, args.get("activation"))]
+
+    def _activation(self, session: Session, activation: object) -> list[Need]:
+        """Setting a procedure needs EXECUTE; running it as another login needs CONTROL."""
+        if not isinstance(activation, dict) or not activation:
+            return []
+        needs: list[Need] = []
+        if activation.get("procedure"):
+            needs.append(("EXECUTE", "", ""))
+        execute_as = activation.get("execute_as")
+        if isinstance(execute_as, str) and execute_as and execute_as != session.user:
+            needs.append(("CONTROL", "", ""))
+        return needs
+
+    def _create_service(self, session: Session, args: dict[str, Any]) -> list[Need]:
+        queue = args.get("queue")
+        on_queue: list[Need] = [("ALTER", "queue", queue)] if isinstance(queue, str) else []
+        return [("CREATE", "", ""), *on_queue]
+
+    def _drop(self, session: Session, args: dict[str, Any]) -> list[Need]:
+        kind, name = args.get("kind"), args.get("name")
+        if not isinstance(kind, str) or not isinstance(name, str):
+            return []  # the statement itself says what is wrong
+        if kind in ("route", "certificate"):
+            return [("CONTROL", "", "")]
+        return [("DROP", kind, name)]
+
+    def _service_queue(self, service: object) -> str | None:
+        found = self.engine.catalog.services.get(service) if isinstance(service, str) else None
+        return None if found is None else found.queue
+
+    def _begin_dialog(self, session: Session, args: dict[str, Any]) -> list[Need]:
+        needs: list[Need] = []
+        queue = self._service_queue(args.get("from_service"))
+        if queue is not None:
+            needs.append(("RECEIVE", "queue", queue))
+        target = args.get("to_service")
+        if isinstance(target, str):
+            needs.append(("SEND", "service", target))
+        related = args.get("related_conversation")
+        if related is not None:
+            needs += self._endpoints([related])
+        return needs
+
+    def _endpoints(self, handles: object) -> list[Need]:
+        """RECEIVE on the queue of each conversation endpoint named."""
+        if not isinstance(handles, list):
+            return []
+        needs: list[Need] = []
+        for raw in handles[:10_000]:
+            try:
+                handle = raw if isinstance(raw, uuid.UUID) else uuid.UUID(str(raw))
+            except ValueError:
+                continue  # the statement reports the bad handle
+            endpoint = self.engine.endpoints.get(handle)
+            if endpoint is None:
+                continue  # and the unknown conversation
+            queue = self._service_queue(endpoint.service)
+            if queue is not None:
+                needs.append(("RECEIVE", "queue", queue))
+        return needs
+
+    def _queue_receive(self, session: Session, args: dict[str, Any]) -> list[Need]:
+        queue = args.get("queue")
+        return [("RECEIVE", "queue", queue)] if isinstance(queue, str) else []
+
+    def _view(self, session: Session, args: dict[str, Any]) -> list[Need]:
+        name = args.get("name")
+        if isinstance(name, str) and name.startswith("queue:"):
+            return [("RECEIVE", "queue", name[len("queue:") :])]
+        return [("VIEW", "", "")]
+
+    def _detached(self, session: Session, args: dict[str, Any]) -> list[Need]:
+        """A detached transaction is its login's: another needs CONTROL to touch it."""
+        try:
+            ident = uuid.UUID(str(args.get("transaction_id")))
+        except ValueError:
+            return []
+        txn = self.engine.transactions.detached.get(ident)
+        if txn is None or txn.session.user == session.user:
+            return []
+        return [("CONTROL", "", "")]
+
+    # ---- GRANT / REVOKE and the view --------------------------------------------------------
+
+    def operations(self) -> dict[str, Callable[..., Any]]:
+        return {"grant": self._grant, "revoke": self._revoke}
+
+    def views(self) -> dict[str, Callable[[], list[dict[str, Any]]]]:
+        return {"permissions": self.rows}
+
+    def _parse(
+        self, session: Session, permission: object, kind: object, name: object, login: object
+    ) -> tuple[str, str, str, str]:
+        if not isinstance(permission, str) or permission.upper() not in GRANTABLE:
+            raise bad_argument(f"permission must be one of {', '.join(GRANTABLE)}, not {permission!r}")
+        permission = permission.upper()
+        kind = "" if kind is None else kind
+        name = "" if name is None else name
+        if not isinstance(kind, str) or not isinstance(name, str) or bool(kind) != bool(name):
+            raise bad_argument("give both kind and name of an object, or neither (the broker)")
+        if kind not in GRANTABLE[permission]:
+            on = ", ".join(k or "the broker" for k in sorted(GRANTABLE[permission]))
+            raise bad_argument(f"{permission} can be granted on {on}, not on {kind}")
+        if not isinstance(login, str) or not login:
+            raise bad_argument("grant and revoke need the login to change")
+        if kind and self.engine.catalog.table(kind).get(name) is None:
+            raise BrokerError(ErrorCode.BAD_ARGUMENT, f"there is no {kind.replace('_', ' ')} '{name}'")
+        # CONTROL of the broker, or of the object (its owner), may grant on it
+        if not self.has(session.user, "CONTROL", kind, name):
+            self._refuse(session, "grant", "CONTROL", kind, name)
+        return login, permission, kind, name
+
+    def _grant(
+        self, session: Session, permission: object, login: object, kind: object = None,
+        name: object = None,
+    ) -> None:
+        row = self._parse(session, permission, kind, name, login)
+        if row[0] not in self.logins:
+            raise BrokerError(ErrorCode.UNKNOWN_LOGIN, f"there is no login '{row[0]}'")
+        self.grants.add(row)
+        self.store.put_grant(row)
+        log.info("%r granted %s on %s to %r", session.user, row[1], row[2] or "the broker", row[0])
+
+    def _revoke(
+        self, session: Session, permission: object, login: object, kind: object = None,
+        name: object = None,
+    ) -> None:
+        row = self._parse(session, permission, kind, name, login)
+        self.grants.discard(row)
+        self.store.delete_grant(row)
+        log.info("%r revoked %s on %s from %r", session.user, row[1], row[2] or "the broker", row[0])
+
+    def rows(self) -> list[dict[str, Any]]:
+        rows = [
+            {"login": login, "permission": p, "kind": k or None, "name": n or None, "owner": False}
+            for login, p, k, n in sorted(self.grants)
+        ]
+        rows += [
+            {"login": login, "permission": "CONTROL", "kind": k, "name": n, "owner": True}
+            for (k, n), login in sorted(self.owners.items())
+        ]
+        return rows
+
+
+def _name(args: dict[str, Any]) -> str:
+    name = args.get("name")
+    return name if isinstance(name, str) else ""

@@ -1,0 +1,116 @@
+"""Hostile input on a live daemon: every bad number or frame is a clear error, nothing of
+it is applied, the views stay readable, and other sessions keep being served."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon import BrokerProcess
+from test_logins import HOST, _error, session_frames
+
+from ssb import client
+from ssb.protocol import ErrorCode, encode_frame
+from ssb.protocol._client_wire import REPLY_OK
+
+
+@pytest.fixture
+def hbroker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    limits = {"locks_per_transaction": 3, "detached_per_login": 2}
+    process = BrokerProcess(
+        tmp_path / "data", durability="os", config={"limits": limits, "transport": {"accept_rate": 1}}
+    ).start()
+    yield process
+    process.kill()
+
+
+async def _objects(conn: client.Connection) -> None:
+    await conn.create_queue("Q")
+    await conn.create_service("S", queue="Q", contracts=["DEFAULT"])
+
+
+async def test_deeply_nested_frames_are_refused(hbroker: BrokerProcess) -> None:
+    # [1, "view", {"name": [[[...1000 deep...]]]}] as raw msgpack (no encoder makes it)
+    payload = b"\x93\x01\xa4view\x81\xa4name" + b"\x91" * 1000 + b"\xc0"
+    frames = await session_frames(hbroker, len(payload).to_bytes(4, "big") + payload)
+    code, message = _error(frames)
+    assert code == ErrorCode.MALFORMED_FRAME and "32 deep" in message
+    async with await client.connect(hbroker.url) as conn:
+        assert await conn.ping()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 1e300])
+async def test_bad_durations_are_refused_and_leave_nothing_behind(
+    hbroker: BrokerProcess, bad: float
+) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        await _objects(conn)
+        handle = await conn.begin_dialog("S", "S")
+        with pytest.raises(client.InvalidArgumentError, match="seconds"):
+            await conn.receive("Q", timeout=bad)
+        with pytest.raises(client.InvalidArgumentError, match="seconds"):
+            await conn.begin_conversation_timer(handle, bad)
+        with pytest.raises(client.InvalidArgumentError, match="seconds"):
+            await conn.begin_dialog("S", "S", lifetime=bad)
+        assert await conn.view("open_transactions") == []
+        assert len(await conn.view("conversation_endpoints")) == 1  # readable for everyone
+    hbroker.restart()
+    async with await client.connect(hbroker.url) as conn:
+        assert len(await conn.view("conversation_endpoints")) == 1
+
+
+async def test_locks_per_transaction_are_bounded(hbroker: BrokerProcess) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        await _objects(conn)
+        await conn.begin_transaction()
+        for _ in range(3):
+            await conn.begin_dialog("S", "S")
+        with pytest.raises(client.TransactionError, match="locks_per_transaction"):
+            await conn.begin_dialog("S", "S")
+        await conn.commit()
+        assert len(await conn.view("conversation_endpoints")) == 3  # the 4th left nothing
+
+
+async def test_detached_transactions_per_login_are_bounded(hbroker: BrokerProcess) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        for _ in range(2):
+            await conn.begin_transaction(detached=True)
+            await conn.detach_transaction()
+        with pytest.raises(client.TransactionError, match="detached_per_login"):
+            await conn.begin_transaction(detached=True)
+        await conn.begin_transaction()  # an ordinary one is not counted
+        await conn.rollback()
+
+
+async def test_incoming_broker_connections_beyond_the_accept_rate_are_closed(
+    hbroker: BrokerProcess,
+) -> None:
+    assert hbroker.broker_port
+    closed = 0
+    links = []
+    for _ in range(6):
+        reader, writer = await asyncio.open_connection(HOST, hbroker.broker_port)
+        links.append(writer)
+        try:
+            async with asyncio.timeout(0.5):
+                if await reader.read(1) == b"":
+                    closed += 1
+        except TimeoutError:
+            pass  # accepted: waits for our Hello
+    for writer in links:
+        writer.close()
+    assert closed >= 4  # one token a second, a burst of one
+    assert "accept_rate" in hbroker.log_text()
+    async with await client.connect(hbroker.url) as conn:
+        assert await conn.ping()
+
+
+async def test_requests_after_a_refusal_are_still_answered(hbroker: BrokerProcess) -> None:
+    bad = encode_frame([1, "receive", {"queue": "nope", "timeout": math.nan}])
+    good = encode_frame([2, "ping", {}])
+    frames = await session_frames(hbroker, bad + good, want=3)
+    assert frames[1][0] == 1 and frames[1][1] != REPLY_OK
+    assert frames[2][0] == 2 and frames[2][1] == REPLY_OK

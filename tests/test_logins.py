@@ -1,0 +1,233 @@
+"""Logins: no anonymous door, the first start's admin password, store-kept hashed logins,
+throttled failures, and what a connection may cost before it has logged in."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon import BrokerProcess
+
+from ssb import client
+from ssb.protocol import NEED_DATA, WIRE_VERSION, ErrorCode, FrameDecoder, Hello, encode_frame
+from ssb.protocol._client_wire import REPLY_ERROR, REPLY_OK
+
+HOST = "127.0.0.1"
+
+
+async def _raw_exchange(port: int, data: bytes, timeout: float = 10.0) -> list[Any]:
+    """Send raw bytes before any login; the frames the broker answers until it closes."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(data)
+    await writer.drain()
+    decoder = FrameDecoder()
+    frames: list[Any] = []
+    async with asyncio.timeout(timeout):
+        while chunk := await reader.read(65536):
+            decoder.receive_data(chunk)
+            while (frame := decoder.next_frame()) is not NEED_DATA:
+                frames.append(frame)
+    writer.close()
+    return frames
+
+
+def _error(frames: list[Any]) -> tuple[int, str]:
+    assert frames, "the broker closed without saying why"
+    frame = frames[-1]
+    assert frame[1] == REPLY_ERROR, frame
+    return frame[2][0], frame[2][1]
+
+
+def test_first_start_writes_the_admin_password_privately(broker: BrokerProcess) -> None:
+    path = broker.data_dir / "admin.password"
+    text = path.read_text()
+    assert text.endswith("\n") and len(text.strip()) >= 24 and "\n" not in text.strip()
+    for name in ("admin.password", "broker.db", "broker-key.pem"):
+        mode = stat.S_IMODE((broker.data_dir / name).stat().st_mode)
+        assert mode == 0o600, f"{name} is {oct(mode)}"
+    assert f"its password is in {path}" in broker.log_text()
+    assert text.strip() not in broker.log_text()
+
+    broker.restart()  # the password stays; a second start creates nothing
+    assert path.read_text() == text
+    with client.connect_sync(broker.url) as conn:
+        assert conn.ping()
+
+
+@pytest.mark.parametrize("user,password", [("", ""), ("admin", ""), ("admin", "wrong-password")])
+async def test_anonymous_and_wrong_logins_are_refused(
+    broker: BrokerProcess, user: str, password: str
+) -> None:
+    with pytest.raises(client.LoginFailedError) as caught:
+        await client.connect(broker.url_for(user, password))
+    if not user:
+        assert "ssb://USER:PASSWORD@HOST:PORT" in str(caught.value)
+    assert f"login failed for {user!r}" in broker.log_text()
+    if password:
+        assert password not in broker.log_text()
+
+
+async def test_logins_are_added_changed_and_dropped_and_outlive_a_restart(
+    broker: BrokerProcess,
+) -> None:
+    async with await client.connect(broker.url) as admin:
+        made = await admin.create_login("app")  # a random password, returned once
+        await admin.create_login("ops", "ops-password-1")
+        with pytest.raises(client.AlreadyExistsError):
+            await admin.create_login("ops", "another-pass")
+        with pytest.raises(client.InvalidArgumentError, match=r"8\.\.1024"):
+            await admin.create_login("short", "abc")
+        with pytest.raises(client.InvalidArgumentError, match="login name"):
+            await admin.create_login("no spaces", "long-enough")
+        rows = await admin.view("logins")
+        assert [r["name"] for r in rows] == ["admin", "app", "ops"]
+        assert all(set(r) == {"name", "created"} for r in rows)  # no hash, no password
+    async with await client.connect(broker.url_for("app", made["password"])) as app:
+        assert await app.ping()
+        with pytest.raises(client.PermissionDeniedError, match="CONTROL"):
+            await app.create_login("mine", "mine-password")
+        with pytest.raises(client.PermissionDeniedError):
+            await app.drop_login("ops")
+
+    broker.restart()
+    async with await client.connect(broker.url) as admin:
+        await admin.alter_login("ops", "ops-password-2")
+        await admin.drop_login("app")
+        with pytest.raises(client.NotFoundError):
+            await admin.drop_login("app")
+        with pytest.raises(client.InvalidArgumentError, match="cannot be dropped"):
+            await admin.drop_login("admin")
+    with pytest.raises(client.LoginFailedError):
+        await client.connect(broker.url_for("ops", "ops-password-1"))
+    with pytest.raises(client.LoginFailedError):
+        await client.connect(broker.url_for("app", made["password"]))
+    async with await client.connect(broker.url_for("ops", "ops-password-2")) as ops:
+        assert await ops.ping()
+    db = (broker.data_dir / "broker.db").read_bytes()
+    assert b"ops-password-2" not in db and made["password"].encode() not in db
+
+
+async def test_failed_logins_are_throttled_per_login_and_address(broker: BrokerProcess) -> None:
+    async with await client.connect(broker.url) as admin:
+        await admin.create_login("victim", "victim-password")
+    for _ in range(5):
+        with pytest.raises(client.LoginFailedError, match="login failed"):
+            await client.connect(broker.url_for("victim", "guess-guess"))
+    # the sixth is refused without a check, even with the right password
+    with pytest.raises(client.LoginFailedError, match="too many failed logins"):
+        await client.connect(broker.url_for("victim", "victim-password"))
+    assert "too many failed logins" in broker.log_text()
+    # another login on the same address is not locked out
+    async with await client.connect(broker.url) as admin:
+        assert await admin.ping()
+
+
+def test_plaintext_passwords_in_the_config_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "ssb.toml"
+    config.write_text('[users]\nadmin = "secret"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "ssb.broker", "serve", "--config", str(config),
+         "--data-dir", str(tmp_path / "data"), "--client-port", "0", "--broker-port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2
+    assert "[users]" in done.stderr and "ssb login add" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_ssb_login_commands_and_local_tools_find_the_admin_password(
+    broker: BrokerProcess,
+) -> None:
+    # `ssb status` from the folder that holds the data directory needs no URL
+    (broker.data_dir.parent / "ssb-data").symlink_to(broker.data_dir)
+
+    def ssb(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ssb.broker", *args], cwd=broker.data_dir.parent,
+            capture_output=True, text=True, input=stdin, timeout=60,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+
+    status = ssb("status")
+    assert status.returncode == 0, status.stderr
+    added = ssb("login", "add", "reporter")
+    assert added.returncode == 0, added.stderr
+    password = added.stdout.split("password: ")[1].strip()
+    with client.connect_sync(broker.url_for("reporter", password)) as conn:
+        assert conn.ping()
+    changed = ssb("login", "passwd", "reporter", "--password-stdin", stdin="a-new-password\n")
+    assert changed.returncode == 0, changed.stderr
+    with client.connect_sync(broker.url_for("reporter", "a-new-password")) as conn:
+        assert conn.ping()
+    assert ssb("login", "drop", "reporter").returncode == 0
+    missing = ssb("login", "drop", "reporter")
+    assert missing.returncode == 1 and "no login 'reporter'" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+# ---- what a connection may cost before login ---------------------------------------
+
+
+@pytest.fixture
+def tight(tmp_path: Path) -> Any:
+    limits = {"login_timeout": 0.5, "connections_per_address": 4, "hello_frame_size": 4096}
+    process = BrokerProcess(tmp_path / "data", durability="os", config={"limits": limits})
+    process.start()
+    yield process
+    process.kill()
+
+
+async def test_a_large_frame_before_login_is_refused_at_its_header(tight: BrokerProcess) -> None:
+    # a 60 MiB length is refused as soon as its 4 bytes arrive: nothing is buffered
+    frames = await _raw_exchange(tight.client_port, struct.pack(">I", 60 * 1024 * 1024))
+    code, message = _error(frames)
+    assert code == ErrorCode.FRAME_TOO_LARGE and "4096" in message
+    async with await client.connect(tight.url) as conn:  # others are served
+        assert await conn.ping()
+
+
+async def test_a_connection_that_never_logs_in_is_closed(tight: BrokerProcess) -> None:
+    frames = await _raw_exchange(tight.client_port, b"", timeout=10)
+    code, message = _error(frames)
+    assert code == ErrorCode.HANDSHAKE_FAILED and "no login within 0.5 s" in message
+
+
+async def test_connections_per_address_are_bounded(tight: BrokerProcess) -> None:
+    held = [await asyncio.open_connection(HOST, tight.client_port) for _ in range(4)]
+    frames = await _raw_exchange(tight.client_port, b"")
+    code, message = _error(frames)
+    assert code == ErrorCode.HANDSHAKE_FAILED and "too many connections" in message
+    for _, writer in held:
+        writer.close()
+    assert "connections_per_address" in tight.log_text()
+
+
+async def session_frames(broker: BrokerProcess, payload: bytes, want: int = 1 << 30) -> list[Any]:
+    """Log in as admin with `payload` written right behind the Hello (no waiting); the
+    frames the broker answers (the Welcome first), until `want` or until it closes."""
+    reader, writer = await asyncio.open_connection(HOST, broker.client_port)
+    hello = Hello(WIRE_VERSION, "admin", broker.admin_password()).encode()
+    writer.write(encode_frame(hello) + payload)
+    decoder = FrameDecoder()
+    frames: list[Any] = []
+    async with asyncio.timeout(10):
+        while len(frames) < want and (chunk := await reader.read(65536)):
+            decoder.receive_data(chunk)
+            while (frame := decoder.next_frame()) is not NEED_DATA:
+                frames.append(frame)
+    writer.close()
+    return frames
+
+
+async def test_requests_sent_right_behind_the_hello_wait_for_the_login(
+    broker: BrokerProcess,
+) -> None:
+    pings = encode_frame([1, "ping", {}]) + encode_frame([2, "ping", {}])
+    frames = await session_frames(broker, pings, want=3)
+    assert [f[0] for f in frames[1:]] == [1, 2] and all(f[1] == REPLY_OK for f in frames[1:])
