@@ -178,6 +178,8 @@ class ClientDoor:
                 )
                 self._refuse(conn, f"too many connections from {host}; close some and retry")
                 continue
+            # as the loop's own servers do: small answers leave at once (no Nagle delay)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.waiting[host] += 1
             self._own(self._sort(conn, host, f"{host}:{peer[1]}"))
 

@@ -924,18 +924,14 @@ class Transport:
         if reason is None:
             return False
         peer.refused_fragments += 1
-        direction = (frame.conversation_id, from_initiator)
-        now = self.loop.time()
-        if now - self._refusal_logged.get(direction, -REFUSAL_LOG_EVERY) >= REFUSAL_LOG_EVERY:
-            self._refusal_logged[direction] = now
-            if len(self._refusal_logged) > 10_000:
-                self._refusal_logged.clear()
-            log.info(
-                "not acknowledging messages of conversation %s from broker %s: %s (it retries)",
-                frame.conversation_id,
-                peer.instance,
-                reason,
-            )
+        self._log_refusal(
+            key,
+            "not acknowledging messages of conversation %s from broker %s: %s (it retries)",
+            frame.conversation_id,
+            peer.instance,
+            reason,
+            level=logging.INFO,
+        )
         return True
 
     def _apply(
@@ -1058,6 +1054,16 @@ class Transport:
             alive = self.engine.endpoints.by_conversation(key[0], True) is not None
         if alive and (envelope is None or envelope.to_broker_id != self.instance):
             return  # cannot create an endpoint without a routing header addressed to us
+        refusal = self._not_party(peer, key, envelope) if alive else None
+        if refusal is not None:  # dropped unacknowledged: nothing of it is kept
+            self._log_refusal(
+                key,
+                "refusing conversation %s from broker %s: %s",
+                key[0],
+                peer.instance,
+                refusal,
+            )
+            return
         first = 0 if alive else frame.seq
         events = peer.dialog.open_receiver(key[0], key[1], next_expected_seq=first)
         followed = peer.dialog.receive_frame(frame, self.loop.time())
@@ -1073,6 +1079,34 @@ class Transport:
             self.discarding.add(key)
         self._apply(peer, events, link)
         self._apply(peer, followed, link)
+
+    def _not_party(
+        self, peer: Peer, key: tuple[uuid.UUID, Direction], envelope: Envelope | None
+    ) -> str | None:
+        """Why `peer` may not speak for this dialog direction (None: it may). Only the
+        authenticated broker that is the other party of a conversation sends on it, and
+        an envelope must name that broker as its sender (a forged one names another)."""
+        if envelope is not None and envelope.from_broker_id != peer.instance:
+            return f"its envelope names broker {envelope.from_broker_id} as the sender"
+        known = self.envelopes.get(key)
+        if known is not None and known.from_broker_id != peer.instance:
+            return f"the conversation's messages come from broker {known.from_broker_id}"
+        local = self.engine.endpoints.by_conversation(key[0], key[1] is Direction.FROM_TARGET)
+        if local is not None and local.far_broker_instance not in (None, str(peer.instance)):
+            return f"the conversation is with broker {local.far_broker_instance}"
+        return None
+
+    def _log_refusal(
+        self, key: tuple[uuid.UUID, Direction], text: str, *args: object, level: int = logging.WARNING
+    ) -> None:
+        """A line per dialog direction at most every REFUSAL_LOG_EVERY seconds."""
+        now = self.loop.time()
+        direction = (key[0], key[1] is Direction.FROM_INITIATOR)
+        if now - self._refusal_logged.get(direction, -REFUSAL_LOG_EVERY) >= REFUSAL_LOG_EVERY:
+            self._refusal_logged[direction] = now
+            if len(self._refusal_logged) > 10_000:
+                self._refusal_logged.clear()
+            log.log(level, text, *args)
 
     def _remember_closed(self, conversation_id: uuid.UUID) -> None:
         """Late frames of a dialog that ended here are discarded, for a while."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Final
 from xml.sax.saxutils import escape
 
+from .._errors import BrokerError
 from . import catalog as cat
 from .backlog import ITEM_OVERHEAD, LOAD_BYTES, Backlog, MessageCache
 from .capacity import Capacity
@@ -40,12 +41,15 @@ from .ports import Clock, Journal, NoListener, NoTransport, OutboundSink, QueueL
 from .priorities import assign_level
 from .queues import Message, Queue
 from .routes import Routes
+from .validation import validate_body
 
 log = logging.getLogger("ssb.core")
 
 RELEASE_CHUNK: Final = 1000  # held messages delivered per pass of the event loop
 SYSTEM_TYPES: Final = frozenset({cat.END_DIALOG, cat.ERROR})
 TOO_LARGE_ERROR: Final = -8497
+# ssb's code for a message from another broker that breaks this broker's rules
+REFUSED_REMOTE_ERROR: Final = -8496
 
 
 def error_body(code: int, description: str) -> bytes:
@@ -515,8 +519,12 @@ class Delivery:
         key = (conversation_id, from_initiator)
         far = self.endpoints.by_conversation(conversation_id, not from_initiator)
         too_large = len(body) > self.capacity.max_message_size
+        violation = self.remote_violation(
+            far.contract if far is not None else contract, from_initiator, message_type, body
+        )
         if (
-            far is not None
+            violation is None
+            and far is not None
             and far.state is State.CO
             and key not in self.outboxes
             and message_type not in SYSTEM_TYPES
@@ -545,10 +553,15 @@ class Delivery:
             5,
             extra=from_broker.encode(),
         )
-        if too_large:
+        if too_large or violation is not None:
             if far is None and from_initiator and to_service in self.catalog.services:
                 far = self._create_target(out, now)
-            self._refuse_too_large(far, conversation_id, from_initiator, seq, len(body), from_broker)
+            if too_large:
+                self._refuse_too_large(
+                    far, conversation_id, from_initiator, seq, len(body), from_broker
+                )
+            else:
+                self._refuse_remote(far, conversation_id, seq, str(violation), from_broker)
             return
         reason = self.local_block(to_service)
         if key in self.outboxes or reason:
@@ -574,6 +587,51 @@ class Delivery:
         if far is not None:
             far.receive_seq = seq + 1
             self.fail_conversation(far, TOO_LARGE_ERROR, text)
+
+    def remote_violation(
+        self, contract_name: str, from_initiator: bool, message_type: str, body: bytes
+    ) -> str | None:
+        """Why a message from another broker breaks this broker's rules, as a local SEND
+        would (its type, its contract and direction, its validation); None when it does not."""
+        if message_type in SYSTEM_TYPES:
+            return None
+        mtype = self.catalog.message_types.get(message_type)
+        if mtype is None:
+            return f"message type '{message_type}' does not exist on broker {self.instance_id}"
+        contract = self.catalog.contracts.get(contract_name)
+        if contract is None:
+            return f"contract '{contract_name}' does not exist on broker {self.instance_id}"
+        sent_by = contract.sent_by(message_type)
+        if sent_by is None:
+            return f"message type '{message_type}' is not part of contract '{contract_name}'"
+        side = "INITIATOR" if from_initiator else "TARGET"
+        if sent_by not in ("ANY", side):
+            return (
+                f"message type '{message_type}' is sent by the {sent_by} in contract"
+                f" '{contract_name}', not by the {side}"
+            )
+        if mtype.validation != "NONE":
+            try:
+                validate_body(message_type, mtype.validation, body)
+            except BrokerError as exc:
+                return exc.message
+        return None
+
+    def _refuse_remote(
+        self, far: Endpoint | None, conversation_id: uuid.UUID, seq: int, text: str, from_broker: str
+    ) -> None:
+        """A message another broker should not have sent: the dialog ends with an error to
+        both sides (never delivered, never silently dropped)."""
+        log.warning(
+            "conversation %s from broker %s: message %d refused: %s",
+            conversation_id,
+            from_broker,
+            seq,
+            text,
+        )
+        if far is not None:
+            far.receive_seq = seq + 1
+            self.fail_conversation(far, REFUSED_REMOTE_ERROR, f"refused by broker {self.instance_id}: {text}")
 
     def remote_acknowledged(
         self, conversation_id: uuid.UUID, from_initiator: bool, seq: int, message_type: str

@@ -1,0 +1,170 @@
+"""Dialogs between brokers: only the broker that is party to a conversation speaks on it,
+an envelope cannot claim another broker, and a message another broker should not have
+sent ends its dialog with an error instead of being delivered.
+
+The rogue here is a broker the target trusts (its certificate was created there), run
+in the test with the protocol package: it completes a real handshake on the broker port
+and sends real, correctly signed fragments with its own session keys."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+from federation_setup import (
+    CONTRACT,
+    REPLY,
+    REQUEST,
+    Federation,
+    Node,
+    endpoints,
+    receive_count,
+)
+from test_federation import two_brokers_with_a_dialog_pair
+
+from ssb.protocol import (
+    NEED_DATA,
+    DialogPeer,
+    TrustStore,
+    generate_broker_identity,
+    load_private_key,
+    new_session_key,
+)
+from ssb.protocol._link import (
+    AckFrame,
+    Direction,
+    Envelope,
+    HandshakeCompleted,
+    LinkConnection,
+    Role,
+)
+
+
+class Rogue:
+    """A broker `target` trusts, speaking the broker protocol from the test."""
+
+    def __init__(self) -> None:
+        self.instance = uuid.uuid4()
+        key_pem, self.cert_pem = generate_broker_identity(self.instance)
+        self.key = load_private_key(key_pem)
+
+    async def send(
+        self,
+        target: Node,
+        conversation: uuid.UUID,
+        envelope: Envelope,
+        message_type: str,
+        body: bytes,
+        seq: int = 0,
+        wait: float = 3.0,
+    ) -> bool:
+        """Send one message on `conversation` (from its initiator); whether it was acked."""
+        link = LinkConnection(
+            Role.INITIATOR,
+            broker_id=self.instance,
+            private_key=self.key,
+            certificate_pem=self.cert_pem,
+            trusted=TrustStore([target.certificate.encode()]),
+        )
+        reader, writer = await asyncio.open_connection("127.0.0.1", target.broker_port)
+        writer.write(link.data_to_send())
+        async with asyncio.timeout(10):
+            while True:
+                link.receive_data(await reader.read(65536))
+                events = []
+                while (event := link.next_event()) is not NEED_DATA:
+                    events.append(event)
+                writer.write(link.data_to_send())
+                if any(isinstance(e, HandshakeCompleted) for e in events):
+                    break
+        dialog = DialogPeer(private_key=self.key, peer_public_key=target.certificate.encode())
+        dialog.open_sender(
+            conversation,
+            Direction.FROM_INITIATOR,
+            envelope,
+            session_key=new_session_key(),
+            next_seq=seq,
+        )
+        dialog.queue_message(conversation, Direction.FROM_INITIATOR, seq, message_type, body)
+        for frame in dialog.frames_to_send(time.monotonic()):
+            writer.write(link.send(frame))
+        acked = False
+        deadline = time.monotonic() + wait
+        try:
+            while not acked and time.monotonic() < deadline:
+                try:
+                    async with asyncio.timeout(deadline - time.monotonic()):
+                        data = await reader.read(65536)
+                except TimeoutError:
+                    break
+                if not data:
+                    break
+                link.receive_data(data)
+                while (event := link.next_event()) is not NEED_DATA:
+                    if isinstance(event, AckFrame) and event.conversation_id == conversation:
+                        acked = True
+        finally:
+            writer.close()
+        return acked
+
+
+async def test_a_trusted_peer_can_neither_hijack_a_dialog_nor_forge_an_envelope(
+    tmp_path: Path,
+) -> None:
+    async with Federation(tmp_path, ["A", "B"]) as fed:
+        a, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
+        handle = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        await a.conn.send(handle, REQUEST, b"from A")
+        (first,) = await receive_count(b.conn, target_q, 1)
+        (row,) = await endpoints(b)
+        conversation = uuid.UUID(str(row["conversation_id"]))
+        rogue = Rogue()
+        await b.conn.create_certificate("rogue", rogue.cert_pem.decode())
+        a_id, b_id = uuid.UUID(a.instance), uuid.UUID(b.instance)
+
+        # the control: the rogue's own new dialog, honestly addressed, is accepted
+        own = uuid.uuid4()
+        honest = Envelope("RogueService", "TargetB", CONTRACT, rogue.instance, b_id)
+        assert await rogue.send(b, own, honest, REQUEST, b"rogue's own")
+
+        # A's conversation, with the rogue's session key: refused, never acked
+        assert not await rogue.send(b, conversation, honest, REQUEST, b"hijacked", seq=1)
+        # a new conversation whose envelope claims to come from A: refused
+        forged = Envelope("Initiator", "TargetB", CONTRACT, a_id, b_id)
+        assert not await rogue.send(b, uuid.uuid4(), forged, REQUEST, b"forged")
+
+        bodies = [m.message_body for m in await b.conn.receive(target_q, top=10)]
+        assert bodies == [b"rogue's own"]
+        log = b.process.log_text()
+        assert f"refusing conversation {conversation} from broker {rogue.instance}" in log
+        assert f"names broker {a_id} as the sender" in log
+
+        # A's dialog goes on, in order
+        await a.conn.send(handle, REQUEST, b"again from A")
+        (second,) = await receive_count(b.conn, target_q, 1)
+        assert second.message_body == b"again from A"
+        assert second.message_sequence_number == first.message_sequence_number + 1
+
+
+async def test_a_message_outside_the_contract_ends_the_dialog_with_an_error(
+    tmp_path: Path,
+) -> None:
+    async with Federation(tmp_path, ["A", "B"]) as fed:
+        _, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
+        rogue = Rogue()
+        await b.conn.create_certificate("rogue", rogue.cert_pem.decode())
+        envelope = Envelope("RogueService", "TargetB", CONTRACT, rogue.instance, uuid.UUID(b.instance))
+        # REPLY is sent by the TARGET in this contract: from an initiator it is a violation
+        conversation = uuid.uuid4()
+        assert await rogue.send(b, conversation, envelope, REPLY, b"wrong direction")
+        # never delivered: the target side holds only the Error that ended the dialog
+        (error,) = await b.conn.receive(target_q, top=10)
+        assert error.is_error and b"wrong direction" not in error.message_body
+        assert b"AsyncDone" in error.message_body
+        # and the rogue is told (its Error waits in B's transmission queue for a route back)
+        (out,) = await b.conn.view("transmission_queue")
+        assert out["is_conversation_error"] and out["to_service_name"] == "RogueService"
+        log = b.process.log_text()
+        assert "refused: message type 'AsyncDone' is sent by the TARGET" in log
