@@ -166,9 +166,8 @@ class Broker:
         logins.load()
         permissions = Permissions(store, engine, logins)
         permissions.load()
-        logins.on_change.append(
-            lambda name: None if name in logins else permissions.login_dropped(name)
-        )
+        logins.on_change.append(self._login_changed)
+        self.permissions = permissions
         operations = Operations(permissions)
         views = Views(engine, store)
         operations.merge("the core", engine.operations())
@@ -255,6 +254,18 @@ class Broker:
             f" data={self.data_dir} tls={fingerprint}",
             flush=True,
         )
+
+    def _login_changed(self, name: str) -> None:
+        """A dropped login loses its grants and its open sessions (their transactions roll
+        back); a changed password leaves open sessions alone."""
+        if name in self.logins:
+            return
+        self.permissions.login_dropped(name)
+        dropped = [c for c in self.connections if c.session is not None and c.session.user == name]
+        for connection in dropped:
+            connection.close()
+        if dropped:
+            log.info("closed %d session(s) of the dropped login %r", len(dropped), name)
 
     def _own(self, coro: Any) -> None:
         job = asyncio.get_running_loop().create_task(coro)

@@ -231,3 +231,22 @@ async def test_requests_sent_right_behind_the_hello_wait_for_the_login(
     pings = encode_frame([1, "ping", {}]) + encode_frame([2, "ping", {}])
     frames = await session_frames(broker, pings, want=3)
     assert [f[0] for f in frames[1:]] == [1, 2] and all(f[1] == REPLY_OK for f in frames[1:])
+
+
+async def test_dropping_a_login_closes_its_sessions_and_rolls_them_back(
+    broker: BrokerProcess,
+) -> None:
+    async with await client.connect(broker.url) as admin:
+        await admin.create_login("leaving", "leaving-password")
+        await admin.grant("CREATE", "leaving")
+        leaving = await client.connect(broker.url_for("leaving", "leaving-password"))
+        await leaving.create_queue("Q")
+        await leaving.create_service("S", queue="Q", contracts=["DEFAULT"])
+        await leaving.begin_transaction()
+        await leaving.begin_dialog("S", "S")
+        await admin.drop_login("leaving")
+        with pytest.raises(client.ConnectionLostError):
+            await leaving.ping()
+        assert await admin.view("conversation_endpoints") == []  # never committed
+        assert "closed 1 session(s) of the dropped login 'leaving'" in broker.log_text()
+        await leaving.close()
