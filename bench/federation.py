@@ -146,10 +146,13 @@ async def drained(a: BrokerProcess, b: BrokerProcess) -> list[dict[str, Any]]:
     return connections
 
 
-def two_brokers(durability: str, opts: e2e.Options) -> Run:
+def two_brokers(durability: str, opts: e2e.Options, plain_link: bool = False) -> Run:
     result = Run(brokers=2, messages=opts.messages)
     root = Path(tempfile.mkdtemp(prefix=f"ssb-bench-federation-{durability}-"))
-    daemons = [BrokerProcess(root / name, durability=durability) for name in ("A", "B")]
+    config = {"transport": {"tls": False}} if plain_link else None
+    daemons = [
+        BrokerProcess(root / name, durability=durability, config=config) for name in ("A", "B")
+    ]
     try:
         for daemon in daemons:
             daemon.start()
@@ -222,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--consumer", choices=["txn", "pipelined"], default="txn")
     parser.add_argument("--phase-timeout", type=float, default=e2e.Options.phase_timeout)
     parser.add_argument(
+        "--plain-link", action="store_true", help="brokers talk plain TCP ([transport] tls = false)"
+    )
+    parser.add_argument(
         "--json",
         nargs="?",
         const="-",
@@ -243,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         phase_timeout=args.phase_timeout,
     )
     single = one_broker(args.durability, opts)
-    cross = two_brokers(args.durability, opts)
+    cross = two_brokers(args.durability, opts, args.plain_link)
     ratio = cross.e2e_msgs_s / single.e2e_msgs_s if single.e2e_msgs_s else 0.0
     outcome = Outcome(args.durability, single, cross, ratio, target_met=ratio >= TARGET_RATIO)
     print_table(outcome, opts)

@@ -49,7 +49,7 @@ from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
 from ._server import ClientConnection
 from ._store import Store, StoreUnavailable, describe_failure
-from ._tls import ClientDoor, server_context
+from ._tls import Door, server_context
 from ._transport import Transport, TransportSettings
 from ._views import Views
 
@@ -94,7 +94,7 @@ class Broker:
         self.connections: set[ClientConnection] = set()
         self.client_address: tuple[str, int] = (config.host, 0)
         self.broker_address: tuple[str, int] | None = None
-        self.door: ClientDoor | None = None
+        self.door: Door | None = None
         self._closers: list[Callable[[], Any]] = []
         self._jobs: set[asyncio.Task[Any]] = set()
         self._lock_file: Any = None
@@ -152,6 +152,14 @@ class Broker:
         engine.transactions.max_detached = config.limits.detached_per_login
         engine.load(StoredState(store.load_catalog(), store.max_ids()))
         store.write_now()
+        # logins before the store thread starts: the first start's admin is committed
+        # here, synchronously, before its password file is written
+        self.logins = logins = Logins(store)
+        logins.load()
+        created = logins.bootstrap(self.data_dir)
+        if created is not None:
+            print(f"ssb: created the login 'admin'; its password is in {created}", flush=True)
+            log.info("created the login 'admin'; its password is in %s", created)
         store.attach(loop, self._store_failed, self._store_trouble)
         engine.start()
         log.info(
@@ -162,8 +170,6 @@ class Broker:
             sum(q.ready for q in engine.queues.values()),
             len(engine.delivery.outboxes),
         )
-        self.logins = logins = Logins(store)
-        logins.load()
         permissions = Permissions(store, engine, logins)
         permissions.load()
         logins.on_change.append(self._login_changed)
@@ -174,10 +180,6 @@ class Broker:
         operations.merge("views", views.operations(), observing=True)
         operations.merge("the daemon", {"ping": _ping}, observing=True)
 
-        created = logins.bootstrap(self.data_dir)
-        if created is not None:
-            print(f"ssb: created the login 'admin'; its password is in {created}", flush=True)
-            log.info("created the login 'admin'; its password is in %s", created)
         operations.merge("logins", logins.operations())
         operations.merge("permissions", permissions.operations())
         views.merge(permissions.views())
@@ -198,7 +200,7 @@ class Broker:
             self.data_dir, config.host, config.tls_cert_file, config.tls_key_file
         )
         connections = self.connections
-        self.door = door = ClientDoor(
+        self.door = door = Door(
             lambda: ClientConnection(engine, store, operations, login, connections, limits),
             context,
             config.allow_plain,

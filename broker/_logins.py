@@ -200,11 +200,14 @@ class Logins:
         return sorted(self._hashes)
 
     def bootstrap(self, data_dir: Path) -> Path | None:
-        """First start: create `admin` with a random password, written to a 0600 file."""
+        """First start: create `admin` with a random password, written to a 0600 file
+        only once the login is durable (a crash in between leaves no login whose
+        password nobody has: the next start makes a new one)."""
         if self._hashes:
             return None
         password = secrets.token_urlsafe(24)
         self._put(ADMIN, hash_password(password))
+        self.store.write_now()
         path = data_dir / PASSWORD_FILE
         write_secret_file(path, password + "\n")
         return path

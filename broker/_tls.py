@@ -1,4 +1,4 @@
-"""The client port's door: TLS and plain TCP on one port, told apart by the first byte.
+"""The door of a port: TLS and plain TCP on one port, told apart by the first byte.
 
 Theory of operation. The broker accepts client connections itself and, before any
 protocol object exists, waits (at most the login timeout) until the first byte can be
@@ -117,22 +117,29 @@ def _self_signed(host: str) -> tuple[str, str]:
     return certificate.public_bytes(serialization.Encoding.PEM).decode("ascii"), key_pem
 
 
-class ClientDoor:
-    """Accepts client connections, sorts them into TLS and plain, hands them over."""
+class Door:
+    """Accepts connections, sorts them into TLS and plain, hands them over (the client
+    port's, and the broker port's, where plain TCP is allowed only when TLS is off).
+
+    `context` may be replaced at any time (a new trust store): the next connection uses
+    it. `admit`, when given, decides per address at accept time, before any handshake
+    work (the broker port's accept rate)."""
 
     def __init__(
         self,
         factory: Callable[[], asyncio.Protocol],
-        context: ssl.SSLContext,
+        context: ssl.SSLContext | None,
         allow_plain: bool,
         limits: ClientLimits,
         open_count: Callable[[str], int],
+        admit: Callable[[str], bool] | None = None,
     ) -> None:
         self.factory = factory
         self.context = context
         self.allow_plain = allow_plain
         self.limits = limits
         self.open_count = open_count  # logged-in-or-logging-in connections per address
+        self.admit = admit
         self.waiting: Counter[str] = Counter()  # connections not yet sorted, per address
         self.sock: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -169,6 +176,9 @@ class ClientDoor:
                 await asyncio.sleep(0.1)
                 continue
             host = str(peer[0])
+            if self.admit is not None and not self.admit(f"{host}:{peer[1]}"):
+                conn.close()
+                continue
             if self.waiting[host] + self.open_count(host) >= self.limits.connections_per_address:
                 log.warning(
                     "refusing client %s:%s: too many connections from that address (the limit,"
@@ -191,7 +201,7 @@ class ClientDoor:
                 first = await self._peek(loop, conn)
                 if not first:
                     return  # closed before saying anything
-                tls = first[0] == TLS_RECORD_HANDSHAKE
+                tls = first[0] == TLS_RECORD_HANDSHAKE and self.context is not None
                 if not tls and not self.allow_plain:
                     log.warning("refusing plain TCP from %s: this broker accepts only TLS", peer)
                     self._refuse(

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 import time
 import uuid
 from collections import deque
@@ -83,7 +84,7 @@ from ssb.protocol import (
     wrap_session_key,
 )
 
-from ._config import ConfigError, checked_section
+from ._config import ClientLimits, ConfigError, checked_section
 from ._core import catalog as cat
 from ._core.conversations import Endpoint
 from ._core.delivery import DialogOutbox, DirectionKey, Outbound
@@ -92,6 +93,7 @@ from ._core.transactions import Session
 from ._errors import BrokerError, bad_argument
 from ._logins import write_secret_file
 from ._store import Store
+from ._tls import Door
 
 log = logging.getLogger("ssb.transport")
 
@@ -120,6 +122,9 @@ class TransportSettings:
     # incoming broker connections accepted per second (each may cost an RSA signature
     # before its sender has proved anything); more are closed at once
     accept_rate: float = 20.0
+    # mutual TLS between brokers, with their broker identities (off: plain TCP; the
+    # handshake still authenticates both sides and fragments are still signed)
+    tls: bool = True
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> TransportSettings:
@@ -135,6 +140,7 @@ class TransportSettings:
             "closed_dialog_linger": (0.0, 86400.0, False),
             "accept_rate": (0.1, 10000.0, False),
             "honor_broker_priority": None,
+            "tls": None,
         }
         settings = cls(**checked_section("transport", section, ranges))
         if settings.retry_max < settings.retry_initial:
@@ -222,11 +228,6 @@ class Link(asyncio.Protocol):
         peer = self.transport.get_extra_info("peername")
         if self.role is Role.ACCEPTOR and isinstance(peer, tuple):
             self.address = f"{peer[0]}:{peer[1]}"
-        if self.role is Role.ACCEPTOR and not self.owner.accepts.take(self.owner.loop.time()):
-            self.owner.refused_accept(self.address)
-            self.closed = True
-            self.transport.abort()
-            return
         self.owner.links.add(self)
         self._touch()
         self._flush()
@@ -336,6 +337,9 @@ class Transport:
         key_pem, self.certificate_pem = load_identity(data_dir, engine.instance_id)
         self.private_key = load_private_key(key_pem)
         self.trust = self._trust_store()
+        self.identity_files = (data_dir / CERT_FILE, data_dir / KEY_FILE)
+        self.tls_server, self.tls_client = self._tls_contexts()
+        self.door: Door | None = None
         self.peers: dict[uuid.UUID, Peer] = {}
         self.links: set[Link] = set()
         self.accepts = TokenBucket(settings.accept_rate, burst=max(1.0, settings.accept_rate))
@@ -357,7 +361,6 @@ class Transport:
         self._fresh: set[DialogOutbox] = set()  # told of, to place once durable
         self._fresh_batch = -1
         self._refusal_logged: dict[DirectionKey, float] = {}
-        self.server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._idle_timer: asyncio.TimerHandle | None = None
         self.closing = False
@@ -366,6 +369,49 @@ class Transport:
 
     def _trust_store(self) -> TrustStore:
         return TrustStore([c.pem.encode() for c in self.engine.catalog.certificates.values()])
+
+    def _tls_contexts(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+        """Mutual TLS with the broker identities: each side presents its broker
+        certificate and accepts only the certificates this broker trusts (self-signed:
+        each is its own trust anchor)."""
+        if not self.settings.tls:
+            return None, None
+        trusted = "".join(c.pem for c in self.engine.catalog.certificates.values())
+        contexts = []
+        for purpose in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
+            context = ssl.SSLContext(purpose)
+            context.load_cert_chain(*self.identity_files)
+            context.check_hostname = False  # the broker id, not a host name, is checked
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+            if trusted:
+                context.load_verify_locations(cadata=trusted)
+            contexts.append(context)
+        return contexts[0], contexts[1]
+
+    def _trust_changed(self) -> None:
+        self.trust = self._trust_store()
+        self.tls_server, self.tls_client = self._tls_contexts()
+        if self.door is not None:
+            self.door.context = self.tls_server
+
+    @staticmethod
+    def _tls_matches(link: Link, certificate_pem: bytes) -> bool:
+        """The TLS peer is the broker of the link handshake (no relay in between)."""
+        ssl_object = None if link.transport is None else link.transport.get_extra_info("ssl_object")
+        if ssl_object is None:
+            return False
+        der = ssl_object.getpeercert(binary_form=True)
+        try:
+            return bool(der) and der == ssl.PEM_cert_to_DER_cert(certificate_pem.decode())
+        except ValueError:
+            return False
+
+    def _admit(self, address: str) -> bool:
+        if self.accepts.take(self.loop.time()):
+            return True
+        self.refused_accept(address)
+        return False
 
     def trusted_certificate(self, instance: uuid.UUID) -> bytes | None:
         for cert in self.engine.catalog.certificates.values():
@@ -430,23 +476,29 @@ class Transport:
         if instance == self.instance:
             raise bad_argument("that is this broker's own certificate")
         self.engine.ddl.persist("certificate", cat.Certificate(name, pem, str(instance)))
-        self.trust = self._trust_store()
+        self._trust_changed()
         self._replace_all()
 
     def op_drop_certificate(self, session: Session, name: object) -> None:
         if not isinstance(name, str):
             raise bad_argument("drop_certificate needs a certificate name")
         self.engine.ddl.drop(session, "certificate", name)
-        self.trust = self._trust_store()
+        self._trust_changed()
 
     # ---- start and stop ------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._restore()
-        self.server = await self.loop.create_server(
-            lambda: Link(self, Role.ACCEPTOR, ""), host, port
+        limits = ClientLimits(login_timeout=self.settings.connect_timeout)
+        self.door = Door(
+            lambda: Link(self, Role.ACCEPTOR, ""),
+            self.tls_server,
+            not self.settings.tls,
+            limits,
+            lambda host: sum(1 for lk in self.links if lk.address.rpartition(":")[0] == host),
+            self._admit,
         )
-        sock = self.server.sockets[0].getsockname()
+        sock = await self.door.start(host, port)
         self._arm_idle_check()
         for box in self.engine.delivery.remote_outboxes():
             self._place(box)
@@ -456,8 +508,8 @@ class Transport:
 
     async def close(self) -> None:
         self.closing = True
-        if self.server is not None:
-            self.server.close()
+        if self.door is not None:
+            self.door.close()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         for peer in self.peers.values():
@@ -695,12 +747,17 @@ class Transport:
             try:
                 await asyncio.wait_for(
                     self.loop.create_connection(
-                        lambda: Link(self, Role.INITIATOR, address), host, int(port)
+                        lambda: Link(self, Role.INITIATOR, address),
+                        host,
+                        int(port),
+                        ssl=self.tls_client,
                     ),
                     self.settings.connect_timeout,
                 )
             except (TimeoutError, OSError, ValueError) as exc:
-                if isinstance(exc, ConnectionRefusedError):
+                if isinstance(exc, ssl.SSLError):
+                    text = f"TLS with {address} failed: {exc.reason or exc}; both brokers must trust each other's certificate"
+                elif isinstance(exc, ConnectionRefusedError):
                     text = f"connection refused by {address}"
                 elif isinstance(exc, asyncio.TimeoutError):
                     text = f"connection to {address} timed out"
@@ -739,6 +796,15 @@ class Transport:
 
     def established(self, link: Link, event: HandshakeCompleted) -> None:
         instance = event.peer_broker_id
+        if self.settings.tls and not self._tls_matches(link, event.peer_certificate_pem):
+            log.warning(
+                "closing broker connection %s: its TLS certificate is not the one broker %s"
+                " proved in the handshake",
+                link.address,
+                instance,
+            )
+            link.close()
+            return
         peer = self._peer(instance, event.peer_certificate_pem)
         assert peer is not None
         current = peer.link

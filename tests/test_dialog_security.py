@@ -9,10 +9,13 @@ and sends real, correctly signed fragments with its own session keys."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
 import time
 import uuid
 from pathlib import Path
 
+import pytest
 from federation_setup import (
     CONTRACT,
     REPLY,
@@ -43,12 +46,24 @@ from ssb.protocol._link import (
 
 
 class Rogue:
-    """A broker `target` trusts, speaking the broker protocol from the test."""
+    """A broker `target` trusts, speaking the broker protocol (over mutual TLS, with its
+    own identity) from the test."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: Path) -> None:
         self.instance = uuid.uuid4()
         key_pem, self.cert_pem = generate_broker_identity(self.instance)
         self.key = load_private_key(key_pem)
+        self.files = (folder / "rogue-cert.pem", folder / "rogue-key.pem")
+        self.files[0].write_bytes(self.cert_pem)
+        self.files[1].write_bytes(key_pem)
+
+    def tls(self, target: Node) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.load_cert_chain(*self.files)
+        context.check_hostname = False
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+        context.load_verify_locations(cadata=target.certificate)
+        return context
 
     async def send(
         self,
@@ -68,7 +83,9 @@ class Rogue:
             certificate_pem=self.cert_pem,
             trusted=TrustStore([target.certificate.encode()]),
         )
-        reader, writer = await asyncio.open_connection("127.0.0.1", target.broker_port)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", target.broker_port, ssl=self.tls(target)
+        )
         writer.write(link.data_to_send())
         async with asyncio.timeout(10):
             while True:
@@ -120,7 +137,7 @@ async def test_a_trusted_peer_can_neither_hijack_a_dialog_nor_forge_an_envelope(
         (first,) = await receive_count(b.conn, target_q, 1)
         (row,) = await endpoints(b)
         conversation = uuid.UUID(str(row["conversation_id"]))
-        rogue = Rogue()
+        rogue = Rogue(tmp_path)
         await b.conn.create_certificate("rogue", rogue.cert_pem.decode())
         a_id, b_id = uuid.UUID(a.instance), uuid.UUID(b.instance)
 
@@ -153,7 +170,7 @@ async def test_a_message_outside_the_contract_ends_the_dialog_with_an_error(
 ) -> None:
     async with Federation(tmp_path, ["A", "B"]) as fed:
         _, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
-        rogue = Rogue()
+        rogue = Rogue(tmp_path)
         await b.conn.create_certificate("rogue", rogue.cert_pem.decode())
         envelope = Envelope("RogueService", "TargetB", CONTRACT, rogue.instance, uuid.UUID(b.instance))
         # REPLY is sent by the TARGET in this contract: from an initiator it is a violation
@@ -168,3 +185,46 @@ async def test_a_message_outside_the_contract_ends_the_dialog_with_an_error(
         assert out["is_conversation_error"] and out["to_service_name"] == "RogueService"
         log = b.process.log_text()
         assert "refused: message type 'AsyncDone' is sent by the TARGET" in log
+
+
+async def test_brokers_speak_mutual_tls_and_refuse_an_untrusted_certificate(
+    tmp_path: Path,
+) -> None:
+    async with Federation(tmp_path, ["A", "B"]) as fed:
+        a, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
+        captured = bytearray()
+
+        async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await reader.read(65536):
+                    captured.extend(data)
+                    writer.write(data)
+            writer.close()
+
+        async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", b.broker_port)
+            await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+        proxy = await asyncio.start_server(relay, "127.0.0.1", 0)
+        port = proxy.sockets[0].getsockname()[1]
+        await a.conn.create_route("via_proxy", "TargetB", f"tcp://127.0.0.1:{port}")
+        await a.conn.drop_route(
+            next(r["name"] for r in await a.view("routes") if r["address"] == b.address)
+        )
+        handle = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        await a.conn.send(handle, REQUEST, b"a body nobody on the wire may read")
+        (message,) = await receive_count(b.conn, target_q, 1)
+        assert message.message_body == b"a body nobody on the wire may read"
+        proxy.close()
+        assert len(captured) > 1000
+        assert b"a body nobody on the wire may read" not in captured
+
+        # a broker B does not trust is refused by TLS itself, before the link handshake
+        stranger = Rogue(tmp_path)
+        with pytest.raises((ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError)):
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", b.broker_port, ssl=stranger.tls(b)
+            )
+            writer.write(b"\x00")
+            await writer.drain()
+            await asyncio.wait_for(reader.readexactly(1), 10)
