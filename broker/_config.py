@@ -35,6 +35,9 @@ class ClientLimits:
     connections_per_address: int = 256  # open client connections from one address
     locks_per_transaction: int = 100_000  # conversation-group locks one transaction holds
     detached_per_login: int = 1_000  # open detached transactions of one login
+    failed_login_window: float = 60.0  # seconds over which failed logins count
+    failed_logins_per_address: int = 5  # per login and address, then refused until the window passes
+    failed_logins_per_login: int = 50  # per login from all addresses
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> ClientLimits:
@@ -44,6 +47,9 @@ class ClientLimits:
             "connections_per_address": (1, 1_000_000, True),
             "locks_per_transaction": (1, 100_000_000, True),
             "detached_per_login": (1, 1_000_000, True),
+            "failed_login_window": (1.0, 86400.0, False),
+            "failed_logins_per_address": (1, 1_000_000, True),
+            "failed_logins_per_login": (1, 1_000_000, True),
         }
         return cls(**checked_section("limits", section, ranges))
 

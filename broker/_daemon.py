@@ -43,7 +43,7 @@ from ._activation.workers import WorkerPool
 from ._config import Config, ConfigError
 from ._core.engine import Engine, StoredState
 from ._core.ports import Cancellable
-from ._logins import Logins
+from ._logins import Logins, ThrottleSettings
 from ._operations import Operations
 from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
@@ -154,7 +154,13 @@ class Broker:
         store.write_now()
         # logins before the store thread starts: the first start's admin is committed
         # here, synchronously, before its password file is written
-        self.logins = logins = Logins(store)
+        limits = config.limits
+        throttle = ThrottleSettings(
+            limits.failed_login_window,
+            limits.failed_logins_per_address,
+            limits.failed_logins_per_login,
+        )
+        self.logins = logins = Logins(store, throttle)
         logins.load()
         created = logins.bootstrap(self.data_dir)
         if created is not None:
@@ -195,7 +201,6 @@ class Broker:
                 return None
             return await logins.check(user, password, peer)
 
-        limits = config.limits
         context, fingerprint = server_context(
             self.data_dir, config.host, config.tls_cert_file, config.tls_key_file
         )

@@ -176,7 +176,12 @@ def test_ssb_login_commands_and_local_tools_find_the_admin_password(
 
 @pytest.fixture
 def tight(tmp_path: Path) -> Any:
-    limits = {"login_timeout": 0.5, "connections_per_address": 4, "hello_frame_size": 4096}
+    limits = {
+        "login_timeout": 0.5,
+        "connections_per_address": 4,
+        "hello_frame_size": 4096,
+        "failed_logins_per_address": 2,
+    }
     process = BrokerProcess(tmp_path / "data", durability="os", config={"limits": limits})
     process.start()
     yield process
@@ -250,3 +255,11 @@ async def test_dropping_a_login_closes_its_sessions_and_rolls_them_back(
         assert await admin.view("conversation_endpoints") == []  # never committed
         assert "closed 1 session(s) of the dropped login 'leaving'" in broker.log_text()
         await leaving.close()
+
+
+async def test_the_failed_login_allowance_is_a_setting(tight: BrokerProcess) -> None:
+    for _ in range(2):
+        with pytest.raises(client.LoginFailedError, match="login failed"):
+            await client.connect(tight.url_for("admin", "not-the-password"))
+    with pytest.raises(client.LoginFailedError, match="too many failed logins"):
+        await client.connect(tight.url)
