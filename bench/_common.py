@@ -6,6 +6,7 @@ benchmarks and the tests start brokers the same way. Everything listens on 127.0
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -15,7 +16,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Coroutine, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +30,66 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What a benchmark creates on its broker, named after it (`prefix`): one message
+    type, sent by the initiator of one contract, and an initiator and a target service,
+    each on its own queue."""
+
+    prefix: str
+
+    @property
+    def message_type(self) -> str:
+        return f"{self.prefix}Message"
+
+    @property
+    def contract(self) -> str:
+        return f"{self.prefix}Contract"
+
+    @property
+    def initiator_queue(self) -> str:
+        return f"{self.prefix}InitiatorQueue"
+
+    @property
+    def target_queue(self) -> str:
+        return f"{self.prefix}TargetQueue"
+
+    @property
+    def initiator_service(self) -> str:
+        return f"{self.prefix}Initiator"
+
+    @property
+    def target_service(self) -> str:
+        return f"{self.prefix}Target"
+
+    async def begin_dialog(self, conn: Any) -> Any:
+        """BEGIN DIALOG from the initiator service to the target service on `conn`."""
+        return await conn.begin_dialog(
+            self.initiator_service, self.target_service, contract=self.contract
+        )
+
+    async def create(self, url: str, max_messages: int | None = None) -> None:
+        """Create it all on the broker at `url` (`max_messages`: the target queue's quota)."""
+        from ssb import client
+
+        async with await client.connect(url) as conn:
+            await conn.create_message_type(self.message_type, validation="NONE")
+            await conn.create_contract(self.contract, {self.message_type: "INITIATOR"})
+            await conn.create_queue(self.initiator_queue)
+            await conn.create_queue(self.target_queue, max_messages=max_messages)
+            await conn.create_service(self.initiator_service, queue=self.initiator_queue)
+            await conn.create_service(
+                self.target_service, queue=self.target_queue, contracts=[self.contract]
+            )
+
+
+def options_from(cls: type[T], args: argparse.Namespace) -> T:
+    """A benchmark's options dataclass from its command line: every field the command line
+    names (the rest keep their defaults)."""
+    given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}  # type: ignore[arg-type]
+    return cls(**given)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -66,7 +66,7 @@ from typing import Any
 
 from ssb import client
 
-from ._common import broker, cpu_seconds, rate, run, write_json
+from ._common import Catalog, broker, cpu_seconds, options_from, rate, run, write_json
 from ._memory import (
     MB,
     BrokerProcess,
@@ -78,13 +78,7 @@ from ._memory import (
     timed_restart,
 )
 
-MESSAGE_TYPE = "BacklogMessage"
-CONTRACT = "BacklogContract"
-INITIATOR_QUEUE = "BacklogInitiatorQueue"
-TARGET_QUEUE = "BacklogTargetQueue"
-INITIATOR_SERVICE = "BacklogInitiator"
-TARGET_SERVICE = "BacklogTarget"
-
+CATALOG = Catalog("Backlog")
 TAG = struct.Struct(">BII")  # (phase, conversation, index in the conversation)
 PHASE_SHORT = 1
 PHASE_DEEP = 2
@@ -200,16 +194,6 @@ def plan(counts: list[int], batch: int) -> Iterator[tuple[int, int, int]]:
                 yield c, first, min(batch, count - first)
 
 
-async def create_objects(url: str) -> None:
-    async with await client.connect(url) as conn:
-        await conn.create_message_type(MESSAGE_TYPE, validation="NONE")
-        await conn.create_contract(CONTRACT, {MESSAGE_TYPE: "INITIATOR"})
-        await conn.create_queue(INITIATOR_QUEUE)
-        await conn.create_queue(TARGET_QUEUE)
-        await conn.create_service(INITIATOR_SERVICE, queue=INITIATOR_QUEUE)
-        await conn.create_service(TARGET_SERVICE, queue=TARGET_QUEUE, contracts=[CONTRACT])
-
-
 async def begin_dialogs(url: str, count: int, timeout: float) -> list[uuid.UUID]:
     handles: list[uuid.UUID] = []
     deadline = time.monotonic() + timeout
@@ -219,10 +203,7 @@ async def begin_dialogs(url: str, count: int, timeout: float) -> list[uuid.UUID]
                 raise BenchFailure(f"only {len(handles)} of {count} dialogs in {timeout:g} s")
             n = min(DIALOGS_PER_TRANSACTION, count - first)
             async with conn.transaction():
-                calls = [
-                    conn.begin_dialog(INITIATOR_SERVICE, TARGET_SERVICE, contract=CONTRACT)
-                    for _ in range(n)
-                ]
+                calls = [CATALOG.begin_dialog(conn) for _ in range(n)]
                 handles += await asyncio.gather(*calls)
     return handles
 
@@ -254,7 +235,7 @@ async def fill(
         for number, (c, first, n) in enumerate(plan(counts, opts.batch), 1):
             bodies = [TAG.pack(phase, c, i) + pad for i in range(first, first + n)]
             in_flight.append(
-                asyncio.ensure_future(conn.send_many(handles[c], MESSAGE_TYPE, bodies))
+                asyncio.ensure_future(conn.send_many(handles[c], CATALOG.message_type, bodies))
             )
             if len(in_flight) >= opts.in_flight:
                 await settle_one()
@@ -268,7 +249,7 @@ async def fill(
 async def _receive_batch(conn: client.Connection, top: int) -> list[client.Message]:
     # BEGIN, RECEIVE and COMMIT leave together; the broker runs them in order
     begin = asyncio.ensure_future(conn.begin_transaction())
-    received = asyncio.ensure_future(conn.receive(TARGET_QUEUE, top=top, timeout=1.0))
+    received = asyncio.ensure_future(conn.receive(CATALOG.target_queue, top=top, timeout=1.0))
     commit = asyncio.ensure_future(conn.commit())
     await begin
     messages: list[client.Message] = await received
@@ -317,7 +298,7 @@ async def drain(
             last_message = time.monotonic()
             receives += 1
             for m in messages:
-                if m.message_type_name != MESSAGE_TYPE:
+                if m.message_type_name != CATALOG.message_type:
                     raise BenchFailure(f"{label}: unexpected message type {m.message_type_name}")
                 got_phase, c, index = TAG.unpack_from(m.message_body)
                 if got_phase != phase or c >= len(counts):
@@ -354,7 +335,7 @@ async def drain(
                 )
                 next_report += tenth
         finished = last_message
-        leftover = await conn.receive(TARGET_QUEUE, top=1, timeout=0)
+        leftover = await conn.receive(CATALOG.target_queue, top=1, timeout=0)
         if leftover:
             raise BenchFailure(f"{label}: the queue is not empty after {count} messages")
     short = [c for c, n in enumerate(counts) if expected[c] != n]
@@ -388,9 +369,9 @@ async def queue_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
     async with await client.connect(url) as conn:
         queues = await conn.view("service_queues")
         resources = (await conn.view("broker_resources"))[0]
-    row = next((q for q in queues if q.get("name") == TARGET_QUEUE), None)
+    row = next((q for q in queues if q.get("name") == CATALOG.target_queue), None)
     if row is None:
-        raise BenchFailure(f"{TARGET_QUEUE} is not in service_queues")
+        raise BenchFailure(f"{CATALOG.target_queue} is not in service_queues")
     return row, resources
 
 
@@ -431,7 +412,7 @@ def bench(opts: Options) -> Result:
         r.rss_empty = daemon_rss(d)
 
         print(f"[setup] objects and {opts.conversations:,} dialogs ...", flush=True)
-        run(create_objects(url))
+        run(CATALOG.create(url))
         started = time.monotonic()
         handles = run(begin_dialogs(url, opts.conversations, opts.phase_timeout))
         r.dialogs_s = time.monotonic() - started
@@ -684,21 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--conversations must be <= --messages")
     if not 0 <= args.settle <= 600 or not 0 < args.phase_timeout <= 86400:
         parser.error("--settle must be 0..600 s, --phase-timeout 0..86400 s")
-    opts = Options(
-        messages=args.messages,
-        conversations=args.conversations,
-        body_size=args.body_size,
-        durability=args.durability,
-        cache_bytes=args.cache_bytes,
-        batch=args.batch,
-        in_flight=args.in_flight,
-        receive_top=args.receive_top,
-        short_messages=args.short_messages,
-        short_repeats=args.short_repeats,
-        restarts=args.restarts,
-        settle=args.settle,
-        phase_timeout=args.phase_timeout,
-    )
+    opts = options_from(Options, args)
     result = bench(opts)
     print_table(result, opts)
     if args.json:

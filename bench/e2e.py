@@ -42,15 +42,9 @@ from typing import Any
 
 from ssb import client
 
-from ._common import broker, cpu_seconds, percentile, rate, run, write_json
+from ._common import Catalog, broker, cpu_seconds, options_from, percentile, rate, run, write_json
 
-MESSAGE_TYPE = "BenchMessage"
-CONTRACT = "BenchContract"
-INITIATOR_QUEUE = "BenchInitiatorQueue"
-TARGET_QUEUE = "BenchTargetQueue"
-INITIATOR_SERVICE = "BenchInitiator"
-TARGET_SERVICE = "BenchTarget"
-
+CATALOG = Catalog("Bench")
 TAG = struct.Struct(">IQ")  # (phase, index) at the start of every body
 TARGETS = {"os": 20_000.0, "fsync": 8_000.0}  # end-to-end msgs/s the issue asks for
 
@@ -107,16 +101,6 @@ class BenchFailure(RuntimeError):
 # ---- setup ---------------------------------------------------------------------------
 
 
-async def create_objects(url: str) -> None:
-    async with await client.connect(url) as conn:
-        await conn.create_message_type(MESSAGE_TYPE, validation="NONE")
-        await conn.create_contract(CONTRACT, {MESSAGE_TYPE: "INITIATOR"})
-        await conn.create_queue(INITIATOR_QUEUE)
-        await conn.create_queue(TARGET_QUEUE)
-        await conn.create_service(INITIATOR_SERVICE, queue=INITIATOR_QUEUE)
-        await conn.create_service(TARGET_SERVICE, queue=TARGET_QUEUE, contracts=[CONTRACT])
-
-
 def body(phase: int, index: int, pad: bytes) -> bytes:
     return TAG.pack(phase, index) + pad
 
@@ -127,10 +111,7 @@ def body(phase: int, index: int, pad: bytes) -> bytes:
 async def produce(url: str, phase: int, opts: Options, go: Any, ready: Any) -> dict[str, Any]:
     """Send opts.messages bodies in send_many batches, opts.in_flight calls at a time."""
     async with await client.connect(url) as conn:
-        handles = [
-            await conn.begin_dialog(INITIATOR_SERVICE, TARGET_SERVICE, contract=CONTRACT)
-            for _ in range(opts.conversations)
-        ]
+        handles = [await CATALOG.begin_dialog(conn) for _ in range(opts.conversations)]
         pad = b"p" * max(0, opts.body_size - TAG.size)
         loop = asyncio.get_running_loop()
         ready.put(("producer", "ready"))
@@ -143,7 +124,9 @@ async def produce(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
             last = min(opts.messages, first + opts.batch)
             bodies = [body(phase, i, pad) for i in range(first, last)]
             handle = handles[number % len(handles)]
-            in_flight.append(asyncio.ensure_future(conn.send_many(handle, MESSAGE_TYPE, bodies)))
+            in_flight.append(
+                asyncio.ensure_future(conn.send_many(handle, CATALOG.message_type, bodies))
+            )
             if len(in_flight) >= opts.in_flight:
                 await asyncio.wait_for(in_flight.popleft(), max(0.1, deadline - time.monotonic()))
         while in_flight:
@@ -156,14 +139,16 @@ async def _receive_batch(conn: client.Connection, opts: Options) -> list[client.
     if opts.consumer == "pipelined":
         # the three requests leave together; the broker runs them in order
         begin = asyncio.ensure_future(conn.begin_transaction())
-        received = asyncio.ensure_future(conn.receive(TARGET_QUEUE, top=opts.batch, timeout=1.0))
+        received = asyncio.ensure_future(
+            conn.receive(CATALOG.target_queue, top=opts.batch, timeout=1.0)
+        )
         commit = asyncio.ensure_future(conn.commit())
         await begin
         messages = await received
         await commit
         return messages
     async with conn.transaction():
-        return await conn.receive(TARGET_QUEUE, top=opts.batch, timeout=1.0)
+        return await conn.receive(CATALOG.target_queue, top=opts.batch, timeout=1.0)
 
 
 async def consume(url: str, phase: int, opts: Options, go: Any, ready: Any) -> dict[str, Any]:
@@ -203,12 +188,12 @@ async def consume(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
                     raise BenchFailure(f"consumer: foreign message phase={got_phase} index={index}")
                 if seen[index]:
                     raise BenchFailure(f"consumer: message {index} received twice")
-                if m.message_type_name != MESSAGE_TYPE:
+                if m.message_type_name != CATALOG.message_type:
                     raise BenchFailure(f"consumer: unexpected {m.message_type_name}")
                 seen[index] = 1
                 count += 1
         finished = time.monotonic()
-        leftover = await conn.receive(TARGET_QUEUE, top=1, timeout=0)
+        leftover = await conn.receive(CATALOG.target_queue, top=1, timeout=0)
         if leftover:
             raise BenchFailure(f"consumer: queue not empty after {count} messages")
     return {"received": count, "batches": batches, "started": started, "finished": finished}
@@ -295,14 +280,14 @@ async def latency(url: str, opts: Options) -> list[float]:
     total = opts.latency_warmup + opts.latency_iterations
     deadline = time.monotonic() + opts.phase_timeout
     async with await client.connect(url) as conn:
-        handle = await conn.begin_dialog(INITIATOR_SERVICE, TARGET_SERVICE, contract=CONTRACT)
+        handle = await CATALOG.begin_dialog(conn)
         for i in range(total):
             if time.monotonic() > deadline:
                 raise BenchFailure(f"latency: only {i} of {total} round trips in time")
             started = time.perf_counter()
-            await conn.send(handle, MESSAGE_TYPE, body(PHASE_LATENCY, i, pad))
+            await conn.send(handle, CATALOG.message_type, body(PHASE_LATENCY, i, pad))
             async with conn.transaction():
-                messages = await conn.receive(TARGET_QUEUE, top=1, timeout=10.0)
+                messages = await conn.receive(CATALOG.target_queue, top=1, timeout=10.0)
             elapsed = time.perf_counter() - started
             if len(messages) != 1 or TAG.unpack_from(messages[0].message_body) != (
                 PHASE_LATENCY,
@@ -316,9 +301,9 @@ async def latency(url: str, opts: Options) -> list[float]:
 
 async def check_empty(url: str) -> None:
     async with await client.connect(url) as conn:
-        left = await conn.peek(TARGET_QUEUE)
+        left = await conn.peek(CATALOG.target_queue)
         if left:
-            raise BenchFailure(f"{len(left)} messages left in {TARGET_QUEUE}")
+            raise BenchFailure(f"{len(left)} messages left in {CATALOG.target_queue}")
 
 
 # ---- one durability setting ----------------------------------------------------------------
@@ -328,7 +313,7 @@ def bench_durability(durability: str, opts: Options) -> Result:
     result = Result(durability=durability, messages=opts.messages)
     with broker(durability) as daemon:
         url = daemon.tls_url if opts.tls else daemon.url
-        run(create_objects(url))
+        run(CATALOG.create(url))
         pid = daemon.proc.pid if daemon.proc is not None else 0
 
         def daemon_cpu(before: float | None) -> float | None:
@@ -434,17 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--messages, --batch, --conversations and --in-flight must be >= 1")
     if args.body_size < TAG.size:
         parser.error(f"--body-size must be >= {TAG.size}")
-    opts = Options(
-        messages=args.messages,
-        batch=args.batch,
-        body_size=args.body_size,
-        conversations=args.conversations,
-        in_flight=args.in_flight,
-        consumer=args.consumer,
-        latency_iterations=args.latency_iterations,
-        phase_timeout=args.phase_timeout,
-        tls=args.tls,
-    )
+    opts = options_from(Options, args)
     settings = ["fsync", "os"] if args.durability == "both" else [args.durability]
     results = [bench_durability(d, opts) for d in settings]
     print_table(results, opts)

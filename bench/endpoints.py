@@ -44,7 +44,7 @@ from typing import Any
 
 from ssb import client
 
-from ._common import broker, rate, run, write_json
+from ._common import Catalog, broker, options_from, rate, run, write_json
 from ._memory import (
     BrokerProcess,
     RssSampler,
@@ -55,13 +55,7 @@ from ._memory import (
     timed_restart,
 )
 
-CONTRACT = "EndpointsContract"
-INITIATOR_QUEUE = "EndpointsInitiatorQueue"
-TARGET_QUEUE = "EndpointsTargetQueue"
-INITIATOR_SERVICE = "EndpointsInitiator"
-TARGET_SERVICE = "EndpointsTarget"
-MESSAGE_TYPE = "EndpointsMessage"
-
+CATALOG = Catalog("Endpoints")
 TARGET_BYTES_PER_ENDPOINT = 300
 
 
@@ -104,16 +98,6 @@ class Result:
     target_met: bool = False
 
 
-async def create_objects(url: str) -> None:
-    async with await client.connect(url) as conn:
-        await conn.create_message_type(MESSAGE_TYPE, validation="NONE")
-        await conn.create_contract(CONTRACT, {MESSAGE_TYPE: "INITIATOR"})
-        await conn.create_queue(INITIATOR_QUEUE)
-        await conn.create_queue(TARGET_QUEUE)
-        await conn.create_service(INITIATOR_SERVICE, queue=INITIATOR_QUEUE)
-        await conn.create_service(TARGET_SERVICE, queue=TARGET_QUEUE, contracts=[CONTRACT])
-
-
 async def begin_dialogs(d: BrokerProcess, opts: Options, r: Result) -> float:
     """Begin opts.dialogs dialogs; records the RSS at half way; returns seconds taken."""
     total = opts.dialogs
@@ -129,12 +113,7 @@ async def begin_dialogs(d: BrokerProcess, opts: Options, r: Result) -> float:
                 raise BenchFailure(f"only {done} of {total} dialogs in {opts.phase_timeout:g} s")
             n = min(opts.per_transaction, total - done)
             async with conn.transaction():
-                handles = await asyncio.gather(
-                    *(
-                        conn.begin_dialog(INITIATOR_SERVICE, TARGET_SERVICE, contract=CONTRACT)
-                        for _ in range(n)
-                    )
-                )
+                handles = await asyncio.gather(*(CATALOG.begin_dialog(conn) for _ in range(n)))
             if len(set(handles)) != n:
                 raise BenchFailure("begin_dialog returned a handle twice")
             done += n
@@ -162,7 +141,7 @@ async def resources(url: str) -> dict[str, Any]:
 def bench(opts: Options) -> Result:
     r = Result(dialogs=opts.dialogs)
     with broker(opts.durability, stop_timeout=60.0) as d:
-        run(create_objects(d.url))
+        run(CATALOG.create(d.url))
         time.sleep(opts.settle)  # pacing: an idle daemon before the baseline
         r.rss_before = daemon_rss(d)
         hwm_before = daemon_peak(d)
@@ -263,14 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--dialogs must be >= 2, --per-transaction and --restarts >= 1")
     if not 0 <= args.settle <= 600 or not 0 < args.phase_timeout <= 86400:
         parser.error("--settle must be 0..600 s, --phase-timeout 0..86400 s")
-    opts = Options(
-        dialogs=args.dialogs,
-        per_transaction=args.per_transaction,
-        durability=args.durability,
-        restarts=args.restarts,
-        settle=args.settle,
-        phase_timeout=args.phase_timeout,
-    )
+    opts = options_from(Options, args)
     result = bench(opts)
     print_table(result, opts)
     if args.json:

@@ -42,7 +42,14 @@ from typing import Any
 from ssb import client
 
 from . import e2e
-from ._common import BrokerProcess, broker, cpu_seconds, rate, run  # type: ignore[attr-defined]
+from ._common import (  # type: ignore[attr-defined]
+    BrokerProcess,
+    broker,
+    cpu_seconds,
+    options_from,
+    rate,
+    run,
+)
 
 TARGET_RATIO = 0.6
 DRAIN_TIMEOUT = 60.0
@@ -95,7 +102,7 @@ def _pid(process: BrokerProcess) -> int:
 def one_broker(durability: str, opts: e2e.Options) -> Run:
     result = Run(brokers=1, messages=opts.messages)
     with broker(durability) as daemon:
-        run(e2e.create_objects(daemon.url))
+        run(e2e.CATALOG.create(daemon.url))
         print(f"[{durability}] one broker: {opts.messages} messages ...", flush=True)
         before = _cpu([_pid(daemon)])
         go_time, out = e2e.run_processes(daemon.url, e2e.PHASE_E2E, ["consumer", "producer"], opts)
@@ -116,17 +123,23 @@ async def federate(a: BrokerProcess, b: BrokerProcess) -> None:
         await ca.create_certificate("bench_peer_b", await cb.broker_certificate())
         await cb.create_certificate("bench_peer_a", await ca.broker_certificate())
         for conn in (ca, cb):
-            await conn.create_message_type(e2e.MESSAGE_TYPE, validation="NONE")
-            await conn.create_contract(e2e.CONTRACT, {e2e.MESSAGE_TYPE: "INITIATOR"})
-        await ca.create_queue(e2e.INITIATOR_QUEUE)
-        await ca.create_service(e2e.INITIATOR_SERVICE, queue=e2e.INITIATOR_QUEUE)
-        await cb.create_queue(e2e.TARGET_QUEUE)
+            await conn.create_message_type(e2e.CATALOG.message_type, validation="NONE")
+            await conn.create_contract(
+                e2e.CATALOG.contract, {e2e.CATALOG.message_type: "INITIATOR"}
+            )
+        await ca.create_queue(e2e.CATALOG.initiator_queue)
+        await ca.create_service(e2e.CATALOG.initiator_service, queue=e2e.CATALOG.initiator_queue)
+        await cb.create_queue(e2e.CATALOG.target_queue)
         await cb.create_service(
-            e2e.TARGET_SERVICE, queue=e2e.TARGET_QUEUE, contracts=[e2e.CONTRACT]
+            e2e.CATALOG.target_service,
+            queue=e2e.CATALOG.target_queue,
+            contracts=[e2e.CATALOG.contract],
         )
-        await ca.create_route("bench_to_b", e2e.TARGET_SERVICE, f"tcp://127.0.0.1:{b.broker_port}")
+        await ca.create_route(
+            "bench_to_b", e2e.CATALOG.target_service, f"tcp://127.0.0.1:{b.broker_port}"
+        )
         await cb.create_route(
-            "bench_to_a", e2e.INITIATOR_SERVICE, f"tcp://127.0.0.1:{a.broker_port}"
+            "bench_to_a", e2e.CATALOG.initiator_service, f"tcp://127.0.0.1:{a.broker_port}"
         )
 
 
@@ -239,15 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--messages, --batch, --conversations and --in-flight must be >= 1")
     if args.body_size < e2e.TAG.size:
         parser.error(f"--body-size must be >= {e2e.TAG.size}")
-    opts = e2e.Options(
-        messages=args.messages,
-        batch=args.batch,
-        body_size=args.body_size,
-        conversations=args.conversations,
-        in_flight=args.in_flight,
-        consumer=args.consumer,
-        phase_timeout=args.phase_timeout,
-    )
+    opts = options_from(e2e.Options, args)
     single = one_broker(args.durability, opts)
     cross = two_brokers(args.durability, opts, args.plain_link)
     ratio = cross.e2e_msgs_s / single.e2e_msgs_s if single.e2e_msgs_s else 0.0

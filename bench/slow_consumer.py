@@ -51,16 +51,10 @@ from typing import Any
 
 from ssb import client
 
-from ._common import broker, rate, run, write_json
+from ._common import Catalog, broker, options_from, rate, run, write_json
 from ._memory import MB, BrokerProcess, daemon_peak, daemon_rss, mb, rss_bytes, store_size
 
-MESSAGE_TYPE = "SlowMessage"
-CONTRACT = "SlowContract"
-INITIATOR_QUEUE = "SlowInitiatorQueue"
-TARGET_QUEUE = "SlowTargetQueue"
-INITIATOR_SERVICE = "SlowInitiator"
-TARGET_SERVICE = "SlowTarget"
-
+CATALOG = Catalog("Slow")
 TAG = struct.Struct(">Q")  # the producer's index of the message
 TARGET_GROWTH = 100 * MB
 QUOTA_PAUSE = 0.01  # seconds the producer pauses after a QueueFullError (pacing)
@@ -115,10 +109,7 @@ class RunResult:
 async def produce(url: str, opts: Options, go: Any, ready: Any, counter: Any) -> dict[str, Any]:
     pad = b"s" * max(0, opts.body_size - TAG.size)
     async with await client.connect(url) as conn:
-        handles = [
-            await conn.begin_dialog(INITIATOR_SERVICE, TARGET_SERVICE, contract=CONTRACT)
-            for _ in range(opts.conversations)
-        ]
+        handles = [await CATALOG.begin_dialog(conn) for _ in range(opts.conversations)]
         loop = asyncio.get_running_loop()
         ready.put(("producer", "ready"))
         if not await loop.run_in_executor(None, go.wait, 120.0):
@@ -147,7 +138,10 @@ async def produce(url: str, opts: Options, go: Any, ready: Any, counter: Any) ->
             handle = handles[calls % len(handles)]
             calls += 1
             in_flight.append(
-                (asyncio.ensure_future(conn.send_many(handle, MESSAGE_TYPE, bodies)), opts.batch)
+                (
+                    asyncio.ensure_future(conn.send_many(handle, CATALOG.message_type, bodies)),
+                    opts.batch,
+                )
             )
             if len(in_flight) >= opts.in_flight:
                 await settle()
@@ -184,7 +178,9 @@ async def consume(
             if want < 1:
                 await asyncio.sleep(0.02)  # pacing: the token bucket is empty
                 continue
-            messages = await conn.receive(TARGET_QUEUE, top=min(opts.batch, want), timeout=0.2)
+            messages = await conn.receive(
+                CATALOG.target_queue, top=min(opts.batch, want), timeout=0.2
+            )
             receives += 1
             for m in messages:
                 (index,) = TAG.unpack_from(m.message_body)
@@ -218,22 +214,12 @@ def _child(
 # ---- one run -------------------------------------------------------------------------------
 
 
-async def create_objects(url: str, quota: int | None) -> None:
-    async with await client.connect(url) as conn:
-        await conn.create_message_type(MESSAGE_TYPE, validation="NONE")
-        await conn.create_contract(CONTRACT, {MESSAGE_TYPE: "INITIATOR"})
-        await conn.create_queue(INITIATOR_QUEUE)
-        await conn.create_queue(TARGET_QUEUE, max_messages=quota)
-        await conn.create_service(INITIATOR_SERVICE, queue=INITIATOR_QUEUE)
-        await conn.create_service(TARGET_SERVICE, queue=TARGET_QUEUE, contracts=[CONTRACT])
-
-
 async def target_queue(conn: client.Connection) -> dict[str, Any]:
     rows: list[dict[str, Any]] = await conn.view("service_queues")
     for row in rows:
-        if row.get("name") == TARGET_QUEUE:
+        if row.get("name") == CATALOG.target_queue:
             return row
-    raise BenchFailure(f"{TARGET_QUEUE} is not in service_queues")
+    raise BenchFailure(f"{CATALOG.target_queue} is not in service_queues")
 
 
 async def monitor(
@@ -278,7 +264,7 @@ def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Op
     r = RunResult(name=name, quota=quota)
     config = {} if opts.cache_bytes is None else {"message_cache_bytes": opts.cache_bytes}
     with broker(opts.durability, config, stop_timeout=60.0) as d:
-        run(create_objects(d.url, quota))
+        run(CATALOG.create(d.url, quota))
         ctx = mp.get_context("spawn")
         go = ctx.Event()
         results = ctx.Queue()
@@ -433,17 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.body_size < TAG.size:
         parser.error(f"--body-size must be >= {TAG.size}")
-    opts = Options(
-        seconds=args.seconds,
-        quota=args.quota,
-        fraction=args.fraction,
-        batch=args.batch,
-        body_size=args.body_size,
-        conversations=args.conversations,
-        in_flight=args.in_flight,
-        durability=args.durability,
-        cache_bytes=args.cache_bytes,
-    )
+    opts = options_from(Options, args)
     free = one_run("no quota", None, None, opts)
     quota = one_run(f"quota {opts.quota:,}", opts.quota, free.producer_msgs_s, opts)
     results = [free, quota]
