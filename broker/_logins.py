@@ -118,9 +118,12 @@ def write_secret_file(path: Path, text: str) -> None:
 
 @dataclass(frozen=True)
 class ThrottleSettings:
-    window: float = 60.0  # seconds over which failures count
-    per_login_address: int = 5  # failures allowed per (login, address) in a window
-    per_login: int = 50  # failures allowed per login from all addresses in a window
+    """From the config's [limits] (failed_login_window, failed_logins_per_address,
+    failed_logins_per_login), where the defaults are."""
+
+    window: float  # seconds over which failures count
+    per_login_address: int  # failures allowed per (login, address) in a window
+    per_login: int  # failures allowed per login from all addresses in a window
 
 
 @dataclass
@@ -177,7 +180,7 @@ class Logins:
     def __init__(
         self,
         store: Store,
-        throttle: ThrottleSettings | None = None,
+        throttle: ThrottleSettings,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -185,7 +188,7 @@ class Logins:
         self._created: dict[str, float] = {}
         self._verified: dict[str, bytes] = {}  # name -> HMAC of a password that checked
         self._key = secrets.token_bytes(32)
-        self.failures = FailedLogins(throttle or ThrottleSettings(), clock)
+        self.failures = FailedLogins(throttle, clock)
         self.on_change: list[Callable[[str], None]] = []
 
     def load(self) -> None:

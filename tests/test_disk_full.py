@@ -15,11 +15,13 @@ covers the core with a failing journal).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +184,25 @@ async def test_low_disk_refuses_new_messages_until_space_returns(small_disk: Pat
         ballast.unlink(missing_ok=True)
 
 
+@contextlib.asynccontextmanager
+async def _two_dialogs(
+    small_disk: Path,
+) -> AsyncIterator[tuple[BrokerProcess, client.Connection, uuid.UUID, uuid.UUID]]:
+    """A broker on the small disk (no free-space guard, a 1 MiB message cache), the test
+    objects and two dialogs on one connection; killed on exit."""
+    broker = BrokerProcess(
+        small_disk, config={"min_free_disk": 0, "message_cache_bytes": MIB}
+    ).start()
+    try:
+        conn = await client.connect(broker.url)
+        await _objects(conn)
+        h = await conn.begin_dialog("InitSvc", "TargetSvc")
+        other_dialog = await conn.begin_dialog("InitSvc", "TargetSvc")
+        yield broker, conn, h, other_dialog
+    finally:
+        broker.kill()
+
+
 async def _until_the_store_fails(
     broker: BrokerProcess, conn: client.Connection, h: Any, acked: list[int]
 ) -> tuple[asyncio.Task[None], asyncio.Event]:
@@ -206,14 +227,7 @@ async def _until_the_store_fails(
 
 
 async def test_full_disk_keeps_the_daemon_alive_and_loses_nothing(small_disk: Path) -> None:
-    broker = BrokerProcess(
-        small_disk, config={"min_free_disk": 0, "message_cache_bytes": MIB}
-    ).start()
-    try:
-        conn = await client.connect(broker.url)
-        await _objects(conn)
-        h = await conn.begin_dialog("InitSvc", "TargetSvc")
-        other_dialog = await conn.begin_dialog("InitSvc", "TargetSvc")
+    async with _two_dialogs(small_disk) as (broker, conn, h, other_dialog):
         other = await client.connect(broker.url)
         acked: list[int] = []
         producer, stop = await _until_the_store_fails(broker, conn, h, acked)
@@ -254,22 +268,13 @@ async def test_full_disk_keeps_the_daemon_alive_and_loses_nothing(small_disk: Pa
         assert sorted(m.message_body for m in got if m not in numbered) == [b"other after"]
         await other.close()
         await conn.close()
-    finally:
-        broker.kill()
 
 
 async def test_full_disk_answers_what_needs_no_write(small_disk: Path) -> None:
     """While the store cannot write, a session that writes nothing is still answered: a
     ping, a view, and a SEND refused with the store's reason (README: 9004 "the store
     cannot write"; answers that depend on the failed commit wait)."""
-    broker = BrokerProcess(
-        small_disk, config={"min_free_disk": 0, "message_cache_bytes": MIB}
-    ).start()
-    try:
-        conn = await client.connect(broker.url)
-        await _objects(conn)
-        h = await conn.begin_dialog("InitSvc", "TargetSvc")
-        other_dialog = await conn.begin_dialog("InitSvc", "TargetSvc")
+    async with _two_dialogs(small_disk) as (broker, conn, h, other_dialog):
         pinger, viewer, sender = [await client.connect(broker.url) for _ in range(3)]
         acked: list[int] = []
         producer, stop = await _until_the_store_fails(broker, conn, h, acked)
@@ -304,8 +309,6 @@ async def test_full_disk_answers_what_needs_no_write(small_disk: Path) -> None:
             outcomes["send"] = exc
         for c in (pinger, viewer, sender, conn):
             await c.close()
-    finally:
-        broker.kill()
 
     assert alive and still_full
     problems = []
