@@ -45,7 +45,9 @@ KINDS: Final = (
     "broker_priority",
     "event_notification",
     "certificate",
+    "remote_service_binding",
 )
+_TRUST: Final = frozenset({"route", "certificate", "remote_service_binding"})
 # which kinds of object each permission can be granted on ("" is the broker itself)
 GRANTABLE: Final[Mapping[str, frozenset[str]]] = {
     "CONTROL": frozenset({"", *KINDS}),
@@ -67,6 +69,7 @@ CREATES: Final = {
     "create_broker_priority": "broker_priority",
     "create_event_notification": "event_notification",
     "create_certificate": "certificate",
+    "create_remote_service_binding": "remote_service_binding",
 }
 # operations anyone logged in may call: they touch only the caller's own session,
 # its own activated task or its own scheduler log, or read this broker's identity
@@ -130,7 +133,7 @@ class Permissions:
         }
         for operation, kind in CREATES.items():
             if operation not in self._rules:
-                trusted = kind in ("route", "certificate")  # who this broker talks to
+                trusted = kind in _TRUST  # who this broker talks to
                 need: Need = ("CONTROL", "", "") if trusted else ("CREATE", "", "")
                 self._rules[operation] = lambda s, a, need=need: [need]  # type: ignore[misc]
 
@@ -233,7 +236,7 @@ class Permissions:
         kind, name = args.get("kind"), args.get("name")
         if not isinstance(kind, str) or not isinstance(name, str):
             return []  # the statement itself says what is wrong
-        if kind in ("route", "certificate"):
+        if kind in _TRUST:
             return [("CONTROL", "", "")]
         return [("DROP", kind, name)]
 

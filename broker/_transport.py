@@ -76,8 +76,6 @@ from ssb.protocol import (
     TrustStore,
     UnknownDialog,
     certificate_broker_id,
-    generate_broker_identity,
-    load_private_key,
     new_session_key,
     pack,
     unpack,
@@ -91,15 +89,13 @@ from ._core.delivery import DialogOutbox, DirectionKey, Outbound
 from ._core.engine import Engine
 from ._core.transactions import Session
 from ._errors import BrokerError, bad_argument
-from ._logins import write_secret_file
+from ._identity import Identity, IdentityFiles
 from ._store import Store
 from ._tls import Door
 
 log = logging.getLogger("ssb.transport")
 
 SEND_BATCH: Final = 256
-KEY_FILE: Final = "broker-key.pem"
-CERT_FILE: Final = "broker-cert.pem"
 IN_FLIGHT_MESSAGES: Final = 8192  # messages pulled into a peer's senders and not yet acked
 IN_FLIGHT_BYTES: Final = 64 * 1024 * 1024  # their bodies
 FEED_CHUNK: Final = 256  # messages pulled from one direction per turn
@@ -146,17 +142,6 @@ class TransportSettings:
         if settings.retry_max < settings.retry_initial:
             raise ConfigError("[transport] retry_max must be at least retry_initial")
         return settings
-
-
-def load_identity(data_dir: Path, instance_id: str) -> tuple[bytes, bytes]:
-    """This broker's private key and certificate, made on first start."""
-    key_path, cert_path = data_dir / KEY_FILE, data_dir / CERT_FILE
-    if key_path.exists() and cert_path.exists():
-        return key_path.read_bytes(), cert_path.read_bytes()
-    key_pem, cert_pem = generate_broker_identity(uuid.UUID(instance_id))
-    write_secret_file(key_path, key_pem.decode("ascii"))
-    cert_path.write_bytes(cert_pem)
-    return key_pem, cert_pem
 
 
 def transmission_priority(level: int, honor_broker_priority: bool) -> int:
@@ -334,10 +319,9 @@ class Transport:
         self.settings = settings
         self.loop = asyncio.get_running_loop()
         self.instance = uuid.UUID(engine.instance_id)
-        key_pem, self.certificate_pem = load_identity(data_dir, engine.instance_id)
-        self.private_key = load_private_key(key_pem)
+        self.identity_files = IdentityFiles(data_dir, engine.instance_id)
+        self.identity: Identity = self.identity_files.load()
         self.trust = self._trust_store()
-        self.identity_files = (data_dir / CERT_FILE, data_dir / KEY_FILE)
         self.tls_server, self.tls_client = self._tls_contexts()
         self.door: Door | None = None
         self.peers: dict[uuid.UUID, Peer] = {}
@@ -380,7 +364,7 @@ class Transport:
         contexts = []
         for purpose in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
             context = ssl.SSLContext(purpose)
-            context.load_cert_chain(*self.identity_files)
+            context.load_cert_chain(self.identity_files.cert_path, self.identity_files.key_path)
             context.check_hostname = False  # the broker id, not a host name, is checked
             context.verify_mode = ssl.CERT_REQUIRED
             context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
@@ -423,8 +407,8 @@ class Transport:
         return LinkConnection(
             role,
             broker_id=self.instance,
-            private_key=self.private_key,
-            certificate_pem=self.certificate_pem,
+            private_key=self.identity.private_key,
+            certificate_pem=self.identity.certificate_pem,
             trusted=self.trust,
         )
 
@@ -437,7 +421,7 @@ class Transport:
             return None
         s = self.settings
         dialog = DialogPeer(
-            private_key=self.private_key,
+            private_key=self.identity.private_keys,
             peer_public_key=pem,
             fragment_size=s.fragment_size,
             retry=RetryPolicy(initial=s.retry_initial, factor=2.0, maximum=s.retry_max),
@@ -454,20 +438,31 @@ class Transport:
             "broker_certificate": self.op_broker_certificate,
             "create_certificate": self.op_create_certificate,
             "drop_certificate": self.op_drop_certificate,
+            "next_broker_certificate": self.op_next_broker_certificate,
+            "rotate_broker_certificate": self.op_rotate_broker_certificate,
+            "create_remote_service_binding": self.op_create_remote_service_binding,
+            "drop_remote_service_binding": self.op_drop_remote_service_binding,
         }
 
     def views(self) -> dict[str, Callable[[], list[dict[str, Any]]]]:
-        return {"broker_connections": self.connections_view}
+        return {
+            "broker_connections": self.connections_view,
+            "remote_service_bindings": self.bindings_view,
+        }
 
     def op_broker_certificate(self, session: Session) -> str:
-        return self.certificate_pem.decode()
+        return self.identity.certificate_pem.decode()
 
-    def op_create_certificate(self, session: Session, name: object, pem: object) -> None:
-        name = cat.check_name("certificate", name)
+    def _peer_certificate(self, kind: str, name: object, pem: object) -> tuple[str, str]:
+        """(name, broker instance) of a new catalog object holding another broker's
+        certificate; raises if the name is taken or `pem` is not such a certificate."""
+        name = cat.check_name(kind.replace("_", " "), name)
         if not isinstance(pem, str):
             raise bad_argument("pem must be the peer's certificate in PEM text")
-        if name in self.engine.catalog.certificates:
-            raise BrokerError(ErrorCode.ALREADY_EXISTS, f"certificate '{name}' already exists")
+        if name in self.engine.catalog.table(kind):
+            raise BrokerError(
+                ErrorCode.ALREADY_EXISTS, f"{kind.replace('_', ' ')} '{name}' already exists"
+            )
         try:
             instance = certificate_broker_id(pem.encode())
             TrustStore([pem.encode()])
@@ -475,9 +470,58 @@ class Transport:
             raise bad_argument(f"not a broker certificate: {exc}") from None
         if instance == self.instance:
             raise bad_argument("that is this broker's own certificate")
-        self.engine.ddl.persist("certificate", cat.Certificate(name, pem, str(instance)))
+        return name, str(instance)
+
+    def op_create_certificate(self, session: Session, name: object, pem: object) -> None:
+        name, instance = self._peer_certificate("certificate", name, pem)
+        assert isinstance(pem, str)
+        self.engine.ddl.persist("certificate", cat.Certificate(name, pem, instance))
         self._trust_changed()
         self._replace_all()
+
+    def op_create_remote_service_binding(
+        self, session: Session, name: object, service: object, pem: object
+    ) -> None:
+        name, instance = self._peer_certificate("remote_service_binding", name, pem)
+        if not isinstance(service, str) or not service:
+            raise bad_argument("service must be the name of the remote service")
+        assert isinstance(pem, str)
+        binding = cat.RemoteServiceBinding(name, service, pem, instance)
+        self.engine.ddl.persist("remote_service_binding", binding)
+        self._replace_all()
+
+    def op_drop_remote_service_binding(self, session: Session, name: object) -> None:
+        if not isinstance(name, str):
+            raise bad_argument("drop_remote_service_binding needs a binding name")
+        self.engine.ddl.drop(session, "remote_service_binding", name)
+
+    def bindings_view(self) -> list[dict[str, Any]]:
+        return [
+            {"name": b.name, "remote_service_name": b.service, "broker_instance": b.broker_instance}
+            for b in sorted(self.engine.catalog.bindings.values(), key=lambda b: b.name)
+        ]
+
+    def op_next_broker_certificate(self, session: Session) -> str:
+        pem = self.identity_files.stage_next()
+        log.info("next broker certificate staged; trust it on every peer, then rotate")
+        return pem.decode()
+
+    def op_rotate_broker_certificate(self, session: Session) -> str:
+        if not self.identity_files.has_next():
+            raise bad_argument(
+                "no next certificate is staged: call next_broker_certificate() first and"
+                " trust what it returns on every peer (create_certificate)"
+            )
+        self.identity = self.identity_files.rotate()
+        for peer in self.peers.values():
+            peer.dialog.private_key = self.identity.private_keys
+        self._trust_changed()
+        for link in list(self.links):  # peers reconnect and meet the new certificate
+            if link.link.state is LinkState.ESTABLISHED:
+                link.write(link.link.send(CloseFrame("broker certificate rotated")))
+            link.close()
+        log.info("broker certificate rotated; %d previous key(s) kept", len(self.identity.previous_keys))
+        return self.identity.certificate_pem.decode()
 
     def op_drop_certificate(self, session: Session, name: object) -> None:
         if not isinstance(name, str):
@@ -544,6 +588,7 @@ class Transport:
                     self.envelopes[(conv, d)] = envelope
                 events = peer.dialog.open_receiver(
                     conv, d, session_key=key, next_expected_seq=next_seq,
+                    encrypted=envelope is not None and envelope.encrypted,
                     held_fragments=held.get((conv, d), ()),
                 )
                 self._apply(peer, events)
@@ -605,9 +650,50 @@ class Transport:
             self.waiting.setdefault(address, {})[key] = box
             self._connect(address)
             return
+        refusal = self._encryption_refusal(box, peer)
+        if refusal is not None:
+            box.status = refusal
+            self.unrouted[key] = box
+            self._log_refusal(
+                (key[0], _direction(key[1])), "conversation %s waits: %s", key[0], refusal
+            )
+            return
         peer.address = address
         peer.boxes[key] = box
         self._feed(peer)
+
+    def _encryption_refusal(self, box: DialogOutbox, peer: Peer) -> str | None:
+        """Why an encrypted dialog's messages may not go to `peer` (None: they may)."""
+        conversation_id, from_initiator = box.direction
+        if not from_initiator:
+            return None  # the target answers with the initiator broker's certificate
+        ep = self.engine.endpoints.by_conversation(conversation_id, True)
+        if ep is None or not ep.encrypted:
+            return None
+        try:
+            binding = self.engine.catalog.binding_for(box.to_service)
+        except BrokerError as exc:
+            return str(exc)
+        if binding.broker_instance != str(peer.instance):
+            return (
+                f"ENCRYPTION = ON: the remote service binding '{binding.name}' names broker"
+                f" {binding.broker_instance} for service '{box.to_service}', but the route"
+                f" leads to broker {peer.instance}"
+            )
+        return None
+
+    def _recipient(self, peer: Peer, out: Outbound, direction: Direction) -> tuple[bool, bytes]:
+        """Whether a new dialog direction is encrypted, and whose certificate its session
+        key is wrapped for: the far service's binding for an encrypted initiator, else
+        the peer's."""
+        if out.is_initiator:
+            ep = self.engine.endpoints.by_conversation(out.conversation_id, True)
+            if ep is not None and ep.encrypted:
+                binding = self.engine.catalog.binding_for(out.to_service)
+                return True, binding.pem.encode()
+            return False, peer.certificate_pem
+        incoming = self.envelopes.get((out.conversation_id, direction.reverse))
+        return incoming is not None and incoming.encrypted, peer.certificate_pem
 
     def _replace_all(self) -> None:
         """Routes or trust changed: place again every direction that waits."""
@@ -646,11 +732,17 @@ class Transport:
         peer.services.add(out.to_service)
         sender = dialog.sender(out.conversation_id, direction)
         if sender is None:
+            encrypted, recipient = self._recipient(peer, out, direction)
             envelope = Envelope(
-                out.from_service, out.to_service, out.contract, self.instance, peer.instance
+                out.from_service,
+                out.to_service,
+                out.contract,
+                self.instance,
+                peer.instance,
+                encrypted,
             )
             key = new_session_key()
-            wrapped = wrap_session_key(key, peer.certificate_pem)
+            wrapped = wrap_session_key(key, recipient)
             sender = dialog.open_sender(
                 out.conversation_id, direction, envelope, session_key=key,
                 wrapped_session_key=wrapped, next_seq=out.seq,
@@ -709,6 +801,9 @@ class Transport:
                 self.pump(peer)
 
     def describe(self, out: Outbound) -> str:
+        waiting = self.unrouted.get((out.conversation_id, out.is_initiator))
+        if waiting is not None and waiting.status:
+            return waiting.status
         route = self.engine.routes.find(out.to_service, out.to_broker_instance)
         if route is None:
             return f"no route to service '{out.to_service}'"
@@ -807,6 +902,9 @@ class Transport:
             return
         peer = self._peer(instance, event.peer_certificate_pem)
         assert peer is not None
+        if peer.certificate_pem != event.peer_certificate_pem:
+            log.info("broker %s presents a new certificate; new dialogs use it", instance)
+            peer.certificate_pem = event.peer_certificate_pem
         current = peer.link
         if current is not None and current is not link and not current.closed:
             keep_ours = self.instance < instance
@@ -1032,7 +1130,15 @@ class Transport:
                             envelope.to_service,
                             envelope.contract,
                             str(envelope.from_broker_id),
+                            event.rejected,
                         )
+                        if envelope.encrypted:
+                            self._mark_encrypted(event.conversation_id, event.direction)
+                        if event.rejected:
+                            log.warning(
+                                "conversation %s from broker %s ended: %s",
+                                event.conversation_id, peer.instance, event.rejected,
+                            )
                     next_seqs[key] = event.seq + 1
                     held = (key[0], key[1], event.seq)
                     if held in self.held_seqs:
@@ -1082,6 +1188,15 @@ class Transport:
                 self._open_receiver(peer, event, link)
         if own:
             self._applied(peer, applying)
+
+    def _mark_encrypted(self, conversation_id: uuid.UUID, direction: Direction) -> None:
+        """The local endpoint of an encrypted dialog shows it (is_encrypted)."""
+        ep = self.engine.endpoints.by_conversation(
+            conversation_id, direction is Direction.FROM_TARGET
+        )
+        if ep is not None and not ep.encrypted:
+            ep.encrypted = True
+            self.engine.endpoints.update(ep)
 
     def _applied(self, peer: Peer, applying: _Applying) -> None:
         """A read's events were applied: persist next sequence numbers, ack once durable."""

@@ -137,6 +137,7 @@ class Views:
                 "dialog_timer": iso_time(ep.timer_at),
                 "send_sequence": ep.send_seq,
                 "receive_sequence": ep.receive_seq,
+                "is_encrypted": ep.encrypted,
             }
             for ep in self.engine.endpoints.page(None, limit)
         ]

@@ -484,6 +484,30 @@ def drop_certificate(name: str) -> Call[None]:
     return Call("drop_certificate", {"name": name}, _none)
 
 
+def next_broker_certificate() -> Call[str]:
+    """Stage this broker's next certificate (made once, same instance id) and return it,
+    to trust on every peer before rotate_broker_certificate()."""
+    return Call("next_broker_certificate", {}, str)
+
+
+def rotate_broker_certificate() -> Call[str]:
+    """Make the staged certificate current (peers reconnect and meet it); returns it."""
+    return Call("rotate_broker_certificate", {}, str)
+
+
+def create_remote_service_binding(name: str, service: str, pem: str) -> Call[None]:
+    """CREATE REMOTE SERVICE BINDING: the certificate (PEM) of the broker hosting `service`,
+    for dialogs to it begun with encryption=True."""
+    return Call(
+        "create_remote_service_binding", {"name": name, "service": service, "pem": pem}, _none
+    )
+
+
+def drop_remote_service_binding(name: str) -> Call[None]:
+    """DROP REMOTE SERVICE BINDING."""
+    return Call("drop_remote_service_binding", {"name": name}, _none)
+
+
 def create_login(name: str, password: str | None = None) -> Call[dict[str, str]]:
     """A new login (needs CONTROL). With no password the broker makes a random one and
     returns it, once, as {"name", "password"}; it is stored only as a salted hash."""

@@ -17,6 +17,8 @@ Sender rules
   * At most `window` messages beyond the receiver's cumulative ack are in flight.
   * Fragments carry the direction's `Envelope` and wrapped session key until the first ack
     of the direction proves the receiver stored both.
+  * When the envelope says `encrypted`, each message body is encrypted (`BodyCipher`)
+    before it is fragmented; the fragments then carry ciphertext only.
   * `MessageAcked(seq)` means the receiver durably stored every fragment of `seq`: the
     broker may delete it from its transmission queue.
 
@@ -26,6 +28,10 @@ Receiver rules
   * A message is delivered (`MessageReceived`) only when complete and when every earlier
     message was delivered. Other accepted fragments are reported as `FragmentReceived` so
     the broker can hold them durably (status "disabled" in Service Broker's words).
+  * An encrypted direction's message is decrypted when it is delivered. A body that does
+    not decrypt (its signatures held, so the sender itself made it) is delivered as a
+    `MessageReceived` with `rejected` set and an empty body: the broker ends the dialog
+    with an error rather than deliver or drop it silently.
   * Nothing is acked before the broker reports it durable through `mark_stored`; the ack
     then confirms `below` (all messages < below delivered and stored) plus ranges of
     stored fragments beyond it.
@@ -52,7 +58,7 @@ import heapq
 import itertools
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -60,7 +66,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from ._errors import ErrorCode, IntegrityError, LocalProtocolError, RemoteProtocolError
 from ._framing import MAX_MESSAGE_SIZE_LIMIT
-from ._integrity import SessionSeal, unwrap_session_key, wrap_session_key
+from ._integrity import (
+    BODY_TAG_SIZE,
+    BodyCipher,
+    SessionSeal,
+    unwrap_session_key,
+    wrap_session_key,
+)
 from ._link import (
     MAX_ACK_RANGES,
     MAX_FRAGMENT_COUNT,
@@ -117,13 +129,18 @@ class RetryPolicy:
 class MessageReceived:
     """A complete message is next in order: store it in the target queue, advance the
     direction's next expected sequence number to `seq + 1`, delete its held fragments,
-    then call `mark_stored`."""
+    then call `mark_stored`.
+
+    `rejected`: why the message cannot be delivered although every fragment verified (an
+    encrypted body that does not decrypt); the body is then empty.
+    """
 
     conversation_id: uuid.UUID
     direction: Direction
     seq: int
     message_type: str
     body: bytes
+    rejected: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,11 +170,13 @@ class PartialMessageDiscarded:
 @dataclass(frozen=True, slots=True)
 class SessionKeyReceived:
     """The direction's session key arrived: persist it with the receiver's state, in the
-    same transaction as (or before) the fragments that follow."""
+    same transaction as (or before) the fragments that follow. `encrypted`: the
+    direction's bodies are encrypted (hand it back to `open_receiver` after a restart)."""
 
     conversation_id: uuid.UUID
     direction: Direction
     session_key: bytes
+    encrypted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +346,11 @@ class DialogSender:
         """True once the receiver acked this direction; fragments then omit envelope and key."""
         self.closed = False
         self._seal = SessionSeal(self.session_key)
+        self._cipher = (
+            BodyCipher(self.session_key, conversation_id, int(direction))
+            if envelope.encrypted
+            else None
+        )
         self._header_prefix = FragmentFrame.header_prefix(conversation_id, direction)
         self._reverse_key = (conversation_id, direction.reverse)
         self._fragment_size = fragment_size
@@ -361,19 +385,27 @@ class DialogSender:
         return len(self._messages)
 
     def unacked(self) -> list[PendingMessage]:
-        """The transmission queue of this direction, in sequence order."""
+        """The transmission queue of this direction, in sequence order (bodies in clear)."""
+        cipher = self._cipher
         return [
-            PendingMessage(m.seq, m.message_type, m.body)
+            PendingMessage(
+                m.seq,
+                m.message_type,
+                m.body if cipher is None else cipher.decrypt(m.seq, m.message_type, m.body),
+            )
             for m in sorted(self._messages.values(), key=lambda m: m.seq)
         ]
 
     # -- queueing
 
     def _add(self, seq: int, message_type: str, body: bytes) -> None:
-        if len(body) > MAX_MESSAGE_SIZE:
+        if len(body) > MAX_MESSAGE_SIZE - BODY_TAG_SIZE:
             raise LocalProtocolError(
-                f"message of {len(body)} bytes exceeds {MAX_MESSAGE_SIZE}", ErrorCode.BAD_ARGUMENT
+                f"message of {len(body)} bytes exceeds {MAX_MESSAGE_SIZE - BODY_TAG_SIZE}",
+                ErrorCode.BAD_ARGUMENT,
             )
+        if self._cipher is not None:
+            body = self._cipher.encrypt(seq, message_type, body)
         message = _OutMessage(seq, message_type, bytes(body), self._fragment_size)
         self._messages[seq] = message
         self._unsent.append(message)
@@ -516,6 +548,19 @@ class DialogSender:
 # --------------------------------------------------------------------------- receiver
 
 
+def _unwrap_with_any(wrapped: bytes, keys: Sequence[rsa.RSAPrivateKey]) -> bytes:
+    """The session key unwrapped with the first of `keys` that can.
+
+    Raises: IntegrityError: none can.
+    """
+    for private_key in keys[:-1]:
+        try:
+            return unwrap_session_key(wrapped, private_key)
+        except IntegrityError:
+            continue
+    return unwrap_session_key(wrapped, keys[-1])
+
+
 class _InMessage:
     __slots__ = ("count", "message_type", "parts", "received", "size", "stored")
 
@@ -537,8 +582,9 @@ class DialogReceiver:
         conversation_id: uuid.UUID,
         direction: Direction,
         *,
-        private_key: rsa.RSAPrivateKey | None,
+        private_key: rsa.RSAPrivateKey | Sequence[rsa.RSAPrivateKey] | None,
         session_key: bytes | None = None,
+        encrypted: bool = False,
         next_expected_seq: int = 0,
         held_fragments: Iterable[HeldFragment] = (),
         window: int = RECEIVE_WINDOW,
@@ -546,8 +592,12 @@ class DialogReceiver:
     ) -> None:
         """Args:
         conversation_id, direction: which dialog direction this receives.
-        private_key: this broker's key, to unwrap the session key on first contact.
+        private_key: this broker's key, to unwrap the session key on first contact; or
+            its keys, current first (after a certificate rotation the previous keys
+            still unwrap what peers wrapped before they learned the new certificate).
         session_key: the direction's key if already known (restored state).
+        encrypted: the direction's bodies are encrypted (restored state: the envelope
+            of the first contact said so).
         next_expected_seq: sequence number of the next message to deliver.
         held_fragments: durably held fragments of undelivered messages (restored).
         window: messages beyond `next_expected_seq` that are buffered; later ones
@@ -562,8 +612,19 @@ class DialogReceiver:
         self.closed = False
         self.duplicates = 0
         self.dropped = 0
-        self._private_key = private_key
+        self._private_keys: tuple[rsa.RSAPrivateKey, ...] = (
+            ()
+            if private_key is None
+            else (private_key,)
+            if isinstance(private_key, rsa.RSAPrivateKey)
+            else tuple(private_key)
+        )
         self._seal = None if session_key is None else SessionSeal(session_key)
+        self._cipher = (
+            BodyCipher(session_key, conversation_id, int(direction))
+            if encrypted and session_key is not None
+            else None
+        )
         self._header_prefix = FragmentFrame.header_prefix(conversation_id, direction)
         self._next_expected = next_expected_seq
         self._stored_below = next_expected_seq
@@ -639,13 +700,33 @@ class DialogReceiver:
             return None
         if frame.wrapped_session_key is None:
             raise IntegrityError("no session key for this dialog direction yet")
-        if self._private_key is None:
+        if not self._private_keys:
             raise IntegrityError("no private key to unwrap the session key")
-        key = unwrap_session_key(frame.wrapped_session_key, self._private_key)
+        key = _unwrap_with_any(frame.wrapped_session_key, self._private_keys)
         seal = SessionSeal(key)
         seal.verify(frame.signature, frame.signed_header(), frame.payload)
         self._seal, self.session_key = seal, key
-        return SessionKeyReceived(self.conversation_id, self.direction, key)
+        if frame.envelope is not None and frame.envelope.encrypted:
+            self._cipher = BodyCipher(key, self.conversation_id, int(self.direction))
+        return SessionKeyReceived(
+            self.conversation_id, self.direction, key, self._cipher is not None
+        )
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether this direction's bodies are encrypted (known once its key is)."""
+        return self._cipher is not None
+
+    def _delivered(self, seq: int, message_type: str, body: bytes) -> MessageReceived:
+        cipher = self._cipher
+        if cipher is not None:
+            try:
+                body = cipher.decrypt(seq, message_type, body)
+            except IntegrityError as exc:
+                return MessageReceived(
+                    self.conversation_id, self.direction, seq, message_type, b"", str(exc)
+                )
+        return MessageReceived(self.conversation_id, self.direction, seq, message_type, body)
 
     def receive_fragment(self, frame: FragmentFrame) -> list[DialogEvent]:
         """Verify then accept one fragment (standalone use; DialogPeer also handles acks).
@@ -695,11 +776,7 @@ class DialogReceiver:
         if message is None:
             if frame.fragment_count == 1 and seq == self._next_expected:
                 self._next_expected += 1
-                events.append(
-                    MessageReceived(
-                        self.conversation_id, self.direction, seq, frame.message_type, frame.payload
-                    )
-                )
+                events.append(self._delivered(seq, frame.message_type, frame.payload))
                 self._deliver_ready(events)
                 return events
         elif message.count != frame.fragment_count or message.message_type != frame.message_type:
@@ -751,15 +828,7 @@ class DialogReceiver:
             del partials[self._next_expected]
             self._buffered -= message.size
             body = b"".join(part for part in message.parts if part is not None)
-            events.append(
-                MessageReceived(
-                    self.conversation_id,
-                    self.direction,
-                    self._next_expected,
-                    message.message_type,
-                    body,
-                )
-            )
+            events.append(self._delivered(self._next_expected, message.message_type, body))
             self._next_expected += 1
 
     # -- durability and acks
@@ -856,7 +925,7 @@ class DialogPeer:
     def __init__(
         self,
         *,
-        private_key: rsa.RSAPrivateKey | None = None,
+        private_key: rsa.RSAPrivateKey | Sequence[rsa.RSAPrivateKey] | None = None,
         peer_public_key: rsa.RSAPublicKey | bytes | None = None,
         fragment_size: int = DEFAULT_FRAGMENT_SIZE,
         retry: RetryPolicy | None = None,
@@ -868,7 +937,8 @@ class DialogPeer:
             starvation_bound: if set, a dialog whose fragments have waited this many
                 seconds is served next whatever its priority; if None, every
                 STARVATION_EVERY-th pick serves the longest-waiting dialog.
-            private_key: this broker's key (unwraps session keys of inbound directions).
+            private_key: this broker's key (unwraps session keys of inbound directions),
+                or its keys, current first (see DialogReceiver).
             peer_public_key: the peer's public key or certificate PEM (wraps session keys
                 of outbound directions opened without a wrapped key).
             fragment_size: largest fragment payload for outbound messages.
@@ -885,7 +955,9 @@ class DialogPeer:
                 f"fragment size {fragment_size} out of range", ErrorCode.BAD_ARGUMENT
             )
         self.counters = PeerCounters()
-        self._private_key = private_key
+        self.private_key = private_key
+        """Handed to receivers opened from now on; a broker that rotates its
+        certificate sets its keys here, current first."""
         self._peer_public_key = peer_public_key
         self._fragment_size = fragment_size
         self._retry = retry if retry is not None else RetryPolicy()
@@ -963,6 +1035,7 @@ class DialogPeer:
         direction: Direction,
         *,
         session_key: bytes | None = None,
+        encrypted: bool = False,
         next_expected_seq: int = 0,
         held_fragments: Iterable[HeldFragment] = (),
     ) -> list[DialogEvent]:
@@ -981,8 +1054,9 @@ class DialogPeer:
         receiver = DialogReceiver(
             conversation_id,
             direction,
-            private_key=self._private_key,
+            private_key=self.private_key,
             session_key=session_key,
+            encrypted=encrypted,
             next_expected_seq=next_expected_seq,
             held_fragments=held_fragments,
             window=self._window,

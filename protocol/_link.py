@@ -177,6 +177,8 @@ class Envelope:
     """Routing header of one dialog direction; lets the receiver create its endpoint.
 
     Named from the point of view of the message's travel: `from_*` is the sending side.
+    `encrypted`: the direction's bodies are encrypted with its session key (a sixth wire
+    element, present only when true, so unencrypted dialogs keep the five-element form).
     """
 
     from_service: str
@@ -184,27 +186,34 @@ class Envelope:
     contract: str
     from_broker_id: uuid.UUID
     to_broker_id: uuid.UUID
+    encrypted: bool = False
 
     def encode(self) -> list[object]:
         """Wire form."""
-        return [
+        wire: list[object] = [
             self.from_service,
             self.to_service,
             self.contract,
             self.from_broker_id,
             self.to_broker_id,
         ]
+        if self.encrypted:
+            wire.append(True)
+        return wire
 
     @classmethod
     def decode(cls, obj: object) -> Envelope:
         """Raises: RemoteProtocolError: malformed."""
-        items = _list(obj, "envelope", 5)
+        items = _list(obj, "envelope", max_length=6)
+        if len(items) not in (5, 6) or (len(items) == 6 and items[5] is not True):
+            raise _malformed("envelope must have 5 elements, or 6 with true last")
         return cls(
             _str(items[0], "from service"),
             _str(items[1], "to service"),
             _str(items[2], "contract"),
             _uuid(items[3], "from broker id"),
             _uuid(items[4], "to broker id"),
+            len(items) == 6,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ssl
 import time
 import uuid
@@ -35,10 +36,12 @@ from ssb.protocol import (
     load_private_key,
     new_session_key,
 )
+from ssb.protocol._integrity import SessionSeal
 from ssb.protocol._link import (
     AckFrame,
     Direction,
     Envelope,
+    FragmentFrame,
     HandshakeCompleted,
     LinkConnection,
     Role,
@@ -74,8 +77,12 @@ class Rogue:
         body: bytes,
         seq: int = 0,
         wait: float = 3.0,
+        alter_ciphertext: bool = False,
     ) -> bool:
-        """Send one message on `conversation` (from its initiator); whether it was acked."""
+        """Send one message on `conversation` (from its initiator); whether it was acked.
+
+        `alter_ciphertext`: flip a byte of an encrypted body and sign the result again
+        with the session key, as only a party to the dialog could."""
         link = LinkConnection(
             Role.INITIATOR,
             broker_id=self.instance,
@@ -97,15 +104,24 @@ class Rogue:
                 if any(isinstance(e, HandshakeCompleted) for e in events):
                     break
         dialog = DialogPeer(private_key=self.key, peer_public_key=target.certificate.encode())
+        session_key = new_session_key()
         dialog.open_sender(
             conversation,
             Direction.FROM_INITIATOR,
             envelope,
-            session_key=new_session_key(),
+            session_key=session_key,
             next_seq=seq,
         )
         dialog.queue_message(conversation, Direction.FROM_INITIATOR, seq, message_type, body)
         for frame in dialog.frames_to_send(time.monotonic()):
+            if alter_ciphertext and isinstance(frame, FragmentFrame):
+                altered = bytearray(frame.payload)
+                altered[0] ^= 0x01
+                frame = dataclasses.replace(frame, payload=bytes(altered))
+                frame = dataclasses.replace(
+                    frame,
+                    signature=SessionSeal(session_key).sign(frame.signed_header(), frame.payload),
+                )
             writer.write(link.send(frame))
         acked = False
         deadline = time.monotonic() + wait

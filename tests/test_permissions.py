@@ -72,6 +72,12 @@ async def test_an_owner_does_everything_to_its_objects_and_others_nothing(
     with pytest.raises(client.PermissionDeniedError, match="CONTROL"):
         await other.create_certificate("rogue", "-----BEGIN CERTIFICATE-----")
     with pytest.raises(client.PermissionDeniedError, match="CONTROL"):
+        await other.create_remote_service_binding("b", "Far", "-----BEGIN CERTIFICATE-----")
+    with pytest.raises(client.PermissionDeniedError, match="CONTROL"):
+        await other.next_broker_certificate()
+    with pytest.raises(client.PermissionDeniedError, match="CONTROL"):
+        await other.rotate_broker_certificate()
+    with pytest.raises(client.PermissionDeniedError, match="CONTROL"):
         await other.create_login("sneaky", PASSWORD)
     with pytest.raises(client.PermissionDeniedError, match="CONTROL"):
         await other.grant("RECEIVE", "other", "queue", "AppQueue")

@@ -124,6 +124,17 @@ class Certificate:
     broker_instance: str
 
 
+@dataclass(frozen=True, slots=True)
+class RemoteServiceBinding:
+    """CREATE REMOTE SERVICE BINDING: the certificate of the broker that hosts a remote
+    service; an encrypted dialog's session keys are wrapped for it, end to end."""
+
+    name: str
+    service: str
+    pem: str
+    broker_instance: str
+
+
 _KINDS: Final[dict[str, type[Any]]] = {
     "message_type": MessageType,
     "contract": Contract,
@@ -133,6 +144,7 @@ _KINDS: Final[dict[str, type[Any]]] = {
     "broker_priority": BrokerPriority,
     "event_notification": EventNotification,
     "certificate": Certificate,
+    "remote_service_binding": RemoteServiceBinding,
 }
 
 
@@ -256,6 +268,7 @@ class Catalog:
         self.priorities: dict[str, BrokerPriority] = {}
         self.notifications: dict[str, EventNotification] = {}
         self.certificates: dict[str, Certificate] = {}
+        self.bindings: dict[str, RemoteServiceBinding] = {}
         for name, validation in (
             (DEFAULT, "NONE"),
             (END_DIALOG, "EMPTY"),
@@ -282,6 +295,7 @@ class Catalog:
             "broker_priority": self.priorities,
             "event_notification": self.notifications,
             "certificate": self.certificates,
+            "remote_service_binding": self.bindings,
         }
         return tables[kind]
 
@@ -290,6 +304,19 @@ class Catalog:
         self.table(kind)[obj.name] = obj
 
     # ---- lookups that raise a clear error ---------------------------------
+
+    def binding_for(self, service: str) -> RemoteServiceBinding:
+        """The remote service binding of `service` (the first by name if several)."""
+        for name in sorted(self.bindings):
+            if self.bindings[name].service == service:
+                return self.bindings[name]
+        raise BrokerError(
+            ErrorCode.UNKNOWN_REMOTE_SERVICE_BINDING,
+            f"ENCRYPTION = ON needs a remote service binding for service '{service}': call"
+            " create_remote_service_binding(name, service, pem) with the certificate of the"
+            " broker that hosts it (its broker_certificate()), or begin the dialog without"
+            " encryption=True",
+        )
 
     def message_type(self, name: str) -> MessageType:
         found = self.message_types.get(name)
@@ -559,6 +586,7 @@ class Catalog:
                 "broker_priority": ErrorCode.UNKNOWN_PRIORITY,
                 "event_notification": ErrorCode.UNKNOWN_EVENT_NOTIFICATION,
                 "certificate": ErrorCode.UNKNOWN_CERTIFICATE,
+                "remote_service_binding": ErrorCode.UNKNOWN_REMOTE_SERVICE_BINDING,
             }[kind]
             raise not_found(code, kind.replace("_", " "), name)
         users: list[str] = []

@@ -79,6 +79,8 @@ TRANSITIONS: Final[dict[tuple[State, Event], State]] = {
     (S.ER, E.END): S.CD,
 }
 
+_ENCRYPTED: Final = b"\x01"  # the flags of `extra`; more would make it a bit set
+
 CAN_SEND: Final = frozenset({S.SO, S.SI, S.CO})
 ENDED_BY_FAR_SIDE: Final = frozenset({S.DI, S.ER})
 
@@ -106,7 +108,7 @@ class Endpoint:
     timer_at: float | None = None
     far_handle: uuid.UUID | None = None
     created: float = 0.0
-    extra: bytes | None = None
+    encrypted: bool = False  # ENCRYPTION = ON: bodies to other brokers are encrypted
     committed: bool = True  # False while the BEGIN DIALOG's transaction is open
     # the registry's bookkeeping (see endpoints.Endpoints), not stored
     gone: bool = False  # removed: no longer this broker's endpoint
@@ -126,7 +128,7 @@ class Endpoint:
             self.receive_seq,
             self.far_handle,
             self.far_broker_instance,
-            self.extra,
+            self.extra(),
             self.conversation_id,
             int(self.is_initiator),
         )
@@ -158,8 +160,12 @@ class Endpoint:
             self.timer_at,
             self.far_handle,
             self.created,
-            self.extra,
+            self.extra(),
         )
+
+    def extra(self) -> bytes | None:
+        """The store's `extra` column: the endpoint's flags (None: none set)."""
+        return _ENCRYPTED if self.encrypted else None
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...], queue: str) -> Endpoint:
@@ -200,7 +206,7 @@ class Endpoint:
             timer_at=timer_at,
             far_handle=None if far_handle is None else uuid.UUID(bytes=far_handle),
             created=created,
-            extra=extra,
+            encrypted=extra == _ENCRYPTED,
         )
         ep.written = ep.indexed()
         return ep

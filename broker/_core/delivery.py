@@ -511,15 +511,20 @@ class Delivery:
         to_service: str,
         contract: str,
         from_broker: str,
+        refusal: str = "",
     ) -> None:
-        """A message of a dialog with another broker arrived complete and in order."""
+        """A message of a dialog with another broker arrived complete and in order.
+
+        `refusal`: why the dialog layer could not accept it (a body that does not
+        decrypt); it ends the dialog with that error like a contract violation.
+        """
         now = self.clock.time()
         known = self.catalog.message_types.get(message_type)
         letter = cat.VALIDATIONS[known.validation] if known else "N"
         key = (conversation_id, from_initiator)
         far = self.endpoints.by_conversation(conversation_id, not from_initiator)
         too_large = len(body) > self.capacity.max_message_size
-        violation = self.remote_violation(
+        violation = refusal or self.remote_violation(
             far.contract if far is not None else contract, from_initiator, message_type, body
         )
         if (

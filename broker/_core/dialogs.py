@@ -113,19 +113,15 @@ class Dialogs:
             raise bad_argument("contract must be a contract name")
         if not isinstance(encryption, bool):
             raise bad_argument("encryption must be True or False")
-        if encryption:
-            raise bad_argument(
-                "ENCRYPTION = ON is not supported yet: messages between brokers are"
-                " integrity-checked (MD5 sealed with the dialog's session key) but not"
-                " encrypted; begin the dialog without encryption=True"
-            )
         if isinstance(broker_instance, uuid.UUID):
             broker_instance = str(broker_instance)
         if broker_instance is not None and not isinstance(broker_instance, str):
             raise bad_argument("broker_instance must be a broker instance id string")
         service = self.catalog.service(from_service)
         contract_def = self.catalog.contract(contract)
-        self._check_target(to_service, broker_instance, contract_def.name)
+        local = self._check_target(to_service, broker_instance, contract_def.name)
+        if encryption and not local:
+            self.catalog.binding_for(to_service)  # raises: nothing to encrypt for
         seconds = as_seconds(lifetime, "lifetime", allow_none=True)
         if seconds is not None and not 1 <= seconds <= MAX_LIFETIME:
             raise bad_argument(f"lifetime must be 1..{MAX_LIFETIME} seconds")
@@ -172,6 +168,7 @@ class Dialogs:
                 ),
                 lifetime_expiry=None if seconds is None else now + seconds,
                 created=now,
+                encrypted=encryption,
             )
             self.endpoints.begin(ep)
             txn.new_endpoints.append(ep)
@@ -180,7 +177,8 @@ class Dialogs:
 
         return self.transactions.locked(txn, [(queue, group_id)], act)
 
-    def _check_target(self, to_service: str, broker_instance: object, contract: str) -> None:
+    def _check_target(self, to_service: str, broker_instance: object, contract: str) -> bool:
+        """Whether the target is on this broker; raises if it cannot be reached."""
         if self.routes.is_local(to_service, broker_instance):
             target = self.catalog.services[to_service]
             if contract not in target.contracts:
@@ -189,7 +187,7 @@ class Dialogs:
                     f"service '{to_service}' does not accept contract '{contract}'; "
                     f"it accepts {', '.join(target.contracts) or 'no contract (initiator only)'}",
                 )
-            return
+            return True
         if self.routes.find(to_service, broker_instance) is None:
             raise not_found(
                 ErrorCode.UNKNOWN_SERVICE,
@@ -198,6 +196,7 @@ class Dialogs:
                 "it is not on this broker and no route leads to it (create_route for a remote"
                 " service)",
             )
+        return False
 
     def endpoint(self, session: Session, handle: object) -> Endpoint:
         """The endpoint of `handle` as this session may see it (a clear error if none)."""

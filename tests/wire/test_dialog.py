@@ -31,6 +31,7 @@ from ssb.protocol._dialog import (
     fragment_layout,
 )
 from ssb.protocol._integrity import (
+    SessionSeal,
     TrustStore,
     generate_broker_identity,
     load_private_key,
@@ -62,10 +63,10 @@ TARG = Direction.FROM_TARGET
 Key = tuple[uuid.UUID, Direction]
 
 
-def envelope_for(direction: Direction) -> Envelope:
+def envelope_for(direction: Direction, encrypted: bool = False) -> Envelope:
     if direction is INIT:
-        return Envelope("InitiatorService", "TargetService", "Contract", A_ID, B_ID)
-    return Envelope("TargetService", "InitiatorService", "Contract", B_ID, A_ID)
+        return Envelope("InitiatorService", "TargetService", "Contract", A_ID, B_ID, encrypted)
+    return Envelope("TargetService", "InitiatorService", "Contract", B_ID, A_ID, encrypted)
 
 
 class Broker:
@@ -100,7 +101,7 @@ class Broker:
         # durable state
         self.transmission_queue: dict[Key, dict[int, PendingMessage]] = {}
         self.send_state: dict[Key, tuple[bytes, Envelope, int]] = {}  # key, envelope, next seq
-        self.receive_keys: dict[Key, bytes] = {}
+        self.receive_keys: dict[Key, tuple[bytes, bool]] = {}  # key, encrypted
         self.next_expected: dict[Key, int] = {}
         self.held: dict[Key, dict[tuple[int, int, int], HeldFragment]] = {}
         self.delivered: dict[Key, list[tuple[int, str, bytes]]] = {}
@@ -119,9 +120,11 @@ class Broker:
 
     # -- application side
 
-    def begin(self, conversation_id: uuid.UUID, direction: Direction) -> None:
+    def begin(
+        self, conversation_id: uuid.UUID, direction: Direction, encrypted: bool = False
+    ) -> None:
         session_key = new_session_key(self.rng.randbytes)
-        envelope = envelope_for(direction)
+        envelope = envelope_for(direction, encrypted)
         self.send_state[(conversation_id, direction)] = (session_key, envelope, 0)
         self.transmission_queue[(conversation_id, direction)] = {}
         self.peer.open_sender(conversation_id, direction, envelope, session_key=session_key)
@@ -172,7 +175,7 @@ class Broker:
         for event in events:
             key = (event.conversation_id, event.direction)
             if isinstance(event, SessionKeyReceived):
-                self.receive_keys[key] = event.session_key
+                self.receive_keys[key] = (event.session_key, event.encrypted)
             elif isinstance(event, FragmentReceived):
                 self.held.setdefault(key, {})[
                     (event.seq, event.fragment_count, event.fragment_index)
@@ -218,10 +221,12 @@ class Broker:
                 pending=self.transmission_queue[key].values(),
             )
         for key, next_expected in self.next_expected.items():
+            session_key, encrypted = self.receive_keys.get(key, (None, False))
             events = self.peer.open_receiver(
                 key[0],
                 key[1],
-                session_key=self.receive_keys.get(key),
+                session_key=session_key,
+                encrypted=encrypted,
                 next_expected_seq=next_expected,
                 held_fragments=self.held.get(key, {}).values(),
             )
@@ -763,7 +768,7 @@ def test_first_fragments_carry_envelope_and_key_until_first_ack() -> None:
     assert all(isinstance(f, FragmentFrame) and f.wrapped_session_key for f in first)
     for frame in first:
         b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
-    assert b.receive_keys[(conv, INIT)] == a.send_state[(conv, INIT)][0]
+    assert b.receive_keys[(conv, INIT)] == (a.send_state[(conv, INIT)][0], False)
     for ack in b.peer.frames_to_send(0.0):
         a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
     a.send(conv, INIT, b"3")
@@ -880,7 +885,7 @@ def test_receiver_resumes_complete_message_from_held_fragments() -> None:
     held = [HeldFragment(3, i, 2, "Msg", part) for i, part in enumerate([b"ab", b"cd"])]
     b.next_expected[(conv, INIT)] = 3
     b.held[(conv, INIT)] = {(h.seq, h.fragment_count, h.fragment_index): h for h in held}
-    b.receive_keys[(conv, INIT)] = bytes(16)
+    b.receive_keys[(conv, INIT)] = (bytes(16), False)
     b.restart(0.0)
     assert b.delivered[(conv, INIT)] == [(3, "Msg", b"abcd")]
     assert b.next_expected[(conv, INIT)] == 4
@@ -1059,3 +1064,123 @@ def test_fragment_with_a_foreign_conversation_id_is_still_refused() -> None:
         wrong_direction.receive_fragment(frame)
     own = DialogReceiver(conv, INIT, private_key=B_KEY, session_key=session_key)
     assert [type(e) for e in own.receive_fragment(frame)] == [MessageReceived]
+
+
+# =========================================================================== encryption
+
+
+def test_encrypted_dialog_sends_no_body_in_clear_and_survives_faults_and_restarts() -> None:
+    rng = random.Random(11)
+    a, b = make_pair(fragment_size=48)
+    net = Network(a, b, seed=11, drop=0.2, duplicate=0.2, reorder=0.2, corrupt=0.1)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT, encrypted=True)
+    a.listen(conv, TARG)
+    marker = b"MARKER-" * 20
+    sent = [marker + bytes([i]) + rng.randbytes(rng.choice([0, 5, 200])) for i in range(12)]
+    for body in sent[:6]:
+        a.send(conv, INIT, body)
+    now = net.run(0.0, lambda: len(b.delivered.get((conv, INIT), [])) >= 3)
+    b.restart(now)
+    a.config["fragment_size"] = 100  # the rest goes again, cut into other fragments
+    a.restart(now)
+    for body in sent[6:]:
+        a.send(conv, INIT, body)
+    b.begin(conv, TARG, encrypted=True)
+    b.send(conv, TARG, marker + b"reply")
+    net.run(now, all_acked(a, b))
+    assert [body for _, _, body in b.delivered[(conv, INIT)]] == sent
+    assert a.delivered[(conv, TARG)] == [(0, "Msg", marker + b"reply")]
+    payloads = [f.payload for _, _, f in net.log if isinstance(f, FragmentFrame)]
+    assert len(payloads) > 12
+    assert not any(b"MARKER" in payload for payload in payloads)
+    assert b.receive_keys[(conv, INIT)][1] and a.receive_keys[(conv, TARG)][1]
+
+
+def test_unencrypted_payloads_are_the_body_so_the_check_above_can_fail() -> None:
+    a, _ = make_pair()
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"MARKER in clear")
+    (frame,) = a.peer.frames_to_send(0.0)
+    assert isinstance(frame, FragmentFrame) and frame.payload == b"MARKER in clear"
+
+
+def test_a_body_that_does_not_decrypt_is_delivered_rejected_never_in_clear() -> None:
+    """The sender holds the session key, so its signatures verify; its ciphertext is
+    still checked, and what fails is reported instead of delivered."""
+    a, b = make_pair(ack_delay=0.0)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT, encrypted=True)
+    a.send(conv, INIT, b"first, genuine")
+    a.send(conv, INIT, b"second, altered by its own sender")
+    first, second = a.peer.frames_to_send(0.0)
+    assert isinstance(first, FragmentFrame) and isinstance(second, FragmentFrame)
+    session_key = a.send_state[(conv, INIT)][0]
+    seal = SessionSeal(session_key)
+    altered = bytearray(second.payload)
+    altered[3] ^= 0x40
+    forged = dataclasses.replace(second, payload=bytes(altered))
+    forged = dataclasses.replace(forged, signature=seal.sign(forged.signed_header(), forged.payload))
+    b.handle(b.peer.receive_frame(first, 0.0), 0.0)
+    b.handle(b.peer.receive_frame(forged, 0.0), 0.0)
+    assert b.integrity_failures == []
+    assert b.delivered[(conv, INIT)][0] == (0, "Msg", b"first, genuine")
+    assert b.delivered[(conv, INIT)][1] == (1, "Msg", b"")
+    # the same flip without the key is caught by the signature and never delivered
+    c, d = make_pair()
+    c.begin(conv, INIT, encrypted=True)
+    c.send(conv, INIT, b"x" * 40)
+    (frame,) = c.peer.frames_to_send(0.0)
+    d.handle(d.peer.receive_frame(flip_bit(frame, random.Random(1)), 0.0), 0.0)
+    assert len(d.integrity_failures) == 1 and d.delivered == {}
+
+
+def test_rejected_message_names_the_reason() -> None:
+    receiver = DialogReceiver(uuid.uuid4(), INIT, private_key=B_KEY, session_key=bytes(16), encrypted=True)
+    sender_envelope = envelope_for(INIT, encrypted=True)
+    frame_sender = DialogPeer(private_key=A_KEY, peer_public_key=B_CERT)
+    conv = receiver.conversation_id
+    frame_sender.open_sender(conv, INIT, sender_envelope, session_key=bytes(16))
+    frame_sender.queue_message(conv, INIT, 0, "Msg", b"body")
+    (frame,) = frame_sender.frames_to_send(0.0)
+    assert isinstance(frame, FragmentFrame)
+    moved = dataclasses.replace(frame, message_type="Other")  # same ciphertext, other type
+    moved = dataclasses.replace(
+        moved, signature=SessionSeal(bytes(16)).sign(moved.signed_header(), moved.payload)
+    )
+    (event,) = receiver.receive_fragment(moved)
+    assert isinstance(event, MessageReceived)
+    assert event.body == b"" and "does not decrypt" in event.rejected
+
+
+def test_a_receiver_unwraps_with_a_previous_key_after_a_certificate_rotation() -> None:
+    new_key_pem, new_cert = generate_broker_identity(B_ID)
+    new_key = load_private_key(new_key_pem)
+    a = DialogPeer(private_key=A_KEY, peer_public_key=B_CERT)  # still knows the old one
+    b = DialogPeer(private_key=[new_key, B_KEY], peer_public_key=A_CERT)
+    conv = uuid.uuid4()
+    a.open_sender(conv, INIT, envelope_for(INIT), session_key=new_session_key())
+    a.queue_message(conv, INIT, 0, "Msg", b"wrapped for the old certificate")
+    (frame,) = a.frames_to_send(0.0)
+    (unknown,) = b.receive_frame(frame, 0.0)
+    assert isinstance(unknown, UnknownDialog)
+    b.open_receiver(conv, INIT)
+    events = b.receive_frame(frame, 0.0)
+    assert [type(e) for e in events] == [SessionKeyReceived, MessageReceived]
+    # a broker that holds only the new key cannot
+    c = DialogPeer(private_key=new_key, peer_public_key=A_CERT)
+    c.open_receiver(conv, INIT)
+    (failure,) = c.receive_frame(frame, 0.0)
+    assert isinstance(failure, IntegrityFailure)
+    del new_cert
+
+
+def test_envelope_wire_form_keeps_five_elements_unless_encrypted() -> None:
+    plain, sealed = envelope_for(INIT), envelope_for(INIT, encrypted=True)
+    assert len(plain.encode()) == 5 and len(sealed.encode()) == 6
+    assert Envelope.decode(plain.encode()) == plain
+    assert Envelope.decode(sealed.encode()) == sealed
+    for bad in ([*plain.encode(), False], [*plain.encode(), 1], plain.encode()[:4]):
+        with pytest.raises(RemoteProtocolError):
+            Envelope.decode(bad)
