@@ -268,6 +268,10 @@ _DELETE_MESSAGE_LISTS: Final = {
     n: f"DELETE FROM messages WHERE queuing_order IN ({', '.join('?' * n)})" for n in DELETE_LISTS
 }
 _LIST_STATEMENTS: Final = frozenset(_DELETE_MESSAGE_LISTS.values())
+# a run of consecutive queuing orders (what one RECEIVE of one conversation usually takes)
+# goes in one range: one descent of the table's tree instead of one per row
+_DELETE_MESSAGE_RANGE: Final = "DELETE FROM messages WHERE queuing_order BETWEEN ? AND ?"
+MIN_RANGE: Final = 4
 _DELETE_CONVERSATION_MESSAGES: Final = (
     "DELETE FROM messages WHERE status IN (0, 1, 6, 7) AND queue = ? AND handle = ?"
 )
@@ -734,6 +738,8 @@ class Store:
                         db.executemany(sql, live)
                     if sql in _LIST_STATEMENTS:
                         rows += sum(len(set(p)) for p in live)
+                    elif sql is _DELETE_MESSAGE_RANGE:
+                        rows += sum(p[1] - p[0] + 1 for p in live)
                     else:
                         rows += len(live)
             db.execute("COMMIT")
@@ -894,8 +900,11 @@ class Store:
             self._add(_DELETE_MESSAGE, (queuing_order,))
 
     def delete_messages(self, orders: Iterable[int]) -> None:
-        """Delete many message rows, a list of them per statement."""
-        written = [order for order in orders if not self._cancel_insert(order)]
+        """Delete many message rows: runs of consecutive orders as ranges (exactly those
+        rows, the orders being unique integers), the rest a list of them per statement."""
+        written = sorted(order for order in orders if not self._cancel_insert(order))
+        if len(written) >= MIN_RANGE:
+            written = self._delete_runs(written)
         largest = DELETE_LISTS[-1]
         while len(written) >= DELETE_LISTS[0]:
             part, written = written[:largest], written[largest:]
@@ -903,6 +912,22 @@ class Store:
             self._add(_DELETE_MESSAGE_LISTS[size], (*part, *([part[-1]] * (size - len(part)))))
         for order in written:
             self._add(_DELETE_MESSAGE, (order,))
+
+    def _delete_runs(self, orders: list[int]) -> list[int]:
+        """Add a range delete per run of at least MIN_RANGE consecutive orders (sorted,
+        distinct); returns the orders outside such runs."""
+        rest: list[int] = []
+        start = 0
+        count = len(orders)
+        for end in range(1, count + 1):
+            if end < count and orders[end] == orders[end - 1] + 1:
+                continue
+            if end - start >= MIN_RANGE:
+                self._add(_DELETE_MESSAGE_RANGE, (orders[start], orders[end - 1]))
+            else:
+                rest.extend(orders[start:end])
+            start = end
+        return rest
 
     def delete_conversation_messages(self, queue: str, handle: uuid.UUID) -> None:
         self._add(_DELETE_CONVERSATION_MESSAGES, (queue, handle))

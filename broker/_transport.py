@@ -650,7 +650,8 @@ class Transport:
             self.waiting.setdefault(address, {})[key] = box
             self._connect(address)
             return
-        refusal = self._encryption_refusal(box, peer)
+        opened = peer.dialog.sender(key[0], _direction(key[1])) is not None
+        refusal = None if opened else self._encryption_refusal(box, peer)
         if refusal is not None:
             box.status = refusal
             self.unrouted[key] = box
@@ -1275,6 +1276,13 @@ class Transport:
         local = self.engine.endpoints.by_conversation(key[0], key[1] is Direction.FROM_TARGET)
         if local is not None and local.far_broker_instance not in (None, str(peer.instance)):
             return f"the conversation is with broker {local.far_broker_instance}"
+        if (
+            local is not None
+            and local.encrypted
+            and local.is_initiator
+            and not (envelope is not None and envelope.encrypted)
+        ):
+            return "the conversation is encrypted and its answers come in clear"
         return None
 
     def _log_refusal(

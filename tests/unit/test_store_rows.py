@@ -68,7 +68,7 @@ def test_deleting_many_messages_removes_exactly_those_and_counts_them() -> None:
         store.insert_message(Message(order, conv, order, "t", "N", b"x", 0.0, 0).row())
     store.flush()
     written = store.rows_written
-    gone = [*range(2, 5), *range(10, 19), *range(100, 700), *range(900, 1000, 3)]
+    gone = [*range(2, 5), *range(6, 10), *range(11, 19), *range(100, 700), *range(900, 1000, 3)]
     fresh = Message(1201, conv, 1201, "t", "N", b"x", 0.0, 0)
     store.insert_message(fresh.row())  # in the open batch: cancelled, never written
     store.delete_messages([*gone, 1201])
