@@ -65,6 +65,17 @@ def hold(conn: client.SyncConnection, task: Any) -> None:
             return
 
 
+def busy(conn: client.SyncConnection, task: Any) -> None:
+    """One message per short transaction, 20 ms of work each, the group locked meanwhile."""
+    while True:
+        with conn.transaction():
+            messages = conn.receive(task.queue, top=1, timeout=WAIT)
+            if messages:
+                time.sleep(0.02)
+        if not messages:
+            return
+
+
 def fail(conn: client.SyncConnection, task: Any) -> None:
     """Receive in a transaction, then raise: the transaction must roll back."""
     with conn.transaction():

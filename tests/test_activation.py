@@ -130,6 +130,11 @@ def test_activation_conditions() -> None:
     recent = {**base, "last_empty_rowset": 97.0}
     assert not activation_needed(ready=3, arrived_into_empty=False, **recent)
     assert activation_needed(ready=3, arrived_into_empty=False, **{**recent, "now": 103.0})
+    # messages only in held groups: one more reader may come to wait, not a third
+    held = {**base, "ready": 3, "arrived_into_empty": False, "receivable": False}
+    assert activation_needed(**held)
+    assert not activation_needed(**{**held, "running": 2})
+    assert activation_needed(**{**held, "running": 2, "receivable": True})
 
 
 # ---- internal activation ---------------------------------------------------------------
@@ -241,6 +246,28 @@ async def test_one_busy_group_gets_one_extra_reader_and_no_third(
         what="the group lock to be released",
     )
     assert groups
+
+
+async def test_one_conversation_in_short_transactions_never_gets_a_third_reader(
+    aconn: client.Connection,
+) -> None:
+    """Between a holder's COMMIT and its next RECEIVE the group passes to the waiting
+    reader: its messages are still locked, not ready for a new one (seed 001)."""
+    await reply_service(aconn)
+    await activated_service(aconn, "Busy", "busy", readers=5)
+    handle = await aconn.begin_dialog("ReplyService", "BusyService")
+    await aconn.send_many(handle, "DEFAULT", [b"work"] * 60)
+    peak_started = 0
+    deadline = time.monotonic() + 30
+    while True:
+        row = monitor(await monitors(aconn), "BusyQueue")
+        peak_started = max(peak_started, row["tasks_started"])
+        assert row["tasks_running"] <= 2, row
+        if row["messages_ready"] == 0:
+            break
+        assert time.monotonic() < deadline, f"not drained: {row}"
+        await asyncio.sleep(0.02)
+    assert peak_started <= 2, row
 
 
 async def test_activation_status_off_stops_starting_readers(aconn: client.Connection) -> None:

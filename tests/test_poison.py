@@ -41,10 +41,18 @@ async def test_five_rollbacks_disable_the_queue_and_notify(conn: client.Connecti
     )
     h = await conn.begin_dialog("Client", "WorkService")
     await conn.send(h, body="poison")
+    assert await conn.view("poison_messages") == []
     seen = await _fail(conn, "Work", 5)
     assert [m.delivery_count for m in seen] == [1, 2, 3, 4, 5]
     with pytest.raises(client.QueueDisabledError, match=r"poison message detected after 5"):
         await conn.receive("Work")
+    (incident,) = await conn.view("poison_messages")
+    assert (incident["queue"], incident["action"], incident["delivery_count"]) == (
+        "Work",
+        "queue_disabled",
+        5,
+    )
+    assert incident["queuing_order"] == seen[-1].queuing_order and incident["error"] == "boom"
     (event,) = await conn.receive("Events", timeout=5)
     assert event.message_type_name == client.EVENT_NOTIFICATION
     assert b"<EventType>BROKER_QUEUE_DISABLED</EventType>" in event.message_body

@@ -318,6 +318,7 @@ class ActivationManager:
             monitor.feed(MonitorInput.TIMED_OUT)
         if not activation_needed(
             ready=queue.ready,
+            receivable=queue.receivable(),
             arrived_into_empty=arrived,
             running=running,
             waiting=self.engine.receiving.waiting_sessions(queue),

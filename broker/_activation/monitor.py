@@ -70,6 +70,7 @@ TASK_TRANSITIONS: Final[dict[tuple[ExternalState, ExternalInput], ExternalState]
 def activation_needed(
     *,
     ready: int,
+    receivable: bool = True,
     arrived_into_empty: bool,
     running: int,
     waiting: int,
@@ -77,13 +78,19 @@ def activation_needed(
     now: float,
     window: float,
 ) -> bool:
-    """Seed 001's two conditions; pure, so the rule reads (and tests) on its own."""
+    """Seed 001's two conditions; pure, so the rule reads (and tests) on its own.
+
+    `receivable`: some ready message is in a group no transaction holds. Messages that
+    transactions hold are work for their holders, not for a new reader, except that one
+    more reader may come and wait for them (the seed's example: one busy conversation has
+    the reader that holds it and a second waiting in RECEIVE, never a third, even in the
+    instant when the holder is between its COMMIT and its next RECEIVE)."""
     if ready <= 0:
         return False
     if arrived_into_empty and running == 0:
         return True
     recently_empty = last_empty_rowset is not None and now - last_empty_rowset < window
-    return waiting == 0 and not recently_empty
+    return waiting == 0 and not recently_empty and (receivable or running <= 1)
 
 
 class QueueMonitor:

@@ -17,8 +17,9 @@ that one message, so the rest of the queue keeps flowing:
   conversation when there is no dead-letter queue);
 - record: leave it where it is and only record the incident.
 
-Every action records an incident (the store's poison_messages table, the body kept with
-it) and, when the policy names a `notify_service`, posts an EventNotification of type
+Every action, and every queue disabled by the rule (one incident per message the last
+rolled-back transaction received), records an incident (the store's poison_messages
+table, the body kept with it) and, when the policy names a `notify_service`, posts an EventNotification of type
 POISON_MESSAGE to that service. A policy action resets the queue's rollback streak, so
 a handled poison message does not also disable the queue. Nothing is dropped silently.
 
@@ -102,6 +103,8 @@ class Poison:
                 " of transactions that received from it"
             )
             log.warning("disabling queue %s: %s", queue.name, reason)
+            for message in messages:  # what the last rolled-back transaction received
+                self._record(queue.name, message, "queue_disabled")
             self.disable_queue(queue, reason)
             self.events.fire("BROKER_QUEUE_DISABLED", queue.name)
 

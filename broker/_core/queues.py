@@ -324,6 +324,17 @@ class Queue:
     def name(self) -> str:
         return self.definition.name
 
+    def receivable(self) -> bool:
+        """Whether a new reader could receive now: some ready message is in a group no
+        transaction holds. Stops at the first such group; locked groups are few (each
+        belongs to an open transaction)."""
+        if not self.ready:
+            return False
+        for group in self.groups.values():
+            if group.owner is None and group.ready():
+                return True
+        return False
+
     @property
     def has_quota(self) -> bool:
         d = self.definition
