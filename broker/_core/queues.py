@@ -330,10 +330,7 @@ class Queue:
         belongs to an open transaction)."""
         if not self.ready:
             return False
-        for group in self.groups.values():
-            if group.owner is None and group.ready():
-                return True
-        return False
+        return any(group.owner is None and group.ready() for group in self.groups.values())
 
     @property
     def has_quota(self) -> bool:
