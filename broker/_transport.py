@@ -342,8 +342,8 @@ class Transport:
         self.held_seqs: set[tuple[uuid.UUID, Direction, int]] = set()
         self.closed_conversations: set[uuid.UUID] = set()  # ended here recently
         self._closed_order: deque[tuple[float, uuid.UUID]] = deque()
-        self._fresh: set[DialogOutbox] = set()  # told of, to place once durable
-        self._fresh_batch = -1
+        # told of, to place once durable: by the store batch their entries are in
+        self._fresh: dict[int, set[DialogOutbox]] = {}
         self._refusal_logged: dict[DirectionKey, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -618,17 +618,20 @@ class Transport:
         """The core put entries for another broker in `box`; they go once durable (a message
         sent before its sender's commit could reach the peer, be lost here in a crash, and its
         sequence number be used again for another message)."""
-        self._fresh.add(box)
         batch = self.store.watermark()
-        if batch != self._fresh_batch:
-            self._fresh_batch = batch
-            self.store.when_durable(batch, self._place_fresh)
+        fresh = self._fresh.get(batch)
+        if fresh is None:
+            fresh = self._fresh[batch] = set()
+            self.store.when_durable(batch, lambda: self._place_fresh(batch))
+        fresh.add(box)
 
-    def _place_fresh(self) -> None:
-        fresh, self._fresh = self._fresh, set()
-        self._fresh_batch = -1
-        for box in fresh:
-            self._place(box)
+    def _place_fresh(self, durable: int) -> None:
+        """Batch `durable` is durable: place the boxes told of up to it (those of a later
+        batch wait for theirs; placed now they would find nothing to pull, and nothing
+        would feed them again while their link is idle)."""
+        for batch in [b for b in self._fresh if b <= durable]:
+            for box in self._fresh.pop(batch):
+                self._place(box)
 
     def _place(self, box: DialogOutbox) -> None:
         """Find the peer of a direction's entries and feed it, or record why they wait."""
