@@ -220,6 +220,7 @@ class Broker:
         engine.set_sink(transport)
         operations.merge("the transport", transport.operations())
         views.merge(transport.views())
+        views.partials = transport.partials
         self._closers.append(transport.close)
 
         settings = ActivationSettings.from_section(config.sections.get("activation", {}))

@@ -92,6 +92,7 @@ from ._errors import BrokerError, bad_argument
 from ._identity import Identity, IdentityFiles
 from ._store import Store
 from ._tls import Door
+from ._views import HeldPartial
 
 log = logging.getLogger("ssb.transport")
 
@@ -449,6 +450,39 @@ class Transport:
             "broker_connections": self.connections_view,
             "remote_service_bindings": self.bindings_view,
         }
+
+    def partials(self) -> list[HeldPartial]:
+        """Messages from other brokers that are still arriving, with where they go."""
+        found = []
+        for peer in self.peers.values():
+            for receiver in peer.dialog.receivers():
+                held = receiver.partials()
+                key = (receiver.conversation_id, receiver.direction)
+                if not held or key in self.discarding:
+                    continue
+                envelope = self.envelopes.get(key)
+                ep = self.engine.endpoints.by_conversation(
+                    key[0], key[1] is Direction.FROM_TARGET
+                )
+                service = ep.service if ep else envelope.to_service if envelope else ""
+                defined = self.engine.catalog.services.get(service)
+                queue = ep.queue if ep else defined.queue if defined else None
+                for message in held:
+                    found.append(
+                        HeldPartial(
+                            queue,
+                            ep.handle if ep else None,
+                            ep.group_id if ep else None,
+                            ep.priority if ep else 5,
+                            service,
+                            ep.contract if ep else envelope.contract if envelope else "",
+                            ep.far_service if ep else envelope.from_service if envelope else "",
+                            str(peer.instance),
+                            key[0],
+                            message,
+                        )
+                    )
+        return found
 
     def op_broker_certificate(self, session: Session) -> str:
         return self.identity.certificate_pem.decode()

@@ -17,10 +17,12 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
-from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, MESSAGE_COLUMNS, ErrorCode
+from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, MESSAGE_COLUMNS, ErrorCode, PartialMessage
 
+from ._core import catalog as cat
 from ._core.delivery import Outbound
 from ._core.engine import Engine
 from ._core.queues import Conversation, Group
@@ -40,10 +42,37 @@ def iso_time(value: float | None) -> str | None:
     return dt.datetime.fromtimestamp(value, dt.UTC).isoformat(timespec="milliseconds")
 
 
+@dataclass(frozen=True)
+class HeldPartial:
+    """A message from another broker still arriving (Service Broker's status 2), and where
+    it will go: the receiving endpoint if it exists yet, else the envelope's service."""
+
+    queue: str | None
+    handle: uuid.UUID | None
+    group_id: uuid.UUID | None
+    priority: int
+    service: str
+    contract: str
+    from_service: str
+    from_broker: str
+    conversation_id: uuid.UUID
+    message: PartialMessage
+
+
+def _arriving(p: HeldPartial) -> str:
+    m = p.message
+    return (
+        f"partial message (status 2): {m.fragments_received} of {m.fragment_count} fragments"
+        f" received from broker {p.from_broker}"
+    )
+
+
 class Views:
     def __init__(self, engine: Engine, store: Store) -> None:
         self.engine = engine
         self.store = store
+        # messages from other brokers still arriving (the transport's, once it runs)
+        self.partials: Callable[[], list[HeldPartial]] = list
         self.table: dict[str, ViewFn] = {
             "conversation_endpoints": self.conversation_endpoints,
             "conversation_groups": self.conversation_groups,
@@ -58,6 +87,7 @@ class Views:
             "poison_messages": self.poison_messages,
             "open_transactions": self._catalog(self.open_transactions),
             "broker_resources": self._catalog(self.broker_resources),
+            "partial_messages": self._catalog(self.partial_messages),
         }
 
     def merge(self, views: Mapping[str, Callable[[], list[dict[str, Any]]]]) -> None:
@@ -191,7 +221,76 @@ class Views:
                     "transmission_status": status,
                 }
             )
-        return rows
+        if after is None:  # still arriving, for a queue that is OFF: held here once complete
+            rows += [self._partial_transmission_row(p) for p in self._partials(off=True)]
+        return rows[:limit]
+
+    def _partials(self, *, off: bool, queue: str | None = None) -> list[HeldPartial]:
+        queues = self.engine.queues
+        found = []
+        for partial in self.partials():
+            target = queues.get(partial.queue) if partial.queue else None
+            if target is None or (queue is not None and partial.queue != queue):
+                continue
+            if (not target.definition.status) == off:
+                found.append(partial)
+        return found
+
+    @staticmethod
+    def _partial_transmission_row(p: HeldPartial) -> dict[str, Any]:
+        m = p.message
+        return {
+            "id": None,
+            "conversation_handle": p.handle,
+            "to_service_name": p.service,
+            "to_broker_instance": None,
+            "from_service_name": p.from_service,
+            "service_contract_name": p.contract,
+            "message_sequence_number": m.seq,
+            "message_type_name": m.message_type,
+            "priority": p.priority,
+            "enqueue_time": None,
+            "is_conversation_error": m.message_type.endswith("/Error"),
+            "is_end_of_dialog": m.message_type.endswith("/EndDialog"),
+            "message_body_length": m.bytes_received,
+            "transmission_status": _arriving(p),
+        }
+
+    def _partial_queue_row(self, p: HeldPartial) -> dict[str, Any]:
+        m = p.message
+        known = self.engine.catalog.message_types.get(m.message_type)
+        row: dict[str, Any] = dict.fromkeys(MESSAGE_COLUMNS)
+        row.update(
+            status=2,
+            priority=p.priority,
+            conversation_group_id=p.group_id,
+            conversation_handle=p.handle,
+            message_sequence_number=m.seq,
+            service_name=p.service,
+            service_contract_name=p.contract,
+            message_type_name=m.message_type,
+            validation=cat.VALIDATIONS[known.validation] if known else "N",
+            message_body=b"",
+            delivery_count=0,
+        )
+        return row
+
+    def partial_messages(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "conversation_id": p.conversation_id,
+                "conversation_handle": p.handle,
+                "queue_name": p.queue,
+                "service_name": p.service,
+                "from_broker_instance": p.from_broker,
+                "message_sequence_number": p.message.seq,
+                "message_type_name": p.message.message_type,
+                "fragments_received": p.message.fragments_received,
+                "fragment_count": p.message.fragment_count,
+                "bytes_received": p.message.bytes_received,
+            }
+            for p in self.partials()
+        ]
 
     def queue_contents(self, queue: str, limit: int, after: int | None) -> list[dict[str, Any]]:
         """A queue's messages without receiving them (not those an open transaction took)."""
@@ -209,7 +308,9 @@ class Views:
             wire = dict(zip(MESSAGE_COLUMNS, message.wire(row[6]), strict=True))
             wire["message_enqueue_time"] = iso_time(message.message_enqueue_time)
             rows.append(wire)
-        return rows
+        if after is None and found.definition.status:  # still arriving from another broker
+            rows += [self._partial_queue_row(p) for p in self._partials(off=False, queue=queue)]
+        return rows[:limit]
 
     def _conversation_of(self, queue_name: str, row: tuple[Any, ...]) -> Conversation | None:
         engine = self.engine

@@ -20,7 +20,9 @@ POST_EVENT_NOTIFICATION = "http://schemas.microsoft.com/SQL/Notifications/PostEv
 class Message:
     """One row of RECEIVE (or of peeking a queue).
 
-    status is 1 for a ready message and 0 for a received one kept by RETENTION;
+    status is 1 for a ready message and 0 for a received one kept by RETENTION; peeking
+    also shows 2 for a message still arriving from another broker (no body, no queuing
+    order or enqueue time yet; it cannot be received until complete);
     delivery_count is how many times it has been received, counting this time
     (so 1 on a first delivery, more after rollbacks). dead_letter_reason says why a
     message in a dead-letter queue was moved there (None elsewhere).
@@ -48,7 +50,9 @@ class Message:
         values = list(row)
         stamp = values[11]
         values[11] = (
-            dt.datetime.fromisoformat(stamp)
+            None  # a message still arriving from another broker (status 2)
+            if stamp is None
+            else dt.datetime.fromisoformat(stamp)
             if isinstance(stamp, str)
             else dt.datetime.fromtimestamp(stamp, dt.UTC)
         )

@@ -236,6 +236,18 @@ class PendingMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class PartialMessage:
+    """A message a receiver holds some fragments of and cannot deliver yet (a message in
+    flight, or one waiting for an earlier one): Service Broker's status 2."""
+
+    seq: int
+    message_type: str
+    fragments_received: int
+    fragment_count: int
+    bytes_received: int
+
+
+@dataclass(frozen=True, slots=True)
 class HeldFragment:
     """One durably held fragment of an undelivered message, as persisted by the broker."""
 
@@ -663,6 +675,14 @@ class DialogReceiver:
         """Sequence number of the next message to deliver."""
         return self._next_expected
 
+    def partials(self) -> list[PartialMessage]:
+        """The messages this receiver holds fragments of, in sequence order."""
+        return [
+            PartialMessage(seq, m.message_type, m.received, m.count, m.size)
+            for seq, m in sorted(self._partials.items())
+            if m.received
+        ]
+
     def resume(self) -> list[DialogEvent]:
         """Deliver messages that restored held fragments already complete (after a crash
         between holding the last fragment and storing the message)."""
@@ -1071,6 +1091,10 @@ class DialogPeer:
     def receiver(self, conversation_id: uuid.UUID, direction: Direction) -> DialogReceiver | None:
         """The open receiver of a direction, if any."""
         return self._receivers.get((conversation_id, direction))
+
+    def receivers(self) -> list[DialogReceiver]:
+        """Every open receiver."""
+        return list(self._receivers.values())
 
     def close_sender(self, conversation_id: uuid.UUID, direction: Direction) -> None:
         """Forget a direction's sender (dialog ended and fully acked, or cleaned up)."""

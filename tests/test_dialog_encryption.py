@@ -34,14 +34,21 @@ PLAIN_LINK = {**TRANSPORT, "tls": False}
 
 class Relay:
     """A TCP relay to `port` on 127.0.0.1 that keeps every byte it forwards and can be
-    switched off (every connection cut) and on again on the same port."""
+    switched off (every connection cut) and on again on the same port. With `hold_after`
+    it forwards that many bytes towards the target, then holds the rest until `release`."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, hold_after: int | None = None) -> None:
         self.target = port
         self.port = 0
         self.captured = bytearray()
+        self.hold_after = hold_after
+        self._forwarded = 0
+        self._released = asyncio.Event()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+
+    def release(self) -> None:
+        self._released.set()
 
     async def start(self) -> Relay:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
@@ -60,9 +67,19 @@ class Relay:
     def address(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: bool = False
+    ) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(65536):
+                if up and self.hold_after is not None and not self._released.is_set():
+                    room = max(0, self.hold_after - self._forwarded)
+                    if len(data) > room:
+                        writer.write(data[:room])
+                        self._forwarded += room
+                        await self._released.wait()
+                        data = data[room:]
+                    self._forwarded += len(data)
                 self.captured.extend(data)
                 writer.write(data)
         writer.close()
@@ -74,7 +91,9 @@ class Relay:
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+        await asyncio.gather(
+            self._pump(reader, up_writer, up=True), self._pump(up_reader, writer)
+        )
 
 
 async def _through(relay: Relay, a_conn: client.Connection, service: str) -> None:
@@ -143,8 +162,7 @@ async def test_a_body_that_does_not_decrypt_ends_its_dialog_and_is_never_deliver
 ) -> None:
     async with Federation(tmp_path, ["A", "B"]) as fed:
         _, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
-        rogue = Rogue(tmp_path)
-        await b.conn.create_certificate("rogue", rogue.cert_pem.decode())
+        rogue = await Rogue.trusted_by(b, tmp_path)
         b_id = uuid.UUID(b.instance)
         sealed = Envelope("RogueService", "TargetB", CONTRACT, rogue.instance, b_id, True)
         # the control: an encrypted message from a party to the dialog is delivered in clear

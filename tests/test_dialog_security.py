@@ -60,6 +60,13 @@ class Rogue:
         self.files[0].write_bytes(self.cert_pem)
         self.files[1].write_bytes(key_pem)
 
+    @classmethod
+    async def trusted_by(cls, target: Node, folder: Path) -> Rogue:
+        """A rogue whose certificate `target` trusts (CREATE CERTIFICATE there)."""
+        rogue = cls(folder)
+        await target.conn.create_certificate("rogue", rogue.cert_pem.decode())
+        return rogue
+
     def tls(self, target: Node) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.load_cert_chain(*self.files)
@@ -153,8 +160,7 @@ async def test_a_trusted_peer_can_neither_hijack_a_dialog_nor_forge_an_envelope(
         (first,) = await receive_count(b.conn, target_q, 1)
         (row,) = await endpoints(b)
         conversation = uuid.UUID(str(row["conversation_id"]))
-        rogue = Rogue(tmp_path)
-        await b.conn.create_certificate("rogue", rogue.cert_pem.decode())
+        rogue = await Rogue.trusted_by(b, tmp_path)
         a_id, b_id = uuid.UUID(a.instance), uuid.UUID(b.instance)
 
         # the control: the rogue's own new dialog, honestly addressed, is accepted
@@ -186,8 +192,7 @@ async def test_a_message_outside_the_contract_ends_the_dialog_with_an_error(
 ) -> None:
     async with Federation(tmp_path, ["A", "B"]) as fed:
         _, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
-        rogue = Rogue(tmp_path)
-        await b.conn.create_certificate("rogue", rogue.cert_pem.decode())
+        rogue = await Rogue.trusted_by(b, tmp_path)
         envelope = Envelope("RogueService", "TargetB", CONTRACT, rogue.instance, uuid.UUID(b.instance))
         # REPLY is sent by the TARGET in this contract: from an initiator it is a violation
         conversation = uuid.uuid4()

@@ -1184,3 +1184,26 @@ def test_envelope_wire_form_keeps_five_elements_unless_encrypted() -> None:
     for bad in ([*plain.encode(), False], [*plain.encode(), 1], plain.encode()[:4]):
         with pytest.raises(RemoteProtocolError):
             Envelope.decode(bad)
+
+
+def test_a_receiver_reports_the_messages_it_holds_in_part() -> None:
+    a, b = make_pair(fragment_size=10)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    a.send(conv, INIT, b"x" * 25)  # three fragments
+    first, second, third = a.peer.frames_to_send(0.0)
+    for frame in (first, third):
+        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    receiver = b.peer.receiver(conv, INIT)
+    assert receiver is not None and b.peer.receivers() == [receiver]
+    (held,) = receiver.partials()
+    assert (held.seq, held.message_type, held.fragments_received, held.fragment_count) == (
+        0,
+        "Msg",
+        2,
+        3,
+    )
+    assert held.bytes_received == len(first.payload) + len(third.payload)  # type: ignore[union-attr]
+    b.handle(b.peer.receive_frame(second, 0.0), 0.0)
+    assert receiver.partials() == []
+    assert b.delivered[(conv, INIT)] == [(0, "Msg", b"x" * 25)]
