@@ -14,7 +14,8 @@ one outbox per dialog direction (see `_core.delivery`), and tells the transport
 pulls them into the direction's `DialogSender` (opened with a fresh session key,
 wrapped with the peer's public key and persisted), in order, while the peer's in-flight
 budget (IN_FLIGHT_MESSAGES, IN_FLIGHT_BYTES) allows: memory holds what is in flight, not
-the backlog. `pump` writes due fragments (retries first, then fresh fragments
+the backlog. A direction the budget leaves out gets its first entry from a small reserve,
+so that priorities and the starvation bound of the dialog layer apply to it too. `pump` writes due fragments (retries first, then fresh fragments
 round-robin by priority, acks piggybacked) while the socket accepts them. A
 `MessageAcked` deletes the message from the transmission queue, frees its budget and
 feeds more; an acknowledged EndDialog or Error lets the ending endpoint close.
@@ -99,6 +100,9 @@ log = logging.getLogger("ssb.transport")
 SEND_BATCH: Final = 256
 IN_FLIGHT_MESSAGES: Final = 8192  # messages pulled into a peer's senders and not yet acked
 IN_FLIGHT_BYTES: Final = 64 * 1024 * 1024  # their bodies
+# beyond them, for the first entry of directions the budget left out (see _feed_first)
+RESERVE_MESSAGES: Final = 1024
+RESERVE_BYTES: Final = 16 * 1024 * 1024
 FEED_CHUNK: Final = 256  # messages pulled from one direction per turn
 REFUSAL_LOG_EVERY: Final = 60.0  # seconds between log lines about one refused direction
 
@@ -343,8 +347,9 @@ class Transport:
         self.held_seqs: set[tuple[uuid.UUID, Direction, int]] = set()
         self.closed_conversations: set[uuid.UUID] = set()  # ended here recently
         self._closed_order: deque[tuple[float, uuid.UUID]] = deque()
-        # told of, to place once durable: by the store batch their entries are in
-        self._fresh: dict[int, set[DialogOutbox]] = {}
+        # told of, to place once durable: by the store batch their entries are in, in the
+        # order they were told of (a dict as an ordered set)
+        self._fresh: dict[int, dict[DialogOutbox, None]] = {}
         self._refusal_logged: dict[DirectionKey, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -655,9 +660,9 @@ class Transport:
         batch = self.store.watermark()
         fresh = self._fresh.get(batch)
         if fresh is None:
-            fresh = self._fresh[batch] = set()
+            fresh = self._fresh[batch] = {}
             self.store.when_durable(batch, lambda: self._place_fresh(batch))
-        fresh.add(box)
+        fresh[box] = None
 
     def _place_fresh(self, durable: int) -> None:
         """Batch `durable` is durable: place the boxes told of up to it (those of a later
@@ -699,6 +704,29 @@ class Transport:
         peer.address = address
         peer.boxes[key] = box
         self._feed(peer)
+        self._feed_first(peer, key, box)
+
+    def _feed_first(self, peer: Peer, key: DirectionKey, box: DialogOutbox) -> None:
+        """A direction the in-flight budget left out, with nothing in flight, gets its first
+        entry from a small reserve, so that the dialog layer's priorities and starvation
+        bound see it: fed in turn, a low-priority direction placed behind a large
+        backlog would wait for all of it, whatever the bound."""
+        if peer.boxes.get(key) is not box:
+            return  # fed whole already
+        sender = peer.dialog.sender(key[0], _direction(key[1]))
+        if sender is not None and sender.unacked_count:
+            return
+        if (
+            len(peer.in_flight) >= IN_FLIGHT_MESSAGES + RESERVE_MESSAGES
+            or peer.in_flight_bytes >= IN_FLIGHT_BYTES + RESERVE_BYTES
+        ):
+            return
+        delivery = self.engine.delivery
+        for out in delivery.pull(box, 1, RESERVE_BYTES):
+            self._queue(peer, out)
+        if delivery.outboxes.get(key) is not box:
+            del peer.boxes[key]
+        self.pump_soon(peer)
 
     def _encryption_refusal(self, box: DialogOutbox, peer: Peer) -> str | None:
         """Why an encrypted dialog's messages may not go to `peer` (None: they may)."""
