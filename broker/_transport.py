@@ -751,12 +751,14 @@ class Transport:
     def _recipient(self, peer: Peer, out: Outbound, direction: Direction) -> tuple[bool, bytes]:
         """Whether a new dialog direction is encrypted, and whose certificate its session
         key is wrapped for: the far service's binding for an encrypted initiator, else
-        the peer's."""
+        the peer's. Placing the direction checked that the binding names the peer, so a
+        binding dropped since leaves the peer's certificate: the same broker, never clear
+        text (and never an exception in the middle of feeding the peer)."""
         if out.is_initiator:
             ep = self.engine.endpoints.by_conversation(out.conversation_id, True)
             if ep is not None and ep.encrypted:
-                binding = self.engine.catalog.binding_for(out.to_service)
-                return True, binding.pem.encode()
+                binding = self.engine.catalog.find_binding(out.to_service)
+                return True, peer.certificate_pem if binding is None else binding.pem.encode()
             return False, peer.certificate_pem
         incoming = self.envelopes.get((out.conversation_id, direction.reverse))
         return incoming is not None and incoming.encrypted, peer.certificate_pem

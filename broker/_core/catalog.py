@@ -305,11 +305,18 @@ class Catalog:
 
     # ---- lookups that raise a clear error ---------------------------------
 
-    def binding_for(self, service: str) -> RemoteServiceBinding:
+    def find_binding(self, service: str) -> RemoteServiceBinding | None:
         """The remote service binding of `service` (the first by name if several)."""
         for name in sorted(self.bindings):
             if self.bindings[name].service == service:
                 return self.bindings[name]
+        return None
+
+    def binding_for(self, service: str) -> RemoteServiceBinding:
+        """`find_binding`, or the error ENCRYPTION = ON without a binding gets."""
+        found = self.find_binding(service)
+        if found is not None:
+            return found
         raise BrokerError(
             ErrorCode.UNKNOWN_REMOTE_SERVICE_BINDING,
             f"ENCRYPTION = ON needs a remote service binding for service '{service}': call"
