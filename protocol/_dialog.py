@@ -732,11 +732,6 @@ class DialogReceiver:
             self.conversation_id, self.direction, key, self._cipher is not None
         )
 
-    @property
-    def encrypted(self) -> bool:
-        """Whether this direction's bodies are encrypted (known once its key is)."""
-        return self._cipher is not None
-
     def _delivered(self, seq: int, message_type: str, body: bytes) -> MessageReceived:
         cipher = self._cipher
         if cipher is not None:
