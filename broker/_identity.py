@@ -38,6 +38,7 @@ CERT_FILE: Final = "broker-cert.pem"
 NEXT_KEY_FILE: Final = "broker-key.next.pem"
 NEXT_CERT_FILE: Final = "broker-cert.next.pem"
 PREVIOUS_KEY_PATTERN: Final = "broker-key.previous-*.pem"
+_PREVIOUS_PREFIX, _, _PREVIOUS_SUFFIX = PREVIOUS_KEY_PATTERN.partition("*")
 KEPT_PREVIOUS_KEYS: Final = 2
 
 
@@ -83,7 +84,7 @@ class IdentityFiles:
 
     def stage_next(self) -> bytes:
         """The staged next certificate, made if there is none yet."""
-        if not (self._next_key.exists() and self._next_cert.exists()):
+        if not self.has_next():
             key_pem, cert_pem = generate_broker_identity(self.instance)
             write_secret_file(self._next_key, key_pem.decode("ascii"))
             self._next_cert.write_bytes(cert_pem)
@@ -101,7 +102,7 @@ class IdentityFiles:
             raise FileNotFoundError("no next certificate is staged")
         paths = self._previous_paths()
         number = 1 + max((self._number(p) for p in paths), default=0)
-        kept = self.data_dir / PREVIOUS_KEY_PATTERN.replace("*", str(number))
+        kept = self.data_dir / f"{_PREVIOUS_PREFIX}{number}{_PREVIOUS_SUFFIX}"
         write_secret_file(kept, self.key_path.read_text(encoding="ascii"))
         os.replace(self._next_key, self.key_path)
         os.replace(self._next_cert, self.cert_path)
@@ -116,5 +117,5 @@ class IdentityFiles:
 
     @staticmethod
     def _number(path: Path) -> int:
-        text = path.name.removeprefix("broker-key.previous-").removesuffix(".pem")
+        text = path.name.removeprefix(_PREVIOUS_PREFIX).removesuffix(_PREVIOUS_SUFFIX)
         return int(text) if text.isdigit() else 0
