@@ -50,12 +50,15 @@ def slow(conn: client.SyncConnection, task: Any) -> None:
         time.sleep(0.3)
 
 
+HOLD_WAIT = 5.0  # longer than the test watches a second reader wait: it must not leave
+
+
 def hold(conn: client.SyncConnection, task: Any) -> None:
     """Receive in a transaction and keep the group locked until the file named by
-    the message body exists."""
+    the message body exists; a reader waiting for the group waits HOLD_WAIT seconds."""
     while True:
         with conn.transaction():
-            messages = conn.receive(task.queue, top=1, timeout=WAIT)
+            messages = conn.receive(task.queue, top=1, timeout=HOLD_WAIT)
             for m in messages:
                 marker = Path(m.text())
                 deadline = time.monotonic() + HANG_LIMIT
