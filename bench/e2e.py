@@ -61,6 +61,7 @@ class Options:
     conversations: int = 10
     in_flight: int = 4
     consumer: str = "txn"  # "txn": 3 round trips per batch; "pipelined": 1
+    producer: str = "statement"  # "statement": each send_many commits; "txn": in a transaction
     latency_iterations: int = 2_000
     latency_warmup: int = 100
     phase_timeout: float = 600.0
@@ -124,15 +125,28 @@ async def produce(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
             last = min(opts.messages, first + opts.batch)
             bodies = [body(phase, i, pad) for i in range(first, last)]
             handle = handles[number % len(handles)]
-            in_flight.append(
-                asyncio.ensure_future(conn.send_many(handle, CATALOG.message_type, bodies))
-            )
+            in_flight.append(asyncio.ensure_future(_send_batch(conn, handle, bodies, opts)))
             if len(in_flight) >= opts.in_flight:
                 await asyncio.wait_for(in_flight.popleft(), max(0.1, deadline - time.monotonic()))
         while in_flight:
             await asyncio.wait_for(in_flight.popleft(), max(0.1, deadline - time.monotonic()))
         finished = time.monotonic()
     return {"sent": opts.messages, "started": started, "finished": finished}
+
+
+async def _send_batch(
+    conn: client.Connection, handle: Any, bodies: list[bytes], opts: Options
+) -> None:
+    if opts.producer == "txn":
+        # begin, send and commit leave together (pipelined); the commit's answer counts
+        begin = asyncio.ensure_future(conn.begin_transaction())
+        sent = asyncio.ensure_future(conn.send_many(handle, CATALOG.message_type, bodies))
+        commit = asyncio.ensure_future(conn.commit())
+        await begin
+        await sent
+        await commit
+        return
+    await conn.send_many(handle, CATALOG.message_type, bodies)
 
 
 async def _receive_batch(conn: client.Connection, opts: Options) -> list[client.Message]:
@@ -409,6 +423,13 @@ def main(argv: list[str] | None = None) -> int:
         default=Options.consumer,
         help="txn: async with conn.transaction() (3 round trips per batch); "
         "pipelined: begin, receive and commit written together (1 round trip)",
+    )
+    parser.add_argument(
+        "--producer",
+        choices=["statement", "txn"],
+        default=Options.producer,
+        help="statement: each send_many commits by itself; txn: begin, send_many and commit"
+        " pipelined (one explicit transaction per batch)",
     )
     parser.add_argument("--latency-iterations", type=int, default=Options.latency_iterations)
     parser.add_argument("--phase-timeout", type=float, default=Options.phase_timeout)

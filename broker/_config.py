@@ -98,6 +98,10 @@ class Config:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     # below this much free disk space, SEND and BEGIN DIALOG are refused
     min_free_disk: int = 1024 * MIB
+    # committed transaction ids are kept this long and at most this many, so that a client
+    # that lost a commit's answer can learn its outcome (see `transaction_outcome`)
+    outcome_window_seconds: float = 3600.0
+    outcome_window_count: int = 1_000_000
     # plain TCP on the client port beyond loopback (TLS is always offered; on loopback
     # plain TCP is always accepted)
     allow_plain: bool = False
@@ -128,6 +132,21 @@ class Config:
         _bytes("message_cache_bytes", self.message_cache_bytes, MIB, 1 << 40)
         _bytes("max_message_size", self.max_message_size, 1, MAX_MESSAGE_SIZE_LIMIT)
         _bytes("min_free_disk", self.min_free_disk, 0, 1 << 50)
+        window = self.outcome_window_seconds
+        if (
+            isinstance(window, bool)
+            or not isinstance(window, (int, float))
+            or not math.isfinite(window)
+            or not 1 <= window <= 30 * 86400
+        ):
+            raise ConfigError(
+                f"outcome_window_seconds must be seconds from 1 to {30 * 86400}, not {window!r}"
+            )
+        count = self.outcome_window_count
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 100_000_000:
+            raise ConfigError(
+                f"outcome_window_count must be a whole number from 1 to 100000000, not {count!r}"
+            )
         if not isinstance(self.allow_plain, bool):
             raise ConfigError(f"allow_plain must be true or false, not {self.allow_plain!r}")
 

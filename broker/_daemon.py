@@ -147,10 +147,12 @@ class Broker:
             message_cache_bytes=config.message_cache_bytes,
             max_message_size=config.max_message_size,
             min_free_disk=config.min_free_disk,
+            outcome_window_seconds=config.outcome_window_seconds,
+            outcome_window_count=config.outcome_window_count,
         )
         engine.transactions.max_locks = config.limits.locks_per_transaction
         engine.transactions.max_detached = config.limits.detached_per_login
-        engine.load(StoredState(store.load_catalog(), store.max_ids()))
+        engine.load(StoredState(store.load_catalog(), store.max_ids(), store.load_meta()))
         store.write_now()
         # logins before the store thread starts: the first start's admin is committed
         # here, synchronously, before its password file is written
@@ -180,7 +182,7 @@ class Broker:
         permissions.load()
         logins.on_change.append(self._login_changed)
         self.permissions = permissions
-        operations = Operations(permissions)
+        operations = Operations(permissions, engine.transactions)
         views = Views(engine, store)
         operations.merge("the core", engine.operations())
         operations.merge("views", views.operations(), observing=True)

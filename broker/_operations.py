@@ -7,6 +7,11 @@ A part may offer operations as observations (views, ping): they change nothing, 
 the server may answer them while the store cannot write (see `_server`).
 A call checks the request's arguments against the operation's signature first, so a
 wrong argument is a clear error rather than a traceback.
+
+A request outside a transaction may carry `txn`, the id its client gave the statement:
+`Statements` (the core's transactions) refuses an id already resolved and records the id
+of a statement that succeeded, in the same synchronous stretch as its effects, so that a
+client that lost the answer can ask whether it was applied (see `_core.outcomes`).
 """
 
 from __future__ import annotations
@@ -33,11 +38,20 @@ class Guard(Protocol):
     tracked: frozenset[str]
 
 
+class Statements(Protocol):
+    """Named statements outside a transaction (see `_core.transactions`)."""
+
+    def begin_statement(self, session: Any, txn: object) -> Any: ...
+
+    def end_statement(self, session: Any, name: Any, done: bool) -> None: ...
+
+
 class Operations:
-    def __init__(self, guard: Guard | None = None) -> None:
+    def __init__(self, guard: Guard | None = None, statements: Statements | None = None) -> None:
         self._table: dict[str, tuple[Operation, inspect.Signature, str]] = {}
         self._observations: set[str] = set()
         self.guard = guard
+        self.statements = statements
 
     def merge(
         self, owner: str, operations: Mapping[str, Operation], *, observing: bool = False
@@ -60,6 +74,31 @@ class Operations:
         return sorted(self._table)
 
     def call(self, session: Any, request: Request) -> Any:
+        statements = self.statements
+        if statements is None or "txn" not in request.arguments:
+            return self._call(session, request)
+        name = statements.begin_statement(session, request.arguments.pop("txn"))
+        try:
+            result = self._call(session, request)
+        except BaseException:
+            statements.end_statement(session, name, False)
+            raise
+        if inspect.isawaitable(result):
+            return self._named(result, statements, session, name)
+        statements.end_statement(session, name, True)
+        return result
+
+    @staticmethod
+    async def _named(pending: Awaitable[Any], statements: Statements, session: Any, name: Any) -> Any:
+        done = False
+        try:
+            result = await pending
+            done = True
+            return result
+        finally:
+            statements.end_statement(session, name, done)
+
+    def _call(self, session: Any, request: Request) -> Any:
         entry = self._table.get(request.operation)
         if entry is None:
             raise BrokerError(

@@ -82,6 +82,7 @@ OPEN: Final = frozenset(
         "commit",
         "rollback",
         "detach_transaction",
+        "transaction_outcome",  # only the login's own transactions
         "attach_task",
         "end_task",
         "log_task",

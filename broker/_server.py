@@ -136,7 +136,7 @@ class ClientConnection(asyncio.Protocol):
         self.connections.discard(self)
         if self.busy is not None:
             self.busy.cancel()
-        if self.session is not None:
+        if self.session is not None and not self.session.closed:
             self.engine.transactions.close_session(self.session)
 
     def pause_writing(self) -> None:
@@ -178,6 +178,7 @@ class ClientConnection(asyncio.Protocol):
             self.login_timer.cancel()
             self.login_timer = None
         self.session = self.engine.transactions.open_session(hello.user, self.peer)
+        self.session.abort = self.abort
         welcome = Welcome(
             WIRE_VERSION,
             self.engine.instance_id,
@@ -217,6 +218,21 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def abort(self, reason: str) -> None:
+        """Close at once: nothing queued runs, and whatever the session had open rolls back
+        now (a reconnected client was told the outcome of what it was running)."""
+        log.info("closing client %s: %s", self.peer, reason)
+        self.closed = True
+        self.inbox.clear()
+        if self.busy is not None:
+            self.busy.cancel()
+            self.busy = None
+        if self.transport is not None:
+            self.transport.abort()
+        session = self.session
+        if session is not None and not session.closed:
+            self.engine.transactions.close_session(session)
 
     # ---- running requests in order ----------------------------------------------
 
@@ -278,6 +294,9 @@ class ClientConnection(asyncio.Protocol):
         )
 
     def _refuse(self, request: Request, exc: BrokerError) -> None:
+        if exc.code == ErrorCode.TRANSACTION_RESOLVED:  # what follows it must not run
+            self.abort(exc.message)
+            return
         self._answer(encode_error(request.request_id, exc.code, exc.message), waits=False)
 
     def _answer(self, frame: list[Any], *, waits: bool = True) -> None:

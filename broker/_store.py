@@ -200,6 +200,10 @@ _TABLES: Final = (
     " log_id INTEGER PRIMARY KEY, caller INTEGER, scheduler_handle BLOB, task TEXT NOT NULL,"
     " queued_time REAL NOT NULL, start_time REAL, end_time REAL, activated_task INTEGER,"
     " pid INTEGER, session_id INTEGER, error TEXT)",
+    # ids of committed transactions, for clients resolving a commit whose answer was lost
+    # (see _core/outcomes.py); rows are numbered in commit order and pruned oldest first
+    "CREATE TABLE IF NOT EXISTS outcomes ("
+    " seq INTEGER PRIMARY KEY, txn BLOB NOT NULL, login TEXT NOT NULL, time REAL NOT NULL)",
 )
 _INDEXES: Final = (
     # a conversation's messages in order, by status; covering for the start-up summary
@@ -213,6 +217,7 @@ _INDEXES: Final = (
     " WHERE lifetime_expiry IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS transmission_by_direction"
     " ON transmission_queue (conversation_id, is_initiator, seq)",
+    "CREATE INDEX IF NOT EXISTS outcomes_by_txn ON outcomes (txn)",
 )
 
 
@@ -310,6 +315,8 @@ _DELETE_HELD_DIRECTION: Final = (
 _INSERT_POISON: Final = _insert("poison_messages", POISON_COLUMNS)
 _PUT_EXECUTION_LOG: Final = _insert("execution_log", EXECUTION_LOG_COLUMNS, "INSERT OR REPLACE")
 _DELETE_EXECUTION_LOG_UPTO: Final = "DELETE FROM execution_log WHERE log_id <= ?"
+_INSERT_OUTCOME: Final = "INSERT INTO outcomes (seq, txn, login, time) VALUES (?, ?, ?, ?)"
+_DELETE_OUTCOMES_UPTO: Final = "DELETE FROM outcomes WHERE seq <= ?"
 
 Row = tuple[Any, ...]
 _CANCELLED: Final = None  # a batch row that was cancelled before it was committed
@@ -491,7 +498,7 @@ class Store:
                         "UPDATE catalog SET body = ? WHERE kind = 'queue' AND name = ?",
                         (body.replace('"client._scheduler:', '"ssb.client._scheduler:'), name),
                     )
-            for statement in _INDEXES:
+            for statement in (*_TABLES, *_INDEXES):  # tables added since schema 2 first
                 db.execute(statement)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             db.execute("COMMIT")
@@ -579,6 +586,14 @@ class Store:
                 self._settle(batches, exc)
                 return
             self._settle(batches, None)
+
+    def discard_pending(self) -> None:
+        """Forget every write not yet committed, as a crash would (tests)."""
+        self._open = Batch(self._open.number)
+        self._retry = []
+        self._deferred = []
+        self._inserts = {}
+        self._endpoint_rows = {}
 
     async def close(self) -> None:
         if self._committing and self.failed is None and self._loop is not None:
@@ -994,6 +1009,14 @@ class Store:
         """Forget every execution log row up to and including `log_id`."""
         self._add(_DELETE_EXECUTION_LOG_UPTO, (log_id,))
 
+    # ---- writes: transaction outcomes ------------------------------------------------------------
+
+    def insert_outcome(self, seq: int, txn: uuid.UUID, login: str, at: float) -> None:
+        self._add(_INSERT_OUTCOME, (seq, txn, login, at))
+
+    def delete_outcomes_upto(self, seq: int) -> None:
+        self._add(_DELETE_OUTCOMES_UPTO, (seq,))
+
     # ---- reads (committed state; on the event loop's own connection) --------------------------------
 
     def read_endpoint(self, handle: uuid.UUID) -> Row | None:
@@ -1033,6 +1056,23 @@ class Store:
         return self._reader.execute(
             f"{_ENDPOINT_SELECT}{clause} ORDER BY handle LIMIT ?", (*params, limit)
         ).fetchall()
+
+    def read_outcome(self, txn: uuid.UUID, login: str) -> float | None:
+        """When `login`'s transaction `txn` committed, if its record is kept."""
+        row = self._reader.execute(
+            "SELECT time FROM outcomes WHERE txn = ? AND login = ?", (txn, login)
+        ).fetchone()
+        return None if row is None else float(row[0])
+
+    def outcome_at(self, seq: int) -> float | None:
+        """The commit time of outcome record `seq` (None when it is not kept)."""
+        row = self._reader.execute("SELECT time FROM outcomes WHERE seq = ?", (seq,)).fetchone()
+        return None if row is None else float(row[0])
+
+    def outcome_range(self) -> tuple[int, int] | None:
+        """The first and last outcome record numbers kept, if any."""
+        row = self._reader.execute("SELECT MIN(seq), MAX(seq) FROM outcomes").fetchone()
+        return None if row[0] is None else (int(row[0]), int(row[1]))
 
     def count_rows(self, table: str) -> int:
         """How many rows a table holds (endpoints, transmission_queue, messages)."""

@@ -353,6 +353,7 @@ class Views:
                     "messages_stored": queue.messages,
                     "bytes_stored": queue.bytes,
                     "messages_held_for_it": queue.held,
+                    "readers_waiting": len(queue.waiters),
                     "disabled_reason": queue.disabled_reason or None,
                 }
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ._connection import Connection, connect
 from ._errors import (
     AlreadyExistsError,
+    AnswerLostError,
     BrokerError,
     ConnectionLostError,
     ContractViolationError,
@@ -21,12 +22,14 @@ from ._errors import (
     LoginFailedError,
     MessageTooLargeError,
     NotFoundError,
+    OutcomeUnknownError,
     PermissionDeniedError,
     ProtocolViolationError,
     QueueDisabledError,
     QueueFullError,
     TLSError,
     TransactionError,
+    TransactionRolledBackError,
     ValidationError,
 )
 from ._message import (
@@ -48,6 +51,7 @@ __all__ = [
     "EVENT_NOTIFICATION",
     "POST_EVENT_NOTIFICATION",
     "AlreadyExistsError",
+    "AnswerLostError",
     "BrokerError",
     "Connection",
     "ConnectionLostError",
@@ -62,6 +66,7 @@ __all__ = [
     "Message",
     "MessageTooLargeError",
     "NotFoundError",
+    "OutcomeUnknownError",
     "PermissionDeniedError",
     "ProtocolViolationError",
     "QueueDisabledError",
@@ -72,6 +77,7 @@ __all__ = [
     "TLSError",
     "TaskOutcome",
     "TransactionError",
+    "TransactionRolledBackError",
     "ValidationError",
     "connect",
     "connect_sync",

@@ -59,6 +59,9 @@ def _none(_: Any) -> None:
     return None
 
 
+NO_RESULT = _none  # the decoder of every request that answers nothing
+
+
 def _uuid(value: Any) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
@@ -380,11 +383,14 @@ def get_conversation_group(queue: str, timeout: float | None = 0.0) -> Call[uuid
 
 
 def begin_transaction(
-    detached: bool = False, timeout: float | None = None
+    detached: bool = False, timeout: float | None = None, txn_id: Handle | None = None
 ) -> Call[uuid.UUID | None]:
     """BEGIN TRANSACTION on this connection.
 
     Args:
+        txn_id: the transaction's id (a UUID; default: a fresh one, see
+            `Connection.transaction_id`): after a lost connection,
+            `transaction_outcome(txn_id)` tells whether it committed. Never reuse one.
         detached: give the transaction an id so that it can outlive this connection:
             `detach_transaction()` lets go of it, and any connection may then
             `attach_transaction(id)`, `commit_transaction(id)` or `rollback_transaction(id)`.
@@ -394,7 +400,13 @@ def begin_transaction(
         The detached transaction's id (None for an ordinary transaction).
     """
     return Call(
-        "begin_transaction", _some(detached=detached or None, timeout=timeout), _optional_uuid
+        "begin_transaction",
+        _some(
+            detached=detached or None,
+            timeout=timeout,
+            txn_id=None if txn_id is None else _handle(txn_id),
+        ),
+        _optional_uuid,
     )
 
 
@@ -420,6 +432,27 @@ def rollback_transaction(transaction_id: Handle, error: str | None = None) -> Ca
         _some(transaction_id=_handle(transaction_id), error=error),
         _none,
     )
+
+
+def transaction_outcome(txn_id: Handle, age: float | None = None) -> Call[tuple[str, str]]:
+    """Whether this login's transaction (or statement outside one) `txn_id` committed.
+
+    Answers ("committed" | "rolled_back" | "unknown" | "open", why). Asking fixes the
+    answer: a transaction still running under that id on another connection of this
+    login is rolled back (that connection is closed) and the id can never commit later.
+
+    Args:
+        age: at most how many seconds ago the commit was sent; without it an id that is
+            not recorded is "unknown" (it might have been pruned from the window).
+    """
+    return Call(
+        "transaction_outcome", _some(txn_id=_handle(txn_id), age=age), _outcome
+    )
+
+
+def _outcome(value: Any) -> tuple[str, str]:
+    outcome, why = value
+    return str(outcome), str(why)
 
 
 def commit() -> Call[None]:

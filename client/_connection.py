@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
-from collections.abc import AsyncIterator, Callable, Coroutine
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 from ssb.protocol import (
@@ -29,18 +32,34 @@ from . import _calls as calls
 from ._errors import (
     BrokerError,
     ConnectionLostError,
+    LoginFailedError,
     ProtocolViolationError,
     TLSError,
     error_for,
 )
+from ._recovery import (
+    DEFAULT_RETRIES,
+    RECONNECT_DEADLINE,
+    RECONNECT_FIRST_DELAY,
+    RECONNECT_MAX_DELAY,
+    RETRIED,
+    Options,
+    Sent,
+    Settling,
+    Tracker,
+    check_deadline,
+    unsettled_text,
+)
 from ._scheduler import get_scheduler, install_scheduler
-from ._url import parse_url
+from ._url import Target, parse_url
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 HIGH_WATER: Final = 4 * 1024 * 1024
 CONNECT_TIMEOUT: Final = 10.0
+
+log = logging.getLogger("ssb.client")
 
 
 class _Wire(asyncio.Protocol):
@@ -79,7 +98,7 @@ class _Wire(asyncio.Protocol):
             self.lost = exc
         self.writable.set()
         if self.connection is not None:
-            self.connection._on_lost(exc)
+            self.connection._on_lost(self, exc)
         else:
             self.frames.put_nowait(exc)
         if self.transport is not None:
@@ -104,41 +123,196 @@ def _method(
     return method
 
 
+class _Lost(Exception):
+    """A request's answer was lost with the connection (settled after a reconnect)."""
+
+
 class Connection:
     """An async session with the broker; make one with `client.connect(url)`."""
 
-    def __init__(self, wire: _Wire, welcome: Welcome, url: str) -> None:
+    def __init__(self, wire: _Wire, welcome: Welcome, url: str, options: Options) -> None:
         self._wire = wire
-        self._pending: dict[int, tuple[asyncio.Future[Any], calls.Call[Any]]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Any], Sent]] = {}
         self._next_id = 1
         self.broker_instance_id = welcome.broker_instance
         self.server = welcome.server
         self.max_message_size = welcome.max_message_size
         self.url = url
+        self._options = options
         self._closed = False
+        self._tracker = Tracker()
+        self._redialing: asyncio.Future[None] | None = None
+        self._unsettled = 0  # requests whose answers were lost, not yet settled
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self.reconnects = 0
+        # coroutines run after each reconnect, before anything in flight is settled
+        self.on_reconnect: list[Callable[[Connection], Awaitable[object]]] = []
         wire.connection = self
 
     # ---- plumbing ------------------------------------------------------------------
 
     async def call(self, request: calls.Call[T]) -> T:
-        """Send one request and wait for its answer."""
+        """Send one request and wait for its answer (settling it after a lost connection)."""
+        while self._unsettled:  # requests lost earlier settle first, in order
+            await self._settled.wait()
+        await self._connected()
+        sent = self._tracker.prepare(request, time.monotonic())
+        if sent is None:
+            return cast(T, None)
+        return cast(T, await self._run(sent))
+
+    @property
+    def settled(self) -> dict[str, int]:
+        """How many requests whose answers were lost were settled, by "operation outcome"
+        (e.g. "commit committed": the commit happened though its answer was lost)."""
+        return dict(self._tracker.settled)
+
+    @property
+    def transaction_id(self) -> uuid.UUID | None:
+        """The id of this connection's open transaction (None outside one)."""
+        txn = self._tracker.txn
+        return None if txn is None else txn.id
+
+    async def transaction_outcome(self, txn_id: uuid.UUID | str) -> str:
+        """"committed", "rolled_back" or "unknown" (older than the broker's window) for a
+        transaction (or statement outside one) of this login; "open" for one still open
+        here or detached. Asking fixes the answer: that id can never commit afterwards."""
+        ident = txn_id if isinstance(txn_id, uuid.UUID) else uuid.UUID(str(txn_id))
+        age = self._tracker.age(ident, time.monotonic())
+        outcome, _ = await self.call(calls.transaction_outcome(ident, age))
+        return outcome
+
+    async def _run(self, sent: Sent) -> Any:
+        try:
+            return await self._send(sent)
+        except _Lost:
+            pass
+        try:
+            return await self._settle(sent)
+        except ConnectionLostError as exc:
+            raise ConnectionLostError(unsettled_text(sent, exc)) from exc
+        finally:
+            self._unsettled -= 1
+            if not self._unsettled:
+                self._settled.set()
+
+    async def _settle(self, sent: Sent) -> Any:
+        """Settle a request whose answer was lost, once connected again."""
+        await self._connected()
+        settling = self._tracker.settle(sent, time.monotonic())
+        answer: Any = None
+        failure: BaseException | None = None
+        while True:
+            try:
+                step = settling.send(answer) if failure is None else settling.throw(failure)
+            except StopIteration as done:
+                log.info("settled %s after the reconnect", sent.call.operation)
+                return done.value
+            answer, failure = None, None
+            try:
+                answer = await self._send(step)
+            except _Lost:
+                self._unsettled -= 1  # counted again by the loss; settled right here
+                try:
+                    answer = await self._settle(step)
+                except BrokerError as exc:
+                    failure = exc
+            except BrokerError as exc:
+                failure = exc
+
+    async def _send(self, sent: Sent) -> Any:
+        """Write one request and wait for its answer; `_Lost` if the connection drops."""
         wire = self._wire
-        if wire.lost is not None or self._closed:
-            raise ConnectionLostError(f"not connected to the broker: {wire.lost or 'closed'}")
+        if wire.lost is not None:
+            self._unsettled += 1
+            self._settled.clear()
+            raise _Lost()
         request_id = self._next_id
         self._next_id += 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (future, request)
-        assert wire.transport is not None
         try:
-            frame = calls.encode_request(request_id, request, self.max_message_size)
+            frame = calls.encode_request(request_id, sent.call, self.max_message_size)
         except (TypeError, ValueError, BrokerError):
-            del self._pending[request_id]
+            self._tracker.answered(sent, False, None)
             raise
+        self._pending[request_id] = (future, sent)
+        assert wire.transport is not None
         wire.transport.write(frame)
         if not wire.writable.is_set():
             await wire.writable.wait()
-        return await future  # type: ignore[no-any-return]
+        return await future
+
+    async def _connected(self) -> None:
+        """Return once connected; reconnect first if the connection dropped."""
+        wire = self._wire
+        if wire.lost is None and not self._closed:
+            return
+        if self._closed:
+            raise ConnectionLostError("the connection was closed")
+        if not self._options.reconnect:
+            raise ConnectionLostError(f"not connected to the broker: {wire.lost}")
+        if self._redialing is None or self._redialing.done():
+            self._redialing = asyncio.ensure_future(self._redial(str(wire.lost)))
+        await asyncio.shield(self._redialing)
+
+    async def _redial(self, reason: str) -> None:
+        options = self._options
+        target = parse_url(self.url)
+        started = time.monotonic()
+        deadline = started + options.reconnect_deadline
+        delay = RECONNECT_FIRST_DELAY
+        log.info("connection to %s:%d lost (%s); reconnecting", target.host, target.port, reason)
+        while True:
+            try:
+                wire, welcome = await _open(target, options.timeout)
+            except (TLSError, LoginFailedError, ProtocolViolationError):
+                raise
+            except ConnectionLostError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise ConnectionLostError(
+                        f"could not reconnect to the broker at {target.host}:{target.port} within"
+                        f" {options.reconnect_deadline:g} s (reconnect_deadline): {exc}"
+                    ) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_DELAY)
+                continue
+            if welcome.broker_instance != self.broker_instance_id:
+                assert wire.transport is not None
+                wire.transport.close()
+                raise ConnectionLostError(
+                    f"reconnected to a different broker (instance {welcome.broker_instance}, not"
+                    f" {self.broker_instance_id}): what was in flight cannot be settled there"
+                )
+            self._wire = wire
+            wire.connection = self
+            self.reconnects += 1
+            log.info(
+                "reconnected to %s:%d after %.2f s", target.host, target.port, time.monotonic() - started
+            )
+            try:
+                await self._drive(self._tracker.reattach(time.monotonic()))
+                for hook in list(self.on_reconnect):
+                    await hook(self)
+            except ConnectionLostError:
+                continue
+            return
+
+    async def _drive(self, settling: Settling) -> None:
+        """Run a settling generator of plain questions (no statement in it is re-sent)."""
+        answer: Any = None
+        while True:
+            try:
+                step = settling.send(answer)
+            except StopIteration:
+                return
+            try:
+                answer = await self._send(step)
+            except _Lost:
+                self._unsettled -= 1
+                if not self._unsettled:
+                    self._settled.set()
+                raise ConnectionLostError("lost again while reconnecting") from None
 
     def _on_frame(self, frame: Any) -> None:
         try:
@@ -151,26 +325,44 @@ class Connection:
             if not reply.ok and reply.code is not None:
                 self._wire._fail(error_for(reply.code, reply.text))
             return
-        future, request = entry
+        future, sent = entry
         if future.done():
             return
         if reply.ok:
             try:
-                future.set_result(request.decode(reply.result))
+                result = sent.call.decode(reply.result)
             except Exception as exc:  # a malformed answer is a protocol problem
-                future.set_exception(ProtocolViolationError(f"bad answer to {request.operation}: {exc!r}"))
+                self._tracker.answered(sent, False, None)
+                future.set_exception(
+                    ProtocolViolationError(f"bad answer to {sent.call.operation}: {exc!r}")
+                )
+                return
+            self._tracker.answered(sent, True, result)
+            future.set_result(result)
         else:
             assert reply.code is not None
+            self._tracker.answered(sent, False, None)
             future.set_exception(error_for(reply.code, reply.text))
 
-    def _on_lost(self, exc: BaseException) -> None:
-        error = exc if isinstance(exc, BrokerError) else ConnectionLostError(
-            f"connection to the broker lost: {exc}"
-        )
+    def _on_lost(self, wire: _Wire, exc: BaseException) -> None:
+        if wire is not self._wire:
+            return
         pending, self._pending = self._pending, {}
+        reason = str(exc) or type(exc).__name__
+        if self._closed or not self._options.reconnect:
+            error = exc if isinstance(exc, BrokerError) else ConnectionLostError(
+                f"connection to the broker lost: {reason}"
+            )
+            for future, _ in pending.values():
+                if not future.done():
+                    future.set_exception(error)
+            return
+        self._tracker.lost(reason, [sent for _, sent in pending.values()])
         for future, _ in pending.values():
             if not future.done():
-                future.set_exception(error)
+                self._unsettled += 1
+                self._settled.clear()
+                future.set_exception(_Lost())
 
     async def close(self) -> None:
         """Close the connection; an open transaction is rolled back by the broker."""
@@ -182,7 +374,7 @@ class Connection:
 
     @property
     def closed(self) -> bool:
-        return self._closed or self._wire.lost is not None
+        return self._closed or (self._wire.lost is not None and not self._options.reconnect)
 
     async def __aenter__(self) -> Connection:
         return self
@@ -198,9 +390,37 @@ class Connection:
             yield self
         except BaseException as exc:
             if not self.closed:
-                await self.rollback(error=f"{type(exc).__name__}: {exc}")
+                with contextlib.suppress(ConnectionLostError):
+                    await self.rollback(error=f"{type(exc).__name__}: {exc}")
             raise
         await self.commit()
+
+    async def run_transaction(
+        self, fn: Callable[[Connection], Awaitable[T]], retries: int = DEFAULT_RETRIES
+    ) -> T:
+        """Run `await fn(conn)` in a transaction and commit; return what it returned once
+        the commit is known to have happened.
+
+        It runs again (up to `retries` more times) only when the transaction is known to
+        have been rolled back: the connection dropped before the commit was applied, or a
+        lock wait timed out. Any other error rolls back and is raised; so is the last one
+        when the retries run out, and `OutcomeUnknownError` when the broker can no longer
+        tell whether the commit happened.
+        """
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be a whole number >= 0, not {retries!r}")
+        attempt = 0
+        while True:
+            try:
+                async with self.transaction():
+                    result = await fn(self)
+            except RETRIED as exc:
+                if attempt >= retries:
+                    raise
+                attempt += 1
+                log.info("transaction rolled back (%s); running it again (%d of %d)", exc, attempt, retries)
+                continue
+            return result
 
     # ---- the operations (see _calls for each one's documentation) ------------------
 
@@ -272,14 +492,8 @@ def _peer_certificate(ssl_object: Any) -> bytes | None:
     return None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
 
 
-async def connect(url: str = "ssb://127.0.0.1:4021", timeout: float = CONNECT_TIMEOUT) -> Connection:
-    """Open a session with the broker at `url` (ssb://user:password@host:port).
-
-    Raises:
-        ConnectionLostError: the broker cannot be reached.
-        LoginFailedError: the broker refused the login.
-    """
-    target = parse_url(url)
+async def _open(target: Target, timeout: float) -> tuple[_Wire, Welcome]:
+    """Connect, TLS where the URL asks for it, and log in."""
     loop = asyncio.get_running_loop()
     context = target.tls_context()
     try:
@@ -323,4 +537,28 @@ async def connect(url: str = "ssb://127.0.0.1:4021", timeout: float = CONNECT_TI
             f"the broker did not complete the handshake: {exc!r}; is {target.port} its client"
             " port (4021 by default, not the broker-to-broker port)?"
         ) from exc
-    return Connection(wire, welcome, url)
+    return wire, welcome
+
+
+async def connect(
+    url: str = "ssb://127.0.0.1:4021",
+    timeout: float = CONNECT_TIMEOUT,
+    *,
+    reconnect: bool = True,
+    reconnect_deadline: float = RECONNECT_DEADLINE,
+) -> Connection:
+    """Open a session with the broker at `url` (ssb://user:password@host:port).
+
+    Args:
+        reconnect: when the connection drops, connect again by itself (with backoff, to
+            the same broker) and settle what was in flight (see `run_transaction`).
+        reconnect_deadline: seconds to keep trying before calls fail with
+            `ConnectionLostError`.
+
+    Raises:
+        ConnectionLostError: the broker cannot be reached.
+        LoginFailedError: the broker refused the login.
+    """
+    options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
+    wire, welcome = await _open(parse_url(url), timeout)
+    return Connection(wire, welcome, url, options)

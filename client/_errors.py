@@ -60,6 +60,21 @@ class TransactionError(BrokerError):
     """Commit/rollback without a transaction, or begin inside one."""
 
 
+class TransactionRolledBackError(TransactionError):
+    """The transaction was rolled back and none of it applied (for example the connection
+    dropped before its commit reached the broker); it is safe to run it again."""
+
+
+class OutcomeUnknownError(TransactionError):
+    """After a lost connection the broker can no longer say whether the commit happened:
+    it was longer ago than the broker's outcome window. Check the data itself."""
+
+
+class AnswerLostError(TransactionError):
+    """A statement outside a transaction was applied, but its answer (a value it returned)
+    was lost with the connection; inside `run_transaction` that cannot happen."""
+
+
 class LockTimeoutError(BrokerError):
     """A conversation group stayed locked by another transaction too long."""
 
@@ -120,6 +135,7 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
     ErrorCode.LOCK_TIMEOUT: LockTimeoutError,
     ErrorCode.TOO_MANY_LOCKS: TransactionError,
     ErrorCode.TOO_MANY_TRANSACTIONS: TransactionError,
+    ErrorCode.TRANSACTION_RESOLVED: TransactionRolledBackError,
     ErrorCode.LOGIN_FAILED: LoginFailedError,
     ErrorCode.PERMISSION_DENIED: PermissionDeniedError,
     ErrorCode.MESSAGE_TOO_LARGE: MessageTooLargeError,

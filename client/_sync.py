@@ -8,10 +8,13 @@ until its answer arrives. Not thread-safe: one connection per thread.
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import ssl
+import time
+import uuid
 from collections.abc import Callable, Iterator
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from ssb.protocol import (
     NEED_DATA,
@@ -25,9 +28,31 @@ from ssb.protocol import (
 )
 
 from . import _calls as calls
-from ._errors import ConnectionLostError, ProtocolViolationError, TLSError, error_for
+from ._errors import (
+    BrokerError,
+    ConnectionLostError,
+    LoginFailedError,
+    ProtocolViolationError,
+    TLSError,
+    error_for,
+)
+from ._recovery import (
+    DEFAULT_RETRIES,
+    RECONNECT_DEADLINE,
+    RECONNECT_FIRST_DELAY,
+    RECONNECT_MAX_DELAY,
+    RETRIED,
+    Options,
+    Sent,
+    Settling,
+    Tracker,
+    check_deadline,
+    unsettled_text,
+)
 from ._scheduler import get_scheduler_sync, install_scheduler_sync
-from ._url import parse_url
+from ._url import Target, parse_url
+
+log = logging.getLogger("ssb.client")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -43,10 +68,16 @@ def _method(build: Callable[P, calls.Call[T]]) -> Callable[Concatenate[SyncConne
     return method
 
 
+class _Lost(Exception):
+    """The request's answer was lost with the connection."""
+
+
 class SyncConnection:
     """A blocking session with the broker; make one with `client.connect_sync(url)`."""
 
-    def __init__(self, sock: socket.socket, welcome: Welcome, decoder: FrameDecoder, url: str):
+    def __init__(
+        self, sock: socket.socket, welcome: Welcome, decoder: FrameDecoder, url: str, options: Options
+    ):
         self._sock = sock
         self._decoder = decoder
         self._next_id = 1
@@ -54,15 +85,84 @@ class SyncConnection:
         self.server = welcome.server
         self.max_message_size = welcome.max_message_size
         self.url = url
+        self._options = options
         self._lost: str | None = None
+        self._closed = False
+        self._tracker = Tracker()
+        self.reconnects = 0
+        # functions run after each reconnect, before anything in flight is settled
+        self.on_reconnect: list[Callable[[SyncConnection], object]] = []
 
     def call(self, request: calls.Call[T]) -> T:
-        """Send one request and block until its answer."""
+        """Send one request and block until its answer (settling it after a lost connection)."""
+        self._connected()
+        sent = self._tracker.prepare(request, time.monotonic())
+        if sent is None:
+            return cast(T, None)
+        try:
+            return cast(T, self._send(sent))
+        except _Lost:
+            pass
+        try:
+            return cast(T, self._settle(sent))
+        except ConnectionLostError as exc:
+            raise ConnectionLostError(unsettled_text(sent, exc)) from exc
+
+    @property
+    def settled(self) -> dict[str, int]:
+        """How many requests whose answers were lost were settled, by "operation outcome"
+        (e.g. "commit committed": the commit happened though its answer was lost)."""
+        return dict(self._tracker.settled)
+
+    @property
+    def transaction_id(self) -> uuid.UUID | None:
+        """The id of this connection's open transaction (None outside one)."""
+        txn = self._tracker.txn
+        return None if txn is None else txn.id
+
+    def transaction_outcome(self, txn_id: uuid.UUID | str) -> str:
+        """"committed", "rolled_back" or "unknown" (older than the broker's window) for a
+        transaction (or statement outside one) of this login; "open" for one still open
+        here or detached. Asking fixes the answer: that id can never commit afterwards."""
+        ident = txn_id if isinstance(txn_id, uuid.UUID) else uuid.UUID(str(txn_id))
+        age = self._tracker.age(ident, time.monotonic())
+        outcome, _ = self.call(calls.transaction_outcome(ident, age))
+        return outcome
+
+    def _settle(self, sent: Sent) -> Any:
+        self._connected()
+        settling = self._tracker.settle(sent, time.monotonic())
+        answer: Any = None
+        failure: BaseException | None = None
+        while True:
+            try:
+                step = settling.send(answer) if failure is None else settling.throw(failure)
+            except StopIteration as done:
+                log.info("settled %s after the reconnect", sent.call.operation)
+                return done.value
+            answer, failure = None, None
+            try:
+                answer = self._send(step)
+            except _Lost:
+                try:
+                    answer = self._settle(step)
+                except BrokerError as exc:
+                    failure = exc
+            except BrokerError as exc:
+                failure = exc
+
+    def _send(self, sent: Sent) -> Any:
+        """Write one request and read until its answer; `_Lost` if the connection drops."""
+        tracker = self._tracker
         if self._lost is not None:
-            raise ConnectionLostError(f"not connected to the broker: {self._lost}")
+            raise _Lost()
         request_id = self._next_id
         self._next_id += 1
-        frame = calls.encode_request(request_id, request, self.max_message_size)
+        try:
+            frame = calls.encode_request(request_id, sent.call, self.max_message_size)
+        except (TypeError, ValueError, BrokerError):
+            tracker.answered(sent, False, None)
+            raise
         try:
             self._sock.sendall(frame)
             while True:
@@ -70,28 +170,99 @@ class SyncConnection:
                 if reply.request_id == request_id:
                     break
                 if reply.request_id == 0 and not reply.ok and reply.code is not None:
-                    raise error_for(reply.code, reply.text)
+                    raise ConnectionResetError(str(error_for(reply.code, reply.text)))
         except OSError as exc:
-            self._lost = str(exc)
-            raise ConnectionLostError(f"connection to the broker lost: {exc}") from exc
+            self._drop(str(exc))
+            if not self._options.reconnect:
+                raise ConnectionLostError(f"connection to the broker lost: {exc}") from exc
+            tracker.lost(str(exc), [sent])
+            raise _Lost() from exc
         except ProtocolError as exc:
-            self._lost = str(exc)
-            self._sock.close()
+            self._drop(str(exc))
             raise ProtocolViolationError(str(exc), exc.code) from exc
         if not reply.ok:
             assert reply.code is not None
+            tracker.answered(sent, False, None)
             raise error_for(reply.code, reply.text)
-        return request.decode(reply.result)
+        try:
+            result = sent.call.decode(reply.result)
+        except Exception as exc:
+            tracker.answered(sent, False, None)
+            raise ProtocolViolationError(f"bad answer to {sent.call.operation}: {exc!r}") from exc
+        tracker.answered(sent, True, result)
+        return result
+
+    def _drop(self, reason: str) -> None:
+        self._lost = reason
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def _connected(self) -> None:
+        """Return once connected; reconnect first if the connection dropped."""
+        if self._closed:
+            raise ConnectionLostError("the connection was closed")
+        if self._lost is None:
+            return
+        if not self._options.reconnect:
+            raise ConnectionLostError(f"not connected to the broker: {self._lost}")
+        options = self._options
+        target = parse_url(self.url)
+        started = time.monotonic()
+        deadline = started + options.reconnect_deadline
+        delay = RECONNECT_FIRST_DELAY
+        log.info("connection to %s:%d lost (%s); reconnecting", target.host, target.port, self._lost)
+        while True:
+            try:
+                sock, welcome, decoder = _open(target, options.timeout)
+            except (TLSError, LoginFailedError, ProtocolViolationError):
+                raise
+            except ConnectionLostError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise ConnectionLostError(
+                        f"could not reconnect to the broker at {target.host}:{target.port} within"
+                        f" {options.reconnect_deadline:g} s (reconnect_deadline): {exc}"
+                    ) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_DELAY)
+                continue
+            if welcome.broker_instance != self.broker_instance_id:
+                sock.close()
+                raise ConnectionLostError(
+                    f"reconnected to a different broker (instance {welcome.broker_instance}, not"
+                    f" {self.broker_instance_id}): what was in flight cannot be settled there"
+                )
+            self._sock, self._decoder, self._lost = sock, decoder, None
+            self.reconnects += 1
+            log.info(
+                "reconnected to %s:%d after %.2f s", target.host, target.port, time.monotonic() - started
+            )
+            try:
+                self._drive(self._tracker.reattach(time.monotonic()))
+                for hook in list(self.on_reconnect):
+                    hook(self)
+            except _Lost:
+                continue
+            return
+
+    def _drive(self, settling: Settling) -> None:
+        answer: Any = None
+        while True:
+            try:
+                step = settling.send(answer)
+            except StopIteration:
+                return
+            answer = self._send(step)
 
     def close(self) -> None:
         """Close the connection; an open transaction is rolled back by the broker."""
+        self._closed = True
         self._lost = self._lost or "closed"
         with contextlib.suppress(OSError):
             self._sock.close()
 
     @property
     def closed(self) -> bool:
-        return self._lost is not None
+        return self._closed or (self._lost is not None and not self._options.reconnect)
 
     def __enter__(self) -> SyncConnection:
         return self
@@ -107,9 +278,37 @@ class SyncConnection:
             yield self
         except BaseException as exc:
             if not self.closed:
-                self.rollback(error=f"{type(exc).__name__}: {exc}")
+                with contextlib.suppress(ConnectionLostError):
+                    self.rollback(error=f"{type(exc).__name__}: {exc}")
             raise
         self.commit()
+
+    def run_transaction(
+        self, fn: Callable[[SyncConnection], T], retries: int = DEFAULT_RETRIES
+    ) -> T:
+        """Run `fn(conn)` in a transaction and commit; return what it returned once the
+        commit is known to have happened.
+
+        It runs again (up to `retries` more times) only when the transaction is known to
+        have been rolled back: the connection dropped before the commit was applied, or a
+        lock wait timed out. Any other error rolls back and is raised; so is the last one
+        when the retries run out, and `OutcomeUnknownError` when the broker can no longer
+        tell whether the commit happened.
+        """
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be a whole number >= 0, not {retries!r}")
+        attempt = 0
+        while True:
+            try:
+                with self.transaction():
+                    result = fn(self)
+            except RETRIED as exc:
+                if attempt >= retries:
+                    raise
+                attempt += 1
+                log.info("transaction rolled back (%s); running it again (%d of %d)", exc, attempt, retries)
+                continue
+            return result
 
     create_message_type = _method(calls.create_message_type)
     create_contract = _method(calls.create_contract)
@@ -186,9 +385,8 @@ def _read_frame(sock: socket.socket, decoder: FrameDecoder) -> Any:
         decoder.receive_data(data)
 
 
-def connect_sync(url: str = "ssb://127.0.0.1:4021", timeout: float = 10.0) -> SyncConnection:
-    """Open a blocking session with the broker at `url` (ssb://user:password@host:port)."""
-    target = parse_url(url)
+def _open(target: Target, timeout: float) -> tuple[socket.socket, Welcome, FrameDecoder]:
+    """Connect, TLS where the URL asks for it, and log in."""
     try:
         sock = socket.create_connection((target.host, target.port), timeout=timeout)
     except OSError as exc:
@@ -206,6 +404,9 @@ def connect_sync(url: str = "ssb://127.0.0.1:4021", timeout: float = 10.0) -> Sy
                 f"TLS with the broker at {target.host}:{target.port} failed: {exc}; check the"
                 " URL's ?ca= or ?fingerprint="
             ) from exc
+        except OSError as exc:
+            sock.close()
+            raise ConnectionLostError(f"TLS handshake with the broker failed: {exc}") from exc
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     decoder = FrameDecoder(nesting=False)  # answers of the broker it chose
     try:
@@ -218,4 +419,24 @@ def connect_sync(url: str = "ssb://127.0.0.1:4021", timeout: float = 10.0) -> Sy
         sock.close()
         raise ConnectionLostError(f"the broker did not complete the handshake: {exc}") from exc
     sock.settimeout(None)
-    return SyncConnection(sock, welcome, decoder, url)
+    return sock, welcome, decoder
+
+
+def connect_sync(
+    url: str = "ssb://127.0.0.1:4021",
+    timeout: float = 10.0,
+    *,
+    reconnect: bool = True,
+    reconnect_deadline: float = RECONNECT_DEADLINE,
+) -> SyncConnection:
+    """Open a blocking session with the broker at `url` (ssb://user:password@host:port).
+
+    Args:
+        reconnect: when the connection drops, connect again by itself (with backoff, to
+            the same broker) and settle what was in flight (see `run_transaction`).
+        reconnect_deadline: seconds to keep trying before calls fail with
+            `ConnectionLostError`.
+    """
+    options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
+    sock, welcome, decoder = _open(parse_url(url), timeout)
+    return SyncConnection(sock, welcome, decoder, url, options)

@@ -17,7 +17,9 @@ the EXECUTE AS user with the task's one-time token and attaches itself to the ta
 before the procedure sees it. A procedure that accepts a second argument also gets
 a `TaskContext` (its queue, task id, procedure and user). Whatever it raises is
 reported back as the task's error; the connection is closed afterwards, which rolls
-back anything it left open.
+back anything it left open. The connection does not reconnect: its token logs in once,
+and a dropped connection ends the task (the queue monitor starts another reader while
+messages wait). Inside it, `run_transaction` still settles a commit whose answer was lost.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def _url(run: dict[str, Any]) -> str:
 def _run_sync(fn: Callable[..., Any], run: dict[str, Any], context: TaskContext) -> None:
     from ssb import client
 
-    conn = client.connect_sync(_url(run))
+    conn = client.connect_sync(_url(run), reconnect=False)  # the task ends with it
     try:
         conn.attach_task(run["token"])
         if _wants_context(fn):
@@ -105,7 +107,7 @@ def _run_sync(fn: Callable[..., Any], run: dict[str, Any], context: TaskContext)
 async def _run_async(fn: Callable[..., Any], run: dict[str, Any], context: TaskContext) -> None:
     from ssb import client
 
-    conn = await client.connect(_url(run))
+    conn = await client.connect(_url(run), reconnect=False)  # the task ends with it
     try:
         await conn.attach_task(run["token"])
         if _wants_context(fn):

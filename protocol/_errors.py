@@ -54,6 +54,7 @@ class ErrorCode(IntEnum):
     LOCK_TIMEOUT = 5003
     TOO_MANY_LOCKS = 5004
     TOO_MANY_TRANSACTIONS = 5005
+    TRANSACTION_RESOLVED = 5006  # its outcome was given to a reconnecting client: never again
     # security
     LOGIN_FAILED = 6001
     PERMISSION_DENIED = 6002

@@ -133,20 +133,25 @@ def run_reader(spec: ReaderSpec, index: int = 0) -> ReaderReport:
     except client.BrokerError as exc:
         report.error = f"cannot connect: {exc}"
         return report
+    def register(session: client.SyncConnection) -> dict[str, Any]:
+        return session.register_task(
+            spec.queue,
+            spec.activator,
+            procedure=spec.function,
+            job=spec.job,
+            job_task_id=report.job_task_id,
+            executor=report.executor,
+            pid=os.getpid(),
+        )
+
     try:
         try:
-            info = conn.register_task(
-                spec.queue,
-                spec.activator,
-                procedure=spec.function,
-                job=spec.job,
-                job_task_id=report.job_task_id,
-                executor=report.executor,
-                pid=os.getpid(),
-            )
+            info = register(conn)
         except client.InUseError as exc:
             report.refused = str(exc)
             return report
+        # the broker ended the task with the old connection: the new one is the task again
+        conn.on_reconnect.append(register)
         report.registered, report.task_id = True, int(info["task_id"])
         report.registered_at = time.time()
         error: str | None = None
@@ -184,24 +189,16 @@ def _read_messages(
     isolated = 0  # messages still to take one at a time after a failure
     while True:
         top = ISOLATED_AFTER_FAILURE if isolated > 0 else spec.batch_size
-        conn.begin_transaction()
-        # the broker's errors here (queue disabled, ...) end the reader
-        messages = conn.receive(spec.queue, top=top, timeout=spec.idle_timeout)
         try:
-            for message in messages:
-                if message.is_end_dialog or message.is_error:
-                    with contextlib.suppress(client.ConversationEndedError, client.NotFoundError):
-                        conn.end_conversation(message.conversation_handle)
-                else:
-                    fn(message, conn)
-        except client.ConnectionLostError:
-            raise
-        except Exception as exc:  # the user's function failed: roll back, go on
-            conn.rollback(error=f"{type(exc).__name__}: {exc}")
-            report.rolled_back += 1
-            isolated = max(isolated, len(messages))
+            messages = _one_transaction(conn, spec, fn, top)
+        except client.TransactionRolledBackError:  # the connection dropped: none of it counted
+            with contextlib.suppress(client.BrokerError):
+                conn.rollback()
             continue
-        conn.commit()
+        except _Failed as failed:  # the user's function failed: rolled back, go on
+            report.rolled_back += 1
+            isolated = max(isolated, failed.messages)
+            continue
         report.transactions += 1
         if not messages:
             return
@@ -209,6 +206,40 @@ def _read_messages(
         report.last_processed_at = time.time()
         if isolated > 0:
             isolated -= len(messages)
+
+
+class _Failed(Exception):
+    """The user's function failed on a transaction of `messages` messages (rolled back)."""
+
+    def __init__(self, messages: int) -> None:
+        super().__init__(messages)
+        self.messages = messages
+
+
+def _one_transaction(
+    conn: client.SyncConnection,
+    spec: ReaderSpec,
+    fn: Callable[[client.Message, client.SyncConnection], Any],
+    top: int,
+) -> list[client.Message]:
+    """RECEIVE, process, COMMIT; the messages once the commit is known to have happened."""
+    conn.begin_transaction()
+    # the broker's errors here (queue disabled, ...) end the reader
+    messages = conn.receive(spec.queue, top=top, timeout=spec.idle_timeout)
+    try:
+        for message in messages:
+            if message.is_end_dialog or message.is_error:
+                with contextlib.suppress(client.ConversationEndedError, client.NotFoundError):
+                    conn.end_conversation(message.conversation_handle)
+            else:
+                fn(message, conn)
+    except (client.ConnectionLostError, client.TransactionRolledBackError):
+        raise
+    except Exception as exc:  # the user's function failed: roll back, go on
+        conn.rollback(error=f"{type(exc).__name__}: {exc}")
+        raise _Failed(len(messages)) from exc
+    conn.commit()
+    return messages
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,9 +76,9 @@ class Node:
     async def view(self, name: str) -> list[dict[str, Any]]:
         return await self.conn.view(name)
 
-    async def connect(self) -> client.Connection:
+    async def connect(self, reconnect: bool = True) -> client.Connection:
         """A further session with this broker (the caller closes it)."""
-        return await client.connect(self.process.url)
+        return await client.connect(self.process.url, reconnect=reconnect)
 
 
 class Federation:
@@ -167,9 +167,9 @@ class Federation:
             with contextlib.suppress(OSError):
                 print(f"log tail:\n{node.process.log_text()[-3000:]}")
 
-    async def session(self, name: str) -> client.Connection:
+    async def session(self, name: str, reconnect: bool = True) -> client.Connection:
         """Another connection to broker `name`, closed with the federation."""
-        conn = await self.nodes[name].connect()
+        conn = await self.nodes[name].connect(reconnect)
         self._extra.append(conn)
         return conn
 

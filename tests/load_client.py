@@ -28,7 +28,7 @@ BATCH = 20
 
 async def producer(url: str, log_path: str, handle_file: str) -> None:
     handles = [uuid.UUID(line) for line in Path(handle_file).read_text().split()]
-    conn = await client.connect(url)
+    conn = await client.connect(url, reconnect=False)  # a kill ends it
     deadline = time.monotonic() + MAX_SECONDS
     with open(log_path, "a", buffering=1) as log:
         for batch in range(MAX_BATCHES):
@@ -43,7 +43,7 @@ async def producer(url: str, log_path: str, handle_file: str) -> None:
 
 
 async def consumer(url: str, log_path: str, queue: str) -> None:
-    conn = await client.connect(url)
+    conn = await client.connect(url, reconnect=False)  # a kill ends it
     deadline = time.monotonic() + MAX_SECONDS
     with open(log_path, "a", buffering=1) as log:
         while time.monotonic() < deadline:

@@ -74,7 +74,7 @@ async def test_kill_9_during_a_deep_drain_loses_and_repeats_nothing(tmp_path: Pa
         assert res["cached_bytes"] <= CACHE
         await conn.close()
 
-        reader = await client.connect(broker.url)
+        reader = await client.connect(broker.url, reconnect_deadline=0.5)
         taken: list[client.Message] = []  # by acknowledged commits, in commit order
         for _ in range(COMMITS_BEFORE_KILL):
             await reader.begin_transaction()

@@ -114,7 +114,7 @@ async def test_restart_keeps_catalog_conversations_and_delivery_counts(tmp_path:
 
 async def test_sigterm_shuts_down_cleanly(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "data").start()
-    conn = await client.connect(broker.url)
+    conn = await client.connect(broker.url, reconnect_deadline=0.5)
     await conn.create_queue("Q")
     await conn.begin_transaction()
     assert broker.stop() == 0

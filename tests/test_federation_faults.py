@@ -418,7 +418,7 @@ async def test_kill_9_of_the_receiving_broker_mid_transfer_loses_and_duplicates_
         try:
             for kill in range(KILLS):
                 consumer = asyncio.ensure_future(
-                    _consume(await fed.session("B"), target_q, ledger, stop)
+                    _consume(await fed.session("B", reconnect=False), target_q, ledger, stop)
                 )
                 enough = len(ledger.committed) + 1500
 
@@ -447,7 +447,7 @@ async def test_kill_9_of_the_receiving_broker_mid_transfer_loses_and_duplicates_
                 )
             # after the last restart: go on for a while with a consumer, then stop both
             consumer = asyncio.ensure_future(
-                _consume(await fed.session("B"), target_q, ledger, stop)
+                _consume(await fed.session("B", reconnect=False), target_q, ledger, stop)
             )
             more = ledger.acked + 1000
             await wait_until(

@@ -250,7 +250,7 @@ async def test_dropping_a_login_closes_its_sessions_and_rolls_them_back(
         await leaving.begin_transaction()
         await leaving.begin_dialog("S", "S")
         await admin.drop_login("leaving")
-        with pytest.raises(client.ConnectionLostError):
+        with pytest.raises(client.LoginFailedError):  # it reconnects, and may not log in
             await leaving.ping()
         assert await admin.view("conversation_endpoints") == []  # never committed
         assert "closed 1 session(s) of the dropped login 'leaving'" in broker.log_text()

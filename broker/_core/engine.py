@@ -11,6 +11,7 @@ Parts, each owning its state (imports run one way, top to bottom):
     catalog, routes      the objects, and where services live
     queues, backlog      groups, conversations, the message cache
     endpoints            conversation endpoints over the store, timers
+    outcomes             committed transaction ids, for reconnecting clients
     transactions         sessions, transactions, locks (hooks call back here)
     delivery             the transmission queue; local and remote delivery
     receive              RECEIVE, GET CONVERSATION GROUP, waiters
@@ -44,6 +45,7 @@ from .delivery import Delivery, Outbound
 from .dialogs import Dialogs
 from .endpoints import Endpoints
 from .events import Events
+from .outcomes import DEFAULT_WINDOW_COUNT, DEFAULT_WINDOW_SECONDS, PRUNED_THROUGH, Outcomes
 from .poison import Poison
 from .ports import Clock, Journal, NoListener, OutboundSink, QueueListener, Row
 from .queues import Conversation, Group, Message, Queue, Status, dead_letter_identity
@@ -65,9 +67,11 @@ class StoredState:
         self,
         catalog: list[tuple[str, str, str]],
         max_ids: tuple[int, int, int],
+        meta: dict[str, str] | None = None,
     ) -> None:
         self.catalog = catalog
         self.max_ids = max_ids
+        self.meta = meta or {}
 
 
 class Engine:
@@ -83,6 +87,8 @@ class Engine:
         message_cache_bytes: int = DEFAULT_CACHE_BYTES,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         min_free_disk: int = DEFAULT_MIN_FREE_DISK,
+        outcome_window_seconds: float = DEFAULT_WINDOW_SECONDS,
+        outcome_window_count: int = DEFAULT_WINDOW_COUNT,
     ) -> None:
         self.journal = journal
         self.clock = clock
@@ -93,7 +99,8 @@ class Engine:
         self.queues: dict[str, Queue] = {}
         self.routes = Routes(self.catalog, clock, instance_id)
         self.endpoints = Endpoints(journal, self.catalog)
-        self.transactions = Transactions(clock, self, lock_timeout)
+        self.outcomes = Outcomes(journal, clock, outcome_window_seconds, outcome_window_count)
+        self.transactions = Transactions(clock, self, lock_timeout, self.outcomes)
         self.delivery = Delivery(
             journal,
             clock,
@@ -194,6 +201,7 @@ class Engine:
         max_order, max_outbound, max_incident = state.max_ids
         self.delivery.restore_ids(max_order, max_outbound)
         self.poison.restore_ids(max_incident)
+        self.outcomes.load(state.meta.get(PRUNED_THROUGH))
         self._load_messages()
         self._load_transmission()
 
@@ -306,12 +314,14 @@ class Engine:
     def start(self) -> None:
         """Arm timers and deliver what waited for queues that are ON (on the loop)."""
         self.dialogs.timers.start()
+        self.outcomes.start()
         for queue in list(self.queues.values()):
             if queue.definition.status:
                 self.delivery.release_held(queue.name)
 
     def close(self) -> None:
         self.dialogs.timers.close()
+        self.outcomes.close()
 
     # ---- operations ------------------------------------------------------------------------
 
@@ -343,6 +353,7 @@ class Engine:
             "attach_transaction": t.attach_transaction,
             "commit_transaction": t.commit_transaction,
             "rollback_transaction": t.rollback_transaction,
+            "transaction_outcome": t.transaction_outcome,
             "transaction_messages": self.transaction_messages,
             "requeue_dead_letter": self.requeue_dead_letter,
             "broker_instance": self.broker_instance,

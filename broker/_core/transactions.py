@@ -23,6 +23,14 @@ their value at once, so the common case costs no task.
 A detached transaction has an id, outlives its session (a dropped connection does not
 roll it back), can be attached, committed or rolled back from any session, and rolls
 back by itself when nobody finishes it within its timeout.
+
+Outcomes. A transaction may carry an id its client chose (`txn_id` at BEGIN, or `txn`
+on a statement outside a transaction); a detached one carries its own. Committing a
+named transaction records its id in the same batch (see `outcomes`), and
+`transaction_outcome` tells a reconnected client whether it committed. Before it
+answers, the id is fenced: another session of the login still running that
+transaction or statement (a connection the broker has not yet seen drop) is aborted,
+and the id can never begin again.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from ssb.protocol import ErrorCode
 
 from .._errors import BrokerError, bad_argument, not_found
 from .conversations import Endpoint
+from .outcomes import Outcome, Outcomes
 from .ports import Cancellable, Clock
 from .queues import Group, Message, Queue
 
@@ -101,6 +110,9 @@ class Transaction:
     expires: float | None = None
     # what a rollback put back, by queue, for the poison rules that run after it
     restored: list[tuple[Queue, list[Message]]] = field(default_factory=list)
+    # the id its commit is recorded under (the client's, or the detached id) and whose
+    txn_id: uuid.UUID | None = None
+    login: str = ""
 
     def received_messages(self) -> list[Message]:
         return [m for _, messages in self.received for m in messages]
@@ -115,6 +127,9 @@ class Session:
     closed: bool = False
     waiting: Any = None  # the Waiter this session is blocked in, for views
     task: Any = None  # an activated task's identity, when a worker connects as one
+    statement: uuid.UUID | None = None  # the named statement running outside a transaction
+    # closes the session's connection at once (set by the client port); None: just close
+    abort: Callable[[str], None] | None = None
 
 
 class TransactionHooks(Protocol):
@@ -163,10 +178,13 @@ def as_seconds(value: object, what: str, allow_none: bool = False) -> float | No
 class Transactions:
     """Every session and transaction of the broker, and the locks they hold."""
 
-    def __init__(self, clock: Clock, hooks: TransactionHooks, lock_timeout: float) -> None:
+    def __init__(
+        self, clock: Clock, hooks: TransactionHooks, lock_timeout: float, outcomes: Outcomes
+    ) -> None:
         self.clock = clock
         self.hooks = hooks
         self.lock_timeout = lock_timeout
+        self.outcomes = outcomes
         # bounds on what one client can hold ([limits] in the config)
         self.max_locks = DEFAULT_MAX_LOCKS  # conversation-group locks per transaction
         self.max_detached = DEFAULT_MAX_DETACHED  # open detached transactions per login
@@ -210,6 +228,8 @@ class Transactions:
                 self.rollback_now(txn, "")
                 raise
         self.hooks.apply_commit(txn)
+        if txn.txn_id is not None:
+            self.outcomes.record(txn.login, txn.txn_id)
         self.release(txn)
 
     def rollback_now(self, txn: Transaction, error: str) -> None:
@@ -220,7 +240,11 @@ class Transactions:
     # ---- BEGIN / COMMIT / ROLLBACK -----------------------------------------------------------------
 
     def begin_transaction(
-        self, session: Session, detached: object = False, timeout: object = None
+        self,
+        session: Session,
+        detached: object = False,
+        timeout: object = None,
+        txn_id: object = None,
     ) -> uuid.UUID | None:
         if session.txn is not None:
             raise BrokerError(
@@ -237,11 +261,16 @@ class Transactions:
                     f"login '{session.user}' has {mine} open detached transactions, the limit"
                     " ([limits] detached_per_login); commit or roll some back first",
                 )
-        txn = Transaction(session, explicit=True)
+        name = None if txn_id is None else as_uuid(txn_id, "txn_id")
+        if name is not None:
+            if detached:
+                raise bad_argument("a detached transaction is named by the broker; drop txn_id")
+            self._check_unresolved(session, name)
+        txn = Transaction(session, explicit=True, txn_id=name, login=session.user)
         if detached:
             seconds = as_seconds(DETACHED_TIMEOUT if timeout is None else timeout, "timeout")
             assert seconds is not None
-            ident = txn.ident = uuid.uuid4()
+            ident = txn.ident = txn.txn_id = uuid.uuid4()
             txn.expires = self.clock.time() + seconds
             self.detached[ident] = txn
             self._expiry[ident] = self.clock.call_at(txn.expires, lambda: self._expire(ident))
@@ -274,6 +303,96 @@ class Transactions:
                 f"there is no open transaction to {verb}; call begin_transaction() first",
             )
         return session.txn
+
+    # ---- outcomes --------------------------------------------------------------------------------
+
+    def _check_unresolved(self, session: Session, name: uuid.UUID) -> None:
+        if self.outcomes.fenced(session.user, name):
+            log.info(
+                "refusing transaction %s of '%s' from %s: its outcome was already given;"
+                " closing that connection",
+                name,
+                session.user,
+                session.peer,
+            )
+            raise BrokerError(
+                ErrorCode.TRANSACTION_RESOLVED,
+                f"transaction {name} was already resolved as not committed for a reconnecting"
+                " client; it cannot run now (this connection is closed)",
+            )
+
+    def begin_statement(self, session: Session, txn: object) -> uuid.UUID:
+        """A statement outside a transaction, named `txn`, starts."""
+        if session.txn is not None:
+            raise bad_argument(
+                "txn names a statement outside a transaction; inside one, the transaction's"
+                " id (begin_transaction txn_id) names it"
+            )
+        name = as_uuid(txn, "txn")
+        self._check_unresolved(session, name)
+        session.statement = name
+        return name
+
+    def end_statement(self, session: Session, name: uuid.UUID, done: bool) -> None:
+        """The named statement ended; `done`: it succeeded, and its effects are in the
+        open batch (its record joins them)."""
+        session.statement = None
+        if done:
+            self.outcomes.record(session.user, name)
+
+    async def transaction_outcome(
+        self, session: Session, txn_id: object, age: object = None
+    ) -> list[Any]:
+        """Operation: [outcome, why] for the login's transaction or statement `txn_id`.
+
+        `age`: at most how many seconds ago the client sent its commit (None: unknown).
+        """
+        name = as_uuid(txn_id, "txn_id")
+        seconds = as_seconds(age, "age", allow_none=True)
+        detached = self.detached.get(name)
+        if detached is not None and detached.login == session.user:
+            return ["open", "the detached transaction is still open"]
+        mine = session.txn
+        if mine is not None and mine.txn_id == name:
+            return ["open", "it is this connection's open transaction"]
+        for other in list(self.sessions.values()):
+            if other is session or other.user != session.user:
+                continue
+            running = other.txn is not None and other.txn.txn_id == name
+            if running or other.statement == name:
+                log.info(
+                    "transaction %s of '%s' is resolved for %s: closing the connection %s"
+                    " still running it",
+                    name,
+                    session.user,
+                    session.peer,
+                    other.peer,
+                )
+                self._abort(other, f"transaction {name} was resolved by another connection")
+        self.outcomes.fence(session.user, name)
+        await self._durable()
+        outcome: Outcome = self.outcomes.lookup(session.user, name, seconds)
+        why = self.outcomes.describe_unknown(seconds) if outcome == "unknown" else ""
+        log.info("transaction %s of '%s': %s (asked by %s)", name, session.user, outcome, session.peer)
+        return [outcome, why]
+
+    async def _durable(self) -> None:
+        """Wait until everything applied so far is durable."""
+        journal = self.outcomes.journal
+        future: asyncio.Future[None] = self.clock.create_future()
+
+        def durable() -> None:
+            if not future.done():
+                future.set_result(None)
+
+        journal.when_durable(journal.watermark(), durable)
+        await future
+
+    def _abort(self, session: Session, reason: str) -> None:
+        if session.abort is not None:
+            session.abort(reason)
+        if not session.closed:
+            self.close_session(session)
 
     # ---- detached transactions ---------------------------------------------------------------------
 

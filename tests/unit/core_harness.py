@@ -80,7 +80,9 @@ class Core:
         self.store = store if store is not None else Store(":memory:", threaded=False)
         self.clock = clock if clock is not None else FakeClock()
         self.engine = Engine(self.store, self.clock, INSTANCE, **options)
-        self.engine.load(StoredState(self.store.load_catalog(), self.store.max_ids()))
+        self.engine.load(
+            StoredState(self.store.load_catalog(), self.store.max_ids(), self.store.load_meta())
+        )
         self.store.flush()
         self.engine.start()
         self.session = self.new_session()
@@ -108,6 +110,7 @@ class Core:
 
     def restart(self, **options: Any) -> Core:
         """A new engine on the same store, as after a crash (only what was flushed counts)."""
+        self.store.discard_pending()
         return Core(self.store, FakeClock(self.clock.now), **options)
 
     # ---- a two-service setup --------------------------------------------------------

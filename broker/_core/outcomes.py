@@ -1,0 +1,163 @@
+"""Transaction outcomes: which of a login's transactions committed, kept for a window.
+
+Theory of operation. A client names each transaction with a UUID of its own choosing (a
+statement outside a transaction is a transaction of its own; a detached transaction is
+named by the broker). When a named transaction commits, a record (number, id, login,
+time) joins the same durable batch as the commit's effects, so both become durable
+together or neither does. A client that lost the answer to a commit asks for the
+outcome: a record means "committed".
+
+No record means "rolled_back" only if a record could not have been pruned. Records are
+numbered in commit order and pruned oldest first: those older than `window_seconds`
+and all but the newest `window_count`. `pruned_through` is the commit time of the newest
+record ever pruned (kept in the store's meta table). The client says how long ago, at
+most, it sent the commit (`age`, measured on its own monotonic clock): a commit applied
+after `now - age` that is later than `pruned_through` would still have its record. A
+record older than `window_seconds` counts as gone, whether or not the pruning has run
+yet, so the window behaves as configured. Anything else is "unknown".
+
+An answer must stay true: before it is given the id is *fenced*. A fenced id may never
+begin or commit afterwards (the session running it is aborted by `Transactions`, a later
+BEGIN or statement with it is refused and its connection closed), so a commit still
+queued behind a connection the broker has not yet seen drop cannot make "rolled_back"
+false. Fences live in memory for the window; after a restart no old connection is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import OrderedDict
+from typing import Final, Literal
+
+from .ports import Cancellable, Clock, Journal
+
+log = logging.getLogger("ssb.core")
+
+Outcome = Literal["committed", "rolled_back", "unknown", "open"]
+
+DEFAULT_WINDOW_SECONDS: Final = 3600.0
+DEFAULT_WINDOW_COUNT: Final = 1_000_000
+PRUNE_INTERVAL: Final = 1.0  # seconds between prunes
+MAX_FENCES: Final = 100_000  # resolved ids remembered at most (oldest forgotten first)
+PRUNED_THROUGH: Final = "outcomes_pruned_through"  # meta key
+
+
+class Outcomes:
+    """The window of committed transaction ids, and the ids already resolved."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        clock: Clock,
+        window_seconds: float = DEFAULT_WINDOW_SECONDS,
+        window_count: int = DEFAULT_WINDOW_COUNT,
+    ) -> None:
+        self.journal = journal
+        self.clock = clock
+        self.window_seconds = window_seconds
+        self.window_count = window_count
+        self.first = 1  # the oldest record kept (records first..next-1 exist)
+        self.next = 1
+        self.pruned_through = 0.0
+        self._fences: OrderedDict[tuple[str, uuid.UUID], float] = OrderedDict()
+        self._timer: Cancellable | None = None
+
+    def load(self, pruned_through: str | None) -> None:
+        """Pick up the records kept by the store (at start)."""
+        span = self.journal.outcome_range()
+        if span is not None:
+            self.first, last = span
+            self.next = last + 1
+        self.pruned_through = float(pruned_through) if pruned_through else 0.0
+
+    def start(self) -> None:
+        self._timer = self.clock.call_at(self.clock.time() + PRUNE_INTERVAL, self._tick)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # ---- recording and fencing ------------------------------------------------------------
+
+    def record(self, login: str, txn: uuid.UUID) -> None:
+        """`login`'s transaction `txn` commits: its record joins the open batch."""
+        self.journal.insert_outcome(self.next, txn, login, self.clock.time())
+        self.next += 1
+
+    def fenced(self, login: str, txn: uuid.UUID) -> bool:
+        return (login, txn) in self._fences
+
+    def fence(self, login: str, txn: uuid.UUID) -> None:
+        """`txn` of `login` is resolved: it may never begin or commit from now on."""
+        key = (login, txn)
+        self._fences[key] = self.clock.time()
+        self._fences.move_to_end(key)
+        while len(self._fences) > MAX_FENCES:
+            self._fences.popitem(last=False)
+
+    # ---- answering ---------------------------------------------------------------------------
+
+    def lookup(self, login: str, txn: uuid.UUID, age: float | None) -> Outcome:
+        """The outcome of a fenced `txn`, from durable records only (the caller waits until
+        everything applied so far is durable)."""
+        now = self.clock.time()
+        horizon = now - self.window_seconds
+        committed = self.journal.read_outcome(txn, login)
+        if committed is not None:
+            return "committed" if committed >= horizon else "unknown"
+        if age is None:
+            return "unknown"
+        earliest = now - age
+        if earliest <= max(self.pruned_through, horizon):
+            return "unknown"
+        return "rolled_back"
+
+    def describe_unknown(self, age: float | None) -> str:
+        """Why an outcome is unknown, for the client's error."""
+        if age is None:
+            return "the question did not say when the transaction was committed"
+        return (
+            f"the transaction was sent {age:.1f} s ago and the broker keeps committed"
+            f" transaction ids for {self.window_seconds:g} s (outcome_window_seconds) and"
+            f" the newest {self.window_count} (outcome_window_count)"
+        )
+
+    # ---- pruning ------------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        self._timer = self.clock.call_at(self.clock.time() + PRUNE_INTERVAL, self._tick)
+        self.prune()
+
+    def prune(self) -> None:
+        """Drop records beyond the window (by count, then by age) and fences past it."""
+        now = self.clock.time()
+        horizon = now - self.window_seconds
+        while self._fences:
+            key, at = next(iter(self._fences.items()))
+            if at >= horizon:
+                break
+            del self._fences[key]
+        upto = self.first - 1
+        if self.next - self.first > self.window_count:
+            upto = self.next - self.window_count - 1
+        # by age: binary search over the kept records (numbered in commit order)
+        low, high = max(upto + 1, self.first), self.next - 1
+        while low <= high:
+            middle = (low + high) // 2
+            stamp = self.journal.outcome_at(middle)
+            if stamp is None or stamp >= horizon:  # not durable yet, or young enough
+                high = middle - 1
+            else:
+                upto, low = middle, middle + 1
+        if upto < self.first:
+            return
+        newest = self.journal.outcome_at(upto)
+        if newest is None:
+            return  # not durable yet: prune on a later tick
+        self.journal.delete_outcomes_upto(upto)
+        self.pruned_through = max(self.pruned_through, newest)
+        self.journal.put_meta(PRUNED_THROUGH, repr(self.pruned_through))
+        log.debug("pruned transaction outcomes %d..%d", self.first, upto)
+        self.first = upto + 1

@@ -1,0 +1,230 @@
+"""Exactly-once across lost connections: clients reconnect and settle what was in flight.
+
+Real daemons on 127.0.0.1. A fault proxy between the clients and the broker cuts
+connections at random frames in both directions (so some cuts fall between a commit's
+request and its answer); or the broker is killed with SIGKILL and restarted on the same
+port. A producer sends numbered messages with `run_transaction`, a reader receives them
+with `run_transaction` and records what it got in committed transactions only; the
+record must hold every message exactly once, in order per conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from daemon import BrokerProcess
+from faultproxy import FaultPlan, ThreadedFaultProxy
+
+from ssb import client
+from ssb.client import _calls as calls
+from ssb.client._recovery import uuid7
+
+TAG = struct.Struct(">II")  # conversation number, message number within it
+CONVERSATIONS = 10
+BATCH = 100
+
+
+async def _catalog(conn: client.Connection) -> list[uuid.UUID]:
+    await conn.create_queue("Sent")
+    await conn.create_queue("Work")
+    await conn.create_service("Producer", queue="Sent")
+    await conn.create_service("Worker", queue="Work", contracts=["DEFAULT"])
+    return [await conn.begin_dialog("Producer", "Worker") for _ in range(CONVERSATIONS)]
+
+
+async def _produce(
+    url: str, handles: list[uuid.UUID], total: int, progress: list[int]
+) -> client.Connection:
+    """Send `total` numbered messages, BATCH per transaction, round robin over handles."""
+    conn = await client.connect(url, reconnect_deadline=60.0)
+    per = total // CONVERSATIONS
+    for first in range(0, per, BATCH):
+        for number, handle in enumerate(handles):
+            bodies = [TAG.pack(number, i) for i in range(first, min(per, first + BATCH))]
+
+            async def send(c: client.Connection) -> None:
+                await c.send_many(handle, "DEFAULT", bodies)  # noqa: B023 - run at once
+
+            await conn.run_transaction(send)
+            progress[0] += len(bodies)
+    return conn
+
+
+def _read(url: str, total: int, record: list[tuple[int, int]], stop: threading.Event) -> Any:
+    """Receive until `total` messages were recorded (blocking client, its own thread)."""
+    conn = client.connect_sync(url, reconnect_deadline=60.0)
+
+    def take(c: client.SyncConnection) -> list[client.Message]:
+        return c.receive("Work", top=BATCH, timeout=0.5)
+
+    while len(record) < total and not stop.is_set():
+        got = conn.run_transaction(take)
+        record.extend(TAG.unpack(m.message_body) for m in got)  # committed: counts now
+    return conn
+
+
+def _check(record: list[tuple[int, int]], total: int) -> None:
+    per = total // CONVERSATIONS
+    by_conversation: dict[int, list[int]] = {}
+    for number, index in record:
+        by_conversation.setdefault(number, []).append(index)
+    assert len(record) == total, f"{len(record)} recorded for {total} sent"
+    for number in range(CONVERSATIONS):
+        assert by_conversation.get(number) == list(range(per)), f"conversation {number}"
+
+
+async def _run(
+    url: str,
+    producer_url: str,
+    total: int,
+    during: Callable[[list[int]], Awaitable[None]] | None = None,
+) -> tuple[dict[str, int], dict[str, int], int]:
+    setup = await client.connect(url)
+    handles = await _catalog(setup)
+    await setup.close()
+    record: list[tuple[int, int]] = []
+    stop = threading.Event()
+    reader = asyncio.get_running_loop().run_in_executor(
+        None, _read, producer_url, total, record, stop
+    )
+    try:
+        progress = [0]
+        producing = asyncio.ensure_future(_produce(producer_url, handles, total, progress))
+        if during is not None:
+            await during(progress)
+        producer = await asyncio.wait_for(producing, 300)
+        reading = await asyncio.wait_for(reader, 120)
+    finally:
+        stop.set()
+    _check(record, total)
+    settled = (producer.settled, reading.settled, producer.reconnects + reading.reconnects)
+    await producer.close()
+    reading.close()
+    return settled
+
+
+async def test_cuts_between_client_and_broker_lose_and_duplicate_nothing(
+    broker: BrokerProcess,
+) -> None:
+    plan = FaultPlan(seed=13, cut_probability=0.004, max_cuts=60, protect_frames=2)
+    with ThreadedFaultProxy(broker.client_port, up=plan, down=FaultPlan(
+        seed=14, cut_probability=0.004, max_cuts=60, protect_frames=2
+    )) as proxy:
+        url = broker.url.replace(f":{broker.client_port}", f":{proxy.port}")
+        produced, read, reconnects = await _run(broker.url, url, 100_000)
+        stats = proxy.stats
+    assert stats.cuts >= 20, stats.as_dict()
+    assert reconnects >= 10
+    # some cuts fell between a commit and its answer, on both sides, and were settled
+    assert produced.get("commit committed", 0) >= 1, produced
+    assert read.get("commit committed", 0) >= 1, read
+
+
+async def test_broker_killed_and_restarted_loses_and_duplicates_nothing(
+    broker: BrokerProcess,
+) -> None:
+    total = 100_000
+
+    async def kill_three_times(progress: list[int]) -> None:
+        for kill in range(1, 4):
+            deadline = time.monotonic() + 120
+            while progress[0] < kill * total // 4:  # the producer's own count
+                assert time.monotonic() < deadline, "the producer made no progress"
+                await asyncio.sleep(0.02)
+            broker.kill()
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+
+    _, _, reconnects = await _run(broker.url, broker.url, total, kill_three_times)
+    assert reconnects >= 6  # each client, each kill
+
+
+async def test_outcome_window_expires_as_configured(tmp_path: Any) -> None:
+    broker = BrokerProcess(
+        tmp_path / "data", config={"outcome_window_seconds": 1, "outcome_window_count": 3}
+    ).start()
+    try:
+        conn = await client.connect(broker.url)
+        await conn.create_queue("Q")
+        await conn.begin_transaction()
+        first = conn.transaction_id
+        assert first is not None
+        await conn.create_service("S", queue="Q")
+        await conn.commit()
+        assert await conn.transaction_outcome(first) == "committed"
+        # an id the broker never saw, sent a moment ago: it did not commit, and now never will
+        never = uuid7()
+        assert (await conn.call(calls.transaction_outcome(never, 0.5)))[0] == "rolled_back"
+        late = await client.connect(broker.url, reconnect=False)
+        with pytest.raises(client.ConnectionLostError):  # the broker closes that connection
+            await late.begin_transaction(txn_id=never)
+        started = time.monotonic()
+        deadline = started + 10
+        while await conn.transaction_outcome(first) == "committed":
+            assert time.monotonic() < deadline, "the outcome never expired"
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - started >= 0.5  # not before its window
+        outcome, why = await conn.call(calls.transaction_outcome(first, 30.0))
+        assert outcome == "unknown"
+        assert "outcome_window_seconds" in why
+        # by count: three newer commits push an outcome out, however young
+        await conn.run_transaction(lambda c: c.ping())
+        ids = []
+        for _ in range(4):
+            await conn.begin_transaction()
+            ids.append(conn.transaction_id)
+            await conn.commit()
+        deadline = time.monotonic() + 10
+        while (await conn.call(calls.transaction_outcome(ids[0], 5.0)))[0] == "committed":
+            assert time.monotonic() < deadline, "the outcome was never pruned by count"
+            await asyncio.sleep(0.05)
+        assert (await conn.call(calls.transaction_outcome(ids[0], 5.0)))[0] == "unknown"
+        assert await conn.transaction_outcome(ids[-1]) == "committed"
+        await conn.close()
+    finally:
+        broker.kill()
+
+
+async def test_a_waiting_receive_resumes_and_tls_logs_in_again(broker: BrokerProcess) -> None:
+    with ThreadedFaultProxy(broker.client_port) as proxy:
+        url = broker.tls_url.replace(f":{broker.client_port}", f":{proxy.port}")
+        reader = await client.connect(url)
+        handles = await _catalog(reader)
+        waiting = asyncio.ensure_future(reader.receive("Work", timeout=30))
+        deadline = time.monotonic() + 10
+        async with await client.connect(broker.url) as admin:
+            while not await _readers_waiting(admin):
+                assert time.monotonic() < deadline, "the receive never started waiting"
+                await asyncio.sleep(0.02)
+            proxy.cut_all()
+            await admin.send(handles[0], "DEFAULT", b"after the cut")
+        got = await asyncio.wait_for(waiting, 30)
+        assert [m.message_body for m in got] == [b"after the cut"]
+        assert reader.reconnects == 1
+        assert reader.settled.get("receive rolled_back") == 1
+        await reader.close()
+
+
+async def _readers_waiting(conn: client.Connection) -> int:
+    rows = await conn.view("service_queues")
+    return sum(int(r["readers_waiting"]) for r in rows if r["name"] == "Work")
+
+
+async def test_any_login_asks_about_its_own_transactions_only(broker: BrokerProcess) -> None:
+    async with await client.connect(broker.url) as admin:
+        await admin.create_login("app", "app-password-1")
+        async with await client.connect(broker.url_for("app", "app-password-1")) as app:
+            await app.run_transaction(lambda c: c.ping())  # no grant needed
+            await app.begin_transaction()
+            txn = app.transaction_id
+            await app.commit()
+            assert txn is not None
+            assert await app.transaction_outcome(txn) == "committed"
+            assert await admin.transaction_outcome(txn) != "committed"  # not admin's
+            assert await app.transaction_outcome(txn) == "committed"
