@@ -201,9 +201,9 @@ _TABLES: Final = (
     " queued_time REAL NOT NULL, start_time REAL, end_time REAL, activated_task INTEGER,"
     " pid INTEGER, session_id INTEGER, error TEXT)",
     # ids of committed transactions, for clients resolving a commit whose answer was lost
-    # (see _core/outcomes.py); rows are numbered in commit order and pruned oldest first
-    "CREATE TABLE IF NOT EXISTS outcomes ("
-    " seq INTEGER PRIMARY KEY, txn BLOB NOT NULL, login TEXT NOT NULL, time REAL NOT NULL)",
+    # (see _core/outcomes.py): one row per store batch, numbered, pruned oldest first
+    "CREATE TABLE IF NOT EXISTS outcome_batches ("
+    " seq INTEGER PRIMARY KEY, time REAL NOT NULL, count INTEGER NOT NULL, ids BLOB NOT NULL)",
 )
 _INDEXES: Final = (
     # a conversation's messages in order, by status; covering for the start-up summary
@@ -217,7 +217,6 @@ _INDEXES: Final = (
     " WHERE lifetime_expiry IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS transmission_by_direction"
     " ON transmission_queue (conversation_id, is_initiator, seq)",
-    "CREATE INDEX IF NOT EXISTS outcomes_by_txn ON outcomes (txn)",
 )
 
 
@@ -315,8 +314,8 @@ _DELETE_HELD_DIRECTION: Final = (
 _INSERT_POISON: Final = _insert("poison_messages", POISON_COLUMNS)
 _PUT_EXECUTION_LOG: Final = _insert("execution_log", EXECUTION_LOG_COLUMNS, "INSERT OR REPLACE")
 _DELETE_EXECUTION_LOG_UPTO: Final = "DELETE FROM execution_log WHERE log_id <= ?"
-_INSERT_OUTCOME: Final = "INSERT INTO outcomes (seq, txn, login, time) VALUES (?, ?, ?, ?)"
-_DELETE_OUTCOMES_UPTO: Final = "DELETE FROM outcomes WHERE seq <= ?"
+_INSERT_OUTCOMES: Final = "INSERT INTO outcome_batches (seq, time, count, ids) VALUES (?, ?, ?, ?)"
+_DELETE_OUTCOMES_UPTO: Final = "DELETE FROM outcome_batches WHERE seq <= ?"
 
 Row = tuple[Any, ...]
 _CANCELLED: Final = None  # a batch row that was cancelled before it was committed
@@ -1011,8 +1010,8 @@ class Store:
 
     # ---- writes: transaction outcomes ------------------------------------------------------------
 
-    def insert_outcome(self, seq: int, txn: uuid.UUID, login: str, at: float) -> None:
-        self._add(_INSERT_OUTCOME, (seq, txn, login, at))
+    def insert_outcomes(self, seq: int, at: float, count: int, ids: bytes) -> None:
+        self._add(_INSERT_OUTCOMES, (seq, at, count, ids))
 
     def delete_outcomes_upto(self, seq: int) -> None:
         self._add(_DELETE_OUTCOMES_UPTO, (seq,))
@@ -1057,22 +1056,33 @@ class Store:
             f"{_ENDPOINT_SELECT}{clause} ORDER BY handle LIMIT ?", (*params, limit)
         ).fetchall()
 
-    def read_outcome(self, txn: uuid.UUID, login: str) -> float | None:
-        """When `login`'s transaction `txn` committed, if its record is kept."""
+    def read_outcome_batches(self, first: int) -> Iterable[tuple[int, float, bytes]]:
+        """(number, time, ids) of every outcome batch from `first` on, newest first."""
+        return self._reader.execute(
+            "SELECT seq, time, ids FROM outcome_batches WHERE seq >= ? ORDER BY seq DESC",
+            (first,),
+        )
+
+    def outcome_batch_heads(self, first: int, limit: int) -> list[tuple[int, float, int]]:
+        """(number, time, count) of the oldest outcome batches from `first` on."""
+        return self._reader.execute(
+            "SELECT seq, time, count FROM outcome_batches WHERE seq >= ? ORDER BY seq LIMIT ?",
+            (first, limit),
+        ).fetchall()
+
+    def outcome_at(self, seq: int) -> float | None:
+        """The commit time of outcome batch `seq` (None when it is not kept)."""
         row = self._reader.execute(
-            "SELECT time FROM outcomes WHERE txn = ? AND login = ?", (txn, login)
+            "SELECT time FROM outcome_batches WHERE seq = ?", (seq,)
         ).fetchone()
         return None if row is None else float(row[0])
 
-    def outcome_at(self, seq: int) -> float | None:
-        """The commit time of outcome record `seq` (None when it is not kept)."""
-        row = self._reader.execute("SELECT time FROM outcomes WHERE seq = ?", (seq,)).fetchone()
-        return None if row is None else float(row[0])
-
-    def outcome_range(self) -> tuple[int, int] | None:
-        """The first and last outcome record numbers kept, if any."""
-        row = self._reader.execute("SELECT MIN(seq), MAX(seq) FROM outcomes").fetchone()
-        return None if row[0] is None else (int(row[0]), int(row[1]))
+    def outcome_span(self) -> tuple[int, int, int] | None:
+        """The first and last outcome batch numbers kept and how many ids they hold."""
+        row = self._reader.execute(
+            "SELECT MIN(seq), MAX(seq), SUM(count) FROM outcome_batches"
+        ).fetchone()
+        return None if row[0] is None else (int(row[0]), int(row[1]), int(row[2]))
 
     def count_rows(self, table: str) -> int:
         """How many rows a table holds (endpoints, transmission_queue, messages)."""

@@ -143,6 +143,7 @@ class Connection:
         self._tracker = Tracker()
         self._redialing: asyncio.Future[None] | None = None
         self._unsettled = 0  # requests whose answers were lost, not yet settled
+        self._reconnecting = False  # on_reconnect hooks run (their calls go first)
         self._settled = asyncio.Event()
         self._settled.set()
         self.reconnects = 0
@@ -154,7 +155,7 @@ class Connection:
 
     async def call(self, request: calls.Call[T]) -> T:
         """Send one request and wait for its answer (settling it after a lost connection)."""
-        while self._unsettled:  # requests lost earlier settle first, in order
+        while self._unsettled and not self._reconnecting:  # lost requests settle first
             await self._settled.wait()
         await self._connected()
         sent = self._tracker.prepare(request, time.monotonic())
@@ -292,10 +293,13 @@ class Connection:
             )
             try:
                 await self._drive(self._tracker.reattach(time.monotonic()))
+                self._reconnecting = True
                 for hook in list(self.on_reconnect):
                     await hook(self)
             except ConnectionLostError:
                 continue
+            finally:
+                self._reconnecting = False
             return
 
     async def _drive(self, settling: Settling) -> None:

@@ -171,7 +171,12 @@ class Tracker:
         sending a statement of a transaction known to be rolled back."""
         op = call.operation
         txn = self.txn
-        if txn is not None and txn.broken is not None and op != "begin_transaction":
+        if (
+            txn is not None
+            and txn.broken is not None
+            and op != "begin_transaction"
+            and op not in OBSERVATIONS
+        ):
             self.txn = None if op in ("commit", "rollback") else txn
             if op == "rollback":
                 return None
