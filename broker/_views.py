@@ -25,6 +25,7 @@ from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, MESSAGE_COLUMNS, ErrorCode, Par
 from ._core import catalog as cat
 from ._core.delivery import Outbound
 from ._core.engine import Engine
+from ._core.ports import durable
 from ._core.queues import Conversation, Group
 from ._core.transactions import Session
 from ._errors import BrokerError, bad_argument
@@ -137,14 +138,8 @@ class Views:
     async def _settled(self) -> None:
         """Wait until what was applied so far is durable (unless the store is in trouble:
         then a view shows what is durable, which is what an operator needs to see)."""
-        store = self.store
-        if store.trouble is not None or store.watermark() <= store.durable:
-            return
-        future = self.engine.clock.create_future()
-        store.when_durable(
-            store.watermark(), lambda: None if future.done() else future.set_result(None)
-        )
-        await future
+        if self.store.trouble is None:
+            await durable(self.store, self.engine.clock)
 
     # ---- views over what can be huge ----------------------------------------------------------
 

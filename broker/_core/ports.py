@@ -182,6 +182,20 @@ class Journal(Protocol):
     def outcome_span(self) -> tuple[int, int, int] | None: ...
 
 
+async def durable(journal: Journal, clock: Clock) -> None:
+    """Wait until everything applied so far is durable."""
+    if journal.watermark() <= journal.durable:
+        return
+    future = clock.create_future()
+
+    def done() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    journal.when_durable(journal.watermark(), done)
+    await future
+
+
 class QueueListener(Protocol):
     """What queue monitors (activation) hear from the core; every hook must be quick."""
 

@@ -49,7 +49,7 @@ from ssb.protocol import ErrorCode
 from .._errors import BrokerError, bad_argument, not_found
 from .conversations import Endpoint
 from .outcomes import Outcome, Outcomes
-from .ports import Cancellable, Clock
+from .ports import Cancellable, Clock, durable
 from .queues import Group, Message, Queue
 
 log = logging.getLogger("ssb.core")
@@ -370,23 +370,11 @@ class Transactions:
                 )
                 self._abort(other, f"transaction {name} was resolved by another connection")
         self.outcomes.fence(session.user, name)
-        await self._durable()
+        await durable(self.outcomes.journal, self.clock)
         outcome: Outcome = self.outcomes.lookup(session.user, name, seconds)
         why = self.outcomes.describe_unknown(seconds) if outcome == "unknown" else ""
         log.info("transaction %s of '%s': %s (asked by %s)", name, session.user, outcome, session.peer)
         return [outcome, why]
-
-    async def _durable(self) -> None:
-        """Wait until everything applied so far is durable."""
-        journal = self.outcomes.journal
-        future: asyncio.Future[None] = self.clock.create_future()
-
-        def durable() -> None:
-            if not future.done():
-                future.set_result(None)
-
-        journal.when_durable(journal.watermark(), durable)
-        await future
 
     def _abort(self, session: Session, reason: str) -> None:
         if session.abort is not None:
