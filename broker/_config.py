@@ -122,38 +122,31 @@ class Config:
             port = getattr(self, name)
             if not isinstance(port, int) or not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be a port number 0..65535, not {port!r}")
-        if (
-            isinstance(self.lock_timeout, bool)
-            or not isinstance(self.lock_timeout, (int, float))
-            or not math.isfinite(self.lock_timeout)
-            or not 0 < self.lock_timeout <= 3600
-        ):
+        if not _seconds(self.lock_timeout) or not 0 < self.lock_timeout <= 3600:
             raise ConfigError(f"lock_timeout must be seconds in (0, 3600], not {self.lock_timeout!r}")
-        _bytes("message_cache_bytes", self.message_cache_bytes, MIB, 1 << 40)
-        _bytes("max_message_size", self.max_message_size, 1, MAX_MESSAGE_SIZE_LIMIT)
-        _bytes("min_free_disk", self.min_free_disk, 0, 1 << 50)
+        _whole("message_cache_bytes", self.message_cache_bytes, MIB, 1 << 40)
+        _whole("max_message_size", self.max_message_size, 1, MAX_MESSAGE_SIZE_LIMIT)
+        _whole("min_free_disk", self.min_free_disk, 0, 1 << 50)
         window = self.outcome_window_seconds
-        if (
-            isinstance(window, bool)
-            or not isinstance(window, (int, float))
-            or not math.isfinite(window)
-            or not 1 <= window <= 30 * 86400
-        ):
+        if not _seconds(window) or not 1 <= window <= 30 * 86400:
             raise ConfigError(
                 f"outcome_window_seconds must be seconds from 1 to {30 * 86400}, not {window!r}"
             )
-        count = self.outcome_window_count
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 100_000_000:
-            raise ConfigError(
-                f"outcome_window_count must be a whole number from 1 to 100000000, not {count!r}"
-            )
+        _whole("outcome_window_count", self.outcome_window_count, 1, 100_000_000, "")
         if not isinstance(self.allow_plain, bool):
             raise ConfigError(f"allow_plain must be true or false, not {self.allow_plain!r}")
 
 
-def _bytes(name: str, value: object, low: int, high: int) -> None:
+def _seconds(value: object) -> bool:
+    """Whether `value` is a finite number (of seconds); the caller checks its range."""
+    return (
+        not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    )
+
+
+def _whole(name: str, value: object, low: int, high: int, unit: str = " of bytes") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{name} must be a whole number of bytes from {low} to {high}, not {value!r}")
+        raise ConfigError(f"{name} must be a whole number{unit} from {low} to {high}, not {value!r}")
 
 
 _SCALARS = {f.name for f in fields(Config)} - {"limits", "sections", "procedures"}
