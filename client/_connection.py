@@ -40,14 +40,14 @@ from ._errors import (
 from ._recovery import (
     DEFAULT_RETRIES,
     RECONNECT_DEADLINE,
-    RECONNECT_FIRST_DELAY,
-    RECONNECT_MAX_DELAY,
     RETRIED,
     Options,
+    Redial,
     Sent,
     Settling,
     Tracker,
     check_deadline,
+    check_retries,
     unsettled_text,
 )
 from ._scheduler import get_scheduler, install_scheduler
@@ -194,9 +194,13 @@ class Connection:
         except ConnectionLostError as exc:
             raise ConnectionLostError(unsettled_text(sent, exc)) from exc
         finally:
-            self._unsettled -= 1
-            if not self._unsettled:
-                self._settled.set()
+            self._one_settled()
+
+    def _one_settled(self) -> None:
+        """A request counted at its loss (`_Lost`) is settled, or handed on."""
+        self._unsettled -= 1
+        if not self._unsettled:
+            self._settled.set()
 
     async def _settle(self, sent: Sent) -> Any:
         """Settle a request whose answer was lost, once connected again."""
@@ -214,7 +218,7 @@ class Connection:
             try:
                 answer = await self._send(step)
             except _Lost:
-                self._unsettled -= 1  # counted again by the loss; settled right here
+                self._one_settled()  # counted again by the loss; settled right here
                 try:
                     answer = await self._settle(step)
                 except BrokerError as exc:
@@ -258,39 +262,24 @@ class Connection:
         await asyncio.shield(self._redialing)
 
     async def _redial(self, reason: str) -> None:
-        options = self._options
-        target = parse_url(self.url)
-        started = time.monotonic()
-        deadline = started + options.reconnect_deadline
-        delay = RECONNECT_FIRST_DELAY
-        log.info("connection to %s:%d lost (%s); reconnecting", target.host, target.port, reason)
+        redial = Redial(self.url, self._options, reason, time.monotonic())
         while True:
             try:
-                wire, welcome = await _open(target, options.timeout)
+                wire, welcome = await _open(redial.target, self._options.timeout)
             except (TLSError, LoginFailedError, ProtocolViolationError):
                 raise
             except ConnectionLostError as exc:
-                if time.monotonic() + delay > deadline:
-                    raise ConnectionLostError(
-                        f"could not reconnect to the broker at {target.host}:{target.port} within"
-                        f" {options.reconnect_deadline:g} s (reconnect_deadline): {exc}"
-                    ) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RECONNECT_MAX_DELAY)
+                await asyncio.sleep(redial.pause(exc, time.monotonic()))
                 continue
-            if welcome.broker_instance != self.broker_instance_id:
+            try:
+                redial.accept(welcome.broker_instance, self.broker_instance_id, time.monotonic())
+            except ConnectionLostError:
                 assert wire.transport is not None
                 wire.transport.close()
-                raise ConnectionLostError(
-                    f"reconnected to a different broker (instance {welcome.broker_instance}, not"
-                    f" {self.broker_instance_id}): what was in flight cannot be settled there"
-                )
+                raise
             self._wire = wire
             wire.connection = self
             self.reconnects += 1
-            log.info(
-                "reconnected to %s:%d after %.2f s", target.host, target.port, time.monotonic() - started
-            )
             try:
                 await self._drive(self._tracker.reattach(time.monotonic()))
                 self._reconnecting = True
@@ -313,9 +302,7 @@ class Connection:
             try:
                 answer = await self._send(step)
             except _Lost:
-                self._unsettled -= 1
-                if not self._unsettled:
-                    self._settled.set()
+                self._one_settled()
                 raise ConnectionLostError("lost again while reconnecting") from None
 
     def _on_frame(self, frame: Any) -> None:
@@ -411,8 +398,7 @@ class Connection:
         when the retries run out, and `OutcomeUnknownError` when the broker can no longer
         tell whether the commit happened.
         """
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries must be a whole number >= 0, not {retries!r}")
+        check_retries(retries)
         attempt = 0
         while True:
             try:

@@ -1,8 +1,9 @@
 """What a client knows about its session's transaction, and how a lost answer is settled.
 
 Theory of operation. Both clients (async and blocking) run every request through one
-`Tracker`; it does no I/O and reads no clock (times are passed in), so the rules live
-in one place and the clients only move bytes and reconnect.
+`Tracker` and every reconnect through one `Redial`; neither does I/O, and the monotonic
+times they compare are passed in (only a UUIDv7's stamp reads the wall clock), so the
+rules live in one place and the clients only move bytes, sleep and reconnect.
 
 Naming. Before a request leaves, `prepare` names it: BEGIN TRANSACTION gets a fresh
 `txn_id`, a statement outside a transaction that changes something gets a fresh `txn`
@@ -30,6 +31,7 @@ finally returns the request's result or raises its error:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -48,6 +50,9 @@ from ._errors import (
     OutcomeUnknownError,
     TransactionRolledBackError,
 )
+from ._url import parse_url
+
+log = logging.getLogger("ssb.client")
 
 # requests that change nothing: a lost one is simply asked again
 OBSERVATIONS: Final = frozenset(
@@ -93,6 +98,51 @@ class Options:
     timeout: float
     reconnect: bool
     reconnect_deadline: float
+
+
+def check_retries(retries: object) -> int:
+    """`run_transaction`'s retries from a caller: a whole number >= 0."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be a whole number >= 0, not {retries!r}")
+    return retries
+
+
+class Redial:
+    """One reconnect: when to try again, and whether what answered may be used."""
+
+    def __init__(self, url: str, options: Options, reason: str, now: float) -> None:
+        self.target = parse_url(url)
+        self.options = options
+        self.started = now
+        self.delay = RECONNECT_FIRST_DELAY
+        log.info(
+            "connection to %s:%d lost (%s); reconnecting", self.target.host, self.target.port, reason
+        )
+
+    def pause(self, failure: ConnectionLostError, now: float) -> float:
+        """Seconds to wait before the next try after `failure`; raises past the deadline."""
+        delay = self.delay
+        if now + delay > self.started + self.options.reconnect_deadline:
+            raise ConnectionLostError(
+                f"could not reconnect to the broker at {self.target.host}:{self.target.port}"
+                f" within {self.options.reconnect_deadline:g} s (reconnect_deadline): {failure}"
+            ) from failure
+        self.delay = min(delay * 2, RECONNECT_MAX_DELAY)
+        return delay
+
+    def accept(self, instance: str, expected: str, now: float) -> None:
+        """The broker that answered is `instance`; only the one before may settle."""
+        if instance != expected:
+            raise ConnectionLostError(
+                f"reconnected to a different broker (instance {instance}, not {expected}):"
+                " what was in flight cannot be settled there"
+            )
+        log.info(
+            "reconnected to %s:%d after %.2f s",
+            self.target.host,
+            self.target.port,
+            now - self.started,
+        )
 
 
 def check_deadline(value: object) -> float:

@@ -39,14 +39,14 @@ from ._errors import (
 from ._recovery import (
     DEFAULT_RETRIES,
     RECONNECT_DEADLINE,
-    RECONNECT_FIRST_DELAY,
-    RECONNECT_MAX_DELAY,
     RETRIED,
     Options,
+    Redial,
     Sent,
     Settling,
     Tracker,
     check_deadline,
+    check_retries,
     unsettled_text,
 )
 from ._scheduler import get_scheduler_sync, install_scheduler_sync
@@ -205,37 +205,22 @@ class SyncConnection:
             return
         if not self._options.reconnect:
             raise ConnectionLostError(f"not connected to the broker: {self._lost}")
-        options = self._options
-        target = parse_url(self.url)
-        started = time.monotonic()
-        deadline = started + options.reconnect_deadline
-        delay = RECONNECT_FIRST_DELAY
-        log.info("connection to %s:%d lost (%s); reconnecting", target.host, target.port, self._lost)
+        redial = Redial(self.url, self._options, self._lost, time.monotonic())
         while True:
             try:
-                sock, welcome, decoder = _open(target, options.timeout)
+                sock, welcome, decoder = _open(redial.target, self._options.timeout)
             except (TLSError, LoginFailedError, ProtocolViolationError):
                 raise
             except ConnectionLostError as exc:
-                if time.monotonic() + delay > deadline:
-                    raise ConnectionLostError(
-                        f"could not reconnect to the broker at {target.host}:{target.port} within"
-                        f" {options.reconnect_deadline:g} s (reconnect_deadline): {exc}"
-                    ) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, RECONNECT_MAX_DELAY)
+                time.sleep(redial.pause(exc, time.monotonic()))
                 continue
-            if welcome.broker_instance != self.broker_instance_id:
+            try:
+                redial.accept(welcome.broker_instance, self.broker_instance_id, time.monotonic())
+            except ConnectionLostError:
                 sock.close()
-                raise ConnectionLostError(
-                    f"reconnected to a different broker (instance {welcome.broker_instance}, not"
-                    f" {self.broker_instance_id}): what was in flight cannot be settled there"
-                )
+                raise
             self._sock, self._decoder, self._lost = sock, decoder, None
             self.reconnects += 1
-            log.info(
-                "reconnected to %s:%d after %.2f s", target.host, target.port, time.monotonic() - started
-            )
             try:
                 self._drive(self._tracker.reattach(time.monotonic()))
                 for hook in list(self.on_reconnect):
@@ -295,8 +280,7 @@ class SyncConnection:
         when the retries run out, and `OutcomeUnknownError` when the broker can no longer
         tell whether the commit happened.
         """
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries must be a whole number >= 0, not {retries!r}")
+        check_retries(retries)
         attempt = 0
         while True:
             try:
