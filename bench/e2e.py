@@ -34,8 +34,10 @@ import os
 import queue
 import struct
 import sys
+import threading
 import time
 import traceback
+import urllib.request
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -67,6 +69,7 @@ class Options:
     phase_timeout: float = 600.0
     idle_timeout: float = 30.0
     tls: bool = False  # every client on ssbs:// (pinned to the broker's certificate)
+    scrape_interval: float = 0.0  # > 0: the HTTP port on, /metrics read this often
 
 
 @dataclass
@@ -325,7 +328,8 @@ async def check_empty(url: str) -> None:
 
 def bench_durability(durability: str, opts: Options) -> Result:
     result = Result(durability=durability, messages=opts.messages)
-    with broker(durability) as daemon:
+    config = {"http_port": 0} if opts.scrape_interval > 0 else None
+    with broker(durability, config) as daemon, Scraper(daemon.http_url, opts.scrape_interval):
         url = daemon.tls_url if opts.tls else daemon.url
         run(CATALOG.create(url))
         pid = daemon.proc.pid if daemon.proc is not None else 0
@@ -374,6 +378,35 @@ def bench_durability(durability: str, opts: Options) -> Result:
     result.target_e2e_msgs_s = TARGETS.get(durability, 0.0)
     result.target_met = result.e2e_msgs_s >= result.target_e2e_msgs_s
     return result
+
+
+class Scraper:
+    """Reads /metrics every `interval` seconds on a thread, as Prometheus would, while
+    the benchmark runs (nothing when the interval is 0)."""
+
+    def __init__(self, http_url: str, interval: float) -> None:
+        self.url = f"{http_url}/metrics"
+        self.interval = interval
+        self.stop = threading.Event()
+        self.scrapes = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Scraper:
+        if self.interval > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+            print(f"/metrics read {self.scrapes} times", flush=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval):
+            with urllib.request.urlopen(self.url, timeout=10) as answer:
+                answer.read()
+            self.scrapes += 1
 
 
 def print_table(results: list[Result], opts: Options) -> None:
@@ -434,6 +467,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-iterations", type=int, default=Options.latency_iterations)
     parser.add_argument("--phase-timeout", type=float, default=Options.phase_timeout)
     parser.add_argument("--tls", action="store_true", help="clients connect with TLS (ssbs://)")
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=0.0,
+        help="turn the broker's HTTP port on and read /metrics every this many seconds",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.batch < 1 or args.conversations < 1 or args.in_flight < 1:

@@ -20,6 +20,7 @@ from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT
 from ._core.backlog import DEFAULT_CACHE_BYTES
 
 MIB: Final = 1024 * 1024
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class ConfigError(ValueError):
@@ -79,7 +80,9 @@ def checked_section(
             or not low <= value <= high
         ):
             kind = "a whole number" if whole else "a number of seconds"
-            raise ConfigError(f"[{name}] {key} must be {kind} from {low:g} to {high:g}, not {value!r}")
+            raise ConfigError(
+                f"[{name}] {key} must be {kind} from {_shown(low)} to {_shown(high)}, not {value!r}"
+            )
     return dict(section)
 
 
@@ -92,6 +95,13 @@ class Config:
     durability: str = "fsync"
     lock_timeout: float = 30.0
     log_level: str = "INFO"
+    log_format: str = "text"  # "text" for people, "json" (one object a line) for machines
+    # the HTTP port of /metrics, /healthz and the dashboard, on `host`; None: no HTTP
+    http_port: int | None = None
+    # a bearer token that also opens /metrics (beyond loopback /metrics needs a login)
+    http_token: str | None = None
+    # seconds between the dashboard's samples of queue depths (its charts)
+    chart_sample_seconds: float = 5.0
     # bodies of queued messages held in memory at most (the rest stays on disk)
     message_cache_bytes: int = DEFAULT_CACHE_BYTES
     # the largest message body accepted (always fits a frame with its headers)
@@ -122,6 +132,27 @@ class Config:
             port = getattr(self, name)
             if not isinstance(port, int) or not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be a port number 0..65535, not {port!r}")
+        if self.http_port is not None and (
+            isinstance(self.http_port, bool)
+            or not isinstance(self.http_port, int)
+            or not 0 <= self.http_port <= 65535
+        ):
+            raise ConfigError(f"http_port must be a port number 0..65535, not {self.http_port!r}")
+        if not isinstance(self.log_level, str) or self.log_level.upper() not in LOG_LEVELS:
+            raise ConfigError(
+                f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}"
+            )
+        if not isinstance(self.log_format, str) or self.log_format not in ("text", "json"):
+            raise ConfigError(f"log_format must be 'text' or 'json', not {self.log_format!r}")
+        if self.http_token is not None and (
+            not isinstance(self.http_token, str) or len(self.http_token) < 16
+        ):
+            raise ConfigError("http_token must be a string of at least 16 characters")
+        chart = self.chart_sample_seconds
+        if not _seconds(chart) or not 0.05 <= chart <= 3600:
+            raise ConfigError(
+                f"chart_sample_seconds must be seconds from 0.05 to 3600, not {chart!r}"
+            )
         if not _seconds(self.lock_timeout) or not 0 < self.lock_timeout <= 3600:
             raise ConfigError(f"lock_timeout must be seconds in (0, 3600], not {self.lock_timeout!r}")
         _whole("message_cache_bytes", self.message_cache_bytes, MIB, 1 << 40)
@@ -135,6 +166,11 @@ class Config:
         _whole("outcome_window_count", self.outcome_window_count, 1, 100_000_000, "")
         if not isinstance(self.allow_plain, bool):
             raise ConfigError(f"allow_plain must be true or false, not {self.allow_plain!r}")
+
+
+def _shown(limit: float) -> str:
+    """A range's end as a person writes it (1048576, not 1.04858e+06)."""
+    return str(int(limit)) if float(limit).is_integer() else f"{limit:g}"
 
 
 def _seconds(value: object) -> bool:

@@ -36,14 +36,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from . import _heap
+from . import _heap, _logging, _systemd
 from ._activation.execution_log import ExecutionLog
 from ._activation.manager import ActivationManager, ActivationSettings, loopback
 from ._activation.workers import WorkerPool
 from ._config import Config, ConfigError
 from ._core.engine import Engine, StoredState
 from ._core.ports import Cancellable
+from ._dashboard import Dashboard, dead_letter_queues
+from ._http import HttpServer
 from ._logins import Logins, ThrottleSettings
+from ._metrics import BrokerCollector, Metrics
 from ._operations import Operations
 from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
@@ -102,6 +105,7 @@ class Broker:
         self.engine: Engine
         self.transport: Transport | None = None
         self.activation: ActivationManager | None = None
+        self.http: HttpServer | None = None
 
     # ---- start ------------------------------------------------------------------------
 
@@ -119,6 +123,8 @@ class Broker:
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            self._lock_file.close()
+            self._lock_file = None
             raise DataDirLocked(
                 f"another ssb daemon is using {data_dir}; stop it or pick another --data-dir"
             ) from None
@@ -139,6 +145,7 @@ class Broker:
         instance = store.load_meta()["broker_instance"]
         clock = LoopClock(loop)
         started = time.monotonic()
+        log.info("recovering the broker's state from %s ...", self.data_dir)
         self.engine = engine = Engine(
             store,
             clock,
@@ -247,6 +254,29 @@ class Broker:
         pool.prestart(settings.prestart_workers)
         self._closers.append(manager.close)
 
+        if config.http_port is not None:
+            collector = BrokerCollector(engine, store, connections, transport, manager)
+            self.http = http = HttpServer(
+                Metrics(collector, store), self._not_ready, logins.check, config.http_token
+            )
+            dashboard = Dashboard(
+                operations,
+                engine.transactions,
+                store,
+                clock,
+                logins.check,
+                lambda: {name: queue.ready for name, queue in engine.queues.items()},
+                lambda: dead_letter_queues(engine.catalog.queues),
+                config.chart_sample_seconds,
+            )
+            dashboard.add_routes(http.app)  # before the server starts: aiohttp freezes them
+            logins.on_change.append(dashboard.login_changed)
+            self._closers.append(http.close)
+            self._closers.append(dashboard.close)
+            bound = await http.start(config.host, config.http_port, context)
+            dashboard.start()
+            log.info("dashboard at %s://%s:%d/dashboard/", http.scheme, *bound)
+
         self._own(self._watch_space())
         info = {
             "pid": os.getpid(),
@@ -256,14 +286,28 @@ class Broker:
             "broker_port": self.broker_address[1],
             "durability": config.durability,
             "tls_fingerprint": fingerprint,
+            "http_port": self.http.address[1] if self.http and self.http.address else None,
         }
         (self.data_dir / "broker.json").write_text(json.dumps(info, indent=2))
         print(
             f"ssb ready client={self.client_address[0]}:{self.client_address[1]}"
             f" broker=127.0.0.1:{self.broker_address[1]} instance={instance}"
-            f" data={self.data_dir} tls={fingerprint}",
+            f" data={self.data_dir} tls={fingerprint}{self._http_text()}",
             flush=True,
         )
+        _systemd.notify(f"READY=1\nSTATUS=serving clients on port {self.client_address[1]}")
+
+    def _http_text(self) -> str:
+        if self.http is None or self.http.address is None:
+            return ""
+        host, port = self.http.address
+        return f" http={self.http.scheme}://{host}:{port}"
+
+    def _not_ready(self) -> str | None:
+        """Why the broker is not ready to take new work (None: it is)."""
+        if self.store.failed is not None:
+            return f"the store failed: {describe_failure(self.store.failed)}"
+        return self.engine.capacity.refusal
 
     def _login_changed(self, name: str) -> None:
         """A dropped login loses its grants and its open sessions (their transactions roll
@@ -344,8 +388,8 @@ class Broker:
                 await self.store.close()
             except (sqlite3.Error, OSError) as exc:
                 log.error("the last batch could not be written (%s); it was not acknowledged", exc)
-        (self.data_dir / "broker.json").unlink(missing_ok=True)
-        if self._lock_file is not None:
+        if self._lock_file is not None:  # only the daemon holding the lock wrote broker.json
+            (self.data_dir / "broker.json").unlink(missing_ok=True)
             self._lock_file.close()
 
 
@@ -385,6 +429,7 @@ async def serve(config: Config) -> int:
         raise
     await broker.stopped.wait()
     log.info("stopping")
+    _systemd.notify("STOPPING=1")
     await broker.stop()
     return broker.exit_code
 
@@ -392,11 +437,7 @@ async def serve(config: Config) -> int:
 def run(config: Config) -> int:
     # the store, keys and password files are private from their creation on
     os.umask(0o077)
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    _logging.configure(config.log_level, config.log_format)
     try:
         import uvloop
 

@@ -102,6 +102,7 @@ class ClientConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.host = peer[0] if isinstance(peer, tuple) else self.peer
         self.connections.add(self)
+        log.info("client %s connected", self.peer)
         self.login_timer = asyncio.get_running_loop().call_later(
             self.limits.login_timeout, self._login_timed_out
         )
@@ -131,6 +132,9 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        who = f" ({self.session.user!r}, session {self.session.ident})" if self.session else ""
+        why = f": {exc}" if exc is not None else ""
+        log.info("client %s%s disconnected%s", self.peer, who, why)
         if self.login_timer is not None:
             self.login_timer.cancel()
         self.connections.discard(self)
@@ -179,6 +183,7 @@ class ClientConnection(asyncio.Protocol):
             self.login_timer = None
         self.session = self.engine.transactions.open_session(hello.user, self.peer)
         self.session.abort = self.abort
+        log.info("client %s logged in as %r (session %d)", self.peer, hello.user, self.session.ident)
         welcome = Welcome(
             WIRE_VERSION,
             self.engine.instance_id,
@@ -241,6 +246,8 @@ class ClientConnection(asyncio.Protocol):
         while self.inbox and self.busy is None and not self.write_paused and not self.closed:
             assert session is not None
             request = self.inbox.popleft()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("session %d (%r): %s", session.ident, session.user, request.operation)
             try:
                 result = self.operations.call(session, request)
             except BrokerError as exc:

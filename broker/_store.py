@@ -437,6 +437,9 @@ class Store:
         self.commits = 0
         self.rows_written = 0
         self.cancelled = 0  # message rows never written (deleted before their batch ran)
+        # told (on the event loop) the rows and seconds of each commit that succeeded
+        self.commit_observer: Callable[[int, float], None] | None = None
+        self._last_commit = (0, 0.0)
 
     def _connect(self, path: Path | str, cache_kib: int) -> sqlite3.Connection:
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -727,6 +730,8 @@ class Store:
             if self._on_trouble is not None:
                 self._on_trouble(None)
         self._durable = batches[-1].number
+        if self.commit_observer is not None:
+            self.commit_observer(*self._last_commit)
         self._run_callbacks()
 
     def _commit(self, batches: list[Batch]) -> None:
@@ -735,6 +740,7 @@ class Store:
             exc, self.fail_next = self.fail_next, None
             raise exc
         db = self._db
+        started = time.perf_counter()
         if self.trouble is not None and str(self.path) != ":memory:":
             # the last commit failed: let this one reuse the WAL file's own space (a full
             # disk cannot grow it), after moving what it holds into the database
@@ -765,6 +771,7 @@ class Store:
             raise
         self.commits += 1
         self.rows_written += rows
+        self._last_commit = (rows, time.perf_counter() - started)
 
     def _free_pages(self) -> int:
         return int(self._db.execute("PRAGMA freelist_count").fetchone()[0])
@@ -1182,6 +1189,13 @@ class Store:
             f"{_MESSAGE_SELECT} WHERE queuing_order = ?", (queuing_order,)
         ).fetchone()
         return row
+
+    def message_enqueue_time(self, queuing_order: int) -> float | None:
+        """When the message was enqueued (None: no such durable message)."""
+        row = self._reader.execute(
+            "SELECT enqueue_time FROM messages WHERE queuing_order = ?", (queuing_order,)
+        ).fetchone()
+        return None if row is None else float(row[0])
 
     def read_queue_messages(
         self, queue: str, after: int | None, limit: int, max_bytes: int

@@ -38,12 +38,15 @@ class BrokerProcess:
         config: dict[str, Any] | None = None,
         extra_args: list[str] | None = None,
         cwd: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.durability = durability
         self.config = config
         self.extra_args = extra_args or []
         self.cwd = cwd
+        self.env = env  # added to the daemon's environment
+        self.http_url = ""  # http://HOST:PORT when the HTTP port is on
         self.proc: subprocess.Popen[bytes] | None = None
         self.client_port = 0
         self.broker_port: int | None = None
@@ -110,7 +113,10 @@ class BrokerProcess:
             *self.extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, cwd=self.cwd)
+        env = None if self.env is None else {**os.environ, **self.env}
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=log, cwd=self.cwd, env=env
+        )
         log.close()
         line = self._read_ready()
         fields = dict(part.split("=", 1) for part in line.split()[2:])
@@ -119,6 +125,7 @@ class BrokerProcess:
             self.broker_port = int(fields["broker"].rsplit(":", 1)[1])
         self.instance = fields["instance"]
         self.tls_fingerprint = fields.get("tls", "")
+        self.http_url = fields.get("http", "")
         return self
 
     def _read_ready(self) -> str:

@@ -16,6 +16,10 @@ first, so the broker knows which session is which activated task. A worker whose
 process ends before it says "done" (crash, `kill -9`) ends its task with an error;
 its connection drop has already rolled back whatever it had open.
 
+What a procedure prints, and the traceback of a procedure that fails, leave the worker
+on its standard error, which the daemon reads and logs line by line (logger
+`ssb.task`, naming the worker), so the daemon's log stays one format.
+
 Workers are pooled: after a task, a healthy worker goes back to the idle pool
 (up to `idle_workers`) and the next activation reuses it without paying for a
 process start ("warm"); otherwise it is told to exit (stdin closed). Every process
@@ -40,6 +44,7 @@ from typing import Any, Final
 from .._core.transactions import Session
 
 log = logging.getLogger("ssb.activation")
+output = logging.getLogger("ssb.task")  # what procedures write to standard error
 
 LINE_LIMIT: Final = 1 << 20
 WORKER_PATH_ENV: Final = "SSB_WORKER_PATH"
@@ -97,6 +102,21 @@ class WorkerProcess:
         self.started = time.time()
         self.tasks_run = 0
         self.task: ActivatedTask | None = None
+        self._relay = asyncio.ensure_future(self._relay_output())
+
+    async def _relay_output(self) -> None:
+        """Log what the worker writes to its standard error, a line at a time."""
+        stream = self.proc.stderr
+        if stream is None:
+            return
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line beyond the limit: log it in pieces
+                line = await stream.read(LINE_LIMIT)
+            if not line:
+                return
+            output.info("worker %d: %s", self.pid, line.decode(errors="replace").rstrip())
 
     @classmethod
     async def spawn(cls, env: dict[str, str], timeout: float) -> WorkerProcess:
@@ -106,6 +126,7 @@ class WorkerProcess:
             "ssb.client._worker",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             env=env,
             limit=LINE_LIMIT,
         )
@@ -170,6 +191,9 @@ class WorkerProcess:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
         await self.proc.wait()
+        # what it wrote last; a child of the procedure may hold the pipe open: not for long
+        await asyncio.wait([self._relay], timeout=1.0)
+        self._relay.cancel()
 
 
 class WorkerPool:

@@ -12,6 +12,7 @@ object (open conversations, stored messages, a receiving transaction).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -30,6 +31,8 @@ from .queues import Queue
 from .receive import Receiving
 from .routes import Routes
 from .transactions import Session, as_seconds
+
+log = logging.getLogger("ssb.core")
 
 
 class Ddl:
@@ -132,11 +135,14 @@ class Ddl:
         queue.definition = updated
         self.persist("queue", updated)
         if updated.status and not was_on:
+            log.info("queue %s enabled (it was off: %s)", updated.name, queue.disabled_reason or "set so")
             queue.rollback_streak = 0
             queue.disabled_reason = ""
             self.delivery.release_held(updated.name)
             self.receiving.kick(queue)
         elif not updated.status:
+            if was_on:
+                log.info("queue %s disabled: %s", updated.name, reason or "status set to OFF")
             queue.disabled_reason = reason
             self.receiving.fail_waiters(queue)
         self.listener.altered(queue)

@@ -319,6 +319,10 @@ class Queue:
         self.disabled_reason = ""
         self.last_empty_rowset: float | None = None
         self.last_receive: float | None = None
+        # since start, for metrics: messages enqueued, received (committed), put back
+        self.enqueued = 0
+        self.received = 0
+        self.rolled_back = 0
 
     @property
     def name(self) -> str:
@@ -549,6 +553,7 @@ class Queue:
 
     def counted(self, message: Message) -> None:
         """A row of this queue was inserted."""
+        self.enqueued += 1
         self.messages += 1
         self.bytes += message.size
 

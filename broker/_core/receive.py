@@ -364,6 +364,7 @@ class Receiving:
     def commit_received(self, txn: Transaction) -> None:
         """Received messages leave their queue (or stay, received, with RETENTION ON)."""
         for queue, messages in txn.received:
+            queue.received += len(messages)
             if queue.definition.retention:
                 for m in messages:
                     if self.endpoints.get(m.conversation_handle) is not None:
@@ -387,6 +388,7 @@ class Receiving:
         for queue, messages in reversed(txn.received):
             alive = self._still_conversing(queue, messages)
             queue.restore(alive)
+            queue.rolled_back += len(alive)
             for m in alive:
                 if error:
                     m.last_error = error

@@ -1,0 +1,145 @@
+"""The HTTP port: /metrics for Prometheus, /healthz for supervisors (and the dashboard).
+
+Theory of operation. One aiohttp application on `http_port`, off unless configured,
+listening on the broker's own host. On loopback it speaks plain HTTP; on any other
+address HTTPS with the client port's certificate, since a login crosses it.
+
+Who may read what: /healthz answers anyone (it says only whether the broker is live
+and ready). /metrics answers loopback callers freely; from anywhere else it needs a
+broker login (HTTP basic authentication, checked and throttled like a client login)
+or the configured bearer token (`http_token`). Every refusal is logged with the
+caller's address, never with a secret.
+
+/healthz answers 200 while the broker is live and ready, 503 with the reason while it
+is live but not ready (the store cannot write, or new messages are refused for want
+of disk); `/healthz/live` answers 200 whenever the event loop runs at all.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import ipaddress
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from aiohttp import web
+
+from ._metrics import CONTENT_TYPE, Metrics
+
+log = logging.getLogger("ssb.http")
+
+Authenticate = Callable[[str, str, str], Awaitable[str | None]]  # (user, password, peer)
+REALM: Final = 'Basic realm="ssb", charset="UTF-8"'
+MAX_REQUEST_BYTES: Final = 64 * 1024  # the dashboard's forms are small
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class HttpServer:
+    """The aiohttp application and its listener."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        readiness: Callable[[], str | None],
+        authenticate: Authenticate,
+        token: str | None,
+    ) -> None:
+        """Args:
+            readiness: None when ready, else why not.
+            authenticate: a broker login check: None when the password is right.
+            token: the bearer token that also opens /metrics (None: none).
+        """
+        self.metrics = metrics
+        self.readiness = readiness
+        self.authenticate = authenticate
+        self.token = token
+        self.app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        self.app.router.add_get("/metrics", self._metrics)
+        self.app.router.add_get("/healthz", self._ready)
+        self.app.router.add_get("/healthz/ready", self._ready)
+        self.app.router.add_get("/healthz/live", self._live)
+        self._runner: web.AppRunner | None = None
+        self.address: tuple[str, int] | None = None
+        self.scheme = "http"
+
+    async def start(self, host: str, port: int, context: ssl.SSLContext | None) -> tuple[str, int]:
+        """Listen; `context` is used only beyond loopback. Returns the bound address."""
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runner = runner
+        tls = None if is_loopback(host) else context
+        self.scheme = "http" if tls is None else "https"
+        site = web.TCPSite(runner, host, port, ssl_context=tls, reuse_address=True)
+        await site.start()
+        bound = runner.addresses[0]
+        self.address = (str(bound[0]), int(bound[1]))
+        log.info("HTTP port %s://%s:%d (/metrics, /healthz)", self.scheme, *self.address)
+        return self.address
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ---- who may ----------------------------------------------------------------------
+
+    async def login_of(self, request: web.Request) -> str | None:
+        """The login named by the request's basic credentials, or "" for the bearer
+        token; None when it carries neither, or a wrong one (logged)."""
+        header = request.headers.get("Authorization", "")
+        scheme, _, value = header.partition(" ")
+        peer = request.remote or "?"
+        if scheme.lower() == "bearer" and self.token is not None:
+            if hmac.compare_digest(value.strip().encode(), self.token.encode()):
+                return ""
+            log.warning("HTTP %s from %s: wrong bearer token", request.path, peer)
+            return None
+        if scheme.lower() != "basic":
+            return None
+        try:
+            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            log.warning("HTTP %s from %s: malformed basic credentials", request.path, peer)
+            return None
+        refused = await self.authenticate(user, password, peer)
+        if refused is not None:
+            log.warning("HTTP %s from %s refused: %s", request.path, peer, refused)
+            return None
+        return user
+
+    def _challenge(self, request: web.Request) -> web.Response:
+        log.warning("HTTP %s from %s refused: no login", request.path, request.remote)
+        return web.Response(
+            status=401,
+            text="a login is needed: HTTP basic authentication with a broker login,"
+            " or the configured bearer token\n",
+            headers={"WWW-Authenticate": REALM},
+        )
+
+    # ---- pages ------------------------------------------------------------------------
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        if not is_loopback(request.remote) and await self.login_of(request) is None:
+            return self._challenge(request)
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _ready(self, request: web.Request) -> web.StreamResponse:
+        reason = self.readiness()
+        if reason is None:
+            return web.json_response({"live": True, "ready": True})
+        return web.json_response({"live": True, "ready": False, "reason": reason}, status=503)
+
+    async def _live(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"live": True})

@@ -1,0 +1,219 @@
+"""Prometheus metrics: what a running broker holds and does, read when it is scraped.
+
+Theory of operation. Nearly every figure is read at scrape time from state the parts
+keep anyway (a custom collector): queue depths and bytes, the counts since start that
+queues keep as plain integers (enqueued, received, put back by a rollback), readers
+waiting, activated tasks, the transmission queue by destination, broker links,
+sessions and transactions. The hot paths pay nothing for them. Only the store's
+commits are observed as they happen, once per group commit (not per message): their
+size in rows and their duration, as histograms.
+
+The registry is the broker's own (not the library's process-wide default), so two
+brokers in one process, as in tests, never mix their figures. The text format is
+`prometheus_client`'s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Iterator
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ._core.engine import Engine
+from ._core.queues import Queue
+from ._store import Store
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+COMMIT_ROWS_BUCKETS: Final = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+COMMIT_SECONDS_BUCKETS: Final = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)
+
+
+# (kind, name, help, how to read it from a Queue; None: computed by the collector)
+QUEUE_FIGURES: Final[tuple[tuple[str, str, str, Callable[[Queue], float] | None], ...]] = (
+    ("gauge", "ssb_queue_messages", "Messages stored in the queue (ready, received, retained)",
+     lambda q: q.messages),
+    ("gauge", "ssb_queue_messages_ready", "Messages a RECEIVE could take", lambda q: q.ready),
+    ("gauge", "ssb_queue_bytes", "Bytes of message bodies stored in the queue", lambda q: q.bytes),
+    ("gauge", "ssb_queue_messages_held",
+     "Transmission-queue messages waiting for this queue (it is off or full)", lambda q: q.held),
+    ("gauge", "ssb_queue_oldest_message_age_seconds",
+     "Age of the oldest message a RECEIVE could take (0: none)", None),
+    ("gauge", "ssb_queue_readers_waiting", "Sessions waiting in RECEIVE",
+     lambda q: len(q.waiters)),
+    ("gauge", "ssb_queue_activated_tasks", "Activated readers running", None),
+    ("gauge", "ssb_queue_enabled", "1 when the queue is ON, 0 when off or disabled",
+     lambda q: 1 if q.definition.status else 0),
+    ("counter", "ssb_queue_enqueued", "Messages put into the queue since start",
+     lambda q: q.enqueued),
+    ("counter", "ssb_queue_received", "Messages received by committed transactions since start",
+     lambda q: q.received),
+    ("counter", "ssb_queue_rolled_back", "Received messages put back by a rollback since start",
+     lambda q: q.rolled_back),
+)
+
+
+class BrokerCollector(Collector):
+    """Reads the broker's state into metric families on each scrape."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        sessions: Collection[object],
+        transport: Any = None,
+        activation: Any = None,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.sessions = sessions
+        self.transport = transport
+        self.activation = activation
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._queues()
+        yield from self._transmission()
+        yield from self._links()
+        yield from self._broker()
+
+    def _queues(self) -> Iterator[Metric]:
+        tasks: dict[str, int] = {}
+        if self.activation is not None:
+            for task in self.activation.tasks.values():
+                tasks[task.queue] = tasks.get(task.queue, 0) + 1
+        now = time.time()
+        computed: dict[str, Callable[[Queue], float]] = {
+            "ssb_queue_oldest_message_age_seconds": lambda q: self._oldest_age(q, now),
+            "ssb_queue_activated_tasks": lambda q: tasks.get(q.name, 0),
+        }
+        queues = list(self.engine.queues.values())
+        for kind, name, text, read in QUEUE_FIGURES:
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                name, text, labels=["queue"]
+            )
+            value = read or computed[name]
+            for queue in queues:
+                family.add_metric([queue.name], value(queue))
+            yield family
+
+    def _oldest_age(self, queue: Queue, now: float) -> float:
+        """Seconds since the oldest ready message of an unlocked group was enqueued: the
+        groups' keys hold their first message's queuing order (one pass over the
+        groups with ready messages, none over messages)."""
+        oldest: int | None = None
+        for group in queue.groups.values():
+            key = group.heap_key
+            if key is not None and (oldest is None or key[1] < oldest):
+                oldest = key[1]
+        if oldest is None:
+            return 0.0
+        enqueued = self.store.message_enqueue_time(oldest)
+        return 0.0 if enqueued is None else max(0.0, now - enqueued)
+
+    def _transmission(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "ssb_transmission_queue_messages",
+            "Messages in the transmission queue, by destination broker ('local': this one)",
+            labels=["destination"],
+        )
+        counts: dict[str, int] = {}
+        for box in list(self.engine.delivery.outboxes.values()):
+            where = "local" if box.local else str(box.to_broker_instance or "unrouted")
+            counts[where] = counts.get(where, 0) + box.count
+        for where, count in sorted(counts.items()):
+            depth.add_metric([where], count)
+        yield depth
+        retries = CounterMetricFamily(
+            "ssb_transmission_retransmissions",
+            "Fragments sent again to a broker (no acknowledgement in time)",
+            labels=["peer"],
+        )
+        if self.transport is not None:
+            for peer in list(self.transport.peers.values()):
+                retries.add_metric([str(peer.instance)], peer.dialog.counters.retransmissions)
+        yield retries
+
+    def _links(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "ssb_link_up",
+            "1 for each broker link that is up (handshake done), by peer and direction",
+            labels=["peer", "address", "direction"],
+        )
+        known = GaugeMetricFamily(
+            "ssb_peer_connected", "1 when a known broker has a link up, else 0", labels=["peer"]
+        )
+        if self.transport is not None:
+            for row in self.transport.connections_view():
+                if row["state"] == "ESTABLISHED" and row["peer"] is not None:
+                    up.add_metric([row["peer"], row["address"], row["direction"]], 1)
+            for peer in list(self.transport.peers.values()):
+                connected = peer.link is not None and not peer.link.closed
+                known.add_metric([str(peer.instance)], 1 if connected else 0)
+        yield up
+        yield known
+
+    def _broker(self) -> Iterator[Metric]:
+        engine = self.engine
+        transactions = engine.transactions
+        yield GaugeMetricFamily(
+            "ssb_sessions", "Client sessions logged in", value=len(transactions.sessions)
+        )
+        yield GaugeMetricFamily(
+            "ssb_client_connections", "Client connections open", value=len(self.sessions)
+        )
+        open_txns = sum(1 for s in list(transactions.sessions.values()) if s.txn is not None)
+        yield GaugeMetricFamily(
+            "ssb_transactions_open",
+            "Transactions open (in sessions, and detached)",
+            value=open_txns + len(transactions.detached),
+        )
+        yield GaugeMetricFamily(
+            "ssb_transactions_detached", "Detached transactions open",
+            value=len(transactions.detached),
+        )
+        yield GaugeMetricFamily(
+            "ssb_refusing_messages",
+            "1 while new messages are refused (low disk space or the store cannot write)",
+            value=1 if engine.capacity.refusal else 0,
+        )
+        yield GaugeMetricFamily(
+            "ssb_message_cache_bytes", "Message bodies held in memory", value=engine.cache.resident
+        )
+        yield GaugeMetricFamily(
+            "ssb_store_durable_batch", "Number of the newest store batch on disk",
+            value=self.store.durable,
+        )
+
+
+class Metrics:
+    """The broker's registry: the collector plus the commit histograms."""
+
+    def __init__(self, collector: BrokerCollector, store: Store) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self.commit_rows = Histogram(
+            "ssb_store_commit_rows",
+            "Rows written by one group commit",
+            buckets=COMMIT_ROWS_BUCKETS,
+            registry=self.registry,
+        )
+        self.commit_seconds = Histogram(
+            "ssb_store_commit_seconds",
+            "Duration of one group commit (write and, with durability fsync, the fsync)",
+            buckets=COMMIT_SECONDS_BUCKETS,
+            registry=self.registry,
+        )
+        store.commit_observer = self.observe_commit
+
+    def observe_commit(self, rows: int, seconds: float) -> None:
+        self.commit_rows.observe(rows)
+        self.commit_seconds.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+

@@ -1,0 +1,314 @@
+"""Seeing into a running broker: /metrics, /healthz, systemd's notification, the log."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import make_mocked_request
+from daemon import BrokerProcess
+from federation_setup import (
+    CONTRACT,
+    REQUEST,
+    Federation,
+    create_contract,
+    create_initiator,
+    create_target,
+    link,
+)
+from polling import wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+from ssb import client
+
+
+@pytest.fixture
+def observed(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker with its HTTP port on (any free port)."""
+    process = BrokerProcess(tmp_path / "data", config={"http_port": 0}).start()
+    yield process
+    process.kill()
+
+
+async def scrape(url: str, **headers: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics, parsed by prometheus-client's own parser."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics", headers=headers) as r:
+        assert r.status == 200, await r.text()
+        text = await r.text()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def of_queue(samples: dict[Any, float], name: str, queue: str) -> float:
+    return samples[(name, (("queue", queue),))]
+
+
+async def health(url: str, path: str = "/healthz") -> tuple[int, dict[str, Any]]:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}{path}") as r:
+        return r.status, await r.json()
+
+
+async def test_metrics_match_the_views(observed: BrokerProcess) -> None:
+    async with await client.connect(observed.url) as conn:
+        await conn.create_queue("Orders")
+        await conn.create_service("OrderService", queue="Orders", contracts=["DEFAULT"])
+        handle = await conn.begin_dialog("OrderService", "OrderService")
+        for i in range(30):
+            await conn.send(handle, body=b"x" * (100 + i))
+        async with conn.transaction():
+            got = await conn.receive("Orders", top=5)
+        assert len(got) == 5
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                assert len(await conn.receive("Orders", top=3)) == 3
+                raise RuntimeError("roll back")
+
+        samples = await scrape(observed.http_url)
+        (row,) = [q for q in await conn.view("service_queues") if q["name"] == "Orders"]
+        assert of_queue(samples, "ssb_queue_messages_ready", "Orders") == row["messages_ready"] == 25
+        assert of_queue(samples, "ssb_queue_messages", "Orders") == row["messages_stored"]
+        assert of_queue(samples, "ssb_queue_bytes", "Orders") == row["bytes_stored"]
+        assert of_queue(samples, "ssb_queue_enabled", "Orders") == 1
+        assert of_queue(samples, "ssb_queue_enqueued_total", "Orders") == 30
+        assert of_queue(samples, "ssb_queue_received_total", "Orders") == 5
+        assert of_queue(samples, "ssb_queue_rolled_back_total", "Orders") == 3
+        assert of_queue(samples, "ssb_queue_oldest_message_age_seconds", "Orders") > 0
+        assert samples[("ssb_sessions", ())] >= 1
+        assert samples[("ssb_store_commit_seconds_count", ())] > 0
+        assert samples[("ssb_store_commit_rows_sum", ())] >= 30
+
+        # a reader waiting shows, and a queue going off shows
+        await conn.create_queue("Empty")
+        waiting = asyncio.ensure_future(receive_waiting(observed.url, "Empty"))
+        await wait_until(
+            lambda: _queue_sample(observed.http_url, "ssb_queue_readers_waiting", "Empty", 1),
+            "a waiting reader in /metrics",
+        )
+        waiting.cancel()
+        await conn.alter_queue("Orders", status="OFF")
+        samples = await scrape(observed.http_url)
+        assert of_queue(samples, "ssb_queue_enabled", "Orders") == 0
+
+    assert await health(observed.http_url) == (200, {"live": True, "ready": True})
+    assert (await health(observed.http_url, "/healthz/live"))[0] == 200
+
+
+async def receive_waiting(url: str, queue: str) -> None:
+    async with await client.connect(url) as other, other.transaction():
+        await other.receive(queue, top=1, timeout=30)
+
+
+async def _queue_sample(url: str, name: str, queue: str, value: float) -> bool:
+    return of_queue(await scrape(url), name, queue) == value
+
+
+async def test_healthz_says_not_ready_while_messages_are_refused(tmp_path: Path) -> None:
+    process = BrokerProcess(
+        tmp_path / "data", config={"http_port": 0, "min_free_disk": 1 << 50}
+    ).start()
+    try:
+
+        async def not_ready() -> dict[str, Any] | None:
+            status, body = await health(process.http_url)
+            return body if status == 503 else None
+
+        body = await wait_until(not_ready, "/healthz to say not ready")
+        assert body["live"] is True and body["ready"] is False
+        assert "min_free_disk" in body["reason"] or "disk" in body["reason"]
+        samples = await scrape(process.http_url)
+        assert samples[("ssb_refusing_messages", ())] == 1
+    finally:
+        process.kill()
+
+
+async def test_the_grafana_dashboard_uses_only_metrics_the_broker_has(
+    observed: BrokerProcess,
+) -> None:
+    async with await client.connect(observed.url) as conn:
+        await conn.create_queue("Q")  # per-queue families have samples only with a queue
+    async with aiohttp.ClientSession() as http, http.get(f"{observed.http_url}/metrics") as r:
+        text = await r.text()
+    # every family (with samples or not), every sample name (histograms' _bucket, ...)
+    names = set(re.findall(r"^# HELP (\S+)", text, re.M))
+    names |= {name for name, _ in await scrape(observed.http_url)}
+    dashboard = (Path(__file__).parent.parent / "deploy" / "grafana-dashboard.json").read_text()
+    used = set(re.findall(r"\bssb_[a-z_]+", dashboard))
+    assert used and used <= names, sorted(used - names)
+
+
+def test_http_is_off_unless_configured(broker: BrokerProcess) -> None:
+    assert broker.http_url == ""
+    info = json.loads((broker.data_dir / "broker.json").read_text())
+    assert info["http_port"] is None
+
+
+async def test_metrics_beyond_loopback_need_a_login(observed: BrokerProcess) -> None:
+    """The daemon's own handler, given requests as if from another host."""
+    from ssb.broker._http import HttpServer
+
+    checked: list[tuple[str, str]] = []
+
+    async def authenticate(user: str, password: str, peer: str) -> str | None:
+        checked.append((user, peer))
+        return None if (user, password) == ("ops", "right") else "login failed"
+
+    class Scrape:
+        def render(self) -> bytes:
+            return b"ssb_sessions 1.0\n"
+
+    server = HttpServer(Scrape(), lambda: None, authenticate, "t" * 20)  # type: ignore[arg-type]
+
+    def request(remote: str, **headers: str) -> Any:
+        transport = _Transport(remote)
+        return make_mocked_request("GET", "/metrics", headers=headers, transport=transport)
+
+    handler = server._metrics
+    assert (await handler(request("127.0.0.1"))).status == 200
+    refused = await handler(request("192.0.2.7"))
+    assert refused.status == 401 and "Basic" in refused.headers["WWW-Authenticate"]
+    basic = base64.b64encode(b"ops:right").decode()
+    assert (await handler(request("192.0.2.7", Authorization=f"Basic {basic}"))).status == 200
+    wrong = base64.b64encode(b"ops:wrong").decode()
+    assert (await handler(request("192.0.2.7", Authorization=f"Basic {wrong}"))).status == 401
+    assert checked == [("ops", "192.0.2.7"), ("ops", "192.0.2.7")]
+    assert (await handler(request("192.0.2.7", Authorization=f"Bearer {'t' * 20}"))).status == 200
+    assert (await handler(request("192.0.2.7", Authorization="Bearer nope"))).status == 401
+
+
+class _Transport:
+    def __init__(self, remote: str) -> None:
+        self.remote = remote
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return (self.remote, 40000) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_the_daemon_tells_systemd_it_is_ready(tmp_path: Path) -> None:
+    path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.settimeout(30)
+        process = BrokerProcess(tmp_path / "data", env={"NOTIFY_SOCKET": path}).start()
+        try:
+            message = sock.recv(4096).decode()
+            assert "READY=1" in message.splitlines()
+            process.stop()
+            assert "STOPPING=1" in sock.recv(4096).decode().splitlines()
+        finally:
+            process.kill()
+
+
+# ---- the log ----------------------------------------------------------------------------------
+
+
+async def log_has(process: BrokerProcess, *needles: str, timeout: float = 30.0) -> str:
+    async def probe() -> str | None:
+        text = process.log_text()
+        return text if all(n in text for n in needles) else None
+
+    missing = lambda: [n for n in needles if n not in process.log_text()]  # noqa: E731
+    try:
+        return await wait_until(probe, f"log lines {needles}", timeout=timeout)
+    except AssertionError:
+        raise AssertionError(f"not in the log: {missing()}") from None
+
+
+async def test_the_log_tells_what_happens(tmp_path: Path) -> None:
+    process = BrokerProcess(
+        tmp_path / "data", extra_args=["--log-format", "json"], cwd=Path(__file__).parent
+    ).start()
+    try:
+        async with await client.connect(process.url) as conn:
+            await log_has(process, "connected", "logged in as 'admin'")
+            with pytest.raises(client.LoginFailedError):
+                await client.connect(process.url_for("admin", "wrong"), reconnect=False)
+            await log_has(process, "login failed for 'admin'")
+
+            await conn.create_queue("Small", max_messages=1)
+            await conn.create_service("Small", queue="Small", contracts=["DEFAULT"])
+            handle = await conn.begin_dialog("Small", "Small")
+            await conn.send(handle, body=b"one")
+            with pytest.raises(client.BrokerError):
+                await conn.send(handle, body=b"two")
+            await log_has(process, "queue 'Small' is full")
+
+            await conn.alter_queue("Small", status="OFF")
+            await conn.alter_queue("Small", status="ON")
+            await log_has(process, "queue Small disabled", "queue Small enabled")
+
+            await conn.create_queue(
+                "Echo",
+                activation={
+                    "status": "ON",
+                    "procedure": "activation_procs:echo",
+                    "max_queue_readers": 1,
+                    "execute_as": "admin",
+                },
+            )
+            await conn.create_service("Echo", queue="Echo", contracts=["DEFAULT"])
+            await conn.create_queue("Back")
+            await conn.create_service("Back", queue="Back")
+            echo = await conn.begin_dialog("Back", "Echo")
+            await conn.send(echo, body=b"ping")
+            await log_has(process, "activated task", "started: activation_procs:echo")
+            await log_has(process, "(activation_procs:echo on queue Echo) ended")
+
+            # what a failing procedure writes (its traceback) reaches the log as log lines
+            await conn.create_queue(
+                "Fails",
+                activation={
+                    "status": "ON",
+                    "procedure": "activation_procs:fail",
+                    "max_queue_readers": 1,
+                    "execute_as": "admin",
+                },
+            )
+            await conn.create_service("Fails", queue="Fails", contracts=["DEFAULT"])
+            await conn.send(await conn.begin_dialog("Back", "Fails"), body=b"boom")
+            await log_has(process, "(activation_procs:fail on queue Fails) failed", "Traceback")
+        await log_has(process, "('admin', session")
+    finally:
+        process.stop()
+    lines = process.log_text().splitlines()
+    entries = [json.loads(line) for line in lines if line.strip()]  # every line is JSON
+    assert {"time", "level", "logger", "message"} <= set(entries[0])
+    assert any(e["message"] == "stopping" for e in entries)
+
+
+async def test_debug_logs_each_statement(tmp_path: Path) -> None:
+    process = BrokerProcess(tmp_path / "data", extra_args=["--log-level", "DEBUG"]).start()
+    try:
+        async with await client.connect(process.url) as conn:
+            await conn.create_queue("Q")
+            await log_has(process, "('admin'): create_queue")
+    finally:
+        process.kill()
+
+
+async def test_links_going_up_and_down_are_logged(tmp_path: Path) -> None:
+    async with Federation(tmp_path, ["a", "b"]) as fed:
+        a, b = fed["a"], fed["b"]
+        for node in (a, b):
+            await create_contract(node.conn)
+        await create_initiator(a, "Asker")
+        await create_target(b, "Answerer")
+        await link(a, "Asker", b, "Answerer")
+        handle = await a.conn.begin_dialog("Asker", "Answerer", contract=CONTRACT)
+        await a.conn.send(handle, REQUEST, b"hello")
+        await log_has(a.process, f"link to broker {b.instance} up")
+        b.process.stop()
+        await log_has(a.process, f"link to broker {b.instance} down")
