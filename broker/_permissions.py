@@ -91,7 +91,12 @@ OPEN: Final = frozenset(
     }
 )
 
-_TRACKED: Final = frozenset({*CREATES, "drop"})
+# drops of objects the transport keeps (not through the catalog's generic `drop`)
+DROPS: Final = {
+    "drop_certificate": "certificate",
+    "drop_remote_service_binding": "remote_service_binding",
+}
+_TRACKED: Final = frozenset({*CREATES, "drop", *DROPS})
 Need = tuple[str, str, str]  # (permission, kind, name): kind "" for the broker
 
 
@@ -196,6 +201,8 @@ class Permissions:
         elif operation == "drop":
             kind, name = str(arguments.get("kind")), str(arguments.get("name"))
             self.forget(kind, name)
+        elif operation in DROPS:
+            self.forget(DROPS[operation], str(arguments.get("name")))
 
     def forget(self, kind: str, name: str) -> None:
         self.owners.pop((kind, name), None)

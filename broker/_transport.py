@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import ssl
 import time
@@ -210,6 +211,7 @@ class Link(asyncio.Protocol):
         self.paused = False
         self.closed = False
         self.login_state = "HANDSHAKE"
+        self.reason = ""  # why this side closed it (empty: the peer or the network did)
         self.last_activity = time.time()
         self.last_activity_mono = 0.0
 
@@ -261,10 +263,13 @@ class Link(asyncio.Protocol):
                     if self.peer is None:
                         self.login_state = f"FAILED: refused by peer: {event.text}"
                         self.owner.handshake_failed(self, f"refused by the peer: {event.text}")
-                    self.close()
+                    self.close(f"the peer reported a protocol error: {event.text}")
                     return
-                elif isinstance(event, (CloseFrame, ConnectionClosed)):
-                    self.close()
+                elif isinstance(event, CloseFrame):
+                    self.close(f"closed by the peer ({event.reason or 'no reason given'})")
+                    return
+                elif isinstance(event, ConnectionClosed):
+                    self.close("the peer's connection ended")
                     return
         except ProtocolError as exc:
             if batch:
@@ -274,18 +279,21 @@ class Link(asyncio.Protocol):
                 self.owner.handshake_failed(self, str(exc))
             log.warning("closing broker connection %s: %s", self.address, exc)
             self._flush()
-            self.close()
+            self.close(f"protocol error: {exc}")
             return
         if batch:
             self.owner.frames(self, batch)
         self._flush()
 
-    def close(self) -> None:
+    def close(self, reason: str = "") -> None:
+        self.reason = self.reason or reason
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self.reason:
+            self.reason = f"connection lost: {exc}" if exc is not None else "closed by the peer"
         self.owner.lost(self)
 
     def pause_writing(self) -> None:
@@ -453,8 +461,20 @@ class Transport:
     def views(self) -> dict[str, Callable[[], list[dict[str, Any]]]]:
         return {
             "broker_connections": self.connections_view,
+            "certificates": self.certificates_view,
             "remote_service_bindings": self.bindings_view,
         }
+
+    def certificates_view(self) -> list[dict[str, Any]]:
+        """The peer brokers' certificates this broker trusts (CREATE CERTIFICATE)."""
+        return [
+            {
+                "name": c.name,
+                "broker_instance": c.broker_instance,
+                "fingerprint": hashlib.sha256(ssl.PEM_cert_to_DER_cert(c.pem)).hexdigest(),
+            }
+            for c in sorted(self.engine.catalog.certificates.values(), key=lambda c: c.name)
+        ]
 
     def partials(self) -> list[HeldPartial]:
         """Messages from other brokers that are still arriving, with where they go."""
@@ -926,6 +946,8 @@ class Transport:
                     text = f"connection to {address} timed out"
                 else:
                     text = f"cannot connect to {address}: {exc}"
+                if self.connect_errors.get(address) != text:
+                    log.warning("cannot reach broker at %s: %s", address, text)
                 self.connect_errors[address] = text
                 self.loop.call_later(self._backoff(address), self._retry_address, address)
         finally:
@@ -980,12 +1002,18 @@ class Transport:
             if current_is_ours == keep_ours:
                 link.peer = None
                 link.write(link.link.send(CloseFrame("duplicate connection")))
-                link.close()
+                link.close("a duplicate of the link already up")
                 return
             current.peer = None
-            current.close()
+            current.close("replaced by a newer connection")
         link.peer = peer
         peer.link = link
+        log.info(
+            "link to broker %s up (%s, %s)",
+            instance,
+            link.address,
+            "outbound" if link.role is Role.INITIATOR else "inbound",
+        )
         if link.role is Role.INITIATOR:
             self.address_peer[link.address] = instance
             peer.address = peer.address or link.address
@@ -1033,6 +1061,7 @@ class Transport:
             return
         if peer is not None and peer.link is link:
             peer.link = None
+            log.info("link to broker %s down (%s): %s", peer.instance, link.address, link.reason)
             if self._has_work(peer):
                 self.pump(peer)
         elif peer is None and link.role is Role.INITIATOR:
@@ -1056,7 +1085,7 @@ class Transport:
             if quiet and (peer is None or not self._has_work(peer)):
                 if link.link.state is LinkState.ESTABLISHED:
                     link.write(link.link.send(CloseFrame("idle")))
-                link.close()
+                link.close(f"idle for {self.settings.idle_timeout:g} s")
         if not self.closing:
             self._arm_idle_check()
 

@@ -1,22 +1,64 @@
-"""The `ssb` command: `ssb serve`, `ssb view NAME`, `ssb status`, `ssb login ...`."""
+"""The `ssb` command: `ssb serve`, `ssb view NAME`, `ssb status`, `ssb login ...`,
+`ssb backup DIR`, `ssb diagnose URL...`, `ssb spark-bridge`.
+
+Every mistake (a bad option, a setting out of range, a data directory or address that
+cannot be used, a broker that does not answer) is one line on stderr that says what to
+do, and a non-zero exit; never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import getpass
 import os
+import socket
 import sys
+import tomllib
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, NoReturn
+from urllib.parse import urlsplit
 
-from ._config import ConfigError, load
+from ._config import Config, ConfigError, load
 
-DEFAULT_URL = "ssb://127.0.0.1:4021"
+DEFAULT_URL: Final = "ssb://127.0.0.1:4021"
+DISTRIBUTION: Final = "ssb-broker"
+URL_FORM: Final = "ssb://USER:PASSWORD@HOST:PORT"
+# what to do about an address the daemon cannot listen on
+LISTEN_HINTS: Final = {
+    errno.EADDRNOTAVAIL: "it is not an address of this machine; give --host one it has"
+    " (127.0.0.1, or 0.0.0.0 for all)",
+    errno.EACCES: "ports below 1024 need root; pick ports from 1024 up (0 = any free port)",
+    errno.EADDRINUSE: "another process has it; stop that process or pick another port"
+    " (0 = any free port)",
+}
+
+
+def version() -> str:
+    """This installation's version (the checkout's pyproject.toml when not installed)."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+        return str(project["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake reported in one line (the usage is a --help away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ssb", description="ssb message broker")
+    parser = _Parser(prog="ssb", description="ssb message broker")
+    parser.add_argument("--version", action="version", version=f"ssb {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser(
@@ -39,6 +81,16 @@ def _parser() -> argparse.ArgumentParser:
         help="fsync: acknowledged = on disk (default); os: acknowledged = survives a daemon crash",
     )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+    serve.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="text: lines for people (default); json: one JSON object a line",
+    )
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        help="serve /metrics, /healthz and the dashboard on this port (default: off; 0 = any free)",
+    )
 
     bridge = commands.add_parser(
         "spark-bridge",
@@ -75,6 +127,37 @@ def _parser() -> argparse.ArgumentParser:
         "--password-stdin", action="store_true", help="read the password from standard input"
     )
     _url_argument(login)
+
+    backup = commands.add_parser(
+        "backup",
+        help="copy a broker's store and keys, also while it runs",
+        description="Copy the broker of --data-dir into DIR: its store (SQLite's online backup:"
+        " one consistent snapshot, the broker keeps running), its identity and TLS keys and "
+        "admin.password. `ssb serve --data-dir DIR` then starts the same broker.",
+    )
+    backup.add_argument("dir", type=Path, help="where the copy goes: a new or empty directory")
+    backup.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("ssb-data"),
+        help="the data directory of the broker to copy (default ./ssb-data)",
+    )
+
+    diagnose = commands.add_parser(
+        "diagnose",
+        help="find why messages do not flow between brokers (routes, certificates, ...)",
+        description="Read each broker's views (as ssbdiagnose does) and print each problem"
+        " with what to do: routes both ways, trusted certificates, the same contracts on both"
+        " sides, queues on, activation procedures allowed; messages held in transmission"
+        " queues and why, conversations in error, broker links down. Without --from/--to,"
+        " every routed service and conversation is checked. Exit 0: no problem; 1: problems;"
+        " 2: a usage mistake or a broker that cannot be reached.",
+    )
+    diagnose.add_argument("urls", nargs="+", metavar="URL", help=f"a broker, {URL_FORM}")
+    diagnose.add_argument(
+        "--from", dest="from_service", metavar="SERVICE", help="the initiator service"
+    )
+    diagnose.add_argument("--to", dest="to_service", metavar="SERVICE", help="the target service")
     return parser
 
 
@@ -138,24 +221,13 @@ def _cell(value: object) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
-        from ._daemon import run
+        return _serve(args)
+    if args.command == "backup":
+        return _backup(args.data_dir, args.dir)
+    if args.command == "diagnose":
+        from ._diagnose import run
 
-        try:
-            config = load(
-                args.config,
-                {
-                    "data_dir": args.data_dir,
-                    "host": args.host,
-                    "client_port": args.client_port,
-                    "broker_port": args.broker_port,
-                    "durability": args.durability,
-                    "log_level": args.log_level,
-                },
-            )
-        except ConfigError as exc:
-            print(f"ssb: {exc}", file=sys.stderr)
-            return 2
-        return run(config)
+        return run(args.urls, args.from_service, args.to_service)
 
     if args.command == "spark-bridge":
         try:
@@ -171,8 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ssb import client
 
+    url, source = _url(args.url)
     try:
-        with client.connect_sync(_url(args.url)) as conn:
+        with client.connect_sync(url) as conn:
             if args.command == "login":
                 return _login(conn, args)
             if args.command == "view":
@@ -189,10 +262,130 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"transmission queue {resources['transmission_queue_messages']}")
                 if resources["refusal"]:
                     print(f"refusing messages  {resources['refusal']}")
-    except (client.BrokerError, ValueError) as exc:
+    except client.BrokerError as exc:
+        print(f"ssb: {_failure(exc, url, source)}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
         print(f"ssb: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ._activation.manager import ActivationSettings
+    from ._daemon import EXIT_CANNOT_START, run
+    from ._transport import TransportSettings
+
+    try:
+        config = load(
+            args.config,
+            {
+                "data_dir": args.data_dir,
+                "host": args.host,
+                "client_port": args.client_port,
+                "broker_port": args.broker_port,
+                "durability": args.durability,
+                "log_level": args.log_level,
+                "log_format": args.log_format,
+                "http_port": args.http_port,
+            },
+        )
+        # the sections other parts read, checked before anything is created
+        TransportSettings.from_section(config.sections.get("transport", {}))
+        ActivationSettings.from_section(config.sections.get("activation", {}))
+    except ConfigError as exc:
+        print(f"ssb: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_START
+    problem = _data_dir_problem(config.data_dir) or _listen_problem(config)
+    if problem is not None:
+        print(f"ssb: {problem}", file=sys.stderr)
+        return EXIT_CANNOT_START
+    try:
+        return run(config)
+    except OSError as exc:  # e.g. an address taken between the check and the start
+        hint = LISTEN_HINTS.get(exc.errno or 0) if exc.filename is None else None
+        print(f"ssb: cannot start: {exc}" + (f"; {hint}" if hint else ""), file=sys.stderr)
+        return EXIT_CANNOT_START
+
+
+def _data_dir_problem(data_dir: Path) -> str | None:
+    """Why `data_dir` cannot hold a store, when a file stands where a directory must."""
+    if data_dir.exists():
+        if data_dir.is_dir():
+            return None
+        return f"the data directory {data_dir} is a file; --data-dir names a directory"
+    for parent in data_dir.absolute().parents:
+        if parent.exists():
+            if parent.is_dir():
+                return None
+            return f"cannot create the data directory {data_dir}: {parent} is a file"
+    return None
+
+
+def _listen_problem(config: Config) -> str | None:
+    """Bind each port the daemon will listen on once and let go, so that an address this
+    machine does not have, a port that needs root or one in use is reported before the
+    daemon creates anything."""
+    ports = {"--client-port": config.client_port, "--broker-port": config.broker_port}
+    if config.http_port is not None:
+        ports["--http-port"] = config.http_port
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    for option, port in ports.items():
+        try:
+            socket.create_server((config.host, port), family=family).close()
+        except OSError as exc:
+            return f"cannot listen on {_listen_failure(exc, config.host, port, option)}"
+    return None
+
+
+def _listen_failure(exc: OSError, host: str, port: int, option: str) -> str:
+    """Where listening failed, why, and what to do."""
+    if exc.errno is not None and exc.errno < 0:  # getaddrinfo's codes: the name
+        return f"{host} (no such host): give --host a name or address of this machine"
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    where = host if exc.errno == errno.EADDRNOTAVAIL or not port else f"{host}:{port} ({option})"
+    hint = LISTEN_HINTS.get(exc.errno or 0)
+    return f"{where} ({reason})" + (f": {hint}" if hint else "")
+
+
+def _backup(data_dir: Path, target: Path) -> int:
+    from ._backup import BackupError, backup
+
+    try:
+        copied = backup(data_dir, target)
+    except BackupError as exc:
+        print(f"ssb: {exc}", file=sys.stderr)
+        return 1
+    print(f"backed up the broker of {data_dir} into {target}:")
+    for item in copied:
+        print(f"  {item.name:<28} {item.size:>12,} bytes")
+    print(f"start a broker from it with: ssb serve --data-dir {target}")
+    return 0
+
+
+def _failure(exc: Exception, url: str, source: str) -> str:
+    """The client's error, with what to do when no broker answers or the URL names no
+    login."""
+    from ssb import client
+
+    parts = urlsplit(url)
+    address = f"{parts.hostname}:{parts.port or 4021}"
+    if isinstance(exc, client.ConnectionLostError) and isinstance(
+        exc.__cause__, ConnectionRefusedError
+    ):
+        return (
+            f"no broker answers at {address} ({source}; connection refused): is it running"
+            f" (`ssb serve`), and is {parts.port or 4021} its client port? --url or $SSB_URL"
+            f" names the broker and the login: {URL_FORM}"
+        )
+    if isinstance(exc, client.LoginFailedError) and not parts.username:
+        return (
+            f"{exc}; give the login with --url or $SSB_URL, or run this next to the broker's"
+            " ./ssb-data (its first start wrote admin's password to ssb-data/admin.password)"
+        )
+    return str(exc)
 
 
 def _login(conn: Any, args: argparse.Namespace) -> int:
@@ -219,13 +412,16 @@ def _login(conn: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _url(given: str | None) -> str:
+def _url(given: str | None) -> tuple[str, str]:
     """--url, else $SSB_URL, else the broker running from ./ssb-data (as admin, with the
-    password the first start wrote there), else the default."""
+    password the first start wrote there), else the default; and which it was."""
     if given:
-        return given
+        return given, "--url"
     if os.environ.get("SSB_URL"):
-        return os.environ["SSB_URL"]
+        return os.environ["SSB_URL"], "$SSB_URL"
     from ssb.client import local_url
 
-    return local_url("ssb-data") or DEFAULT_URL
+    local = local_url("ssb-data")
+    if local is not None:
+        return local, "from ./ssb-data/broker.json"
+    return DEFAULT_URL, "the default URL"

@@ -451,6 +451,7 @@ class Connection:
     broker_instance = _method(calls.broker_instance)
     ping = _method(calls.ping)
     broker_certificate = _method(calls.broker_certificate)
+    check_procedure = _method(calls.check_procedure)
     create_certificate = _method(calls.create_certificate)
     drop_certificate = _method(calls.drop_certificate)
     next_broker_certificate = _method(calls.next_broker_certificate)

@@ -12,7 +12,8 @@ answers arrive in the shop's reply queue, each exactly once:
 `writeStream.format("ssb")`; each micro-batch's messages stay leased until Spark
 commits the batch. `--mode activate` runs a SparkActivator whose readers call
 `price(message, conn)` in Spark tasks. Without --url the example starts a private
-broker. Needs `pip install 'ssb[spark]'` (pyspark, pyarrow) and Java 17+.
+broker. Needs the Spark extra installed from the clone (`pip install -e '.[spark]'`:
+pyspark, pyarrow) and Java 17 or 21.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def spark_session() -> object:
     )
     from pyspark.sql import SparkSession
 
+    print("starting a Spark session (master local[4]) ...", flush=True)
+    began = time.monotonic()
     spark = (
         SparkSession.builder.master("local[4]")
         .appName("ssb spark_pipeline")
@@ -134,6 +137,7 @@ def spark_session() -> object:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    print(f"Spark session ready in {time.monotonic() - began:.1f} s", flush=True)
     return spark
 
 

@@ -1,9 +1,43 @@
 #!/usr/bin/env bash
 # Install everything the tests need into .venv, then run them all (the README's
-# test command). The Spark tests need Java 17 or 21 on the PATH.
+# test command). The Spark tests need Java 17 or 21 ($JAVA_HOME/bin/java, or java on
+# the PATH): as root with apt-get it is installed, otherwise its absence stops here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_venv.sh
+
+has_java() {
+    if [ -n "${JAVA_HOME:-}" ]; then [ -x "$JAVA_HOME/bin/java" ]; else command -v java >/dev/null 2>&1; fi
+}
+if ! has_java; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ssb: the Spark tests need Java 17 or 21; installing openjdk-17-jre-headless" >&2
+        apt-get install -y -qq openjdk-17-jre-headless >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; } >/dev/null 2>&1 \
+            || true
+    fi
+    if ! has_java; then
+        echo "ssb: the Spark tests need Java 17 or 21 and no java was found (JAVA_HOME or the" \
+             "PATH); on Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless" >&2
+        exit 1
+    fi
+fi
+# The dashboard tests drive Debian's Chromium (the `chromium` package), never a
+# downloaded browser: as root with apt-get it is installed, otherwise its absence stops here.
+has_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }
+if ! has_chromium; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ssb: the dashboard tests need Chromium; installing chromium" >&2
+        apt-get install -y -qq chromium >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+            || true
+    fi
+    if ! has_chromium; then
+        echo "ssb: the dashboard tests need Chromium and none was found on the PATH;" \
+             "on Debian/Ubuntu: sudo apt-get install chromium" >&2
+        exit 1
+    fi
+fi
 ensure_venv "[test]"
 python -m ruff check broker protocol client spark_bridge tests bench examples
 bash scripts/typecheck.sh

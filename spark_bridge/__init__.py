@@ -7,7 +7,7 @@ and the "ssb" data source (batch peek, Structured Streaming source and sink).
 
     spark_bridge.register(spark)        # format("ssb") for read, readStream, writeStream
 
-Needs pyspark (>= 4.2) and pyarrow (`pip install 'ssb[spark]'`).
+Needs pyspark (>= 4.2) and pyarrow: `pip install -e '.[spark]'` from the clone.
 """
 
 from __future__ import annotations

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from ssb import client
 
@@ -50,6 +53,27 @@ _TOP_KEYS: Final = {
 
 class BridgeConfigError(ValueError):
     """The bridge's configuration is wrong; the message says how."""
+
+
+def java_problem() -> str | None:
+    """Why Spark could not start its JVM here (None: a `java` is there, or one already
+    runs this driver under spark-submit). Spark looks in $JAVA_HOME/bin, else the PATH."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        java = Path(java_home) / "bin" / "java"
+        if os.access(java, os.X_OK):
+            return None
+        where = f"JAVA_HOME={java_home} has no bin/java"
+    elif shutil.which("java") is not None:
+        return None
+    else:
+        where = "no java is on the PATH (and JAVA_HOME is not set)"
+    return (
+        f"Spark needs Java 17 or 21, but {where}; install one (Debian/Ubuntu: apt-get install"
+        " openjdk-17-jre-headless) and check that `java -version` prints 17 or 21"
+    )
 
 
 def load_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -115,6 +139,10 @@ def main(args: argparse.Namespace) -> int:
     except BridgeConfigError as exc:
         print(f"ssb spark-bridge: {exc}", file=sys.stderr)
         return 2
+    problem = java_problem()
+    if problem is not None:
+        print(f"ssb spark-bridge: {problem}", file=sys.stderr)
+        return 2
     paths = [str(Path(p).resolve()) for p in config["python_path"]]
     if paths:
         sys.path[:0] = paths
@@ -134,7 +162,12 @@ def main(args: argparse.Namespace) -> int:
     settings = {"spark.scheduler.mode": "FAIR", **config["spark"]}
     for key, value in settings.items():
         builder = builder.config(key, value)
+    # a JVM starting takes seconds (15 or more the first time): say so rather than be silent
+    master = config["master"] or "from spark-submit or Spark's defaults"
+    print(f"ssb spark-bridge: starting a Spark session (master {master})", flush=True)
+    began = time.monotonic()
     spark = builder.getOrCreate()
+    print(f"ssb spark-bridge: Spark session ready in {time.monotonic() - began:.1f} s", flush=True)
     try:
         activator = SparkActivator(
             spark,
@@ -147,7 +180,7 @@ def main(args: argparse.Namespace) -> int:
         for scheduler in config["schedulers"]:
             activator.add_scheduler(scheduler)
         print(
-            f"ssb spark-bridge ready broker={config['broker']} "
+            f"ssb spark-bridge ready broker={_shown(config['broker'])} "
             f"queues={','.join(activator.bindings)} master={spark.sparkContext.master}",
             flush=True,
         )
@@ -155,3 +188,12 @@ def main(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     return 0
+
+
+def _shown(url: str) -> str:
+    """The broker URL as it may be printed: without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()

@@ -1,18 +1,182 @@
-"""The `ssb` command line."""
+"""The `ssb` command line: its commands, and every mistake as one line on stderr."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
+import pytest
 from daemon import BrokerProcess
 
 from ssb import client
 
+ROOT = Path(__file__).parent.parent
+NOT_HERE = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never an address of this machine
 
-def _ssb(*args: str) -> subprocess.CompletedProcess[str]:
+
+def _ssb(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ssb.broker", *args], capture_output=True, text=True, timeout=60
+        [*prefix, sys.executable, "-m", "ssb.broker", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def _serve(
+    data_dir: Path, *args: str, prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """`ssb serve` on `data_dir`, on any free ports unless `args` give them."""
+    ports = ("--client-port", "0") if "--client-port" not in args else ()
+    return _ssb(
+        "serve", "--data-dir", str(data_dir), *ports, "--broker-port", "0", *args, prefix=prefix
+    )
+
+
+def _one_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a command that failed as a mistake should."""
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_version_is_the_distributions() -> None:
+    result = _ssb("--version")
+    assert result.returncode == 0
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert result.stdout.strip() == f"ssb {version}"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("serve", "--log-level", "verbose"), "log_level must be one of"),
+        (("serve", "--durability", "sometimes"), "invalid choice: 'sometimes'"),
+        (("serve", "--client-port", "many"), "invalid int value: 'many'"),
+        (("serve", "--client-port", "70000"), "client_port must be a port number"),
+        (("serve", "--host", NOT_HERE), "not an address of this machine"),
+        (("serve", "--host", "no-such-host.invalid"), "no such host"),
+        (("nonsense",), "invalid choice: 'nonsense'"),
+        ((), "required: command"),
+        (("backup",), "required: dir"),
+    ],
+)
+def test_a_mistake_is_one_line(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    data = tmp_path / "data"
+    result = _serve(data, *args[1:]) if args[:1] == ("serve",) else _ssb(*args)
+    assert says in _one_line(result)
+    assert not data.exists()  # nothing was created
+
+
+def test_a_data_directory_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for data_dir, says in (
+        (afile, "is a file; --data-dir names a directory"),
+        (afile / "data", f"{afile} is a file"),
+    ):
+        assert says in _one_line(_serve(data_dir))
+
+
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        ("[transport]\nfragment_size = -5\n", "[transport] fragment_size must be a whole number"),
+        ("[transport]\nack_delay = inf\n", "[transport] ack_delay must be a number of seconds"),
+        ("[transport]\ntls = 1\n", "[transport] tls must be true or false"),
+        ("[activation]\ncheck_interval = 0\n", "[activation] check_interval must be"),
+        ("[activation]\nidle_workers = 100000000\n", "[activation] idle_workers must be"),
+        ("[activation]\nexecution_log_rows = 1.5\n", "[activation] execution_log_rows must"),
+        ("[activation]\npython_path = \"/srv\"\n", "python_path must be a list"),
+        ("[activation]\ncheck_intervall = 1\n", "unknown [activation] setting(s) check_intervall"),
+    ],
+)
+def test_a_section_setting_out_of_range_is_one_line(
+    tmp_path: Path, section: str, says: str
+) -> None:
+    config = tmp_path / "ssb.toml"
+    config.write_text(section)
+    data = tmp_path / "data"
+    result = _serve(data, "--config", str(config))
+    assert says in _one_line(result)
+    assert result.returncode == 2
+    assert not data.exists()
+
+
+def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = _serve(tmp_path / "data", "--client-port", str(port))
+    line = _one_line(result)
+    assert f"127.0.0.1:{port} (--client-port)" in line and "pick another port" in line
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_privileged_port_is_one_line(tmp_path: Path) -> None:
+    # root may bind any port: take that capability away from the command
+    prefix: tuple[str, ...] = ()
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv to drop CAP_NET_BIND_SERVICE")
+        prefix = (setpriv, "--inh-caps=-net_bind_service", "--bounding-set=-net_bind_service")
+    result = _serve(tmp_path / "data", "--client-port", "1", prefix=prefix)
+    assert "ports below 1024 need root" in _one_line(result)
+
+
+@pytest.mark.parametrize("command", [("status",), ("view", "service_queues"), ("login", "drop", "x")])
+def test_no_broker_answering_is_one_line_with_what_to_do(command: tuple[str, ...]) -> None:
+    port = _free_port()
+    line = _one_line(_ssb(*command, "--url", f"ssb://admin:pw@127.0.0.1:{port}"))
+    assert f"no broker answers at 127.0.0.1:{port}" in line
+    assert "ssb serve" in line and "$SSB_URL" in line and "ssb://USER:PASSWORD@HOST:PORT" in line
+
+
+def test_a_url_without_login_says_how_to_give_one(broker: BrokerProcess) -> None:
+    line = _one_line(_ssb("status", "--url", f"ssb://127.0.0.1:{broker.client_port}"))
+    assert "login failed" in line and "--url or $SSB_URL" in line and "admin.password" in line
+
+
+def test_status_next_to_ssb_data_logs_in_as_admin(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "ssb-data").start()
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "SSB_URL"}
+        result = _ssb("status", cwd=tmp_path, env=env)
+        assert result.returncode == 0, result.stderr
+        assert broker.instance in result.stdout
+    finally:
+        broker.kill()
+
+
+def test_spark_bridge_without_java_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PYSPARK_GATEWAY_PORT")}
+    env["PATH"] = str(tmp_path)  # no java on it
+    line = _one_line(_ssb("spark-bridge", "--queue", "Orders=jobs:process", env=env))
+    assert "Java 17 or 21" in line and "java -version" in line
+    env["JAVA_HOME"] = str(tmp_path)  # no bin/java in it
+    assert f"JAVA_HOME={tmp_path} has no bin/java" in _one_line(
+        _ssb("spark-bridge", "--queue", "Orders=jobs:process", env=env)
     )
 
 
@@ -52,3 +216,4 @@ def test_second_daemon_on_same_data_dir_is_refused(broker: BrokerProcess) -> Non
     )
     assert result.returncode == 2
     assert "another ssb daemon is using" in result.stderr
+    assert (broker.data_dir / "broker.json").exists()  # the running daemon's stays

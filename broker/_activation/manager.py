@@ -57,7 +57,7 @@ from typing import Any, Final
 
 from ssb.protocol import ErrorCode
 
-from .._config import ConfigError
+from .._config import ConfigError, checked_section
 from .._core.engine import Engine
 from .._core.queues import Queue
 from .._core.receive import Waiter
@@ -127,9 +127,6 @@ def _number(value: object, what: str) -> int | None:
     return value
 
 
-_COUNTS: Final = ("idle_workers", "prestart_workers", "execution_log_rows")
-
-
 @dataclass(frozen=True, slots=True)
 class ActivationSettings:
     """The daemon config's [activation] section."""
@@ -145,28 +142,29 @@ class ActivationSettings:
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> ActivationSettings:
-        known = {f.name: f for f in fields(cls)}
-        unknown = set(section) - set(known)
+        """The config's [activation] section, every value checked."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(section) - known
         if unknown:
             raise ConfigError(
                 f"unknown [activation] setting(s) {', '.join(sorted(unknown))}; "
-                f"known: {', '.join(known)}"
+                f"known: {', '.join(sorted(known))}"
             )
-        values: dict[str, Any] = {}
-        for name, value in section.items():
-            if name == "python_path":
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise ConfigError("[activation] python_path must be a list of directories")
-                values[name] = tuple(value)
-            elif name in _COUNTS:
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise ConfigError(f"[activation] {name} must be an integer >= 0")
-                values[name] = value
-            else:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                    raise ConfigError(f"[activation] {name} must be a number of seconds > 0")
-                values[name] = float(value)
-        return cls(**values)
+        numbers = dict(section)
+        python_path = numbers.pop("python_path", [])
+        if not isinstance(python_path, list) or not all(isinstance(v, str) for v in python_path):
+            raise ConfigError("[activation] python_path must be a list of directories")
+        ranges: dict[str, tuple[float, float, bool] | None] = {
+            "check_interval": (0.01, 3600.0, False),
+            "empty_rowset_window": (0.01, 3600.0, False),
+            "notification_timeout": (0.01, 86400.0, False),
+            "idle_workers": (0, 1000, True),
+            "prestart_workers": (0, 1000, True),
+            "worker_start_timeout": (0.1, 3600.0, False),
+            "execution_log_rows": (1, 10_000_000, True),
+        }
+        values = checked_section("activation", numbers, ranges)
+        return cls(**values, python_path=tuple(python_path))
 
 
 TaskEndHook = Callable[[ActivatedTask, "str | None"], None]
@@ -371,6 +369,13 @@ class ActivationManager:
         monitor.tasks_started += 1
         monitor.last_activated = now
         monitor.feed(MonitorInput.ACTIVATED)
+        log.info(
+            "activated task %s started: %s on queue %s as %r",
+            task.task_id,
+            task.procedure,
+            task.queue,
+            task.execute_as,
+        )
         self.own(self._run(task))
 
     async def _run(self, task: ActivatedTask) -> None:
@@ -400,6 +405,14 @@ class ActivationManager:
                 task.procedure,
                 task.queue,
                 error,
+            )
+        else:
+            log.info(
+                "activated task %s (%s on queue %s) ended after %.1f s",
+                task.task_id,
+                task.procedure,
+                task.queue,
+                time.time() - task.started,
             )
         for hook in self.task_end_hooks:
             hook(task, error)

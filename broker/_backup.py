@@ -1,0 +1,162 @@
+"""`ssb backup`: a consistent copy of a broker's data directory, taken while it runs.
+
+Theory of operation. A broker is its store (`broker.db`) and the files its first start
+made beside it: its identity (the broker key and certificate, a staged next pair, the
+previous keys that still unwrap session keys peers wrapped for them), the client port's
+TLS certificate and key, and `admin.password`. A copy of all of them starts as the same
+broker: the same instance id, catalog, messages, logins and certificates.
+
+The store is copied with SQLite's online backup API in one step, so the copy is read in
+one read transaction: it is the store as it was after one commit, whatever the daemon
+writes meanwhile (in WAL mode its writes go on; they are simply not in the copy). The
+daemon answers a request only once its effects are committed, so everything it had
+acknowledged before the copy began is in the copy. The source is opened read-only: the
+backup changes nothing in the store (beside a stopped broker's store SQLite may make the
+WAL and its index again, as the daemon's next start would).
+
+Then every other regular file at the top of the data directory is copied, except what
+belongs to one running daemon (`LOCK`, `broker.json`) and the store's own companions
+(its WAL and shared-memory index are read into the copy already). The files come after
+the store: a certificate rotated in between only adds keys (the previous ones are kept),
+so the copied keys unwrap every session key the copied store holds. A TLS certificate
+the config names outside the data directory is not copied.
+
+The copy is private (files 0600, a new directory 0700), synced to disk before `backup`
+returns, and never overwrites: the target must be new or empty. A backup that fails
+removes what it wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+STORE: Final = "broker.db"
+# not copied as files: the store and its companions (the online backup reads through
+# them) and a running daemon's own files
+NOT_COPIED: Final = frozenset(
+    {STORE, f"{STORE}-wal", f"{STORE}-shm", f"{STORE}-journal", "LOCK", "broker.json"}
+)
+BUSY_TIMEOUT: Final = 30.0  # seconds to wait for the daemon's store (a WAL checkpoint)
+
+
+class BackupError(Exception):
+    """The backup cannot be made; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Copied:
+    """One file of the backup: its name in the target directory and its size in bytes."""
+
+    name: str
+    size: int
+
+
+def backup(data_dir: Path, target: Path) -> list[Copied]:
+    """Copy the broker of `data_dir`, running or stopped, into the directory `target`.
+
+    Args:
+        data_dir: the broker's data directory (`--data-dir` of its `ssb serve`).
+        target: a directory that does not exist yet, or is empty.
+
+    Returns:
+        What was copied, the store first.
+
+    Raises:
+        BackupError: `data_dir` holds no store, `target` is not new or empty, or a file
+            could not be read or written (nothing is left in `target` then).
+    """
+    source = data_dir / STORE
+    if not source.is_file():
+        raise BackupError(
+            f"{data_dir} holds no broker store ({STORE}); --data-dir names the data"
+            " directory of the broker to back up"
+        )
+    made = _prepare(target)
+    written: list[Path] = []
+    try:
+        written.append(target / STORE)
+        copied = [Copied(STORE, _copy_store(source, target / STORE))]
+        for path in sorted(data_dir.iterdir()):
+            if path.name in NOT_COPIED or not path.is_file():
+                continue
+            written.append(target / path.name)
+            copied.append(Copied(path.name, _copy_file(path, target / path.name)))
+        _sync_directory(target)
+    except BaseException:
+        if made:
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            for path in written:
+                path.unlink(missing_ok=True)
+        raise
+    return copied
+
+
+def _prepare(target: Path) -> bool:
+    """Check that `target` is new or empty, and make it if new (returned: made)."""
+    if target.exists():
+        if not target.is_dir():
+            raise BackupError(f"{target} is a file; name a new or empty directory to back up into")
+        if any(target.iterdir()):
+            raise BackupError(
+                f"{target} is not empty; name a new or empty directory (a backup never"
+                " overwrites anything)"
+            )
+        return False
+    try:
+        target.mkdir(mode=0o700, parents=True)
+    except OSError as exc:
+        raise BackupError(f"cannot create {target}: {exc.strerror or exc}") from None
+    return True
+
+
+def _copy_store(source: Path, target: Path) -> int:
+    """The online backup of the store at `source` into a new file `target`; its size."""
+    # made first so that SQLite writes into a file that is private from the start
+    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    uri = f"{source.resolve().as_uri()}?mode=ro"
+    try:
+        reader = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT)
+        try:
+            copy = sqlite3.connect(target)
+            try:
+                reader.backup(copy)  # all pages in one step: one snapshot
+            finally:
+                copy.close()
+        finally:
+            reader.close()
+    except sqlite3.Error as exc:
+        raise BackupError(f"cannot copy the store {source}: {exc}") from None
+    _sync_file(target)
+    return target.stat().st_size
+
+
+def _copy_file(source: Path, target: Path) -> int:
+    """Copy one file into a new private file and sync it; its size."""
+    try:
+        data = source.read_bytes()
+        with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as exc:
+        raise BackupError(f"cannot copy {source} to {target}: {exc.strerror or exc}") from None
+    return len(data)
+
+
+def _sync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_directory(path: Path) -> None:
+    """Make the new files' names durable too."""
+    _sync_file(path)
