@@ -96,8 +96,9 @@ class Config:
     lock_timeout: float = 30.0
     log_level: str = "INFO"
     log_format: str = "text"  # "text" for people, "json" (one object a line) for machines
-    # the HTTP port of /metrics, /healthz and the dashboard, on `host`; None: no HTTP
+    # the HTTP port of /metrics, /healthz and the dashboard; None: no HTTP
     http_port: int | None = None
+    http_host: str = "127.0.0.1"  # the address it listens on (loopback unless set)
     # a bearer token that also opens /metrics (beyond loopback /metrics needs a login)
     http_token: str | None = None
     # seconds between the dashboard's samples of queue depths (its charts)
@@ -141,6 +142,14 @@ class Config:
         if not isinstance(self.log_level, str) or self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError(
                 f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}"
+            )
+        if not isinstance(self.http_host, str) or not self.http_host:
+            raise ConfigError(f"http_host must be an address, not {self.http_host!r}")
+        if self.http_port is None and (
+            self.http_token is not None or self.chart_sample_seconds != 5.0
+        ):
+            raise ConfigError(
+                "http_token and chart_sample_seconds need the HTTP port: set http_port too"
             )
         if not isinstance(self.log_format, str) or self.log_format not in ("text", "json"):
             raise ConfigError(f"log_format must be 'text' or 'json', not {self.log_format!r}")

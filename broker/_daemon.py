@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from . import _heap, _logging, _systemd
 from ._activation.execution_log import ExecutionLog
@@ -43,10 +43,7 @@ from ._activation.workers import WorkerPool
 from ._config import Config, ConfigError
 from ._core.engine import Engine, StoredState
 from ._core.ports import Cancellable
-from ._dashboard import Dashboard, dead_letter_queues
-from ._http import HttpServer
 from ._logins import Logins, ThrottleSettings
-from ._metrics import BrokerCollector, Metrics
 from ._operations import Operations
 from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
@@ -55,6 +52,11 @@ from ._store import Store, StoreUnavailable, describe_failure
 from ._tls import Door, server_context
 from ._transport import Transport, TransportSettings
 from ._views import Views
+
+if TYPE_CHECKING:
+    import ssl
+
+    from ._http import HttpServer
 
 log = logging.getLogger("ssb.daemon")
 
@@ -255,27 +257,9 @@ class Broker:
         self._closers.append(manager.close)
 
         if config.http_port is not None:
-            collector = BrokerCollector(engine, store, connections, transport, manager)
-            self.http = http = HttpServer(
-                Metrics(collector, store), self._not_ready, logins.check, config.http_token
+            await self._start_http(
+                config.http_port, operations, logins, permissions, manager, context, clock
             )
-            dashboard = Dashboard(
-                operations,
-                engine.transactions,
-                store,
-                clock,
-                logins.check,
-                lambda: {name: queue.ready for name, queue in engine.queues.items()},
-                lambda: dead_letter_queues(engine.catalog.queues),
-                config.chart_sample_seconds,
-            )
-            dashboard.add_routes(http.app)  # before the server starts: aiohttp freezes them
-            logins.on_change.append(dashboard.login_changed)
-            self._closers.append(http.close)
-            self._closers.append(dashboard.close)
-            bound = await http.start(config.host, config.http_port, context)
-            dashboard.start()
-            log.info("dashboard at %s://%s:%d/dashboard/", http.scheme, *bound)
 
         self._own(self._watch_space())
         info = {
@@ -297,6 +281,51 @@ class Broker:
         )
         _systemd.notify(f"READY=1\nSTATUS=serving clients on port {self.client_address[1]}")
 
+    async def _start_http(
+        self,
+        port: int,
+        operations: Operations,
+        logins: Logins,
+        permissions: Permissions,
+        manager: ActivationManager,
+        context: ssl.SSLContext,
+        clock: LoopClock,
+    ) -> None:
+        """/metrics, /healthz and the dashboard on the HTTP port. The HTTP stack is
+        imported only when the port is on: otherwise its many modules would only be more
+        objects for every garbage collection to walk."""
+        from ._dashboard import Dashboard, dead_letter_queues
+        from ._http import HttpServer
+        from ._metrics import BrokerCollector, Metrics
+
+        config, engine, store, transport = self.config, self.engine, self.store, self.transport
+        connections = self.connections
+        collector = BrokerCollector(engine, store, connections, transport, manager)
+        self.http = http = HttpServer(
+            Metrics(collector, store),
+            self._not_ready,
+            logins.check,
+            lambda user: permissions.has(user, "VIEW"),
+            config.http_token,
+        )
+        dashboard = Dashboard(
+            operations,
+            engine.transactions,
+            store,
+            clock,
+            logins.check,
+            lambda: {name: queue.ready for name, queue in engine.queues.items()},
+            lambda: dead_letter_queues(engine.catalog.queues),
+            config.chart_sample_seconds,
+        )
+        dashboard.add_routes(http.app)  # before the server starts: aiohttp freezes them
+        logins.on_change.append(dashboard.login_changed)
+        self._closers.append(http.close)
+        self._closers.append(dashboard.close)
+        bound = await http.start(config.http_host, port, context)
+        dashboard.start()
+        log.info("dashboard at %s://%s:%d/dashboard/", http.scheme, *bound)
+
     def _http_text(self) -> str:
         if self.http is None or self.http.address is None:
             return ""
@@ -305,6 +334,8 @@ class Broker:
 
     def _not_ready(self) -> str | None:
         """Why the broker is not ready to take new work (None: it is)."""
+        if self.stopped.is_set():
+            return "the broker is stopping"
         if self.store.failed is not None:
             return f"the store failed: {describe_failure(self.store.failed)}"
         return self.engine.capacity.refusal

@@ -64,6 +64,7 @@ VIEWS: Final = (
 )
 # views a broker may not have (older versions): their checks fall back or are skipped
 OPTIONAL_VIEWS: Final = ("certificates",)
+VIEW_ROWS: Final = 100_000  # rows read of each view (the broker's most)
 # always allowed by the broker: refused only when the login lacks EXECUTE
 EXECUTE_PROBE: Final = BUILT_IN[0]
 # transmission statuses that are a consequence of another problem, not one of their own
@@ -103,6 +104,7 @@ class Broker:
     views: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)  # view -> the broker's refusal
     missing: set[str] = field(default_factory=set)  # views this broker does not have
+    truncated: set[str] = field(default_factory=set)  # views with more rows than were read
     procedures: dict[str, str | None] = field(default_factory=dict)  # spec -> refusal, if any
     may_execute: bool = True
 
@@ -212,6 +214,8 @@ async def survey(url: str, timeout: float = CONNECT_TIMEOUT) -> Broker:
         for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, list):
                 broker.views[name] = answer
+                if len(answer) >= VIEW_ROWS:
+                    broker.truncated.add(name)
             elif answer is None:
                 broker.missing.add(name)
             else:
@@ -228,7 +232,7 @@ async def _view(conn: client.Connection, name: str) -> list[dict[str, Any]] | st
     """A view's rows; the refusal text when the login may not read it; None when the broker
     has no such view."""
     try:
-        return await conn.view(name)
+        return await conn.view(name, limit=VIEW_ROWS)
     except client.PermissionDeniedError as exc:
         return exc.message
     except client.NotFoundError as exc:
@@ -314,6 +318,12 @@ def examine(
     if from_service is None:
         problems += check_replies(paths, brokers)
     problems += check_trust(paths, brokers, notes)
+    for broker in brokers:
+        if broker.truncated:
+            notes.append(
+                f"{broker.label}: only the first {VIEW_ROWS} rows of"
+                f" {', '.join(sorted(broker.truncated))} were read; what lies beyond is unchecked"
+            )
     for check in (check_queues, check_activation, check_transmission_queue,
                   check_conversations, check_links, check_resources):
         problems += check(brokers)

@@ -6,9 +6,13 @@ address HTTPS with the client port's certificate, since a login crosses it.
 
 Who may read what: /healthz answers anyone (it says only whether the broker is live
 and ready). /metrics answers loopback callers freely; from anywhere else it needs a
-broker login (HTTP basic authentication, checked and throttled like a client login)
-or the configured bearer token (`http_token`). Every refusal is logged with the
+broker login with VIEW (HTTP basic authentication, checked and throttled like a client
+login) or the configured bearer token (`http_token`). Every refusal is logged with the
 caller's address, never with a secret.
+
+A request from loopback must name a loopback host in its Host header (`localhost`,
+127.0.0.1, [::1], or the address listened on): a web page of another site whose name an
+attacker points at 127.0.0.1 (DNS rebinding) cannot use the trust loopback callers get.
 
 /healthz answers 200 while the broker is live and ready, 503 with the reason while it
 is live but not ready (the store cannot write, or new messages are refused for want
@@ -18,7 +22,6 @@ of disk); `/healthz/live` answers 200 whenever the event loop runs at all.
 from __future__ import annotations
 
 import base64
-import binascii
 import hmac
 import ipaddress
 import logging
@@ -54,18 +57,24 @@ class HttpServer:
         metrics: Metrics,
         readiness: Callable[[], str | None],
         authenticate: Authenticate,
+        may_view: Callable[[str], bool],
         token: str | None,
     ) -> None:
         """Args:
             readiness: None when ready, else why not.
             authenticate: a broker login check: None when the password is right.
+            may_view: whether a login may read the broker's views (and so /metrics).
             token: the bearer token that also opens /metrics (None: none).
         """
         self.metrics = metrics
         self.readiness = readiness
         self.authenticate = authenticate
+        self.may_view = may_view
         self.token = token
-        self.app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        self.hosts: set[str] = {"localhost", "127.0.0.1", "[::1]"}
+        self.app = web.Application(
+            client_max_size=MAX_REQUEST_BYTES, middlewares=[self._known_host]
+        )
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get("/healthz", self._ready)
         self.app.router.add_get("/healthz/ready", self._ready)
@@ -76,7 +85,10 @@ class HttpServer:
 
     async def start(self, host: str, port: int, context: ssl.SSLContext | None) -> tuple[str, int]:
         """Listen; `context` is used only beyond loopback. Returns the bound address."""
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # a stop must not wait long for a dashboard action: the last batch waits behind it
+        runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, shutdown_timeout=2.0
+        )
         await runner.setup()
         self._runner = runner
         tls = None if is_loopback(host) else context
@@ -85,6 +97,7 @@ class HttpServer:
         await site.start()
         bound = runner.addresses[0]
         self.address = (str(bound[0]), int(bound[1]))
+        self.hosts |= {host.lower(), str(bound[0]).lower(), f"[{bound[0]}]".lower()}
         log.info("HTTP port %s://%s:%d (/metrics, /healthz)", self.scheme, *self.address)
         return self.address
 
@@ -95,6 +108,23 @@ class HttpServer:
 
     # ---- who may ----------------------------------------------------------------------
 
+    @web.middleware
+    async def _known_host(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        name = request.host.lower()
+        if name.startswith("["):  # [v6]:port
+            name = name.split("]", 1)[0] + "]"
+        else:
+            name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
+        if is_loopback(request.remote) and name not in self.hosts and not is_loopback(name):
+            log.warning(
+                "HTTP %s from %s refused: Host %r is not this server", request.path,
+                request.remote, request.host[:100],
+            )
+            return web.Response(status=421, text="this server does not answer for that host\n")
+        return await handler(request)
+
     async def login_of(self, request: web.Request) -> str | None:
         """The login named by the request's basic credentials, or "" for the bearer
         token; None when it carries neither, or a wrong one (logged)."""
@@ -102,7 +132,8 @@ class HttpServer:
         scheme, _, value = header.partition(" ")
         peer = request.remote or "?"
         if scheme.lower() == "bearer" and self.token is not None:
-            if hmac.compare_digest(value.strip().encode(), self.token.encode()):
+            given = value.strip().encode("utf-8", "surrogateescape")
+            if hmac.compare_digest(given, self.token.encode()):
                 return ""
             log.warning("HTTP %s from %s: wrong bearer token", request.path, peer)
             return None
@@ -110,12 +141,16 @@ class HttpServer:
             return None
         try:
             user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # not base64 (non-ASCII too), or not UTF-8
             log.warning("HTTP %s from %s: malformed basic credentials", request.path, peer)
             return None
-        refused = await self.authenticate(user, password, peer)
+        # the login throttle counts by host: give it host:port, as client logins do
+        refused = await self.authenticate(user, password, f"{peer}:http")
         if refused is not None:
             log.warning("HTTP %s from %s refused: %s", request.path, peer, refused)
+            return None
+        if not self.may_view(user):
+            log.warning("HTTP %s from %s refused: login %r lacks VIEW", request.path, peer, user)
             return None
         return user
 

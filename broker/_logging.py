@@ -17,6 +17,18 @@ from typing import Final
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class TextFormatter(logging.Formatter):
+    """Lines for people. Names and texts from clients and peers may hold line breaks or
+    other control characters: they are escaped, so no one can forge a log line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        return line.translate(_ESCAPES) if not line.isprintable() else line
+
+
+_ESCAPES: Final = {c: f"\\x{c:02x}" for c in (*range(32), 127)}
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object a line."""
 
@@ -36,7 +48,7 @@ class JsonFormatter(logging.Formatter):
 def configure(level: str, form: str) -> None:
     """Send the daemon's log records to standard error at `level`, as `form` says."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if form == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if form == "json" else TextFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

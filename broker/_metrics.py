@@ -15,6 +15,7 @@ brokers in one process, as in tests, never mix their figures. The text format is
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, Final
@@ -112,7 +113,10 @@ class BrokerCollector(Collector):
                 oldest = key[1]
         if oldest is None:
             return 0.0
-        enqueued = self.store.message_enqueue_time(oldest)
+        try:
+            enqueued = self.store.message_enqueue_time(oldest)
+        except sqlite3.Error:  # a store in trouble: the scrape still answers
+            return 0.0
         return 0.0 if enqueued is None else max(0.0, now - enqueued)
 
     def _transmission(self) -> Iterator[Metric]:
@@ -142,7 +146,7 @@ class BrokerCollector(Collector):
         up = GaugeMetricFamily(
             "ssb_link_up",
             "1 for each broker link that is up (handshake done), by peer and direction",
-            labels=["peer", "address", "direction"],
+            labels=["peer", "direction"],
         )
         known = GaugeMetricFamily(
             "ssb_peer_connected", "1 when a known broker has a link up, else 0", labels=["peer"]
@@ -150,7 +154,7 @@ class BrokerCollector(Collector):
         if self.transport is not None:
             for row in self.transport.connections_view():
                 if row["state"] == "ESTABLISHED" and row["peer"] is not None:
-                    up.add_metric([row["peer"], row["address"], row["direction"]], 1)
+                    up.add_metric([row["peer"], row["direction"]], 1)
             for peer in list(self.transport.peers.values()):
                 connected = peer.link is not None and not peer.link.closed
                 known.add_metric([str(peer.instance)], 1 if connected else 0)

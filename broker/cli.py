@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="serve /metrics, /healthz and the dashboard on this port (default: off; 0 = any free)",
     )
+    serve.add_argument(
+        "--http-host", help="address of the HTTP port (default 127.0.0.1, whatever --host says)"
+    )
 
     bridge = commands.add_parser(
         "spark-bridge",
@@ -290,6 +293,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "log_level": args.log_level,
                 "log_format": args.log_format,
                 "http_port": args.http_port,
+                "http_host": args.http_host,
             },
         )
         # the sections other parts read, checked before anything is created
@@ -328,15 +332,18 @@ def _listen_problem(config: Config) -> str | None:
     """Bind each port the daemon will listen on once and let go, so that an address this
     machine does not have, a port that needs root or one in use is reported before the
     daemon creates anything."""
-    ports = {"--client-port": config.client_port, "--broker-port": config.broker_port}
+    ports = [
+        ("--client-port", config.host, config.client_port),
+        ("--broker-port", config.host, config.broker_port),
+    ]
     if config.http_port is not None:
-        ports["--http-port"] = config.http_port
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    for option, port in ports.items():
+        ports.append(("--http-port", config.http_host, config.http_port))
+    for option, host, port in ports:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            socket.create_server((config.host, port), family=family).close()
+            socket.create_server((host, port), family=family).close()
         except OSError as exc:
-            return f"cannot listen on {_listen_failure(exc, config.host, port, option)}"
+            return f"cannot listen on {_listen_failure(exc, host, port, option)}"
     return None
 
 
@@ -357,6 +364,13 @@ def _backup(data_dir: Path, target: Path) -> int:
         copied = backup(data_dir, target)
     except BackupError as exc:
         print(f"ssb: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file it may not read or write: one line, what to do
+        print(
+            f"ssb: backup failed: {exc.strerror or exc} ({exc.filename or data_dir}); run it as"
+            " the broker's user, or give --data-dir / a target it can read and write",
+            file=sys.stderr,
+        )
         return 1
     print(f"backed up the broker of {data_dir} into {target}:")
     for item in copied:

@@ -19,8 +19,9 @@ from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
 from polling import wait_until
 
 from ssb import client
-from ssb.broker import _dashboard
-from ssb.broker._dashboard import DepthHistory, WebSessions, depth_chart
+from ssb.broker._dashboard import sessions as web_sessions
+from ssb.broker._dashboard.history import DepthHistory, depth_chart
+from ssb.broker._dashboard.sessions import SESSION_LIFETIME, WebSessions
 
 TESTS_DIR = Path(__file__).parent
 CHROMIUM_ARGS = [
@@ -420,14 +421,21 @@ def test_web_sessions_end_when_idle_or_old_and_stay_bounded(
         now[0] += 600
         assert sessions.find(busy) is not None
     assert sessions.find(idle) is None  # 40 minutes idle
-    now[0] = _dashboard.SESSION_LIFETIME + 1
+    now[0] = SESSION_LIFETIME + 1
     assert sessions.find(busy) is None  # older than its lifetime, however busy
     assert sessions.find("forged") is None and sessions.find(None) is None
 
-    monkeypatch.setattr(_dashboard, "MAX_SESSIONS", 3)
+    monkeypatch.setattr(web_sessions, "MAX_SESSIONS", 3)
     tokens = [sessions.open("c")[0] for _ in range(5)]
     assert len(sessions) == 3 and sessions.find(tokens[0]) is None
     assert sessions.forget_login("c") == 3 and sessions.find(tokens[-1]) is None
+
+    # one login logging in again and again ends its own oldest sessions, no one else's
+    monkeypatch.setattr(web_sessions, "MAX_SESSIONS", 1000)
+    admin, _ = sessions.open("admin")
+    many = [sessions.open("pest")[0] for _ in range(web_sessions.SESSIONS_PER_LOGIN + 5)]
+    assert sessions.find(admin) is not None and sessions.find(many[0]) is None
+    assert sessions.forget_login("pest") == web_sessions.SESSIONS_PER_LOGIN
 
 
 def test_depth_history_is_bounded_and_forgets_dropped_queues() -> None:

@@ -42,6 +42,7 @@ from federation_setup import (
 from ssb import client
 from ssb.broker._diagnose import (
     STUCK_AFTER,
+    VIEW_ROWS,
     Broker,
     Report,
     check_links,
@@ -469,4 +470,10 @@ async def test_long_unacknowledged_messages_and_a_refusing_broker_are_found(
     (refusing,) = check_resources(report.brokers)
     assert refusing.text == (
         f"broker {near.label} refuses new messages: free disk below min_free_disk"
+    )
+    near.truncated.add("transmission_queue")  # a view with more rows than were read
+    (note,) = [n for n in examine(report.brokers).notes if "rows of" in n]
+    assert note == (
+        f"{near.label}: only the first {VIEW_ROWS} rows of transmission_queue were read;"
+        " what lies beyond is unchecked"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import re
 import socket
 from collections.abc import Iterator
@@ -128,6 +129,12 @@ async def test_healthz_says_not_ready_while_messages_are_refused(tmp_path: Path)
         assert "min_free_disk" in body["reason"] or "disk" in body["reason"]
         samples = await scrape(process.http_url)
         assert samples[("ssb_refusing_messages", ())] == 1
+        async with await client.connect(process.url) as conn:
+            await conn.create_queue("Q")
+            await conn.create_service("S", queue="Q", contracts=["DEFAULT"])
+            with pytest.raises(client.BrokerError):
+                await conn.begin_dialog("S", "S")
+        await log_has(process, "below min_free_disk", "refusing new messages", "refused ")
     finally:
         process.kill()
 
@@ -147,13 +154,29 @@ async def test_the_grafana_dashboard_uses_only_metrics_the_broker_has(
     assert used and used <= names, sorted(used - names)
 
 
+async def test_a_foreign_host_name_on_loopback_is_refused(observed: BrokerProcess) -> None:
+    """A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) gets
+    nothing of what loopback callers may read."""
+    port = observed.http_url.rsplit(":", 1)[1]
+    async with aiohttp.ClientSession() as http:
+        for host, status in (
+            ("evil.example", 421),
+            (f"evil.example:{port}", 421),
+            (f"localhost:{port}", 200),
+            (f"127.0.0.1:{port}", 200),
+        ):
+            async with http.get(f"{observed.http_url}/metrics", headers={"Host": host}) as r:
+                assert r.status == status, host
+    await log_has(observed, "Host 'evil.example' is not this server")
+
+
 def test_http_is_off_unless_configured(broker: BrokerProcess) -> None:
     assert broker.http_url == ""
     info = json.loads((broker.data_dir / "broker.json").read_text())
     assert info["http_port"] is None
 
 
-async def test_metrics_beyond_loopback_need_a_login(observed: BrokerProcess) -> None:
+async def test_metrics_beyond_loopback_need_a_login_with_view() -> None:
     """The daemon's own handler, given requests as if from another host."""
     from ssb.broker._http import HttpServer
 
@@ -161,13 +184,20 @@ async def test_metrics_beyond_loopback_need_a_login(observed: BrokerProcess) -> 
 
     async def authenticate(user: str, password: str, peer: str) -> str | None:
         checked.append((user, peer))
-        return None if (user, password) == ("ops", "right") else "login failed"
+        right = {"ops": "right", "nobody": "pw"}
+        return None if right.get(user) == password else "login failed"
 
     class Scrape:
         def render(self) -> bytes:
             return b"ssb_sessions 1.0\n"
 
-    server = HttpServer(Scrape(), lambda: None, authenticate, "t" * 20)  # type: ignore[arg-type]
+    server = HttpServer(
+        Scrape(),  # type: ignore[arg-type]
+        lambda: None,
+        authenticate,
+        lambda user: user == "ops",  # only ops has VIEW
+        "t" * 20,
+    )
 
     def request(remote: str, **headers: str) -> Any:
         transport = _Transport(remote)
@@ -181,7 +211,11 @@ async def test_metrics_beyond_loopback_need_a_login(observed: BrokerProcess) -> 
     assert (await handler(request("192.0.2.7", Authorization=f"Basic {basic}"))).status == 200
     wrong = base64.b64encode(b"ops:wrong").decode()
     assert (await handler(request("192.0.2.7", Authorization=f"Basic {wrong}"))).status == 401
-    assert checked == [("ops", "192.0.2.7"), ("ops", "192.0.2.7")]
+    assert checked == [("ops", "192.0.2.7:http"), ("ops", "192.0.2.7:http")]
+    nobody = base64.b64encode(b"nobody:pw").decode()  # the right password, but no VIEW
+    assert (await handler(request("192.0.2.7", Authorization=f"Basic {nobody}"))).status == 401
+    for garbage in ("Basic \u00e9\u00e9", "Basic !!!", "Bearer \u00e9"):  # no traceback
+        assert (await handler(request("192.0.2.7", Authorization=garbage))).status == 401
     assert (await handler(request("192.0.2.7", Authorization=f"Bearer {'t' * 20}"))).status == 200
     assert (await handler(request("192.0.2.7", Authorization="Bearer nope"))).status == 401
 
@@ -312,3 +346,29 @@ async def test_links_going_up_and_down_are_logged(tmp_path: Path) -> None:
         await log_has(a.process, f"link to broker {b.instance} up")
         b.process.stop()
         await log_has(a.process, f"link to broker {b.instance} down")
+
+
+class Remembered(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+async def test_a_client_logs_its_reconnect(broker: BrokerProcess) -> None:
+    logger, remembered = logging.getLogger("ssb.client"), Remembered()
+    logger.addHandler(remembered)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        async with await client.connect(broker.url) as conn:
+            await conn.create_queue("Q")
+            broker.restart()  # kill -9, and start again on the same ports
+            assert any(q["name"] == "Q" for q in await conn.view("service_queues"))
+    finally:
+        logger.removeHandler(remembered)
+        logger.setLevel(level)
+    text = "\n".join(remembered.lines)
+    assert "lost" in text and "reconnecting" in text and "reconnected to" in text

@@ -45,6 +45,7 @@ from .._core.transactions import Session
 
 log = logging.getLogger("ssb.activation")
 output = logging.getLogger("ssb.task")  # what procedures write to standard error
+OUTPUT_LINE_LIMIT: Final = 4096  # bytes of one line of a procedure's output logged
 
 LINE_LIMIT: Final = 1 << 20
 WORKER_PATH_ENV: Final = "SSB_WORKER_PATH"
@@ -116,7 +117,9 @@ class WorkerProcess:
                 line = await stream.read(LINE_LIMIT)
             if not line:
                 return
-            output.info("worker %d: %s", self.pid, line.decode(errors="replace").rstrip())
+            text = line[:OUTPUT_LINE_LIMIT].decode(errors="replace").rstrip()
+            more = f" ... ({len(line)} bytes)" if len(line) > OUTPUT_LINE_LIMIT else ""
+            output.info("worker %d: %s%s", self.pid, text, more)
 
     @classmethod
     async def spawn(cls, env: dict[str, str], timeout: float) -> WorkerProcess:

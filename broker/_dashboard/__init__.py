@@ -31,65 +31,71 @@ Content-Security-Policy.
   `service_queues` view.
 """
 
+
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
-import html
 import inspect
 import logging
-import secrets
 import time
 import uuid
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
-from urllib.parse import urlencode, urlsplit
 
 from aiohttp import web
 from multidict import MultiDictProxy
 
 from ssb.protocol import ErrorCode, Request
 
-from ._core.catalog import QueueDef
-from ._core.ports import Clock, Journal, durable
-from ._core.transactions import Transactions
-from ._errors import BrokerError
-from ._operations import Operations
+from .._core.catalog import QueueDef
+from .._core.ports import Clock, Journal, durable
+from .._core.transactions import Transactions
+from .._errors import BrokerError
+from .._operations import Operations
+from .history import MAX_CHARTED_QUEUES, SAMPLE_INTERVAL, DepthHistory, depth_chart
+from .html import (
+    ENDPOINT_COLUMNS,
+    HEADERS,
+    ICON,
+    MAX_NAME,
+    ROOT,
+    ROW_LIMIT,
+    STYLE,
+    TRANSMISSION_COLUMNS,
+    Rows,
+    body_text,
+    button,
+    capped,
+    enable_button,
+    esc,
+    forbidden,
+    form_field,
+    layout,
+    link,
+    local_target,
+    login_page,
+    monitor_text,
+    page_response,
+    plain_table,
+    queue_status,
+    redirect,
+    refusal,
+    table,
+    url,
+    whole_number,
+)
+from .sessions import WebSession, WebSessions, peer_of, same_origin
 
 log = logging.getLogger("ssb.dashboard")
 
-ROOT: Final = "/dashboard"
 COOKIE: Final = "ssb_dashboard"
-SAMPLE_INTERVAL: Final = 5.0  # seconds between depth samples
-HISTORY_POINTS: Final = 720  # an hour at 5 s
-MAX_CHARTED_QUEUES: Final = 256
-SESSION_IDLE: Final = 30 * 60.0
-SESSION_LIFETIME: Final = 8 * 3600.0
-MAX_SESSIONS: Final = 1000  # beyond it the least recently used web session ends
-ROW_LIMIT: Final = 200
 SEARCH_LIMIT: Final = 100_000  # endpoints searched for a handle: the view's maximum
 LOOKUP_LIMIT: Final = 100_000  # queues read to find one queue's row
-BODY_PREVIEW: Final = 80  # characters of a body in a table
 BODY_LIMIT: Final = 64 * 1024  # characters of a body on its own page
 DURABLE_WAIT: Final = 30.0  # seconds an action waits for its change to be durable
-MAX_NAME: Final = 1024  # characters of a name taken from a form
 
-HEADERS: Final = {
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self';"
-        " frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-}
-
-Rows = list[dict[str, Any]]
 Check = Callable[[str, str, str], Awaitable[str | None]]  # (user, password, peer)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -103,367 +109,6 @@ def dead_letter_queues(queues: Mapping[str, QueueDef]) -> list[str]:
             if q.poison_policy is not None and q.poison_policy.dead_letter_queue
         }
     )
-
-
-# ---- depth history ---------------------------------------------------------------------
-
-
-class DepthHistory:
-    """The ready depth of each queue at the last `points` samples, for at most
-    `max_queues` queues (those seen first keep their place)."""
-
-    def __init__(self, points: int = HISTORY_POINTS, max_queues: int = MAX_CHARTED_QUEUES) -> None:
-        self.points = points
-        self.max_queues = max_queues
-        self.times: deque[float] = deque(maxlen=points)  # one time per sample, for all
-        self.depths: dict[str, deque[int]] = {}
-
-    def sample(self, now: float, depths: Mapping[str, int]) -> None:
-        self.times.append(now)
-        for gone in [name for name in self.depths if name not in depths]:
-            del self.depths[gone]
-        for name, depth in depths.items():
-            ring = self.depths.get(name)
-            if ring is None:
-                if len(self.depths) >= self.max_queues:
-                    continue
-                ring = self.depths[name] = deque(maxlen=self.points)
-            ring.append(depth)
-
-    def series(self, name: str) -> list[tuple[float, int]] | None:
-        """(time, depth) oldest first; None when this queue has no history kept."""
-        ring = self.depths.get(name)
-        if ring is None:
-            return None
-        times = list(self.times)[-len(ring) :]
-        return list(zip(times, ring, strict=True))
-
-
-def depth_chart(series: Sequence[tuple[float, int]], width: int = 640, height: int = 200) -> str:
-    """The series as an inline SVG line chart (escaped, no script, no style attribute)."""
-    if len(series) < 2:
-        return '<p class="note">Not enough samples yet for a chart; reload in a while.</p>'
-    pad = 40
-    t0, t1 = series[0][0], series[-1][0]
-    span = (t1 - t0) or 1.0
-    top = max(1, max(depth for _, depth in series))
-    plot_w, plot_h = width - 2 * pad, height - 2 * pad
-    points = " ".join(
-        f"{pad + (t - t0) / span * plot_w:.1f},{pad + plot_h - depth / top * plot_h:.1f}"
-        for t, depth in series
-    )
-    bottom, right = pad + plot_h, pad + plot_w
-    return (
-        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}"'
-        f' height="{height}" viewBox="0 0 {width} {height}" role="img"'
-        f' aria-label="messages ready over time">'
-        f'<rect x="{pad}" y="{pad}" width="{plot_w}" height="{plot_h}" fill="none"'
-        f' stroke="#999"/>'
-        f'<text x="{pad - 4}" y="{pad + 4}" text-anchor="end">{top}</text>'
-        f'<text x="{pad - 4}" y="{bottom + 4}" text-anchor="end">0</text>'
-        f'<text x="{pad}" y="{bottom + 16}">{_clock_time(t0)}</text>'
-        f'<text x="{right}" y="{bottom + 16}" text-anchor="end">{_clock_time(t1)} UTC</text>'
-        f'<polyline class="depth" fill="none" stroke="#1f5fbf" stroke-width="2"'
-        f' points="{points}"/></svg>'
-    )
-
-
-def _clock_time(when: float) -> str:
-    return time.strftime("%H:%M:%S", time.gmtime(when))
-
-
-# ---- web sessions ----------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class WebSession:
-    user: str
-    csrf: str
-    created: float
-    seen: float
-    flash: list[tuple[str, str]] = field(default_factory=list)  # (kind, text) to show once
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-
-
-class WebSessions:
-    """Logged-in browsers, by a digest of their cookie's token."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self._by_digest: dict[bytes, WebSession] = {}
-
-    def __len__(self) -> int:
-        return len(self._by_digest)
-
-    def open(self, user: str) -> tuple[str, WebSession]:
-        """A new web session for `user`: (the cookie's token, the session)."""
-        now = self.clock()
-        for key in [k for k, s in self._by_digest.items() if self._expired(s, now)]:
-            del self._by_digest[key]
-        while len(self._by_digest) >= MAX_SESSIONS:
-            oldest = min(self._by_digest, key=lambda k: self._by_digest[k].seen)
-            del self._by_digest[oldest]
-        token = secrets.token_urlsafe(32)
-        session = WebSession(user, secrets.token_urlsafe(32), now, now)
-        self._by_digest[_digest(token)] = session
-        return token, session
-
-    def find(self, token: str | None) -> WebSession | None:
-        """The live web session of `token` (its idle time starts again), else None."""
-        if not token:
-            return None
-        key = _digest(token)
-        session = self._by_digest.get(key)
-        if session is None:
-            return None
-        now = self.clock()
-        if self._expired(session, now):
-            del self._by_digest[key]
-            return None
-        session.seen = now
-        return session
-
-    def close(self, token: str | None) -> None:
-        if token:
-            self._by_digest.pop(_digest(token), None)
-
-    def forget_login(self, user: str) -> int:
-        """End every web session of `user`; returns how many there were."""
-        keys = [k for k, s in self._by_digest.items() if s.user == user]
-        for key in keys:
-            del self._by_digest[key]
-        return len(keys)
-
-    @staticmethod
-    def _expired(session: WebSession, now: float) -> bool:
-        return now - session.seen > SESSION_IDLE or now - session.created > SESSION_LIFETIME
-
-
-# ---- HTML ------------------------------------------------------------------------------
-
-NAV: Final = (
-    ("queues", "Queues"),
-    ("conversations", "Conversations"),
-    ("transmission", "Transmission queue"),
-    ("connections", "Broker connections"),
-    ("tasks", "Activated tasks"),
-    ("poison", "Poison and dead letters"),
-)
-
-STYLE: Final = """\
-body { font-family: system-ui, sans-serif; margin: 0; color: #222; }
-header { background: #1f3b5c; color: #fff; padding: 0.5em 1em; display: flex;
-         flex-wrap: wrap; gap: 1em; align-items: center; }
-header a { color: #fff; }
-header a.here { font-weight: bold; text-decoration: none; }
-header .who { margin-left: auto; }
-header form { display: inline; }
-main { padding: 1em; }
-table { border-collapse: collapse; margin: 0.5em 0 1em; }
-th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: left; vertical-align: top; }
-th { background: #eef2f7; }
-td form { margin: 0; }
-.error { color: #a00; background: #fdecec; padding: 0.4em 0.6em; border-left: 4px solid #a00; }
-.ok { color: #060; background: #ebf7eb; padding: 0.4em 0.6em; border-left: 4px solid #060; }
-.note { color: #555; font-style: italic; }
-.status-ON { color: #060; }
-.status-OFF, .status-disabled { color: #a00; font-weight: bold; }
-pre.body { background: #f6f6f6; padding: 0.5em; white-space: pre-wrap; word-break: break-all; }
-.chart text { font-size: 11px; fill: #444; }
-form.login { display: grid; gap: 0.5em; max-width: 20em; }
-"""
-
-# (view column, heading) of the tables that show a chosen few columns
-ENDPOINT_COLUMNS: Final = (
-    ("service_name", "service"),
-    ("far_service", "far service"),
-    ("service_contract_name", "contract"),
-    ("state", "state"),
-    ("conversation_group_id", "group"),
-    ("queue_name", "queue"),
-    ("priority", "priority"),
-    ("lifetime", "lifetime"),
-)
-TRANSMISSION_COLUMNS: Final = (
-    ("id", "id"),
-    ("conversation_handle", "handle"),
-    ("to_service_name", "to service"),
-    ("to_broker_instance", "to broker"),
-    ("message_type_name", "message type"),
-    ("message_sequence_number", "sequence"),
-    ("priority", "priority"),
-    ("enqueue_time", "enqueued"),
-    ("message_body_length", "bytes"),
-    ("transmission_status", "why it waits"),
-)
-
-ICON: Final = (
-    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
-    '<rect width="16" height="16" rx="3" fill="#1f3b5c"/>'
-    '<path d="M3 11h10M3 8h7M3 5h4" stroke="#fff" stroke-width="1.5"/></svg>'
-)
-
-
-def esc(value: object) -> str:
-    """A value from the broker or the request, as HTML text."""
-    return html.escape(_text(value), quote=True)
-
-
-def _text(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, bytes):
-        return body_text(value, BODY_PREVIEW)
-    return str(value)
-
-
-def body_text(body: bytes, limit: int) -> str:
-    """A body as text, at most `limit` characters (invalid UTF-8 shows as U+FFFD)."""
-    text = body[: limit * 4].decode("utf-8", errors="replace")
-    if len(text) <= limit and len(body) <= limit * 4:
-        return text
-    return f"{text[:limit]}… ({len(body):,} bytes)"
-
-
-def url(path: str, **query: object) -> str:
-    """A dashboard URL (escape it for an attribute with `esc`)."""
-    pairs = {k: str(v) for k, v in query.items() if v is not None}
-    return f"{ROOT}/{path}" + (f"?{urlencode(pairs)}" if pairs else "")
-
-
-def link(path: str, label: object, **query: object) -> str:
-    return f'<a href="{esc(url(path, **query))}">{esc(label)}</a>'
-
-
-def table(headings: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """Cells are HTML already (escape what goes in them)."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headings)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def plain_table(rows: Rows) -> str:
-    """Every column of a view, escaped."""
-    if not rows:
-        return '<p class="note">None.</p>'
-    columns = list(rows[0])
-    return table(columns, ([esc(row.get(c)) for c in columns] for row in rows))
-
-
-def capped(rows: Rows, limit: int = ROW_LIMIT) -> tuple[Rows, str]:
-    """At most `limit` rows, and a note when there were more."""
-    if len(rows) <= limit:
-        return rows, ""
-    return rows[:limit], f'<p class="note">Showing the first {limit} rows only.</p>'
-
-
-def refusal(message: str) -> str:
-    return f'<p class="error">{esc(message)}</p>'
-
-
-def button(action: str, label: str, csrf: str, **fields: object) -> str:
-    """A POST form of hidden fields and one button."""
-    hidden = "".join(
-        f'<input type="hidden" name="{esc(name)}" value="{esc(value)}">'
-        for name, value in {"csrf": csrf, **fields}.items()
-    )
-    return (
-        f'<form method="post" action="{esc(url(action))}">{hidden}'
-        f"<button>{esc(label)}</button></form>"
-    )
-
-
-def layout(title: str, body: str, session: WebSession | None, here: str = "") -> str:
-    nav = ""
-    if session is not None:
-        links = " ".join(
-            f'<a href="{esc(url(path))}"{" class=here" if path == here else ""}>{esc(label)}</a>'
-            for path, label in NAV
-        )
-        flash = "".join(f'<p class="{esc(kind)}">{esc(text)}</p>' for kind, text in session.flash)
-        session.flash.clear()
-        logout = button("logout", "Log out", session.csrf)
-        nav = f'{links}<span class="who">{esc(session.user)}</span>{logout}'
-        body = flash + body
-    return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{esc(title)} · ssb</title>"
-        f'<link rel="stylesheet" href="{ROOT}/static/dashboard.css">'
-        f'<link rel="icon" href="{ROOT}/static/icon.svg" type="image/svg+xml">'
-        f"</head><body><header><strong>ssb</strong>{nav}</header>"
-        f"<main><h1>{esc(title)}</h1>{body}</main></body></html>"
-    )
-
-
-def queue_status(row: Mapping[str, Any]) -> tuple[str, str]:
-    """(ON / OFF / disabled, why) of a `service_queues` row."""
-    if row.get("is_receive_enabled"):
-        return "ON", ""
-    reason = row.get("disabled_reason")
-    return ("disabled", str(reason)) if reason else ("OFF", "")
-
-
-def enable_button(status: str, queue: object, session: WebSession) -> str:
-    """ "Enable" for a queue that is off or disabled."""
-    return "" if status == "ON" else button("enable-queue", "Enable", session.csrf, queue=queue)
-
-
-def monitor_text(monitor: Mapping[str, Any] | None) -> str:
-    if monitor is None:
-        return '<span class="note">no activation</span>'
-    text = (
-        f"{monitor.get('activation')} {monitor.get('state')}:"
-        f" {monitor.get('tasks_running')}/{monitor.get('max_queue_readers')} tasks,"
-        f" {monitor.get('tasks_waiting')} waiting"
-    )
-    error = monitor.get("last_task_error")
-    return esc(text) + (f'<br><span class="error">{esc(error)}</span>' if error else "")
-
-
-def _peer(request: web.Request) -> str:
-    peer = request.transport.get_extra_info("peername") if request.transport else None
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        return f"{peer[0]}:{peer[1]}"
-    return request.remote or "?"
-
-
-def same_origin(request: web.Request) -> bool:
-    """Whether the request's Origin (else its Referer) names this very host and scheme."""
-    source = request.headers.get("Origin") or request.headers.get("Referer")
-    if not source or source == "null":
-        return False
-    parts = urlsplit(source)
-    return parts.scheme == request.scheme and parts.netloc.lower() == request.host.lower()
-
-
-def local_target(target: str | None) -> str:
-    """Where to go after logging in: a dashboard path, never another site."""
-    if (
-        target
-        and target.startswith(f"{ROOT}/")
-        and "\\" not in target
-        and not any(c < " " for c in target)
-    ):
-        return target
-    return url("queues")
-
-
-def _response(text: str, status: int = 200) -> web.Response:
-    return web.Response(text=text, status=status, content_type="text/html", headers=HEADERS)
-
-
-def _redirect(location: str) -> web.Response:
-    return web.Response(status=303, headers={**HEADERS, "Location": location})
-
-
-def _forbidden(reason: str) -> web.Response:
-    return _response(layout("Refused", refusal(reason), None), status=403)
 
 
 # ---- the dashboard ---------------------------------------------------------------------
@@ -575,9 +220,9 @@ class Dashboard:
         async def serve(request: web.Request) -> web.StreamResponse:
             session = self._session_of(request)
             if session is None:
-                return _redirect(url("login", next=request.path_qs))
+                return redirect(url("login", next=request.path_qs))
             title, body = await page(request, session)
-            return _response(layout(title, body, session, here))
+            return page_response(layout(title, body, session, here))
 
         return serve
 
@@ -587,13 +232,13 @@ class Dashboard:
             form = await request.post()
             why = self._cross_site(request, session, form)
             if why is not None:
-                log.warning("dashboard %s from %s refused (403): %s", name, _peer(request), why)
-                return _forbidden(why)
+                log.warning("dashboard %s from %s refused (403): %s", name, peer_of(request), why)
+                return forbidden(why)
             assert session is not None
             target, done = await action(request, session, form)
             if done:
                 session.flash.append(("ok", done))
-            response = _redirect(target)
+            response = redirect(target)
             if self._session_of(request) is None:  # the action ended it: the cookie goes too
                 response.del_cookie(COOKIE, path=ROOT)
             return response
@@ -623,7 +268,7 @@ class Dashboard:
         Raises:
             BrokerError: the broker's refusal, or an internal error (logged).
         """
-        broker_session = self.transactions.open_session(session.user, _peer(request))
+        broker_session = self.transactions.open_session(session.user, peer_of(request))
         try:
             result = self.operations.call(broker_session, Request(0, operation, arguments))
             if inspect.isawaitable(result):
@@ -677,7 +322,7 @@ class Dashboard:
     # ---- login -------------------------------------------------------------------------
 
     async def _home(self, request: web.Request) -> web.StreamResponse:
-        return _redirect(url("queues"))
+        return redirect(url("queues"))
 
     async def _style(self, request: web.Request) -> web.StreamResponse:
         return web.Response(text=STYLE, content_type="text/css", headers=HEADERS)
@@ -688,19 +333,19 @@ class Dashboard:
     async def _login_form(self, request: web.Request) -> web.StreamResponse:
         target = local_target(request.query.get("next"))
         if self._session_of(request) is not None:
-            return _redirect(target)
-        return _response(login_page(target, ""))
+            return redirect(target)
+        return page_response(login_page(target, ""))
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
-        peer = _peer(request)
+        peer = peer_of(request)
         if not same_origin(request):
             log.warning("dashboard login from %s refused (403): not from this host's form", peer)
-            return _forbidden("the login does not come from this dashboard's own form")
+            return forbidden("the login does not come from this dashboard's own form")
         form = await request.post()
         user, password = form.get("user"), form.get("password")
-        target = local_target(_field(form, "next"))
+        target = local_target(form_field(form, "next"))
         if not isinstance(user, str) or not isinstance(password, str) or not user:
-            return _response(login_page(target, "give a login name and its password"))
+            return page_response(login_page(target, "give a login name and its password"))
         try:
             refused = await self.check(user, password, peer)
         except Exception:
@@ -708,11 +353,11 @@ class Dashboard:
             refused = "the broker could not check the login; it logged why"
         if refused is not None:
             log.warning("dashboard login failed for %r from %s: %s", user, peer, refused)
-            return _response(login_page(target, refused))
+            return page_response(login_page(target, refused))
         self.sessions.close(request.cookies.get(COOKIE))  # a new login, a new token
         token, _ = self.sessions.open(user)
         log.info("dashboard login %r from %s", user, peer)
-        response = _redirect(target)
+        response = redirect(target)
         response.set_cookie(
             COOKIE, token, path=ROOT, httponly=True, samesite="Strict", secure=request.secure
         )
@@ -722,20 +367,23 @@ class Dashboard:
         self, request: web.Request, session: WebSession, form: MultiDictProxy[Any]
     ) -> tuple[str, str]:
         self.sessions.close(request.cookies.get(COOKIE))
-        log.info("dashboard logout %r from %s", session.user, _peer(request))
+        log.info("dashboard logout %r from %s", session.user, peer_of(request))
         return url("login"), ""
 
     # ---- queues ------------------------------------------------------------------------
 
     async def _queues(self, request: web.Request, session: WebSession) -> tuple[str, str]:
         title = "Queues"
-        queues, refused = await self._view(request, session, "service_queues")
+        # every queue (rows from memory), so the sort below sees the disabled ones
+        queues, refused = await self._view(request, session, "service_queues", limit=LOOKUP_LIMIT)
         if refused is not None:
             return title, refusal(refused)
         monitors, monitor_refusal = await self._view(
             request, session, "queue_monitors", limit=LOOKUP_LIMIT
         )
         by_queue = {m.get("queue"): m for m in monitors}
+        # queues that are off or disabled first: beyond the row limit they would be lost
+        queues.sort(key=lambda q: bool(q.get("is_receive_enabled")))
         shown, note = capped(queues)
         rows = [self._queue_row(q, by_queue.get(q.get("name")), session) for q in shown]
         headings = (
@@ -806,7 +454,7 @@ class Dashboard:
     async def _enable_queue(
         self, request: web.Request, session: WebSession, form: MultiDictProxy[Any]
     ) -> tuple[str, str]:
-        name = _field(form, "queue")
+        name = form_field(form, "queue")
         if await self._act(request, session, "alter_queue", name=name, status="ON"):
             log.info("dashboard: login %r enabled queue %r", session.user, name)
             return url("queues"), f"queue '{name}' is ON"
@@ -879,7 +527,7 @@ class Dashboard:
     async def _end_conversation(
         self, request: web.Request, session: WebSession, form: MultiDictProxy[Any]
     ) -> tuple[str, str]:
-        handle = _field(form, "handle")
+        handle = form_field(form, "handle")
         if await self._act(request, session, "end_conversation", handle=handle, cleanup=True):
             log.info("dashboard: login %r ended conversation %s with cleanup", session.user, handle)
             return url("conversations"), f"conversation {handle} ended with cleanup"
@@ -889,7 +537,7 @@ class Dashboard:
 
     async def _transmission(self, request: web.Request, session: WebSession) -> tuple[str, str]:
         title = "Transmission queue"
-        after = _whole(request.query.get("after"))
+        after = whole_number(request.query.get("after"))
         rows, refused = await self._view(request, session, "transmission_queue", after=after)
         if refused is not None:
             return title, refusal(refused)
@@ -938,7 +586,7 @@ class Dashboard:
             )
         if not chosen:
             return title, body + '<p class="note">No queue has a dead-letter policy.</p>'
-        after = _whole(request.query.get("after"))
+        after = whole_number(request.query.get("after"))
         return title, body + await self._dead_letters(request, session, chosen, after)
 
     async def _dead_letters(
@@ -977,7 +625,7 @@ class Dashboard:
 
     async def _message(self, request: web.Request, session: WebSession) -> tuple[str, str]:
         queue = request.query.get("queue", "")[:MAX_NAME]
-        order = _whole(request.query.get("order"))
+        order = whole_number(request.query.get("order"))
         title = f"Message {order} in {queue}"
         if order is None:
             return title, refusal("order must be a message's queuing order (a whole number)")
@@ -1003,7 +651,7 @@ class Dashboard:
     async def _requeue(
         self, request: web.Request, session: WebSession, form: MultiDictProxy[Any]
     ) -> tuple[str, str]:
-        queue, order = _field(form, "queue"), _whole(_field(form, "order"))
+        queue, order = form_field(form, "queue"), whole_number(form_field(form, "order"))
         if order is None:
             session.flash.append(("error", "order must be a dead letter's queuing order"))
         elif await self._act(
@@ -1016,25 +664,3 @@ class Dashboard:
         return url("poison", queue=queue), ""
 
 
-def login_page(target: str, error: str) -> str:
-    form = (
-        f'<form class="login" method="post" action="{esc(url("login"))}">'
-        f'<input type="hidden" name="next" value="{esc(target)}">'
-        '<label>Login <input name="user" autocomplete="username" required></label>'
-        '<label>Password <input name="password" type="password"'
-        ' autocomplete="current-password" required></label>'
-        "<button>Log in</button></form>"
-    )
-    return layout("Log in", (refusal(error) if error else "") + form, None)
-
-
-def _field(form: MultiDictProxy[Any], name: str) -> str:
-    value = form.get(name)
-    return value[:MAX_NAME] if isinstance(value, str) else ""
-
-
-def _whole(value: str | None) -> int | None:
-    """A whole number (0 or more) from a query or a form, else None."""
-    if value is None or not value.isascii() or not value.isdigit() or len(value) > 18:
-        return None
-    return int(value)
