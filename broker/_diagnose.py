@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import hashlib
-import ssl
 import sys
 import time
 from collections import Counter
@@ -45,6 +43,7 @@ from ssb import client
 from ssb.protocol import ErrorCode
 
 from ._procedures import BUILT_IN
+from ._tls import fingerprint
 
 CONNECT_TIMEOUT: Final = 10.0
 # a message with no reason to wait that waited this long is reported as unacknowledged
@@ -674,11 +673,6 @@ def _trusts(broker: Broker | None, other: Broker | None) -> str:
     if broker is None or other is None:
         return ""
     return f"{broker.instance} trusts {other.instance}"
-
-
-def fingerprint(pem: str) -> str:
-    """SHA-256 of a certificate's DER form, in hex."""
-    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
 
 
 def check_contract(path: Path) -> list[Problem]:

@@ -75,10 +75,15 @@ def server_context(
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(cert_file, key_file)
-        der = ssl.PEM_cert_to_DER_cert(cert_file.read_text())
+        return context, fingerprint(cert_file.read_text())
     except (OSError, ssl.SSLError, ValueError) as exc:
         raise ConfigError(f"cannot use the TLS certificate {cert_file} / key {key_file}: {exc}") from None
-    return context, hashlib.sha256(der).hexdigest()
+
+
+def fingerprint(pem: str) -> str:
+    """A certificate's SHA-256 fingerprint (of its DER form), in hex: what clients pin
+    and what views and the ready line show."""
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
 
 
 def _self_signed(host: str) -> tuple[str, str]:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
 import ssl
 import time
@@ -93,7 +92,7 @@ from ._core.transactions import Session
 from ._errors import BrokerError, bad_argument
 from ._identity import Identity, IdentityFiles
 from ._store import Store
-from ._tls import Door
+from ._tls import Door, fingerprint
 from ._views import HeldPartial
 
 log = logging.getLogger("ssb.transport")
@@ -471,7 +470,7 @@ class Transport:
             {
                 "name": c.name,
                 "broker_instance": c.broker_instance,
-                "fingerprint": hashlib.sha256(ssl.PEM_cert_to_DER_cert(c.pem)).hexdigest(),
+                "fingerprint": fingerprint(c.pem),
             }
             for c in sorted(self.engine.catalog.certificates.values(), key=lambda c: c.name)
         ]
