@@ -188,13 +188,19 @@ class WorkerProcess:
             await asyncio.wait_for(self.proc.wait(), STOP_GRACE)
         except TimeoutError:
             await self.kill()
+            return
+        await self._end_relay()
 
     async def kill(self) -> None:
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
         await self.proc.wait()
-        # what it wrote last; a child of the procedure may hold the pipe open: not for long
+        await self._end_relay()
+
+    async def _end_relay(self) -> None:
+        """Log what the ended worker wrote last; a child of the procedure may hold the
+        pipe open: wait for it not long."""
         await asyncio.wait([self._relay], timeout=1.0)
         self._relay.cancel()
 
