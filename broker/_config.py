@@ -21,6 +21,7 @@ from ._core.backlog import DEFAULT_CACHE_BYTES
 
 MIB: Final = 1024 * 1024
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+DEFAULT_CHART_SECONDS: Final = 5.0  # the dashboard's depth samples, by default
 
 
 class ConfigError(ValueError):
@@ -102,7 +103,7 @@ class Config:
     # a bearer token that also opens /metrics (beyond loopback /metrics needs a login)
     http_token: str | None = None
     # seconds between the dashboard's samples of queue depths (its charts)
-    chart_sample_seconds: float = 5.0
+    chart_sample_seconds: float = DEFAULT_CHART_SECONDS
     # bodies of queued messages held in memory at most (the rest stays on disk)
     message_cache_bytes: int = DEFAULT_CACHE_BYTES
     # the largest message body accepted (always fits a frame with its headers)
@@ -146,7 +147,7 @@ class Config:
         if not isinstance(self.http_host, str) or not self.http_host:
             raise ConfigError(f"http_host must be an address, not {self.http_host!r}")
         if self.http_port is None and (
-            self.http_token is not None or self.chart_sample_seconds != 5.0
+            self.http_token is not None or self.chart_sample_seconds != DEFAULT_CHART_SECONDS
         ):
             raise ConfigError(
                 "http_token and chart_sample_seconds need the HTTP port: set http_port too"

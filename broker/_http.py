@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import hmac
-import ipaddress
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -31,22 +30,14 @@ from typing import Final
 
 from aiohttp import web
 
+from ._logins import LoginCheck
 from ._metrics import CONTENT_TYPE, Metrics
+from ._tls import is_loopback
 
 log = logging.getLogger("ssb.http")
 
-Authenticate = Callable[[str, str, str], Awaitable[str | None]]  # (user, password, peer)
 REALM: Final = 'Basic realm="ssb", charset="UTF-8"'
 MAX_REQUEST_BYTES: Final = 64 * 1024  # the dashboard's forms are small
-
-
-def is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 class HttpServer:
@@ -56,7 +47,7 @@ class HttpServer:
         self,
         metrics: Metrics,
         readiness: Callable[[], str | None],
-        authenticate: Authenticate,
+        authenticate: LoginCheck,
         may_view: Callable[[str], bool],
         token: str | None,
     ) -> None:

@@ -31,7 +31,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -45,6 +45,8 @@ from ._store import Store
 log = logging.getLogger("ssb.logins")
 
 ADMIN: Final = "admin"
+# `Logins.check` as others take it: (name, password, "host:port") -> None, or why not
+LoginCheck = Callable[[str, str, str], Awaitable[str | None]]
 PASSWORD_FILE: Final = "admin.password"
 SCRYPT_N: Final = 1 << 14
 SCRYPT_R: Final = 8

@@ -50,7 +50,11 @@ KEY_FILE: Final = "tls-key.pem"
 TLS_RECORD_HANDSHAKE: Final = 0x16
 
 
-def is_loopback(host: str) -> bool:
+def is_loopback(host: str | None) -> bool:
+    """Whether `host` (an address, with or without a scope id, or a name) is this machine's
+    loopback; None or empty (an unknown peer) is not."""
+    if not host:
+        return False
     if host == "localhost":
         return True
     try:

@@ -53,8 +53,9 @@ from .._core.catalog import QueueDef
 from .._core.ports import Clock, Journal, durable
 from .._core.transactions import Transactions
 from .._errors import BrokerError
+from .._logins import LoginCheck
 from .._operations import Operations
-from .history import MAX_CHARTED_QUEUES, SAMPLE_INTERVAL, DepthHistory, depth_chart
+from .history import MAX_CHARTED_QUEUES, DepthHistory, depth_chart
 from .html import (
     ENDPOINT_COLUMNS,
     HEADERS,
@@ -96,7 +97,6 @@ LOOKUP_LIMIT: Final = 100_000  # queues read to find one queue's row
 BODY_LIMIT: Final = 64 * 1024  # characters of a body on its own page
 DURABLE_WAIT: Final = 30.0  # seconds an action waits for its change to be durable
 
-Check = Callable[[str, str, str], Awaitable[str | None]]  # (user, password, peer)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -128,10 +128,10 @@ class Dashboard:
         transactions: Transactions,
         journal: Journal,
         clock: Clock,
-        check: Check,
+        check: LoginCheck,
         depths: Callable[[], Mapping[str, int]],
         dead_letters: Callable[[], list[str]],
-        interval: float = SAMPLE_INTERVAL,
+        interval: float,
     ) -> None:
         """The parts of the daemon the dashboard uses, passed in.
 

@@ -8,8 +8,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-SAMPLE_INTERVAL: Final = 5.0  # seconds between depth samples
-HISTORY_POINTS: Final = 720  # an hour at 5 s
+HISTORY_POINTS: Final = 720  # samples kept per queue: an hour at the default 5 s a sample
 MAX_CHARTED_QUEUES: Final = 256
 
 
