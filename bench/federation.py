@@ -1,25 +1,29 @@
 """Cross-broker end-to-end throughput, and its ratio to the same run within one broker.
 
-Two runs of bench.e2e's end-to-end phase (one producer process sending 1 KiB bodies
-with `send_many` in batches of 100, a few calls in flight; one consumer process
-receiving in transactions of up to 100; both started together; the time is from "go"
-until the last message's receive is committed):
+Runs of bench.e2e's end-to-end phase (one producer process sending 1 KiB bodies with
+`send_many` in batches of 100, a few calls in flight; one consumer process receiving
+in transactions of up to 100; both started together; the time is from "go" until the
+last message's receive is committed):
 
   one broker   producer and consumer on the same daemon, target service local;
   two brokers  producer on broker A, consumer on broker B: A's transmission queue,
                the adjacent-broker connection (certificates trusted both ways, routes
-               both ways) and B's acks after its durable store are in the path.
+               both ways) and B's acks after its durable store are in the path;
+  forwarded    the same through a third broker F that hosts neither service
+               (`forwarding = true`): A -> F -> B, acks back B -> F -> A.
 
-Both runs use fresh daemons with the same durability (default fsync) and the
+Every run uses fresh daemons with the same durability (default fsync) and the
 transport's default settings. The consumer checks every message arrives exactly
-once; after the cross-broker run A's transmission queue must drain (every message
-acked). Reported: msgs/s of both runs, the ratio (target >= 0.6), producer-side
-rates and the daemons' CPU time per message. Exit status 1 when the ratio misses the
-target. Everything listens on 127.0.0.1; every wait is bounded.
+once; after a cross-broker run A's transmission queue must drain (every message
+acked). With `--runs N` the kinds are run N times, interleaved (one, two, forwarded,
+one, ...), and medians are compared. Reported: msgs/s, the ratios to one broker
+(targets: two brokers >= 0.7, forwarded >= 0.5), producer-side rates and all daemons'
+CPU time per message. Exit status 1 when a ratio misses its target. Everything listens
+on 127.0.0.1; every wait is bounded.
 
 Run from the repository root:
 
-    python -m bench.federation                    # 100,000 messages, fsync
+    python -m bench.federation --runs 5 --plain-link       # 100,000 messages, fsync
     python -m bench.federation --messages 20000 --json            # JSON on stdout
     python -m bench.federation --durability os --json out.json
 """
@@ -32,6 +36,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -51,7 +56,8 @@ from ._common import (  # type: ignore[attr-defined]
     run,
 )
 
-TARGET_RATIO = 0.6
+TARGET_RATIO = 0.7
+TARGET_FORWARDED_RATIO = 0.5
 DRAIN_TIMEOUT = 60.0
 
 
@@ -71,12 +77,18 @@ class Run:
 
 @dataclass
 class Outcome:
+    """Medians over the runs of each kind (every run kept in `runs`)."""
+
     durability: str
     one_broker: Run
     two_brokers: Run
+    forwarded: Run | None
     ratio: float
+    forwarded_ratio: float | None = None
     target_ratio: float = TARGET_RATIO
+    target_forwarded_ratio: float = TARGET_FORWARDED_RATIO
     target_met: bool = False
+    runs: dict[str, list[Run]] = field(default_factory=dict)
 
 
 def _fill(result: Run, go_time: float, out: dict[str, dict[str, Any]], opts: e2e.Options) -> None:
@@ -117,11 +129,22 @@ def one_broker(durability: str, opts: e2e.Options) -> Run:
 # ---- two brokers --------------------------------------------------------------------------
 
 
-async def federate(a: BrokerProcess, b: BrokerProcess) -> None:
-    """Trust both ways; initiator service on A, target service on B; routes both ways."""
-    async with await client.connect(a.url) as ca, await client.connect(b.url) as cb:
-        await ca.create_certificate("bench_peer_b", await cb.broker_certificate())
-        await cb.create_certificate("bench_peer_a", await ca.broker_certificate())
+def _address(process: BrokerProcess) -> str:
+    return f"tcp://127.0.0.1:{process.broker_port}"
+
+
+async def federate(a: BrokerProcess, b: BrokerProcess, f: BrokerProcess | None = None) -> None:
+    """Trust both ways; initiator service on A, target service on B; routes both ways,
+    directly or (with `f`) through the forwarder F."""
+    daemons = [a, b] if f is None else [a, b, f]
+    conns = [await client.connect(d.url) for d in daemons]
+    try:
+        certificates = [await c.broker_certificate() for c in conns]
+        for i, conn in enumerate(conns):
+            for j, pem in enumerate(certificates):
+                if i != j:
+                    await conn.create_certificate(f"bench_peer_{j}", pem)
+        ca, cb = conns[0], conns[1]
         for conn in (ca, cb):
             await conn.create_message_type(e2e.CATALOG.message_type, validation="NONE")
             await conn.create_contract(
@@ -135,12 +158,23 @@ async def federate(a: BrokerProcess, b: BrokerProcess) -> None:
             queue=e2e.CATALOG.target_queue,
             contracts=[e2e.CATALOG.contract],
         )
+        if f is None:
+            await ca.create_route("bench_to_b", e2e.CATALOG.target_service, _address(b))
+            await cb.create_route("bench_to_a", e2e.CATALOG.initiator_service, _address(a))
+            return
+        a_id, b_id = await ca.broker_instance(), await cb.broker_instance()
+        cf = conns[2]
         await ca.create_route(
-            "bench_to_b", e2e.CATALOG.target_service, f"tcp://127.0.0.1:{b.broker_port}"
+            "bench_to_b", e2e.CATALOG.target_service, _address(f), broker_instance=b_id
         )
+        await cf.create_route("bench_to_b", e2e.CATALOG.target_service, _address(b))
+        await cf.create_route("bench_to_a", e2e.CATALOG.initiator_service, _address(a))
         await cb.create_route(
-            "bench_to_a", e2e.CATALOG.initiator_service, f"tcp://127.0.0.1:{a.broker_port}"
+            "bench_to_a", e2e.CATALOG.initiator_service, _address(f), broker_instance=a_id
         )
+    finally:
+        for conn in conns:
+            await conn.close()
 
 
 async def drained(a: BrokerProcess, b: BrokerProcess) -> list[dict[str, Any]]:
@@ -159,22 +193,31 @@ async def drained(a: BrokerProcess, b: BrokerProcess) -> list[dict[str, Any]]:
     return connections
 
 
-def two_brokers(durability: str, opts: e2e.Options, plain_link: bool = False) -> Run:
-    result = Run(brokers=2, messages=opts.messages)
+def two_brokers(
+    durability: str, opts: e2e.Options, plain_link: bool = False, forwarder: bool = False
+) -> Run:
+    result = Run(brokers=3 if forwarder else 2, messages=opts.messages)
     root = Path(tempfile.mkdtemp(prefix=f"ssb-bench-federation-{durability}-"))
-    config = {"transport": {"tls": False}} if plain_link else None
+    transport: dict[str, Any] = {"tls": False} if plain_link else {}
+    names = ("A", "B", "F") if forwarder else ("A", "B")
     daemons = [
-        BrokerProcess(root / name, durability=durability, config=config) for name in ("A", "B")
+        BrokerProcess(
+            root / name,
+            durability=durability,
+            config={"transport": {**transport, "forwarding": name == "F"}},
+        )
+        for name in names
     ]
     try:
         for daemon in daemons:
             daemon.start()
             if not daemon.broker_port:
                 raise e2e.BenchFailure("the daemon did not report a broker port (no transport?)")
-        a, b = daemons
-        run(federate(a, b))
-        print(f"[{durability}] two brokers: {opts.messages} messages A -> B ...", flush=True)
-        pids = [_pid(a), _pid(b)]
+        a, b = daemons[:2]
+        run(federate(a, b, daemons[2] if forwarder else None))
+        path = "A -> F -> B" if forwarder else "A -> B"
+        print(f"[{durability}] {len(daemons)} brokers: {opts.messages} messages {path} ...", flush=True)
+        pids = [_pid(d) for d in daemons]
         before = _cpu(pids)
         go_time, out = e2e.run_processes(
             {"consumer": b.url, "producer": a.url}, e2e.PHASE_E2E, ["consumer", "producer"], opts
@@ -205,6 +248,12 @@ def two_brokers(durability: str, opts: e2e.Options, plain_link: bool = False) ->
 # ---- report -----------------------------------------------------------------------------------
 
 
+def _median_run(runs: list[Run]) -> Run:
+    """The run with the median throughput (the lower middle one of an even count)."""
+    ordered = sorted(runs, key=lambda r: r.e2e_msgs_s)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def print_table(outcome: Outcome, opts: e2e.Options) -> None:
     print()
     print(
@@ -213,16 +262,25 @@ def print_table(outcome: Outcome, opts: e2e.Options) -> None:
         f"{opts.in_flight} sends in flight, durability {outcome.durability}, "
         f"{os.cpu_count()} CPUs"
     )
-    header = f"{'run':<12} {'e2e msg/s':>10} {'producer msg/s':>15} {'daemon CPU us/msg':>18}"
+    runs = len(outcome.runs.get("one broker", [])) or 1
+    print(f"medians of {runs} interleaved run(s) of each kind")
+    header = f"{'run':<12} {'e2e msg/s':>10} {'producer msg/s':>15} {'daemons CPU us/msg':>19}"
     print(header)
     print("-" * len(header))
-    for name, r in (("one broker", outcome.one_broker), ("two brokers", outcome.two_brokers)):
+    kinds = [("one broker", outcome.one_broker), ("two brokers", outcome.two_brokers)]
+    if outcome.forwarded is not None:
+        kinds.append(("forwarded", outcome.forwarded))
+    for name, r in kinds:
         cpu = "n/a" if r.daemon_cpu_us_per_message is None else f"{r.daemon_cpu_us_per_message:.1f}"
-        print(f"{name:<12} {r.e2e_msgs_s:>10,.0f} {r.producer_msgs_s:>15,.0f} {cpu:>18}")
-    print(
-        f"ratio two/one: {outcome.ratio:.2f} (target >= {outcome.target_ratio:.2f}: "
-        f"{'met' if outcome.target_met else 'NOT met'})"
-    )
+        every = ", ".join(f"{x.e2e_msgs_s:,.0f}" for x in outcome.runs.get(name, []))
+        print(f"{name:<12} {r.e2e_msgs_s:>10,.0f} {r.producer_msgs_s:>15,.0f} {cpu:>19}   [{every}]")
+    print(f"ratio two/one: {outcome.ratio:.2f} (target >= {outcome.target_ratio:.2f})")
+    if outcome.forwarded_ratio is not None:
+        print(
+            f"ratio forwarded/one: {outcome.forwarded_ratio:.2f}"
+            f" (target >= {outcome.target_forwarded_ratio:.2f})"
+        )
+    print("targets " + ("met" if outcome.target_met else "NOT met"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plain-link", action="store_true", help="brokers talk plain TCP ([transport] tls = false)"
     )
+    parser.add_argument("--runs", type=int, default=1, help="interleaved runs of each kind")
+    parser.add_argument(
+        "--no-forwarder", action="store_true", help="skip the run through a forwarding broker"
+    )
     parser.add_argument(
         "--json",
         nargs="?",
@@ -248,15 +310,33 @@ def main(argv: list[str] | None = None) -> int:
         help="also write the results as JSON (to PATH, or to stdout without one)",
     )
     args = parser.parse_args(argv)
-    if min(args.messages, args.batch, args.conversations, args.in_flight) < 1:
-        parser.error("--messages, --batch, --conversations and --in-flight must be >= 1")
+    if min(args.messages, args.batch, args.conversations, args.in_flight, args.runs) < 1:
+        parser.error("--messages, --batch, --conversations, --in-flight and --runs must be >= 1")
     if args.body_size < e2e.TAG.size:
         parser.error(f"--body-size must be >= {e2e.TAG.size}")
     opts = options_from(e2e.Options, args)
-    single = one_broker(args.durability, opts)
-    cross = two_brokers(args.durability, opts, args.plain_link)
-    ratio = cross.e2e_msgs_s / single.e2e_msgs_s if single.e2e_msgs_s else 0.0
-    outcome = Outcome(args.durability, single, cross, ratio, target_met=ratio >= TARGET_RATIO)
+    runs: dict[str, list[Run]] = {"one broker": [], "two brokers": []}
+    if not args.no_forwarder:
+        runs["forwarded"] = []
+    for _ in range(args.runs):
+        runs["one broker"].append(one_broker(args.durability, opts))
+        runs["two brokers"].append(two_brokers(args.durability, opts, args.plain_link))
+        if "forwarded" in runs:
+            runs["forwarded"].append(
+                two_brokers(args.durability, opts, args.plain_link, forwarder=True)
+            )
+    single = _median_run(runs["one broker"])
+    cross = _median_run(runs["two brokers"])
+    relayed = _median_run(runs["forwarded"]) if "forwarded" in runs else None
+    base = statistics.median(r.e2e_msgs_s for r in runs["one broker"])
+    ratio = cross.e2e_msgs_s / base if base else 0.0
+    forwarded_ratio = None if relayed is None or not base else relayed.e2e_msgs_s / base
+    met = ratio >= TARGET_RATIO and (
+        forwarded_ratio is None or forwarded_ratio >= TARGET_FORWARDED_RATIO
+    )
+    outcome = Outcome(
+        args.durability, single, cross, relayed, ratio, forwarded_ratio, target_met=met, runs=runs
+    )
     print_table(outcome, opts)
     if args.json:
         payload = {

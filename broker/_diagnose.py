@@ -591,7 +591,9 @@ def check_route(path: Path, brokers: Sequence[Broker]) -> list[Problem]:
                         f" (instance {far.instance})",
                         f"on {near.label}: drop_route('{name}'); then {create}")]
     met = _peer_at(near, _host_port(route["address"]))
-    if route["address"] != "TRANSPORT" and met not in (None, far.instance):
+    # a route naming the far broker may lead through a forwarding broker
+    forwarded = route["broker_instance"] == far.instance
+    if route["address"] != "TRANSPORT" and met not in (None, far.instance) and not forwarded:
         other = next((b.label for b in brokers if b.instance == met), f"instance {met}")
         return [Problem(near.label, "route",
                         f"route '{name}' on {near.label} leads to {route['address']}, which is"

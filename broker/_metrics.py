@@ -80,6 +80,7 @@ class BrokerCollector(Collector):
         yield from self._queues()
         yield from self._transmission()
         yield from self._links()
+        yield from self._forwarding()
         yield from self._broker()
 
     def _queues(self) -> Iterator[Metric]:
@@ -153,13 +154,33 @@ class BrokerCollector(Collector):
         )
         if self.transport is not None:
             for row in self.transport.connections_view():
-                if row["state"] == "ESTABLISHED" and row["peer"] is not None:
+                if row["state"] == "ESTABLISHED" and row["peer"] is not None and not row["via"]:
                     up.add_metric([row["peer"], row["direction"]], 1)
             for peer in list(self.transport.peers.values()):
                 connected = peer.link is not None and not peer.link.closed
                 known.add_metric([str(peer.instance)], 1 if connected else 0)
         yield up
         yield known
+
+    def _forwarding(self) -> Iterator[Metric]:
+        """What this broker relays for others (all zero unless forwarding is on)."""
+        forwarder = None if self.transport is None else self.transport.forwarder
+        totals = {} if forwarder is None else forwarder.totals()
+        yield GaugeMetricFamily(
+            "ssb_forwarded_conversations", "Conversations this broker relays for others",
+            value=totals.get("relayed_conversations", 0),
+        )
+        yield GaugeMetricFamily(
+            "ssb_forward_held_bytes",
+            "Bytes of relayed frames held for next hops that cannot take them yet",
+            value=totals.get("held_bytes", 0),
+        )
+        for name, key, text in (
+            ("ssb_forward_relayed_frames", "relayed_frames", "Frames relayed to a next hop"),
+            ("ssb_forward_refused_frames", "refused_frames", "Frames refused past forward_size"),
+            ("ssb_forward_loops", "loops", "Frames dropped because the routes form a loop"),
+        ):
+            yield CounterMetricFamily(name, text, value=totals.get(key, 0))
 
     def _broker(self) -> Iterator[Metric]:
         engine = self.engine

@@ -1,12 +1,20 @@
 """Broker-to-broker transport: the asyncio shell around protocol's link and dialog layers.
 
-Theory of operation. Each adjacent broker is a `Peer` with one `DialogPeer` (all
-dialog directions to it, sans-IO) that outlives TCP connections, and at most one
-established `Link` (a TCP connection driven by a `LinkConnection`). Connections are
-opened on demand to the address a route gives, authenticated by the handshake
-(certificates trusted with `create_certificate`), closed after `idle_timeout` of
-quiet, and reopened when there is traffic again. If both brokers connect at once,
-both keep the connection opened by the broker with the smaller instance id.
+Theory of operation. Each broker this one holds dialogs with is a `Peer` with one
+`DialogPeer` (all dialog directions to it, sans-IO) that outlives TCP connections. An
+adjacent peer has at most one established `Link` (a TCP connection driven by a
+`LinkConnection`); a peer reached through a forwarding broker has none of its own, and
+its frames travel on the forwarder's link (`_link_of`: the broker its frames arrive
+through, `Peer.via`, or the one its route's address turned out to be). Incoming frames
+go to the peer whose dialog they belong to (`far` maps conversations held with a
+non-adjacent peer), and frames of other brokers' dialogs to the `Forwarder` when
+forwarding is on (see `_forwarding`). Connections are opened on demand to the address a
+route gives, authenticated by the handshake (certificates trusted with
+`create_certificate`), closed after `idle_timeout` of quiet, and reopened when there is
+traffic again. If both brokers connect at once, both keep the connection opened by the
+broker with the smaller instance id. A dialog direction that reaches this broker
+through a forwarder is opened only with its origin's signature over the envelope and
+wrapped session key (`_origin`).
 
 Sending: the core keeps messages for other brokers in its durable transmission queue,
 one outbox per dialog direction (see `_core.delivery`), and tells the transport
@@ -38,6 +46,7 @@ between that were acknowledged out of order are skipped, see `DialogSender.skip_
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import ssl
@@ -63,6 +72,7 @@ from ssb.protocol import (
     FragmentReceived,
     HandshakeCompleted,
     HeldFragment,
+    IntegrityError,
     IntegrityFailure,
     LinkConnection,
     LinkState,
@@ -79,7 +89,9 @@ from ssb.protocol import (
     certificate_broker_id,
     new_session_key,
     pack,
+    sign_origin,
     unpack,
+    verify_origin,
     wrap_session_key,
 )
 
@@ -90,6 +102,7 @@ from ._core.delivery import DialogOutbox, DirectionKey, Outbound
 from ._core.engine import Engine
 from ._core.transactions import Session
 from ._errors import BrokerError, bad_argument
+from ._forwarding import Forwarder, Frame, Hop
 from ._identity import Identity, IdentityFiles
 from ._store import Store
 from ._tls import Door, fingerprint
@@ -126,6 +139,10 @@ class TransportSettings:
     # mutual TLS between brokers, with their broker identities (off: plain TCP; the
     # handshake still authenticates both sides and fragments are still signed)
     tls: bool = True
+    # relay other brokers' dialogs along this broker's routes (see _forwarding), holding
+    # at most forward_size megabytes of their frames
+    forwarding: bool = False
+    forward_size: int = 10
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> TransportSettings:
@@ -140,8 +157,10 @@ class TransportSettings:
             "starvation_bound": (0.001, 3600.0, False),
             "closed_dialog_linger": (0.0, 86400.0, False),
             "accept_rate": (0.1, 10000.0, False),
+            "forward_size": (1, 1024 * 1024, True),
             "honor_broker_priority": None,
             "tls": None,
+            "forwarding": None,
         }
         settings = cls(**checked_section("transport", section, ranges))
         if settings.retry_max < settings.retry_initial:
@@ -190,6 +209,9 @@ class Peer:
         self.refused_fragments = 0
         self.last_error = ""
         self.services: set[str] = set()  # services it hosts that we send to
+        # the adjacent broker its frames arrive through, when that is not itself
+        # (a forwarder); frames to it go back the same way unless a route says otherwise
+        self.via: uuid.UUID | None = None
         self.pump_scheduled = False
         # outboxes with entries still to pull, and what is pulled and not yet acked
         self.boxes: dict[DirectionKey, DialogOutbox] = {}
@@ -301,7 +323,7 @@ class Link(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.paused = False
         if self.peer is not None:
-            self.owner.pump(self.peer)
+            self.owner.writable(self.peer)
 
 
 class TokenBucket:
@@ -361,6 +383,20 @@ class Transport:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._idle_timer: asyncio.TimerHandle | None = None
         self.closing = False
+        # conversations whose dialogs are with a broker other than the adjacent one their
+        # frames arrive from (found on the first such frame; see _partner)
+        self.far: dict[uuid.UUID, Peer] = {}
+        self.forwarder = (
+            Forwarder(
+                self.instance,
+                settings.forward_size * 1024 * 1024,
+                min(1.0, settings.retry_initial / 2),
+                self._relay_hop,
+                self._relay_send,
+            )
+            if settings.forwarding
+            else None
+        )
 
     # ---- identity and trust ----------------------------------------------------
 
@@ -461,8 +497,13 @@ class Transport:
         return {
             "broker_connections": self.connections_view,
             "certificates": self.certificates_view,
+            "forwarded_conversations": self.forwarded_view,
             "remote_service_bindings": self.bindings_view,
         }
+
+    def forwarded_view(self) -> list[dict[str, Any]]:
+        """Conversations this broker relays for others (empty unless forwarding is on)."""
+        return [] if self.forwarder is None else self.forwarder.view()
 
     def certificates_view(self) -> list[dict[str, Any]]:
         """The peer brokers' certificates this broker trusts (CREATE CERTIFICATE)."""
@@ -707,6 +748,11 @@ class Transport:
         named = box.to_broker_instance or route.broker_instance
         instance = _instance_id(named) if named else self.address_peer.get(address)
         peer = self._peer(instance) if instance else None
+        if peer is None and named:
+            box.status = (
+                f"no certificate of broker {named} is trusted here: create_certificate with"
+                " its broker_certificate()"
+            )
         if peer is None:
             self.waiting.setdefault(address, {})[key] = box
             self._connect(address)
@@ -830,6 +876,12 @@ class Transport:
             )
             key = new_session_key()
             wrapped = wrap_session_key(key, recipient)
+            # the origin's signature, so that the target can tell, when the dialog reaches
+            # it through a forwarder, that no one on the way put in a key of its own
+            transcript = envelope.origin_transcript(out.conversation_id, direction, wrapped)
+            envelope = dataclasses.replace(
+                envelope, origin_proof=sign_origin(self.identity.private_key, transcript)
+            )
             sender = dialog.open_sender(
                 out.conversation_id, direction, envelope, session_key=key,
                 wrapped_session_key=wrapped, next_seq=out.seq,
@@ -876,6 +928,7 @@ class Transport:
                     self.settings.closed_dialog_linger, self._close_receiver, peer, key
                 )
         self._remember_closed(ep.conversation_id)
+        self.far.pop(ep.conversation_id, None)
         store.delete_remote_dialog(ep.conversation_id, int(in_d), "recv")
         store.delete_held_direction(ep.conversation_id, int(in_d))
         self.envelopes.pop((ep.conversation_id, in_d), None)
@@ -963,13 +1016,17 @@ class Transport:
                 self.pump(peer)
 
     def _peer_address(self, peer: Peer) -> str | None:
-        """Where routes say this peer is now (they may have changed or expired)."""
+        """Where routes say this peer is now (they may have changed or expired), else
+        where it was, else where the forwarder its frames arrive through is."""
         for service in peer.services:
             route = self.engine.routes.find(service, str(peer.instance))
             if route is not None and route.address != "LOCAL":
                 address = self._route_address(route.address, service)
                 if address is not None:
                     return address
+        if peer.address is None and peer.via is not None:
+            forwarder = self.peers.get(peer.via)
+            return None if forwarder is None else forwarder.address
         return peer.address
 
     def _has_work(self, peer: Peer) -> bool:
@@ -991,6 +1048,12 @@ class Transport:
             return
         peer = self._peer(instance, event.peer_certificate_pem)
         assert peer is not None
+        if link.role is Role.INITIATOR:
+            # known before a duplicate is closed: peers routed to this address use the
+            # connection that stays, whichever it is
+            self.address_peer[link.address] = instance
+            if self.forwarder is not None:
+                self.forwarder.rename(link.address, instance)
         if peer.certificate_pem != event.peer_certificate_pem:
             log.info("broker %s presents a new certificate; new dialogs use it", instance)
             peer.certificate_pem = event.peer_certificate_pem
@@ -1014,15 +1077,18 @@ class Transport:
             "outbound" if link.role is Role.INITIATOR else "inbound",
         )
         if link.role is Role.INITIATOR:
-            self.address_peer[link.address] = instance
             peer.address = peer.address or link.address
             self.connect_errors.pop(link.address, None)
             self.retry_delay.pop(link.address, None)
             self.retry_at.pop(link.address, None)
             for box in self.waiting.pop(link.address, {}).values():
                 self._place(box)
-        peer.dialog.retransmit_all(self.loop.time())
-        self.pump(peer)
+        now = self.loop.time()
+        for routed in [peer, *self._routed_via(peer)]:
+            routed.dialog.retransmit_all(now)
+            self.pump(routed)
+        if self.forwarder is not None:
+            self.forwarder.flush(instance)
 
     def refused_accept(self, address: str) -> None:
         """An incoming connection beyond `accept_rate`: closed before any handshake work."""
@@ -1061,8 +1127,9 @@ class Transport:
         if peer is not None and peer.link is link:
             peer.link = None
             log.info("link to broker %s down (%s): %s", peer.instance, link.address, link.reason)
-            if self._has_work(peer):
-                self.pump(peer)
+            for routed in [peer, *self._routed_via(peer)]:
+                if self._has_work(routed):
+                    self.pump(routed)
         elif peer is None and link.role is Role.INITIATOR:
             address = link.address
             if self.waiting.get(address) or any(
@@ -1085,6 +1152,11 @@ class Transport:
                 if link.link.state is LinkState.ESTABLISHED:
                     link.write(link.link.send(CloseFrame("idle")))
                 link.close(f"idle for {self.settings.idle_timeout:g} s")
+        if self.forwarder is not None:
+            settings = self.settings
+            self.forwarder.expire(
+                now, max(settings.closed_dialog_linger, 2 * settings.retry_max), settings.retry_max
+            )
         if not self.closing:
             self._arm_idle_check()
 
@@ -1103,8 +1175,73 @@ class Transport:
         if not self.closing:
             self.pump(peer)
 
-    def pump(self, peer: Peer) -> None:
+    def _link_of(self, peer: Peer) -> Link | None:
+        """The connection a peer's frames go on: its own, or the one to the forwarder its
+        frames arrive through or its route's address leads to."""
         link = peer.link
+        if link is not None and not link.closed:
+            return link
+        hops = (peer.via, None if peer.address is None else self.address_peer.get(peer.address))
+        for hop in hops:
+            if hop is not None and hop != peer.instance:
+                forwarder = self.peers.get(hop)
+                if forwarder is not None and forwarder.link is not None:
+                    return forwarder.link
+        return None
+
+    def _routed_via(self, adjacent: Peer) -> list[Peer]:
+        """Peers whose frames travel on `adjacent`'s connection (it forwards them)."""
+        return [
+            p
+            for p in self.peers.values()
+            if p is not adjacent
+            and p.link is None
+            and (
+                p.via == adjacent.instance
+                or (p.address is not None and self.address_peer.get(p.address) == adjacent.instance)
+            )
+        ]
+
+    def writable(self, adjacent: Peer) -> None:
+        """`adjacent`'s connection takes writes again: everything that goes on it."""
+        self.pump(adjacent)
+        for peer in self._routed_via(adjacent):
+            self.pump(peer)
+        if self.forwarder is not None:
+            self.forwarder.flush(adjacent.instance)
+
+    def _relay_hop(self, service: str, broker: uuid.UUID) -> Hop | None:
+        """The forwarder's next hop for a far service: the adjacent broker (or, not yet
+        connected, the address) this broker's routes give."""
+        route = self.engine.routes.find(service, str(broker))
+        if route is None or route.address == "LOCAL":
+            return None
+        address = self._route_address(route.address, service)
+        if address is None:
+            return None
+        return self.address_peer.get(address, address)
+
+    def _relay_send(self, hop: Hop, frames: list[Frame]) -> bool:
+        """Write relayed frames to `hop`, or say it cannot take them now (and connect)."""
+        if isinstance(hop, str):
+            address: str | None = hop
+            peer = None
+        else:
+            peer = self.peers.get(hop)
+            address = None if peer is None else self._peer_address(peer)
+        link = None if peer is None else peer.link
+        if link is None or link.closed or link.link.state is not LinkState.ESTABLISHED:
+            if address is not None and not self.closing:
+                self._connect(address)
+            return False
+        if link.paused:
+            return False
+        send = link.link.send
+        link.write(b"".join([send(frame) for frame in frames]))
+        return True
+
+    def pump(self, peer: Peer) -> None:
+        link = self._link_of(peer)
         now = self.loop.time()
         if link is None or link.closed or link.link.state is not LinkState.ESTABLISHED:
             if link is None and self._has_work(peer) and not self.closing:
@@ -1147,28 +1284,98 @@ class Transport:
     # ---- receiving ---------------------------------------------------------------------
 
     def frames(self, link: Link, frames: list[FragmentFrame | AckFrame]) -> None:
-        """Frames from one read: their events are applied (and stored) together."""
-        peer = link.peer
-        if peer is None:
+        """Frames from one read: their events are applied (and stored) together, per
+        broker the dialogs are with; other brokers' frames go to the forwarder."""
+        adjacent = link.peer
+        if adjacent is None:
             return
         now = self.loop.time()
-        receive = peer.dialog.receive_frame
-        applying = _Applying()
+        forwarder = self.forwarder
+        far = self.far
+        applying: dict[Peer, _Applying] = {}
         for frame in frames:
+            if forwarder is not None and forwarder.wants(frame):
+                forwarder.relay(frame, adjacent.instance, now)
+                continue
+            peer = far.get(frame.conversation_id)
+            if peer is None:
+                peer = self._partner(adjacent, frame)
+                if peer is None:
+                    continue
             # one frame at a time: a queue a message just filled refuses the next one
             if isinstance(frame, FragmentFrame) and self._refused(peer, frame):
                 continue
             try:
-                events = receive(frame, now)
+                events = peer.dialog.receive_frame(frame, now)
             except ProtocolError as exc:
                 log.warning("dropping a bad frame from broker %s: %s", peer.instance, exc)
                 continue
-            self._apply(peer, events, link, applying)
-        self._applied(peer, applying)
-        if peer.boxes:
-            self._feed(peer)
-        else:
-            self.pump_soon(peer)
+            if peer is not adjacent and not any(isinstance(e, IntegrityFailure) for e in events):
+                # a frame the far broker sealed came this way: its frames go back so too
+                far[frame.conversation_id] = peer
+                peer.via = adjacent.instance
+            work = applying.get(peer)
+            if work is None:
+                work = applying[peer] = _Applying()
+            self._apply(peer, events, link, work)
+        for peer, work in applying.items():
+            self._applied(peer, work)
+            if peer.boxes:
+                self._feed(peer)
+            else:
+                self.pump_soon(peer)
+
+    def _partner(self, adjacent: Peer, frame: Frame) -> Peer | None:
+        """The broker a frame's dialog is with, when the far map does not say: the adjacent
+        one, or (the first frame of a restored dialog through a forwarder) the peer that
+        has the dialog. None: the frame is not for this broker and is dropped."""
+        conv, direction = frame.conversation_id, frame.direction
+        dialog = adjacent.dialog
+        if isinstance(frame, AckFrame):
+            if dialog.sender(conv, direction) is not None:
+                return adjacent
+        elif dialog.receiver(conv, direction) is not None:
+            return adjacent
+        envelope = frame.envelope if isinstance(frame, FragmentFrame) else None
+        if envelope is not None and envelope.from_broker_id == self.instance:
+            self._log_refusal(
+                (conv, direction),
+                "routes form a loop: a message of conversation %s that this broker sent came"
+                " back from broker %s; check the routes on the way",
+                conv,
+                adjacent.instance,
+            )
+            return None
+        if envelope is not None and envelope.to_broker_id != self.instance:
+            self._log_refusal(
+                (conv, direction),
+                "dropping conversation %s from broker %s: it is addressed to broker %s and"
+                " this broker does not forward ([transport] forwarding = false)",
+                conv,
+                adjacent.instance,
+                envelope.to_broker_id,
+            )
+            return None
+        for peer in self.peers.values():
+            if peer is adjacent:
+                continue
+            d = peer.dialog
+            if any(
+                d.sender(conv, way) is not None or d.receiver(conv, way) is not None
+                for way in Direction
+            ):
+                if envelope is not None and envelope.from_broker_id != peer.instance:
+                    self._log_refusal(
+                        (conv, direction),
+                        "refusing conversation %s from broker %s: the conversation is with"
+                        " broker %s",
+                        conv,
+                        envelope.from_broker_id,
+                        peer.instance,
+                    )
+                    return None
+                return peer
+        return adjacent
 
     def _refused(self, peer: Peer, frame: FragmentFrame) -> bool:
         """Whether a message of this fragment's direction could not be stored now (a full
@@ -1273,12 +1480,15 @@ class Transport:
             elif isinstance(event, PartialMessageDiscarded):
                 store.delete_held_message(event.conversation_id, int(event.direction), event.seq)
             elif isinstance(event, IntegrityFailure):
-                peer.corrupt_fragments += 1
+                # counted against the broker it came from: through a forwarder, that one
+                carrier = peer if link is None or link.peer is None else link.peer
+                carrier.corrupt_fragments += 1
                 if link is not None:
                     link.link.record_corrupt_fragment()
+                through = "" if carrier is peer else f" through broker {carrier.instance}"
                 log.warning(
-                    "corrupted fragment from broker %s (conversation %s, seq %s): %s",
-                    peer.instance, event.conversation_id, event.seq, event.reason,
+                    "corrupted fragment from broker %s%s (conversation %s, seq %s): %s",
+                    peer.instance, through, event.conversation_id, event.seq, event.reason,
                 )
             elif isinstance(event, UnknownDialog):
                 self._open_receiver(peer, event, link)
@@ -1319,11 +1529,25 @@ class Transport:
         """
         frame = event.frame
         key = (event.conversation_id, event.direction)
+        envelope = frame.envelope
+        adjacent = None if link is None else link.peer
+        if (
+            envelope is not None
+            and adjacent is not None
+            and envelope.from_broker_id != adjacent.instance
+        ):
+            # it came through a forwarder: the origin must prove it opened the direction
+            origin = self._origin(adjacent, key, frame)
+            if origin is None:
+                return
+            if origin is not adjacent:
+                self.far[key[0]] = origin
+                origin.via = adjacent.instance
+            peer = origin
         if peer.dialog.receiver(*key) is not None:
             # opened by an earlier frame of the same read
             self._apply(peer, peer.dialog.receive_frame(frame, self.loop.time()), link)
             return
-        envelope = frame.envelope
         from_initiator = event.direction is Direction.FROM_INITIATOR
         if from_initiator:
             alive = key[0] not in self.closed_conversations
@@ -1356,6 +1580,43 @@ class Transport:
             self.discarding.add(key)
         self._apply(peer, events, link)
         self._apply(peer, followed, link)
+
+    def _origin(
+        self, adjacent: Peer, key: tuple[uuid.UUID, Direction], frame: FragmentFrame
+    ) -> Peer | None:
+        """The broker a dialog direction that came through a forwarder (`adjacent`) comes
+        from, if it proves itself: a certificate of it is trusted here and its signature
+        over the envelope and wrapped session key verifies. None: refused (logged)."""
+        envelope = frame.envelope
+        assert envelope is not None
+        origin = envelope.from_broker_id
+        pem = self.trusted_certificate(origin)
+        refusal = None
+        if pem is None:
+            refusal = (
+                f"no certificate of broker {origin} is trusted here (create_certificate with"
+                " its broker_certificate())"
+            )
+        elif envelope.origin_proof is None or frame.wrapped_session_key is None:
+            refusal = "it carries no origin proof"
+        else:
+            transcript = envelope.origin_transcript(key[0], key[1], frame.wrapped_session_key)
+            try:
+                verify_origin(pem, transcript, envelope.origin_proof)
+            except IntegrityError:
+                adjacent.corrupt_fragments += 1
+                refusal = "its origin proof does not verify (altered on the way)"
+        if refusal is not None:
+            self._log_refusal(
+                key,
+                "refusing conversation %s from broker %s through broker %s: %s",
+                key[0],
+                origin,
+                adjacent.instance,
+                refusal,
+            )
+            return None
+        return self._peer(origin, pem)
 
     def _not_party(
         self, peer: Peer, key: tuple[uuid.UUID, Direction], envelope: Envelope | None
@@ -1405,6 +1666,7 @@ class Transport:
         if key in self.discarding:
             peer.dialog.close_receiver(*key)
             self.discarding.discard(key)
+            self.far.pop(key[0], None)
 
     # ---- views -------------------------------------------------------------------------
 
@@ -1431,6 +1693,7 @@ class Transport:
                     "last_activity": time.strftime(
                         "%Y-%m-%dT%H:%M:%SZ", time.gmtime(link.last_activity)
                     ),
+                    "via": None,
                 }
             )
         linked = {link.peer.instance for link in self.links if link.peer is not None}
@@ -1438,12 +1701,15 @@ class Transport:
             if peer.instance in linked:
                 continue
             error = self.connect_errors.get(peer.address or "", "")
+            # a peer reached through a forwarder: that connection's state, and who it is
+            carrier = self._link_of(peer)
+            via = None if carrier is None or carrier.peer is None else carrier.peer.instance
             rows.append(
                 {
                     "peer": str(peer.instance),
                     "address": peer.address,
                     "direction": "outbound",
-                    "state": "CLOSED",
+                    "state": "CLOSED" if carrier is None else carrier.link.state.name,
                     "login_state": error or "NONE",
                     "bytes_sent": 0,
                     "bytes_received": 0,
@@ -1454,6 +1720,7 @@ class Transport:
                     "in_flight": len(peer.in_flight),
                     "retransmissions": peer.dialog.counters.retransmissions,
                     "last_activity": None,
+                    "via": None if via is None else str(via),
                 }
             )
         return rows

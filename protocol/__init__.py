@@ -57,6 +57,8 @@ from ._integrity import (
     generate_broker_identity,
     load_private_key,
     new_session_key,
+    sign_origin,
+    verify_origin,
     wrap_session_key,
 )
 from ._link import (
@@ -125,6 +127,8 @@ __all__ = [
     "load_private_key",
     "new_session_key",
     "pack",
+    "sign_origin",
     "unpack",
+    "verify_origin",
     "wrap_session_key",
 ]

@@ -482,16 +482,17 @@ class DialogSender:
         return None
 
     def build_fragment(
-        self, message: _OutMessage, index: int, ack: AckRecord | None
+        self, message: _OutMessage, index: int, ack: AckRecord | None, routed: bool = False
     ) -> FragmentFrame:
-        """The signed frame for fragment `index` of `message`, carrying `ack` if given.
+        """The signed frame for fragment `index` of `message`, carrying `ack` if given, and
+        the envelope and wrapped key until the first ack, or always when `routed`.
 
         Raises: LocalProtocolError: the session key has not been wrapped for the target.
         """
         payload = message.body if message.count == 1 else message.payload(index)
         envelope: Envelope | None = None
         wrapped: bytes | None = None
-        if not self.confirmed:
+        if routed or not self.confirmed:
             if self.wrapped_session_key is None:
                 raise LocalProtocolError(
                     "session key not wrapped for the target broker", ErrorCode.BAD_ARGUMENT
@@ -1230,7 +1231,8 @@ class DialogPeer:
             if receiver is not None and receiver.ack_pending:
                 ack = self._take_ack(receiver, now)
                 counters.piggybacked_acks += 1
-            frames.append(sender.build_fragment(message, index, ack))
+            # a retransmission carries the routing header again (see the sender rules)
+            frames.append(sender.build_fragment(message, index, ack, transmissions > 0))
             counters.fragments_sent += 1
             transmissions += 1
             delay = (

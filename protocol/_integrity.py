@@ -22,6 +22,10 @@ Theory of operation
 * Handshake proof: each side of a link signs (RSA-PSS, SHA-256) a transcript made of a fixed
   label, its own broker instance id, the peer's broker instance id and the peer's fresh
   nonce, so a proof cannot be replayed on another connection or for another pair.
+* Origin proof: the broker that opens a dialog direction signs (RSA-PSS, SHA-256) its
+  routing header and wrapped session key. A receiver that gets the direction through a
+  forwarding broker checks it with the origin's certificate, so a forwarder can neither
+  put in a session key of its own nor change where the dialog comes from or goes.
 
 Invariants: nothing here reads a clock or performs I/O; randomness comes from `os.urandom`
 unless a `RandomSource` is injected (tests do). Functions that parse data from a peer raise
@@ -61,6 +65,7 @@ MAX_PROOF_SIZE: Final = MAX_RSA_KEY_SIZE // 8
 MAX_CERTIFICATE_SIZE: Final = 16 * 1024
 
 _PROOF_LABEL: Final = b"ssb-link-proof-v1\x00"
+_ORIGIN_LABEL: Final = b"ssb-origin-proof-v1\x00"
 _BODY_KEY_LABEL: Final = b"ssb-dialog-body-v1"
 # Self-signed broker certificates are pinned, not chained, so their validity window
 # carries no meaning; fixed dates keep generation free of clock reads.
@@ -434,3 +439,26 @@ def verify_handshake_proof(
             f"handshake proof of broker {signer_id} does not verify", ErrorCode.HANDSHAKE_FAILED
         ) from exc
     return certificate
+
+
+# --------------------------------------------------------------------------- origin proof
+
+
+def sign_origin(private_key: rsa.RSAPrivateKey, transcript: bytes) -> bytes:
+    """The origin broker's signature over a dialog direction's `transcript` (see
+    `Envelope.origin_transcript`)."""
+    return private_key.sign(_ORIGIN_LABEL + transcript, _PSS, hashes.SHA256())
+
+
+def verify_origin(certificate_pem: bytes, transcript: bytes, proof: bytes) -> None:
+    """Check an origin proof with the origin broker's (trusted) certificate.
+
+    Raises: IntegrityError: the proof is missing its key, too long, or does not verify.
+    """
+    if len(proof) > MAX_PROOF_SIZE:
+        raise IntegrityError("origin proof is too long")
+    try:
+        public_key = certificate_public_key(certificate_pem)
+        public_key.verify(bytes(proof), _ORIGIN_LABEL + transcript, _PSS, hashes.SHA256())
+    except (InvalidSignature, ValueError, RemoteProtocolError) as exc:
+        raise IntegrityError("the origin broker's proof does not verify") from exc

@@ -177,8 +177,11 @@ class Envelope:
     """Routing header of one dialog direction; lets the receiver create its endpoint.
 
     Named from the point of view of the message's travel: `from_*` is the sending side.
-    `encrypted`: the direction's bodies are encrypted with its session key (a sixth wire
-    element, present only when true, so unencrypted dialogs keep the five-element form).
+    `encrypted`: the direction's bodies are encrypted with its session key.
+    `origin_proof`: the sending broker's signature over `origin_transcript` (see
+    `_integrity.sign_origin`); a receiver needs it when the direction reaches it through a
+    forwarding broker. Wire form: five elements; a sixth (`encrypted`) when encrypted or
+    proved; a seventh (the proof) when proved, so older forms still decode.
     """
 
     from_service: str
@@ -187,6 +190,7 @@ class Envelope:
     from_broker_id: uuid.UUID
     to_broker_id: uuid.UUID
     encrypted: bool = False
+    origin_proof: bytes | None = None
 
     def encode(self) -> list[object]:
         """Wire form."""
@@ -197,24 +201,39 @@ class Envelope:
             self.from_broker_id,
             self.to_broker_id,
         ]
-        if self.encrypted:
-            wire.append(True)
+        if self.encrypted or self.origin_proof is not None:
+            wire.append(self.encrypted)
+        if self.origin_proof is not None:
+            wire.append(self.origin_proof)
         return wire
 
     @classmethod
     def decode(cls, obj: object) -> Envelope:
         """Raises: RemoteProtocolError: malformed."""
-        items = _list(obj, "envelope", max_length=6)
-        if len(items) not in (5, 6) or (len(items) == 6 and items[5] is not True):
-            raise _malformed("envelope must have 5 elements, or 6 with true last")
+        items = _list(obj, "envelope", max_length=7)
+        if len(items) == 6 and items[5] is not True:
+            raise _malformed("a 6-element envelope must end with true")
+        if len(items) == 7 and type(items[5]) is not bool:
+            raise _malformed("a 7-element envelope must have a boolean sixth element")
+        if len(items) not in (5, 6, 7):
+            raise _malformed("envelope must have 5, 6 or 7 elements")
         return cls(
             _str(items[0], "from service"),
             _str(items[1], "to service"),
             _str(items[2], "contract"),
             _uuid(items[3], "from broker id"),
             _uuid(items[4], "to broker id"),
-            len(items) == 6,
+            len(items) > 5 and items[5] is True,
+            _bytes(items[6], "origin proof", MAX_PROOF_SIZE) if len(items) == 7 else None,
         )
+
+    def origin_transcript(
+        self, conversation_id: uuid.UUID, direction: Direction, wrapped_session_key: bytes
+    ) -> bytes:
+        """What the origin proof signs: the direction, this header without the proof,
+        and the wrapped session key."""
+        unproved = [*self.encode()[:5], self.encrypted]
+        return pack([conversation_id.bytes, int(direction), unproved, wrapped_session_key])
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,7 @@ class Federation:
         durability: "os" (survives kill -9 of a daemon, faster) or "fsync".
         transport: the `[transport]` settings; defaults to `TRANSPORT`.
         trust: exchange certificates between every pair of brokers.
+        overrides: more `[transport]` settings for some brokers, by name.
     """
 
     def __init__(
@@ -99,8 +100,10 @@ class Federation:
         durability: str = "os",
         transport: dict[str, Any] | None = None,
         trust: bool = True,
+        overrides: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.root = root
+        self.overrides = overrides or {}
         self.names = list(names)
         self.durability = durability
         self.transport = dict(TRANSPORT if transport is None else transport)
@@ -117,7 +120,7 @@ class Federation:
                 process = BrokerProcess(
                     self.root / name,
                     durability=self.durability,
-                    config={"transport": self.transport},
+                    config={"transport": {**self.transport, **self.overrides.get(name, {})}},
                 )
                 process.start()
                 conn = await client.connect(process.url)

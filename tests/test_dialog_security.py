@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from federation_setup import (
     CONTRACT,
     REPLY,
@@ -35,6 +36,8 @@ from ssb.protocol import (
     generate_broker_identity,
     load_private_key,
     new_session_key,
+    sign_origin,
+    wrap_session_key,
 )
 from ssb.protocol._integrity import SessionSeal
 from ssb.protocol._link import (
@@ -85,11 +88,13 @@ class Rogue:
         seq: int = 0,
         wait: float = 3.0,
         alter_ciphertext: bool = False,
+        prove_with: rsa.RSAPrivateKey | None = None,
     ) -> bool:
         """Send one message on `conversation` (from its initiator); whether it was acked.
 
         `alter_ciphertext`: flip a byte of an encrypted body and sign the result again
-        with the session key, as only a party to the dialog could."""
+        with the session key, as only a party to the dialog could.
+        `prove_with`: sign an origin proof for the envelope with this key."""
         link = LinkConnection(
             Role.INITIATOR,
             broker_id=self.instance,
@@ -112,11 +117,18 @@ class Rogue:
                     break
         dialog = DialogPeer(private_key=self.key, peer_public_key=target.certificate.encode())
         session_key = new_session_key()
+        wrapped = wrap_session_key(session_key, target.certificate.encode())
+        if prove_with is not None:
+            transcript = envelope.origin_transcript(conversation, Direction.FROM_INITIATOR, wrapped)
+            envelope = dataclasses.replace(
+                envelope, origin_proof=sign_origin(prove_with, transcript)
+            )
         dialog.open_sender(
             conversation,
             Direction.FROM_INITIATOR,
             envelope,
             session_key=session_key,
+            wrapped_session_key=wrapped,
             next_seq=seq,
         )
         dialog.queue_message(conversation, Direction.FROM_INITIATOR, seq, message_type, body)
@@ -170,15 +182,20 @@ async def test_a_trusted_peer_can_neither_hijack_a_dialog_nor_forge_an_envelope(
 
         # A's conversation, with the rogue's session key: refused, never acked
         assert not await rogue.send(b, conversation, honest, REQUEST, b"hijacked", seq=1)
-        # a new conversation whose envelope claims to come from A: refused
+        # a new conversation whose envelope claims to come from A, as if the rogue were
+        # forwarding it: refused without A's origin proof, and with one A did not make
         forged = Envelope("Initiator", "TargetB", CONTRACT, a_id, b_id)
         assert not await rogue.send(b, uuid.uuid4(), forged, REQUEST, b"forged")
+        assert not await rogue.send(
+            b, uuid.uuid4(), forged, REQUEST, b"forged", prove_with=rogue.key
+        )
 
         bodies = [m.message_body for m in await b.conn.receive(target_q, top=10)]
         assert bodies == [b"rogue's own"]
         log = b.process.log_text()
         assert f"refusing conversation {conversation} from broker {rogue.instance}" in log
-        assert f"names broker {a_id} as the sender" in log
+        assert f"from broker {a_id} through broker {rogue.instance}: it carries no origin" in log
+        assert "its origin proof does not verify" in log
 
         # A's dialog goes on, in order
         await a.conn.send(handle, REQUEST, b"again from A")

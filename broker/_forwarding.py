@@ -1,0 +1,371 @@
+"""Message forwarding: relaying other brokers' dialog frames along this broker's routes.
+
+Theory of operation. With `[transport] forwarding = true` a broker relays the frames of
+dialogs it is not party to: a fragment whose envelope names another broker as its target,
+and every later frame of the same conversation. It never opens, acknowledges or stores
+them: the dialog layer runs end to end between the two brokers that own the dialog
+(sequence numbers, acks, retransmission, the session key wrapped for the target, the
+origin's signature over the envelope), so a forwarder that dies loses nothing (the origin
+retransmits) and one that alters a frame is caught by the target's integrity check.
+
+Each relayed conversation is a `Relay` keyed by conversation id: the two brokers, their
+services, and for each direction of travel the adjacent broker its frames last arrived
+from. A frame travels towards the target (a fragment from the initiator, or an ack of the
+target's direction) or towards the initiator (the reverse). Its next hop is what this
+broker's routes say for the far service and broker, else the hop the far side's frames
+arrive from. A frame without an envelope for an unknown conversation is not relayed: the
+origin's next retransmission carries the envelope again (see `_dialog`), which is how a
+restarted forwarder, or one that forgot an idle conversation, learns the route anew.
+
+Frames the next hop cannot take now (no connection yet, a busy socket) are held here in
+memory, a fragment once however often it is retransmitted, the latest ack of a direction
+only, up to `forward_size` in all; past it new frames are refused (the origin keeps them
+in its transmission queue and retries with its usual backoff), never what is held. Held
+frames go in arrival order when the hop can take them: forwarded messages travel at the
+default priority 5, whatever their dialogs' priorities at the ends.
+
+Loops are detected, reported and broken: a frame whose next hop is the broker it came
+from, or the same fragment (its seal) coming back from another hop within
+`loop_window` seconds, is dropped. Nothing here does I/O or reads a clock: the transport
+supplies the next-hop lookup, the writer and `now`.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ssb.protocol import AckFrame, Direction, FragmentFrame
+
+log = logging.getLogger("ssb.transport")
+
+Hop = uuid.UUID | str
+"""An adjacent broker: its instance id, or its address before the first connection."""
+Frame = FragmentFrame | AckFrame
+
+FRAME_OVERHEAD: Final = 128  # bytes a held frame costs beyond its payload (counted)
+MAX_RELAYS: Final = 1_000_000  # conversations relayed at once
+RECENT_SEALS: Final = 65_536  # fragments remembered for loop detection
+LOG_EVERY: Final = 60.0
+TOWARDS_TARGET: Final = 0
+TOWARDS_INITIATOR: Final = 1
+
+
+@dataclass(slots=True)
+class Relay:
+    """One conversation this broker forwards."""
+
+    conversation_id: uuid.UUID
+    initiator: uuid.UUID
+    target: uuid.UUID
+    initiator_service: str
+    target_service: str
+    # the adjacent broker frames travelling towards the target / the initiator came from
+    came_from: list[uuid.UUID | None] = field(default_factory=lambda: [None, None])
+    relayed: int = 0
+    refused: int = 0
+    held_frames: int = 0
+    held_bytes: int = 0
+    last_seen: float = 0.0
+    status: str = ""
+
+
+def _travel(frame: Frame) -> int:
+    """Which way a frame goes: fragments with their direction, acks against it."""
+    towards_target = frame.direction is Direction.FROM_INITIATOR
+    if isinstance(frame, AckFrame):
+        towards_target = not towards_target
+    return TOWARDS_TARGET if towards_target else TOWARDS_INITIATOR
+
+
+def _size(frame: Frame) -> int:
+    return FRAME_OVERHEAD + (len(frame.payload) if isinstance(frame, FragmentFrame) else 0)
+
+
+def _held_key(frame: Frame) -> tuple[Any, ...]:
+    if isinstance(frame, FragmentFrame):
+        return (frame.conversation_id, frame.direction, frame.seq, frame.fragment_index)
+    return (frame.conversation_id, frame.direction)
+
+
+class Forwarder:
+    """The relayed conversations of one broker and the frames it holds for them.
+
+    Args:
+        instance: this broker's id.
+        forward_size: bytes of held frames at most.
+        loop_window: seconds within which the same fragment coming back from another hop
+            means the routes form a loop.
+        route: the next hop for (service, broker), or why there is none (a str that is
+            not an address: the transport returns addresses only as "host:port").
+        send: writes frames to a hop and returns True, or returns False when the hop
+            cannot take them now (the transport then connects and calls `flush` later).
+    """
+
+    def __init__(
+        self,
+        instance: uuid.UUID,
+        forward_size: int,
+        loop_window: float,
+        route: Callable[[str, uuid.UUID], Hop | None],
+        send: Callable[[Hop, list[Frame]], bool],
+    ) -> None:
+        self.instance = instance
+        self.forward_size = forward_size
+        self.loop_window = loop_window
+        self._route = route
+        self._send = send
+        self.relays: dict[uuid.UUID, Relay] = {}
+        # by hop, in arrival order: (frame, its relay, when it was first held)
+        self.held: dict[Hop, dict[tuple[Any, ...], tuple[Frame, Relay, float]]] = {}
+        self.held_bytes = 0
+        self.relayed = 0
+        self.refused = 0
+        self.loops = 0
+        self._seals: dict[bytes, tuple[uuid.UUID, float]] = {}
+        self._logged: dict[str, float] = {}
+        self._now = 0.0
+
+    # ---- deciding -----------------------------------------------------------------------
+
+    def wants(self, frame: Frame) -> bool:
+        """Whether `frame` is another broker's to relay (not this broker's own)."""
+        if frame.conversation_id in self.relays:
+            return True
+        envelope = frame.envelope if isinstance(frame, FragmentFrame) else None
+        return envelope is not None and envelope.to_broker_id != self.instance
+
+    def relay(self, frame: Frame, came_from: uuid.UUID, now: float) -> None:
+        """Pass one frame on towards its next hop (or hold, refuse or drop it)."""
+        self._now = now
+        relay = self._relay_for(frame, came_from, now)
+        if relay is None:
+            return
+        relay.last_seen = now
+        travel = _travel(frame)
+        relay.came_from[travel] = came_from
+        hop = self._next_hop(relay, travel)
+        if hop is None:
+            far = relay.target if travel == TOWARDS_TARGET else relay.initiator
+            service = relay.target_service if travel == TOWARDS_TARGET else relay.initiator_service
+            relay.status = f"no route to service '{service}' at broker {far}"
+            self._warn(
+                "route:" + service,
+                "cannot forward conversation %s: %s",
+                relay.conversation_id,
+                relay.status,
+            )
+            return
+        if hop == came_from or self._came_back(frame, came_from, now):
+            self._loop(relay, frame, came_from, hop)
+            return
+        held = self.held.get(hop)
+        if not held and self._send(hop, [frame]):
+            relay.relayed += 1
+            self.relayed += 1
+            relay.status = ""
+            return
+        self._hold(relay, hop, frame)
+
+    def _relay_for(self, frame: Frame, came_from: uuid.UUID, now: float) -> Relay | None:
+        relay = self.relays.get(frame.conversation_id)
+        if relay is not None:
+            return relay
+        envelope = frame.envelope if isinstance(frame, FragmentFrame) else None
+        if envelope is None:
+            return None  # cannot route it; the origin's retransmission carries the envelope
+        if envelope.from_broker_id == self.instance:
+            self.loops += 1
+            self._warn(
+                f"own:{frame.conversation_id}",
+                "routes form a loop: a message of conversation %s that this broker sent came"
+                " back from broker %s; check the routes on the way",
+                frame.conversation_id,
+                came_from,
+            )
+            return None
+        if len(self.relays) >= MAX_RELAYS:
+            self.refused += 1
+            self._warn("full", "not forwarding more conversations: %d are relayed", MAX_RELAYS)
+            return None
+        if frame.direction is Direction.FROM_INITIATOR:
+            ends = (envelope.from_broker_id, envelope.to_broker_id)
+            services = (envelope.from_service, envelope.to_service)
+        else:
+            ends = (envelope.to_broker_id, envelope.from_broker_id)
+            services = (envelope.to_service, envelope.from_service)
+        relay = Relay(frame.conversation_id, ends[0], ends[1], services[0], services[1])
+        self.relays[frame.conversation_id] = relay
+        log.debug(
+            "forwarding conversation %s between broker %s and broker %s",
+            frame.conversation_id, relay.initiator, relay.target,
+        )
+        return relay
+
+    def _next_hop(self, relay: Relay, travel: int) -> Hop | None:
+        if travel == TOWARDS_TARGET:
+            hop = self._route(relay.target_service, relay.target)
+        else:
+            hop = self._route(relay.initiator_service, relay.initiator)
+        # no route: back the way the far side's frames come from
+        return hop if hop is not None else relay.came_from[1 - travel]
+
+    def _came_back(self, frame: Frame, came_from: uuid.UUID, now: float) -> bool:
+        """The same fragment passed here from another hop moments ago: a loop."""
+        if not isinstance(frame, FragmentFrame):
+            return False
+        seals = self._seals
+        seen = seals.get(frame.signature)
+        if seen is not None and seen[0] != came_from and now - seen[1] < self.loop_window:
+            return True
+        if seen is None and len(seals) >= RECENT_SEALS:
+            del seals[next(iter(seals))]
+        seals[frame.signature] = (came_from, now)
+        return False
+
+    def _loop(self, relay: Relay, frame: Frame, came_from: uuid.UUID, hop: Hop) -> None:
+        self.loops += 1
+        far = relay.target if _travel(frame) == TOWARDS_TARGET else relay.initiator
+        relay.status = (
+            f"routes form a loop: a frame for broker {far} came from broker {came_from}"
+            f" and would go on to {hop}; dropped"
+        )
+        self._warn(
+            f"loop:{relay.conversation_id}",
+            "not forwarding conversation %s: %s",
+            relay.conversation_id,
+            relay.status,
+        )
+
+    # ---- holding ------------------------------------------------------------------------
+
+    def _hold(self, relay: Relay, hop: Hop, frame: Frame) -> None:
+        held = self.held.setdefault(hop, {})
+        key = _held_key(frame)
+        size = _size(frame)
+        previous = held.get(key)
+        if previous is not None:  # held already: the newer copy (of an ack, the latest)
+            held[key] = (frame, relay, previous[2])
+            return
+        if self.held_bytes + size > self.forward_size:
+            relay.refused += 1
+            self.refused += 1
+            relay.status = (
+                f"holding {self.held_bytes} bytes, the forward_size limit: refusing more"
+                " (the sender keeps them and retries)"
+            )
+            self._warn(
+                "size",
+                "forwarding holds %d bytes, [transport] forward_size is %d: refusing frames"
+                " until %s takes what is held",
+                self.held_bytes,
+                self.forward_size,
+                hop,
+            )
+            return
+        held[key] = (frame, relay, self._now)
+        relay.held_frames += 1
+        relay.held_bytes += size
+        self.held_bytes += size
+        relay.status = relay.status or f"waiting for broker {hop}"
+
+    def _release(self, frame: Frame, relay: Relay) -> None:
+        size = _size(frame)
+        relay.held_frames -= 1
+        relay.held_bytes -= size
+        self.held_bytes -= size
+
+    def flush(self, hop: Hop) -> None:
+        """`hop` can take frames: send what is held for it, in arrival order."""
+        held = self.held.pop(hop, None)
+        if not held:
+            return
+        frames = [frame for frame, _, _ in held.values()]
+        if not self._send(hop, frames):
+            self.held[hop] = held
+            return
+        for frame, relay, _ in held.values():
+            self._release(frame, relay)
+            relay.relayed += 1
+            relay.status = ""
+        self.relayed += len(frames)
+
+    def rename(self, address: str, instance: uuid.UUID) -> None:
+        """The broker at `address` turned out to be `instance`: what waits for the address
+        waits for the broker."""
+        held = self.held.pop(address, None)
+        if held:
+            self.held.setdefault(instance, {}).update(held)
+
+    def expire(self, now: float, idle: float, hold_for: float) -> None:
+        """Drop frames held for `hold_for` seconds (their hop stayed unreachable; the
+        origin retransmits them anyway), and forget conversations quiet for `idle`
+        seconds that hold nothing (a later frame of one is routed again from its
+        retransmission's envelope)."""
+        self._now = now
+        for hop, held in list(self.held.items()):
+            stale = [k for k, (_, _, since) in held.items() if since < now - hold_for]
+            for key in stale:
+                frame, relay, _ = held.pop(key)
+                self._release(frame, relay)
+            if not held:
+                del self.held[hop]
+        horizon = now - idle
+        quiet = [c for c, r in self.relays.items() if r.last_seen < horizon and not r.held_frames]
+        for cid in quiet:
+            del self.relays[cid]
+        seals = self._seals
+        for seal in [s for s, (_, at) in seals.items() if at < now - self.loop_window]:
+            del seals[seal]
+
+    # ---- reporting ----------------------------------------------------------------------
+
+    def _warn(self, topic: str, text: str, *args: object) -> None:
+        """A line per topic at most every LOG_EVERY seconds: a forwarder fed a stream of
+        bad frames must not flood its log."""
+        now = self._now
+        if now - self._logged.get(topic, -LOG_EVERY) < LOG_EVERY:
+            return
+        if len(self._logged) > 10_000:
+            self._logged.clear()
+        self._logged[topic] = now
+        log.warning(text, *args)
+
+    def view(self) -> list[dict[str, Any]]:
+        """One row per relayed conversation: who it is between, where its frames go, what
+        is held for it and why."""
+        rows = []
+        for relay in self.relays.values():
+            to_target = self._next_hop(relay, TOWARDS_TARGET)
+            to_initiator = self._next_hop(relay, TOWARDS_INITIATOR)
+            rows.append(
+                {
+                    "conversation_id": str(relay.conversation_id),
+                    "initiator_broker": str(relay.initiator),
+                    "target_broker": str(relay.target),
+                    "initiator_service": relay.initiator_service,
+                    "target_service": relay.target_service,
+                    "next_hop_to_target": None if to_target is None else str(to_target),
+                    "next_hop_to_initiator": None if to_initiator is None else str(to_initiator),
+                    "priority": 5,
+                    "held_fragments": relay.held_frames,
+                    "held_bytes": relay.held_bytes,
+                    "relayed_frames": relay.relayed,
+                    "refused_frames": relay.refused,
+                    "status": relay.status,
+                }
+            )
+        return rows
+
+    def totals(self) -> dict[str, int]:
+        return {
+            "relayed_conversations": len(self.relays),
+            "held_bytes": self.held_bytes,
+            "forward_size": self.forward_size,
+            "relayed_frames": self.relayed,
+            "refused_frames": self.refused,
+            "loops": self.loops,
+        }

@@ -1,0 +1,247 @@
+"""Message forwarding: dialogs between two brokers through one or two brokers that host
+neither service (`[transport] forwarding = true`).
+
+Real daemons on 127.0.0.1. The chain is A -> F -> B: A's route for B's service names
+broker B and F's address, F's routes lead on to B (and back to A), B's route for A's
+service names broker A and F's address. F never opens, acknowledges or stores the dialog:
+acks travel end to end, so F's death loses nothing, and what F alters B refuses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from federation_setup import (
+    CONTRACT,
+    REPLY,
+    REQUEST,
+    TRANSPORT,
+    Federation,
+    Node,
+    create_contract,
+    create_initiator,
+    create_target,
+    receive_count,
+    route,
+    wait_quiet,
+)
+from polling import wait_until
+
+from ssb import client
+
+PLAIN = {**TRANSPORT, "tls": False}
+FORWARDER = {"forwarding": True}
+BIG = 300 * 1024  # five fragments of 64 KiB
+
+
+async def _services(a: Node, b: Node) -> tuple[str, str]:
+    for node in (a, b):
+        await create_contract(node.conn)
+    return await create_initiator(a, "Initiator"), await create_target(b, "TargetB")
+
+
+async def _chain(a: Node, hops: list[Node], b: Node, hop_addresses: list[str] | None = None) -> None:
+    """Routes for A's Initiator and B's TargetB along a -> hops... -> b (and back).
+
+    `hop_addresses` replaces the address each broker uses for the next one (a proxy)."""
+    chain = [a, *hops, b]
+    addresses = hop_addresses or [n.address for n in chain]
+    for i, node in enumerate(chain):
+        if i + 1 < len(chain):
+            await route(node, "TargetB", addresses[i + 1], broker_instance=b.instance)
+        if i > 0:
+            await route(node, "Initiator", chain[i - 1].address, broker_instance=a.instance)
+
+
+async def _acknowledged(node: Node) -> None:
+    """Every message `node` sent was acknowledged end to end (its transmission queue is empty)."""
+
+    async def empty() -> bool:
+        return not await node.view("transmission_queue")
+
+    await wait_until(empty, f"an empty transmission queue on {node.name}", timeout=30)
+
+
+async def _endpoints(node: Node) -> list[dict[str, Any]]:
+    return await node.view("conversation_endpoints")
+
+
+@pytest.mark.timeout(90)
+async def test_a_dialog_through_a_forwarder_is_delivered_exactly_once_in_order_both_ways(
+    tmp_path: Path,
+) -> None:
+    async with Federation(tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}) as fed:
+        a, f, b = fed["A"], fed["F"], fed["B"]
+        init_q, target_q = await _services(a, b)
+        await _chain(a, [f], b)
+        h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        bodies = [b"m%d" % n for n in range(200)]
+        big = bytes(range(256)) * (BIG // 256)
+        await a.conn.send_many(h, REQUEST, bodies[:100])
+        await a.conn.send(h, REQUEST, big)
+        await a.conn.send_many(h, REQUEST, bodies[100:])
+
+        got = await receive_count(b.conn, target_q, 201)
+        assert [m.message_body for m in got] == [*bodies[:100], big, *bodies[100:]]
+        assert [m.message_sequence_number for m in got] == list(range(201))
+        far = got[0].conversation_handle
+        await b.conn.send_many(far, REPLY, [b"re%d" % n for n in range(50)])
+        replies = await receive_count(a.conn, init_q, 50)
+        assert [m.message_body for m in replies] == [b"re%d" % n for n in range(50)]
+
+        # F relays without being party: no endpoint, a row in its forwarding view
+        assert await _endpoints(f) == []
+        rows = await f.view("forwarded_conversations")
+        assert len(rows) == 1, rows
+        row = rows[0]
+        assert row["initiator_broker"] == a.instance and row["target_broker"] == b.instance
+        assert row["target_service"] == "TargetB" and row["priority"] == 5
+        assert row["relayed_frames"] > 201
+        # A's and B's dialogs are with each other, carried by F
+        a_rows = {r["peer"]: r for r in await a.view("broker_connections")}
+        assert a_rows[b.instance]["via"] == f.instance, a_rows
+        ends = {e["is_initiator"]: e for e in await _endpoints(a) + await _endpoints(b)}
+        assert len(ends) == 2
+
+        await a.conn.end_conversation(h)
+        end = await receive_count(b.conn, target_q, 1)
+        assert end[0].message_type_name == client.END_DIALOG
+        await b.conn.end_conversation(far)
+        await wait_quiet([a, b])
+
+
+@pytest.mark.timeout(90)
+async def test_a_broker_that_does_not_forward_drops_other_brokers_dialogs_and_says_so(
+    tmp_path: Path,
+) -> None:
+    async with Federation(tmp_path, ["A", "F", "B"], transport=PLAIN) as fed:
+        a, f, b = fed["A"], fed["F"], fed["B"]
+        await _services(a, b)
+        await _chain(a, [f], b)
+        h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        await a.conn.send(h, REQUEST, b"x")
+        async def said() -> bool:
+            return "does not forward" in f.process.log_text()
+
+        await wait_until(said, "F saying that it does not forward", timeout=20)
+        assert await f.view("forwarded_conversations") == []
+        # nothing is lost: the message waits in A's transmission queue
+        assert len(await a.view("transmission_queue")) == 1
+
+
+@pytest.mark.timeout(90)
+async def test_routes_that_loop_are_reported_and_never_spun(tmp_path: Path) -> None:
+    async with Federation(tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}) as fed:
+        a, f, b = fed["A"], fed["F"], fed["B"]
+        await _services(a, b)
+        # A sends B's service to F, and F's route for it leads back to A
+        await route(a, "TargetB", f.address, broker_instance=b.instance)
+        await route(f, "TargetB", a.address, broker_instance=b.instance)
+        h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        await a.conn.send(h, REQUEST, b"round and round")
+
+        async def looped() -> list[dict[str, Any]]:
+            rows = await f.view("forwarded_conversations")
+            return [r for r in rows if "loop" in r["status"]]
+
+        (row,) = await wait_until(looped, "F to report the loop", timeout=20)
+        assert a.instance in row["status"], row
+        assert "routes form a loop" in f.process.log_text()
+        # (before F first connected to A, it could not tell A's address was A: that one
+        # trip ends at A, which drops its own message)
+        relayed = row["relayed_frames"]
+        assert relayed <= 1, row
+
+        # retransmissions keep coming and are dropped at F each time: nothing circulates
+        async def retransmissions() -> int:
+            conns = {r["peer"]: r for r in await a.view("broker_connections")}
+            return int(conns[b.instance]["retransmissions"])
+
+        seen = await retransmissions()
+
+        async def retried() -> bool:
+            return await retransmissions() >= seen + 3
+
+        await wait_until(retried, "A to retransmit", timeout=20)
+        (row,) = await f.view("forwarded_conversations")
+        assert row["relayed_frames"] == relayed, row
+        # nothing is lost: the message still waits at A, and goes once the route is right
+        assert len(await a.view("transmission_queue")) == 1
+        for r in await f.view("routes"):
+            await f.conn.drop_route(r["name"])
+        await route(f, "TargetB", b.address, broker_instance=b.instance)
+        await route(f, "Initiator", a.address, broker_instance=a.instance)
+        await route(b, "Initiator", f.address, broker_instance=a.instance)
+        (got,) = await receive_count(b.conn, "TargetBQueue", 1)
+        assert got.message_body == b"round and round"
+        await _acknowledged(a)
+
+
+@pytest.mark.timeout(120)
+async def test_a_forwarder_past_forward_size_holds_back_and_loses_nothing(tmp_path: Path) -> None:
+    overrides = {"F": {**FORWARDER, "forward_size": 1}}
+    async with Federation(tmp_path, ["A", "F", "B"], transport=PLAIN, overrides=overrides) as fed:
+        a, f, b = fed["A"], fed["F"], fed["B"]
+        _, target_q = await _services(a, b)
+        await _chain(a, [f], b)
+        b.process.kill()  # F cannot pass anything on: it holds what it can
+        h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        bodies = [bytes([n]) * (100 * 1024) for n in range(30)]  # 3 MB, F holds 1 MiB
+        for body in bodies:
+            await a.conn.send(h, REQUEST, body)
+
+        async def refusing() -> list[dict[str, Any]]:
+            rows = await f.view("forwarded_conversations")
+            return [r for r in rows if r["refused_frames"] > 0]
+
+        (row,) = await wait_until(refusing, "F to refuse frames past forward_size", timeout=30)
+        # (what is held may already have been dropped: held longer than retry_max, which
+        # the origin's retransmissions replace anyway)
+        assert row["held_bytes"] <= 1024 * 1024, row
+        assert "forward_size" in row["status"], row
+        assert "forward_size" in f.process.log_text()
+
+        await fed.restart("B")
+        got = await receive_count(b.conn, target_q, len(bodies), timeout=60)
+        assert [m.message_body for m in got] == bodies
+        assert [m.message_sequence_number for m in got] == list(range(len(bodies)))
+        await _acknowledged(a)
+
+
+@pytest.mark.timeout(90)
+async def test_an_encrypted_dialog_through_a_forwarder_is_unreadable_to_it(tmp_path: Path) -> None:
+    from test_dialog_encryption import Relay
+
+    async with Federation(tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}) as fed:
+        a, f, b = fed["A"], fed["F"], fed["B"]
+        init_q, target_q = await _services(a, b)
+        # everything between A and F is captured, whichever of them opened the connection
+        # that stays (A to F's port, or F to A's)
+        taps = [await Relay(f.broker_port).start(), await Relay(a.broker_port).start()]
+        await route(a, "TargetB", taps[0].address, broker_instance=b.instance)
+        await route(f, "TargetB", b.address, broker_instance=b.instance)
+        await route(f, "Initiator", taps[1].address, broker_instance=a.instance)
+        await route(b, "Initiator", f.address, broker_instance=a.instance)
+        await a.conn.create_remote_service_binding("b", "TargetB", b.certificate)
+        secret = await a.conn.begin_dialog(
+            "Initiator", "TargetB", contract=CONTRACT, encryption=True
+        )
+        await a.conn.send(secret, REQUEST, b"SECRET-REQUEST only B may read")
+        (got,) = await receive_count(b.conn, target_q, 1)
+        assert got.message_body == b"SECRET-REQUEST only B may read"
+        await b.conn.send(got.conversation_handle, REPLY, b"SECRET-REPLY only A may read")
+        (reply,) = await receive_count(a.conn, init_q, 1)
+        assert reply.message_body == b"SECRET-REPLY only A may read"
+        assert [e["is_encrypted"] for e in await _endpoints(b)] == [True]
+
+        # the control: without encryption a forwarder sees the body
+        plain = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        await a.conn.send(plain, REQUEST, b"PLAIN-REQUEST")
+        await receive_count(b.conn, target_q, 1)
+        for tap in taps:
+            await tap.stop()
+        captured = b"".join(bytes(tap.captured) for tap in taps)
+        assert b"PLAIN-REQUEST" in captured
+        assert b"SECRET" not in captured
