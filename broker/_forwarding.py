@@ -162,8 +162,9 @@ class Forwarder:
         if hop == came_from or self._came_back(frame, came_from, now):
             self._loop(relay, frame, came_from, hop)
             return
-        held = self.held.get(hop)
-        if not held and self._send(hop, [frame]):
+        if self.held.get(hop):
+            self.flush(hop)  # the hop may take them now: they go first, in order
+        if not self.held.get(hop) and self._send(hop, [frame]):
             relay.relayed += 1
             self.relayed += 1
             relay.status = ""

@@ -1065,6 +1065,8 @@ class Transport:
                 link.peer = None
                 link.write(link.link.send(CloseFrame("duplicate connection")))
                 link.close("a duplicate of the link already up")
+                if self.forwarder is not None:
+                    self.forwarder.flush(instance)  # what waited for the address goes
                 return
             current.peer = None
             current.close("replaced by a newer connection")
@@ -1219,7 +1221,13 @@ class Transport:
         address = self._route_address(route.address, service)
         if address is None:
             return None
-        return self.address_peer.get(address, address)
+        known = self.address_peer.get(address)
+        if known is not None:
+            return known
+        peer = self.peers.get(broker)
+        if peer is not None and peer.link is not None and not peer.link.closed:
+            return broker  # connected already (it connected to us): no need to dial
+        return address
 
     def _relay_send(self, hop: Hop, frames: list[Frame]) -> bool:
         """Write relayed frames to `hop`, or say it cannot take them now (and connect)."""

@@ -171,3 +171,15 @@ def test_an_origin_proof_verifies_only_for_the_header_and_key_it_was_made_for() 
             verify_origin(cert_pem, transcript, proof)
     with pytest.raises(IntegrityError):
         verify_origin(other_cert, proved.origin_transcript(cid, Direction.FROM_INITIATOR, wrapped), proof)
+
+
+def test_frames_held_for_a_hop_go_first_once_it_takes_frames_again() -> None:
+    hops = Hops()
+    hops.up.discard(B)
+    fwd = _forwarder(hops)
+    frames = _fragments(3)
+    fwd.relay(frames[0], A, now=1.0)
+    fwd.relay(frames[1], A, now=1.0)
+    hops.up.add(B)  # the connection came up (no flush was called: the next frame does it)
+    fwd.relay(frames[2], A, now=1.1)
+    assert hops.sent[B] == frames and fwd.held_bytes == 0
