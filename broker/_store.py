@@ -287,6 +287,10 @@ _DELETE_TRANSMISSION: Final = "DELETE FROM transmission_queue WHERE id = ?"
 _DELETE_TRANSMISSION_SEQ: Final = (
     "DELETE FROM transmission_queue WHERE conversation_id = ? AND is_initiator = ? AND seq = ?"
 )
+_DELETE_TRANSMISSION_SEQS: Final = (
+    "DELETE FROM transmission_queue WHERE conversation_id = ? AND is_initiator = ?"
+    " AND seq BETWEEN ? AND ?"
+)
 _DELETE_TRANSMISSION_DIRECTION: Final = (
     "DELETE FROM transmission_queue WHERE conversation_id = ? AND is_initiator = ?"
 )
@@ -760,6 +764,8 @@ class Store:
                         rows += sum(len(set(p)) for p in live)
                     elif sql is _DELETE_MESSAGE_RANGE:
                         rows += sum(p[1] - p[0] + 1 for p in live)
+                    elif sql is _DELETE_TRANSMISSION_SEQS:
+                        rows += sum(p[3] - p[2] + 1 for p in live)
                     else:
                         rows += len(live)
             db.execute("COMMIT")
@@ -974,6 +980,12 @@ class Store:
         self, conversation_id: uuid.UUID, is_initiator: bool, seq: int
     ) -> None:
         self._add(_DELETE_TRANSMISSION_SEQ, (conversation_id, int(is_initiator), seq))
+
+    def delete_transmission_seqs(
+        self, conversation_id: uuid.UUID, is_initiator: bool, first: int, last: int
+    ) -> None:
+        """Messages `first`..`last` of a direction (one statement for the range)."""
+        self._add(_DELETE_TRANSMISSION_SEQS, (conversation_id, int(is_initiator), first, last))
 
     def delete_transmission_direction(
         self, conversation_id: uuid.UUID, is_initiator: bool

@@ -98,7 +98,7 @@ from ssb.protocol import (
 from ._config import ClientLimits, ConfigError, checked_section
 from ._core import catalog as cat
 from ._core.conversations import Endpoint
-from ._core.delivery import DialogOutbox, DirectionKey, Outbound
+from ._core.delivery import SYSTEM_TYPES, DialogOutbox, DirectionKey, Outbound
 from ._core.engine import Engine
 from ._core.transactions import Session
 from ._errors import BrokerError, bad_argument
@@ -179,19 +179,40 @@ def _instance_id(text: str) -> uuid.UUID:
     return uuid.UUID(text)
 
 
+@functools.lru_cache(maxsize=1024)
+def _instance_text(instance: uuid.UUID) -> str:
+    return str(instance)
+
+
 def _direction(from_initiator: bool) -> Direction:
     return Direction.FROM_INITIATOR if from_initiator else Direction.FROM_TARGET
 
 
-class _Applying:
-    """What applying one read's frames leaves for its end: the events to acknowledge once
-    durable, and each direction's next sequence number to persist."""
+class _Arrivals:
+    """Consecutive messages of one dialog direction and type, delivered together."""
 
-    __slots__ = ("next_seqs", "stored")
+    __slots__ = ("bodies", "envelope", "message_type", "seq")
+
+    def __init__(self, message_type: str, seq: int, body: bytes, envelope: Envelope) -> None:
+        self.message_type = message_type
+        self.seq = seq
+        self.bodies = [body]
+        self.envelope = envelope
+
+
+class _Applying:
+    """What applying one read's frames leaves for its end: the messages to deliver (per
+    direction, one enqueue each), the events to acknowledge once durable, and each
+    direction's next sequence number to persist."""
+
+    __slots__ = ("arrivals", "next_seqs", "pending", "pending_bytes", "stored")
 
     def __init__(self) -> None:
         self.stored: list[MessageReceived | FragmentReceived] = []
         self.next_seqs: dict[tuple[uuid.UUID, Direction], int] = {}
+        self.arrivals: dict[tuple[uuid.UUID, Direction], _Arrivals] = {}
+        self.pending = 0  # messages in arrivals, and their bytes
+        self.pending_bytes = 0
 
 
 class Peer:
@@ -1301,6 +1322,11 @@ class Transport:
         forwarder = self.forwarder
         far = self.far
         applying: dict[Peer, _Applying] = {}
+
+        def pending() -> tuple[int, int]:
+            works = applying.values()
+            return sum(w.pending for w in works), sum(w.pending_bytes for w in works)
+
         for frame in frames:
             if forwarder is not None and forwarder.wants(frame):
                 forwarder.relay(frame, adjacent.instance, now)
@@ -1310,8 +1336,9 @@ class Transport:
                 peer = self._partner(adjacent, frame)
                 if peer is None:
                     continue
-            # one frame at a time: a queue a message just filled refuses the next one
-            if isinstance(frame, FragmentFrame) and self._refused(peer, frame):
+            # one frame at a time: a queue a message just filled refuses the next one (the
+            # read's messages not yet delivered count as if they were in their queues)
+            if isinstance(frame, FragmentFrame) and self._refused(peer, frame, pending):
                 continue
             try:
                 events = peer.dialog.receive_frame(frame, now)
@@ -1385,7 +1412,9 @@ class Transport:
                 return peer
         return adjacent
 
-    def _refused(self, peer: Peer, frame: FragmentFrame) -> bool:
+    def _refused(
+        self, peer: Peer, frame: FragmentFrame, pending: Callable[[], tuple[int, int]]
+    ) -> bool:
         """Whether a message of this fragment's direction could not be stored now (a full
         queue or disk): then it is dropped unacknowledged, and the sender retries."""
         key = (frame.conversation_id, frame.direction)
@@ -1394,7 +1423,7 @@ class Transport:
         envelope = frame.envelope or self.envelopes.get(key)
         from_initiator = frame.direction is Direction.FROM_INITIATOR
         reason = self.engine.delivery.accepts(
-            frame.conversation_id, from_initiator, envelope.to_service if envelope else ""
+            frame.conversation_id, from_initiator, envelope.to_service if envelope else "", pending
         )
         if reason is None:
             return False
@@ -1425,12 +1454,32 @@ class Transport:
         store = self.store
         stored = applying.stored
         next_seqs = applying.next_seqs
+        arrivals = applying.arrivals
+        # acknowledged user messages, as contiguous ranges per direction (one delete each)
+        acked: dict[tuple[uuid.UUID, Direction], list[int]] = {}
         for event in events:
             if isinstance(event, MessageReceived):
                 key = (event.conversation_id, event.direction)
                 if key not in self.discarding:
                     envelope = self.envelopes.get(key)
-                    if envelope is not None:
+                    if envelope is not None and not event.rejected:
+                        group = arrivals.get(key)
+                        if group is not None and (
+                            group.message_type != event.message_type
+                            or group.seq + len(group.bodies) != event.seq
+                        ):
+                            self._deliver(applying, key)
+                            group = None
+                        if group is None:
+                            arrivals[key] = _Arrivals(
+                                event.message_type, event.seq, event.body, envelope
+                            )
+                        else:
+                            group.bodies.append(event.body)
+                        applying.pending += 1
+                        applying.pending_bytes += len(event.body)
+                    elif envelope is not None:
+                        self._deliver(applying, key)
                         delivery.deliver_remote(
                             event.conversation_id,
                             event.direction is Direction.FROM_INITIATOR,
@@ -1456,18 +1505,34 @@ class Transport:
                         self.held_seqs.discard(held)
                         store.delete_held_message(key[0], int(key[1]), event.seq)
                 stored.append(event)
-            elif isinstance(event, MessageAcked):
+                continue
+            if arrivals and not isinstance(event, FragmentReceived):
+                self._deliver(applying)  # what came before it, first
+            if isinstance(event, MessageAcked):
                 done = peer.in_flight.pop((event.conversation_id, event.direction, event.seq), None)
                 mtype = ""
                 if done is not None:
                     peer.in_flight_bytes -= done[0]
                     mtype = done[1]
-                delivery.remote_acknowledged(
-                    event.conversation_id,
-                    event.direction is Direction.FROM_INITIATOR,
-                    event.seq,
-                    mtype,
-                )
+                key = (event.conversation_id, event.direction)
+                span = acked.get(key)
+                if mtype in SYSTEM_TYPES:  # may close the sender: the range before it first
+                    if span is not None:
+                        del acked[key]
+                        delivery.remote_acknowledged_range(
+                            key[0], key[1] is Direction.FROM_INITIATOR, span[0], span[1]
+                        )
+                    delivery.remote_acknowledged(
+                        key[0], key[1] is Direction.FROM_INITIATOR, event.seq, mtype
+                    )
+                elif span is not None and span[1] + 1 == event.seq:
+                    span[1] = event.seq
+                else:
+                    if span is not None:
+                        delivery.remote_acknowledged_range(
+                            key[0], key[1] is Direction.FROM_INITIATOR, span[0], span[1]
+                        )
+                    acked[key] = [event.seq, event.seq]
             elif isinstance(event, FragmentReceived):
                 key = (event.conversation_id, event.direction)
                 if key not in self.discarding:
@@ -1500,6 +1565,10 @@ class Transport:
                 )
             elif isinstance(event, UnknownDialog):
                 self._open_receiver(peer, event, link)
+        for key, (first, last) in acked.items():
+            delivery.remote_acknowledged_range(
+                key[0], key[1] is Direction.FROM_INITIATOR, first, last
+            )
         if own:
             self._applied(peer, applying)
 
@@ -1512,8 +1581,37 @@ class Transport:
             ep.encrypted = True
             self.engine.endpoints.update(ep)
 
+    def _deliver(
+        self, applying: _Applying, only: tuple[uuid.UUID, Direction] | None = None
+    ) -> None:
+        """Hand the messages gathered in `applying` (of direction `only`, or all) to the core."""
+        arrivals = applying.arrivals
+        keys = list(arrivals) if only is None else [only] if only in arrivals else []
+        deliver = self.engine.delivery.deliver_remote_many
+        for key in keys:
+            group = arrivals.pop(key)
+            envelope = group.envelope
+            applying.pending -= len(group.bodies)
+            applying.pending_bytes -= sum(map(len, group.bodies))
+            deliver(
+                key[0],
+                key[1] is Direction.FROM_INITIATOR,
+                group.seq,
+                group.message_type,
+                group.bodies,
+                envelope.from_service,
+                envelope.to_service,
+                envelope.contract,
+                _instance_text(envelope.from_broker_id),
+            )
+            if envelope.encrypted:
+                self._mark_encrypted(key[0], key[1])
+
     def _applied(self, peer: Peer, applying: _Applying) -> None:
-        """A read's events were applied: persist next sequence numbers, ack once durable."""
+        """A read's events were applied: deliver its messages, persist next sequence
+        numbers, ack once durable."""
+        if applying.arrivals:
+            self._deliver(applying)
         for (conversation_id, direction), next_seq in applying.next_seqs.items():
             self.store.set_remote_next_seq(conversation_id, int(direction), "recv", next_seq)
         if applying.stored:

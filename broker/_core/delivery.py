@@ -491,14 +491,71 @@ class Delivery:
 
     # ---- from and to other brokers ---------------------------------------------------------------------
 
-    def accepts(self, conversation_id: uuid.UUID, from_initiator: bool, to_service: str) -> str | None:
-        """Why a message of this direction from another broker could not be stored now."""
+    def accepts(
+        self,
+        conversation_id: uuid.UUID,
+        from_initiator: bool,
+        to_service: str,
+        pending: Callable[[], tuple[int, int]] | None = None,
+    ) -> str | None:
+        """Why a message of this direction from another broker could not be stored now.
+        `pending()`: messages (and bytes) accepted and not yet delivered, counted as if they
+        were in its queue (an upper bound: the transport delivers a read's messages
+        together); asked only for a queue with a quota."""
         reason = self.capacity.refusal
         if reason is not None:
             return reason
         far = self.endpoints.by_conversation(conversation_id, not from_initiator)
         queue = self.queues.get(far.queue) if far is not None else self._target_queue(to_service)
-        return None if queue is None else queue.over_quota(1, 0)
+        if queue is None or not queue.has_quota:
+            return None
+        count, nbytes = (0, 0) if pending is None else pending()
+        return queue.over_quota(1 + count, nbytes)
+
+    def deliver_remote_many(
+        self,
+        conversation_id: uuid.UUID,
+        from_initiator: bool,
+        seq: int,
+        message_type: str,
+        bodies: list[bytes],
+        from_service: str,
+        to_service: str,
+        contract: str,
+        from_broker: str,
+    ) -> None:
+        """Messages `seq`, `seq + 1`, ... of one dialog direction, all of one type, arrived
+        complete and in order: delivered together when they are plain user messages on an
+        established conversation (one enqueue), else one by one (`deliver_remote`)."""
+        far = self.endpoints.by_conversation(conversation_id, not from_initiator)
+        limit = self.capacity.max_message_size
+        plain = (
+            len(bodies) > 1
+            and far is not None
+            and far.state is State.CO
+            and (conversation_id, from_initiator) not in self.outboxes
+            and message_type not in SYSTEM_TYPES
+            and not self.local_block(to_service)
+            and all(
+                len(body) <= limit
+                and self.remote_violation(far.contract, from_initiator, message_type, body)
+                is None
+                for body in bodies
+            )
+        )
+        if not plain:
+            for i, body in enumerate(bodies):
+                self.deliver_remote(
+                    conversation_id, from_initiator, seq + i, message_type, body,
+                    from_service, to_service, contract, from_broker,
+                )
+            return
+        assert far is not None
+        known = self.catalog.message_types.get(message_type)
+        letter = cat.VALIDATIONS[known.validation] if known else "N"
+        far.receive_seq = seq + len(bodies)
+        self.enqueue_many(far, seq, message_type, letter, bodies, self.clock.time())
+        self.endpoints.update(far)
 
     def deliver_remote(
         self,
@@ -644,6 +701,16 @@ class Delivery:
         """The far broker stored message `seq`: it leaves the transmission queue."""
         self.journal.delete_transmission_seq(conversation_id, from_initiator, seq)
         self.acknowledge(conversation_id, from_initiator, message_type)
+
+    def remote_acknowledged_range(
+        self, conversation_id: uuid.UUID, from_initiator: bool, first: int, last: int
+    ) -> None:
+        """The far broker stored user messages `first`..`last`: they leave the
+        transmission queue (EndDialog and Error go through `remote_acknowledged`)."""
+        if first == last:
+            self.journal.delete_transmission_seq(conversation_id, from_initiator, first)
+        else:
+            self.journal.delete_transmission_seqs(conversation_id, from_initiator, first, last)
 
     def pull(self, box: DialogOutbox, limit: int, max_bytes: int) -> list[Outbound]:
         """Durable entries of a remote direction, for the transport to send (in order)."""

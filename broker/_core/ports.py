@@ -139,6 +139,10 @@ class Journal(Protocol):
         self, conversation_id: uuid.UUID, is_initiator: bool, seq: int
     ) -> None: ...
 
+    def delete_transmission_seqs(
+        self, conversation_id: uuid.UUID, is_initiator: bool, first: int, last: int
+    ) -> None: ...
+
     def delete_transmission_direction(
         self, conversation_id: uuid.UUID, is_initiator: bool
     ) -> None: ...

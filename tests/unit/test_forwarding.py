@@ -162,7 +162,7 @@ def test_an_origin_proof_verifies_only_for_the_header_and_key_it_was_made_for() 
     for transcript in (
         envelope.origin_transcript(uuid.uuid4(), Direction.FROM_INITIATOR, wrapped),
         envelope.origin_transcript(cid, Direction.FROM_TARGET, wrapped),
-        envelope.origin_transcript(cid, Direction.FROM_INITIATOR, wrapped[:-1] + b"x"),
+        envelope.origin_transcript(cid, Direction.FROM_INITIATOR, wrapped[:-1] + bytes([wrapped[-1] ^ 1])),
         dataclasses.replace(envelope, to_service="Elsewhere").origin_transcript(
             cid, Direction.FROM_INITIATOR, wrapped
         ),
