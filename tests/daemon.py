@@ -178,3 +178,29 @@ class BrokerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def run_ssb(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    """`python -m ssb.broker ARGS` (after `prefix`, e.g. a wrapper), run to its end."""
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "ssb.broker", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a command that failed as a mistake should."""
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]

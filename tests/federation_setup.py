@@ -34,6 +34,10 @@ TRANSPORT: dict[str, Any] = {
     "retry_max": 1.0,
     "fragment_size": 65536,
 }
+# the same in plain TCP (fault proxies and taps see frames; fragments stay signed)
+PLAIN: dict[str, Any] = {**TRANSPORT, "tls": False}
+# the override for a broker that relays other brokers' dialogs
+FORWARDER: dict[str, Any] = {"forwarding": True}
 
 REQUEST = "AsyncSent"
 REPLY = "AsyncDone"
@@ -221,6 +225,15 @@ async def create_target(
     return queue
 
 
+async def dialog_services(a: Node, b: Node, target_status: str = "ON") -> tuple[str, str]:
+    """The contract on both brokers, service Initiator on `a`, TargetB on `b` (no routes);
+    returns their queues."""
+    for node in (a, b):
+        await create_contract(node.conn)
+    init_q = await create_initiator(a, "Initiator")
+    return init_q, await create_target(b, "TargetB", status=target_status)
+
+
 async def route(
     node: Node,
     service: str,
@@ -252,6 +265,17 @@ async def link(
     """
     await route(initiator, target_service, forward or target)
     await route(target, initiator_service, back or initiator)
+
+
+async def route_chain(a: Node, hops: Sequence[Node], b: Node) -> None:
+    """Routes for Initiator (on `a`) and TargetB (on `b`) along a -> hops... -> b and back,
+    each naming the far broker (a route through a forwarder must)."""
+    chain = [a, *hops, b]
+    for i, node in enumerate(chain):
+        if i + 1 < len(chain):
+            await route(node, "TargetB", chain[i + 1].address, broker_instance=b.instance)
+        if i > 0:
+            await route(node, "Initiator", chain[i - 1].address, broker_instance=a.instance)
 
 
 # ---- waiting -------------------------------------------------------------------------------

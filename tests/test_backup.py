@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-from daemon import BrokerProcess
+from daemon import BrokerProcess, one_error_line, run_ssb
 
 from ssb import client
 
@@ -14,20 +13,7 @@ MESSAGES = 50
 
 
 def _backup(target: Path, data_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ssb.broker", "backup", str(target), "--data-dir", str(data_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def _one_line(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode != 0, result.stdout
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
+    return run_ssb("backup", str(target), "--data-dir", str(data_dir))
 
 
 async def test_a_backup_of_a_running_broker_starts_as_the_same_broker(
@@ -68,11 +54,11 @@ def test_a_backup_never_overwrites(tmp_path: Path, broker: BrokerProcess) -> Non
     full = tmp_path / "full"
     full.mkdir()
     (full / "something").write_text("mine")
-    assert "is not empty" in _one_line(_backup(full, broker.data_dir))
+    assert "is not empty" in one_error_line(_backup(full, broker.data_dir))
     assert [p.name for p in full.iterdir()] == ["something"]
     afile = tmp_path / "afile"
     afile.write_text("")
-    assert "is a file" in _one_line(_backup(afile, broker.data_dir))
+    assert "is a file" in one_error_line(_backup(afile, broker.data_dir))
     empty = tmp_path / "empty"
     empty.mkdir()
     assert _backup(empty, broker.data_dir).returncode == 0
@@ -80,6 +66,6 @@ def test_a_backup_never_overwrites(tmp_path: Path, broker: BrokerProcess) -> Non
 
 
 def test_a_backup_needs_a_store(tmp_path: Path) -> None:
-    line = _one_line(_backup(tmp_path / "copy", tmp_path / "nothing"))
+    line = one_error_line(_backup(tmp_path / "copy", tmp_path / "nothing"))
     assert "holds no broker store" in line and "--data-dir" in line
     assert not (tmp_path / "copy").exists()

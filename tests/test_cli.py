@@ -6,12 +6,11 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
-from daemon import BrokerProcess
+from daemon import BrokerProcess, one_error_line, run_ssb
 
 from ssb import client
 
@@ -19,39 +18,14 @@ ROOT = Path(__file__).parent.parent
 NOT_HERE = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never an address of this machine
 
 
-def _ssb(
-    *args: str,
-    cwd: Path | None = None,
-    env: dict[str, str] | None = None,
-    prefix: tuple[str, ...] = (),
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*prefix, sys.executable, "-m", "ssb.broker", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        env=env,
-    )
-
-
 def _serve(
     data_dir: Path, *args: str, prefix: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
     """`ssb serve` on `data_dir`, on any free ports unless `args` give them."""
     ports = ("--client-port", "0") if "--client-port" not in args else ()
-    return _ssb(
+    return run_ssb(
         "serve", "--data-dir", str(data_dir), *ports, "--broker-port", "0", *args, prefix=prefix
     )
-
-
-def _one_line(result: subprocess.CompletedProcess[str]) -> str:
-    """The single stderr line of a command that failed as a mistake should."""
-    assert result.returncode != 0, result.stdout
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
 
 
 def _free_port() -> int:
@@ -61,7 +35,7 @@ def _free_port() -> int:
 
 
 def test_version_is_the_distributions() -> None:
-    result = _ssb("--version")
+    result = run_ssb("--version")
     assert result.returncode == 0
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert result.stdout.strip() == f"ssb {version}"
@@ -83,8 +57,8 @@ def test_version_is_the_distributions() -> None:
 )
 def test_a_mistake_is_one_line(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
     data = tmp_path / "data"
-    result = _serve(data, *args[1:]) if args[:1] == ("serve",) else _ssb(*args)
-    assert says in _one_line(result)
+    result = _serve(data, *args[1:]) if args[:1] == ("serve",) else run_ssb(*args)
+    assert says in one_error_line(result)
     assert not data.exists()  # nothing was created
 
 
@@ -95,7 +69,7 @@ def test_a_data_directory_that_is_a_file_is_one_line(tmp_path: Path) -> None:
         (afile, "is a file; --data-dir names a directory"),
         (afile / "data", f"{afile} is a file"),
     ):
-        assert says in _one_line(_serve(data_dir))
+        assert says in one_error_line(_serve(data_dir))
 
 
 @pytest.mark.parametrize(
@@ -118,7 +92,7 @@ def test_a_section_setting_out_of_range_is_one_line(
     config.write_text(section)
     data = tmp_path / "data"
     result = _serve(data, "--config", str(config))
-    assert says in _one_line(result)
+    assert says in one_error_line(result)
     assert result.returncode == 2
     assert not data.exists()
 
@@ -127,7 +101,7 @@ def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         result = _serve(tmp_path / "data", "--client-port", str(port))
-    line = _one_line(result)
+    line = one_error_line(result)
     assert f"127.0.0.1:{port} (--client-port)" in line and "pick another port" in line
     assert not (tmp_path / "data").exists()
 
@@ -141,19 +115,19 @@ def test_a_privileged_port_is_one_line(tmp_path: Path) -> None:
             pytest.skip("running as root without setpriv to drop CAP_NET_BIND_SERVICE")
         prefix = (setpriv, "--inh-caps=-net_bind_service", "--bounding-set=-net_bind_service")
     result = _serve(tmp_path / "data", "--client-port", "1", prefix=prefix)
-    assert "ports below 1024 need root" in _one_line(result)
+    assert "ports below 1024 need root" in one_error_line(result)
 
 
 @pytest.mark.parametrize("command", [("status",), ("view", "service_queues"), ("login", "drop", "x")])
 def test_no_broker_answering_is_one_line_with_what_to_do(command: tuple[str, ...]) -> None:
     port = _free_port()
-    line = _one_line(_ssb(*command, "--url", f"ssb://admin:pw@127.0.0.1:{port}"))
+    line = one_error_line(run_ssb(*command, "--url", f"ssb://admin:pw@127.0.0.1:{port}"))
     assert f"no broker answers at 127.0.0.1:{port}" in line
     assert "ssb serve" in line and "$SSB_URL" in line and "ssb://USER:PASSWORD@HOST:PORT" in line
 
 
 def test_a_url_without_login_says_how_to_give_one(broker: BrokerProcess) -> None:
-    line = _one_line(_ssb("status", "--url", f"ssb://127.0.0.1:{broker.client_port}"))
+    line = one_error_line(run_ssb("status", "--url", f"ssb://127.0.0.1:{broker.client_port}"))
     assert "login failed" in line and "--url or $SSB_URL" in line and "admin.password" in line
 
 
@@ -161,7 +135,7 @@ def test_status_next_to_ssb_data_logs_in_as_admin(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "ssb-data").start()
     try:
         env = {k: v for k, v in os.environ.items() if k != "SSB_URL"}
-        result = _ssb("status", cwd=tmp_path, env=env)
+        result = run_ssb("status", cwd=tmp_path, env=env)
         assert result.returncode == 0, result.stderr
         assert broker.instance in result.stdout
     finally:
@@ -172,16 +146,16 @@ def test_spark_bridge_without_java_is_one_line(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
     env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PYSPARK_GATEWAY_PORT")}
     env["PATH"] = str(tmp_path)  # no java on it
-    line = _one_line(_ssb("spark-bridge", "--queue", "Orders=jobs:process", env=env))
+    line = one_error_line(run_ssb("spark-bridge", "--queue", "Orders=jobs:process", env=env))
     assert "Java 17 or 21" in line and "java -version" in line
     env["JAVA_HOME"] = str(tmp_path)  # no bin/java in it
-    assert f"JAVA_HOME={tmp_path} has no bin/java" in _one_line(
-        _ssb("spark-bridge", "--queue", "Orders=jobs:process", env=env)
+    assert f"JAVA_HOME={tmp_path} has no bin/java" in one_error_line(
+        run_ssb("spark-bridge", "--queue", "Orders=jobs:process", env=env)
     )
 
 
 def test_serve_help_documents_the_options() -> None:
-    out = _ssb("serve", "--help").stdout
+    out = run_ssb("serve", "--help").stdout
     for option in ("--data-dir", "--config", "--host", "--client-port", "--broker-port"):
         assert option in out
 
@@ -192,26 +166,26 @@ async def test_view_and_status_print_tables(broker: BrokerProcess, conn: client.
     h = await conn.begin_dialog("OrderService", "OrderService")
     await conn.send(h, body="hello")
     url = broker.url
-    out = _ssb("view", "service_queues", "--url", url).stdout
+    out = run_ssb("view", "service_queues", "--url", url).stdout
     assert "Orders" in out and "messages_ready" in out
-    out = _ssb("view", "queue:Orders", "--url", url).stdout
+    out = run_ssb("view", "queue:Orders", "--url", url).stdout
     assert "hello" in out and "conversation_handle" in out
-    result = _ssb("view", "nonsense", "--url", url)
+    result = run_ssb("view", "nonsense", "--url", url)
     assert result.returncode == 1 and "there is no view 'nonsense'" in result.stderr
-    out = _ssb("status", "--url", url).stdout
+    out = run_ssb("status", "--url", url).stdout
     assert broker.instance in out
 
 
 def test_bad_config_is_reported(tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "bad.toml"
     bad.write_text("durabilty = 'os'\n")
-    result = _ssb("serve", "--config", str(bad), "--data-dir", str(tmp_path / "d"))
+    result = run_ssb("serve", "--config", str(bad), "--data-dir", str(tmp_path / "d"))
     assert result.returncode == 2
     assert "unknown setting 'durabilty'" in result.stderr
 
 
 def test_second_daemon_on_same_data_dir_is_refused(broker: BrokerProcess) -> None:
-    result = _ssb(
+    result = run_ssb(
         "serve", "--data-dir", str(broker.data_dir), "--client-port", "0", "--broker-port", "0"
     )
     assert result.returncode == 2

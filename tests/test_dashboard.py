@@ -60,13 +60,6 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 
 
 @pytest.fixture
-async def conn(broker: BrokerProcess) -> AsyncIterator[client.Connection]:
-    connection = await client.connect(broker.url)
-    yield connection
-    await connection.close()
-
-
-@pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
     executable = chromium_path()
     async with async_playwright() as playwright:

@@ -29,9 +29,7 @@ from federation_setup import (
     REQUEST,
     Federation,
     Node,
-    create_contract,
-    create_initiator,
-    create_target,
+    dialog_services,
     link,
     receive_count,
     route,
@@ -68,10 +66,7 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[Node, Node]]:
     """A (service 'Initiator') and B (service 'TargetB' on CONTRACT), routes both ways."""
     async with Federation(tmp_path, ["A", "B"]) as fed:
         a, b = fed["A"], fed["B"]
-        for node in (a, b):
-            await create_contract(node.conn)
-        await create_initiator(a, "Initiator")
-        await create_target(b, "TargetB")
+        await dialog_services(a, b)
         await link(a, "Initiator", b, "TargetB")
         yield a, b
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from federation_setup import (
     CONTRACT,
+    PLAIN,
     REPLY,
     REQUEST,
-    TRANSPORT,
     Federation,
     endpoints,
     receive_count,
@@ -28,8 +28,6 @@ from test_federation import two_brokers_with_a_dialog_pair
 from ssb import client
 from ssb.protocol import ErrorCode, generate_broker_identity
 from ssb.protocol._link import Envelope
-
-PLAIN_LINK = {**TRANSPORT, "tls": False}
 
 
 class Relay:
@@ -107,7 +105,7 @@ async def _through(relay: Relay, a_conn: client.Connection, service: str) -> Non
 async def test_an_encrypted_dialog_is_not_readable_on_the_link_either_way(
     tmp_path: Path,
 ) -> None:
-    async with Federation(tmp_path, ["A", "B"], transport=PLAIN_LINK) as fed:
+    async with Federation(tmp_path, ["A", "B"], transport=PLAIN) as fed:
         a, b, init_q, target_q = await two_brokers_with_a_dialog_pair(fed)
         relay = await Relay(b.broker_port).start()
         await _through(relay, a.conn, "TargetB")

@@ -40,6 +40,7 @@ from federation_setup import (
     create_contract,
     create_initiator,
     create_target,
+    dialog_services,
     endpoints,
     link,
     pipelined,
@@ -105,10 +106,7 @@ async def two_brokers_with_a_dialog_pair(
 ) -> tuple[Node, Node, str, str]:
     """Initiator service on A, TargetB on B, contract on both, routes both ways."""
     a, b = fed["A"], fed["B"]
-    for node in (a, b):
-        await create_contract(node.conn)
-    init_q = await create_initiator(a, "Initiator")
-    target_q = await create_target(b, "TargetB", status=target_status)
+    init_q, target_q = await dialog_services(a, b, target_status)
     await link(a, "Initiator", b, "TargetB")
     return a, b, init_q, target_q
 

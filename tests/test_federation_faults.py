@@ -25,9 +25,9 @@ import pytest
 from faultproxy import LENGTH_SIZE, FaultPlan, FaultProxy, ThreadedFaultProxy
 from federation_setup import (
     CONTRACT,
+    PLAIN,
     REPLY,
     REQUEST,
-    TRANSPORT,
     ConnectionSampler,
     Federation,
     Node,
@@ -50,9 +50,8 @@ from ssb import client
 SEED = int(os.environ.get("SSB_FAULT_SEED", "4022"))
 
 # The fault proxy duplicates and corrupts whole frames, which it can see only in plain
-# TCP: these tests run the link without TLS (fragments are still signed, the handshake
-# still authenticates both brokers).
-PLAIN = {**TRANSPORT, "tls": False}
+# TCP: these tests run the link without TLS (PLAIN: fragments are still signed, the
+# handshake still authenticates both brokers).
 
 
 # ---- the proxy itself --------------------------------------------------------------------------

@@ -15,44 +15,24 @@ from typing import Any
 import pytest
 from federation_setup import (
     CONTRACT,
+    FORWARDER,
+    PLAIN,
     REPLY,
     REQUEST,
-    TRANSPORT,
     Federation,
     Node,
-    create_contract,
-    create_initiator,
-    create_target,
+    dialog_services,
+    endpoints,
     receive_count,
     route,
+    route_chain,
     wait_quiet,
 )
 from polling import wait_until
 
 from ssb import client
 
-PLAIN = {**TRANSPORT, "tls": False}
-FORWARDER = {"forwarding": True}
 BIG = 300 * 1024  # five fragments of 64 KiB
-
-
-async def _services(a: Node, b: Node) -> tuple[str, str]:
-    for node in (a, b):
-        await create_contract(node.conn)
-    return await create_initiator(a, "Initiator"), await create_target(b, "TargetB")
-
-
-async def _chain(a: Node, hops: list[Node], b: Node, hop_addresses: list[str] | None = None) -> None:
-    """Routes for A's Initiator and B's TargetB along a -> hops... -> b (and back).
-
-    `hop_addresses` replaces the address each broker uses for the next one (a proxy)."""
-    chain = [a, *hops, b]
-    addresses = hop_addresses or [n.address for n in chain]
-    for i, node in enumerate(chain):
-        if i + 1 < len(chain):
-            await route(node, "TargetB", addresses[i + 1], broker_instance=b.instance)
-        if i > 0:
-            await route(node, "Initiator", chain[i - 1].address, broker_instance=a.instance)
 
 
 async def _acknowledged(node: Node) -> None:
@@ -64,18 +44,14 @@ async def _acknowledged(node: Node) -> None:
     await wait_until(empty, f"an empty transmission queue on {node.name}", timeout=30)
 
 
-async def _endpoints(node: Node) -> list[dict[str, Any]]:
-    return await node.view("conversation_endpoints")
-
-
 @pytest.mark.timeout(90)
 async def test_a_dialog_through_a_forwarder_is_delivered_exactly_once_in_order_both_ways(
     tmp_path: Path,
 ) -> None:
     async with Federation(tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}) as fed:
         a, f, b = fed["A"], fed["F"], fed["B"]
-        init_q, target_q = await _services(a, b)
-        await _chain(a, [f], b)
+        init_q, target_q = await dialog_services(a, b)
+        await route_chain(a, [f], b)
         h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
         bodies = [b"m%d" % n for n in range(200)]
         big = bytes(range(256)) * (BIG // 256)
@@ -92,7 +68,7 @@ async def test_a_dialog_through_a_forwarder_is_delivered_exactly_once_in_order_b
         assert [m.message_body for m in replies] == [b"re%d" % n for n in range(50)]
 
         # F relays without being party: no endpoint, a row in its forwarding view
-        assert await _endpoints(f) == []
+        assert await endpoints(f) == []
         rows = await f.view("forwarded_conversations")
         assert len(rows) == 1, rows
         row = rows[0]
@@ -102,7 +78,7 @@ async def test_a_dialog_through_a_forwarder_is_delivered_exactly_once_in_order_b
         # A's and B's dialogs are with each other, carried by F
         a_rows = {r["peer"]: r for r in await a.view("broker_connections")}
         assert a_rows[b.instance]["via"] == f.instance, a_rows
-        ends = {e["is_initiator"]: e for e in await _endpoints(a) + await _endpoints(b)}
+        ends = {e["is_initiator"]: e for e in await endpoints(a) + await endpoints(b)}
         assert len(ends) == 2
 
         await a.conn.end_conversation(h)
@@ -118,8 +94,8 @@ async def test_a_broker_that_does_not_forward_drops_other_brokers_dialogs_and_sa
 ) -> None:
     async with Federation(tmp_path, ["A", "F", "B"], transport=PLAIN) as fed:
         a, f, b = fed["A"], fed["F"], fed["B"]
-        await _services(a, b)
-        await _chain(a, [f], b)
+        await dialog_services(a, b)
+        await route_chain(a, [f], b)
         h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
         await a.conn.send(h, REQUEST, b"x")
         async def said() -> bool:
@@ -135,7 +111,7 @@ async def test_a_broker_that_does_not_forward_drops_other_brokers_dialogs_and_sa
 async def test_routes_that_loop_are_reported_and_never_spun(tmp_path: Path) -> None:
     async with Federation(tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}) as fed:
         a, f, b = fed["A"], fed["F"], fed["B"]
-        await _services(a, b)
+        await dialog_services(a, b)
         # A sends B's service to F, and F's route for it leads back to A
         await route(a, "TargetB", f.address, broker_instance=b.instance)
         await route(f, "TargetB", a.address, broker_instance=b.instance)
@@ -184,8 +160,8 @@ async def test_a_forwarder_past_forward_size_holds_back_and_loses_nothing(tmp_pa
     overrides = {"F": {**FORWARDER, "forward_size": 1}}
     async with Federation(tmp_path, ["A", "F", "B"], transport=PLAIN, overrides=overrides) as fed:
         a, f, b = fed["A"], fed["F"], fed["B"]
-        _, target_q = await _services(a, b)
-        await _chain(a, [f], b)
+        _, target_q = await dialog_services(a, b)
+        await route_chain(a, [f], b)
         b.process.kill()  # F cannot pass anything on: it holds what it can
         h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
         bodies = [bytes([n]) * (100 * 1024) for n in range(30)]  # 3 MB, F holds 1 MiB
@@ -216,7 +192,7 @@ async def test_an_encrypted_dialog_through_a_forwarder_is_unreadable_to_it(tmp_p
 
     async with Federation(tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}) as fed:
         a, f, b = fed["A"], fed["F"], fed["B"]
-        init_q, target_q = await _services(a, b)
+        init_q, target_q = await dialog_services(a, b)
         # everything between A and F is captured, whichever of them opened the connection
         # that stays (A to F's port, or F to A's)
         taps = [await Relay(f.broker_port).start(), await Relay(a.broker_port).start()]
@@ -234,7 +210,7 @@ async def test_an_encrypted_dialog_through_a_forwarder_is_unreadable_to_it(tmp_p
         await b.conn.send(got.conversation_handle, REPLY, b"SECRET-REPLY only A may read")
         (reply,) = await receive_count(a.conn, init_q, 1)
         assert reply.message_body == b"SECRET-REPLY only A may read"
-        assert [e["is_encrypted"] for e in await _endpoints(b)] == [True]
+        assert [e["is_encrypted"] for e in await endpoints(b)] == [True]
 
         # the control: without encryption a forwarder sees the body
         plain = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)

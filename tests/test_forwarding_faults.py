@@ -25,6 +25,8 @@ import pytest
 from faultproxy import FaultPlan, ThreadedFaultProxy
 from federation_setup import (
     CONTRACT,
+    FORWARDER,
+    PLAIN,
     REPLY,
     REQUEST,
     TRANSPORT,
@@ -33,12 +35,11 @@ from federation_setup import (
     Node,
     assert_eoio,
     by_conversation,
-    create_contract,
-    create_initiator,
-    create_target,
+    dialog_services,
     pipelined,
     receive_count,
     route,
+    route_chain,
     run_together,
     wait_quiet,
 )
@@ -47,25 +48,7 @@ from polling import wait_until
 from ssb import client
 
 SEED = int(os.environ.get("SSB_FAULT_SEED", "5022"))
-PLAIN = {**TRANSPORT, "tls": False}
-FORWARDER = {"forwarding": True}
 FRAGMENT = TRANSPORT["fragment_size"]
-
-
-async def _services(a: Node, b: Node) -> tuple[str, str]:
-    for node in (a, b):
-        await create_contract(node.conn)
-    return await create_initiator(a, "Initiator"), await create_target(b, "TargetB")
-
-
-async def _chain(a: Node, hops: list[Node], b: Node) -> None:
-    """Routes for A's Initiator and B's TargetB along a -> hops... -> b (and back)."""
-    chain = [a, *hops, b]
-    for i, node in enumerate(chain):
-        if i + 1 < len(chain):
-            await route(node, "TargetB", chain[i + 1].address, broker_instance=b.instance)
-        if i > 0:
-            await route(node, "Initiator", chain[i - 1].address, broker_instance=a.instance)
 
 
 async def _end_all(a: Node, b: Node, handles: list[uuid.UUID], target_q: str, sent: int) -> None:
@@ -210,7 +193,7 @@ async def test_every_message_arrives_once_in_order_through_a_forwarder_on_a_faul
         tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}
     ) as fed:
         a, f, b = fed["A"], fed["F"], fed["B"]
-        init_q, target_q = await _services(a, b)
+        init_q, target_q = await dialog_services(a, b)
         af = Hop("A-F", a, f, SEED).start()
         fb = Hop("F-B", f, b, SEED + 10).start()
         try:
@@ -318,8 +301,8 @@ async def test_kill_9_of_the_forwarder_mid_stream_loses_and_duplicates_nothing(
         tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}
     ) as fed:
         a, f, b = fed["A"], fed["F"], fed["B"]
-        _, target_q = await _services(a, b)
-        await _chain(a, [f], b)
+        _, target_q = await dialog_services(a, b)
+        await route_chain(a, [f], b)
         handles = [
             await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
             for _ in range(KILL_DIALOGS)
@@ -420,8 +403,8 @@ async def test_a_dialog_through_two_forwarders_is_delivered_exactly_once_in_orde
         tmp_path, ["A", "F1", "F2", "B"], transport=PLAIN, overrides=overrides
     ) as fed:
         a, f1, f2, b = fed["A"], fed["F1"], fed["F2"], fed["B"]
-        init_q, target_q = await _services(a, b)
-        await _chain(a, [f1, f2], b)
+        init_q, target_q = await dialog_services(a, b)
+        await route_chain(a, [f1, f2], b)
         handles = [
             await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
             for _ in range(CHAIN_DIALOGS)
@@ -480,7 +463,7 @@ async def test_a_fragment_altered_on_the_way_is_counted_against_the_forwarder(
         tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}
     ) as fed:
         a, f, b = fed["A"], fed["F"], fed["B"]
-        _, target_q = await _services(a, b)
+        _, target_q = await dialog_services(a, b)
         alter = FaultPlan(seed=SEED, payload_corrupt_probability=0.5, max_payload_corruptions=4)
         # both connections between A and F alter what travels from A to F
         with (
