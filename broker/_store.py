@@ -284,9 +284,6 @@ _SET_DELIVERY_COUNT: Final = "UPDATE messages SET delivery_count = ? WHERE queui
 _SET_MESSAGE_EXTRA: Final = "UPDATE messages SET extra = ? WHERE queuing_order = ?"
 _INSERT_TRANSMISSION: Final = _insert("transmission_queue", TRANSMISSION_COLUMNS)
 _DELETE_TRANSMISSION: Final = "DELETE FROM transmission_queue WHERE id = ?"
-_DELETE_TRANSMISSION_SEQ: Final = (
-    "DELETE FROM transmission_queue WHERE conversation_id = ? AND is_initiator = ? AND seq = ?"
-)
 _DELETE_TRANSMISSION_SEQS: Final = (
     "DELETE FROM transmission_queue WHERE conversation_id = ? AND is_initiator = ?"
     " AND seq BETWEEN ? AND ?"
@@ -975,11 +972,6 @@ class Store:
 
     def delete_transmission(self, ident: int) -> None:
         self._add(_DELETE_TRANSMISSION, (ident,))
-
-    def delete_transmission_seq(
-        self, conversation_id: uuid.UUID, is_initiator: bool, seq: int
-    ) -> None:
-        self._add(_DELETE_TRANSMISSION_SEQ, (conversation_id, int(is_initiator), seq))
 
     def delete_transmission_seqs(
         self, conversation_id: uuid.UUID, is_initiator: bool, first: int, last: int

@@ -205,14 +205,12 @@ class _Applying:
     direction, one enqueue each), the events to acknowledge once durable, and each
     direction's next sequence number to persist."""
 
-    __slots__ = ("arrivals", "next_seqs", "pending", "pending_bytes", "stored")
+    __slots__ = ("arrivals", "next_seqs", "stored")
 
     def __init__(self) -> None:
         self.stored: list[MessageReceived | FragmentReceived] = []
         self.next_seqs: dict[tuple[uuid.UUID, Direction], int] = {}
         self.arrivals: dict[tuple[uuid.UUID, Direction], _Arrivals] = {}
-        self.pending = 0  # messages in arrivals, and their bytes
-        self.pending_bytes = 0
 
 
 class Peer:
@@ -265,6 +263,11 @@ class Link(asyncio.Protocol):
         self.owner.links.add(self)
         self._touch()
         self._flush()
+
+    @property
+    def established(self) -> bool:
+        """Open, and past the handshake: frames may be written."""
+        return not self.closed and self.link.state is LinkState.ESTABLISHED
 
     def _touch(self) -> None:
         self.last_activity = time.time()
@@ -1109,9 +1112,7 @@ class Transport:
         now = self.loop.time()
         for routed in [peer, *self._routed_via(peer)]:
             routed.dialog.retransmit_all(now)
-            self.pump(routed)
-        if self.forwarder is not None:
-            self.forwarder.flush(instance)
+        self.writable(peer)
 
     def refused_accept(self, address: str) -> None:
         """An incoming connection beyond `accept_rate`: closed before any handshake work."""
@@ -1259,7 +1260,7 @@ class Transport:
             peer = self.peers.get(hop)
             address = None if peer is None else self._peer_address(peer)
         link = None if peer is None else peer.link
-        if link is None or link.closed or link.link.state is not LinkState.ESTABLISHED:
+        if link is None or not link.established:
             if address is not None and not self.closing:
                 self._connect(address)
             return False
@@ -1272,7 +1273,7 @@ class Transport:
     def pump(self, peer: Peer) -> None:
         link = self._link_of(peer)
         now = self.loop.time()
-        if link is None or link.closed or link.link.state is not LinkState.ESTABLISHED:
+        if link is None or not link.established:
             if link is None and self._has_work(peer) and not self.closing:
                 address = self._peer_address(peer)
                 if address is not None:
@@ -1324,8 +1325,9 @@ class Transport:
         applying: dict[Peer, _Applying] = {}
 
         def pending() -> tuple[int, int]:
-            works = applying.values()
-            return sum(w.pending for w in works), sum(w.pending_bytes for w in works)
+            """The read's messages not yet delivered, and their bytes."""
+            bodies = [b for w in applying.values() for g in w.arrivals.values() for b in g.bodies]
+            return len(bodies), sum(map(len, bodies))
 
         for frame in frames:
             if forwarder is not None and forwarder.wants(frame):
@@ -1476,8 +1478,6 @@ class Transport:
                             )
                         else:
                             group.bodies.append(event.body)
-                        applying.pending += 1
-                        applying.pending_bytes += len(event.body)
                     elif envelope is not None:
                         self._deliver(applying, key)
                         delivery.deliver_remote(
@@ -1516,22 +1516,15 @@ class Transport:
                     mtype = done[1]
                 key = (event.conversation_id, event.direction)
                 span = acked.get(key)
-                if mtype in SYSTEM_TYPES:  # may close the sender: the range before it first
-                    if span is not None:
-                        del acked[key]
-                        delivery.remote_acknowledged_range(
-                            key[0], key[1] is Direction.FROM_INITIATOR, span[0], span[1]
-                        )
-                    delivery.remote_acknowledged(
-                        key[0], key[1] is Direction.FROM_INITIATOR, event.seq, mtype
-                    )
-                elif span is not None and span[1] + 1 == event.seq:
+                if span is not None and span[1] + 1 == event.seq and mtype not in SYSTEM_TYPES:
                     span[1] = event.seq
+                    continue
+                if span is not None:
+                    del acked[key]
+                    self._acknowledged(key, span[0], span[1])
+                if mtype in SYSTEM_TYPES:  # may close the sender: after the range before it
+                    self._acknowledged(key, event.seq, event.seq, mtype)
                 else:
-                    if span is not None:
-                        delivery.remote_acknowledged_range(
-                            key[0], key[1] is Direction.FROM_INITIATOR, span[0], span[1]
-                        )
                     acked[key] = [event.seq, event.seq]
             elif isinstance(event, FragmentReceived):
                 key = (event.conversation_id, event.direction)
@@ -1565,10 +1558,8 @@ class Transport:
                 )
             elif isinstance(event, UnknownDialog):
                 self._open_receiver(peer, event, link)
-        for key, (first, last) in acked.items():
-            delivery.remote_acknowledged_range(
-                key[0], key[1] is Direction.FROM_INITIATOR, first, last
-            )
+        for key, span in acked.items():
+            self._acknowledged(key, span[0], span[1])
         if own:
             self._applied(peer, applying)
 
@@ -1581,6 +1572,14 @@ class Transport:
             ep.encrypted = True
             self.engine.endpoints.update(ep)
 
+    def _acknowledged(
+        self, key: tuple[uuid.UUID, Direction], first: int, last: int, message_type: str = ""
+    ) -> None:
+        """The far broker stored messages `first`..`last` of direction `key`."""
+        self.engine.delivery.remote_acknowledged(
+            key[0], key[1] is Direction.FROM_INITIATOR, first, last, message_type
+        )
+
     def _deliver(
         self, applying: _Applying, only: tuple[uuid.UUID, Direction] | None = None
     ) -> None:
@@ -1591,8 +1590,6 @@ class Transport:
         for key in keys:
             group = arrivals.pop(key)
             envelope = group.envelope
-            applying.pending -= len(group.bodies)
-            applying.pending_bytes -= sum(map(len, group.bodies))
             deliver(
                 key[0],
                 key[1] is Direction.FROM_INITIATOR,

@@ -528,12 +528,31 @@ class Delivery:
         complete and in order: delivered together when they are plain user messages on an
         established conversation (one enqueue), else one by one (`deliver_remote`)."""
         far = self.endpoints.by_conversation(conversation_id, not from_initiator)
+        if self._deliver_plain(far, from_initiator, seq, message_type, bodies, to_service):
+            return
+        for i, body in enumerate(bodies):
+            self.deliver_remote(
+                conversation_id, from_initiator, seq + i, message_type, body,
+                from_service, to_service, contract, from_broker,
+            )
+
+    def _deliver_plain(
+        self,
+        far: Endpoint | None,
+        from_initiator: bool,
+        seq: int,
+        message_type: str,
+        bodies: list[bytes],
+        to_service: str,
+    ) -> bool:
+        """The common case: user messages within the rules on an established conversation
+        go into its queue (one enqueue). False, with nothing done, when any of them needs
+        `deliver_remote`'s careful path."""
         limit = self.capacity.max_message_size
-        plain = (
-            len(bodies) > 1
-            and far is not None
+        if not (
+            far is not None
             and far.state is State.CO
-            and (conversation_id, from_initiator) not in self.outboxes
+            and (far.conversation_id, from_initiator) not in self.outboxes
             and message_type not in SYSTEM_TYPES
             and not self.local_block(to_service)
             and all(
@@ -542,20 +561,14 @@ class Delivery:
                 is None
                 for body in bodies
             )
-        )
-        if not plain:
-            for i, body in enumerate(bodies):
-                self.deliver_remote(
-                    conversation_id, from_initiator, seq + i, message_type, body,
-                    from_service, to_service, contract, from_broker,
-                )
-            return
-        assert far is not None
+        ):
+            return False
         known = self.catalog.message_types.get(message_type)
         letter = cat.VALIDATIONS[known.validation] if known else "N"
         far.receive_seq = seq + len(bodies)
         self.enqueue_many(far, seq, message_type, letter, bodies, self.clock.time())
         self.endpoints.update(far)
+        return True
 
     def deliver_remote(
         self,
@@ -575,29 +588,19 @@ class Delivery:
         `refusal`: why the dialog layer could not accept it (a body that does not
         decrypt); it ends the dialog with that error like a contract violation.
         """
+        far = self.endpoints.by_conversation(conversation_id, not from_initiator)
+        if not refusal and self._deliver_plain(
+            far, from_initiator, seq, message_type, [body], to_service
+        ):
+            return
         now = self.clock.time()
         known = self.catalog.message_types.get(message_type)
         letter = cat.VALIDATIONS[known.validation] if known else "N"
         key = (conversation_id, from_initiator)
-        far = self.endpoints.by_conversation(conversation_id, not from_initiator)
         too_large = len(body) > self.capacity.max_message_size
         violation = refusal or self.remote_violation(
             far.contract if far is not None else contract, from_initiator, message_type, body
         )
-        if (
-            violation is None
-            and far is not None
-            and far.state is State.CO
-            and key not in self.outboxes
-            and message_type not in SYSTEM_TYPES
-            and not too_large
-            and not self.local_block(to_service)
-        ):
-            # the common case, a user message on an established conversation
-            far.receive_seq = seq + 1
-            self.enqueue(far, seq, message_type, letter, body, now)
-            self.endpoints.update(far)
-            return
         out = Outbound(
             0,
             conversation_id,
@@ -696,21 +699,18 @@ class Delivery:
             self.fail_conversation(far, REFUSED_REMOTE_ERROR, f"refused by broker {self.instance_id}: {text}")
 
     def remote_acknowledged(
-        self, conversation_id: uuid.UUID, from_initiator: bool, seq: int, message_type: str
+        self,
+        conversation_id: uuid.UUID,
+        from_initiator: bool,
+        first: int,
+        last: int,
+        message_type: str = "",
     ) -> None:
-        """The far broker stored message `seq`: it leaves the transmission queue."""
-        self.journal.delete_transmission_seq(conversation_id, from_initiator, seq)
+        """The far broker stored messages `first`..`last`: they leave the transmission
+        queue. `message_type`: the last one's, when an EndDialog or Error may close the
+        sender."""
+        self.journal.delete_transmission_seqs(conversation_id, from_initiator, first, last)
         self.acknowledge(conversation_id, from_initiator, message_type)
-
-    def remote_acknowledged_range(
-        self, conversation_id: uuid.UUID, from_initiator: bool, first: int, last: int
-    ) -> None:
-        """The far broker stored user messages `first`..`last`: they leave the
-        transmission queue (EndDialog and Error go through `remote_acknowledged`)."""
-        if first == last:
-            self.journal.delete_transmission_seq(conversation_id, from_initiator, first)
-        else:
-            self.journal.delete_transmission_seqs(conversation_id, from_initiator, first, last)
 
     def pull(self, box: DialogOutbox, limit: int, max_bytes: int) -> list[Outbound]:
         """Durable entries of a remote direction, for the transport to send (in order)."""

@@ -135,10 +135,6 @@ class Journal(Protocol):
 
     def delete_transmission(self, ident: int) -> None: ...
 
-    def delete_transmission_seq(
-        self, conversation_id: uuid.UUID, is_initiator: bool, seq: int
-    ) -> None: ...
-
     def delete_transmission_seqs(
         self, conversation_id: uuid.UUID, is_initiator: bool, first: int, last: int
     ) -> None: ...

@@ -63,7 +63,7 @@ def test_a_restart_resumes_a_remote_backlog_from_the_store() -> None:
     box = core.engine.delivery.remote_outboxes()[0]
     first = core.engine.delivery.pull(box, 5, 1 << 20)  # in flight, not acknowledged
     assert [o.seq for o in first] == [0, 1, 2, 3, 4]
-    core.engine.delivery.remote_acknowledged(box.conversation_id, True, 1, "DEFAULT")
+    core.engine.delivery.remote_acknowledged(box.conversation_id, True, 1, 1, "DEFAULT")
     core.flush()
     again = core.restart(message_cache_bytes=8 * KIB)
     (box,) = again.engine.delivery.remote_outboxes()
