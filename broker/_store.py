@@ -12,7 +12,12 @@ stretch per operation, so a batch never holds half of an operation. One batch at
 is committed by a single store thread in one SQLite transaction (one fsync with
 `durability="fsync"`, none with `"os"`: then the WAL is in the OS and survives a daemon
 crash but not a power cut). While a batch commits, new writes collect in the next one:
-that is group commit. Two rewrites keep batches small: a message deleted before the
+that is group commit. With `"os"`, a light batch (at most `INLINE_WEIGHT` rows touched)
+is committed on the event loop itself: that costs less than the hop to the store thread
+and back, which is most of a lone client's round trip. Such commits never run SQLite's
+automatic checkpoint (it would sync files on the event loop); the checkpoint runs on the
+store thread, in the next commit there, and at most `INLINE_STREAK` light batches in a
+row are committed inline. Two rewrites keep batches small: a message deleted before the
 batch that inserts it has started committing is neither inserted nor deleted; and an
 endpoint written several times in one open batch is written once, with its last state.
 
@@ -66,6 +71,10 @@ WRITER_CACHE_KIB: Final = 8192  # SQLite page cache of the store thread's connec
 READER_CACHE_KIB: Final = 4096  # and of the event loop's reading connection
 KEEP_FREE_PAGES: Final = 2048  # free pages an idle store keeps for the next inserts
 IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
+INLINE_WEIGHT: Final = 8  # a batch touching at most this many rows may commit on the loop
+INLINE_STREAK: Final = 200  # light batches in a row committed inline, then one on the thread
+AUTO_CHECKPOINT: Final = 1000  # WAL pages that make a threaded commit checkpoint (SQLite's)
+UNKNOWN_ROWS: Final = 1 << 20  # the weight of a statement that deletes an unknown number
 READ_CHUNK: Final = 500  # parameters per IN (...) read
 # the start-up summary's slices of the handle range (handles are random UUIDs)
 _HANDLE_SLICES: Final = ((b"", bytes([0x80])), (bytes([0x80]), None))
@@ -374,16 +383,17 @@ class Batch:
     """Writes collected for one SQLite transaction, in statement order (consecutive writes
     of one statement share a parameter list: one executemany)."""
 
-    __slots__ = ("last_sql", "number", "params", "rows", "statements")
+    __slots__ = ("last_sql", "number", "params", "rows", "statements", "weight")
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.statements: list[tuple[str, list[Row | None]]] = []
         self.rows = 0
+        self.weight = 0  # rows touched, a large body counting for one per page
         self.last_sql = ""
         self.params: list[Row | None] = []
 
-    def add(self, sql: str, row: Row) -> list[Row | None]:
+    def add(self, sql: str, row: Row, weight: int = 1) -> list[Row | None]:
         """Append a write; returns the parameter list it went into (it is the last item)."""
         if sql is not self.last_sql:
             self.last_sql = sql
@@ -392,6 +402,7 @@ class Batch:
         params = self.params
         params.append(row)
         self.rows += 1
+        self.weight += weight
         return params
 
 
@@ -419,6 +430,8 @@ class Store:
         # a write schedules a commit only when none runs or is scheduled (`_wake`)
         self._committing = False
         self._wake = False
+        self._streak = 0  # light batches committed inline since the last threaded commit
+        self._auto_checkpoint = True  # SQLite's automatic checkpoint is on
         self._callbacks: deque[tuple[int, Callable[[], None]]] = deque()
         self._inserts: dict[int, tuple[list[Row | None], int]] = {}
         self._endpoint_rows: dict[bytes, tuple[list[Row | None], int, bool]] = {}
@@ -646,8 +659,8 @@ class Store:
 
     # ---- group commit ---------------------------------------------------------------------
 
-    def _add(self, sql: str, row: Row) -> None:
-        self._open.add(sql, row)
+    def _add(self, sql: str, row: Row, weight: int = 1) -> None:
+        self._open.add(sql, row, weight)
         if self._wake:
             self._schedule()
 
@@ -692,12 +705,36 @@ class Store:
         assert self._loop is not None and self._executor is not None
         self._committing = True  # (deferred writers write while the batch is taken)
         batches = self._pending()
+        if self._inline(batches):
+            self._streak += 1
+            try:
+                self._commit(batches, checkpoint=False)
+            except Exception as exc:
+                self._flushed(batches, exc, self._loop.call_soon)
+                return
+            self._flushed(batches, None, self._loop.call_soon)
+            return
+        self._streak = 0
         future = self._loop.run_in_executor(self._executor, self._commit, batches)
-        future.add_done_callback(lambda f: self._flushed(f, batches))
+        future.add_done_callback(lambda f: self._flushed(batches, f.exception()))
 
-    def _flushed(self, future: asyncio.Future[None], batches: list[Batch]) -> None:
+    def _inline(self, batches: list[Batch]) -> bool:
+        """Whether to commit `batches` on the event loop (see the module's comment)."""
+        return (
+            self.durability == "os"
+            and self.trouble is None
+            and self._streak < INLINE_STREAK
+            and sum(batch.weight for batch in batches) <= INLINE_WEIGHT
+        )
+
+    def _flushed(
+        self,
+        batches: list[Batch],
+        exc: BaseException | None,
+        then: Callable[[Callable[[], None]], object] | None = None,
+    ) -> None:
+        """A commit ended: settle it and start the next (through `then`, when given)."""
         self._committing = False
-        exc = future.exception()
         self._settle(batches, exc)
         if self.failed is not None:
             return
@@ -705,9 +742,17 @@ class Store:
         if self._retry:
             self._loop.call_later(RETRY_DELAY, self._start_flush)
         elif self._open.rows or self._deferred:
-            self._start_flush()
+            if then is None:
+                self._start_flush()
+            else:
+                self._committing = True  # nothing else starts a commit in between
+                then(self._next_flush)
         else:
             self._wake = True
+
+    def _next_flush(self) -> None:
+        self._committing = False
+        self._start_flush()
 
     def _settle(self, batches: list[Batch], exc: BaseException | None) -> None:
         """A commit of `batches` ended: make them durable, keep them to retry, or fail."""
@@ -735,12 +780,16 @@ class Store:
             self.commit_observer(*self._last_commit)
         self._run_callbacks()
 
-    def _commit(self, batches: list[Batch]) -> None:
-        """Write batches in one transaction (on the store thread, or synchronously)."""
+    def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
+        """Write batches in one transaction (on the store thread, or synchronously);
+        `checkpoint`: SQLite may checkpoint the WAL in this commit."""
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
             raise exc
         db = self._db
+        if checkpoint is not self._auto_checkpoint:
+            db.execute(f"PRAGMA wal_autocheckpoint={AUTO_CHECKPOINT if checkpoint else 0}")
+            self._auto_checkpoint = checkpoint
         started = time.perf_counter()
         if self.trouble is not None and str(self.path) != ":memory:":
             # the last commit failed: let this one reuse the WAL file's own space (a full
@@ -905,7 +954,7 @@ class Store:
     # ---- writes: messages ------------------------------------------------------------------
 
     def insert_message(self, row: Row) -> None:
-        params = self._open.add(_INSERT_MESSAGE, row)
+        params = self._open.add(_INSERT_MESSAGE, row, 1 + len(row[6]) // PAGE_SIZE)
         self._inserts[row[0]] = (params, len(params) - 1)
         if self._wake:
             self._schedule()
@@ -933,7 +982,9 @@ class Store:
         while len(written) >= DELETE_LISTS[0]:
             part, written = written[:largest], written[largest:]
             size = next(n for n in DELETE_LISTS if n >= len(part))
-            self._add(_DELETE_MESSAGE_LISTS[size], (*part, *([part[-1]] * (size - len(part)))))
+            self._add(
+                _DELETE_MESSAGE_LISTS[size], (*part, *([part[-1]] * (size - len(part)))), len(part)
+            )
         for order in written:
             self._add(_DELETE_MESSAGE, (order,))
 
@@ -947,14 +998,14 @@ class Store:
             if end < count and orders[end] == orders[end - 1] + 1:
                 continue
             if end - start >= MIN_RANGE:
-                self._add(_DELETE_MESSAGE_RANGE, (orders[start], orders[end - 1]))
+                self._add(_DELETE_MESSAGE_RANGE, (orders[start], orders[end - 1]), end - start)
             else:
                 rest.extend(orders[start:end])
             start = end
         return rest
 
     def delete_conversation_messages(self, queue: str, handle: uuid.UUID) -> None:
-        self._add(_DELETE_CONVERSATION_MESSAGES, (queue, handle))
+        self._add(_DELETE_CONVERSATION_MESSAGES, (queue, handle), UNKNOWN_ROWS)
 
     def set_message_status(self, queuing_order: int, status: int) -> None:
         self._add(_SET_MESSAGE_STATUS, (status, queuing_order))
@@ -968,7 +1019,7 @@ class Store:
     # ---- writes: the transmission queue ---------------------------------------------------------
 
     def insert_transmission(self, row: Row) -> None:
-        self._add(_INSERT_TRANSMISSION, row)
+        self._add(_INSERT_TRANSMISSION, row, 1 + _transmission_size(row) // PAGE_SIZE)
 
     def delete_transmission(self, ident: int) -> None:
         self._add(_DELETE_TRANSMISSION, (ident,))
@@ -977,12 +1028,18 @@ class Store:
         self, conversation_id: uuid.UUID, is_initiator: bool, first: int, last: int
     ) -> None:
         """Messages `first`..`last` of a direction (one statement for the range)."""
-        self._add(_DELETE_TRANSMISSION_SEQS, (conversation_id, int(is_initiator), first, last))
+        self._add(
+            _DELETE_TRANSMISSION_SEQS,
+            (conversation_id, int(is_initiator), first, last),
+            last - first + 1,
+        )
 
     def delete_transmission_direction(
         self, conversation_id: uuid.UUID, is_initiator: bool
     ) -> None:
-        self._add(_DELETE_TRANSMISSION_DIRECTION, (conversation_id, int(is_initiator)))
+        self._add(
+            _DELETE_TRANSMISSION_DIRECTION, (conversation_id, int(is_initiator)), UNKNOWN_ROWS
+        )
 
     # ---- writes: the transport's dialog state -------------------------------------------------
 
@@ -998,13 +1055,13 @@ class Store:
         self._add(_DELETE_REMOTE_DIALOG, (conversation_id, direction, side))
 
     def put_held_fragment(self, row: Row) -> None:
-        self._add(_PUT_HELD_FRAGMENT, row)
+        self._add(_PUT_HELD_FRAGMENT, row, 1 + len(row[6]) // PAGE_SIZE)
 
     def delete_held_message(self, conversation_id: uuid.UUID, direction: int, seq: int) -> None:
-        self._add(_DELETE_HELD_MESSAGE, (conversation_id, direction, seq))
+        self._add(_DELETE_HELD_MESSAGE, (conversation_id, direction, seq), UNKNOWN_ROWS)
 
     def delete_held_direction(self, conversation_id: uuid.UUID, direction: int) -> None:
-        self._add(_DELETE_HELD_DIRECTION, (conversation_id, direction))
+        self._add(_DELETE_HELD_DIRECTION, (conversation_id, direction), UNKNOWN_ROWS)
 
     # ---- writes: poison incidents and the execution log --------------------------------------------
 
@@ -1017,15 +1074,15 @@ class Store:
 
     def delete_execution_log_upto(self, log_id: int) -> None:
         """Forget every execution log row up to and including `log_id`."""
-        self._add(_DELETE_EXECUTION_LOG_UPTO, (log_id,))
+        self._add(_DELETE_EXECUTION_LOG_UPTO, (log_id,), UNKNOWN_ROWS)
 
     # ---- writes: transaction outcomes ------------------------------------------------------------
 
     def insert_outcomes(self, seq: int, at: float, count: int, ids: bytes) -> None:
-        self._add(_INSERT_OUTCOMES, (seq, at, count, ids))
+        self._add(_INSERT_OUTCOMES, (seq, at, count, ids), 1 + len(ids) // PAGE_SIZE)
 
     def delete_outcomes_upto(self, seq: int) -> None:
-        self._add(_DELETE_OUTCOMES_UPTO, (seq,))
+        self._add(_DELETE_OUTCOMES_UPTO, (seq,), UNKNOWN_ROWS)
 
     # ---- reads (committed state; on the event loop's own connection) --------------------------------
 

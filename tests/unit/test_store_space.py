@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ssb.broker._core.backlog import MessageCache
 from ssb.broker._core.queues import Conversation, Group, Message
-from ssb.broker._store import KEEP_FREE_PAGES, Store
+from ssb.broker._store import AUTO_CHECKPOINT, KEEP_FREE_PAGES, PAGE_SIZE, Store
 
 from .test_store_rows import _Clock
 
@@ -54,5 +54,29 @@ async def test_idle_checkpoints_return_the_space_of_deleted_messages(tmp_path: P
     left = _file_bytes(path)
     assert left < full // 4, f"store still {left} bytes after a drain (was {full})"
     assert left <= (KEEP_FREE_PAGES + 1024) * 4096  # a reserve of free pages, and the schema
+    assert not failures
+    await store.close()
+
+
+async def test_light_commits_keep_the_wal_checkpointed(tmp_path: Path) -> None:
+    """Light batches commit on the event loop without SQLite's automatic checkpoint; the
+    store thread still checkpoints every so often, so a stream of them keeps the WAL
+    near SQLite's usual size instead of growing with every commit."""
+    path = tmp_path / "broker.db"
+    store = Store(path, "os")
+    failures: list[BaseException] = []
+    store.attach(asyncio.get_running_loop(), failures.append)
+    u = uuid.uuid4()
+    cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
+    conv = Conversation(cache, store, "q", Group(u), u, 5, "s", "c")
+    commits = 5000
+    body = b"w" * 3000  # one page a message: 5000 commits write about 20 MB to the WAL
+    for order in range(1, commits + 1):  # one message per commit: every batch is light
+        store.insert_message(Message(order, conv, order, "t", "N", body, 0.0, 0).row())
+        await _durable(store)
+    assert store.commits == commits
+    wal = path.with_name(path.name + "-wal").stat().st_size
+    limit = 3 * AUTO_CHECKPOINT * PAGE_SIZE
+    assert wal < limit, f"the WAL grew to {wal} bytes (checkpointed, it stays under {limit})"
     assert not failures
     await store.close()
