@@ -5,8 +5,9 @@ execution log) hands the daemon a dict of its operations; `merge` adds them and 
 start-up on a name offered twice, so no part can silently replace another's operation.
 A part may offer operations as observations (views, ping): they change nothing, so
 the server may answer them while the store cannot write (see `_server`).
-A call checks the request's arguments against the operation's signature first, so a
-wrong argument is a clear error rather than a traceback.
+A call checks the request's argument names against the operation's parameters first
+(sets taken from its signature once, at merge), so a wrong argument is a clear error
+rather than a traceback.
 
 A request outside a transaction may carry `txn`, the id its client gave the statement:
 `Statements` (the core's transactions) refuses an id already resolved and records the id
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ssb.protocol import ErrorCode, Request
@@ -46,9 +48,44 @@ class Statements(Protocol):
     def end_statement(self, session: Any, name: Any, done: bool) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class _Parameters:
+    """The argument names an operation takes after its session (None: any)."""
+
+    accepted: frozenset[str] | None
+    required: frozenset[str]
+
+    @classmethod
+    def of(cls, fn: Operation) -> _Parameters:
+        params = list(inspect.signature(fn).parameters.values())[1:]  # after the session
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            accepted = None
+        else:
+            named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            accepted = frozenset(p.name for p in params if p.kind in named)
+        required = frozenset(
+            p.name
+            for p in params
+            if p.default is p.empty
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        )
+        return cls(accepted, required)
+
+    def problem(self, arguments: Mapping[str, Any]) -> str | None:
+        """What is wrong with `arguments` (None: nothing)."""
+        keys = arguments.keys()
+        if self.accepted is not None and not keys <= self.accepted:
+            unexpected = ", ".join(map(repr, sorted(keys - self.accepted)))
+            takes = ", ".join(sorted(self.accepted)) or "no arguments"
+            return f"does not take {unexpected} (it takes: {takes})"
+        if not self.required <= keys:
+            return f"needs {', '.join(map(repr, sorted(self.required - keys)))}"
+        return None
+
+
 class Operations:
     def __init__(self, guard: Guard | None = None, statements: Statements | None = None) -> None:
-        self._table: dict[str, tuple[Operation, inspect.Signature, str]] = {}
+        self._table: dict[str, tuple[Operation, _Parameters, str]] = {}
         self._observations: set[str] = set()
         self.guard = guard
         self.statements = statements
@@ -62,7 +99,7 @@ class Operations:
                 raise RuntimeError(
                     f"operation '{name}' is offered by both {known[2]} and {owner}"
                 )
-            self._table[name] = (fn, inspect.signature(fn), owner)
+            self._table[name] = (fn, _Parameters.of(fn), owner)
             if observing:
                 self._observations.add(name)
 
@@ -105,11 +142,10 @@ class Operations:
                 ErrorCode.UNKNOWN_OPERATION,
                 f"unknown operation '{request.operation}'; is the client newer than the broker?",
             )
-        fn, signature, _ = entry
-        try:
-            signature.bind(session, **request.arguments)
-        except TypeError as exc:
-            raise BrokerError(ErrorCode.BAD_ARGUMENT, f"{request.operation}: {exc}") from None
+        fn, parameters, _ = entry
+        problem = parameters.problem(request.arguments)
+        if problem is not None:
+            raise BrokerError(ErrorCode.BAD_ARGUMENT, f"{request.operation}: {problem}")
         guard = self.guard
         if guard is None:
             return fn(session, **request.arguments)

@@ -38,7 +38,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final
 
 from . import _calls as calls
@@ -239,7 +239,7 @@ class Tracker:
                 txn = Txn(call.arguments["txn_id"])
             else:
                 txn = Txn(uuid7())
-                call = replace(call, arguments={**call.arguments, "txn_id": txn.id})
+                call = calls.Call(op, {**call.arguments, "txn_id": txn.id}, call.decode)
             self.txn = txn
         elif op in ("commit", "rollback", "detach_transaction"):
             self.txn = None  # what follows runs outside it (a failed COMMIT rolled back)
@@ -251,7 +251,7 @@ class Tracker:
             txn.statements += 1
         elif op not in OBSERVATIONS and op not in CONTROL:
             name = uuid7()
-            call = replace(call, arguments={**call.arguments, "txn": name})
+            call = calls.Call(op, {**call.arguments, "txn": name}, call.decode)
             self._remember(name, now)
         return Sent(call, name, txn, now)
 
