@@ -230,6 +230,8 @@ class FaultProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._passing = asyncio.Event()  # cleared: new connections wait before going through
+        self._passing.set()
         self.port = 0
 
     @property
@@ -263,6 +265,13 @@ class FaultProxy:
         if self._server is not None:
             await self._server.wait_closed()
 
+    def hold(self, held: bool) -> None:
+        """While held, new connections are accepted but wait before reaching the target."""
+        if held:
+            self._passing.clear()
+        else:
+            self._passing.set()
+
     async def cut_all(self) -> None:
         """Abort every connection now (counted as a cut of the up direction)."""
         for writer in list(self._writers):
@@ -281,6 +290,7 @@ class FaultProxy:
         up_writer: asyncio.StreamWriter | None = None
         clean_end = False
         try:
+            await self._passing.wait()
             try:
                 up_reader, up_writer = await asyncio.open_connection(HOST, self.target_port)
             except OSError:
@@ -456,6 +466,9 @@ class ThreadedFaultProxy:
 
     def cut_all(self) -> None:
         asyncio.run_coroutine_threadsafe(self.proxy.cut_all(), self._loop).result(timeout=10)
+
+    def hold(self, held: bool) -> None:
+        self._loop.call_soon_threadsafe(self.proxy.hold, held)
 
     @property
     def port(self) -> int:

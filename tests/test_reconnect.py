@@ -206,10 +206,14 @@ async def test_a_waiting_receive_resumes_and_tls_logs_in_again(broker: BrokerPro
         waiting = asyncio.ensure_future(reader.receive("Work", timeout=30))
         deadline = time.monotonic() + 10
         async with await client.connect(broker.url) as admin:
-            while not await _readers_waiting(admin):
-                assert time.monotonic() < deadline, "the receive never started waiting"
-                await asyncio.sleep(0.02)
+            await _until_readers_waiting(admin, 1, deadline)
+            # the broker must see the old session go before the message is sent, or that
+            # session's RECEIVE could take it and lose its answer with the connection
+            proxy.hold(True)
             proxy.cut_all()
+            await _until_readers_waiting(admin, 0, deadline)
+            proxy.hold(False)
+            await _until_readers_waiting(admin, 1, deadline)  # the resumed RECEIVE
             await admin.send(handles[0], "DEFAULT", b"after the cut")
         got = await asyncio.wait_for(waiting, 30)
         assert [m.message_body for m in got] == [b"after the cut"]
@@ -218,9 +222,13 @@ async def test_a_waiting_receive_resumes_and_tls_logs_in_again(broker: BrokerPro
         await reader.close()
 
 
-async def _readers_waiting(conn: client.Connection) -> int:
-    rows = await conn.view("service_queues")
-    return sum(int(r["readers_waiting"]) for r in rows if r["name"] == "Work")
+async def _until_readers_waiting(conn: client.Connection, count: int, deadline: float) -> None:
+    while True:
+        rows = await conn.view("service_queues")
+        if sum(int(r["readers_waiting"]) for r in rows if r["name"] == "Work") == count:
+            return
+        assert time.monotonic() < deadline, f"never {count} sessions waiting in RECEIVE"
+        await asyncio.sleep(0.02)
 
 
 async def test_any_login_asks_about_its_own_transactions_only(broker: BrokerProcess) -> None:
