@@ -230,6 +230,7 @@ class FaultProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         self._passing = asyncio.Event()  # cleared: new connections wait before going through
         self._passing.set()
         self.port = 0
@@ -254,14 +255,17 @@ class FaultProxy:
         return self
 
     async def close(self) -> None:
+        self._closing = True
         if self._server is not None:
             self._server.close()
         for writer in list(self._writers):
             _abort(writer)
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        while self._tasks:  # a connection accepted just before the close may start meanwhile
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._tasks.difference_update(tasks)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -281,6 +285,9 @@ class FaultProxy:
     # ---- one proxied connection -------------------------------------------------------
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing:
+            _abort(writer)
+            return
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
