@@ -57,17 +57,14 @@ class _Parameters:
 
     @classmethod
     def of(cls, fn: Operation) -> _Parameters:
+        kind = inspect.Parameter
         params = list(inspect.signature(fn).parameters.values())[1:]  # after the session
-        if any(p.kind is p.VAR_KEYWORD for p in params):
-            accepted = None
-        else:
-            named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-            accepted = frozenset(p.name for p in params if p.kind in named)
+        named = [p for p in params if p.kind in (kind.POSITIONAL_OR_KEYWORD, kind.KEYWORD_ONLY)]
+        takes_any = any(p.kind is kind.VAR_KEYWORD for p in params)
+        accepted = None if takes_any else frozenset(p.name for p in named)
+        variadic = (kind.VAR_POSITIONAL, kind.VAR_KEYWORD)
         required = frozenset(
-            p.name
-            for p in params
-            if p.default is p.empty
-            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            p.name for p in params if p.default is p.empty and p.kind not in variadic
         )
         return cls(accepted, required)
 

@@ -348,6 +348,11 @@ def _transmission_size(row: Row) -> int:
     return len(row[11])
 
 
+def _weight(size: int) -> int:
+    """A row's weight in a batch (see `Batch.weight`): one, and one per page of its body."""
+    return 1 + size // PAGE_SIZE
+
+
 def _uuid_adapter(value: uuid.UUID) -> bytes:
     return value.bytes
 
@@ -707,12 +712,12 @@ class Store:
         batches = self._pending()
         if self._inline(batches):
             self._streak += 1
+            failure: Exception | None = None
             try:
                 self._commit(batches, checkpoint=False)
             except Exception as exc:
-                self._flushed(batches, exc, self._loop.call_soon)
-                return
-            self._flushed(batches, None, self._loop.call_soon)
+                failure = exc
+            self._flushed(batches, failure, inline=True)
             return
         self._streak = 0
         future = self._loop.run_in_executor(self._executor, self._commit, batches)
@@ -728,12 +733,10 @@ class Store:
         )
 
     def _flushed(
-        self,
-        batches: list[Batch],
-        exc: BaseException | None,
-        then: Callable[[Callable[[], None]], object] | None = None,
+        self, batches: list[Batch], exc: BaseException | None, inline: bool = False
     ) -> None:
-        """A commit ended: settle it and start the next (through `then`, when given)."""
+        """A commit ended: settle it and start the next (after an inline commit, from the
+        event loop's next turn, so that commits never nest)."""
         self._committing = False
         self._settle(batches, exc)
         if self.failed is not None:
@@ -742,11 +745,11 @@ class Store:
         if self._retry:
             self._loop.call_later(RETRY_DELAY, self._start_flush)
         elif self._open.rows or self._deferred:
-            if then is None:
+            if not inline:
                 self._start_flush()
             else:
                 self._committing = True  # nothing else starts a commit in between
-                then(self._next_flush)
+                self._loop.call_soon(self._next_flush)
         else:
             self._wake = True
 
@@ -954,7 +957,7 @@ class Store:
     # ---- writes: messages ------------------------------------------------------------------
 
     def insert_message(self, row: Row) -> None:
-        params = self._open.add(_INSERT_MESSAGE, row, 1 + len(row[6]) // PAGE_SIZE)
+        params = self._open.add(_INSERT_MESSAGE, row, _weight(int(row[_SIZE])))
         self._inserts[row[0]] = (params, len(params) - 1)
         if self._wake:
             self._schedule()
@@ -1019,7 +1022,7 @@ class Store:
     # ---- writes: the transmission queue ---------------------------------------------------------
 
     def insert_transmission(self, row: Row) -> None:
-        self._add(_INSERT_TRANSMISSION, row, 1 + _transmission_size(row) // PAGE_SIZE)
+        self._add(_INSERT_TRANSMISSION, row, _weight(_transmission_size(row)))
 
     def delete_transmission(self, ident: int) -> None:
         self._add(_DELETE_TRANSMISSION, (ident,))
@@ -1055,7 +1058,8 @@ class Store:
         self._add(_DELETE_REMOTE_DIALOG, (conversation_id, direction, side))
 
     def put_held_fragment(self, row: Row) -> None:
-        self._add(_PUT_HELD_FRAGMENT, row, 1 + len(row[6]) // PAGE_SIZE)
+        *_, payload = row
+        self._add(_PUT_HELD_FRAGMENT, row, _weight(len(payload)))
 
     def delete_held_message(self, conversation_id: uuid.UUID, direction: int, seq: int) -> None:
         self._add(_DELETE_HELD_MESSAGE, (conversation_id, direction, seq), UNKNOWN_ROWS)
@@ -1079,7 +1083,7 @@ class Store:
     # ---- writes: transaction outcomes ------------------------------------------------------------
 
     def insert_outcomes(self, seq: int, at: float, count: int, ids: bytes) -> None:
-        self._add(_INSERT_OUTCOMES, (seq, at, count, ids), 1 + len(ids) // PAGE_SIZE)
+        self._add(_INSERT_OUTCOMES, (seq, at, count, ids), _weight(len(ids)))
 
     def delete_outcomes_upto(self, seq: int) -> None:
         self._add(_DELETE_OUTCOMES_UPTO, (seq,), UNKNOWN_ROWS)

@@ -22,6 +22,17 @@ async def _durable(store: Store) -> None:
     await asyncio.wait_for(done, 30)
 
 
+def _attached_store(path: Path) -> tuple[Store, Conversation, list[BaseException]]:
+    """A store with durability os on the running loop, one conversation to put messages
+    in, and the list its fatal failures go to."""
+    store = Store(path, "os")
+    failures: list[BaseException] = []
+    store.attach(asyncio.get_running_loop(), failures.append)
+    u = uuid.uuid4()
+    cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
+    return store, Conversation(cache, store, "q", Group(u), u, 5, "s", "c"), failures
+
+
 def _file_bytes(path: Path) -> int:
     wal = path.with_name(path.name + "-wal")
     return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
@@ -29,12 +40,7 @@ def _file_bytes(path: Path) -> int:
 
 async def test_idle_checkpoints_return_the_space_of_deleted_messages(tmp_path: Path) -> None:
     path = tmp_path / "broker.db"
-    store = Store(path, "os")
-    failures: list[BaseException] = []
-    store.attach(asyncio.get_running_loop(), failures.append)
-    u = uuid.uuid4()
-    cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
-    conv = Conversation(cache, store, "q", Group(u), u, 5, "s", "c")
+    store, conv, failures = _attached_store(path)
     for order in range(1, MESSAGES + 1):
         store.insert_message(Message(order, conv, order, "t", "N", BODY, 0.0, 0).row())
     await _durable(store)
@@ -63,12 +69,7 @@ async def test_light_commits_keep_the_wal_checkpointed(tmp_path: Path) -> None:
     store thread still checkpoints every so often, so a stream of them keeps the WAL
     near SQLite's usual size instead of growing with every commit."""
     path = tmp_path / "broker.db"
-    store = Store(path, "os")
-    failures: list[BaseException] = []
-    store.attach(asyncio.get_running_loop(), failures.append)
-    u = uuid.uuid4()
-    cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
-    conv = Conversation(cache, store, "q", Group(u), u, 5, "s", "c")
+    store, conv, failures = _attached_store(path)
     commits = 5000
     body = b"w" * 3000  # one page a message: 5000 commits write about 20 MB to the WAL
     for order in range(1, commits + 1):  # one message per commit: every batch is light
