@@ -7,10 +7,12 @@ finishes at once is answered in the same pass, one that must wait (RECEIVE with
 WAITFOR, a lock) runs as a task owned by the connection, and the next request
 starts when it ends. Answers leave in request order and only once everything the
 engine had applied before the answer was produced is durable (see `_store`), so a
-client never sees state that a crash could take back. Two kinds of answer need not
-wait for the store, only for the connection's earlier answers: a refusal (it
-applied nothing) and, while the store cannot write, an observation (ping, a view),
-so that clients hear why while the disk is full. Reading pauses while too many
+client never sees state that a crash could take back. Some answers need not wait for
+everything, only for the connection's earlier answers and what they show: a refusal
+(it applied nothing), BEGIN TRANSACTION (it stores nothing), a RECEIVE in a
+transaction (its rows' store batches: under load the messages it takes were mostly
+stored long before, and nothing is written until COMMIT) and, while the store cannot
+write, an observation (ping, a view), so that clients hear why while the disk is full. Reading pauses while too many
 requests are queued and processing pauses while the socket's write buffer is full.
 A malformed frame gets a protocol error and the connection is closed; whatever the
 session had open is rolled back. Other sessions are not affected.
@@ -248,6 +250,7 @@ class ClientConnection(asyncio.Protocol):
             request = self.inbox.popleft()
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("session %d (%r): %s", session.ident, session.user, request.operation)
+            session.answer_after = None
             try:
                 result = self.operations.call(session, request)
             except BrokerError as exc:
@@ -294,21 +297,24 @@ class ClientConnection(asyncio.Protocol):
         self._pump()
 
     def _succeed(self, request: Request, result: Any) -> None:
-        observation = self.operations.observes(request.operation)
-        self._answer(
-            encode_ok(request.request_id, result),
-            waits=not (observation and self.store.trouble is not None),
-        )
+        after = None if self.session is None else self.session.answer_after
+        if (
+            after is None
+            and self.store.trouble is not None
+            and self.operations.observes(request.operation)
+        ):
+            after = 0  # the store cannot write: a ping or a view says why at once
+        self._answer(encode_ok(request.request_id, result), after=after)
 
     def _refuse(self, request: Request, exc: BrokerError) -> None:
         if exc.code == ErrorCode.TRANSACTION_RESOLVED:  # what follows it must not run
             self.abort(exc.message)
             return
-        self._answer(encode_error(request.request_id, exc.code, exc.message), waits=False)
+        self._answer(encode_error(request.request_id, exc.code, exc.message), after=0)
 
-    def _answer(self, frame: list[Any], *, waits: bool = True) -> None:
-        """Queue an answer behind the connection's earlier ones; one that `waits` also
-        waits until everything applied so far is durable."""
+    def _answer(self, frame: list[Any], *, after: int | None = None) -> None:
+        """Queue an answer behind the connection's earlier ones, to leave once store batch
+        `after` is durable (None: everything applied so far)."""
         try:
             data = encode_frame(frame)
         except (TypeError, ValueError, ProtocolError) as exc:
@@ -316,10 +322,11 @@ class ClientConnection(asyncio.Protocol):
             data = encode_frame(
                 encode_error(frame[0], ErrorCode.INTERNAL_ERROR, f"unencodable answer: {exc}")
             )
-        if waits:
-            self.replies.append((self.store.watermark(), data))
-        else:
-            self.replies.append((self.replies[-1][0] if self.replies else 0, data))
+        if after is None:
+            after = self.store.watermark()
+        if self.replies:
+            after = max(after, self.replies[-1][0])
+        self.replies.append((after, data))
 
     def _flush(self) -> None:
         """Write every answer whose effects are durable; wait for the rest."""

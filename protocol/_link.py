@@ -680,7 +680,8 @@ def decode_link_frame(obj: object) -> LinkFrame:
     kind = obj[0]
     decoder = _DECODERS.get(kind) if type(kind) is int else None
     if decoder is None:
-        raise _malformed(f"unknown frame kind {kind!r}")
+        shown = repr(kind) if type(kind) is int else f"of type {type(kind).__name__}"
+        raise _malformed(f"unknown frame kind {shown}")
     frame: LinkFrame = decoder(obj)
     return frame
 
@@ -859,7 +860,10 @@ class LinkConnection:
         self._trusted = trusted
         self._expected_peer_id = expected_peer_id
         self._nonce = new_nonce(random)
-        self._decoder = FrameDecoder(min(max_frame_size, MAX_LINK_FRAME_SIZE))
+        # no nesting walk: every decoder checks the type of each field it reads, so a
+        # list or map where it expects none is malformed at once, and nothing recurses
+        # into what a peer sent (msgpack itself stops at about a thousand levels)
+        self._decoder = FrameDecoder(min(max_frame_size, MAX_LINK_FRAME_SIZE), nesting=False)
         self._outgoing = bytearray()
         self._eof = False
         self._peer: _PeerInfo | None = None

@@ -148,10 +148,15 @@ class Receiving:
             return []
         rows = self.rows(got[1])
         if txn.explicit:
-            durable = self.journal.durable
+            durable = newest = self.journal.durable
             for m in got[1]:
                 if m.batch <= durable:
                     m.message_body = None  # it is on disk; the transaction keeps only the record
+                elif m.batch > newest:
+                    newest = m.batch
+            if session.statement is None:
+                # nothing is written before COMMIT: the answer waits for its rows only
+                session.answer_after = newest
         self.transactions.finish(txn)
         self.listener.received(q, session, False)
         return rows

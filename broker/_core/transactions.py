@@ -128,6 +128,10 @@ class Session:
     waiting: Any = None  # the Waiter this session is blocked in, for views
     task: Any = None  # an activated task's identity, when a worker connects as one
     statement: uuid.UUID | None = None  # the named statement running outside a transaction
+    # set by an operation whose answer shows only rows of store batches up to this one
+    # (RECEIVE in a transaction, BEGIN): the answer need not wait for everything applied
+    # since. None: it may show anything applied so far. The client port clears it.
+    answer_after: int | None = None
     # closes the session's connection at once (set by the client port); None: just close
     abort: Callable[[str], None] | None = None
 
@@ -275,6 +279,7 @@ class Transactions:
             self.detached[ident] = txn
             self._expiry[ident] = self.clock.call_at(txn.expires, lambda: self._expire(ident))
         session.txn = txn
+        session.answer_after = 0  # a new transaction shows nothing stored
         return txn.ident
 
     def commit(self, session: Session) -> None:

@@ -617,3 +617,46 @@ def test_protocol_package_imports_no_io_or_clock_modules() -> None:
                 f"{module.name}: {name}" for name in names if name.split(".")[0] in FORBIDDEN
             ]
     assert offenders == []
+
+
+def _paths(obj: object, path: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+    """Every position in a decoded frame: each element of each array, at any depth."""
+    if type(obj) is not list:
+        return [path]
+    found = [path] if path else []
+    for index, item in enumerate(obj):
+        found += _paths(item, (*path, index))
+    return found
+
+
+def _packed_with(obj: object, path: tuple[int, ...], raw: bytes) -> bytes:
+    """msgpack of `obj` with the element at `path` replaced by the encoded `raw`."""
+    if not path:
+        return raw
+    assert type(obj) is list
+    parts = [
+        _packed_with(item, path[1:], raw) if index == path[0] else pack(item)
+        for index, item in enumerate(obj)
+    ]
+    return b"\xdc" + len(obj).to_bytes(2, "big") + b"".join(parts)
+
+
+@pytest.mark.parametrize("depth", [1000, 2000])
+def test_deeply_nested_values_anywhere_in_a_frame_are_malformed(depth: int) -> None:
+    # the link does not walk frames for nesting: each decoder's type checks must refuse a
+    # deep value wherever it sits, without recursing into it (msgpack stops near 1024)
+    deep = b"\x91" * depth + b"\xc0"
+    cases = 0
+    for frame in SAMPLE_FRAMES:
+        wire = unpack(pack(frame.encode()))
+        for path in _paths(wire):
+            payload = _packed_with(wire, path, deep)
+            _, b = established()
+            b.receive_data(len(payload).to_bytes(4, "big") + payload)
+            with pytest.raises(RemoteProtocolError) as caught:
+                while b.next_event() is not NEED_DATA:
+                    pass
+            assert caught.value.code is ErrorCode.MALFORMED_FRAME
+            assert b.state is LinkState.CLOSED
+            cases += 1
+    assert cases > 60
