@@ -595,6 +595,7 @@ class Store:
             batches = self._pending()
             self._commit(batches)
             self._settle(batches, None)
+            self._run_callbacks()
 
     def flush(self) -> None:
         """Commit what is pending now, as the store thread would (tests drive durability
@@ -607,6 +608,7 @@ class Store:
                 self._settle(batches, exc)
                 return
             self._settle(batches, None)
+            self._run_callbacks()
 
     def discard_pending(self) -> None:
         """Forget every write not yet committed, as a crash would (tests)."""
@@ -735,8 +737,10 @@ class Store:
     def _flushed(
         self, batches: list[Batch], exc: BaseException | None, inline: bool = False
     ) -> None:
-        """A commit ended: settle it and start the next (after an inline commit, from the
-        event loop's next turn, so that commits never nest)."""
+        """A commit ended: settle it, start the next, then run what waited for it. The next
+        commit starts first, so that the store thread writes it while the loop answers
+        (after an inline commit, it starts from the event loop's next turn, so that
+        commits never nest)."""
         self._committing = False
         self._settle(batches, exc)
         if self.failed is not None:
@@ -752,13 +756,15 @@ class Store:
                 self._loop.call_soon(self._next_flush)
         else:
             self._wake = True
+        self._run_callbacks()
 
     def _next_flush(self) -> None:
         self._committing = False
         self._start_flush()
 
     def _settle(self, batches: list[Batch], exc: BaseException | None) -> None:
-        """A commit of `batches` ended: make them durable, keep them to retry, or fail."""
+        """A commit of `batches` ended: make them durable, keep them to retry, or fail
+        (the caller runs the callbacks of what became durable)."""
         if exc is not None:
             if not _transient(exc):
                 self.failed = exc
@@ -781,7 +787,6 @@ class Store:
         self._durable = batches[-1].number
         if self.commit_observer is not None:
             self.commit_observer(*self._last_commit)
-        self._run_callbacks()
 
     def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
         """Write batches in one transaction (on the store thread, or synchronously);

@@ -745,8 +745,12 @@ class Transport:
         fresh = self._fresh.get(batch)
         if fresh is None:
             fresh = self._fresh[batch] = {}
-            self.store.when_durable(batch, lambda: self._place_fresh(batch))
+            self.store.when_durable(batch, lambda: self._place_soon(batch))
         fresh[box] = None
+
+    def _place_soon(self, durable: int) -> None:
+        # in the loop's next turn: the senders' answers, waiting for the same batch, go first
+        self.loop.call_soon(self._place_fresh, durable)
 
     def _place_fresh(self, durable: int) -> None:
         """Batch `durable` is durable: place the boxes told of up to it (those of a later

@@ -210,13 +210,16 @@ class Backlog(Generic[T]):
         return taken
 
     def read_ahead(self, need: int) -> bool:
-        """Bring the next spilled items into an empty head before a take asks for them,
-        when the cache has room for them; True when it read."""
-        if self.head or not self.spilled:
+        """Top the head up to `need` items from the spilled range before a take asks for
+        them, when the cache has room for them; True when it read. (A head left short
+        by the last take, the prefetch remainder, is topped up too: else the next take
+        of this backlog would read the rest itself, while its client waits.)"""
+        short = need - len(self.head)
+        if short <= 0 or not self.spilled:
             return False
         if self.cache.resident + LOAD_BYTES > self.cache.budget:
             return False
-        return self._load(need)
+        return self._load(short)
 
     def remove(self, item: T) -> bool:
         """Take one resident item out from anywhere (poison handling)."""

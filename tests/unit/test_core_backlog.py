@@ -327,3 +327,25 @@ def test_a_cache_over_budget_with_nothing_spillable_does_not_loop() -> None:
         backlog.appendleft(_Item(key, batch=1, spillable=False))
     clock.run_soon()  # the scheduled trim must return, not recurse
     assert cache.resident > cache.budget and not journal.armed
+
+
+def test_read_ahead_tops_up_a_head_a_take_left_short() -> None:
+    journal = _Journal()
+    clock = FakeClock()
+    cache = MessageCache(4 << 20, journal, clock)  # type: ignore[arg-type]
+    backlog = _Backlog(cache)
+    for key in range(200):
+        item = _Item(key, batch=1)
+        backlog.rows[key] = item
+        backlog.append(item)
+    backlog.spill(journal.durable, 1 << 30)
+    assert backlog.spilled == 200 and not backlog.head
+    reads: list[int] = []
+    plain_read = backlog._read
+    backlog._read = lambda *a: reads.append(a[2]) or plain_read(*a)  # type: ignore[method-assign]
+    assert [i.key for i in backlog.take(10, 1 << 30)] == list(range(10))
+    assert len(reads) == 1 and 0 < len(backlog.head) < 50  # the prefetch remainder
+    assert backlog.read_ahead(50)  # between takes: the head is brought up to 50
+    assert len(reads) == 2 and len(backlog.head) >= 50
+    assert [i.key for i in backlog.take(50, 1 << 30)] == list(range(10, 60))
+    assert len(reads) == 2  # the take itself read nothing
