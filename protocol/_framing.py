@@ -48,7 +48,20 @@ class _NeedData:
 NEED_DATA: Final = _NeedData()
 
 
+# The encoded form of recently written UUIDs: the same few conversation and group ids go
+# out in row after row, and building the extension object costs more than the lookup.
+MAX_CACHED_UUIDS: Final = 4096
+_uuid_exts: dict[uuid.UUID, msgpack.ExtType] = {}
+
+
 def _default(obj: object) -> object:
+    if type(obj) is uuid.UUID:
+        ext = _uuid_exts.get(obj)
+        if ext is None:
+            if len(_uuid_exts) >= MAX_CACHED_UUIDS:
+                _uuid_exts.clear()
+            ext = _uuid_exts[obj] = msgpack.ExtType(UUID_EXT, obj.bytes)
+        return ext
     if isinstance(obj, uuid.UUID):
         return msgpack.ExtType(UUID_EXT, obj.bytes)
     if isinstance(obj, (set, frozenset, tuple)):

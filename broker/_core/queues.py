@@ -226,7 +226,16 @@ class Conversation(Backlog[Message]):
         rows = self.journal.read_ready_messages(
             self.queue, self.handle, first, before, limit, max_bytes
         )
-        return [self.message(row) for row in rows]
+        # `message()` for rows known to be ready, most without extra data: a deep drain
+        # builds every message here
+        ready = Status.READY
+        messages = []
+        for order, _, _, seq, mtype, letter, body, enqueued, _, count, extra, size in rows:
+            message = Message(order, self, seq, mtype, letter, body, enqueued, size, ready, count)
+            if extra is not None:
+                message.restore_extra(extra)
+            messages.append(message)
+        return messages
 
     def _next_key(self, after: int, before: int | None) -> int | None:
         return self.journal.next_ready_order(self.queue, self.handle, after, before)

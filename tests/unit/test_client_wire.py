@@ -17,6 +17,7 @@ from ssb.protocol import (
     RemoteProtocolError,
     Reply,
     Request,
+    _framing,
     encode_error,
     encode_frame,
     encode_ok,
@@ -88,3 +89,10 @@ def test_random_bytes_only_raise_protocol_errors(data: bytes) -> None:
                 Request.decode(frame)
     except ProtocolError:
         pass
+
+
+def test_uuids_encode_the_same_from_a_bounded_cache() -> None:
+    ids = [uuid.UUID(int=n) for n in range(_framing.MAX_CACHED_UUIDS + 100)]
+    for _ in range(2):  # the second pass meets cached and evicted ids
+        assert _framing.unpack(_framing.pack(ids)) == ids
+        assert len(_framing._uuid_exts) <= _framing.MAX_CACHED_UUIDS
