@@ -469,6 +469,7 @@ def run(config: Config) -> int:
     # the store, keys and password files are private from their creation on
     os.umask(0o077)
     _logging.configure(config.log_level, config.log_format)
+    _heap.tune()
     try:
         import uvloop
 

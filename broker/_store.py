@@ -20,6 +20,11 @@ store thread, in the next commit there, and at most `INLINE_STREAK` light batche
 row are committed inline. Two rewrites keep batches small: a message deleted before the
 batch that inserts it has started committing is neither inserted nor deleted; and an
 endpoint written several times in one open batch is written once, with its last state.
+Rows of the hot tables (messages, the transmission queue, endpoints) are inserted many
+to a statement, `MULTI_ROW_INSERT` at most: SQLite releases the interpreter lock for
+every statement step, and while the event loop is busy, getting it back costs the store
+thread a thread switch, so one step per row would stretch a commit of a few hundred
+rows from about a millisecond to tens of them.
 
 Batches are numbered. `watermark()` is the number of the newest batch holding a write,
 and `when_durable(n, callback)` runs the callback on the event loop once batch `n` is
@@ -48,6 +53,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import itertools
 import logging
 import os
 import sqlite3
@@ -73,6 +80,7 @@ KEEP_FREE_PAGES: Final = 2048  # free pages an idle store keeps for the next ins
 IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
 INLINE_WEIGHT: Final = 8  # a batch touching at most this many rows may commit on the loop
 INLINE_STREAK: Final = 200  # light batches in a row committed inline, then one on the thread
+MULTI_ROW_INSERT: Final = 64  # rows one INSERT statement writes at most (see above)
 AUTO_CHECKPOINT: Final = 1000  # WAL pages that make a threaded commit checkpoint (SQLite's)
 UNKNOWN_ROWS: Final = 1 << 20  # the weight of a statement that deletes an unknown number
 READ_CHUNK: Final = 500  # parameters per IN (...) read
@@ -234,6 +242,26 @@ def _insert(table: str, columns: Sequence[str], verb: str = "INSERT") -> str:
     return f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({marks})"
 
 
+@functools.cache
+def _multi_row(sql: str, columns: int, rows: int) -> str:
+    """`sql`, a one-row INSERT of `columns` values, extended to insert `rows` rows."""
+    group = "(" + ", ".join("?" * columns) + ")"
+    return sql + ", " + ", ".join([group] * (rows - 1)) if rows > 1 else sql
+
+
+def _insert_rows(db: sqlite3.Connection, sql: str, columns: int, rows: list[Row]) -> None:
+    """Insert `rows` with statements of MULTI_ROW_INSERT rows, then of halving sizes for
+    the rest (a few statement shapes per table, all of them in the statement cache)."""
+    size = MULTI_ROW_INSERT
+    done = 0
+    while done < len(rows):
+        while size > len(rows) - done:
+            size //= 2
+        chunk = rows[done : done + size]
+        db.execute(_multi_row(sql, columns, size), list(itertools.chain.from_iterable(chunk)))
+        done += size
+
+
 def _columns(columns: Sequence[str]) -> str:
     return ", ".join(columns)
 
@@ -292,6 +320,11 @@ _SET_MESSAGE_STATUS: Final = "UPDATE messages SET status = ? WHERE queuing_order
 _SET_DELIVERY_COUNT: Final = "UPDATE messages SET delivery_count = ? WHERE queuing_order = ?"
 _SET_MESSAGE_EXTRA: Final = "UPDATE messages SET extra = ? WHERE queuing_order = ?"
 _INSERT_TRANSMISSION: Final = _insert("transmission_queue", TRANSMISSION_COLUMNS)
+_MULTI_ROW: Final = {  # statement -> how many columns a row binds (see `_insert_rows`)
+    _INSERT_MESSAGE: len(MESSAGE_COLUMNS),
+    _INSERT_TRANSMISSION: len(TRANSMISSION_COLUMNS),
+    _INSERT_ENDPOINT: len(ENDPOINT_COLUMNS),
+}
 _DELETE_TRANSMISSION: Final = "DELETE FROM transmission_queue WHERE id = ?"
 _DELETE_TRANSMISSION_SEQS: Final = (
     "DELETE FROM transmission_queue WHERE conversation_id = ? AND is_initiator = ?"
@@ -813,7 +846,11 @@ class Store:
                     if len(live) == 1:
                         db.execute(sql, live[0])
                     elif live:
-                        db.executemany(sql, live)
+                        columns = _MULTI_ROW.get(sql)
+                        if columns is None:
+                            db.executemany(sql, live)
+                        else:
+                            _insert_rows(db, sql, columns, live)
                     if sql in _LIST_STATEMENTS:
                         rows += sum(len(set(p)) for p in live)
                     elif sql is _DELETE_MESSAGE_RANGE:

@@ -102,3 +102,24 @@ def test_start_up_summary_covers_every_conversation_whatever_its_handle(tmp_path
     got = {(r[0], r[1], r[2]): (r[3], r[4]) for r in summary}
     assert len(summary) == len(got) == len(expected)
     assert got == expected
+
+
+def test_a_batch_of_any_size_writes_each_of_its_messages_once() -> None:
+    """Inserts go many rows to a statement, in chunks of halving sizes: every count of
+    rows, around each chunk size too, lands whole and in order."""
+    u = uuid.uuid4()
+    store = Store(":memory:", threaded=False)
+    cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
+    conv = Conversation(cache, store, "q", Group(u), u, 5, "s", "c")
+    order = 0
+    expected: dict[int, bytes] = {}
+    for count in (1, 2, 3, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200):
+        for _ in range(count):
+            order += 1
+            body = order.to_bytes(4, "big") * 3
+            store.insert_message(Message(order, conv, order, "t", "N", body, 0.0, len(body)).row())
+            expected[order] = body
+        store.flush()
+        rows = store.read_queue_messages("q", None, 10_000, 1 << 30)
+        assert [row[0] for row in rows] == sorted(expected)
+        assert {row[0]: row[6] for row in rows} == expected
