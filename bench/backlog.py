@@ -30,9 +30,11 @@ Procedure, on one fresh daemon (durability "os" unless --durability; the default
   drain      one consumer: pipelined BEGIN / RECEIVE TOP (--receive-top) / COMMIT until
              every message arrived; msgs/s over the whole drain and over its first and
              last 10%, and the daemon's CPU time per message;
-  after      --settle seconds idle (the daemon truncates the WAL after 10 s idle), then
-             RSS and the store size (free pages go back to the file system gradually, by
-             incremental vacuum, so the file shrinks only with later commits); then the
+  after      --settle seconds idle (the daemon truncates the WAL after 10 s idle): RSS
+             and the store size then (informative: the daemon is returning free pages
+             to the file system a slice a second, and holds the pages of the slice it
+             is moving); then, once the store file has stopped shrinking (at most
+             --tidy-timeout s), RSS again: the figure held against the target; then the
              second half of the short reference.
 
 Every body starts with (phase, conversation, index): the consumer checks that every
@@ -62,7 +64,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from ssb import client
 
@@ -109,6 +111,7 @@ class Options:
     short_repeats: int = 3
     restarts: int = 3
     settle: float = 12.0
+    tidy_timeout: float = 300.0
     phase_timeout: float = 3600.0
     idle_timeout: float = 60.0
 
@@ -165,9 +168,12 @@ class Result:
     drain_cpu_ratio: float | None = None  # short / deep daemon CPU per message (informative)
     # after
     rss_after_drain: int = 0
+    rss_at_settle: int = 0  # RSS --settle s after the drain, while the store tidies
+    tidy_seconds: float | None = None  # drain end to the store file no longer shrinking
     rss_after_drain_vs_empty: int = 0
     store_after_drain: dict[str, int] = field(default_factory=dict)
     store_after_settle: dict[str, int] = field(default_factory=dict)
+    store_after_tidy: dict[str, int] = field(default_factory=dict)
     resources_after_drain: dict[str, Any] = field(default_factory=dict)
     # gates
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -388,6 +394,24 @@ def _settle(seconds: float) -> None:
     time.sleep(seconds)  # pacing, bounded: let the daemon go idle before a memory reading
 
 
+TIDY_STABLE: Final = 3  # one-second readings of the same db size, and no WAL, in a row
+
+
+def _wait_tidied(process: BrokerProcess, timeout: float) -> float | None:
+    """Seconds until the idle daemon's store file stopped shrinking and its WAL is empty
+    (it returns free pages a slice a second while idle), or None after `timeout`."""
+    started = time.monotonic()
+    last, same = -1, 0
+    while time.monotonic() - started < timeout:
+        size = _sizes(process)
+        same = same + 1 if size["db"] == last and size["wal"] == 0 else 0
+        if same >= TIDY_STABLE:
+            return time.monotonic() - started
+        last = size["db"]
+        time.sleep(1.0)  # polling a file size, bounded by `timeout`
+    return None
+
+
 # ---- the run -------------------------------------------------------------------------------
 
 
@@ -491,9 +515,14 @@ def bench(opts: Options) -> Result:
 
         print(f"[after] {opts.settle:g} s idle ...", flush=True)
         _settle(opts.settle)
+        r.rss_at_settle = daemon_rss(d)
+        r.store_after_settle = _sizes(d)
+        print(f"[after] until the store stops shrinking (at most {opts.tidy_timeout:g} s) ...", flush=True)
+        tidied = _wait_tidied(d, opts.tidy_timeout)
+        r.tidy_seconds = None if tidied is None else opts.settle + tidied
         r.rss_after_drain = daemon_rss(d)
         r.rss_after_drain_vs_empty = r.rss_after_drain - r.rss_empty
-        r.store_after_settle = _sizes(d)
+        r.store_after_tidy = _sizes(d)
         _, r.resources_after_drain = run(queue_state(url))
 
         # the reference again, on the same daemon: both bracket the deep drain in time
@@ -608,7 +637,12 @@ def print_table(r: Result, opts: Options) -> None:
         "n/a" if r.drain_cpu_ratio is None else f"{r.drain_cpu_ratio:.2f}",
     )
     line("RSS peak during the drain (MB)", mb(r.rss_peak_drain))
-    line("RSS after the drain (MB)", mb(r.rss_after_drain))
+    line(f"RSS {opts.settle:g} s after the drain (MB, informative)", mb(r.rss_at_settle))
+    line(
+        "store tidied (s after the drain)",
+        "timed out" if r.tidy_seconds is None else f"{r.tidy_seconds:.0f}",
+    )
+    line("RSS after the drain, store tidied (MB)", mb(r.rss_after_drain))
     a = t["rss_after_drain_vs_empty"]
     line(
         "RSS after the drain - empty (MB)",
@@ -618,6 +652,7 @@ def print_table(r: Result, opts: Options) -> None:
     )
     line("store right after the drain: db + wal (MB)", sizes(r.store_after_drain))
     line(f"store {opts.settle:g} s later: db + wal (MB)", sizes(r.store_after_settle))
+    line("store tidied: db + wal (MB)", sizes(r.store_after_tidy))
     res = r.resources_after_drain
     line(
         "after: cached_bytes / endpoints_in_memory",
@@ -644,6 +679,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short-repeats", type=int, default=Options.short_repeats)
     parser.add_argument("--restarts", type=int, default=Options.restarts)
     parser.add_argument("--settle", type=float, default=Options.settle)
+    parser.add_argument(
+        "--tidy-timeout",
+        type=float,
+        default=Options.tidy_timeout,
+        help="seconds to wait, after --settle, for the idle store to stop shrinking",
+    )
     parser.add_argument("--phase-timeout", type=float, default=Options.phase_timeout)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
@@ -665,6 +706,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--conversations must be <= --messages")
     if not 0 <= args.settle <= 600 or not 0 < args.phase_timeout <= 86400:
         parser.error("--settle must be 0..600 s, --phase-timeout 0..86400 s")
+    if not 0 < args.tidy_timeout <= 3600:
+        parser.error("--tidy-timeout must be 0..3600 s")
     opts = options_from(Options, args)
     result = bench(opts)
     print_table(result, opts)
