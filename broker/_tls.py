@@ -244,21 +244,26 @@ class Door:
 
     @staticmethod
     async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
-        ready: asyncio.Future[None] = loop.create_future()
+        """The first byte, left unread; b"" when the client closed or the socket failed.
+        A readiness report may be spurious (libuv's poll says so): then wait again."""
+        while True:
+            ready: asyncio.Future[None] = loop.create_future()
 
-        def readable() -> None:
-            if not ready.done():
-                ready.set_result(None)
+            def readable(ready: asyncio.Future[None] = ready) -> None:
+                if not ready.done():
+                    ready.set_result(None)
 
-        loop.add_reader(conn.fileno(), readable)
-        try:
-            await ready
-        finally:
-            loop.remove_reader(conn.fileno())
-        try:
-            return conn.recv(1, socket.MSG_PEEK)
-        except OSError:
-            return b""
+            loop.add_reader(conn.fileno(), readable)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(conn.fileno())
+            try:
+                return conn.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return b""
 
     @staticmethod
     def _refuse(conn: socket.socket, text: str) -> None:
