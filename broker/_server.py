@@ -12,8 +12,9 @@ everything, only for the connection's earlier answers and what they show: a refu
 (it applied nothing), BEGIN TRANSACTION (it stores nothing), a RECEIVE in a
 transaction (its rows' store batches: under load the messages it takes were mostly
 stored long before, and nothing is written until COMMIT) and, while the store cannot
-write, an observation (ping, a view), so that clients hear why while the disk is full. Reading pauses while too many
-requests are queued and processing pauses while the socket's write buffer is full.
+write, an observation (ping, a view), so that clients hear why while the disk is full.
+Reading pauses while too many requests are queued and processing pauses while the
+socket's write buffer is full.
 A malformed frame gets a protocol error and the connection is closed; whatever the
 session had open is rolled back. Other sessions are not affected.
 

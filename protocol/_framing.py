@@ -55,15 +55,13 @@ _uuid_exts: dict[uuid.UUID, msgpack.ExtType] = {}
 
 
 def _default(obj: object) -> object:
-    if type(obj) is uuid.UUID:
+    if isinstance(obj, uuid.UUID):
         ext = _uuid_exts.get(obj)
         if ext is None:
             if len(_uuid_exts) >= MAX_CACHED_UUIDS:
                 _uuid_exts.clear()
             ext = _uuid_exts[obj] = msgpack.ExtType(UUID_EXT, obj.bytes)
         return ext
-    if isinstance(obj, uuid.UUID):
-        return msgpack.ExtType(UUID_EXT, obj.bytes)
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)
     raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
