@@ -517,7 +517,10 @@ def bench(opts: Options) -> Result:
         _settle(opts.settle)
         r.rss_at_settle = daemon_rss(d)
         r.store_after_settle = _sizes(d)
-        print(f"[after] until the store stops shrinking (at most {opts.tidy_timeout:g} s) ...", flush=True)
+        print(
+            f"[after] until the store stops shrinking (at most {opts.tidy_timeout:g} s) ...",
+            flush=True,
+        )
         tidied = _wait_tidied(d, opts.tidy_timeout)
         r.tidy_seconds = None if tidied is None else opts.settle + tidied
         r.rss_after_drain = daemon_rss(d)

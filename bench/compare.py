@@ -66,7 +66,9 @@ def _figures(results: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.compare", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("a", type=Path, help="baseline checkout (with .venv)")
     parser.add_argument("b", type=Path, help="checkout to compare (with .venv)")
     parser.add_argument("--runs", type=int, default=5)
@@ -94,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         ratio = b / a if a else float("nan")
         print(f"{key:44s} {a:12.1f} {b:12.1f} {ratio:7.3f}")
     if opts.json is not None:
-        opts.json.write_text(json.dumps({"a": str(opts.a), "b": str(opts.b), "runs": runs}, indent=1))
+        opts.json.write_text(
+            json.dumps({"a": str(opts.a), "b": str(opts.b), "runs": runs}, indent=1)
+        )
     return 0
 
 

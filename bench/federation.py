@@ -216,7 +216,10 @@ def two_brokers(
         a, b = daemons[:2]
         run(federate(a, b, daemons[2] if forwarder else None))
         path = "A -> F -> B" if forwarder else "A -> B"
-        print(f"[{durability}] {len(daemons)} brokers: {opts.messages} messages {path} ...", flush=True)
+        print(
+            f"[{durability}] {len(daemons)} brokers: {opts.messages} messages {path} ...",
+            flush=True,
+        )
         pids = [_pid(d) for d in daemons]
         before = _cpu(pids)
         go_time, out = e2e.run_processes(
@@ -273,7 +276,9 @@ def print_table(outcome: Outcome, opts: e2e.Options) -> None:
     for name, r in kinds:
         cpu = "n/a" if r.daemon_cpu_us_per_message is None else f"{r.daemon_cpu_us_per_message:.1f}"
         every = ", ".join(f"{x.e2e_msgs_s:,.0f}" for x in outcome.runs.get(name, []))
-        print(f"{name:<12} {r.e2e_msgs_s:>10,.0f} {r.producer_msgs_s:>15,.0f} {cpu:>19}   [{every}]")
+        print(
+            f"{name:<12} {r.e2e_msgs_s:>10,.0f} {r.producer_msgs_s:>15,.0f} {cpu:>19}   [{every}]"
+        )
     print(f"ratio two/one: {outcome.ratio:.2f} (target >= {outcome.target_ratio:.2f})")
     if outcome.forwarded_ratio is not None:
         print(

@@ -157,7 +157,9 @@ async def check(url: str, phase: int, opts: Options) -> None:
                 seen[index] += 1
     wrong = [i for i, n in enumerate(seen) if n != 1]
     if wrong:
-        raise SystemExit(f"phase {phase}: {len(wrong)} messages not there exactly once: {wrong[:10]}")
+        raise SystemExit(
+            f"phase {phase}: {len(wrong)} messages not there exactly once: {wrong[:10]}"
+        )
 
 
 async def measure(opts: Options) -> dict[str, Any]:
@@ -187,7 +189,9 @@ async def measure(opts: Options) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.reconnect", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.reconnect", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--messages", type=int, default=Options.messages)
     parser.add_argument("--batch", type=int, default=Options.batch)
     parser.add_argument("--in-flight", type=int, default=Options.in_flight)
@@ -197,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=Options.timeout)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
-    if min(args.messages, args.batch, args.in_flight, args.cut_every) < 1 or args.body_size < TAG.size:
+    if (
+        min(args.messages, args.batch, args.in_flight, args.cut_every) < 1
+        or args.body_size < TAG.size
+    ):
         parser.error("--messages, --batch, --in-flight, --cut-every must be >= 1, --body-size >= 5")
     opts = options_from(Options, args)
     result = run(measure(opts))

@@ -38,7 +38,9 @@ class ClientLimits:
     locks_per_transaction: int = 100_000  # conversation-group locks one transaction holds
     detached_per_login: int = 1_000  # open detached transactions of one login
     failed_login_window: float = 60.0  # seconds over which failed logins count
-    failed_logins_per_address: int = 5  # per login and address, then refused until the window passes
+    failed_logins_per_address: int = (
+        5  # per login and address, then refused until the window passes
+    )
     failed_logins_per_login: int = 50  # per login from all addresses
 
     @classmethod
@@ -164,7 +166,9 @@ class Config:
                 f"chart_sample_seconds must be seconds from 0.05 to 3600, not {chart!r}"
             )
         if not _seconds(self.lock_timeout) or not 0 < self.lock_timeout <= 3600:
-            raise ConfigError(f"lock_timeout must be seconds in (0, 3600], not {self.lock_timeout!r}")
+            raise ConfigError(
+                f"lock_timeout must be seconds in (0, 3600], not {self.lock_timeout!r}"
+            )
         _whole("message_cache_bytes", self.message_cache_bytes, MIB, 1 << 40)
         _whole("max_message_size", self.max_message_size, 1, MAX_MESSAGE_SIZE_LIMIT)
         _whole("min_free_disk", self.min_free_disk, 0, 1 << 50)
@@ -185,14 +189,14 @@ def _shown(limit: float) -> str:
 
 def _seconds(value: object) -> bool:
     """Whether `value` is a finite number (of seconds); the caller checks its range."""
-    return (
-        not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    )
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _whole(name: str, value: object, low: int, high: int, unit: str = " of bytes") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{name} must be a whole number{unit} from {low} to {high}, not {value!r}")
+        raise ConfigError(
+            f"{name} must be a whole number{unit} from {low} to {high}, not {value!r}"
+        )
 
 
 _SCALARS = {f.name for f in fields(Config)} - {"limits", "sections", "procedures"}

@@ -201,7 +201,9 @@ class Broker:
         operations.merge("permissions", permissions.operations())
         views.merge(permissions.views())
         procedures = ProcedurePolicy(config.procedures)
-        engine.ddl.check_procedure = functools.partial(procedures.check, what="activation procedure")
+        engine.ddl.check_procedure = functools.partial(
+            procedures.check, what="activation procedure"
+        )
         operations.merge("procedures", procedures.operations())
         views.merge(logins.views())
         task_login: list[Callable[[str, str], bool]] = []
@@ -243,7 +245,12 @@ class Broker:
             settings.python_path,
         )
         self.activation = manager = ActivationManager(
-            engine, settings, pool, logins, procedures, lambda queue: permissions.owner("queue", queue)
+            engine,
+            settings,
+            pool,
+            logins,
+            procedures,
+            lambda queue: permissions.owner("queue", queue),
         )
         engine.set_listener(manager)
         operations.merge("activation", manager.operations())

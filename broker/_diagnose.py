@@ -71,8 +71,13 @@ EXECUTE_PROBE: Final = BUILT_IN[0]
 _CONSEQUENCES: Final = ("waiting behind earlier messages", "partial message (status 2)")
 _HELD: Final = "is disabled (STATUS = OFF)"
 _LINK_STATES: Final = ("", "NONE", "HANDSHAKE", "AUTHENTICATED")
-_LINK_ERRORS: Final = ("TLS with ", "handshake with ", "connection refused by ", "connection to ",
-                       "cannot connect to ")
+_LINK_ERRORS: Final = (
+    "TLS with ",
+    "handshake with ",
+    "connection refused by ",
+    "connection to ",
+    "cannot connect to ",
+)
 
 
 class CannotDiagnose(Exception):
@@ -305,8 +310,9 @@ def examine(
         paths = named_paths(brokers, from_service, to_service, problems, notes)
     else:
         paths = routed_paths(brokers, problems, notes)
-    paths = _unique([*paths, *conversation_paths(brokers, problems, notes, from_service,
-                                                 to_service)])
+    paths = _unique(
+        [*paths, *conversation_paths(brokers, problems, notes, from_service, to_service)]
+    )
     problems += check_permissions(brokers)
     routed: dict[tuple[str, str, str], Path] = {}
     for path in paths:  # one route check per direction and service, the first reason given
@@ -323,8 +329,14 @@ def examine(
                 f"{broker.label}: only the first {VIEW_ROWS} rows of"
                 f" {', '.join(sorted(broker.truncated))} were read; what lies beyond is unchecked"
             )
-    for check in (check_queues, check_activation, check_transmission_queue,
-                  check_conversations, check_links, check_resources):
+    for check in (
+        check_queues,
+        check_activation,
+        check_transmission_queue,
+        check_conversations,
+        check_links,
+        check_resources,
+    ):
         problems += check(brokers)
     return Report(list(brokers), _unique_problems(problems), notes, paths)
 
@@ -352,7 +364,10 @@ def hosts(brokers: Sequence[Broker], service: str) -> list[Broker]:
 
 
 def named_paths(
-    brokers: Sequence[Broker], from_service: str, to_service: str, problems: list[Problem],
+    brokers: Sequence[Broker],
+    from_service: str,
+    to_service: str,
+    problems: list[Problem],
     notes: list[str],
 ) -> list[Path]:
     """The dialog from `from_service` to `to_service`, and its replies."""
@@ -379,8 +394,10 @@ def named_paths(
     if initiator is None or target is None:
         return []
     if initiator is target:
-        notes.append(f"'{from_service}' and '{to_service}' are both on {target.label}: no routes"
-                     " or certificates are needed")
+        notes.append(
+            f"'{from_service}' and '{to_service}' are both on {target.label}: no routes"
+            " or certificates are needed"
+        )
         return []
     why = f"the dialog from '{from_service}' to '{to_service}'"
     return [
@@ -389,7 +406,9 @@ def named_paths(
     ]
 
 
-def routed_paths(brokers: Sequence[Broker], problems: list[Problem], notes: list[str]) -> list[Path]:
+def routed_paths(
+    brokers: Sequence[Broker], problems: list[Problem], notes: list[str]
+) -> list[Path]:
     """Every service a broker routes to another broker."""
     paths = []
     for near in brokers:
@@ -402,20 +421,32 @@ def routed_paths(brokers: Sequence[Broker], problems: list[Problem], notes: list
                 leads = _peer_at(near, _host_port(address))
                 given = next((b for b in brokers if b.instance == leads), None)
                 if given is not None and "services" in given.views:
-                    problems.append(_no_such_service(given, service, f"{near.label} routes it"
-                                                     f" there (route '{route['name']}')", near))
+                    problems.append(
+                        _no_such_service(
+                            given,
+                            service,
+                            f"{near.label} routes it there (route '{route['name']}')",
+                            near,
+                        )
+                    )
                 elif not any(service in b.services for b in brokers):
-                    notes.append(f"{near.label} routes '{service}' to {address}, which is none of"
-                                 " the brokers given: that route was not checked")
+                    notes.append(
+                        f"{near.label} routes '{service}' to {address}, which is none of"
+                        " the brokers given: that route was not checked"
+                    )
                 continue
-            paths.append(Path(near, far, service, f"route '{route['name']}' on {near.label}",
-                              "route"))
+            paths.append(
+                Path(near, far, service, f"route '{route['name']}' on {near.label}", "route")
+            )
     return paths
 
 
 def conversation_paths(
-    brokers: Sequence[Broker], problems: list[Problem], notes: list[str],
-    from_service: str | None, to_service: str | None,
+    brokers: Sequence[Broker],
+    problems: list[Problem],
+    notes: list[str],
+    from_service: str | None,
+    to_service: str | None,
 ) -> list[Path]:
     """The far side of every conversation a broker holds with another broker (of the named
     services only, when some are named)."""
@@ -439,11 +470,22 @@ def conversation_paths(
             if "services" in far.views and far_service not in far.services:
                 problems.append(_no_such_service(far, far_service, f"{why} is with it", near))
                 continue
-            paths.append(Path(near, far, far_service, why, "conversation",
-                              ep["service_contract_name"], bool(ep["is_initiator"])))
+            paths.append(
+                Path(
+                    near,
+                    far,
+                    far_service,
+                    why,
+                    "conversation",
+                    ep["service_contract_name"],
+                    bool(ep["is_initiator"]),
+                )
+            )
     for (label, instance), count in sorted(elsewhere.items()):
-        notes.append(f"{count} conversation(s) on {label} are with broker {instance}, which is"
-                     " none of the brokers given: they were not checked")
+        notes.append(
+            f"{count} conversation(s) on {label} are with broker {instance}, which is"
+            " none of the brokers given: they were not checked"
+        )
     return paths
 
 
@@ -476,7 +518,7 @@ def _far_broker(
 def _host_port(address: str) -> str | None:
     if not address.startswith("tcp://"):
         return None
-    return address[len("tcp://"):].split("/", 1)[0]
+    return address[len("tcp://") :].split("/", 1)[0]
 
 
 def _peer_at(broker: Broker, host_port: str | None) -> str | None:
@@ -500,8 +542,9 @@ def broker_address(brokers: Sequence[Broker], far: Broker) -> str:
     return f"tcp://HOST:BROKER_PORT of {far.label}"
 
 
-def route_for(broker: Broker, service: str, instance: str) -> tuple[dict[str, Any] | None,
-                                                                     list[dict[str, Any]]]:
+def route_for(
+    broker: Broker, service: str, instance: str
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The route `broker` uses for `service` on broker `instance`, by Service Broker's rules
     (service and instance, then service, then TRANSPORT), and the expired ones it ignores.
     A route naming another instance is what a new dialog that names none takes, so it
@@ -574,31 +617,54 @@ def check_route(path: Path, brokers: Sequence[Broker]) -> list[Problem]:
     where = broker_address(brokers, far)
     create = f"on {near.label}: create_route('to_{service}', '{service}', '{where}')"
     if route is None:
-        gone = f"; route '{expired[0]['name']}' expired at {expired[0]['lifetime']}" if expired else ""
-        return [Problem(near.label, "route",
-                        f"broker {near.label} has no route to service '{service}' on broker"
-                        f" {far.label} ({path.why}){gone}", create)]
+        gone = (
+            f"; route '{expired[0]['name']}' expired at {expired[0]['lifetime']}" if expired else ""
+        )
+        return [
+            Problem(
+                near.label,
+                "route",
+                f"broker {near.label} has no route to service '{service}' on broker"
+                f" {far.label} ({path.why}){gone}",
+                create,
+            )
+        ]
     name = route["name"]
     if route["address"] == "LOCAL":
-        return [Problem(near.label, "route",
-                        f"route '{name}' on {near.label} says service '{service}' is LOCAL, but"
-                        f" it is on broker {far.label} ({path.why})",
-                        f"on {near.label}: drop_route('{name}'); then {create}")]
+        return [
+            Problem(
+                near.label,
+                "route",
+                f"route '{name}' on {near.label} says service '{service}' is LOCAL, but"
+                f" it is on broker {far.label} ({path.why})",
+                f"on {near.label}: drop_route('{name}'); then {create}",
+            )
+        ]
     if route["broker_instance"] not in (None, far.instance):
-        return [Problem(near.label, "route",
-                        f"route '{name}' on {near.label} sends service '{service}' to broker"
-                        f" instance {route['broker_instance']}, but it is on broker {far.label}"
-                        f" (instance {far.instance})",
-                        f"on {near.label}: drop_route('{name}'); then {create}")]
+        return [
+            Problem(
+                near.label,
+                "route",
+                f"route '{name}' on {near.label} sends service '{service}' to broker"
+                f" instance {route['broker_instance']}, but it is on broker {far.label}"
+                f" (instance {far.instance})",
+                f"on {near.label}: drop_route('{name}'); then {create}",
+            )
+        ]
     met = _peer_at(near, _host_port(route["address"]))
     # a route naming the far broker may lead through a forwarding broker
     forwarded = route["broker_instance"] == far.instance
     if route["address"] != "TRANSPORT" and met not in (None, far.instance) and not forwarded:
         other = next((b.label for b in brokers if b.instance == met), f"instance {met}")
-        return [Problem(near.label, "route",
-                        f"route '{name}' on {near.label} leads to {route['address']}, which is"
-                        f" broker {other}, but service '{service}' is on broker {far.label}",
-                        f"on {near.label}: drop_route('{name}'); then {create}")]
+        return [
+            Problem(
+                near.label,
+                "route",
+                f"route '{name}' on {near.label} leads to {route['address']}, which is"
+                f" broker {other}, but service '{service}' is on broker {far.label}",
+                f"on {near.label}: drop_route('{name}'); then {create}",
+            )
+        ]
     return []
 
 
@@ -614,24 +680,34 @@ def check_replies(paths: Sequence[Path], brokers: Sequence[Broker]) -> list[Prob
             continue  # a known path back is checked exactly by check_route
         near, far = path.near, path.far
         back = [
-            r for r in far.views.get("routes", [])
+            r
+            for r in far.views.get("routes", [])
             if r["address"] == "TRANSPORT"
             or r["broker_instance"] == near.instance
-            or (r["address"] != "LOCAL" and r["remote_service_name"] in near.services
-                and r["remote_service_name"] not in far.services)
+            or (
+                r["address"] != "LOCAL"
+                and r["remote_service_name"] in near.services
+                and r["remote_service_name"] not in far.services
+            )
         ]
         if not back:
             problems.append(
-                Problem(far.label, "route",
-                        f"broker {far.label} has no route to any service of broker {near.label}:"
-                        f" replies from '{path.service}' ({path.why}) cannot leave it",
-                        f"on {far.label}: create_route('to_SERVICE', 'SERVICE',"
-                        f" '{broker_address(brokers, near)}') for each service of {near.label}"
-                        f" that begins dialogs with '{path.service}'"))
+                Problem(
+                    far.label,
+                    "route",
+                    f"broker {far.label} has no route to any service of broker {near.label}:"
+                    f" replies from '{path.service}' ({path.why}) cannot leave it",
+                    f"on {far.label}: create_route('to_SERVICE', 'SERVICE',"
+                    f" '{broker_address(brokers, near)}') for each service of {near.label}"
+                    f" that begins dialogs with '{path.service}'",
+                )
+            )
     return problems
 
 
-def check_trust(paths: Sequence[Path], brokers: Sequence[Broker], notes: list[str]) -> list[Problem]:
+def check_trust(
+    paths: Sequence[Path], brokers: Sequence[Broker], notes: list[str]
+) -> list[Problem]:
     """Each pair of brokers on a path trusts the other's current broker certificate, as
     the `certificates` view shows (without it, `check_links` reads trust from failed links)."""
     problems = []
@@ -647,26 +723,42 @@ def check_trust(paths: Sequence[Path], brokers: Sequence[Broker], notes: list[st
                 unknown.add(near.label)
             continue
         theirs = [r for r in rows if r.get("broker_instance") == far.instance]
-        trust_it = (f"on {near.label}: create_certificate('broker_{far.instance[:8]}',"
-                    f" PEM) with PEM = broker_certificate() of {far.label}")
+        trust_it = (
+            f"on {near.label}: create_certificate('broker_{far.instance[:8]}',"
+            f" PEM) with PEM = broker_certificate() of {far.label}"
+        )
         subject = _trusts(near, far)
         if not theirs:
-            problems.append(Problem(near.label, "certificate",
-                                    f"broker {near.label} does not trust the certificate of"
-                                    f" broker {far.label}: they cannot connect", trust_it,
-                                    subject))
+            problems.append(
+                Problem(
+                    near.label,
+                    "certificate",
+                    f"broker {near.label} does not trust the certificate of"
+                    f" broker {far.label}: they cannot connect",
+                    trust_it,
+                    subject,
+                )
+            )
             continue
         current = fingerprint(far.certificate)
         fingerprints = {r.get("fingerprint") for r in theirs} - {None}
         if fingerprints and current not in fingerprints:
             names = ", ".join(f"'{r['name']}'" for r in theirs)
-            problems.append(Problem(near.label, "certificate",
-                                    f"broker {near.label} trusts an older certificate of broker"
-                                    f" {far.label} ({names}), not the one it presents now",
-                                    trust_it, subject))
+            problems.append(
+                Problem(
+                    near.label,
+                    "certificate",
+                    f"broker {near.label} trusts an older certificate of broker"
+                    f" {far.label} ({names}), not the one it presents now",
+                    trust_it,
+                    subject,
+                )
+            )
     if unknown:
-        notes.append(f"{', '.join(sorted(unknown))}: no 'certificates' view, so trust between"
-                     " brokers was judged only from failed links")
+        notes.append(
+            f"{', '.join(sorted(unknown))}: no 'certificates' view, so trust between"
+            " brokers was judged only from failed links"
+        )
     return problems
 
 
@@ -681,41 +773,58 @@ def check_contract(path: Path) -> list[Problem]:
     """The contracts of the path's dialogs are the same on both brokers: the same message
     types, each sent by the same side and validated the same way."""
     near, far, service = path.near, path.far, path.service
-    if not all(v in b.views for b in (near, far)
-               for v in ("services", "service_contracts", "message_types")):
+    if not all(
+        v in b.views
+        for b in (near, far)
+        for v in ("services", "service_contracts", "message_types")
+    ):
         return []
     accepted = far.accepted_contracts(service)
     problems = []
     if path.contract is not None:
         names = [path.contract]
         if path.to_target and path.contract not in accepted:
-            problems.append(Problem(far.label, "contract",
-                                    f"service '{service}' on {far.label} does not accept contract"
-                                    f" '{path.contract}', which {path.why} uses",
-                                    f"on {far.label}: create the service again with"
-                                    f" contracts=[..., '{path.contract}']"))
+            problems.append(
+                Problem(
+                    far.label,
+                    "contract",
+                    f"service '{service}' on {far.label} does not accept contract"
+                    f" '{path.contract}', which {path.why} uses",
+                    f"on {far.label}: create the service again with"
+                    f" contracts=[..., '{path.contract}']",
+                )
+            )
     elif path.to_target:
         names = accepted
         if not accepted and path.strict:
-            problems.append(Problem(far.label, "contract",
-                                    f"service '{service}' on {far.label} accepts no contract, so"
-                                    f" no dialog can begin to it ({path.why})",
-                                    f"on {far.label}: create_service('{service}', queue=...,"
-                                    " contracts=[...])"))
+            problems.append(
+                Problem(
+                    far.label,
+                    "contract",
+                    f"service '{service}' on {far.label} accepts no contract, so"
+                    f" no dialog can begin to it ({path.why})",
+                    f"on {far.label}: create_service('{service}', queue=..., contracts=[...])",
+                )
+            )
         if accepted and not path.strict and all(near.contract(c) is None for c in accepted):
-            problems.append(Problem(near.label, "contract",
-                                    f"broker {near.label} defines none of the contracts service"
-                                    f" '{service}' accepts on {far.label} ({', '.join(accepted)})"
-                                    f", so it cannot begin dialogs to it ({path.why})",
-                                    f"on {near.label}: create the message types and contract as"
-                                    f" on {far.label}"))
+            problems.append(
+                Problem(
+                    near.label,
+                    "contract",
+                    f"broker {near.label} defines none of the contracts service"
+                    f" '{service}' accepts on {far.label} ({', '.join(accepted)})"
+                    f", so it cannot begin dialogs to it ({path.why})",
+                    f"on {near.label}: create the message types and contract as on {far.label}",
+                )
+            )
             return problems
     else:
         return []
     initiator, target = (near, far) if path.to_target else (far, near)
     for name in names:
-        problems += _compare_contract(initiator, target, name,
-                                      path.strict or path.contract is not None)
+        problems += _compare_contract(
+            initiator, target, name, path.strict or path.contract is not None
+        )
     return problems
 
 
@@ -723,39 +832,63 @@ def _compare_contract(near: Broker, far: Broker, name: str, required: bool) -> l
     """Contract `name` on the initiator's broker `near` against the target's `far` (whose
     definition the fix proposes)."""
     mine, theirs = near.contract(name), far.contract(name)
-    recreate = (f"contracts cannot be altered: end the conversations on '{name}', drop it and"
-                f" create it again with the same message types, senders and validations on"
-                f" both brokers ({_describe(far, name) or _describe(near, name)})")
+    recreate = (
+        f"contracts cannot be altered: end the conversations on '{name}', drop it and"
+        f" create it again with the same message types, senders and validations on"
+        f" both brokers ({_describe(far, name) or _describe(near, name)})"
+    )
     if mine is None or theirs is None:
         if not required or (mine is None and theirs is None):
             return []
         lacking, having = (near, far) if mine is None else (far, near)
-        return [Problem(lacking.label, "contract",
-                        f"contract '{name}' exists on {having.label} but not on {lacking.label}",
-                        f"on {lacking.label}: create the message types and the contract"
-                        f" {_describe(having, name)}")]
+        return [
+            Problem(
+                lacking.label,
+                "contract",
+                f"contract '{name}' exists on {having.label} but not on {lacking.label}",
+                f"on {lacking.label}: create the message types and the contract"
+                f" {_describe(having, name)}",
+            )
+        ]
     problems = []
     for mtype in sorted(set(mine) | set(theirs)):
         if mtype not in mine or mtype not in theirs:
             lacking, having = (near, far) if mtype not in mine else (far, near)
-            problems.append(Problem(lacking.label, "contract",
-                                    f"contract '{name}' differs: on {having.label} it has message"
-                                    f" type '{mtype}' (sent by"
-                                    f" {(theirs if mtype in theirs else mine)[mtype]}), on"
-                                    f" {lacking.label} it does not", recreate))
+            problems.append(
+                Problem(
+                    lacking.label,
+                    "contract",
+                    f"contract '{name}' differs: on {having.label} it has message"
+                    f" type '{mtype}' (sent by"
+                    f" {(theirs if mtype in theirs else mine)[mtype]}), on"
+                    f" {lacking.label} it does not",
+                    recreate,
+                )
+            )
         elif mine[mtype] != theirs[mtype]:
-            problems.append(Problem(near.label, "contract",
-                                    f"contract '{name}' differs: message type '{mtype}' is sent by"
-                                    f" {mine[mtype]} on {near.label} but by {theirs[mtype]} on"
-                                    f" {far.label}", recreate))
+            problems.append(
+                Problem(
+                    near.label,
+                    "contract",
+                    f"contract '{name}' differs: message type '{mtype}' is sent by"
+                    f" {mine[mtype]} on {near.label} but by {theirs[mtype]} on"
+                    f" {far.label}",
+                    recreate,
+                )
+            )
         else:
             here, there = near.validations.get(mtype), far.validations.get(mtype)
             if here != there:
-                problems.append(Problem(near.label, "contract",
-                                        f"message type '{mtype}' of contract '{name}' is validated"
-                                        f" {here} on {near.label} but {there} on {far.label}",
-                                        "drop and create the message type with the same"
-                                        " validation on both brokers (after its contracts)"))
+                problems.append(
+                    Problem(
+                        near.label,
+                        "contract",
+                        f"message type '{mtype}' of contract '{name}' is validated"
+                        f" {here} on {near.label} but {there} on {far.label}",
+                        "drop and create the message type with the same"
+                        " validation on both brokers (after its contracts)",
+                    )
+                )
     return problems
 
 
@@ -780,13 +913,19 @@ def check_queues(brokers: Sequence[Broker]) -> list[Problem]:
             reason = q["disabled_reason"] or "STATUS = OFF"
             held = q.get("messages_held_for_it") or 0
             waiting = f"; {held} message(s) wait for it in the transmission queue" if held else ""
-            poison = (" (see the poison_messages view for what failed first)"
-                      if "poison" in reason.lower() else "")
-            problems.append(Problem(b.label, "queue",
-                                    f"queue '{q['name']}' on {b.label} is disabled: {reason}"
-                                    f"{waiting}",
-                                    f"on {b.label}: alter_queue('{q['name']}', status='ON')"
-                                    f"{poison}"))
+            poison = (
+                " (see the poison_messages view for what failed first)"
+                if "poison" in reason.lower()
+                else ""
+            )
+            problems.append(
+                Problem(
+                    b.label,
+                    "queue",
+                    f"queue '{q['name']}' on {b.label} is disabled: {reason}{waiting}",
+                    f"on {b.label}: alter_queue('{q['name']}', status='ON'){poison}",
+                )
+            )
     return problems
 
 
@@ -795,41 +934,60 @@ def check_activation(brokers: Sequence[Broker]) -> list[Problem]:
     problems = []
     for b in brokers:
         logins = {r["name"] for r in b.views.get("logins", [])} if "logins" in b.views else None
-        failing = {m["queue"]: m for m in b.views.get("queue_monitors", [])
-                   if m["tasks_failed"] and m["last_task_error"]}
+        failing = {
+            m["queue"]: m
+            for m in b.views.get("queue_monitors", [])
+            if m["tasks_failed"] and m["last_task_error"]
+        }
         for q in b.views.get("service_queues", []):
             if not q["is_activation_enabled"]:
                 continue
             name, spec = q["name"], q["activation_procedure"]
             refusal = b.procedures.get(spec) if spec else None
             if refusal:
-                problems.append(Problem(b.label, "activation",
-                                        f"the activation procedure '{spec}' of queue '{name}' on"
-                                        f" {b.label} is not one the broker may run: {refusal}",
-                                        f"add a pattern that covers '{spec}' to procedures = [...]"
-                                        f" in {b.label}'s config and restart it"))
+                problems.append(
+                    Problem(
+                        b.label,
+                        "activation",
+                        f"the activation procedure '{spec}' of queue '{name}' on"
+                        f" {b.label} is not one the broker may run: {refusal}",
+                        f"add a pattern that covers '{spec}' to procedures = [...]"
+                        f" in {b.label}'s config and restart it",
+                    )
+                )
             execute_as = q["execute_as"]
             if execute_as and logins is not None and execute_as not in logins:
-                problems.append(Problem(b.label, "activation",
-                                        f"queue '{name}' on {b.label} activates as login"
-                                        f" '{execute_as}', which does not exist",
-                                        f"on {b.label}: create_login('{execute_as}'), or"
-                                        f" alter_queue('{name}', activation={{'execute_as': ...}})"))
+                problems.append(
+                    Problem(
+                        b.label,
+                        "activation",
+                        f"queue '{name}' on {b.label} activates as login"
+                        f" '{execute_as}', which does not exist",
+                        f"on {b.label}: create_login('{execute_as}'), or"
+                        f" alter_queue('{name}', activation={{'execute_as': ...}})",
+                    )
+                )
             monitor = failing.get(name)
             if monitor is not None and not refusal:
-                problems.append(Problem(b.label, "activation",
-                                        f"activated tasks of queue '{name}' on {b.label} failed"
-                                        f" {monitor['tasks_failed']} time(s); the last:"
-                                        f" {monitor['last_task_error']}",
-                                        f"make '{spec}' importable where {b.label} runs (its"
-                                        " [activation] python_path) and let it run to the end;"
-                                        " see the broker's log"))
+                problems.append(
+                    Problem(
+                        b.label,
+                        "activation",
+                        f"activated tasks of queue '{name}' on {b.label} failed"
+                        f" {monitor['tasks_failed']} time(s); the last:"
+                        f" {monitor['last_task_error']}",
+                        f"make '{spec}' importable where {b.label} runs (its"
+                        " [activation] python_path) and let it run to the end;"
+                        " see the broker's log",
+                    )
+                )
     return problems
 
 
 def _link_errors(broker: Broker) -> set[str]:
-    return {str(r["login_state"]) for r in broker.views.get("broker_connections", [])
-            if _link_down(r)}
+    return {
+        str(r["login_state"]) for r in broker.views.get("broker_connections", []) if _link_down(r)
+    }
 
 
 def check_transmission_queue(brokers: Sequence[Broker]) -> list[Problem]:
@@ -851,17 +1009,27 @@ def check_transmission_queue(brokers: Sequence[Broker]) -> list[Problem]:
             elif row["enqueue_time"] and now - _timestamp(row["enqueue_time"]) > STUCK_AFTER:
                 stuck[service] += 1
         for (service, status), count in sorted(waiting.items()):
-            problems.append(Problem(b.label, "transmission",
-                                    f"{count} message(s) for service '{service}' wait in the"
-                                    f" transmission queue of {b.label}: {status}",
-                                    _transmission_fix(b, brokers, service, status)))
+            problems.append(
+                Problem(
+                    b.label,
+                    "transmission",
+                    f"{count} message(s) for service '{service}' wait in the"
+                    f" transmission queue of {b.label}: {status}",
+                    _transmission_fix(b, brokers, service, status),
+                )
+            )
         for service, count in sorted(stuck.items()):
-            problems.append(Problem(b.label, "transmission",
-                                    f"{count} message(s) for service '{service}' wait in the"
-                                    f" transmission queue of {b.label} for over"
-                                    f" {STUCK_AFTER:g} s, unacknowledged",
-                                    "the receiving broker does not store them: look at its"
-                                    " service_queues (quotas) and broker_resources (disk)"))
+            problems.append(
+                Problem(
+                    b.label,
+                    "transmission",
+                    f"{count} message(s) for service '{service}' wait in the"
+                    f" transmission queue of {b.label} for over"
+                    f" {STUCK_AFTER:g} s, unacknowledged",
+                    "the receiving broker does not store them: look at its"
+                    " service_queues (quotas) and broker_resources (disk)",
+                )
+            )
     return problems
 
 
@@ -871,8 +1039,10 @@ def _transmission_fix(broker: Broker, brokers: Sequence[Broker], service: str, s
         where = broker_address(brokers, far) if far else "tcp://HOST:BROKER_PORT"
         return f"on {broker.label}: create_route('to_{service}', '{service}', '{where}')"
     if status.endswith("does not exist"):
-        return (f"on {broker.label}: create the service (and its queue) '{service}'; or end"
-                " these conversations where they began, and fix the route that sent them here")
+        return (
+            f"on {broker.label}: create the service (and its queue) '{service}'; or end"
+            " these conversations where they began, and fix the route that sent them here"
+        )
     if status.startswith(_LINK_ERRORS):
         return "see the broker link problem above; the messages go once the link is up"
     return "the status says what is missing; the messages go once it is fixed"
@@ -886,11 +1056,16 @@ def check_conversations(brokers: Sequence[Broker]) -> list[Problem]:
             if ep["state"] != "ER":
                 continue
             handle = ep["conversation_handle"]
-            problems.append(Problem(b.label, "conversation",
-                                    f"conversation {handle} of service '{ep['service_name']}' with"
-                                    f" '{ep['far_service']}' on {b.label} is in error (ER)",
-                                    f"receive its Error message from queue '{ep['queue_name']}'"
-                                    f" on {b.label}, then end_conversation({handle})"))
+            problems.append(
+                Problem(
+                    b.label,
+                    "conversation",
+                    f"conversation {handle} of service '{ep['service_name']}' with"
+                    f" '{ep['far_service']}' on {b.label} is in error (ER)",
+                    f"receive its Error message from queue '{ep['queue_name']}'"
+                    f" on {b.label}, then end_conversation({handle})",
+                )
+            )
     return problems
 
 
@@ -898,9 +1073,7 @@ def _link_down(row: dict[str, Any]) -> bool:
     """A link that failed: its login state is an error (a link that closed when idle keeps
     the state it had, AUTHENTICATED; a peer never connected to is NONE)."""
     state = str(row["login_state"] or "")
-    return state.startswith("FAILED") or (
-        row["state"] == "CLOSED" and state not in _LINK_STATES
-    )
+    return state.startswith("FAILED") or (row["state"] == "CLOSED" and state not in _LINK_STATES)
 
 
 def check_links(brokers: Sequence[Broker]) -> list[Problem]:
@@ -922,28 +1095,38 @@ def check_links(brokers: Sequence[Broker]) -> list[Problem]:
     return problems
 
 
-def _link_problem(b: Broker, peer: Broker | None, name: str, at: str, error: str,
-                  waiting: str) -> Problem:
+def _link_problem(
+    b: Broker, peer: Broker | None, name: str, at: str, error: str, waiting: str
+) -> Problem:
     if "CERTIFICATE_VERIFY_FAILED" in error:
         cert_name = f"broker_{peer.instance[:8]}" if peer else "broker_PEER"
-        return Problem(b.label, "certificate",
-                       f"broker {b.label} does not trust the certificate broker {name} presents"
-                       f"{at}: {error}{waiting}",
-                       f"on {b.label}: create_certificate('{cert_name}', PEM) with PEM ="
-                       f" broker_certificate() of {name}", _trusts(b, peer))
+        return Problem(
+            b.label,
+            "certificate",
+            f"broker {b.label} does not trust the certificate broker {name} presents"
+            f"{at}: {error}{waiting}",
+            f"on {b.label}: create_certificate('{cert_name}', PEM) with PEM ="
+            f" broker_certificate() of {name}",
+            _trusts(b, peer),
+        )
     if any(s in error for s in ("reset by peer", "refused by peer", "handshake with")):
-        return Problem(name, "certificate",
-                       f"broker {name} closed the connection from {b.label}{at} in the"
-                       f" handshake: {error}{waiting}; {name} most likely does not trust the"
-                       f" certificate of {b.label}",
-                       f"on {name}: create_certificate('broker_{b.instance[:8]}', PEM) with PEM"
-                       f" = broker_certificate() of {b.label} (see {name}'s log for why it"
-                       " refused)", _trusts(peer, b))
-    return Problem(b.label, "link",
-                   f"the link from broker {b.label} to broker {name}{at} is down: {error}"
-                   f"{waiting}",
-                   f"start broker {name}, or correct the route address on {b.label} to its"
-                   " broker port")
+        return Problem(
+            name,
+            "certificate",
+            f"broker {name} closed the connection from {b.label}{at} in the"
+            f" handshake: {error}{waiting}; {name} most likely does not trust the"
+            f" certificate of {b.label}",
+            f"on {name}: create_certificate('broker_{b.instance[:8]}', PEM) with PEM"
+            f" = broker_certificate() of {b.label} (see {name}'s log for why it"
+            " refused)",
+            _trusts(peer, b),
+        )
+    return Problem(
+        b.label,
+        "link",
+        f"the link from broker {b.label} to broker {name}{at} is down: {error}{waiting}",
+        f"start broker {name}, or correct the route address on {b.label} to its broker port",
+    )
 
 
 def check_resources(brokers: Sequence[Broker]) -> list[Problem]:
@@ -952,9 +1135,14 @@ def check_resources(brokers: Sequence[Broker]) -> list[Problem]:
     for b in brokers:
         for r in b.views.get("broker_resources", []):
             if not r["accepting_messages"]:
-                problems.append(Problem(b.label, "resources",
-                                        f"broker {b.label} refuses new messages: {r['refusal']}",
-                                        f"free disk space where {b.label} keeps its data"))
+                problems.append(
+                    Problem(
+                        b.label,
+                        "resources",
+                        f"broker {b.label} refuses new messages: {r['refusal']}",
+                        f"free disk space where {b.label} keeps its data",
+                    )
+                )
     return problems
 
 
@@ -963,9 +1151,7 @@ def check_resources(brokers: Sequence[Broker]) -> list[Problem]:
 
 def format_report(report: Report) -> str:
     """The report for people: one problem per entry with its fix, then a summary line."""
-    lines = [
-        f"broker {b.label}: instance {b.instance}, login '{b.login}'" for b in report.brokers
-    ]
+    lines = [f"broker {b.label}: instance {b.instance}, login '{b.login}'" for b in report.brokers]
     for p in report.problems:
         lines.append(f"PROBLEM [{p.kind}] {p.text}")
         lines.append(f"    fix: {p.fix}")
@@ -985,8 +1171,10 @@ def _counts(report: Report) -> str:
 
     queues = total(lambda b: len(b.views.get("service_queues", [])))
     held = total(lambda b: len(b.views.get("transmission_queue", [])))
-    return (f"{len(report.brokers)} broker(s), {len(report.paths)} path(s) between services,"
-            f" {queues} queue(s), {held} message(s) in transmission queues")
+    return (
+        f"{len(report.brokers)} broker(s), {len(report.paths)} path(s) between services,"
+        f" {queues} queue(s), {held} message(s) in transmission queues"
+    )
 
 
 def run(urls: Sequence[str], from_service: str | None, to_service: str | None) -> int:

@@ -202,7 +202,9 @@ class Forwarder:
         self.relays[frame.conversation_id] = relay
         log.debug(
             "forwarding conversation %s between broker %s and broker %s",
-            frame.conversation_id, relay.initiator, relay.target,
+            frame.conversation_id,
+            relay.initiator,
+            relay.target,
         )
         return relay
 

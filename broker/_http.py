@@ -52,10 +52,10 @@ class HttpServer:
         token: str | None,
     ) -> None:
         """Args:
-            readiness: None when ready, else why not.
-            authenticate: a broker login check: None when the password is right.
-            may_view: whether a login may read the broker's views (and so /metrics).
-            token: the bearer token that also opens /metrics (None: none).
+        readiness: None when ready, else why not.
+        authenticate: a broker login check: None when the password is right.
+        may_view: whether a login may read the broker's views (and so /metrics).
+        token: the bearer token that also opens /metrics (None: none).
         """
         self.metrics = metrics
         self.readiness = readiness
@@ -110,8 +110,10 @@ class HttpServer:
             name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
         if is_loopback(request.remote) and name not in self.hosts and not is_loopback(name):
             log.warning(
-                "HTTP %s from %s refused: Host %r is not this server", request.path,
-                request.remote, request.host[:100],
+                "HTTP %s from %s refused: Host %r is not this server",
+                request.path,
+                request.remote,
+                request.host[:100],
             )
             return web.Response(status=421, text="this server does not answer for that host\n")
         return await handler(request)

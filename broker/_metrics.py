@@ -31,31 +31,71 @@ from ._store import Store
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 COMMIT_ROWS_BUCKETS: Final = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 COMMIT_SECONDS_BUCKETS: Final = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
 )
 
 
 # (kind, name, help, how to read it from a Queue; None: computed by the collector)
 QUEUE_FIGURES: Final[tuple[tuple[str, str, str, Callable[[Queue], float] | None], ...]] = (
-    ("gauge", "ssb_queue_messages", "Messages stored in the queue (ready, received, retained)",
-     lambda q: q.messages),
+    (
+        "gauge",
+        "ssb_queue_messages",
+        "Messages stored in the queue (ready, received, retained)",
+        lambda q: q.messages,
+    ),
     ("gauge", "ssb_queue_messages_ready", "Messages a RECEIVE could take", lambda q: q.ready),
     ("gauge", "ssb_queue_bytes", "Bytes of message bodies stored in the queue", lambda q: q.bytes),
-    ("gauge", "ssb_queue_messages_held",
-     "Transmission-queue messages waiting for this queue (it is off or full)", lambda q: q.held),
-    ("gauge", "ssb_queue_oldest_message_age_seconds",
-     "Age of the oldest message a RECEIVE could take (0: none)", None),
-    ("gauge", "ssb_queue_readers_waiting", "Sessions waiting in RECEIVE",
-     lambda q: len(q.waiters)),
+    (
+        "gauge",
+        "ssb_queue_messages_held",
+        "Transmission-queue messages waiting for this queue (it is off or full)",
+        lambda q: q.held,
+    ),
+    (
+        "gauge",
+        "ssb_queue_oldest_message_age_seconds",
+        "Age of the oldest message a RECEIVE could take (0: none)",
+        None,
+    ),
+    ("gauge", "ssb_queue_readers_waiting", "Sessions waiting in RECEIVE", lambda q: len(q.waiters)),
     ("gauge", "ssb_queue_activated_tasks", "Activated readers running", None),
-    ("gauge", "ssb_queue_enabled", "1 when the queue is ON, 0 when off or disabled",
-     lambda q: 1 if q.definition.status else 0),
-    ("counter", "ssb_queue_enqueued", "Messages put into the queue since start",
-     lambda q: q.enqueued),
-    ("counter", "ssb_queue_received", "Messages received by committed transactions since start",
-     lambda q: q.received),
-    ("counter", "ssb_queue_rolled_back", "Received messages put back by a rollback since start",
-     lambda q: q.rolled_back),
+    (
+        "gauge",
+        "ssb_queue_enabled",
+        "1 when the queue is ON, 0 when off or disabled",
+        lambda q: 1 if q.definition.status else 0,
+    ),
+    (
+        "counter",
+        "ssb_queue_enqueued",
+        "Messages put into the queue since start",
+        lambda q: q.enqueued,
+    ),
+    (
+        "counter",
+        "ssb_queue_received",
+        "Messages received by committed transactions since start",
+        lambda q: q.received,
+    ),
+    (
+        "counter",
+        "ssb_queue_rolled_back",
+        "Received messages put back by a rollback since start",
+        lambda q: q.rolled_back,
+    ),
 )
 
 
@@ -167,7 +207,8 @@ class BrokerCollector(Collector):
         forwarder = None if self.transport is None else self.transport.forwarder
         totals = {} if forwarder is None else forwarder.totals()
         yield GaugeMetricFamily(
-            "ssb_forwarded_conversations", "Conversations this broker relays for others",
+            "ssb_forwarded_conversations",
+            "Conversations this broker relays for others",
             value=totals.get("relayed_conversations", 0),
         )
         yield GaugeMetricFamily(
@@ -198,7 +239,8 @@ class BrokerCollector(Collector):
             value=open_txns + len(transactions.detached),
         )
         yield GaugeMetricFamily(
-            "ssb_transactions_detached", "Detached transactions open",
+            "ssb_transactions_detached",
+            "Detached transactions open",
             value=len(transactions.detached),
         )
         yield GaugeMetricFamily(
@@ -210,7 +252,8 @@ class BrokerCollector(Collector):
             "ssb_message_cache_bytes", "Message bodies held in memory", value=engine.cache.resident
         )
         yield GaugeMetricFamily(
-            "ssb_store_durable_batch", "Number of the newest store batch on disk",
+            "ssb_store_durable_batch",
+            "Number of the newest store batch on disk",
             value=self.store.durable,
         )
 
@@ -241,4 +284,3 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-

@@ -93,9 +93,7 @@ class Operations:
         for name, fn in operations.items():
             known = self._table.get(name)
             if known is not None:
-                raise RuntimeError(
-                    f"operation '{name}' is offered by both {known[2]} and {owner}"
-                )
+                raise RuntimeError(f"operation '{name}' is offered by both {known[2]} and {owner}")
             self._table[name] = (fn, _Parameters.of(fn), owner)
             if observing:
                 self._observations.add(name)
@@ -123,7 +121,9 @@ class Operations:
         return result
 
     @staticmethod
-    async def _named(pending: Awaitable[Any], statements: Statements, session: Any, name: Any) -> Any:
+    async def _named(
+        pending: Awaitable[Any], statements: Statements, session: Any, name: Any
+    ) -> Any:
         done = False
         try:
             result = await pending

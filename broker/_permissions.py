@@ -177,13 +177,19 @@ class Permissions:
             if not self.has(session.user, permission, kind, name):
                 self._refuse(session, operation, permission, kind, name)
 
-    def _refuse(self, session: Session, operation: str, permission: str, kind: str, name: str) -> None:
+    def _refuse(
+        self, session: Session, operation: str, permission: str, kind: str, name: str
+    ) -> None:
         target = f"{kind.replace('_', ' ')} '{name}'" if kind else "the broker"
         owner = self.owners.get((kind, name)) if kind else None
         who = f"its owner '{owner}' or a login with CONTROL" if owner else "a login with CONTROL"
         log.warning(
-            "refused %s to %r from %s: needs %s on %s", operation, session.user, session.peer,
-            permission, target,
+            "refused %s to %r from %s: needs %s on %s",
+            operation,
+            session.user,
+            session.peer,
+            permission,
+            target,
         )
         raise BrokerError(
             ErrorCode.PERMISSION_DENIED,
@@ -316,7 +322,9 @@ class Permissions:
         self, session: Session, permission: object, kind: object, name: object, login: object
     ) -> tuple[str, str, str, str]:
         if not isinstance(permission, str) or permission.upper() not in GRANTABLE:
-            raise bad_argument(f"permission must be one of {', '.join(GRANTABLE)}, not {permission!r}")
+            raise bad_argument(
+                f"permission must be one of {', '.join(GRANTABLE)}, not {permission!r}"
+            )
         permission = permission.upper()
         kind = "" if kind is None else kind
         name = "" if name is None else name
@@ -328,14 +336,20 @@ class Permissions:
         if not isinstance(login, str) or not login:
             raise bad_argument("grant and revoke need the login to change")
         if kind and self.engine.catalog.table(kind).get(name) is None:
-            raise BrokerError(ErrorCode.BAD_ARGUMENT, f"there is no {kind.replace('_', ' ')} '{name}'")
+            raise BrokerError(
+                ErrorCode.BAD_ARGUMENT, f"there is no {kind.replace('_', ' ')} '{name}'"
+            )
         # CONTROL of the broker, or of the object (its owner), may grant on it
         if not self.has(session.user, "CONTROL", kind, name):
             self._refuse(session, "grant", "CONTROL", kind, name)
         return login, permission, kind, name
 
     def _grant(
-        self, session: Session, permission: object, login: object, kind: object = None,
+        self,
+        session: Session,
+        permission: object,
+        login: object,
+        kind: object = None,
         name: object = None,
     ) -> None:
         row = self._parse(session, permission, kind, name, login)
@@ -346,13 +360,19 @@ class Permissions:
         log.info("%r granted %s on %s to %r", session.user, row[1], row[2] or "the broker", row[0])
 
     def _revoke(
-        self, session: Session, permission: object, login: object, kind: object = None,
+        self,
+        session: Session,
+        permission: object,
+        login: object,
+        kind: object = None,
         name: object = None,
     ) -> None:
         row = self._parse(session, permission, kind, name, login)
         self.grants.discard(row)
         self.store.delete_grant(row)
-        log.info("%r revoked %s on %s from %r", session.user, row[1], row[2] or "the broker", row[0])
+        log.info(
+            "%r revoked %s on %s from %r", session.user, row[1], row[2] or "the broker", row[0]
+        )
 
     def rows(self) -> list[dict[str, Any]]:
         rows = [

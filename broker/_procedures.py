@@ -53,12 +53,16 @@ class ProcedurePolicy:
         if self.allows(spec):
             return
         listed = ", ".join(repr(p) for p in self.patterns) or "none"
-        log.warning("refused %s %r%s: not in the config's procedures", what, spec,
-                    f" for {user!r}" if user else "")
+        log.warning(
+            "refused %s %r%s: not in the config's procedures",
+            what,
+            spec,
+            f" for {user!r}" if user else "",
+        )
         raise BrokerError(
             ErrorCode.PERMISSION_DENIED,
             f"{what} {spec!r} is not one the broker may run (allowed: {listed}); the"
-            " operator lists them in the config, e.g. procedures = [\"myapp.tasks.*\"]",
+            ' operator lists them in the config, e.g. procedures = ["myapp.tasks.*"]',
         )
 
     def operations(self) -> dict[str, Callable[..., Any]]:

@@ -186,7 +186,9 @@ class ClientConnection(asyncio.Protocol):
             self.login_timer = None
         self.session = self.engine.transactions.open_session(hello.user, self.peer)
         self.session.abort = self.abort
-        log.info("client %s logged in as %r (session %d)", self.peer, hello.user, self.session.ident)
+        log.info(
+            "client %s logged in as %r (session %d)", self.peer, hello.user, self.session.ident
+        )
         welcome = Welcome(
             WIRE_VERSION,
             self.engine.instance_id,
@@ -203,7 +205,9 @@ class ClientConnection(asyncio.Protocol):
     def _login_timed_out(self) -> None:
         self.login_timer = None
         if self.session is None and not self.closed:
-            log.info("closing client %s: no login within %g s", self.peer, self.limits.login_timeout)
+            log.info(
+                "closing client %s: no login within %g s", self.peer, self.limits.login_timeout
+            )
             self._send_now(
                 encode_error(
                     0,

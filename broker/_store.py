@@ -277,7 +277,9 @@ _DELETE_CATALOG: Final = "DELETE FROM catalog WHERE kind = ? AND name = ?"
 _INSERT_ENDPOINT: Final = _insert("endpoints", ENDPOINT_COLUMNS)
 _UPDATE_ENDPOINT: Final = (
     "UPDATE endpoints SET "
-    + ", ".join(f"{c} = ?" for c in ENDPOINT_COLUMNS if c not in ("conversation_id", "is_initiator"))
+    + ", ".join(
+        f"{c} = ?" for c in ENDPOINT_COLUMNS if c not in ("conversation_id", "is_initiator")
+    )
     + " WHERE conversation_id = ? AND is_initiator = ?"
 )
 # the columns that change as a dialog runs, none of them indexed: an update that names only
@@ -401,7 +403,13 @@ def _transient(exc: BaseException) -> bool:
         code = getattr(exc, "sqlite_errorcode", None)
         transient = {
             getattr(sqlite3, name)
-            for name in ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN")
+            for name in (
+                "SQLITE_FULL",
+                "SQLITE_IOERR",
+                "SQLITE_BUSY",
+                "SQLITE_LOCKED",
+                "SQLITE_CANTOPEN",
+            )
             if hasattr(sqlite3, name)
         }
         if code is not None:
@@ -447,12 +455,14 @@ class Batch:
 class Store:
     """SQLite-backed durable store with group commit on one background thread."""
 
-    def __init__(self, path: Path | str, durability: str = "fsync", *, threaded: bool = True) -> None:
+    def __init__(
+        self, path: Path | str, durability: str = "fsync", *, threaded: bool = True
+    ) -> None:
         """Args:
-            path: the database file (":memory:" for tests: one connection, no thread).
-            durability: "fsync" or "os".
-            threaded: commit on a store thread (the daemon); False commits only when
-                `flush()` is called (tests drive durability by hand).
+        path: the database file (":memory:" for tests: one connection, no thread).
+        durability: "fsync" or "os".
+        threaded: commit on a store thread (the daemon); False commits only when
+            `flush()` is called (tests drive durability by hand).
         """
         if durability not in ("fsync", "os"):
             raise ValueError(f"durability must be 'fsync' or 'os', not {durability!r}")
@@ -716,7 +726,6 @@ class Store:
         if self._wake and self._loop is not None:
             self._wake = False
             self._loop.call_soon(self._start_flush)
-
 
     def _take_open(self) -> Batch:
         writers, self._deferred = self._deferred, []
@@ -1079,9 +1088,7 @@ class Store:
             last - first + 1,
         )
 
-    def delete_transmission_direction(
-        self, conversation_id: uuid.UUID, is_initiator: bool
-    ) -> None:
+    def delete_transmission_direction(self, conversation_id: uuid.UUID, is_initiator: bool) -> None:
         self._add(
             _DELETE_TRANSMISSION_DIRECTION, (conversation_id, int(is_initiator)), UNKNOWN_ROWS
         )

@@ -81,7 +81,9 @@ def server_context(
         context.load_cert_chain(cert_file, key_file)
         return context, fingerprint(cert_file.read_text())
     except (OSError, ssl.SSLError, ValueError) as exc:
-        raise ConfigError(f"cannot use the TLS certificate {cert_file} / key {key_file}: {exc}") from None
+        raise ConfigError(
+            f"cannot use the TLS certificate {cert_file} / key {key_file}: {exc}"
+        ) from None
 
 
 def fingerprint(pem: str) -> str:

@@ -550,9 +550,7 @@ class Transport:
                 if not held or key in self.discarding:
                     continue
                 envelope = self.envelopes.get(key)
-                ep = self.engine.endpoints.by_conversation(
-                    key[0], key[1] is Direction.FROM_TARGET
-                )
+                ep = self.engine.endpoints.by_conversation(key[0], key[1] is Direction.FROM_TARGET)
                 service = ep.service if ep else envelope.to_service if envelope else ""
                 defined = self.engine.catalog.services.get(service)
                 queue = ep.queue if ep else defined.queue if defined else None
@@ -643,7 +641,9 @@ class Transport:
             if link.link.state is LinkState.ESTABLISHED:
                 link.write(link.link.send(CloseFrame("broker certificate rotated")))
             link.close()
-        log.info("broker certificate rotated; %d previous key(s) kept", len(self.identity.previous_keys))
+        log.info(
+            "broker certificate rotated; %d previous key(s) kept", len(self.identity.previous_keys)
+        )
         return self.identity.certificate_pem.decode()
 
     def op_drop_certificate(self, session: Session, name: object) -> None:
@@ -710,7 +710,10 @@ class Transport:
                 if envelope is not None:
                     self.envelopes[(conv, d)] = envelope
                 events = peer.dialog.open_receiver(
-                    conv, d, session_key=key, next_expected_seq=next_seq,
+                    conv,
+                    d,
+                    session_key=key,
+                    next_expected_seq=next_seq,
                     encrypted=envelope is not None and envelope.encrypted,
                     held_fragments=held.get((conv, d), ()),
                 )
@@ -726,7 +729,11 @@ class Transport:
             resume = first if first is not None else (ep.send_seq if ep else 0)
             assert envelope is not None
             peer.dialog.open_sender(
-                conv, d, envelope, session_key=key, wrapped_session_key=wrapped,
+                conv,
+                d,
+                envelope,
+                session_key=key,
+                wrapped_session_key=wrapped,
                 next_seq=resume,
                 priority=self._priority(box.priority if box is not None else 5),
             )
@@ -911,13 +918,25 @@ class Transport:
                 envelope, origin_proof=sign_origin(self.identity.private_key, transcript)
             )
             sender = dialog.open_sender(
-                out.conversation_id, direction, envelope, session_key=key,
-                wrapped_session_key=wrapped, next_seq=out.seq,
+                out.conversation_id,
+                direction,
+                envelope,
+                session_key=key,
+                wrapped_session_key=wrapped,
+                next_seq=out.seq,
                 priority=self._priority(out.priority),
             )
             self.store.put_remote_dialog(
-                (out.conversation_id, int(direction), "send", str(peer.instance), key, wrapped,
-                 out.seq, pack(envelope.encode()))
+                (
+                    out.conversation_id,
+                    int(direction),
+                    "send",
+                    str(peer.instance),
+                    key,
+                    wrapped,
+                    out.seq,
+                    pack(envelope.encode()),
+                )
             )
             ep = self.engine.endpoints.by_conversation(out.conversation_id, out.is_initiator)
             if ep is not None and ep.far_broker_instance is None:
@@ -994,7 +1013,11 @@ class Transport:
     def _connect(self, address: str) -> None:
         if address in self.connecting or self.closing:
             return
-        if any(lk.address == address and not lk.closed for lk in self.links if lk.role is Role.INITIATOR):
+        if any(
+            lk.address == address and not lk.closed
+            for lk in self.links
+            if lk.role is Role.INITIATOR
+        ):
             return
         delay = max(0.0, self.retry_at.get(address, 0.0) - self.loop.time())
         self.connecting.add(address)
@@ -1315,8 +1338,6 @@ class Transport:
 
     # ---- receiving ---------------------------------------------------------------------
 
-    # ---- receiving ---------------------------------------------------------------------
-
     def frames(self, link: Link, frames: list[FragmentFrame | AckFrame]) -> None:
         """Frames from one read: their events are applied (and stored) together, per
         broker the dialogs are with; other brokers' frames go to the forwarder."""
@@ -1501,7 +1522,9 @@ class Transport:
                         if event.rejected:
                             log.warning(
                                 "conversation %s from broker %s ended: %s",
-                                event.conversation_id, peer.instance, event.rejected,
+                                event.conversation_id,
+                                peer.instance,
+                                event.rejected,
                             )
                     next_seqs[key] = event.seq + 1
                     held = (key[0], key[1], event.seq)
@@ -1534,8 +1557,15 @@ class Transport:
                 key = (event.conversation_id, event.direction)
                 if key not in self.discarding:
                     store.put_held_fragment(
-                        (key[0], int(key[1]), event.seq, event.fragment_index,
-                         event.fragment_count, event.message_type, event.payload)
+                        (
+                            key[0],
+                            int(key[1]),
+                            event.seq,
+                            event.fragment_index,
+                            event.fragment_count,
+                            event.message_type,
+                            event.payload,
+                        )
                     )
                     self.held_seqs.add((key[0], key[1], event.seq))
                 stored.append(event)
@@ -1544,8 +1574,16 @@ class Transport:
                 if key not in self.discarding:
                     envelope = self.envelopes.get(key)
                     store.put_remote_dialog(
-                        (key[0], int(key[1]), "recv", str(peer.instance), event.session_key, None,
-                         0, None if envelope is None else pack(envelope.encode()))
+                        (
+                            key[0],
+                            int(key[1]),
+                            "recv",
+                            str(peer.instance),
+                            event.session_key,
+                            None,
+                            0,
+                            None if envelope is None else pack(envelope.encode()),
+                        )
                     )
             elif isinstance(event, PartialMessageDiscarded):
                 store.delete_held_message(event.conversation_id, int(event.direction), event.seq)
@@ -1558,7 +1596,11 @@ class Transport:
                 through = "" if carrier is peer else f" through broker {carrier.instance}"
                 log.warning(
                     "corrupted fragment from broker %s%s (conversation %s, seq %s): %s",
-                    peer.instance, through, event.conversation_id, event.seq, event.reason,
+                    peer.instance,
+                    through,
+                    event.conversation_id,
+                    event.seq,
+                    event.reason,
                 )
             elif isinstance(event, UnknownDialog):
                 self._open_receiver(peer, event, link)
@@ -1749,7 +1791,11 @@ class Transport:
         return None
 
     def _log_refusal(
-        self, key: tuple[uuid.UUID, Direction], text: str, *args: object, level: int = logging.WARNING
+        self,
+        key: tuple[uuid.UUID, Direction],
+        text: str,
+        *args: object,
+        level: int = logging.WARNING,
     ) -> None:
         """A line per dialog direction at most every REFUSAL_LOG_EVERY seconds."""
         now = self.loop.time()
@@ -1793,7 +1839,9 @@ class Transport:
                     "bytes_received": counters.bytes_in,
                     "fragments_sent": counters.fragments_out,
                     "fragments_received": counters.fragments_in,
-                    "corrupt_fragments": peer.corrupt_fragments if peer else counters.corrupt_fragments,
+                    "corrupt_fragments": peer.corrupt_fragments
+                    if peer
+                    else counters.corrupt_fragments,
                     "refused_fragments": peer.refused_fragments if peer else 0,
                     "in_flight": len(peer.in_flight) if peer else 0,
                     "retransmissions": peer.dialog.counters.retransmissions if peer else 0,

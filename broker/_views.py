@@ -319,7 +319,13 @@ class Views:
             return None
         group_id, priority, service, contract, _ = found
         return Conversation(
-            engine.cache, engine.journal, queue.name, Group(group_id), handle, priority, service,
+            engine.cache,
+            engine.journal,
+            queue.name,
+            Group(group_id),
+            handle,
+            priority,
+            service,
             contract,
         )
 
@@ -356,7 +362,9 @@ class Views:
 
     def poison_messages(self, limit: int, after: int | None) -> list[dict[str, Any]]:
         rows = []
-        for ident, queue, handle, order, count, action, when, error in self.store.read_poison(limit):
+        for ident, queue, handle, order, count, action, when, error in self.store.read_poison(
+            limit
+        ):
             rows.append(
                 {
                     "id": ident,

@@ -1,7 +1,7 @@
 """The ssb client: program the broker from Python.
 
-    conn = await client.connect("ssb://admin:secret@127.0.0.1:4021")
-    conn = client.connect_sync("ssb://127.0.0.1:4021")   # same methods, blocking
+conn = await client.connect("ssb://admin:secret@127.0.0.1:4021")
+conn = client.connect_sync("ssb://127.0.0.1:4021")   # same methods, blocking
 """
 
 from __future__ import annotations

@@ -232,7 +232,9 @@ def create_event_notification(
     delivered to `service` (which must accept the PostEventNotification contract)."""
     return Call(
         "create_event_notification",
-        _some(name=name, event=event, queue=queue, service=service, broker_instance=broker_instance),
+        _some(
+            name=name, event=event, queue=queue, service=service, broker_instance=broker_instance
+        ),
         _none,
     )
 
@@ -445,9 +447,7 @@ def transaction_outcome(txn_id: Handle, age: float | None = None) -> Call[tuple[
         age: at most how many seconds ago the commit was sent; without it an id that is
             not recorded is "unknown" (it might have been pruned from the window).
     """
-    return Call(
-        "transaction_outcome", _some(txn_id=_handle(txn_id), age=age), _outcome
-    )
+    return Call("transaction_outcome", _some(txn_id=_handle(txn_id), age=age), _outcome)
 
 
 def _outcome(value: Any) -> tuple[str, str]:
@@ -476,7 +476,9 @@ def requeue_dead_letter(queue: str, queuing_order: int) -> Call[None]:
     return Call("requeue_dead_letter", {"queue": queue, "queuing_order": queuing_order}, _none)
 
 
-def view(name: str, limit: int | None = None, after: int | None = None) -> Call[list[dict[str, Any]]]:
+def view(
+    name: str, limit: int | None = None, after: int | None = None
+) -> Call[list[dict[str, Any]]]:
     """A view's rows (conversation_endpoints, service_queues, ..., or 'queue:NAME').
 
     Args:
@@ -494,7 +496,6 @@ def peek(queue: str, limit: int | None = None, after: int | None = None) -> Call
         return [Message.from_wire(list(row.values())) for row in rows]
 
     return Call("view", _some(name=f"queue:{queue}", limit=limit, after=after), decode)
-
 
 
 def broker_instance() -> Call[str]:

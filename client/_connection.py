@@ -176,7 +176,7 @@ class Connection:
         return None if txn is None else txn.id
 
     async def transaction_outcome(self, txn_id: uuid.UUID | str) -> str:
-        """"committed", "rolled_back" or "unknown" (older than the broker's window) for a
+        """ "committed", "rolled_back" or "unknown" (older than the broker's window) for a
         transaction (or statement outside one) of this login; "open" for one still open
         here or detached. Asking fixes the answer: that id can never commit afterwards."""
         ident = txn_id if isinstance(txn_id, uuid.UUID) else uuid.UUID(str(txn_id))
@@ -341,8 +341,10 @@ class Connection:
         pending, self._pending = self._pending, {}
         reason = str(exc) or type(exc).__name__
         if self._closed or not self._options.reconnect:
-            error = exc if isinstance(exc, BrokerError) else ConnectionLostError(
-                f"connection to the broker lost: {reason}"
+            error = (
+                exc
+                if isinstance(exc, BrokerError)
+                else ConnectionLostError(f"connection to the broker lost: {reason}")
             )
             for future, _ in pending.values():
                 if not future.done():
@@ -408,7 +410,12 @@ class Connection:
                 if attempt >= retries:
                     raise
                 attempt += 1
-                log.info("transaction rolled back (%s); running it again (%d of %d)", exc, attempt, retries)
+                log.info(
+                    "transaction rolled back (%s); running it again (%d of %d)",
+                    exc,
+                    attempt,
+                    retries,
+                )
                 continue
             return result
 

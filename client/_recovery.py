@@ -116,7 +116,10 @@ class Redial:
         self.started = now
         self.delay = RECONNECT_FIRST_DELAY
         log.info(
-            "connection to %s:%d lost (%s); reconnecting", self.target.host, self.target.port, reason
+            "connection to %s:%d lost (%s); reconnecting",
+            self.target.host,
+            self.target.port,
+            reason,
         )
 
     def pause(self, failure: ConnectionLostError, now: float) -> float:

@@ -76,7 +76,12 @@ class SyncConnection:
     """A blocking session with the broker; make one with `client.connect_sync(url)`."""
 
     def __init__(
-        self, sock: socket.socket, welcome: Welcome, decoder: FrameDecoder, url: str, options: Options
+        self,
+        sock: socket.socket,
+        welcome: Welcome,
+        decoder: FrameDecoder,
+        url: str,
+        options: Options,
     ):
         self._sock = sock
         self._decoder = decoder
@@ -121,7 +126,7 @@ class SyncConnection:
         return None if txn is None else txn.id
 
     def transaction_outcome(self, txn_id: uuid.UUID | str) -> str:
-        """"committed", "rolled_back" or "unknown" (older than the broker's window) for a
+        """ "committed", "rolled_back" or "unknown" (older than the broker's window) for a
         transaction (or statement outside one) of this login; "open" for one still open
         here or detached. Asking fixes the answer: that id can never commit afterwards."""
         ident = txn_id if isinstance(txn_id, uuid.UUID) else uuid.UUID(str(txn_id))
@@ -290,7 +295,12 @@ class SyncConnection:
                 if attempt >= retries:
                     raise
                 attempt += 1
-                log.info("transaction rolled back (%s); running it again (%d of %d)", exc, attempt, retries)
+                log.info(
+                    "transaction rolled back (%s); running it again (%d of %d)",
+                    exc,
+                    attempt,
+                    retries,
+                )
                 continue
             return result
 

@@ -99,7 +99,11 @@ class Welcome:
                 ErrorCode.HANDSHAKE_FAILED,
             )
         limit = frame.get("max_message_size", DEFAULT_MAX_MESSAGE_SIZE)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_MESSAGE_SIZE_LIMIT:
+        if (
+            isinstance(limit, bool)
+            or not isinstance(limit, int)
+            or not 0 < limit <= MAX_MESSAGE_SIZE_LIMIT
+        ):
             raise RemoteProtocolError(
                 f"the broker announced a max_message_size of {limit!r}", ErrorCode.HANDSHAKE_FAILED
             )

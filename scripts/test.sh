@@ -40,5 +40,6 @@ if ! has_chromium; then
 fi
 ensure_venv "[test]"
 python -m ruff check broker protocol client spark_bridge tests bench examples
+python -m ruff format --check --quiet broker protocol client spark_bridge tests bench examples
 bash scripts/typecheck.sh
 python -m pytest -q -p no:cacheprovider tests "$@"

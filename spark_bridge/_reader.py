@@ -133,6 +133,7 @@ def run_reader(spec: ReaderSpec, index: int = 0) -> ReaderReport:
     except client.BrokerError as exc:
         report.error = f"cannot connect: {exc}"
         return report
+
     def register(session: client.SyncConnection) -> dict[str, Any]:
         return session.register_task(
             spec.queue,

@@ -36,9 +36,7 @@ Rows = list[dict[str, Any]]
 @pytest.fixture
 def abroker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A daemon with logins and fast activation checks."""
-    process = BrokerProcess(
-        tmp_path / "data", durability="os", config={"activation": FAST}
-    ).start()
+    process = BrokerProcess(tmp_path / "data", durability="os", config={"activation": FAST}).start()
     yield process
     process.kill()
 

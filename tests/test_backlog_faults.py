@@ -114,13 +114,17 @@ async def test_kill_9_during_a_deep_drain_loses_and_repeats_nothing(tmp_path: Pa
     before_ids = [_parse(m.message_body) for m in taken]
     after_ids = [_parse(m.message_body) for m in after]
     assert len(set(before_ids)) == len(before_ids), "an acknowledged commit took a message twice"
-    assert not set(before_ids) & set(after_ids), "a message taken by an acknowledged commit came back"
+    assert not set(before_ids) & set(after_ids), (
+        "a message taken by an acknowledged commit came back"
+    )
     assert len(set(after_ids)) == len(after_ids), "a message was delivered twice after the restart"
     doubtful = {_parse(m.message_body) for m in in_doubt}
     assert doubtful <= set(after_ids), "the open transaction's messages did not come back"
     wanted = {(c, s) for c in range(CONVERSATIONS) for s in range(PER_CONVERSATION)}
     missing = wanted - set(before_ids) - set(after_ids)
-    assert not missing, f"{len(missing)} acknowledged messages were lost, e.g. {sorted(missing)[:5]}"
+    assert not missing, (
+        f"{len(missing)} acknowledged messages were lost, e.g. {sorted(missing)[:5]}"
+    )
     assert len(before_ids) + len(after_ids) == len(wanted)
 
     sequence: dict[int, list[int]] = {c: [] for c in range(CONVERSATIONS)}

@@ -81,7 +81,7 @@ def test_a_data_directory_that_is_a_file_is_one_line(tmp_path: Path) -> None:
         ("[activation]\ncheck_interval = 0\n", "[activation] check_interval must be"),
         ("[activation]\nidle_workers = 100000000\n", "[activation] idle_workers must be"),
         ("[activation]\nexecution_log_rows = 1.5\n", "[activation] execution_log_rows must"),
-        ("[activation]\npython_path = \"/srv\"\n", "python_path must be a list"),
+        ('[activation]\npython_path = "/srv"\n', "python_path must be a list"),
         ("[activation]\ncheck_intervall = 1\n", "unknown [activation] setting(s) check_intervall"),
     ],
 )
@@ -118,7 +118,9 @@ def test_a_privileged_port_is_one_line(tmp_path: Path) -> None:
     assert "ports below 1024 need root" in one_error_line(result)
 
 
-@pytest.mark.parametrize("command", [("status",), ("view", "service_queues"), ("login", "drop", "x")])
+@pytest.mark.parametrize(
+    "command", [("status",), ("view", "service_queues"), ("login", "drop", "x")]
+)
 def test_no_broker_answering_is_one_line_with_what_to_do(command: tuple[str, ...]) -> None:
     port = _free_port()
     line = one_error_line(run_ssb(*command, "--url", f"ssb://admin:pw@127.0.0.1:{port}"))

@@ -49,7 +49,11 @@ async def test_attach_then_rollback_returns_messages_in_order(conn: client.Conne
         await other.receive(queue, top=1, timeout=5)
         await other.rollback(error="batch failed")
         got = await other.receive(queue, timeout=5)
-        assert [(m.message_body, m.delivery_count) for m in got] == [(b"0", 2), (b"1", 2), (b"2", 2)]
+        assert [(m.message_body, m.delivery_count) for m in got] == [
+            (b"0", 2),
+            (b"1", 2),
+            (b"2", 2),
+        ]
     finally:
         await other.close()
 

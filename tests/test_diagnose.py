@@ -74,8 +74,13 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[Node, Node]]:
 async def ssb_diagnose(*args: str) -> tuple[int, str, str]:
     """Run `python -m ssb.broker diagnose ARGS` as a subprocess: (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ssb.broker", "diagnose", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "ssb.broker",
+        "diagnose",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode is not None
@@ -143,8 +148,11 @@ async def test_a_missing_route_back_is_found(tmp_path: Path) -> None:
 
         # no conversation yet: only the routes say that B cannot answer A
         report = await diagnose(urls(a, b))
-        one(texts(report, "route"), f"broker {label(b)} has no route to any service of broker"
-            f" {label(a)}", "create_route(")
+        one(
+            texts(report, "route"),
+            f"broker {label(b)} has no route to any service of broker {label(a)}",
+            "create_route(",
+        )
 
         # the dialog named: exact words, and the CLI says so with exit 1
         code, out, err = await ssb_diagnose(*urls(a, b), "--from", "Initiator", "--to", "TargetB")
@@ -156,8 +164,11 @@ async def test_a_missing_route_back_is_found(tmp_path: Path) -> None:
         # a conversation whose replies cannot leave B is found without naming services
         await begin_and_deliver(a, b)
         report = await diagnose(urls(a, b))
-        one(texts(report, "route"), f"broker {label(b)} has no route to service 'Initiator'",
-            "conversation")
+        one(
+            texts(report, "route"),
+            f"broker {label(b)} has no route to service 'Initiator'",
+            "conversation",
+        )
 
 
 async def test_a_certificate_not_trusted_is_found_on_either_side(tmp_path: Path) -> None:
@@ -168,9 +179,11 @@ async def test_a_certificate_not_trusted_is_found_on_either_side(tmp_path: Path)
         # A no longer trusts B: found in A's certificates (before any link fails)
         await a.conn.drop_certificate("cert_B")
         report = await diagnose(urls(a, b))
-        one(texts(report, "certificate"),
+        one(
+            texts(report, "certificate"),
             f"broker {label(a)} does not trust the certificate of broker {label(b)}",
-            f"on {label(a)}: create_certificate(")
+            f"on {label(a)}: create_certificate(",
+        )
 
         # trusted again by A, but B no longer trusts A: found in B's certificates at once
         await trust(a, b)
@@ -196,9 +209,13 @@ async def test_a_contract_that_differs_between_the_brokers_is_found(tmp_path: Pa
 
         report = await diagnose(urls(a, b), "Initiator", "OrderService")
         found = texts(report, "contract")
-        one(found, "contract 'OrderContract' differs", f"on {label(b)} it has message type"
-            " 'Cancel' (sent by INITIATOR)", f"on {label(a)} it does not",
-            "create_contract('OrderContract', {")
+        one(
+            found,
+            "contract 'OrderContract' differs",
+            f"on {label(b)} it has message type 'Cancel' (sent by INITIATOR)",
+            f"on {label(a)} it does not",
+            "create_contract('OrderContract', {",
+        )
         one(found, "message type 'Note' of contract 'OrderContract' is validated")
         assert len(report.problems) == 2, format_report(report)
 
@@ -224,8 +241,11 @@ async def test_a_disabled_queue_is_found_with_the_messages_it_holds_back(
         assert f"queue '{TARGET_QUEUE}' on {label(b)} is disabled" in out
         assert f"alter_queue('{TARGET_QUEUE}', status='ON')" in out
         report = await diagnose(urls(a, b))
-        one(texts(report, "queue"), f"queue '{TARGET_QUEUE}' on {label(b)} is disabled:"
-            " STATUS = OFF; 1 message(s) wait for it in the transmission queue")
+        one(
+            texts(report, "queue"),
+            f"queue '{TARGET_QUEUE}' on {label(b)} is disabled:"
+            " STATUS = OFF; 1 message(s) wait for it in the transmission queue",
+        )
 
         await b.conn.alter_queue(TARGET_QUEUE, status="ON")
         await receive_count(b.conn, TARGET_QUEUE, 1)
@@ -258,8 +278,11 @@ async def test_a_message_held_for_a_service_the_far_broker_lacks_is_found(
         (ghost_route,) = [r["name"] for r in await a.view("routes") if "Ghost" in r["name"]]
         await a.conn.drop_route(ghost_route)
         report = await diagnose(urls(a, b))
-        one(texts(report, "service"), f"broker {label(b)} has no service 'Ghost', yet"
-            f" conversation {h} on {label(a)} is with it")
+        one(
+            texts(report, "service"),
+            f"broker {label(b)} has no service 'Ghost', yet"
+            f" conversation {h} on {label(a)} is with it",
+        )
 
 
 async def test_a_conversation_ended_with_an_error_by_the_far_side_is_found(
@@ -275,8 +298,12 @@ async def test_a_conversation_ended_with_an_error_by_the_far_side_is_found(
 
         await wait_until(in_error, "A's endpoint in error", 15)
         report = await diagnose(urls(a, b))
-        one(texts(report, "conversation"), f"conversation {h} of service 'Initiator' with"
-            f" 'TargetB' on {label(a)} is in error (ER)", f"end_conversation({h})")
+        one(
+            texts(report, "conversation"),
+            f"conversation {h} of service 'Initiator' with"
+            f" 'TargetB' on {label(a)} is in error (ER)",
+            f"end_conversation({h})",
+        )
 
 
 # ---- what diagnose itself needs ---------------------------------------------------------------
@@ -291,8 +318,13 @@ async def test_a_login_that_may_not_read_the_views_is_told_which_grant_it_needs(
         watcher = a.process.url_for("watcher", "watcher-password")
         report = await diagnose([watcher, b.process.url])
         found = texts(report, "permission")
-        one(found, "login 'watcher' may not read the views", "'routes'", "'transmission_queue'",
-            f"on {label(a)}: grant('VIEW', 'watcher')")
+        one(
+            found,
+            "login 'watcher' may not read the views",
+            "'routes'",
+            "'transmission_queue'",
+            f"on {label(a)}: grant('VIEW', 'watcher')",
+        )
         # nothing is claimed from what could not be read
         assert {p.kind for p in report.problems} == {"permission"}, format_report(report)
 
@@ -310,9 +342,7 @@ async def test_an_activation_procedure_that_fails_to_import_is_found(tmp_path: P
     process = BrokerProcess(tmp_path / "solo", durability="os").start()
     try:
         conn = await client.connect(process.url)
-        await conn.create_queue(
-            "Work", activation={"status": "ON", "procedure": "myprocs:nowhere"}
-        )
+        await conn.create_queue("Work", activation={"status": "ON", "procedure": "myprocs:nowhere"})
         await conn.create_service("WorkService", queue="Work", contracts=["DEFAULT"])
         await conn.send(await conn.begin_dialog("WorkService", "WorkService"), body=b"go")
 
@@ -354,8 +384,11 @@ async def test_trust_is_read_from_a_certificates_view_where_the_broker_has_one(
     for broker, other in ((near, far), (far, near)):
         broker.missing.discard("certificates")
         broker.views["certificates"] = [
-            {"name": "peer", "broker_instance": other.instance,
-             "fingerprint": fingerprint(other.certificate)}
+            {
+                "name": "peer",
+                "broker_instance": other.instance,
+                "fingerprint": fingerprint(other.certificate),
+            }
         ]
     paths = named_paths(brokers, "Initiator", "TargetB", [], [])
     assert [(p.near, p.far) for p in paths] == [(near, far), (far, near)]
@@ -377,9 +410,14 @@ async def test_trust_is_read_from_a_certificates_view_where_the_broker_has_one(
 
     # the failed link that shows the same distrust does not make it a second problem
     near.views["broker_connections"] = [
-        {"peer": far.instance, "address": "127.0.0.1:9", "direction": "outbound",
-         "state": "CLOSED", "login_state": "TLS with 127.0.0.1:9 failed:"
-         " CERTIFICATE_VERIFY_FAILED; both brokers must trust each other's certificate"}
+        {
+            "peer": far.instance,
+            "address": "127.0.0.1:9",
+            "direction": "outbound",
+            "state": "CLOSED",
+            "login_state": "TLS with 127.0.0.1:9 failed:"
+            " CERTIFICATE_VERIFY_FAILED; both brokers must trust each other's certificate",
+        }
     ]
     (problem,) = examine(brokers, "Initiator", "TargetB").problems
     assert problem.text.startswith(f"broker {near.label} trusts an older certificate")
@@ -389,8 +427,13 @@ async def test_a_link_that_closed_when_idle_is_not_a_link_down(tmp_path: Path) -
     async with pair(tmp_path) as (a, b):
         report = await diagnose(urls(a, b))
     near, far = report.brokers
-    closing = {"peer": far.instance, "address": "127.0.0.1:9", "direction": "outbound",
-               "state": "CLOSED", "login_state": "AUTHENTICATED"}
+    closing = {
+        "peer": far.instance,
+        "address": "127.0.0.1:9",
+        "direction": "outbound",
+        "state": "CLOSED",
+        "login_state": "AUTHENTICATED",
+    }
     near.views["broker_connections"] = [closing, {**closing, "login_state": "NONE"}]
     assert check_links(report.brokers) == []
     near.views["broker_connections"] = [
@@ -432,8 +475,13 @@ async def test_routes_that_expired_or_lead_elsewhere_are_found(tmp_path: Path) -
     # the route's address is where A met another broker than the one that has the service
     near.views["routes"] = [good]
     near.views["broker_connections"] = [
-        {"peer": stranger, "address": good["address"].removeprefix("tcp://"),
-         "direction": "outbound", "state": "ESTABLISHED", "login_state": "AUTHENTICATED"}
+        {
+            "peer": stranger,
+            "address": good["address"].removeprefix("tcp://"),
+            "direction": "outbound",
+            "state": "ESTABLISHED",
+            "login_state": "AUTHENTICATED",
+        }
     ]
     (problem,) = check_route(forward, report.brokers)
     assert problem.text == (

@@ -89,9 +89,7 @@ class Relay:
             writer.transport.abort()
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(
-            self._pump(reader, up_writer, up=True), self._pump(up_reader, writer)
-        )
+        await asyncio.gather(self._pump(reader, up_writer, up=True), self._pump(up_reader, writer))
 
 
 async def _through(relay: Relay, a_conn: client.Connection, service: str) -> None:

@@ -210,7 +210,9 @@ async def test_a_message_outside_the_contract_ends_the_dialog_with_an_error(
     async with Federation(tmp_path, ["A", "B"]) as fed:
         _, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
         rogue = await Rogue.trusted_by(b, tmp_path)
-        envelope = Envelope("RogueService", "TargetB", CONTRACT, rogue.instance, uuid.UUID(b.instance))
+        envelope = Envelope(
+            "RogueService", "TargetB", CONTRACT, rogue.instance, uuid.UUID(b.instance)
+        )
         # REPLY is sent by the TARGET in this contract: from an initiator it is a violation
         conversation = uuid.uuid4()
         assert await rogue.send(b, conversation, envelope, REPLY, b"wrong direction")

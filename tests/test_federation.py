@@ -408,9 +408,7 @@ async def test_messages_for_a_full_queue_stay_unacknowledged_on_the_sender_until
         assert connection["refused_fragments"] > 0
         assert await transmission_queue(b) == []  # nothing held on B: it refused, not stored
         got = await receive_count(b.conn, target_q, 30)  # room again: A's retries get through
-        assert assert_eoio(got) and [m.message_body for m in got] == [
-            body(0, n) for n in range(30)
-        ]
+        assert assert_eoio(got) and [m.message_body for m in got] == [body(0, n) for n in range(30)]
         await wait_until(lambda: _empty(transmission_queue(a)), "A's transmission queue to drain")
 
 

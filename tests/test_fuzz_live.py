@@ -27,28 +27,86 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 OPERATIONS = [
-    "create_queue", "alter_queue", "create_service", "create_contract", "create_message_type",
-    "begin_dialog", "send", "end_conversation", "begin_conversation_timer", "move_conversation",
-    "receive", "get_conversation_group", "begin_transaction", "commit", "rollback",
-    "detach_transaction", "attach_transaction", "commit_transaction", "rollback_transaction",
-    "view", "drop", "grant", "revoke", "create_login", "alter_login", "drop_login",
-    "requeue_dead_letter", "create_route", "create_broker_priority", "check_procedure",
-    "log_task", "register_task", "request_stop", "attach_task", "ping", "no_such_operation",
+    "create_queue",
+    "alter_queue",
+    "create_service",
+    "create_contract",
+    "create_message_type",
+    "begin_dialog",
+    "send",
+    "end_conversation",
+    "begin_conversation_timer",
+    "move_conversation",
+    "receive",
+    "get_conversation_group",
+    "begin_transaction",
+    "commit",
+    "rollback",
+    "detach_transaction",
+    "attach_transaction",
+    "commit_transaction",
+    "rollback_transaction",
+    "view",
+    "drop",
+    "grant",
+    "revoke",
+    "create_login",
+    "alter_login",
+    "drop_login",
+    "requeue_dead_letter",
+    "create_route",
+    "create_broker_priority",
+    "check_procedure",
+    "log_task",
+    "register_task",
+    "request_stop",
+    "attach_task",
+    "ping",
+    "no_such_operation",
 ]
 scalars = (
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
-    | st.text(max_size=40) | st.binary(max_size=40) | st.uuids()
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=40)
+    | st.binary(max_size=40)
+    | st.uuids()
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 arguments = st.dictionaries(
     st.sampled_from(
-        ["name", "queue", "handle", "handles", "timeout", "top", "kind", "status", "activation",
-         "from_service", "to_service", "contract", "bodies", "message_type", "transaction_id",
-         "permission", "login", "password", "limit", "after", "lifetime", "error", "x"]
+        [
+            "name",
+            "queue",
+            "handle",
+            "handles",
+            "timeout",
+            "top",
+            "kind",
+            "status",
+            "activation",
+            "from_service",
+            "to_service",
+            "contract",
+            "bodies",
+            "message_type",
+            "transaction_id",
+            "permission",
+            "login",
+            "password",
+            "limit",
+            "after",
+            "lifetime",
+            "error",
+            "x",
+        ]
     ),
     values,
     max_size=5,

@@ -21,7 +21,9 @@ from ssb.protocol._client_wire import REPLY_OK
 def hbroker(tmp_path: Path) -> Iterator[BrokerProcess]:
     limits = {"locks_per_transaction": 3, "detached_per_login": 2}
     process = BrokerProcess(
-        tmp_path / "data", durability="os", config={"limits": limits, "transport": {"accept_rate": 1}}
+        tmp_path / "data",
+        durability="os",
+        config={"limits": limits, "transport": {"accept_rate": 1}},
     ).start()
     yield process
     process.kill()

@@ -132,9 +132,23 @@ def test_plaintext_passwords_in_the_config_are_refused(tmp_path: Path) -> None:
     config = tmp_path / "ssb.toml"
     config.write_text('[users]\nadmin = "secret"\n')
     done = subprocess.run(
-        [sys.executable, "-m", "ssb.broker", "serve", "--config", str(config),
-         "--data-dir", str(tmp_path / "data"), "--client-port", "0", "--broker-port", "0"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "ssb.broker",
+            "serve",
+            "--config",
+            str(config),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--client-port",
+            "0",
+            "--broker-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert "[users]" in done.stderr and "ssb login add" in done.stderr
@@ -149,8 +163,12 @@ def test_ssb_login_commands_and_local_tools_find_the_admin_password(
 
     def ssb(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "ssb.broker", *args], cwd=broker.data_dir.parent,
-            capture_output=True, text=True, input=stdin, timeout=60,
+            [sys.executable, "-m", "ssb.broker", *args],
+            cwd=broker.data_dir.parent,
+            capture_output=True,
+            text=True,
+            input=stdin,
+            timeout=60,
             env={"PATH": "/usr/bin:/bin"},
         )
 

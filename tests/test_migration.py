@@ -38,7 +38,11 @@ SCHEMA_1 = (
 
 OLD_PROCEDURE = "client._scheduler:run_tasks"
 NEW_PROCEDURE = "ssb.client._scheduler:run_tasks"
-READY = [b"<Command LogID='2'/>", b"<Command LogID='3'/>", "<Command LogID='4' text='\u00e9t\u00e9'/>".encode()]
+READY = [
+    b"<Command LogID='2'/>",
+    b"<Command LogID='3'/>",
+    "<Command LogID='4' text='\u00e9t\u00e9'/>".encode(),
+]
 
 
 def _queue(name: str, **fields: Any) -> str:
@@ -104,14 +108,42 @@ class OldStore:
             #  timer_at, far_handle, created, extra); UUIDs as their 16 bytes
             endpoints = [
                 (
-                    self.initiator.bytes, self.conversation.bytes, 1, "InitSvc", "TargetSvc",
-                    None, "DEFAULT", self.initiator_group.bytes, "CO", 5, 1, 5, None, None,
-                    self.target.bytes, now - 60, None,
+                    self.initiator.bytes,
+                    self.conversation.bytes,
+                    1,
+                    "InitSvc",
+                    "TargetSvc",
+                    None,
+                    "DEFAULT",
+                    self.initiator_group.bytes,
+                    "CO",
+                    5,
+                    1,
+                    5,
+                    None,
+                    None,
+                    self.target.bytes,
+                    now - 60,
+                    None,
                 ),
                 (
-                    self.target.bytes, self.conversation.bytes, 0, "TargetSvc", "InitSvc",
-                    self.instance, "DEFAULT", self.target_group.bytes, "CO", 1, 5, 5, None, None,
-                    self.initiator.bytes, now - 59, None,
+                    self.target.bytes,
+                    self.conversation.bytes,
+                    0,
+                    "TargetSvc",
+                    "InitSvc",
+                    self.instance,
+                    "DEFAULT",
+                    self.target_group.bytes,
+                    "CO",
+                    1,
+                    5,
+                    5,
+                    None,
+                    None,
+                    self.initiator.bytes,
+                    now - 59,
+                    None,
                 ),
             ]
             db.executemany(f"INSERT INTO endpoints VALUES ({', '.join('?' * 17)})", endpoints)
@@ -135,7 +167,19 @@ class OldStore:
                 (1, "TargetQ", t, 0, "DEFAULT", "N", b"retained", now - 50, 0, 1, None),
                 (2, "TargetQ", t, 1, "DEFAULT", "N", b"parked", now - 50, 1, 3, parked),
                 (3, "TargetQ", t, 2, "DEFAULT", "N", READY[0], now - 40, 1, 0, None),
-                (4, "InitQ", self.initiator.bytes, 0, "DEFAULT", "N", b"reply 0", now - 35, 1, 0, None),
+                (
+                    4,
+                    "InitQ",
+                    self.initiator.bytes,
+                    0,
+                    "DEFAULT",
+                    "N",
+                    b"reply 0",
+                    now - 35,
+                    1,
+                    0,
+                    None,
+                ),
                 (5, "TargetQ", t, 3, "DEFAULT", "N", READY[1], now - 30, 1, 0, None),
                 (6, "TargetQ", t, 4, "DEFAULT", "N", READY[2], now - 20, 1, 0, None),
             ]
@@ -209,7 +253,12 @@ async def test_a_schema_1_store_is_migrated_and_its_messages_read_back(tmp_path:
         assert all(size == length for _, _, size, length in rows), rows
         # retention keeps what was received (0); the park is status 6 now
         assert {order: status for order, status, _, _ in rows} == {
-            1: 0, 2: 6, 3: 0, 4: 1, 5: 0, 6: 0,
+            1: 0,
+            2: 6,
+            3: 0,
+            4: 1,
+            5: 0,
+            6: 0,
         }
         (body,) = _sql(store, "SELECT body FROM catalog WHERE kind = 'queue' AND name = 'TargetQ'")
         assert json.loads(body[0])["activation"]["procedure"] == NEW_PROCEDURE

@@ -18,7 +18,9 @@ SHADOWS = ("client", "protocol", "broker", "spark_bridge")
 
 def _plant_shadows(where: Path) -> None:
     for name in SHADOWS:
-        (where / f"{name}.py").write_text(f"raise RuntimeError('the user file {name}.py was imported')\n")
+        (where / f"{name}.py").write_text(
+            f"raise RuntimeError('the user file {name}.py was imported')\n"
+        )
 
 
 def test_a_program_named_client_py_talks_to_the_broker(tmp_path: Path) -> None:

@@ -77,7 +77,9 @@ async def test_metrics_match_the_views(observed: BrokerProcess) -> None:
 
         samples = await scrape(observed.http_url)
         (row,) = [q for q in await conn.view("service_queues") if q["name"] == "Orders"]
-        assert of_queue(samples, "ssb_queue_messages_ready", "Orders") == row["messages_ready"] == 25
+        assert (
+            of_queue(samples, "ssb_queue_messages_ready", "Orders") == row["messages_ready"] == 25
+        )
         assert of_queue(samples, "ssb_queue_messages", "Orders") == row["messages_stored"]
         assert of_queue(samples, "ssb_queue_bytes", "Orders") == row["bytes_stored"]
         assert of_queue(samples, "ssb_queue_enabled", "Orders") == 1

@@ -111,9 +111,7 @@ def _optional_uuid(value: object, what: str) -> uuid.UUID | None:
 class ExecutionLog:
     """The scheduler's execution log of one broker."""
 
-    def __init__(
-        self, engine: Engine, store: Store, manager: ActivationManager, keep: int
-    ) -> None:
+    def __init__(self, engine: Engine, store: Store, manager: ActivationManager, keep: int) -> None:
         self.engine = engine
         self.store = store
         self.manager = manager
@@ -235,7 +233,9 @@ class ExecutionLog:
             {"log_id": entry.log_id, "ok": False, "error": entry.error, "result": None}
         ).encode()
         try:
-            pending = self.engine.dialogs.send(self._system, entry.reply_handle, entry.reply_type, [body])
+            pending = self.engine.dialogs.send(
+                self._system, entry.reply_handle, entry.reply_type, [body]
+            )
         except BrokerError as exc:
             log.info("cannot report the failure of task %s: %s", entry.log_id, exc.message)
             return

@@ -67,6 +67,7 @@ TASK_TRANSITIONS: Final[dict[tuple[ExternalState, ExternalInput], ExternalState]
     (_E.ENDED, _X.END): _E.ENDED,
 }
 
+
 def activation_needed(
     *,
     ready: int,
@@ -121,5 +122,3 @@ class QueueMonitor:
     def starting(self, now: float, timeout: float) -> bool:
         """A task it started has not reached its first RECEIVE yet (within timeout)."""
         return any(not t.received and now - t.started < timeout for t in self.tasks.values())
-
-

@@ -281,7 +281,9 @@ class Backlog(Generic[T]):
         if not read:
             log.warning(
                 "%s: %d spilled item(s) from key %d were not in the store; forgetting them",
-                self, self.spilled, self.spilled_from,
+                self,
+                self.spilled,
+                self.spilled_from,
             )
             self.count -= self.spilled
             self.spilled = 0

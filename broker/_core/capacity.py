@@ -66,14 +66,18 @@ class Capacity:
             if self.low_space is None:
                 log.warning(
                     "free disk space for %s is %s, below min_free_disk %s: refusing new messages",
-                    where, _mib(free), _mib(self.min_free_disk),
+                    where,
+                    _mib(free),
+                    _mib(self.min_free_disk),
                 )
             self.low_space = (
                 f"free disk space for the store is {_mib(free)}, below min_free_disk"
                 f" ({_mib(self.min_free_disk)})"
             )
         elif self.low_space is not None:
-            log.warning("free disk space for %s is %s again: accepting new messages", where, _mib(free))
+            log.warning(
+                "free disk space for %s is %s again: accepting new messages", where, _mib(free)
+            )
             self.low_space = None
         self._update()
 

@@ -179,7 +179,9 @@ def parse_quota(what: str, value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_QUOTA:
-        raise bad_argument(f"{what} must be a whole number >= 1, or None for no limit; got {value!r}")
+        raise bad_argument(
+            f"{what} must be a whole number >= 1, or None for no limit; got {value!r}"
+        )
     return value
 
 

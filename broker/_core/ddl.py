@@ -135,7 +135,9 @@ class Ddl:
         queue.definition = updated
         self.persist("queue", updated)
         if updated.status and not was_on:
-            log.info("queue %s enabled (it was off: %s)", updated.name, queue.disabled_reason or "set so")
+            log.info(
+                "queue %s enabled (it was off: %s)", updated.name, queue.disabled_reason or "set so"
+            )
             queue.rollback_streak = 0
             queue.disabled_reason = ""
             self.delivery.release_held(updated.name)

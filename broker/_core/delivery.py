@@ -270,9 +270,7 @@ class Delivery:
 
     # ---- routing at commit ------------------------------------------------------------------
 
-    def route(
-        self, ep: Endpoint, mtype: str, letter: str, bodies: list[bytes], now: float
-    ) -> None:
+    def route(self, ep: Endpoint, mtype: str, letter: str, bodies: list[bytes], now: float) -> None:
         """Send `bodies` as `ep`'s next sequenced messages (numbers assigned here)."""
         first = ep.send_seq
         ep.send_seq += len(bodies)
@@ -532,8 +530,15 @@ class Delivery:
             return
         for i, body in enumerate(bodies):
             self.deliver_remote(
-                conversation_id, from_initiator, seq + i, message_type, body,
-                from_service, to_service, contract, from_broker,
+                conversation_id,
+                from_initiator,
+                seq + i,
+                message_type,
+                body,
+                from_service,
+                to_service,
+                contract,
+                from_broker,
             )
 
     def _deliver_plain(
@@ -557,8 +562,7 @@ class Delivery:
             and not self.local_block(to_service)
             and all(
                 len(body) <= limit
-                and self.remote_violation(far.contract, from_initiator, message_type, body)
-                is None
+                and self.remote_violation(far.contract, from_initiator, message_type, body) is None
                 for body in bodies
             )
         ):
@@ -683,7 +687,12 @@ class Delivery:
         return None
 
     def _refuse_remote(
-        self, far: Endpoint | None, conversation_id: uuid.UUID, seq: int, text: str, from_broker: str
+        self,
+        far: Endpoint | None,
+        conversation_id: uuid.UUID,
+        seq: int,
+        text: str,
+        from_broker: str,
     ) -> None:
         """A message another broker should not have sent: the dialog ends with an error to
         both sides (never delivered, never silently dropped)."""
@@ -696,7 +705,9 @@ class Delivery:
         )
         if far is not None:
             far.receive_seq = seq + 1
-            self.fail_conversation(far, REFUSED_REMOTE_ERROR, f"refused by broker {self.instance_id}: {text}")
+            self.fail_conversation(
+                far, REFUSED_REMOTE_ERROR, f"refused by broker {self.instance_id}: {text}"
+            )
 
     def remote_acknowledged(
         self,

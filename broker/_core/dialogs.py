@@ -359,7 +359,12 @@ class Dialogs:
         def act() -> None:
             txn.ended.add(ep.handle)
             txn.actions.append(
-                End(ep, error if isinstance(error, int) else None, str(description or "")[:4000], cleanup)
+                End(
+                    ep,
+                    error if isinstance(error, int) else None,
+                    str(description or "")[:4000],
+                    cleanup,
+                )
             )
             self.transactions.finish(txn)
 

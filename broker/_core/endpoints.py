@@ -248,9 +248,7 @@ class Endpoints:
                 continue
             ref = self._by_handle.get(handle)
             current = None if ref is None else ref()
-            yield current if current is not None else Endpoint.from_row(
-                row, self._queue_of(row[3])
-            )
+            yield current if current is not None else Endpoint.from_row(row, self._queue_of(row[3]))
 
     def _queue_of(self, service: str) -> str:
         found = self.catalog.services.get(service)

@@ -279,7 +279,13 @@ class Engine:
             conv = queue.conversation(queue.group(group_id), handle, priority, service, contract)
         else:
             conv = Conversation(
-                self.cache, self.journal, queue.name, Group(group_id), handle, priority, service,
+                self.cache,
+                self.journal,
+                queue.name,
+                Group(group_id),
+                handle,
+                priority,
+                service,
                 contract,
             )
         conv.dead_letters = dead

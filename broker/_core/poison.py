@@ -143,7 +143,8 @@ class Poison:
         self.delivery.delete(queue, message)
         reason = (
             f"poison message: failed {message.delivery_count} deliveries from queue "
-            f"'{queue.name}'" + (f"; last error: {message.last_error}" if message.last_error else "")
+            f"'{queue.name}'"
+            + (f"; last error: {message.last_error}" if message.last_error else "")
         )
         body = message.message_body
         if body is None:
@@ -152,7 +153,11 @@ class Poison:
             )
         origin = message.conversation
         conv = dlq.conversation(
-            dlq.group(origin.group_id), origin.handle, origin.priority, origin.service, origin.contract
+            dlq.group(origin.group_id),
+            origin.handle,
+            origin.priority,
+            origin.service,
+            origin.contract,
         )
         conv.dead_letters = True
         letter = Message(
@@ -274,7 +279,10 @@ class Poison:
                 f"<Error>{escape(message.last_error)}</Error>"
             )
             note = cat.EventNotification(
-                f"poison policy of {queue_name}", "POISON_MESSAGE", queue_name, policy.notify_service
+                f"poison policy of {queue_name}",
+                "POISON_MESSAGE",
+                queue_name,
+                policy.notify_service,
             )
             self.events.post(note, self.events.body("POISON_MESSAGE", queue_name, details))
 

@@ -188,7 +188,16 @@ def dead_letter_identity(extra: bytes | None) -> tuple[uuid.UUID, str, str, int]
 class Conversation(Backlog[Message]):
     """One conversation's ready messages in one queue."""
 
-    __slots__ = ("contract", "dead_letters", "group", "handle", "journal", "priority", "queue", "service")
+    __slots__ = (
+        "contract",
+        "dead_letters",
+        "group",
+        "handle",
+        "journal",
+        "priority",
+        "queue",
+        "service",
+    )
 
     def __init__(
         self,

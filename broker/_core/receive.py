@@ -168,7 +168,9 @@ class Receiving:
             return [m.wire(m.message_body) for m in messages]  # type: ignore[arg-type]
         bodies = self.journal.read_message_bodies(missing)
         return [
-            m.wire(m.message_body if m.message_body is not None else bodies.get(m.queuing_order, b""))
+            m.wire(
+                m.message_body if m.message_body is not None else bodies.get(m.queuing_order, b"")
+            )
             for m in messages
         ]
 
@@ -443,4 +445,3 @@ def disabled_error(queue: Queue) -> BrokerError:
 def _resolve(future: asyncio.Future[Taken | None], value: Taken | None) -> None:
     if not future.done():
         future.set_result(value)
-

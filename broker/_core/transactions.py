@@ -378,7 +378,9 @@ class Transactions:
         await durable(self.outcomes.journal, self.clock)
         outcome: Outcome = self.outcomes.lookup(session.user, name, seconds)
         why = self.outcomes.describe_unknown(seconds) if outcome == "unknown" else ""
-        log.info("transaction %s of '%s': %s (asked by %s)", name, session.user, outcome, session.peer)
+        log.info(
+            "transaction %s of '%s': %s (asked by %s)", name, session.user, outcome, session.peer
+        )
         return [outcome, why]
 
     def _abort(self, session: Session, reason: str) -> None:

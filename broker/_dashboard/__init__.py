@@ -31,7 +31,6 @@ Content-Security-Policy.
   `service_queues` view.
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -662,5 +661,3 @@ class Dashboard:
             )
             return url("poison", queue=queue), f"dead letter {order} went back to its conversation"
         return url("poison", queue=queue), ""
-
-

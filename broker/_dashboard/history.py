@@ -12,7 +12,6 @@ HISTORY_POINTS: Final = 720  # samples kept per queue: an hour at the default 5 
 MAX_CHARTED_QUEUES: Final = 256
 
 
-
 class DepthHistory:
     """The ready depth of each queue at the last `points` samples, for at most
     `max_queues` queues (those seen first keep their place)."""
@@ -75,4 +74,3 @@ def depth_chart(series: Sequence[tuple[float, int]], width: int = 640, height: i
 
 def _clock_time(when: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(when))
-

@@ -216,6 +216,7 @@ def monitor_text(monitor: Mapping[str, Any] | None) -> str:
     error = monitor.get("last_task_error")
     return esc(text) + (f'<br><span class="error">{esc(error)}</span>' if error else "")
 
+
 def page_response(text: str, status: int = 200) -> web.Response:
     return web.Response(text=text, status=status, content_type="text/html", headers=HEADERS)
 
@@ -226,7 +227,6 @@ def redirect(location: str) -> web.Response:
 
 def forbidden(reason: str) -> web.Response:
     return page_response(layout("Refused", refusal(reason), None), status=403)
-
 
 
 def login_page(target: str, error: str) -> str:

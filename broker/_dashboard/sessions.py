@@ -21,7 +21,6 @@ SESSIONS_PER_LOGIN: Final = 20  # beyond it that login's least recently used one
 FLASH_LIMIT: Final = 10  # notices a web session keeps for its next page
 
 
-
 @dataclass(slots=True)
 class WebSession:
     user: str

@@ -96,7 +96,9 @@ class Core:
         assert not asyncio.iscoroutine(result), f"{name} waits; use aop()"
         return result
 
-    async def aop(self, name: str, *args: Any, session: Session | None = None, **kwargs: Any) -> Any:
+    async def aop(
+        self, name: str, *args: Any, session: Session | None = None, **kwargs: Any
+    ) -> Any:
         """Run an operation that may wait."""
         result = self.engine.operations()[name](session or self.session, *args, **kwargs)
         if asyncio.iscoroutine(result):

@@ -89,7 +89,11 @@ def test_a_lost_begin_alone_is_begun_again_under_a_new_id() -> None:
 
 @pytest.mark.parametrize(
     ("outcome", "expected"),
-    [("committed", None), ("rolled_back", TransactionRolledBackError), ("unknown", OutcomeUnknownError)],
+    [
+        ("committed", None),
+        ("rolled_back", TransactionRolledBackError),
+        ("unknown", OutcomeUnknownError),
+    ],
 )
 def test_a_lost_commit_is_settled_by_its_outcome(outcome: str, expected: Any) -> None:
     tracker = Tracker()

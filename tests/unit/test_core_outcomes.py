@@ -20,7 +20,9 @@ from ssb.protocol import ErrorCode
 from .core_harness import Core
 
 
-def _ask(core: Core, txn: uuid.UUID, age: float | None = 1.0, session: Session | None = None) -> str:
+def _ask(
+    core: Core, txn: uuid.UUID, age: float | None = 1.0, session: Session | None = None
+) -> str:
     """transaction_outcome, made durable by a flush if it waits for one."""
     ops = core.engine.operations()
     coro: Coroutine[Any, Any, list[Any]] = ops["transaction_outcome"](

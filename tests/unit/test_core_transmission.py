@@ -77,7 +77,9 @@ def test_a_long_hold_for_a_queue_that_is_off_spills_and_is_released_in_order() -
     core.services(status="OFF")
     handle = core.dialog()
     for n in range(30):
-        core.op("send", handle, "DEFAULT", [b"%04d" % (n * 100 + i) + b"y" * 200 for i in range(100)])
+        core.op(
+            "send", handle, "DEFAULT", [b"%04d" % (n * 100 + i) + b"y" * 200 for i in range(100)]
+        )
         core.flush()
     queue = core.engine.queues["Target"]
     assert queue.held == 3000 and queue.ready == 0

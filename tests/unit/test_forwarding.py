@@ -54,8 +54,11 @@ def _fragments(count: int, size: int = 100, conversation: uuid.UUID | None = Non
     cid = conversation or uuid.uuid4()
     envelope = Envelope("Initiator", "TargetB", "C", A, B)
     sender = DialogSender(
-        cid, Direction.FROM_INITIATOR, envelope,
-        session_key=new_session_key(), wrapped_session_key=b"w" * 256,
+        cid,
+        Direction.FROM_INITIATOR,
+        envelope,
+        session_key=new_session_key(),
+        wrapped_session_key=b"w" * 256,
     )
     frames: list[Frame] = []
     for seq in range(count):
@@ -82,7 +85,9 @@ def test_a_frame_for_another_broker_goes_on_to_the_next_hop_and_its_ack_comes_ba
     assert row["relayed_frames"] == 4 and row["priority"] == 5
 
 
-def test_frames_of_this_brokers_own_dialogs_and_unknown_ones_without_envelope_are_not_relayed() -> None:
+def test_frames_of_this_brokers_own_dialogs_and_unknown_ones_without_envelope_are_not_relayed() -> (
+    None
+):
     fwd = _forwarder(Hops())
     mine = dataclasses.replace(
         _fragments(1)[0], envelope=Envelope("Initiator", "TargetB", "C", A, ME)
@@ -162,7 +167,9 @@ def test_an_origin_proof_verifies_only_for_the_header_and_key_it_was_made_for() 
     for transcript in (
         envelope.origin_transcript(uuid.uuid4(), Direction.FROM_INITIATOR, wrapped),
         envelope.origin_transcript(cid, Direction.FROM_TARGET, wrapped),
-        envelope.origin_transcript(cid, Direction.FROM_INITIATOR, wrapped[:-1] + bytes([wrapped[-1] ^ 1])),
+        envelope.origin_transcript(
+            cid, Direction.FROM_INITIATOR, wrapped[:-1] + bytes([wrapped[-1] ^ 1])
+        ),
         dataclasses.replace(envelope, to_service="Elsewhere").origin_transcript(
             cid, Direction.FROM_INITIATOR, wrapped
         ),
@@ -170,7 +177,9 @@ def test_an_origin_proof_verifies_only_for_the_header_and_key_it_was_made_for() 
         with pytest.raises(IntegrityError):
             verify_origin(cert_pem, transcript, proof)
     with pytest.raises(IntegrityError):
-        verify_origin(other_cert, proved.origin_transcript(cid, Direction.FROM_INITIATOR, wrapped), proof)
+        verify_origin(
+            other_cert, proved.origin_transcript(cid, Direction.FROM_INITIATOR, wrapped), proof
+        )
 
 
 def test_frames_held_for_a_hop_go_first_once_it_takes_frames_again() -> None:

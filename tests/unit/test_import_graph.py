@@ -99,7 +99,9 @@ def test_protocol_is_pure() -> None:
             names = (
                 [a.name for a in node.names]
                 if isinstance(node, ast.Import)
-                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
             )
             for imported in names:
                 assert imported.split(".")[0] not in forbidden, f"{name} imports {imported}"

@@ -51,7 +51,9 @@ def test_an_endpoints_hot_row_matches_the_stores_hot_columns() -> None:
     from ssb.broker._store import HOT_ENDPOINT_COLUMNS
 
     u = uuid.uuid4()
-    endpoint = Endpoint(u, uuid.uuid4(), False, "s", "f", "b", "c", u, "q", send_seq=3, receive_seq=7)
+    endpoint = Endpoint(
+        u, uuid.uuid4(), False, "s", "f", "b", "c", u, "q", send_seq=3, receive_seq=7
+    )
     full = dict(zip(ENDPOINT_COLUMNS, endpoint.row(), strict=True))
     hot = endpoint.hot_row()
     named = (*HOT_ENDPOINT_COLUMNS, "conversation_id", "is_initiator")
@@ -94,7 +96,20 @@ def test_start_up_summary_covers_every_conversation_whatever_its_handle(tmp_path
                 sizes = [10 * (i + 1) + k for k in range(i + 1)]
                 for size in sizes:
                     order += 1
-                    row = (order, queue, handle, order, "t", "NONE", b"x" * size, 0.0, status, 0, None, size)
+                    row = (
+                        order,
+                        queue,
+                        handle,
+                        order,
+                        "t",
+                        "NONE",
+                        b"x" * size,
+                        0.0,
+                        status,
+                        0,
+                        None,
+                        size,
+                    )
                     store.insert_message(row)
                 expected[(status, queue, handle.bytes)] = (len(sizes), sum(sizes))
     store.flush()

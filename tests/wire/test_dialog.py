@@ -1121,7 +1121,9 @@ def test_a_body_that_does_not_decrypt_is_delivered_rejected_never_in_clear() -> 
     altered = bytearray(second.payload)
     altered[3] ^= 0x40
     forged = dataclasses.replace(second, payload=bytes(altered))
-    forged = dataclasses.replace(forged, signature=seal.sign(forged.signed_header(), forged.payload))
+    forged = dataclasses.replace(
+        forged, signature=seal.sign(forged.signed_header(), forged.payload)
+    )
     b.handle(b.peer.receive_frame(first, 0.0), 0.0)
     b.handle(b.peer.receive_frame(forged, 0.0), 0.0)
     assert b.integrity_failures == []
@@ -1137,7 +1139,9 @@ def test_a_body_that_does_not_decrypt_is_delivered_rejected_never_in_clear() -> 
 
 
 def test_rejected_message_names_the_reason() -> None:
-    receiver = DialogReceiver(uuid.uuid4(), INIT, private_key=B_KEY, session_key=bytes(16), encrypted=True)
+    receiver = DialogReceiver(
+        uuid.uuid4(), INIT, private_key=B_KEY, session_key=bytes(16), encrypted=True
+    )
     sender_envelope = envelope_for(INIT, encrypted=True)
     frame_sender = DialogPeer(private_key=A_KEY, peer_public_key=B_CERT)
     conv = receiver.conversation_id
