@@ -185,13 +185,14 @@ def run_ssb(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
     prefix: tuple[str, ...] = (),
+    timeout: float = 60.0,
 ) -> subprocess.CompletedProcess[str]:
     """`python -m ssb.broker ARGS` (after `prefix`, e.g. a wrapper), run to its end."""
     return subprocess.run(
         [*prefix, sys.executable, "-m", "ssb.broker", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         cwd=cwd,
         env=env,
     )

@@ -12,12 +12,10 @@ on after every refusal.
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from daemon import BrokerProcess
+from daemon import BrokerProcess, one_error_line, run_ssb
 
 from ssb import client
 from ssb.protocol import MAX_FRAME_SIZE, MAX_MESSAGE_SIZE_LIMIT, ErrorCode
@@ -228,27 +226,17 @@ async def test_max_message_size_bounds_every_body(tmp_path: Path) -> None:
 def test_max_message_size_above_the_frame_limit_is_a_config_error(tmp_path: Path) -> None:
     config = tmp_path / "ssb.toml"
     config.write_text(f"max_message_size = {MAX_MESSAGE_SIZE_LIMIT + 1}\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ssb.broker",
-            "serve",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--client-port",
-            "0",
-            "--broker-port",
-            "0",
-            "--config",
-            str(config),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
+    done = run_ssb(
+        "serve",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--client-port",
+        "0",
+        "--broker-port",
+        "0",
+        "--config",
+        str(config),
+        timeout=30.0,
     )
-    assert done.returncode != 0
-    assert "Traceback" not in done.stderr
-    (line,) = done.stderr.strip().splitlines()
+    line = one_error_line(done)
     assert "max_message_size" in line and str(MAX_MESSAGE_SIZE_LIMIT) in line
