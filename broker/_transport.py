@@ -1213,8 +1213,6 @@ class Transport:
 
     # ---- the send loop ---------------------------------------------------------------
 
-    # ---- the send loop ---------------------------------------------------------------
-
     def pump_soon(self, peer: Peer) -> None:
         """Pump once at the end of this loop iteration (many messages, one write)."""
         if not peer.pump_scheduled:
