@@ -198,6 +198,25 @@ def run_ssb(
     )
 
 
+def serve_once(
+    data_dir: Path, *args: str, prefix: tuple[str, ...] = (), timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """`ssb serve` on `data_dir`, on any free ports unless `args` give them, run to its
+    end (a start-up that fails)."""
+    ports = ("--client-port", "0") if "--client-port" not in args else ()
+    return run_ssb(
+        "serve",
+        "--data-dir",
+        str(data_dir),
+        *ports,
+        "--broker-port",
+        "0",
+        *args,
+        prefix=prefix,
+        timeout=timeout,
+    )
+
+
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     """The single stderr line of a command that failed as a mistake should."""
     assert result.returncode != 0, result.stdout

@@ -5,27 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
-from daemon import BrokerProcess, one_error_line, run_ssb
+from daemon import BrokerProcess, one_error_line, run_ssb, serve_once
 
 from ssb import client
 
 ROOT = Path(__file__).parent.parent
 NOT_HERE = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never an address of this machine
-
-
-def _serve(
-    data_dir: Path, *args: str, prefix: tuple[str, ...] = ()
-) -> subprocess.CompletedProcess[str]:
-    """`ssb serve` on `data_dir`, on any free ports unless `args` give them."""
-    ports = ("--client-port", "0") if "--client-port" not in args else ()
-    return run_ssb(
-        "serve", "--data-dir", str(data_dir), *ports, "--broker-port", "0", *args, prefix=prefix
-    )
 
 
 def _free_port() -> int:
@@ -57,7 +46,7 @@ def test_version_is_the_distributions() -> None:
 )
 def test_a_mistake_is_one_line(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
     data = tmp_path / "data"
-    result = _serve(data, *args[1:]) if args[:1] == ("serve",) else run_ssb(*args)
+    result = serve_once(data, *args[1:]) if args[:1] == ("serve",) else run_ssb(*args)
     assert says in one_error_line(result)
     assert not data.exists()  # nothing was created
 
@@ -69,7 +58,7 @@ def test_a_data_directory_that_is_a_file_is_one_line(tmp_path: Path) -> None:
         (afile, "is a file; --data-dir names a directory"),
         (afile / "data", f"{afile} is a file"),
     ):
-        assert says in one_error_line(_serve(data_dir))
+        assert says in one_error_line(serve_once(data_dir))
 
 
 @pytest.mark.parametrize(
@@ -91,7 +80,7 @@ def test_a_section_setting_out_of_range_is_one_line(
     config = tmp_path / "ssb.toml"
     config.write_text(section)
     data = tmp_path / "data"
-    result = _serve(data, "--config", str(config))
+    result = serve_once(data, "--config", str(config))
     assert says in one_error_line(result)
     assert result.returncode == 2
     assert not data.exists()
@@ -100,7 +89,7 @@ def test_a_section_setting_out_of_range_is_one_line(
 def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        result = _serve(tmp_path / "data", "--client-port", str(port))
+        result = serve_once(tmp_path / "data", "--client-port", str(port))
     line = one_error_line(result)
     assert f"127.0.0.1:{port} (--client-port)" in line and "pick another port" in line
     assert not (tmp_path / "data").exists()
@@ -114,7 +103,7 @@ def test_a_privileged_port_is_one_line(tmp_path: Path) -> None:
         if setpriv is None:
             pytest.skip("running as root without setpriv to drop CAP_NET_BIND_SERVICE")
         prefix = (setpriv, "--inh-caps=-net_bind_service", "--bounding-set=-net_bind_service")
-    result = _serve(tmp_path / "data", "--client-port", "1", prefix=prefix)
+    result = serve_once(tmp_path / "data", "--client-port", "1", prefix=prefix)
     assert "ports below 1024 need root" in one_error_line(result)
 
 

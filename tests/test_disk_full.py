@@ -19,14 +19,13 @@ import contextlib
 import errno
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon import BrokerProcess
+from daemon import BrokerProcess, one_error_line, serve_once
 from polling import wait_until
 
 from ssb import client
@@ -333,45 +332,14 @@ async def test_full_disk_answers_what_needs_no_write(small_disk: Path) -> None:
     assert not problems, "while the store cannot write: " + "; ".join(problems)
 
 
-def _serve(data_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ssb.broker",
-            "serve",
-            "--data-dir",
-            str(data_dir),
-            "--host",
-            "127.0.0.1",
-            "--client-port",
-            "0",
-            "--broker-port",
-            "0",
-            "--durability",
-            "fsync",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-
-
-def _one_line(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode != 0, f"the broker started on a full disk: {done.stdout!r}"
-    assert "ssb ready" not in done.stdout
-    assert "Traceback" not in done.stderr, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
-
-
 def test_starting_on_a_full_disk_exits_with_one_line(small_disk: Path) -> None:
     fill(small_disk / "ballast")
     assert _free(small_disk) < 4096
-    done = _serve(small_disk / "data")
-    line = _one_line(done)
+    done = serve_once(
+        small_disk / "data", "--host", "127.0.0.1", "--durability", "fsync", timeout=30.0
+    )
+    assert "ssb ready" not in done.stdout, "the broker started on a full disk"
+    line = one_error_line(done)
     assert str(small_disk / "data") in line
     words = line.replace(str(small_disk / "data"), "DATA_DIR").lower()  # the path has "full"
     assert "full" in words, line
@@ -391,8 +359,9 @@ async def test_restarting_on_a_full_disk_exits_with_one_line(small_disk: Path) -
     finally:
         broker.kill()
     fill(small_disk / "ballast")
-    done = _serve(data_dir)
-    line = _one_line(done)
+    done = serve_once(data_dir, "--host", "127.0.0.1", "--durability", "fsync", timeout=30.0)
+    assert "ssb ready" not in done.stdout, "the broker started on a full disk"
+    line = one_error_line(done)
     (small_disk / "ballast").unlink()
     broker.start()  # with space back, everything is there
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon import BrokerProcess, run_ssb
+from daemon import BrokerProcess, serve_once
 
 from ssb import client
 from ssb.protocol import NEED_DATA, WIRE_VERSION, ErrorCode, FrameDecoder, Hello, encode_frame
@@ -131,17 +131,7 @@ async def test_failed_logins_are_throttled_per_login_and_address(broker: BrokerP
 def test_plaintext_passwords_in_the_config_are_refused(tmp_path: Path) -> None:
     config = tmp_path / "ssb.toml"
     config.write_text('[users]\nadmin = "secret"\n')
-    done = run_ssb(
-        "serve",
-        "--config",
-        str(config),
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--client-port",
-        "0",
-        "--broker-port",
-        "0",
-    )
+    done = serve_once(tmp_path / "data", "--config", str(config))
     assert done.returncode == 2
     assert "[users]" in done.stderr and "ssb login add" in done.stderr
     assert "Traceback" not in done.stderr

@@ -15,7 +15,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from daemon import BrokerProcess, one_error_line, run_ssb
+from daemon import BrokerProcess, one_error_line, serve_once
 
 from ssb import client
 from ssb.protocol import MAX_FRAME_SIZE, MAX_MESSAGE_SIZE_LIMIT, ErrorCode
@@ -226,17 +226,6 @@ async def test_max_message_size_bounds_every_body(tmp_path: Path) -> None:
 def test_max_message_size_above_the_frame_limit_is_a_config_error(tmp_path: Path) -> None:
     config = tmp_path / "ssb.toml"
     config.write_text(f"max_message_size = {MAX_MESSAGE_SIZE_LIMIT + 1}\n")
-    done = run_ssb(
-        "serve",
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--client-port",
-        "0",
-        "--broker-port",
-        "0",
-        "--config",
-        str(config),
-        timeout=30.0,
-    )
+    done = serve_once(tmp_path / "data", "--config", str(config), timeout=30.0)
     line = one_error_line(done)
     assert "max_message_size" in line and str(MAX_MESSAGE_SIZE_LIMIT) in line
