@@ -9,22 +9,33 @@ only.
 
 Writes join the *open batch* as the core changes its memory, always in one synchronous
 stretch per operation, so a batch never holds half of an operation. One batch at a time
-is committed by a single store thread in one SQLite transaction (one fsync with
-`durability="fsync"`, none with `"os"`: then the WAL is in the OS and survives a daemon
-crash but not a power cut). While a batch commits, new writes collect in the next one:
-that is group commit. With `"os"`, a light batch (at most `INLINE_WEIGHT` rows touched)
-is committed on the event loop itself: that costs less than the hop to the store thread
-and back, which is most of a lone client's round trip. Such commits never run SQLite's
-automatic checkpoint (it would sync files on the event loop); the checkpoint runs on the
-store thread, in the next commit there, and at most `INLINE_STREAK` light batches in a
-row are committed inline. Two rewrites keep batches small: a message deleted before the
-batch that inserts it has started committing is neither inserted nor deleted; and an
-endpoint written several times in one open batch is written once, with its last state.
-Rows of the hot tables (messages, the transmission queue, endpoints) are inserted many
-to a statement, `MULTI_ROW_INSERT` at most: SQLite releases the interpreter lock for
-every statement step, and while the event loop is busy, getting it back costs the store
-thread a thread switch, so one step per row would stretch a commit of a few hundred
-rows from about a millisecond to tens of them.
+is committed in one SQLite transaction (one fsync with `durability="fsync"`, none with
+`"os"`: then the WAL is in the OS and survives a daemon crash but not a power cut).
+While a batch commits, new writes collect in the next one: that is group commit. A
+commit has two halves: the event loop applies the batch's statements (BEGIN and the
+writes, which change SQLite's page cache only), then the store thread runs COMMIT,
+which writes the WAL, syncs it and, when SQLite's automatic checkpoint is due,
+checkpoints. Applying on the store thread would make it win the interpreter lock back
+from a busy loop after every statement step, which stretched commits several times over
+in a broker that also carries broker-to-broker traffic; the loop applies at no such
+cost, and the thread still does the I/O. A batch heavier than `LOOP_WEIGHT` rows (the
+loop never stalls for long), a light one of at most `INLINE_WEIGHT` rows (a lone
+client's: the hop to the thread then overlaps the loop's own work, which keeps its round
+trip short), and any batch while commits fail are applied on the thread too. Between
+the halves the writer connection is in the middle of a transaction:
+nothing else uses it until the commit ends. With `"os"`, a light batch (at most
+`INLINE_WEIGHT` rows touched) is committed whole on the event loop: that costs less than
+the hop to the store thread and back, which is most of a lone client's round trip. Such
+commits never run SQLite's automatic checkpoint (it would sync files on the event loop);
+the checkpoint runs on the store thread, in the next commit there, and at most
+`INLINE_STREAK` light batches in a row are committed inline. Two rewrites keep batches
+small: a message deleted before the batch that inserts it has started committing is
+neither inserted nor deleted; and an endpoint written several times in one open batch
+is written once, with its last state. Rows of the hot tables (messages, the
+transmission queue, endpoints) are inserted many to a statement, `MULTI_ROW_INSERT` at
+most: each statement step has a fixed cost (SQLite releases and takes back the
+interpreter lock around it, which on the store thread means waiting for a busy loop),
+so one step per row would stretch a commit of a few hundred rows several times over.
 
 Batches are numbered. `watermark()` is the number of the newest batch holding a write,
 and `when_durable(n, callback)` runs the callback on the event loop once batch `n` is
@@ -80,6 +91,7 @@ KEEP_FREE_PAGES: Final = 2048  # free pages an idle store keeps for the next ins
 IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
 INLINE_WEIGHT: Final = 8  # a batch touching at most this many rows may commit on the loop
 INLINE_STREAK: Final = 200  # light batches in a row committed inline, then one on the thread
+LOOP_WEIGHT: Final = 4096  # a batch touching at most this many rows is applied on the loop
 MULTI_ROW_INSERT: Final = 64  # rows one INSERT statement writes at most (see above)
 AUTO_CHECKPOINT: Final = 1000  # WAL pages that make a threaded commit checkpoint (SQLite's)
 UNKNOWN_ROWS: Final = 1 << 20  # the weight of a statement that deletes an unknown number
@@ -469,7 +481,9 @@ class Store:
         self.path = path
         self.durability = durability
         memory = str(path) == ":memory:"
-        self._db = self._connect(path, WRITER_CACHE_KIB)
+        # the writer never waits for a lock (the loop applies statements on it): a
+        # database that another process holds fails the commit at once, to be retried
+        self._db = self._connect(path, WRITER_CACHE_KIB, timeout=0.0)
         self._create()
         self._reader = self._db if memory else self._connect(path, READER_CACHE_KIB)
         self._open = Batch(1)
@@ -480,6 +494,7 @@ class Store:
         self._wake = False
         self._streak = 0  # light batches committed inline since the last threaded commit
         self._auto_checkpoint = True  # SQLite's automatic checkpoint is on
+        self._applied = (0, 0.0)  # rows and perf_counter() of the statements awaiting COMMIT
         self._callbacks: deque[tuple[int, Callable[[], None]]] = deque()
         self._inserts: dict[int, tuple[list[Row | None], int]] = {}
         self._endpoint_rows: dict[bytes, tuple[list[Row | None], int, bool]] = {}
@@ -503,8 +518,10 @@ class Store:
         self.commit_observer: Callable[[int, float], None] | None = None
         self._last_commit = (0, 0.0)
 
-    def _connect(self, path: Path | str, cache_kib: int) -> sqlite3.Connection:
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    def _connect(
+        self, path: Path | str, cache_kib: int, timeout: float = 5.0
+    ) -> sqlite3.Connection:
+        db = sqlite3.connect(path, timeout, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA foreign_keys=OFF")
         db.execute(f"PRAGMA cache_size=-{cache_kib}")
         return db
@@ -754,7 +771,8 @@ class Store:
         assert self._loop is not None and self._executor is not None
         self._committing = True  # (deferred writers write while the batch is taken)
         batches = self._pending()
-        if self._inline(batches):
+        weight = sum(batch.weight for batch in batches)
+        if self._inline(weight):
             self._streak += 1
             failure: Exception | None = None
             try:
@@ -764,16 +782,26 @@ class Store:
             self._flushed(batches, failure, inline=True)
             return
         self._streak = 0
-        future = self._loop.run_in_executor(self._executor, self._commit, batches)
+        if self.trouble is not None or not INLINE_WEIGHT < weight <= LOOP_WEIGHT:
+            # all on the store thread (see the module's comment)
+            future = self._loop.run_in_executor(self._executor, self._commit, batches)
+        else:
+            try:
+                self._apply(batches)
+            except Exception as exc:
+                self._flushed(batches, exc, inline=True)
+                return
+            future = self._loop.run_in_executor(self._executor, self._finish)
         future.add_done_callback(lambda f: self._flushed(batches, f.exception()))
 
-    def _inline(self, batches: list[Batch]) -> bool:
-        """Whether to commit `batches` on the event loop (see the module's comment)."""
+    def _inline(self, weight: int) -> bool:
+        """Whether to commit batches of `weight` whole on the event loop (see the module's
+        comment)."""
         return (
             self.durability == "os"
             and self.trouble is None
             and self._streak < INLINE_STREAK
-            and sum(batch.weight for batch in batches) <= INLINE_WEIGHT
+            and weight <= INLINE_WEIGHT
         )
 
     def _flushed(
@@ -833,6 +861,13 @@ class Store:
     def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
         """Write batches in one transaction (on the store thread, or synchronously);
         `checkpoint`: SQLite may checkpoint the WAL in this commit."""
+        self._apply(batches, checkpoint)
+        self._finish()
+
+    def _apply(self, batches: list[Batch], checkpoint: bool = True) -> None:
+        """The first half of a commit: BEGIN and the batches' statements (their changes
+        are in SQLite's page cache until `_finish` commits them); `checkpoint`: SQLite may
+        checkpoint the WAL when they are committed."""
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
             raise exc
@@ -868,16 +903,29 @@ class Store:
                         rows += sum(p[3] - p[2] + 1 for p in live)
                     else:
                         rows += len(live)
-            db.execute("COMMIT")
         except BaseException:
-            # SQLite may have rolled back already (a full disk does): keep the first error
-            if db.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
+            self._roll_back()
             raise
+        self._applied = (rows, started)
+
+    def _finish(self) -> None:
+        """The second half: COMMIT what `_apply` wrote (the WAL written and, with fsync,
+        synced; a checkpoint if SQLite's is due)."""
+        try:
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._roll_back()
+            raise
+        rows, started = self._applied
         self.commits += 1
         self.rows_written += rows
         self._last_commit = (rows, time.perf_counter() - started)
+
+    def _roll_back(self) -> None:
+        # SQLite may have rolled back already (a full disk does): keep the first error
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
 
     def _free_pages(self) -> int:
         return int(self._db.execute("PRAGMA freelist_count").fetchone()[0])

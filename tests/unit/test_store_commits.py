@@ -1,24 +1,26 @@
-"""Group commit: the store thread writes the next batch while the loop runs what waited
-for the last one."""
+"""Group commit: the loop applies a batch's statements and the store thread commits them;
+the next batch is applied while the loop runs what waited for the last one."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
 from pathlib import Path
 
-from ssb.broker._store import Store
+from ssb.broker._store import INLINE_WEIGHT, Store
 
 
 async def test_the_next_commit_starts_before_the_last_ones_callbacks_run(
     tmp_path: Path,
 ) -> None:
-    store = Store(tmp_path / "broker.db", "fsync")  # every commit on the store thread
+    store = Store(tmp_path / "broker.db", "fsync")  # every COMMIT on the store thread
     failures: list[BaseException] = []
     store.attach(asyncio.get_running_loop(), failures.append)
     try:
         store.put_meta("first", "1")
         first = store.watermark()
-        await asyncio.sleep(0)  # the commit of `first` starts on the store thread
+        await asyncio.sleep(0)  # `first` is applied, and its COMMIT starts on the store thread
         store.put_meta("second", "2")  # waits in the next batch meanwhile
         second = store.watermark()
         assert second == first + 1
@@ -38,4 +40,74 @@ async def test_the_next_commit_starts_before_the_last_ones_callbacks_run(
         await asyncio.wait_for(done, 30)
         assert not failures
     finally:
+        await store.close()
+
+
+async def test_a_batch_applied_on_the_loop_is_durable_only_after_its_commit(
+    tmp_path: Path,
+) -> None:
+    """The loop applies a busy batch's statements and the store thread commits them:
+    until the COMMIT has run, no other connection sees the writes and nothing that waits for
+    the batch (a client's answer) runs."""
+    path = tmp_path / "broker.db"
+    store = Store(path, "fsync")
+    failures: list[BaseException] = []
+    store.attach(asyncio.get_running_loop(), failures.append)
+    gate = threading.Event()
+    other = sqlite3.connect(path)
+    try:
+        assert store._executor is not None
+        store._executor.submit(gate.wait, 30)  # the store thread is busy until the gate opens
+        for i in range(INLINE_WEIGHT + 1):  # heavier than a lone client's batch
+            store.put_meta(f"other{i}", "x")
+        store.put_meta("key", "value")
+        batch = store.watermark()
+        durable = asyncio.Event()
+        store.when_durable(batch, durable.set)
+        await asyncio.sleep(0)  # the loop applies the batch; its COMMIT waits for the thread
+        assert store._db.in_transaction
+        assert other.execute("SELECT value FROM meta WHERE key = 'key'").fetchall() == []
+        assert not durable.is_set() and store.durable < batch
+        gate.set()
+        await asyncio.wait_for(durable.wait(), 30)
+        assert other.execute("SELECT value FROM meta WHERE key = 'key'").fetchall() == [("value",)]
+        assert not failures
+    finally:
+        gate.set()
+        other.close()
+        await store.close()
+
+
+async def test_a_batch_the_loop_cannot_apply_is_retried_and_written_once(
+    tmp_path: Path,
+) -> None:
+    """Another writer holds the database: applying the batch on the loop fails, the store
+    reports the trouble and tries again; once the other writer is gone the batch is
+    written, once, and what waited for it runs."""
+    path = tmp_path / "broker.db"
+    store = Store(path, "fsync")
+    failures: list[BaseException] = []
+    troubles: list[str | None] = []
+    reported = asyncio.Event()
+
+    def trouble(reason: str | None) -> None:
+        troubles.append(reason)
+        reported.set()
+
+    store.attach(asyncio.get_running_loop(), failures.append, trouble)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # holds the write lock
+        store.put_meta("key", "value")
+        durable = asyncio.Event()
+        store.when_durable(store.watermark(), durable.set)
+        await asyncio.wait_for(reported.wait(), 30)
+        assert troubles[0] is not None and "locked" in troubles[0]
+        assert not durable.is_set()
+        other.execute("ROLLBACK")
+        await asyncio.wait_for(durable.wait(), 30)
+        assert troubles[-1] is None and store.trouble is None and not failures
+        assert other.execute("SELECT value FROM meta WHERE key = 'key'").fetchall() == [("value",)]
+    finally:
+        other.close()
         await store.close()
