@@ -22,8 +22,8 @@ cost, and the thread still does the I/O. A batch heavier than `LOOP_WEIGHT` rows
 loop never stalls for long), a light one of at most `INLINE_WEIGHT` rows (a lone
 client's: the hop to the thread then overlaps the loop's own work, which keeps its round
 trip short), and any batch while commits fail are applied on the thread too. Between
-the halves the writer connection is in the middle of a transaction:
-nothing else uses it until the commit ends. With `"os"`, a light batch (at most
+the halves the writer connection is in the middle of a transaction: nothing else uses
+it until the commit ends. With `"os"`, a light batch (at most
 `INLINE_WEIGHT` rows touched) is committed whole on the event loop: that costs less than
 the hop to the store thread and back, which is most of a lone client's round trip. Such
 commits never run SQLite's automatic checkpoint (it would sync files on the event loop);
@@ -494,7 +494,6 @@ class Store:
         self._wake = False
         self._streak = 0  # light batches committed inline since the last threaded commit
         self._auto_checkpoint = True  # SQLite's automatic checkpoint is on
-        self._applied = (0, 0.0)  # rows and perf_counter() of the statements awaiting COMMIT
         self._callbacks: deque[tuple[int, Callable[[], None]]] = deque()
         self._inserts: dict[int, tuple[list[Row | None], int]] = {}
         self._endpoint_rows: dict[bytes, tuple[list[Row | None], int, bool]] = {}
@@ -787,11 +786,11 @@ class Store:
             future = self._loop.run_in_executor(self._executor, self._commit, batches)
         else:
             try:
-                self._apply(batches)
+                applied = self._apply(batches)
             except Exception as exc:
                 self._flushed(batches, exc, inline=True)
                 return
-            future = self._loop.run_in_executor(self._executor, self._finish)
+            future = self._loop.run_in_executor(self._executor, self._finish, applied)
         future.add_done_callback(lambda f: self._flushed(batches, f.exception()))
 
     def _inline(self, weight: int) -> bool:
@@ -861,13 +860,13 @@ class Store:
     def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
         """Write batches in one transaction (on the store thread, or synchronously);
         `checkpoint`: SQLite may checkpoint the WAL in this commit."""
-        self._apply(batches, checkpoint)
-        self._finish()
+        self._finish(self._apply(batches, checkpoint))
 
-    def _apply(self, batches: list[Batch], checkpoint: bool = True) -> None:
+    def _apply(self, batches: list[Batch], checkpoint: bool = True) -> tuple[int, float]:
         """The first half of a commit: BEGIN and the batches' statements (their changes
         are in SQLite's page cache until `_finish` commits them); `checkpoint`: SQLite may
-        checkpoint the WAL when they are committed."""
+        checkpoint the WAL when they are committed. Returns the rows written and when
+        this began (perf_counter), for `_finish`."""
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
             raise exc
@@ -906,9 +905,9 @@ class Store:
         except BaseException:
             self._roll_back()
             raise
-        self._applied = (rows, started)
+        return rows, started
 
-    def _finish(self) -> None:
+    def _finish(self, applied: tuple[int, float]) -> None:
         """The second half: COMMIT what `_apply` wrote (the WAL written and, with fsync,
         synced; a checkpoint if SQLite's is due)."""
         try:
@@ -916,7 +915,7 @@ class Store:
         except BaseException:
             self._roll_back()
             raise
-        rows, started = self._applied
+        rows, started = applied
         self.commits += 1
         self.rows_written += rows
         self._last_commit = (rows, time.perf_counter() - started)
