@@ -20,7 +20,7 @@ async def test_the_next_commit_starts_before_the_last_ones_callbacks_run(
     try:
         store.put_meta("first", "1")
         first = store.watermark()
-        await asyncio.sleep(0)  # `first` is applied, and its COMMIT starts on the store thread
+        await asyncio.sleep(0)  # the commit of `first` starts on the store thread
         store.put_meta("second", "2")  # waits in the next batch meanwhile
         second = store.watermark()
         assert second == first + 1
@@ -47,8 +47,8 @@ async def test_a_batch_applied_on_the_loop_is_durable_only_after_its_commit(
     tmp_path: Path,
 ) -> None:
     """The loop applies a busy batch's statements and the store thread commits them:
-    until the COMMIT has run, no other connection sees the writes and nothing that waits for
-    the batch (a client's answer) runs."""
+    until the COMMIT has run, no other connection sees the writes and nothing that waits
+    for the batch (a client's answer) runs."""
     path = tmp_path / "broker.db"
     store = Store(path, "fsync")
     failures: list[BaseException] = []
@@ -81,8 +81,8 @@ async def test_a_batch_applied_on_the_loop_is_durable_only_after_its_commit(
 async def test_a_batch_the_loop_cannot_apply_is_retried_and_written_once(
     tmp_path: Path,
 ) -> None:
-    """Another writer holds the database: applying the batch on the loop fails, the store
-    reports the trouble and tries again; once the other writer is gone the batch is
+    """Another writer holds the database: applying a busy batch on the loop fails, the
+    store reports the trouble and tries again; once the other writer is gone the batch is
     written, once, and what waited for it runs."""
     path = tmp_path / "broker.db"
     store = Store(path, "fsync")
@@ -98,6 +98,8 @@ async def test_a_batch_the_loop_cannot_apply_is_retried_and_written_once(
     other = sqlite3.connect(path, isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")  # holds the write lock
+        for i in range(INLINE_WEIGHT + 1):  # heavier than a lone client's batch
+            store.put_meta(f"other{i}", "x")
         store.put_meta("key", "value")
         durable = asyncio.Event()
         store.when_durable(store.watermark(), durable.set)
