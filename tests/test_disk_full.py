@@ -332,14 +332,17 @@ async def test_full_disk_answers_what_needs_no_write(small_disk: Path) -> None:
     assert not problems, "while the store cannot write: " + "; ".join(problems)
 
 
+def _refused_start(data_dir: Path) -> str:
+    """`ssb serve` on a full disk: it must not start, and say why in one line."""
+    done = serve_once(data_dir, "--host", "127.0.0.1", "--durability", "fsync", timeout=30.0)
+    assert "ssb ready" not in done.stdout, "the broker started on a full disk"
+    return one_error_line(done)
+
+
 def test_starting_on_a_full_disk_exits_with_one_line(small_disk: Path) -> None:
     fill(small_disk / "ballast")
     assert _free(small_disk) < 4096
-    done = serve_once(
-        small_disk / "data", "--host", "127.0.0.1", "--durability", "fsync", timeout=30.0
-    )
-    assert "ssb ready" not in done.stdout, "the broker started on a full disk"
-    line = one_error_line(done)
+    line = _refused_start(small_disk / "data")
     assert str(small_disk / "data") in line
     words = line.replace(str(small_disk / "data"), "DATA_DIR").lower()  # the path has "full"
     assert "full" in words, line
@@ -359,9 +362,7 @@ async def test_restarting_on_a_full_disk_exits_with_one_line(small_disk: Path) -
     finally:
         broker.kill()
     fill(small_disk / "ballast")
-    done = serve_once(data_dir, "--host", "127.0.0.1", "--durability", "fsync", timeout=30.0)
-    assert "ssb ready" not in done.stdout, "the broker started on a full disk"
-    line = one_error_line(done)
+    line = _refused_start(data_dir)
     (small_disk / "ballast").unlink()
     broker.start()  # with space back, everything is there
     try:
