@@ -24,7 +24,8 @@ wrapped with the peer's public key and persisted), in order, while the peer's in
 budget (IN_FLIGHT_MESSAGES, IN_FLIGHT_BYTES) allows: memory holds what is in flight, not
 the backlog. A direction the budget leaves out gets its first entry from a small reserve,
 so that priorities and the starvation bound of the dialog layer apply to it too. `pump` writes due fragments (retries first, then fresh fragments
-round-robin by priority, acks piggybacked) while the socket accepts them. A
+round-robin by priority, acks piggybacked) while the socket accepts them; on a peer's
+own connection (not through a forwarder) runs of small messages go as bundles. A
 `MessageAcked` deletes the message from the transmission queue, frees its budget and
 feeds more; an acknowledged EndDialog or Error lets the ending endpoint close.
 
@@ -61,6 +62,7 @@ from typing import Any, Final, cast
 from ssb.protocol import (
     NEED_DATA,
     AckFrame,
+    BundleFrame,
     CloseFrame,
     ConnectionClosed,
     DialogEvent,
@@ -286,13 +288,13 @@ class Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._touch()
         self.link.receive_data(data)
-        batch: list[FragmentFrame | AckFrame] = []
+        batch: list[FragmentFrame | BundleFrame | AckFrame] = []
         try:
             while True:
                 event = self.link.next_event()
                 if event is NEED_DATA:
                     break
-                if isinstance(event, (FragmentFrame, AckFrame)):
+                if isinstance(event, (FragmentFrame, BundleFrame, AckFrame)):
                     if self.peer is not None:
                         batch.append(event)
                     continue
@@ -1307,6 +1309,8 @@ class Transport:
             self._arm(peer)
             return
         dialog = peer.dialog
+        # bundles go only on a connection of the peer's own (a forwarder relays fragments)
+        dialog.bundling = link.peer is peer
         while not link.paused:
             frames = dialog.frames_to_send(now, SEND_BATCH)
             if not frames:
@@ -1336,7 +1340,7 @@ class Transport:
 
     # ---- receiving ---------------------------------------------------------------------
 
-    def frames(self, link: Link, frames: list[FragmentFrame | AckFrame]) -> None:
+    def frames(self, link: Link, frames: list[FragmentFrame | BundleFrame | AckFrame]) -> None:
         """Frames from one read: their events are applied (and stored) together, per
         broker the dialogs are with; other brokers' frames go to the forwarder."""
         adjacent = link.peer
@@ -1353,17 +1357,21 @@ class Transport:
             return len(bodies), sum(map(len, bodies))
 
         for frame in frames:
-            if forwarder is not None and forwarder.wants(frame):
+            peer: Peer | None
+            if isinstance(frame, BundleFrame):
+                peer = adjacent  # a bundle comes from the broker that sealed it, never relayed
+            elif forwarder is not None and forwarder.wants(frame):
                 forwarder.relay(frame, adjacent.instance, now)
                 continue
-            peer = far.get(frame.conversation_id)
-            if peer is None:
-                peer = self._partner(adjacent, frame)
+            else:
+                peer = far.get(frame.conversation_id)
                 if peer is None:
-                    continue
+                    peer = self._partner(adjacent, frame)
+                    if peer is None:
+                        continue
             # one frame at a time: a queue a message just filled refuses the next one (the
             # read's messages not yet delivered count as if they were in their queues)
-            if isinstance(frame, FragmentFrame) and self._refused(peer, frame, pending):
+            if not isinstance(frame, AckFrame) and self._refused(peer, frame, pending):
                 continue
             try:
                 events = peer.dialog.receive_frame(frame, now)
@@ -1438,7 +1446,10 @@ class Transport:
         return adjacent
 
     def _refused(
-        self, peer: Peer, frame: FragmentFrame, pending: Callable[[], tuple[int, int]]
+        self,
+        peer: Peer,
+        frame: FragmentFrame | BundleFrame,
+        pending: Callable[[], tuple[int, int]],
     ) -> bool:
         """Whether a message of this fragment's direction could not be stored now (a full
         queue or disk): then it is dropped unacknowledged, and the sender retries."""
@@ -1448,7 +1459,11 @@ class Transport:
         envelope = frame.envelope or self.envelopes.get(key)
         from_initiator = frame.direction is Direction.FROM_INITIATOR
         reason = self.engine.delivery.accepts(
-            frame.conversation_id, from_initiator, envelope.to_service if envelope else "", pending
+            frame.conversation_id,
+            from_initiator,
+            envelope.to_service if envelope else "",
+            pending,
+            len(frame.payloads) if isinstance(frame, BundleFrame) else 1,
         )
         if reason is None:
             return False
@@ -1837,6 +1852,8 @@ class Transport:
                     "bytes_received": counters.bytes_in,
                     "fragments_sent": counters.fragments_out,
                     "fragments_received": counters.fragments_in,
+                    "frames_sent": counters.frames_out,
+                    "frames_received": counters.frames_in,
                     "corrupt_fragments": peer.corrupt_fragments
                     if peer
                     else counters.corrupt_fragments,
@@ -1868,6 +1885,8 @@ class Transport:
                     "bytes_received": 0,
                     "fragments_sent": peer.dialog.counters.fragments_sent,
                     "fragments_received": 0,
+                    "frames_sent": 0,
+                    "frames_received": 0,
                     "corrupt_fragments": peer.corrupt_fragments,
                     "refused_fragments": peer.refused_fragments,
                     "in_flight": len(peer.in_flight),

@@ -63,6 +63,7 @@ from ._integrity import (
 )
 from ._link import (
     AckFrame,
+    BundleFrame,
     CloseFrame,
     ConnectionClosed,
     Direction,
@@ -85,6 +86,7 @@ __all__ = [
     "ROW_OVERHEAD",
     "WIRE_VERSION",
     "AckFrame",
+    "BundleFrame",
     "CloseFrame",
     "ConnectionClosed",
     "DialogEvent",

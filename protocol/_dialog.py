@@ -21,6 +21,11 @@ Sender rules
     before it is fragmented; the fragments then carry ciphertext only.
   * `MessageAcked(seq)` means the receiver durably stored every fragment of `seq`: the
     broker may delete it from its transmission queue.
+  * Between adjacent brokers that both speak protocol version 2 (`DialogPeer.bundling`),
+    fresh whole messages of one type that follow each other in a confirmed direction go
+    several to a `BundleFrame` (at most one fragment's worth of bytes, one signature):
+    one frame to build, send, decode and verify instead of one each. Each message keeps
+    its own retry entry; a retransmission goes as a fragment.
 
 Receiver rules
   * A fragment is accepted only if its sealed MD5 signature verifies under the session
@@ -75,10 +80,12 @@ from ._integrity import (
 )
 from ._link import (
     MAX_ACK_RANGES,
+    MAX_BUNDLE_MESSAGES,
     MAX_FRAGMENT_COUNT,
     MAX_FRAGMENT_SIZE,
     AckFrame,
     AckRecord,
+    BundleFrame,
     Direction,
     Envelope,
     FragmentFrame,
@@ -364,6 +371,7 @@ class DialogSender:
             else None
         )
         self._header_prefix = FragmentFrame.header_prefix(conversation_id, direction)
+        self._bundle_prefix = BundleFrame.header_prefix(conversation_id, direction)
         self._reverse_key = (conversation_id, direction.reverse)
         self._fragment_size = fragment_size
         self._window = window
@@ -516,6 +524,55 @@ class DialogSender:
             ack,
         )
 
+    def take_bundle(self, first: _OutMessage) -> list[_OutMessage]:
+        """The never-sent messages that follow `first` (just taken by `next_unsent`) and
+        may travel with it in one bundle: whole (one fragment), of its type, consecutive,
+        inside the window; at most MAX_BUNDLE_MESSAGES in all and together no larger than
+        one fragment. They are taken (marked sent)."""
+        taken: list[_OutMessage] = []
+        if first.count != 1:
+            return taken
+        room = self._fragment_size - len(first.body)
+        expected = first.seq + 1
+        end = min(self._acked_floor + self._window, first.seq + MAX_BUNDLE_MESSAGES)
+        mtype = first.message_type
+        for message in self._unsent:
+            if message.seq < expected:
+                continue
+            if (
+                message.seq != expected
+                or expected >= end
+                or message.count != 1
+                or message.next_unsent
+                or message.done
+                or message.message_type != mtype
+                or len(message.body) > room
+            ):
+                break
+            message.next_unsent = 1
+            room -= len(message.body)
+            taken.append(message)
+            expected += 1
+        return taken
+
+    def build_bundle(self, messages: list[_OutMessage], ack: AckRecord | None) -> BundleFrame:
+        """The signed bundle of `messages` (from `take_bundle`, the first one first),
+        carrying `ack` if given."""
+        first = messages[0]
+        payloads = tuple(message.body for message in messages)
+        header = self._bundle_prefix + BundleFrame.header_rest(
+            first.seq, first.message_type, payloads, ack
+        )
+        return BundleFrame(
+            self.conversation_id,
+            self.direction,
+            first.seq,
+            first.message_type,
+            payloads,
+            self._seal.sign_parts(header, payloads),
+            ack,
+        )
+
     def is_outstanding(self, message: _OutMessage, index: int) -> bool:
         """Whether fragment `index` of `message` still waits for its ack."""
         return not (self.closed or message.done or message.acked[index])
@@ -639,6 +696,7 @@ class DialogReceiver:
             else None
         )
         self._header_prefix = FragmentFrame.header_prefix(conversation_id, direction)
+        self._bundle_prefix = BundleFrame.header_prefix(conversation_id, direction)
         self._next_expected = next_expected_seq
         self._stored_below = next_expected_seq
         self._window = window
@@ -733,6 +791,18 @@ class DialogReceiver:
             self.conversation_id, self.direction, key, self._cipher is not None
         )
 
+    def verify_bundle(self, frame: BundleFrame) -> None:
+        """Check a bundle's signature (a bundle never carries the session key).
+
+        Raises: IntegrityError: no session key yet, or the signature does not verify.
+        """
+        if self._seal is None:
+            raise IntegrityError("no session key for this dialog direction yet")
+        header = self._bundle_prefix + BundleFrame.header_rest(
+            frame.seq, frame.message_type, frame.payloads, frame.ack
+        )
+        self._seal.verify_parts(frame.signature, header, frame.payloads)
+
     def _delivered(self, seq: int, message_type: str, body: bytes) -> MessageReceived:
         cipher = self._cipher
         if cipher is not None:
@@ -771,6 +841,24 @@ class DialogReceiver:
 
         Raises: RemoteProtocolError: the fragment names another dialog direction.
         """
+        self._check_direction(frame)
+        return self._accept(
+            frame.seq, frame.fragment_index, frame.fragment_count, frame.message_type, frame.payload
+        )
+
+    def accept_bundle(self, frame: BundleFrame) -> list[DialogEvent]:
+        """Accept a *verified* bundle: each message as if it came in a fragment of its own.
+
+        Raises: RemoteProtocolError: the bundle names another dialog direction.
+        """
+        self._check_direction(frame)
+        events: list[DialogEvent] = []
+        mtype = frame.message_type
+        for seq, payload in enumerate(frame.payloads, frame.seq):
+            events += self._accept(seq, 0, 1, mtype, payload)
+        return events
+
+    def _check_direction(self, frame: FragmentFrame | BundleFrame) -> None:
         cid = frame.conversation_id
         if (
             cid is not self.conversation_id and cid != self.conversation_id
@@ -778,7 +866,10 @@ class DialogReceiver:
             raise RemoteProtocolError(
                 "fragment routed to the wrong dialog", ErrorCode.UNKNOWN_CONVERSATION
             )
-        seq = frame.seq
+
+    def _accept(
+        self, seq: int, index: int, count: int, message_type: str, payload: bytes
+    ) -> list[DialogEvent]:
         if seq < self._next_expected:
             self.duplicates += 1
             if seq < self._stored_below:
@@ -790,33 +881,32 @@ class DialogReceiver:
         events: list[DialogEvent] = []
         message = self._partials.get(seq)
         if message is None:
-            if frame.fragment_count == 1 and seq == self._next_expected:
+            if count == 1 and seq == self._next_expected:
                 self._next_expected += 1
-                events.append(self._delivered(seq, frame.message_type, frame.payload))
+                events.append(self._delivered(seq, message_type, payload))
                 self._deliver_ready(events)
                 return events
-        elif message.count != frame.fragment_count or message.message_type != frame.message_type:
+        elif message.count != count or message.message_type != message_type:
             self._buffered -= message.size
             del self._partials[seq]
             self._unreported = {entry for entry in self._unreported if entry[0] != seq}
             events.append(PartialMessageDiscarded(self.conversation_id, self.direction, seq))
             message = None
         if message is None:
-            message = self._partials[seq] = _InMessage(frame.fragment_count, frame.message_type)
-        index = frame.fragment_index
+            message = self._partials[seq] = _InMessage(count, message_type)
         if message.parts[index] is not None:
             self.duplicates += 1
             if message.stored[index]:
                 self._unreported.add((seq, message.count, index))
                 self.ack_pending = True
             return events
-        size = len(frame.payload)
+        size = len(payload)
         if seq != self._next_expected and self._buffered + size > self._max_buffered:
             self.dropped += 1
             if not message.received:
                 del self._partials[seq]
             return events
-        message.parts[index] = frame.payload
+        message.parts[index] = payload
         message.received += 1
         message.size += size
         self._buffered += size
@@ -831,7 +921,7 @@ class DialogReceiver:
                     index,
                     message.count,
                     message.message_type,
-                    frame.payload,
+                    payload,
                 )
             )
         return events
@@ -998,6 +1088,10 @@ class DialogPeer:
         self._now = 0.0
         self._starvation_bound = starvation_bound
         self._starvation_checked = -1.0
+        self.bundling = False
+        """Whether fresh messages may go in bundles (`BundleFrame`): the owner sets it
+        while the connection in use reaches this peer directly and speaks protocol
+        version 2."""
 
     # -- dialogs
 
@@ -1199,7 +1293,7 @@ class DialogPeer:
 
     def frames_to_send(
         self, now: float, limit: int = DEFAULT_SEND_BATCH
-    ) -> list[FragmentFrame | AckFrame]:
+    ) -> list[FragmentFrame | BundleFrame | AckFrame]:
         """Frames to write now: due retransmissions, then up to `limit` fragments in all,
         then standalone acks whose delay expired and found no ride.
 
@@ -1208,7 +1302,7 @@ class DialogPeer:
         """
         self._now = max(self._now, now)
         self.handle_timer(now)
-        frames: list[FragmentFrame | AckFrame] = []
+        frames: list[FragmentFrame | BundleFrame | AckFrame] = []
         counters = self.counters
         receivers = self._receivers
         retry = self._retry
@@ -1231,6 +1325,25 @@ class DialogPeer:
             if receiver is not None and receiver.ack_pending:
                 ack = self._take_ack(receiver, now)
                 counters.piggybacked_acks += 1
+            bundle = (
+                sender.take_bundle(message)
+                if transmissions == 0 and self.bundling and sender.confirmed
+                else None
+            )
+            if bundle:
+                # each message keeps its own retry entry: a lost bundle is retransmitted
+                # message by message, as fragments
+                bundle.insert(0, message)
+                frames.append(sender.build_bundle(bundle, ack))
+                counters.fragments_sent += len(bundle)
+                due = now + delays[1]
+                entries = [(due, next(self._tick), sender, member, 0, 1) for member in bundle]
+                if not fifo or due >= fifo[-1][0]:
+                    fifo.extend(entries)
+                else:
+                    for entry in entries:
+                        heapq.heappush(self._retry_heap, entry)
+                continue
             # a retransmission carries the routing header again (see the sender rules)
             frames.append(sender.build_fragment(message, index, ack, transmissions > 0))
             counters.fragments_sent += 1
@@ -1305,7 +1418,9 @@ class DialogPeer:
 
     # -- receiving
 
-    def receive_frame(self, frame: FragmentFrame | AckFrame, now: float) -> list[DialogEvent]:
+    def receive_frame(
+        self, frame: FragmentFrame | BundleFrame | AckFrame, now: float
+    ) -> list[DialogEvent]:
         """Process one fragment or standalone ack from the peer.
 
         Returns: events for the broker, in the order it must apply them.
@@ -1326,24 +1441,27 @@ class DialogPeer:
                 ]
             return self._apply_ack(sender, frame.ack)
         receiver = self._receivers.get((frame.conversation_id, frame.direction))
-        if receiver is None:
-            return [UnknownDialog(frame.conversation_id, frame.direction, frame)]
-        try:
-            key_event = receiver.verify(frame)
-        except IntegrityError as exc:
-            self.counters.integrity_failures += 1
-            return [
-                IntegrityFailure(
-                    frame.conversation_id,
-                    frame.direction,
-                    frame.seq,
-                    frame.fragment_index,
-                    str(exc),
-                )
-            ]
+        key_event: SessionKeyReceived | None = None
         # accept() and the piggybacked ack touch different objects: apply both, then
         # order the events as key, acks, accepted
-        events = receiver.accept(frame)
+        if isinstance(frame, BundleFrame):
+            if receiver is None:
+                # no envelope to open the direction with: its messages come again as
+                # fragments that carry it (see the sender rules)
+                return []
+            try:
+                receiver.verify_bundle(frame)
+            except IntegrityError as exc:
+                return self._integrity_failure(frame, 0, exc)
+            events = receiver.accept_bundle(frame)
+        else:
+            if receiver is None:
+                return [UnknownDialog(frame.conversation_id, frame.direction, frame)]
+            try:
+                key_event = receiver.verify(frame)
+            except IntegrityError as exc:
+                return self._integrity_failure(frame, frame.fragment_index, exc)
+            events = receiver.accept(frame)
         if frame.ack is not None:
             sender = self._senders.get((frame.conversation_id, frame.direction.reverse))
             if sender is not None:
@@ -1352,6 +1470,14 @@ class DialogPeer:
             events.insert(0, key_event)
         self._schedule_ack(receiver, now)
         return events
+
+    def _integrity_failure(
+        self, frame: FragmentFrame | BundleFrame, index: int, exc: IntegrityError
+    ) -> list[DialogEvent]:
+        self.counters.integrity_failures += 1
+        return [
+            IntegrityFailure(frame.conversation_id, frame.direction, frame.seq, index, str(exc))
+        ]
 
     def _apply_ack(self, sender: DialogSender, record: AckRecord) -> list[DialogEvent]:
         events: list[DialogEvent] = list(sender.handle_ack(record))

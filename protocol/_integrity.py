@@ -109,6 +109,21 @@ class SessionSeal:
             digest.update(payload)
         return self._encryptor.update(digest.digest())
 
+    def sign_parts(self, header: bytes, payloads: Iterable[bytes]) -> bytes:
+        """The sealed signature of `header` followed by every payload, in order."""
+        digest = hashlib.md5(header, usedforsecurity=False)
+        for payload in payloads:
+            digest.update(payload)
+        return self._encryptor.update(digest.digest())
+
+    def verify_parts(self, signature: bytes, header: bytes, payloads: Iterable[bytes]) -> None:
+        """Check a signature made by `sign_parts`.
+
+        Raises: IntegrityError: the signature does not match the content.
+        """
+        if not hmac.compare_digest(self.sign_parts(header, payloads), signature):
+            raise IntegrityError("message integrity check failed: signature mismatch")
+
     def verify(self, signature: bytes, header: bytes, payload: bytes = b"") -> None:
         """Check a sealed signature.
 

@@ -21,7 +21,8 @@ receiver accepts it only with a certificate from its trust store that names the 
 broker id. The connection produces and consumes handshake frames itself: the shell writes
 `data_to_send()` after every `receive_data`/`next_event` round and never builds them.
 
-After the handshake both sides exchange `FragmentFrame`s and standalone `AckFrame`s (the
+After the handshake both sides exchange `FragmentFrame`s, `BundleFrame`s (several whole
+messages of one dialog direction in one frame) and standalone `AckFrame`s (the
 dialog layer gives them meaning; they carry the conversation id as 16 raw bytes, not as
 the msgpack UUID extension, and decoding interns it) until either sends `CloseFrame` or `ProtocolErrorFrame`, or
 the byte stream ends. Any frame that the table does not allow in the current state, or any
@@ -37,9 +38,10 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum, IntEnum
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -60,13 +62,14 @@ from ._integrity import (
     verify_handshake_proof,
 )
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2  # 2: bundles (several whole messages in one frame)
 MAX_FRAGMENT_SIZE: Final = 1024 * 1024
 MAX_FRAGMENT_COUNT: Final = 1 << 24
 MAX_SEQ: Final = (1 << 63) - 1
 MAX_NAME_LENGTH: Final = 512
 MAX_ACK_RANGES: Final = 1024
 MAX_ERROR_TEXT: Final = 4096
+MAX_BUNDLE_MESSAGES: Final = 256  # messages one bundle carries at most
 # Largest encoded frame: one full fragment plus a generous allowance for its header.
 MAX_LINK_FRAME_SIZE: Final = MAX_FRAGMENT_SIZE + 64 * 1024
 
@@ -81,6 +84,7 @@ class FrameKind(IntEnum):
     ACK = 5
     ERROR = 6
     CLOSE = 7
+    BUNDLE = 8
 
 
 class Direction(IntEnum):
@@ -105,6 +109,8 @@ _FRAGMENT: Final = int(FrameKind.FRAGMENT)
 _ACK: Final = int(FrameKind.ACK)
 _HEADER_FIELDS: Final = 10
 _FRAGMENT_HEADER_TAG: Final = bytes([0x90 | _HEADER_FIELDS])  # msgpack fixarray of 10
+_BUNDLE: Final = int(FrameKind.BUNDLE)
+_BUNDLE_HEADER_TAG: Final = bytes([0x90 | 6])  # kind, id, direction, seq, type, sizes, ack
 
 
 def _malformed(what: str) -> RemoteProtocolError:
@@ -579,6 +585,96 @@ def new_fragment_frame(
 
 
 @dataclass(frozen=True, slots=True)
+class BundleFrame:
+    """Several whole messages of one dialog direction in one frame: `payloads[i]` is the
+    body of message `seq + i`, each of one fragment, all of type `message_type`.
+
+    Only a confirmed direction is bundled (no envelope, no wrapped key), and only between
+    adjacent brokers that both speak protocol version 2. `signature` seals
+    `signed_header()` + every payload in order; the header names each payload's size, so
+    the boundaries are sealed too. `ack` confirms the reverse direction, as on a fragment.
+    Everything else about the messages (acks, retransmissions, which go as fragments) is
+    as if each had come in a fragment of its own.
+    """
+
+    conversation_id: uuid.UUID
+    direction: Direction
+    seq: int
+    message_type: str
+    payloads: tuple[bytes, ...]
+    signature: bytes
+    ack: AckRecord | None = None
+
+    @property
+    def envelope(self) -> None:
+        """A bundle never carries the envelope (see the class's comment)."""
+        return None
+
+    def signed_header(self) -> bytes:
+        """Every field but payloads and signature (their sizes instead), for signing."""
+        return BundleFrame.header_prefix(
+            self.conversation_id, self.direction
+        ) + BundleFrame.header_rest(self.seq, self.message_type, self.payloads, self.ack)
+
+    @staticmethod
+    def header_prefix(conversation_id: uuid.UUID, direction: Direction) -> bytes:
+        """The part of the signed header fixed by the dialog direction (as for fragments:
+        prefix + rest is exactly pack([kind, id, direction, seq, type, sizes, ack]))."""
+        return (
+            _BUNDLE_HEADER_TAG + pack(_BUNDLE) + pack(conversation_id.bytes) + pack(int(direction))
+        )
+
+    @staticmethod
+    def header_rest(
+        seq: int, message_type: str, payloads: Sequence[bytes], ack: AckRecord | None
+    ) -> bytes:
+        """The per-bundle part of the signed header."""
+        return pack(
+            [
+                seq,
+                message_type,
+                [len(payload) for payload in payloads],
+                None if ack is None else ack.encode(),
+            ]
+        )[1:]
+
+    def encode(self) -> list[object]:
+        """Wire form (the conversation id as 16 raw bytes)."""
+        return [
+            _BUNDLE,
+            self.conversation_id.bytes,
+            int(self.direction),
+            self.seq,
+            self.message_type,
+            list(self.payloads),
+            self.signature,
+            None if self.ack is None else self.ack.encode(),
+        ]
+
+    @classmethod
+    def decode(cls, obj: list[Any]) -> BundleFrame:
+        """Raises: RemoteProtocolError: malformed."""
+        f = _fields(obj, FrameKind.BUNDLE, 7)
+        payloads = _list(f[5], "bundle payloads", max_length=MAX_BUNDLE_MESSAGES)
+        if not payloads or any(
+            type(payload) is not bytes or len(payload) > MAX_FRAGMENT_SIZE for payload in payloads
+        ):
+            raise _malformed(
+                f"bundle payloads must be 1..{MAX_BUNDLE_MESSAGES} byte strings of at most"
+                f" {MAX_FRAGMENT_SIZE} bytes"
+            )
+        return cls(
+            _raw_uuid(f[1], "conversation id"),
+            _DIRECTIONS[_int(f[2], "direction", 0, 1)],
+            _int(f[3], "sequence number", 0, MAX_SEQ - len(payloads) + 1),
+            _str(f[4], "message type"),
+            tuple(payloads),
+            _bytes(f[6], "signature", SIGNATURE_SIZE, SIGNATURE_SIZE),
+            None if f[7] is None else AckRecord.decode(f[7]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class AckFrame:
     """A standalone ack for one dialog direction, sealed with that direction's session key."""
 
@@ -652,13 +748,23 @@ class CloseFrame:
         return cls(_str(f[1], "close reason", MAX_ERROR_TEXT))
 
 
-LinkFrame = Hello | HelloAccept | Proof | FragmentFrame | AckFrame | ProtocolErrorFrame | CloseFrame
+LinkFrame = (
+    Hello
+    | HelloAccept
+    | Proof
+    | FragmentFrame
+    | BundleFrame
+    | AckFrame
+    | ProtocolErrorFrame
+    | CloseFrame
+)
 
 _DECODERS: Final[dict[int, Any]] = {
     FrameKind.HELLO: Hello.decode,
     FrameKind.HELLO_ACCEPT: HelloAccept.decode,
     FrameKind.PROOF: Proof.decode,
     FrameKind.FRAGMENT: FragmentFrame.decode,
+    FrameKind.BUNDLE: BundleFrame.decode,
     FrameKind.ACK: AckFrame.decode,
     FrameKind.ERROR: ProtocolErrorFrame.decode,
     FrameKind.CLOSE: CloseFrame.decode,
@@ -744,12 +850,14 @@ _RECV_INPUT: Final[dict[type, LinkInput]] = {
     HelloAccept: _I.RECV_HELLO_ACCEPT,
     Proof: _I.RECV_PROOF,
     FragmentFrame: _I.RECV_FRAGMENT,
+    BundleFrame: _I.RECV_FRAGMENT,
     AckFrame: _I.RECV_ACK,
     ProtocolErrorFrame: _I.RECV_ERROR,
     CloseFrame: _I.RECV_CLOSE,
 }
 _SEND_INPUT: Final[dict[type, LinkInput]] = {
     FragmentFrame: _I.SEND_FRAGMENT,
+    BundleFrame: _I.SEND_FRAGMENT,
     AckFrame: _I.SEND_ACK,
     ProtocolErrorFrame: _I.SEND_ERROR,
     CloseFrame: _I.SEND_CLOSE,
@@ -786,6 +894,7 @@ class ConnectionClosed:
 LinkEvent = (
     HandshakeCompleted
     | FragmentFrame
+    | BundleFrame
     | AckFrame
     | ProtocolErrorFrame
     | CloseFrame
@@ -947,6 +1056,9 @@ class LinkConnection:
         if isinstance(frame, FragmentFrame):
             self.counters.fragments_in += 1
             return frame
+        if isinstance(frame, BundleFrame):
+            self.counters.fragments_in += len(frame.payloads)
+            return frame
         if isinstance(frame, AckFrame):
             self.counters.acks_in += 1
             return frame
@@ -1054,7 +1166,9 @@ class LinkConnection:
         self.counters.bytes_out += len(data)
         return data
 
-    def send(self, frame: FragmentFrame | AckFrame | ProtocolErrorFrame | CloseFrame) -> bytes:
+    def send(
+        self, frame: FragmentFrame | BundleFrame | AckFrame | ProtocolErrorFrame | CloseFrame
+    ) -> bytes:
         """Encode one frame for the wire.
 
         Fragments and acks are allowed only when ESTABLISHED; an error or close frame
@@ -1077,6 +1191,8 @@ class LinkConnection:
         counters.frames_out += 1
         if kind is FragmentFrame:
             counters.fragments_out += 1
+        elif kind is BundleFrame:
+            counters.fragments_out += len(cast(BundleFrame, frame).payloads)
         elif kind is AckFrame:
             counters.acks_out += 1
         return data

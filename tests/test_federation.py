@@ -80,6 +80,8 @@ BROKER_CONNECTIONS_COLUMNS = {
     "bytes_received",
     "fragments_sent",
     "fragments_received",
+    "frames_sent",
+    "frames_received",
     "corrupt_fragments",
     "retransmissions",
     "last_activity",
@@ -410,6 +412,32 @@ async def test_messages_for_a_full_queue_stay_unacknowledged_on_the_sender_until
         got = await receive_count(b.conn, target_q, 30)  # room again: A's retries get through
         assert assert_eoio(got) and [m.message_body for m in got] == [body(0, n) for n in range(30)]
         await wait_until(lambda: _empty(transmission_queue(a)), "A's transmission queue to drain")
+
+
+@pytest.mark.timeout(60)
+async def test_small_messages_travel_bundled_once_the_dialog_is_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """After the first message of a dialog direction is acknowledged, small messages
+    waiting together go several to a frame: far fewer frames than messages, and every
+    message still arrives once, in order."""
+    async with Federation(tmp_path, ["A", "B"]) as fed:
+        a, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
+        handle = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        await a.conn.send(handle, REQUEST, body(0, 0))
+        await wait_until(lambda: _empty(transmission_queue(a)), "the first message acked")
+        (before,) = [c for c in await connections(a) if c["peer"] == b.instance]
+        await a.conn.send_many(handle, REQUEST, [body(0, n) for n in range(1, 501)])
+        got = await receive_count(b.conn, target_q, 501, top=100)
+        assert assert_eoio(got) and [m.message_body for m in got] == [
+            body(0, n) for n in range(501)
+        ]
+        await wait_until(lambda: _empty(transmission_queue(a)), "A's transmission queue to drain")
+        (after,) = [c for c in await connections(a) if c["peer"] == b.instance]
+        fragments = after["fragments_sent"] - before["fragments_sent"]
+        frames = after["frames_sent"] - before["frames_sent"]
+        assert fragments >= 500
+        assert frames <= fragments // 10, f"{frames} frames for {fragments} messages"
 
 
 async def _empty(rows: Any) -> bool:

@@ -495,11 +495,12 @@ class Delivery:
         from_initiator: bool,
         to_service: str,
         pending: Callable[[], tuple[int, int]] | None = None,
+        arriving: int = 1,
     ) -> str | None:
-        """Why a message of this direction from another broker could not be stored now.
-        `pending()`: messages (and bytes) accepted and not yet delivered, counted as if they
-        were in its queue (an upper bound: the transport delivers a read's messages
-        together); asked only for a queue with a quota."""
+        """Why `arriving` messages of this direction from another broker could not be
+        stored now. `pending()`: messages (and bytes) accepted and not yet delivered,
+        counted as if they were in its queue (an upper bound: the transport delivers a
+        read's messages together); asked only for a queue with a quota."""
         reason = self.capacity.refusal
         if reason is not None:
             return reason
@@ -508,7 +509,7 @@ class Delivery:
         if queue is None or not queue.has_quota:
             return None
         count, nbytes = (0, 0) if pending is None else pending()
-        return queue.over_quota(1 + count, nbytes)
+        return queue.over_quota(arriving + count, nbytes)
 
     def deliver_remote_many(
         self,

@@ -34,6 +34,7 @@ from ssb.protocol._link import (
     PROTOCOL_VERSION,
     AckFrame,
     AckRecord,
+    BundleFrame,
     CloseFrame,
     ConnectionClosed,
     Direction,
@@ -83,6 +84,10 @@ SAMPLE_FRAMES: list[LinkFrame] = [
     ),
     AckFrame(CONV, Direction.FROM_INITIATOR, AckRecord(0), bytes(16)),
     AckFrame(CONV, Direction.FROM_TARGET, AckRecord(12, ((14, 100, 5, 99),)), bytes(16)),
+    BundleFrame(CONV, Direction.FROM_INITIATOR, 7, "Msg", (b"a", b"", b"bc" * 500), bytes(16)),
+    BundleFrame(
+        CONV, Direction.FROM_TARGET, 2**40, "M", (b"x",), bytes(range(16)), AckRecord(3, ())
+    ),
     ProtocolErrorFrame(int(ErrorCode.MALFORMED_FRAME), "bad frame ✗"),
     CloseFrame("idle"),
     CloseFrame(),
@@ -252,8 +257,8 @@ def test_new_fragment_frame_equals_the_dataclass_constructor() -> None:
 
 def test_established_fast_path_keeps_the_table_authoritative() -> None:
     """Only inputs the table maps ESTABLISHED -> ESTABLISHED skip the lookup."""
-    assert {FragmentFrame, AckFrame} == _RECV_KEEPS_ESTABLISHED
-    assert {FragmentFrame, AckFrame} == _SEND_KEEPS_ESTABLISHED
+    assert {FragmentFrame, BundleFrame, AckFrame} == _RECV_KEEPS_ESTABLISHED
+    assert {FragmentFrame, BundleFrame, AckFrame} == _SEND_KEEPS_ESTABLISHED
 
 
 def test_direction_reverse() -> None:
@@ -289,6 +294,13 @@ def test_direction_reverse() -> None:
         [5, CONV, 0, [0, []], bytes(16)],  # id as UUID ext
         [4, CONV.bytes, True, 0, 0, 1, "M", b"", bytes(16), None, None, None],  # bool
         [4, CONV.bytes, 0, 0, 0, 1, "M", b"", bytes(17), None, None, None],  # long signature
+        [8, CONV.bytes, 0, 0, "M", [], bytes(16), None],  # a bundle of nothing
+        [8, CONV.bytes, 0, 0, "M", [b"x"] * 257, bytes(16), None],  # too many messages
+        [8, CONV.bytes, 0, 0, "M", [b"x", "y"], bytes(16), None],  # payload not bytes
+        [8, CONV.bytes, 0, 0, "M", b"x", bytes(16), None],  # payloads not an array
+        [8, CONV.bytes, 0, 2**63 - 1, "M", [b"x", b"y"], bytes(16), None],  # seq beyond max
+        [8, CONV.bytes, 0, 0, "M", [b"x"], bytes(15), None],  # short signature
+        [8, CONV.bytes, 0, 0, "M", [b"x"], bytes(16)],  # a field short
         [1, 1, A_ID, A_CERT, bytes(31)],  # short nonce
         [6, "1001", "text"],
         [7, "x" * 5000],
