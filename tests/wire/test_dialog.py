@@ -414,11 +414,14 @@ def test_clean_link_delivers_everything_in_order() -> None:
     assert b.integrity_failures == []
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_lossy_link_delivers_exactly_once_in_order_both_directions(seed: int) -> None:
+def _lossy_exchange(
+    seed: int, fragment_sizes: list[int], run_length: int, bundling: bool = False
+) -> tuple[Broker, Broker, Network]:
+    """Four dialogs both ways over a link that drops, duplicates, reorders and corrupts:
+    steps of 1..`run_length` messages, then everything must arrive once and in order."""
     rng = random.Random(seed)
-    a, b = make_pair(fragment_size=rng.choice([16, 64, 200]))
-    net = Network(a, b, seed=seed, drop=0.2, duplicate=0.2, reorder=0.2, corrupt=0.1)
+    a, b = make_pair(fragment_size=rng.choice(fragment_sizes), bundling=bundling)
+    net = Network(a, b, seed=seed, drop=0.2, duplicate=0.2, reorder=0.2, corrupt=0.1, batch=64)
     conversations = [uuid.uuid4() for _ in range(4)]
     sent: dict[Key, list[bytes]] = {}
     for conv in conversations:
@@ -433,11 +436,12 @@ def test_lossy_link_delivers_exactly_once_in_order_both_directions(seed: int) ->
         b.begin(conv, TARG)
         sent[(conv, TARG)] = []
     for step in range(40):
-        conv = rng.choice(conversations)
-        broker, direction = (a, INIT) if rng.random() < 0.5 else (b, TARG)
-        body = rng.randbytes(rng.choice([0, 1, 10, 100, 1000]))
-        broker.send(conv, direction, body)
-        sent[(conv, direction)].append(body)
+        for _ in range(rng.randrange(1, run_length + 1)):
+            conv = rng.choice(conversations)
+            broker, direction = (a, INIT) if rng.random() < 0.5 else (b, TARG)
+            body = rng.randbytes(rng.choice([0, 1, 10, 100, 1000]))
+            broker.send(conv, direction, body)
+            sent[(conv, direction)].append(body)
         net.transfer(now)
         now += 0.01 * step
     net.run(now, all_acked(a, b))
@@ -448,22 +452,43 @@ def test_lossy_link_delivers_exactly_once_in_order_both_directions(seed: int) ->
         assert [body for _, _, body in got] == expected
     assert net.corrupted > 0
     reported = len(a.integrity_failures) + len(b.integrity_failures)
-    assert reported > 0, "corrupted fragments must be reported"
+    assert reported > 0, "corrupted frames must be reported"
     assert a.peer.counters.retransmissions + b.peer.counters.retransmissions > 0
+    return a, b, net
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lossy_link_delivers_exactly_once_in_order_both_directions(seed: int) -> None:
+    _lossy_exchange(seed, [16, 64, 200], run_length=1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bundles_on_a_lossy_link_deliver_exactly_once_in_order(seed: int) -> None:
+    """Bundles dropped, duplicated, reordered and corrupted: a lost bundle is repaired
+    message by message, a corrupted one is reported and never acked."""
+    _, _, net = _lossy_exchange(seed, [200, 1024, 4096], run_length=20, bundling=True)
+    assert _bundles(net), "no bundle was sent"
 
 
 def _bundles(net: Network) -> list[BundleFrame]:
     return [frame for _, _, frame in net.log if isinstance(frame, BundleFrame)]
 
 
-def test_bundles_carry_runs_of_small_messages_once_the_direction_is_confirmed() -> None:
-    a, b = make_pair(fragment_size=1024, bundling=True)
+def _confirmed_dialog(**options: object) -> tuple[Broker, Broker, Network, uuid.UUID, float]:
+    """A pair with one dialog whose first message is acknowledged (its direction is
+    confirmed: later fragments carry no envelope), and the time then."""
+    a, b = make_pair(**options)
     net = Network(a, b, batch=256)
     conv = uuid.uuid4()
     a.begin(conv, INIT)
     a.listen(conv, TARG)
     a.send(conv, INIT, b"first")
-    now = net.run(0.0, all_acked(a))  # the first ack confirms the direction
+    now = net.run(0.0, all_acked(a))
+    return a, b, net, conv, now
+
+
+def test_bundles_carry_runs_of_small_messages_once_the_direction_is_confirmed() -> None:
+    a, b, net, conv, now = _confirmed_dialog(fragment_size=1024, bundling=True)
     assert _bundles(net) == []  # the first message carries the envelope: a fragment
     bodies = [bytes([i]) * 100 for i in range(50)] + [b"x" * 3000] + [b"after"] * 5
     for body in bodies:
@@ -484,13 +509,7 @@ def test_bundles_carry_runs_of_small_messages_once_the_direction_is_confirmed() 
 
 
 def test_a_peer_without_bundling_sends_fragments_only() -> None:
-    a, b = make_pair(bundling=False)
-    net = Network(a, b, batch=256)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
-    a.listen(conv, TARG)
-    a.send(conv, INIT, b"first")
-    now = net.run(0.0, all_acked(a))
+    a, b, net, conv, now = _confirmed_dialog(bundling=False)
     for i in range(20):
         a.send(conv, INIT, bytes([i]))
     net.run(now, all_acked(a))
@@ -498,55 +517,10 @@ def test_a_peer_without_bundling_sends_fragments_only() -> None:
     assert _bundles(net) == []
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_bundles_on_a_lossy_link_deliver_exactly_once_in_order(seed: int) -> None:
-    """Bundles dropped, duplicated, reordered and corrupted: every message arrives once and
-    in order (a lost bundle is repaired message by message), and a corrupted bundle is
-    reported and never acked."""
-    rng = random.Random(seed)
-    a, b = make_pair(fragment_size=rng.choice([64, 200, 1024]), bundling=True)
-    net = Network(a, b, seed=seed, drop=0.2, duplicate=0.2, reorder=0.2, corrupt=0.1, batch=64)
-    conversations = [uuid.uuid4() for _ in range(3)]
-    sent: dict[Key, list[bytes]] = {}
-    for conv in conversations:
-        a.begin(conv, INIT)
-        a.listen(conv, TARG)
-        sent[(conv, INIT)] = [b"first"]
-        a.send(conv, INIT, b"first")
-    now = net.run(0.0, lambda: all((c, INIT) in b.next_expected for c in conversations))
-    for conv in conversations:
-        b.begin(conv, TARG)
-        sent[(conv, TARG)] = []
-    for step in range(30):
-        for _ in range(rng.randrange(1, 20)):  # runs of messages, so that bundles form
-            conv = rng.choice(conversations)
-            broker, direction = (a, INIT) if rng.random() < 0.6 else (b, TARG)
-            body = rng.randbytes(rng.choice([0, 1, 10, 50, 300]))
-            broker.send(conv, direction, body)
-            sent[(conv, direction)].append(body)
-        net.transfer(now)
-        now += 0.01 * step
-    net.run(now, all_acked(a, b))
-    for (conv, direction), expected in sent.items():
-        receiver = b if direction is INIT else a
-        got = receiver.delivered.get((conv, direction), [])
-        assert [seq for seq, _, _ in got] == list(range(len(expected)))
-        assert [body for _, _, body in got] == expected
-    assert _bundles(net), "no bundle was sent"
-    reported = len(a.integrity_failures) + len(b.integrity_failures)
-    assert reported > 0, "corrupted frames must be reported"
-
-
 def test_a_bundle_for_an_unknown_direction_is_dropped_without_an_event() -> None:
     """A bundle has no envelope to open a direction with: a receiver that does not know
     the direction drops it (the sender's retransmissions are fragments carrying it)."""
-    a, b = make_pair(bundling=True)
-    net = Network(a, b, batch=256)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
-    a.listen(conv, TARG)
-    a.send(conv, INIT, b"first")
-    now = net.run(0.0, all_acked(a))
+    a, b, _, conv, now = _confirmed_dialog(bundling=True)
     for i in range(5):
         a.send(conv, INIT, bytes([i]))
     (bundle,) = a.peer.frames_to_send(now)
@@ -559,13 +533,7 @@ def test_a_bundle_for_an_unknown_direction_is_dropped_without_an_event() -> None
 
 
 def test_a_bundle_altered_in_a_payload_or_its_boundaries_is_refused() -> None:
-    a, b = make_pair(bundling=True)
-    net = Network(a, b, batch=256)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
-    a.listen(conv, TARG)
-    a.send(conv, INIT, b"first")
-    now = net.run(0.0, all_acked(a))
+    a, b, _, conv, now = _confirmed_dialog(bundling=True)
     a.send(conv, INIT, b"abc")
     a.send(conv, INIT, b"def")
     (bundle,) = a.peer.frames_to_send(now)
