@@ -1307,7 +1307,6 @@ class DialogPeer:
         receivers = self._receivers
         retry = self._retry
         delays = self._retry_delays
-        fifo = self._retry_fifo
         while len(frames) < limit:
             if self._retry_ready:
                 sender, message, index, transmissions = self._retry_ready.popleft()
@@ -1337,12 +1336,8 @@ class DialogPeer:
                 frames.append(sender.build_bundle(bundle, ack))
                 counters.fragments_sent += len(bundle)
                 due = now + delays[1]
-                entries = [(due, next(self._tick), sender, member, 0, 1) for member in bundle]
-                if not fifo or due >= fifo[-1][0]:
-                    fifo.extend(entries)
-                else:
-                    for entry in entries:
-                        heapq.heappush(self._retry_heap, entry)
+                for member in bundle:
+                    self._retry_later((due, next(self._tick), sender, member, 0, 1))
                 continue
             # a retransmission carries the routing header again (see the sender rules)
             frames.append(sender.build_fragment(message, index, ack, transmissions > 0))
@@ -1351,11 +1346,9 @@ class DialogPeer:
             delay = (
                 delays[transmissions] if transmissions < len(delays) else retry.delay(transmissions)
             )
-            entry = (now + delay, next(self._tick), sender, message, index, transmissions)
-            if not fifo or entry[0] >= fifo[-1][0]:
-                fifo.append(entry)
-            else:
-                heapq.heappush(self._retry_heap, entry)
+            self._retry_later(
+                (now + delay, next(self._tick), sender, message, index, transmissions)
+            )
         heap = self._ack_heap
         while heap and heap[0][0] <= now:
             _, _, receiver, generation = heapq.heappop(heap)
@@ -1370,6 +1363,14 @@ class DialogPeer:
                 frames.append(frame)
                 counters.standalone_acks += 1
         return frames
+
+    def _retry_later(self, entry: _RetryEntry) -> None:
+        """File a sent fragment's retry: on the FIFO while entries come in due order."""
+        fifo = self._retry_fifo
+        if not fifo or entry[0] >= fifo[-1][0]:
+            fifo.append(entry)
+        else:
+            heapq.heappush(self._retry_heap, entry)
 
     # -- timers
 

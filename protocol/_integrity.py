@@ -79,6 +79,11 @@ RandomSource = Callable[[int], bytes]
 # --------------------------------------------------------------------------- signatures
 
 
+def _check(expected: bytes, signature: bytes) -> None:
+    if not hmac.compare_digest(expected, signature):
+        raise IntegrityError("message integrity check failed: signature mismatch")
+
+
 class SessionSeal:
     """Seals and checks MD5 fragment signatures with one session key.
 
@@ -121,16 +126,14 @@ class SessionSeal:
 
         Raises: IntegrityError: the signature does not match the content.
         """
-        if not hmac.compare_digest(self.sign_parts(header, payloads), signature):
-            raise IntegrityError("message integrity check failed: signature mismatch")
+        _check(self.sign_parts(header, payloads), signature)
 
     def verify(self, signature: bytes, header: bytes, payload: bytes = b"") -> None:
         """Check a sealed signature.
 
         Raises: IntegrityError: the signature does not match the content.
         """
-        if not hmac.compare_digest(self.sign(header, payload), signature):
-            raise IntegrityError("message integrity check failed: signature mismatch")
+        _check(self.sign(header, payload), signature)
 
 
 def seal_signature(session_key: bytes, content: bytes) -> bytes:

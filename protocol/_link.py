@@ -590,9 +590,10 @@ class BundleFrame:
     body of message `seq + i`, each of one fragment, all of type `message_type`.
 
     Only a confirmed direction is bundled (no envelope, no wrapped key), and only between
-    adjacent brokers that both speak protocol version 2. `signature` seals
-    `signed_header()` + every payload in order; the header names each payload's size, so
-    the boundaries are sealed too. `ack` confirms the reverse direction, as on a fragment.
+    adjacent brokers that both speak protocol version 2. `signature` seals the header
+    (`header_prefix` + `header_rest`: every field but payloads and signature, each
+    payload's size instead) followed by every payload in order, so the boundaries are
+    sealed too. `ack` confirms the reverse direction, as on a fragment.
     Everything else about the messages (acks, retransmissions, which go as fragments) is
     as if each had come in a fragment of its own.
     """
@@ -609,12 +610,6 @@ class BundleFrame:
     def envelope(self) -> None:
         """A bundle never carries the envelope (see the class's comment)."""
         return None
-
-    def signed_header(self) -> bytes:
-        """Every field but payloads and signature (their sizes instead), for signing."""
-        return BundleFrame.header_prefix(
-            self.conversation_id, self.direction
-        ) + BundleFrame.header_rest(self.seq, self.message_type, self.payloads, self.ack)
 
     @staticmethod
     def header_prefix(conversation_id: uuid.UUID, direction: Direction) -> bytes:
