@@ -6,17 +6,14 @@ previous keys that still unwrap session keys peers wrapped for them), the client
 TLS certificate and key, and `admin.password`. A copy of all of them starts as the same
 broker: the same instance id, catalog, messages, logins and certificates.
 
-The store is copied with SQLite's online backup API in one step, so the copy is read in
-one read transaction: it is the store as it was after one commit, whatever the daemon
-writes meanwhile (in WAL mode its writes go on; they are simply not in the copy). The
+The store makes the copy of itself (`_store.copy_store`): the store as it was after one
+commit, whatever the daemon writes meanwhile, and nothing in the store changes. The
 daemon answers a request only once its effects are committed, so everything it had
-acknowledged before the copy began is in the copy. The source is opened read-only: the
-backup changes nothing in the store (beside a stopped broker's store SQLite may make the
-WAL and its index again, as the daemon's next start would).
+acknowledged before the copy began is in the copy.
 
 Then every other regular file at the top of the data directory is copied, except what
-belongs to one running daemon (`LOCK`, `broker.json`) and the store's own companions
-(its WAL and shared-memory index are read into the copy already). The files come after
+belongs to one running daemon (`LOCK`, `broker.json`) and the store's own files (the
+copy of the store has read them already). The files come after
 the store: a certificate rotated in between only adds keys (the previous ones are kept),
 so the copied keys unwrap every session key the copied store holds. A TLS certificate
 the config names outside the data directory is not copied.
@@ -30,18 +27,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-STORE: Final = "broker.db"
-# not copied as files: the store and its companions (the online backup reads through
-# them) and a running daemon's own files
-NOT_COPIED: Final = frozenset(
-    {STORE, f"{STORE}-wal", f"{STORE}-shm", f"{STORE}-journal", "LOCK", "broker.json"}
-)
-BUSY_TIMEOUT: Final = 30.0  # seconds to wait for the daemon's store (a WAL checkpoint)
+from ._store import STORE_FILE, STORE_FILES, StoreError, copy_store
+
+# not copied as files: the store's own files (its copy reads through them) and a running
+# daemon's own files
+NOT_COPIED: Final = STORE_FILES | {"LOCK", "broker.json"}
 
 
 class BackupError(Exception):
@@ -70,17 +64,17 @@ def backup(data_dir: Path, target: Path) -> list[Copied]:
         BackupError: `data_dir` holds no store, `target` is not new or empty, or a file
             could not be read or written (nothing is left in `target` then).
     """
-    source = data_dir / STORE
+    source = data_dir / STORE_FILE
     if not source.is_file():
         raise BackupError(
-            f"{data_dir} holds no broker store ({STORE}); --data-dir names the data"
+            f"{data_dir} holds no broker store ({STORE_FILE}); --data-dir names the data"
             " directory of the broker to back up"
         )
     made = _prepare(target)
     written: list[Path] = []
     try:
-        written.append(target / STORE)
-        copied = [Copied(STORE, _copy_store(source, target / STORE))]
+        written.append(target / STORE_FILE)
+        copied = [Copied(STORE_FILE, _copy_store(source, target / STORE_FILE))]
         for path in sorted(data_dir.iterdir()):
             if path.name in NOT_COPIED or not path.is_file():
                 continue
@@ -116,21 +110,12 @@ def _prepare(target: Path) -> bool:
 
 
 def _copy_store(source: Path, target: Path) -> int:
-    """The online backup of the store at `source` into a new file `target`; its size."""
-    # made first so that SQLite writes into a file that is private from the start
+    """The store's copy of itself at `source` into a new file `target`; its size."""
+    # made first so that the store writes into a file that is private from the start
     os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    uri = f"{source.resolve().as_uri()}?mode=ro"
     try:
-        reader = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT)
-        try:
-            copy = sqlite3.connect(target)
-            try:
-                reader.backup(copy)  # all pages in one step: one snapshot
-            finally:
-                copy.close()
-        finally:
-            reader.close()
-    except sqlite3.Error as exc:
+        copy_store(source, target)
+    except StoreError as exc:
         raise BackupError(f"cannot copy the store {source}: {exc}") from None
     _sync_file(target)
     return target.stat().st_size

@@ -8,9 +8,9 @@ log; write `broker.json` (ports, pid, broker instance) and print one `ssb ready 
 line. Every part gets what it needs passed in; nothing registers itself at import.
 
 While running, every SPACE_CHECK seconds the daemon measures the free space for the
-store (the file system's plus the store's own free pages) and tells the core, which
+store (the file system's plus the store's own free space) and tells the core, which
 refuses new messages below `min_free_disk`; when the store has been idle a while it
-truncates the WAL. A commit that fails for want of space is retried by the store;
+runs the store's idle upkeep. A commit that fails for want of space is retried by the store;
 one that fails for any other reason stops the daemon with exit code 3 (memory would
 be ahead of disk; a restart rebuilds from what is durable).
 
@@ -28,10 +28,8 @@ import json
 import logging
 import os
 import signal
-import sqlite3
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -48,7 +46,7 @@ from ._operations import Operations
 from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
 from ._server import ClientConnection
-from ._store import Store, StoreUnavailable, describe_failure
+from ._store import Store, StoreError, StoreUnavailable, describe_failure, open_store
 from ._tls import Door, server_context
 from ._transport import Transport, TransportSettings
 from ._views import Views
@@ -63,8 +61,7 @@ log = logging.getLogger("ssb.daemon")
 EXIT_STORE_FAILURE: Final = 3
 EXIT_CANNOT_START: Final = 2
 SPACE_CHECK: Final = 1.0  # seconds between free-space measurements
-CHECKPOINT_IDLE: Final = 10.0  # seconds without commits before the WAL is truncated
-NEARLY_FULL: Final = 1024 * 1024  # free bytes below which a store that cannot open blames the disk
+CHECKPOINT_IDLE: Final = 10.0  # seconds without commits before the store's idle upkeep
 
 
 class DataDirLocked(RuntimeError):
@@ -130,15 +127,7 @@ class Broker:
             raise DataDirLocked(
                 f"another ssb daemon is using {data_dir}; stop it or pick another --data-dir"
             ) from None
-        try:
-            store = Store(data_dir / "broker.db", self.config.durability)
-            meta = store.load_meta()
-            if "broker_instance" not in meta:
-                store.put_meta("broker_instance", str(uuid.uuid4()))
-                store.write_now()
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreUnavailable(_cannot_open(data_dir, exc)) from None
-        return store
+        return open_store(data_dir, self.config.durability)
 
     async def start(self) -> None:
         config = self.config
@@ -371,14 +360,14 @@ class Broker:
         while True:
             try:
                 capacity.measured(store.free_bytes(), str(self.data_dir))
-            except (OSError, sqlite3.Error) as exc:
+            except (OSError, StoreError) as exc:
                 log.warning("cannot measure free space for %s: %s", self.data_dir, exc)
             now = time.monotonic()
             if store.commits != last_commits:
                 last_commits, idle_since, released = store.commits, now, False
             elif now - idle_since >= CHECKPOINT_IDLE:
-                # the WAL truncated, free pages returned a slice per call while idle, the
-                # store's page caches emptied
+                # a slice of the store's free space returned per call while idle, its logs
+                # and caches shrunk
                 left = await store.checkpoint()
                 if left is not None and (not released or not left):
                     # what a drained backlog left behind, at once and at the end
@@ -424,7 +413,7 @@ class Broker:
         if hasattr(self, "store") and self.store.failed is None:
             try:
                 await self.store.close()
-            except (sqlite3.Error, OSError) as exc:
+            except (StoreError, OSError) as exc:
                 log.error("the last batch could not be written (%s); it was not acknowledged", exc)
         if self._lock_file is not None:  # only the daemon holding the lock wrote broker.json
             (self.data_dir / "broker.json").unlink(missing_ok=True)
@@ -433,26 +422,6 @@ class Broker:
 
 def _ping(session: Any) -> str:
     return "pong"
-
-
-def _cannot_open(data_dir: Path, exc: BaseException) -> str:
-    """One line for a store that cannot be opened. SQLite does not always say a full
-    disk is the cause (sizing the shared-memory file fails as an I/O error), so an
-    almost full file system is named whatever the error says."""
-    text = str(exc)
-    try:
-        stat = os.statvfs(data_dir)
-        free_bytes: int | None = stat.f_bavail * stat.f_frsize
-    except OSError:
-        free_bytes = None
-    full = (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "full" in text.lower()
-    if full or (free_bytes is not None and free_bytes < NEARLY_FULL):
-        free = "no space" if free_bytes is None else f"{free_bytes / (1024 * 1024):.1f} MiB free"
-        return (
-            f"cannot start: the disk holding {data_dir} is full ({free}; SQLite said: {text});"
-            " free some space and start again"
-        )
-    return f"cannot open the store in {data_dir}: {text}"
 
 
 async def serve(config: Config) -> int:

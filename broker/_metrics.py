@@ -15,7 +15,6 @@ brokers in one process, as in tests, never mix their figures. The text format is
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, Final
@@ -26,7 +25,7 @@ from prometheus_client.registry import Collector
 
 from ._core.engine import Engine
 from ._core.queues import Queue
-from ._store import Store
+from ._store import Store, StoreError
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 COMMIT_ROWS_BUCKETS: Final = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -156,7 +155,7 @@ class BrokerCollector(Collector):
             return 0.0
         try:
             enqueued = self.store.message_enqueue_time(oldest)
-        except sqlite3.Error:  # a store in trouble: the scrape still answers
+        except StoreError:  # a store in trouble: the scrape still answers
             return 0.0
         return 0.0 if enqueued is None else max(0.0, now - enqueued)
 

@@ -43,7 +43,7 @@ class Clock(Protocol):
 
 
 class Journal(Protocol):
-    """The durable store, as the core uses it (implemented by `broker._store.Store`)."""
+    """The durable store, as the core uses it (a part of the store's port, `_store.Store`)."""
 
     # ---- batches and durability
     def watermark(self) -> int: ...

@@ -1,6 +1,6 @@
 """A broker core without a daemon: the store on an in-memory database, a fake clock.
 
-The journal is the real `Store` on SQLite's ":memory:" database with manual commits:
+The journal is the real `SQLiteStore` on SQLite's ":memory:" database with manual commits:
 nothing is durable until the test calls `flush()`, so a test decides exactly when the
 store thread "would have" committed. The clock is fake: time moves only by
 `advance()`, which fires due timers in order; `call_soon` callbacks run at `settle()`.
@@ -17,7 +17,7 @@ from typing import Any
 
 from ssb.broker._core.engine import Engine, StoredState
 from ssb.broker._core.transactions import Session
-from ssb.broker._store import Store
+from ssb.broker._store import ManualStore, SQLiteStore
 
 INSTANCE = "00000000-0000-4000-8000-000000000001"
 
@@ -76,8 +76,10 @@ class FakeClock:
 class Core:
     """An engine on a fresh in-memory store, with helpers for tests."""
 
-    def __init__(self, store: Store | None = None, clock: FakeClock | None = None, **options: Any):
-        self.store = store if store is not None else Store(":memory:", threaded=False)
+    def __init__(
+        self, store: ManualStore | None = None, clock: FakeClock | None = None, **options: Any
+    ):
+        self.store = store if store is not None else SQLiteStore(":memory:", threaded=False)
         self.clock = clock if clock is not None else FakeClock()
         self.engine = Engine(self.store, self.clock, INSTANCE, **options)
         self.engine.load(

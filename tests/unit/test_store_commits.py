@@ -8,13 +8,14 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from ssb.broker._store import INLINE_WEIGHT, Store
+from ssb.broker._store import SQLiteStore
+from ssb.broker._store.commit import INLINE_WEIGHT
 
 
 async def test_the_next_commit_starts_before_the_last_ones_callbacks_run(
     tmp_path: Path,
 ) -> None:
-    store = Store(tmp_path / "broker.db", "fsync")  # every COMMIT on the store thread
+    store = SQLiteStore(tmp_path / "broker.db", "fsync")  # every COMMIT on the store thread
     failures: list[BaseException] = []
     store.attach(asyncio.get_running_loop(), failures.append)
     try:
@@ -50,7 +51,7 @@ async def test_a_batch_applied_on_the_loop_is_durable_only_after_its_commit(
     until the COMMIT has run, no other connection sees the writes and nothing that waits
     for the batch (a client's answer) runs."""
     path = tmp_path / "broker.db"
-    store = Store(path, "fsync")
+    store = SQLiteStore(path, "fsync")
     failures: list[BaseException] = []
     store.attach(asyncio.get_running_loop(), failures.append)
     gate = threading.Event()
@@ -85,7 +86,7 @@ async def test_a_batch_the_loop_cannot_apply_is_retried_and_written_once(
     store reports the trouble and tries again; once the other writer is gone the batch is
     written, once, and what waited for it runs."""
     path = tmp_path / "broker.db"
-    store = Store(path, "fsync")
+    store = SQLiteStore(path, "fsync")
     failures: list[BaseException] = []
     troubles: list[str | None] = []
     reported = asyncio.Event()

@@ -9,7 +9,12 @@ from ssb.broker._core.backlog import MessageCache
 from ssb.broker._core.conversations import Endpoint
 from ssb.broker._core.delivery import Outbound
 from ssb.broker._core.queues import Conversation, Group, Message
-from ssb.broker._store import ENDPOINT_COLUMNS, MESSAGE_COLUMNS, TRANSMISSION_COLUMNS, Store
+from ssb.broker._store import (
+    ENDPOINT_COLUMNS,
+    MESSAGE_COLUMNS,
+    TRANSMISSION_COLUMNS,
+    SQLiteStore,
+)
 
 
 class _Clock:
@@ -28,7 +33,7 @@ class _Clock:
 
 def test_row_widths_match_the_tables() -> None:
     u = uuid.uuid4()
-    store = Store(":memory:")
+    store = SQLiteStore(":memory:")
     cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
     conv = Conversation(cache, store, "q", Group(u), u, 5, "s", "c")
     message = Message(1, conv, 0, "t", "N", b"", 0.0, 0)
@@ -63,7 +68,7 @@ def test_an_endpoints_hot_row_matches_the_stores_hot_columns() -> None:
 
 def test_deleting_many_messages_removes_exactly_those_and_counts_them() -> None:
     u = uuid.uuid4()
-    store = Store(":memory:", threaded=False)
+    store = SQLiteStore(":memory:", threaded=False)
     cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
     conv = Conversation(cache, store, "q", Group(u), u, 5, "s", "c")
     for order in range(1, 1201):
@@ -84,7 +89,7 @@ def test_deleting_many_messages_removes_exactly_those_and_counts_them() -> None:
 def test_start_up_summary_covers_every_conversation_whatever_its_handle(tmp_path: Path) -> None:
     """The summary is read in slices of the handle range on several connections: a
     conversation at either end of the range, or at a slice's edge, is counted once."""
-    store = Store(tmp_path / "broker.db", "os", threaded=False)
+    store = SQLiteStore(tmp_path / "broker.db", "os", threaded=False)
     edges = [bytes([b]) + bytes(15) for b in (0x00, 0x7F, 0x80, 0xFF)]
     edges.append(b"\x7f" + b"\xff" * 15)
     handles = [uuid.UUID(bytes=raw) for raw in edges]
@@ -123,7 +128,7 @@ def test_a_batch_of_any_size_writes_each_of_its_messages_once() -> None:
     """Inserts go many rows to a statement, in chunks of halving sizes: every count of
     rows, around each chunk size too, lands whole and in order."""
     u = uuid.uuid4()
-    store = Store(":memory:", threaded=False)
+    store = SQLiteStore(":memory:", threaded=False)
     cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
     conv = Conversation(cache, store, "q", Group(u), u, 5, "s", "c")
     order = 0

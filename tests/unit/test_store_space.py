@@ -8,7 +8,9 @@ from pathlib import Path
 
 from ssb.broker._core.backlog import MessageCache
 from ssb.broker._core.queues import Conversation, Group, Message
-from ssb.broker._store import AUTO_CHECKPOINT, KEEP_FREE_PAGES, PAGE_SIZE, Store
+from ssb.broker._store import SQLiteStore
+from ssb.broker._store.commit import AUTO_CHECKPOINT, KEEP_FREE_PAGES
+from ssb.broker._store.schema import PAGE_SIZE
 
 from .test_store_rows import _Clock
 
@@ -16,16 +18,16 @@ MESSAGES = 20_000
 BODY = b"x" * 1024
 
 
-async def _durable(store: Store) -> None:
+async def _durable(store: SQLiteStore) -> None:
     done = asyncio.get_running_loop().create_future()
     store.when_durable(store.watermark(), lambda: done.set_result(None))
     await asyncio.wait_for(done, 30)
 
 
-def _attached_store(path: Path) -> tuple[Store, Conversation, list[BaseException]]:
+def _attached_store(path: Path) -> tuple[SQLiteStore, Conversation, list[BaseException]]:
     """A store with durability os on the running loop, one conversation to put messages
     in, and the list its fatal failures go to."""
-    store = Store(path, "os")
+    store = SQLiteStore(path, "os")
     failures: list[BaseException] = []
     store.attach(asyncio.get_running_loop(), failures.append)
     u = uuid.uuid4()

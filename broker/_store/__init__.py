@@ -1,0 +1,44 @@
+"""The store: every SQL statement of the broker lives in this package.
+
+`port.Store` is the interface the rest of the broker uses (one Protocol per family of
+tables); `sqlite.SQLiteStore` implements it on SQLite, and `open_store` opens a data
+directory's store for the daemon. Inside: `schema` (tables, migrations), `commit` (batches
+and group commit), and one module per family of tables (`catalog`, `endpoints`,
+`messages`, `transmission`, `remote`, `security`, `outcomes`, `logs`). Callers catch
+`StoreError`, never the database's own exceptions.
+"""
+
+from __future__ import annotations
+
+from .errors import StoreError, StoreFailure, StoreUnavailable, describe_failure
+from .port import (
+    ENDPOINT_COLUMNS,
+    EXECUTION_LOG_COLUMNS,
+    HOT_ENDPOINT_COLUMNS,
+    MESSAGE_COLUMNS,
+    POISON_COLUMNS,
+    TRANSMISSION_COLUMNS,
+    ManualStore,
+    Store,
+)
+from .sqlite import STORE_FILE, STORE_FILES, SQLiteStore, copy_store, open_store
+
+__all__ = [
+    "ENDPOINT_COLUMNS",
+    "EXECUTION_LOG_COLUMNS",
+    "HOT_ENDPOINT_COLUMNS",
+    "MESSAGE_COLUMNS",
+    "POISON_COLUMNS",
+    "STORE_FILE",
+    "STORE_FILES",
+    "TRANSMISSION_COLUMNS",
+    "ManualStore",
+    "SQLiteStore",
+    "Store",
+    "StoreError",
+    "StoreFailure",
+    "StoreUnavailable",
+    "copy_store",
+    "describe_failure",
+    "open_store",
+]

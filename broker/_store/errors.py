@@ -1,0 +1,29 @@
+"""The store's exceptions: one root, `StoreError`, for whatever a caller may catch.
+
+Callers never see the database's own exception types: the store translates them at the
+points where a caller can do something about a failure (opening, closing, measuring
+free space, the reads of a metrics scrape). A commit that fails on the store thread is
+reported through the callbacks given to `attach`, with the database's exception, which
+`describe_failure` puts into words.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(RuntimeError):
+    """The store could not do what was asked (the message says what failed)."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be opened (the message says why and what to do)."""
+
+
+class StoreFailure(StoreError):
+    """A batch cannot be committed and retrying will not help; memory is ahead of disk."""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A store error in words: the database's own name for it, when it has one, and its
+    text."""
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{exc} ({name})" if name else str(exc) or type(exc).__name__
