@@ -1,4 +1,5 @@
-"""The store gives a drained backlog's space back to the file system once it is idle."""
+"""SQLite's free pages: the store gives a drained backlog's space back to the file system
+once it is idle, and keeps the WAL checkpointed."""
 
 from __future__ import annotations
 
@@ -6,13 +7,11 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from ssb.broker._core.backlog import MessageCache
-from ssb.broker._core.queues import Conversation, Group, Message
 from ssb.broker._store import SQLiteStore
 from ssb.broker._store.commit import AUTO_CHECKPOINT, KEEP_FREE_PAGES
 from ssb.broker._store.schema import PAGE_SIZE
 
-from .test_store_rows import _Clock
+from .rows import message
 
 MESSAGES = 20_000
 BODY = b"x" * 1024
@@ -24,15 +23,13 @@ async def _durable(store: SQLiteStore) -> None:
     await asyncio.wait_for(done, 30)
 
 
-def _attached_store(path: Path) -> tuple[SQLiteStore, Conversation, list[BaseException]]:
-    """A store with durability os on the running loop, one conversation to put messages
-    in, and the list its fatal failures go to."""
+def _attached_store(path: Path) -> tuple[SQLiteStore, uuid.UUID, list[BaseException]]:
+    """A store with durability os on the running loop, the handle of a conversation to
+    put messages in, and the list its fatal failures go to."""
     store = SQLiteStore(path, "os")
     failures: list[BaseException] = []
     store.attach(asyncio.get_running_loop(), failures.append)
-    u = uuid.uuid4()
-    cache = MessageCache(1 << 20, store, _Clock())  # type: ignore[arg-type]
-    return store, Conversation(cache, store, "q", Group(u), u, 5, "s", "c"), failures
+    return store, uuid.uuid4(), failures
 
 
 def _file_bytes(path: Path) -> int:
@@ -42,9 +39,9 @@ def _file_bytes(path: Path) -> int:
 
 async def test_idle_checkpoints_return_the_space_of_deleted_messages(tmp_path: Path) -> None:
     path = tmp_path / "broker.db"
-    store, conv, failures = _attached_store(path)
+    store, handle, failures = _attached_store(path)
     for order in range(1, MESSAGES + 1):
-        store.insert_message(Message(order, conv, order, "t", "N", BODY, 0.0, 0).row())
+        store.insert_message(message(order, handle, body=BODY))
     await _durable(store)
     full = _file_bytes(path)
     assert full > MESSAGES * len(BODY)
@@ -71,11 +68,11 @@ async def test_light_commits_keep_the_wal_checkpointed(tmp_path: Path) -> None:
     store thread still checkpoints every so often, so a stream of them keeps the WAL
     near SQLite's usual size instead of growing with every commit."""
     path = tmp_path / "broker.db"
-    store, conv, failures = _attached_store(path)
+    store, handle, failures = _attached_store(path)
     commits = 5000
     body = b"w" * 3000  # one page a message: 5000 commits write about 20 MB to the WAL
     for order in range(1, commits + 1):  # one message per commit: every batch is light
-        store.insert_message(Message(order, conv, order, "t", "N", body, 0.0, 0).row())
+        store.insert_message(message(order, handle, body=body))
         await _durable(store)
     assert store.commits == commits
     wal = path.with_name(path.name + "-wal").stat().st_size

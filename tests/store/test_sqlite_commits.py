@@ -1,5 +1,6 @@
-"""Group commit: the loop applies a batch's statements and the store thread commits them;
-the next batch is applied while the loop runs what waited for the last one."""
+"""SQLite's group commit: the loop applies a batch's statements and the store thread
+commits them; the next batch is applied while the loop runs what waited for the last
+one."""
 
 from __future__ import annotations
 
