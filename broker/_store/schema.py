@@ -10,7 +10,8 @@ checkpoint. With durability "fsync" every commit is synced (`synchronous=FULL`);
 
 Schema versions (`PRAGMA user_version`): 1 is the first layout (no version recorded),
 2 adds message sizes, the conversation index and endpoint indexes. `migrate` upgrades
-in place; tables added since are made by every start (`CREATE TABLE IF NOT EXISTS`).
+in place, and refuses a store written by a newer ssb (its version stays as it was);
+tables added since are made by every start (`CREATE TABLE IF NOT EXISTS`).
 """
 
 from __future__ import annotations
@@ -147,8 +148,8 @@ def create(db: sqlite3.Connection, path: Path | str, durability: str) -> None:
         db.execute(f"PRAGMA page_size={PAGE_SIZE}")
         db.execute("PRAGMA auto_vacuum=INCREMENTAL")
     version = db.execute("PRAGMA user_version").fetchone()[0]
-    if not fresh and version < SCHEMA_VERSION:
-        migrate(db, path, version)
+    if not fresh and version != SCHEMA_VERSION:
+        migrate(db, path, version)  # (refuses a newer one)
     if str(path) != MEMORY:
         db.execute("PRAGMA journal_mode=WAL")
     db.execute(f"PRAGMA synchronous={'FULL' if durability == 'fsync' else 'NORMAL'}")

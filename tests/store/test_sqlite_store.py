@@ -19,9 +19,22 @@ from ssb.broker._store import (
     copy_store,
     open_store,
 )
+from ssb.broker._store.schema import SCHEMA_VERSION
 from ssb.broker._store.sqlite import _cannot_open
 
 from .rows import message
+
+
+def test_a_store_written_by_a_newer_ssb_is_refused_and_left_alone(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / STORE_FILE)
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(StoreUnavailable, match="written by a newer ssb"):
+        open_store(tmp_path, "fsync")
+    db = sqlite3.connect(tmp_path / STORE_FILE)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
+    db.close()
 
 
 def test_a_store_that_cannot_be_opened_says_where(tmp_path: Path) -> None:
