@@ -23,8 +23,9 @@ Reads see committed batches only: every batch up to `durable`, never the open ba
 batch whose commit is under way may or may not be visible yet). The core keeps in
 memory whatever it has written and not yet seen durable, and reads the rest on demand
 (see `_core.backlog` and `_core.endpoints`). The *start-up reads* (`load_*`, `max_ids`,
-`message_summary`, `read_messages_with_status`, `transmission_summary`) are made while
-the broker starts, before or just after `attach`, when they read the whole table.
+`message_summary`, `read_messages_with_status`, `transmission_summary`) are for the
+broker's start, before `attach` (the transport's `load_remote` just after it): they see
+every durable batch, and may see one whose commit is under way.
 
 Rows are plain tuples in the column order of the `*_COLUMNS` tuples below. A UUID is
 written as a `uuid.UUID` and read back as its 16 bytes; a boolean is written as a bool
