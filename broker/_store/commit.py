@@ -217,7 +217,9 @@ class Tables:
 
 
 class Committer(Tables):
-    """SQLite-backed durable store with group commit on one background thread."""
+    """Group commit on one SQLite file: the connections, the open batch and the batches
+    being committed, the store thread, and the store's upkeep (see the module's
+    comment)."""
 
     # statement -> how many columns a row binds, for the inserts written many rows to a
     # statement (see `_insert_rows`)
