@@ -30,18 +30,28 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ClientLimits:
-    """The [limits] section: what one client connection may cost."""
+    """The [limits] section: what one client connection may cost.
 
-    hello_frame_size: int = 64 * 1024  # bytes of the first frame, before login
-    login_timeout: float = 10.0  # seconds from connecting to a successful login
-    connections_per_address: int = 256  # open client connections from one address
-    locks_per_transaction: int = 100_000  # conversation-group locks one transaction holds
-    detached_per_login: int = 1_000  # open detached transactions of one login
-    failed_login_window: float = 60.0  # seconds over which failed logins count
-    failed_logins_per_address: int = (
-        5  # per login and address, then refused until the window passes
-    )
-    failed_logins_per_login: int = 50  # per login from all addresses
+    Each setting's docstring is its description in the configuration reference."""
+
+    hello_frame_size: int = 64 * 1024
+    """bytes a client may send in its first frame, before it has logged in"""
+    login_timeout: float = 10.0
+    """seconds from connecting to a successful login"""
+    connections_per_address: int = 256
+    """open client connections from one address"""
+    locks_per_transaction: int = 100_000
+    """conversation-group locks one transaction may hold"""
+    detached_per_login: int = 1_000
+    """open detached transactions of one login"""
+    failed_login_window: float = 60.0
+    """seconds over which failed logins count"""
+    failed_logins_per_address: int = 5
+    """failed logins of one login from one address, then it is refused there until the
+    window passes"""
+    failed_logins_per_login: int = 50
+    """failed logins of one login from all addresses, then it is refused everywhere
+    until the window passes"""
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> ClientLimits:
@@ -91,39 +101,58 @@ def checked_section(
 
 @dataclass
 class Config:
+    """The daemon's settings. Each setting's docstring is its description in the
+    configuration reference."""
+
     data_dir: Path = Path("ssb-data")
+    """where the store, the broker's keys, admin.password and broker.json live"""
     host: str = "127.0.0.1"
+    """the address the client port and the broker port listen on"""
     client_port: int = 4021
+    """the port of client sessions (0: any free port)"""
     broker_port: int = 4022
+    """the port of broker-to-broker traffic (0: any free port)"""
     durability: str = "fsync"
+    """what an answer waits for: "fsync", the disk; "os", the operating system (what was
+    acknowledged then survives a daemon crash, not a power cut)"""
     lock_timeout: float = 30.0
+    """seconds a statement waits for a conversation group another transaction locks"""
     log_level: str = "INFO"
-    log_format: str = "text"  # "text" for people, "json" (one object a line) for machines
-    # the HTTP port of /metrics, /healthz and the dashboard; None: no HTTP
+    """DEBUG adds one line per statement"""
+    log_format: str = "text"
+    """how the log is written: "text", lines for people; "json", one JSON object a line"""
     http_port: int | None = None
-    http_host: str = "127.0.0.1"  # the address it listens on (loopback unless set)
-    # a bearer token that also opens /metrics (beyond loopback /metrics needs a login)
+    """the HTTP port of /metrics, /healthz and the dashboard (unset: no HTTP port)"""
+    http_host: str = "127.0.0.1"
+    """the address the HTTP port listens on (loopback unless set, whatever host says)"""
     http_token: str | None = None
-    # seconds between the dashboard's samples of queue depths (its charts)
+    """a bearer token that also opens /metrics (beyond loopback /metrics needs a login);
+    needs http_port"""
     chart_sample_seconds: float = DEFAULT_CHART_SECONDS
-    # bodies of queued messages held in memory at most (the rest stays on disk)
+    """seconds between the dashboard's samples of queue depths (its charts); needs
+    http_port"""
     message_cache_bytes: int = DEFAULT_CACHE_BYTES
-    # the largest message body accepted (always fits a frame with its headers)
+    """bytes of queued message bodies held in memory at most (the rest stays on disk)"""
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
-    # below this much free disk space, SEND and BEGIN DIALOG are refused
+    """bytes of the largest message body accepted (it always fits a frame with its
+    headers)"""
     min_free_disk: int = 1024 * MIB
-    # committed transaction ids are kept this long and at most this many, so that a client
-    # that lost a commit's answer can learn its outcome (see `transaction_outcome`)
+    """bytes of free disk space below which SEND and BEGIN DIALOG are refused"""
     outcome_window_seconds: float = 3600.0
+    """seconds committed transaction ids are kept, so that a client that lost a commit's
+    answer can learn its outcome (`transaction_outcome`)"""
     outcome_window_count: int = 1_000_000
-    # plain TCP on the client port beyond loopback (TLS is always offered; on loopback
-    # plain TCP is always accepted)
+    """committed transaction ids kept at most, over the whole broker"""
     allow_plain: bool = False
-    # the client port's TLS certificate and key (PEM files); none: made on first start
+    """plain TCP on the client port beyond loopback (TLS is always offered; on loopback
+    plain TCP is always accepted)"""
     tls_cert_file: Path | None = None
+    """the client port's TLS certificate, a PEM file (unset: one made on first start)"""
     tls_key_file: Path | None = None
-    # the functions activation and scheduler tasks may run (fnmatch over module:function)
+    """the client port's TLS key, a PEM file (unset: one made on first start)"""
     procedures: tuple[str, ...] = ()
+    """the functions activation and scheduler tasks may run (fnmatch patterns over
+    module:function, or over the module)"""
     # what one client connection may cost ([limits])
     limits: ClientLimits = field(default_factory=lambda: ClientLimits())
     # sections other modules read (activation, transport, ...)
@@ -201,6 +230,47 @@ def _whole(name: str, value: object, low: int, high: int, unit: str = " of bytes
 
 _SCALARS = {f.name for f in fields(Config)} - {"limits", "sections", "procedures"}
 SECTIONS = ("activation", "transport")
+# What the settings of those sections mean. Their classes (ActivationSettings,
+# TransportSettings) live with the parts that read them; the configuration reference
+# shows these beside their defaults and ranges, and its build fails on a setting that
+# has no description here.
+SECTION_DOCS: Final[Mapping[str, Mapping[str, str]]] = {
+    "activation": {
+        "check_interval": "seconds between checks of every queue monitor",
+        "empty_rowset_window": "seconds without an empty RECEIVE before messages that wait"
+        " get another reader",
+        "notification_timeout": "external activation: seconds to wait for a RECEIVE"
+        " before notifying again",
+        "idle_workers": "warm worker processes kept for reuse",
+        "prestart_workers": "warm worker processes started with the daemon",
+        "worker_start_timeout": "seconds a new worker process may take to start",
+        "python_path": "directories workers import procedures from, besides the daemon's"
+        " working directory",
+        "execution_log_rows": "rows of the scheduler's execution log kept",
+    },
+    "transport": {
+        "idle_timeout": "seconds of quiet after which a connection to another broker closes",
+        "retry_initial": "seconds before a message's first retransmission (then doubling)",
+        "retry_max": "seconds between retransmissions at most (at least retry_initial)",
+        "fragment_size": "bytes of a fragment: larger messages travel in several",
+        "ack_delay": "seconds an acknowledgement waits for return traffic before it goes alone",
+        "connect_timeout": "seconds to connect to another broker, and for a connecting"
+        " broker to say who it is",
+        "honor_broker_priority": "transmit by conversation priority (false: all at 5)",
+        "starvation_bound": "seconds after which a dialog waiting to transmit goes next,"
+        " whatever its priority",
+        "closed_dialog_linger": "seconds an ended dialog's receiving side keeps"
+        " acknowledging late retransmissions",
+        "accept_rate": "incoming broker connections given a handshake per second (also as"
+        " a burst); more are closed at once",
+        "tls": "mutual TLS between brokers with their broker certificates (false: plain"
+        " TCP; the handshake still authenticates both sides)",
+        "forwarding": "relay messages for services that other brokers host, along this"
+        " broker's routes",
+        "forward_size": "megabytes of frames a forwarder holds for next hops that cannot"
+        " take them yet",
+    },
+}
 _PATHS = ("data_dir", "tls_cert_file", "tls_key_file")
 PLAINTEXT_USERS = (
     "[users] with passwords in the config is no longer supported: logins live in the store"
