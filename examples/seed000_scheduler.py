@@ -35,7 +35,9 @@ async def private_broker() -> AsyncIterator[str]:
     """A throwaway daemon on a free port, with two warm activation workers."""
     with tempfile.TemporaryDirectory(prefix="ssb-seed000-") as tmp:
         config = Path(tmp) / "ssb.toml"
-        config.write_text("[activation]\ncheck_interval = 1.0\nprestart_workers = 2\n")
+        config.write_text(
+            'procedures = ["time:sleep"]\n[activation]\ncheck_interval = 1.0\nprestart_workers = 2\n'
+        )
         proc = subprocess.Popen(
             [
                 sys.executable,
