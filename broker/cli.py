@@ -174,7 +174,7 @@ def _url_argument(parser: argparse.ArgumentParser) -> None:
 
 def _bridge_arguments(parser: argparse.ArgumentParser) -> None:
     # declared here, run by spark_bridge._cli: `ssb serve` never imports pyspark
-    parser.add_argument("--config", type=Path, help="TOML file (see the README, Spark bridge)")
+    parser.add_argument("--config", type=Path, help="TOML file (see the documentation, Spark)")
     parser.add_argument("--broker", help=f"broker URL (default env SSB_URL or {DEFAULT_URL})")
     parser.add_argument("--master", help="Spark master, e.g. local[4] (omit under spark-submit)")
     parser.add_argument(
