@@ -305,6 +305,23 @@ class Catalog:
         obj = decode(kind, body)
         self.table(kind)[obj.name] = obj
 
+    def exists(self, kind: str, name: str) -> bool:
+        return name in self.table(kind)
+
+    # ---- what the broker-to-broker transport reads ------------------------
+
+    def peer_certificates(self) -> list[Certificate]:
+        """Other brokers' certificates this broker trusts (CREATE CERTIFICATE), in catalog order."""
+        return list(self.certificates.values())
+
+    def remote_service_bindings(self) -> list[RemoteServiceBinding]:
+        return list(self.bindings.values())
+
+    def service_queue(self, service: str) -> str | None:
+        """The queue of this broker's service `service` (None: no such service)."""
+        found = self.services.get(service)
+        return None if found is None else found.queue
+
     # ---- lookups that raise a clear error ---------------------------------
 
     def find_binding(self, service: str) -> RemoteServiceBinding | None:

@@ -724,6 +724,15 @@ class Delivery:
         self.journal.delete_transmission_seqs(conversation_id, from_initiator, first, last)
         self.acknowledge(conversation_id, from_initiator, message_type)
 
+    def outbox(self, direction: DirectionKey) -> DialogOutbox | None:
+        """The outbox holding a dialog direction's waiting entries, if it has any."""
+        return self.outboxes.get(direction)
+
+    def is_current(self, box: DialogOutbox) -> bool:
+        """Whether `box` still holds its direction's waiting entries: `pull` lets go of a box
+        it empties, and the next entry of the direction makes a new one."""
+        return self.outboxes.get(box.direction) is box
+
     def pull(self, box: DialogOutbox, limit: int, max_bytes: int) -> list[Outbound]:
         """Durable entries of a remote direction, for the transport to send (in order)."""
         durable = self.journal.durable

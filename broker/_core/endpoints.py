@@ -93,6 +93,24 @@ class Endpoints:
         known = None if ref is None else ref()
         return known if known is not None else self._adopt(row)
 
+    def mark_encrypted(self, conversation_id: uuid.UUID, is_initiator: bool) -> None:
+        """A message of the conversation came encrypted from another broker: its endpoint
+        shows it (is_encrypted)."""
+        ep = self.by_conversation(conversation_id, is_initiator)
+        if ep is not None and not ep.encrypted:
+            ep.encrypted = True
+            self.update(ep)
+
+    def set_far_broker(
+        self, conversation_id: uuid.UUID, is_initiator: bool, broker_instance: str
+    ) -> None:
+        """The conversation's messages went to broker `broker_instance`: an endpoint begun
+        without naming the far broker learns it."""
+        ep = self.by_conversation(conversation_id, is_initiator)
+        if ep is not None and ep.far_broker_instance is None:
+            ep.far_broker_instance = broker_instance
+            self.update(ep)
+
     def _adopt(self, row: Row) -> Endpoint:
         service = self.catalog.services.get(row[3])
         ep = Endpoint.from_row(row, service.queue if service else "")

@@ -13,6 +13,11 @@ reaches the world through these ports, which the daemon fills in:
 - `QueueListener`: the queue monitors (activation) hear what happens to queues.
 - `OutboundSink`: the broker-to-broker transport hears of transmission-queue work.
 
+And what the core offers the broker-to-broker transport, which is handed these parts
+of the core and nothing else: `RemoteDelivery` (the transmission queue's way out,
+messages from other brokers in), `EndpointLookup`, `RouteLookup`, `PeerCatalog` (the
+certificates and remote service bindings it trusts) and `CatalogStatements`.
+
 Rows are plain tuples in the column order of the store's tables; `Row` names them.
 """
 
@@ -21,7 +26,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from .catalog import Certificate, RemoteServiceBinding, Route
+from .conversations import Endpoint
 
 Row = tuple[Any, ...]
 
@@ -255,3 +263,112 @@ class NoTransport:
 
     def describe(self, direction: Any) -> str:
         return "this broker has no broker-to-broker transport running"
+
+
+# ---- what the core offers the broker-to-broker transport ------------------------------
+
+_Box = TypeVar("_Box")
+_Entry = TypeVar("_Entry")
+
+
+class RemoteDelivery(Protocol[_Box, _Entry]):
+    """Messages to and from other brokers (implemented by `delivery.Delivery`: `_Box` is
+    its `DialogOutbox`, the waiting entries of one dialog direction, `_Entry` its
+    `Outbound`, one entry)."""
+
+    def remote_outboxes(self) -> list[_Box]: ...
+
+    def outbox(self, direction: tuple[uuid.UUID, bool]) -> _Box | None: ...
+
+    def is_current(self, box: _Box) -> bool: ...
+
+    def pull(self, box: _Box, limit: int, max_bytes: int) -> list[_Entry]: ...
+
+    def remote_acknowledged(
+        self,
+        conversation_id: uuid.UUID,
+        from_initiator: bool,
+        first: int,
+        last: int,
+        message_type: str = "",
+    ) -> None: ...
+
+    def accepts(
+        self,
+        conversation_id: uuid.UUID,
+        from_initiator: bool,
+        to_service: str,
+        pending: Callable[[], tuple[int, int]] | None = None,
+        arriving: int = 1,
+    ) -> str | None: ...
+
+    def deliver_remote(
+        self,
+        conversation_id: uuid.UUID,
+        from_initiator: bool,
+        seq: int,
+        message_type: str,
+        body: bytes,
+        from_service: str,
+        to_service: str,
+        contract: str,
+        from_broker: str,
+        refusal: str = "",
+    ) -> None: ...
+
+    def deliver_remote_many(
+        self,
+        conversation_id: uuid.UUID,
+        from_initiator: bool,
+        seq: int,
+        message_type: str,
+        bodies: list[bytes],
+        from_service: str,
+        to_service: str,
+        contract: str,
+        from_broker: str,
+    ) -> None: ...
+
+
+class EndpointLookup(Protocol):
+    """Conversation endpoints, as the transport reads and annotates them (`Endpoints`)."""
+
+    def by_conversation(
+        self, conversation_id: uuid.UUID, is_initiator: bool
+    ) -> Endpoint | None: ...
+
+    def mark_encrypted(self, conversation_id: uuid.UUID, is_initiator: bool) -> None: ...
+
+    def set_far_broker(
+        self, conversation_id: uuid.UUID, is_initiator: bool, broker_instance: str
+    ) -> None: ...
+
+
+class RouteLookup(Protocol):
+    """Where a service lives (`routes.Routes`)."""
+
+    def find(self, service: str, broker_instance: object) -> Route | None: ...
+
+
+class PeerCatalog(Protocol):
+    """The catalog objects the transport trusts other brokers by (`catalog.Catalog`)."""
+
+    def peer_certificates(self) -> list[Certificate]: ...
+
+    def remote_service_bindings(self) -> list[RemoteServiceBinding]: ...
+
+    def find_binding(self, service: str) -> RemoteServiceBinding | None: ...
+
+    def binding_for(self, service: str) -> RemoteServiceBinding: ...
+
+    def exists(self, kind: str, name: str) -> bool: ...
+
+    def service_queue(self, service: str) -> str | None: ...
+
+
+class CatalogStatements(Protocol):
+    """Creating and dropping catalog objects, with their rules (`ddl.Ddl`)."""
+
+    def persist(self, kind: str, obj: Any) -> None: ...
+
+    def drop(self, session: Any, kind: object, name: object) -> None: ...
