@@ -217,7 +217,20 @@ class Broker:
         self.client_address = await door.start(config.host, config.client_port)
 
         transport_settings = TransportSettings.from_section(config.sections.get("transport", {}))
-        self.transport = transport = Transport(engine, store, self.data_dir, transport_settings)
+        self.transport = transport = Transport(
+            instance=instance,
+            delivery=engine.delivery,
+            endpoints=engine.endpoints,
+            routes=engine.routes,
+            catalog=engine.catalog,
+            statements=engine.ddl,
+            store=store,
+            clock=loop,
+            connector=loop,
+            wall_clock=clock.time,
+            data_dir=self.data_dir,
+            settings=transport_settings,
+        )
         self.broker_address = await transport.start(config.host, config.broker_port)
         engine.set_sink(transport)
         operations.merge("the transport", transport.operations())

@@ -17,10 +17,9 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
-from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, MESSAGE_COLUMNS, ErrorCode, PartialMessage
+from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, MESSAGE_COLUMNS, ErrorCode
 
 from ._core import catalog as cat
 from ._core.delivery import Outbound
@@ -30,6 +29,7 @@ from ._core.queues import Conversation, Group
 from ._core.transactions import Session
 from ._errors import BrokerError, bad_argument
 from ._store import Store
+from ._transport import HeldPartial
 
 DEFAULT_LIMIT: Final = 10_000
 MAX_LIMIT: Final = 100_000
@@ -41,23 +41,6 @@ def iso_time(value: float | None) -> str | None:
     if value is None:
         return None
     return dt.datetime.fromtimestamp(value, dt.UTC).isoformat(timespec="milliseconds")
-
-
-@dataclass(frozen=True)
-class HeldPartial:
-    """A message from another broker still arriving (Service Broker's status 2), and where
-    it will go: the receiving endpoint if it exists yet, else the envelope's service."""
-
-    queue: str | None
-    handle: uuid.UUID | None
-    group_id: uuid.UUID | None
-    priority: int
-    service: str
-    contract: str
-    from_service: str
-    from_broker: str
-    conversation_id: uuid.UUID
-    message: PartialMessage
 
 
 def _arriving(p: HeldPartial) -> str:

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from ssb.broker._forwarding import FRAME_OVERHEAD, Forwarder, Frame, Hop
+from ssb.broker._transport.forwarding import FRAME_OVERHEAD, Forwarder, Frame, Hop
 from ssb.protocol import (
     AckFrame,
     Direction,

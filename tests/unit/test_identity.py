@@ -10,7 +10,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from ssb.broker._identity import KEPT_PREVIOUS_KEYS, IdentityFiles
+from ssb.broker._transport.identity import KEPT_PREVIOUS_KEYS, IdentityFiles
 from ssb.protocol import certificate_broker_id
 from ssb.protocol._integrity import certificate_public_key
 

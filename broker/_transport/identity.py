@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from ssb.protocol import generate_broker_identity, load_private_key
 
-from ._logins import write_secret_file
+from .._logins import write_secret_file
 
 KEY_FILE: Final = "broker-key.pem"
 CERT_FILE: Final = "broker-cert.pem"

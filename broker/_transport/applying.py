@@ -1,0 +1,35 @@
+"""What applying the dialog events of one read gathers for its end (see `inbound`)."""
+
+from __future__ import annotations
+
+import uuid
+
+from ssb.protocol import Direction, Envelope, FragmentReceived, MessageReceived
+
+DirectionId = tuple[uuid.UUID, Direction]
+
+
+class Arrivals:
+    """Consecutive messages of one dialog direction and type, delivered together."""
+
+    __slots__ = ("bodies", "envelope", "message_type", "seq")
+
+    def __init__(self, message_type: str, seq: int, body: bytes, envelope: Envelope) -> None:
+        self.message_type = message_type
+        self.seq = seq
+        self.bodies = [body]
+        self.envelope = envelope
+
+
+class Applying:
+    """The messages to deliver (per direction, one enqueue each), the events to
+    acknowledge once durable, each direction's next sequence number to persist, and the
+    acknowledged ranges of messages sent (one transmission-queue delete each)."""
+
+    __slots__ = ("acked", "arrivals", "next_seqs", "stored")
+
+    def __init__(self) -> None:
+        self.stored: list[MessageReceived | FragmentReceived] = []
+        self.next_seqs: dict[DirectionId, int] = {}
+        self.arrivals: dict[DirectionId, Arrivals] = {}
+        self.acked: dict[DirectionId, list[int]] = {}

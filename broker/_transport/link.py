@@ -1,0 +1,449 @@
+"""Links: the connections to adjacent brokers, and the brokers at their far ends.
+
+Theory of operation. A `Link` is one TCP connection (mutual TLS between brokers unless
+[transport] tls = false) driven by protocol's sans-IO `LinkConnection`: bytes in, events
+out. It hands its owner (`LinkEvents`: the transport) the frames of each read together,
+in order with the handshake and closing events around them, and tells it when its
+socket takes writes again. A `Peer` is a broker this broker holds dialogs with; it
+outlives connections (its `DialogPeer` is sans-IO) and is the peer of at most one
+established link.
+
+`Links` owns every link. It dials an address on demand, one attempt at a time per
+address, after the backoff its last failure earned (retry_initial, doubling up to
+retry_max); it accepts incoming connections at most `accept_rate` a second (a token
+bucket: each may cost an RSA signature before its sender has proved anything), and it
+closes a link that was quiet for `idle_timeout` while nothing waits to go on it. Time
+comes from the `Clock` port and connections from the `Connector` port, so that tests
+run links on an in-memory network with a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import uuid
+from typing import Protocol, cast
+
+from ssb.protocol import (
+    NEED_DATA,
+    AckFrame,
+    BundleFrame,
+    CloseFrame,
+    ConnectionClosed,
+    DialogPeer,
+    Direction,
+    FragmentFrame,
+    HandshakeCompleted,
+    LinkState,
+    ProtocolError,
+    ProtocolErrorFrame,
+    Role,
+)
+
+from .._config import ClientLimits
+from .._core.delivery import DialogOutbox, DirectionKey
+from .._core.ports import Cancellable
+from .._tls import Door
+from .ports import Clock, Connector
+from .refusals import REFUSAL_LOG_EVERY
+from .settings import TransportSettings
+from .trust import Trust
+
+log = logging.getLogger("ssb.transport")
+
+Frames = list[FragmentFrame | BundleFrame | AckFrame]
+
+
+class Peer:
+    """One broker this broker holds dialogs with: its dialogs, its own connection if it is
+    adjacent, where to reach it, and what is in flight to it. Each part of the transport
+    keeps its share here: links the connection and address, outbound the outboxes and
+    the in-flight budget, the pump its timer, inbound the counters of refused frames."""
+
+    __slots__ = (
+        "address",
+        "boxes",
+        "certificate_pem",
+        "corrupt_fragments",
+        "dialog",
+        "in_flight",
+        "in_flight_bytes",
+        "instance",
+        "link",
+        "pump_scheduled",
+        "refused_fragments",
+        "services",
+        "timer",
+        "timer_at",
+        "via",
+    )
+
+    def __init__(self, instance: uuid.UUID, dialog: DialogPeer, certificate_pem: bytes) -> None:
+        self.instance = instance
+        self.dialog = dialog
+        self.certificate_pem = certificate_pem
+        self.link: Link | None = None
+        self.address: str | None = None
+        self.timer: Cancellable | None = None
+        self.timer_at: float | None = None
+        self.corrupt_fragments = 0
+        self.refused_fragments = 0
+        self.services: set[str] = set()  # services it hosts that we send to
+        # the adjacent broker its frames arrive through, when that is not itself
+        # (a forwarder); frames to it go back the same way unless a route says otherwise
+        self.via: uuid.UUID | None = None
+        self.pump_scheduled = False
+        # outboxes with entries still to pull, and what is pulled and not yet acked
+        self.boxes: dict[DirectionKey, DialogOutbox] = {}
+        self.in_flight: dict[tuple[uuid.UUID, Direction, int], tuple[int, str]] = {}
+        self.in_flight_bytes = 0
+
+    def has_work(self) -> bool:
+        """Frames to send now, or a retransmission or ack due later."""
+        dialog = self.dialog
+        return dialog.wants_to_send or dialog.get_timer() is not None
+
+
+class LinkEvents(Protocol):
+    """What links tell their owner."""
+
+    def frames(self, link: Link, frames: Frames) -> None:
+        """The dialog frames of one read (only once the link has a peer)."""
+
+    def established(self, link: Link, event: HandshakeCompleted) -> None: ...
+
+    def lost(self, link: Link) -> None:
+        """The connection is gone (after `Links` forgot it)."""
+
+    def writable(self, peer: Peer) -> None:
+        """The link of `peer` takes writes again."""
+
+    def retry(self, address: str) -> None:
+        """The backoff after a failed attempt to reach `address` is over."""
+
+    def housekeeping(self, now: float) -> None:
+        """Called at every idle check (every half idle_timeout)."""
+
+
+class Link(asyncio.Protocol):
+    """One TCP connection to an adjacent broker."""
+
+    def __init__(self, links: Links, role: Role, address: str) -> None:
+        self.links = links
+        self.events = links.events
+        self.clock = links.clock
+        self.role = role
+        self.address = address
+        self.connection = links.trust.new_connection(role)
+        self.transport: asyncio.Transport | None = None
+        self.peer: Peer | None = None
+        self.paused = False
+        self.closed = False
+        self.login_state = "HANDSHAKE"
+        self.reason = ""  # why this side closed it (empty: the peer or the network did)
+        self.last_activity = self.clock.time()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        peer = self.transport.get_extra_info("peername")
+        if self.role is Role.ACCEPTOR and isinstance(peer, tuple):
+            self.address = f"{peer[0]}:{peer[1]}"
+        self.links.all.add(self)
+        self.last_activity = self.clock.time()
+        self._flush()
+
+    @property
+    def established(self) -> bool:
+        """Open, and past the handshake: frames may be written."""
+        return not self.closed and self.connection.state is LinkState.ESTABLISHED
+
+    def _flush(self) -> None:
+        data = self.connection.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+            self.last_activity = self.clock.time()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_activity = self.clock.time()
+        connection = self.connection
+        connection.receive_data(data)
+        batch: Frames = []
+        try:
+            while True:
+                event = connection.next_event()
+                if event is NEED_DATA:
+                    break
+                if isinstance(event, (FragmentFrame, BundleFrame, AckFrame)):
+                    if self.peer is not None:
+                        batch.append(event)
+                    continue
+                if batch:  # keep the order of frames and other events
+                    self.events.frames(self, batch)
+                    batch = []
+                if isinstance(event, HandshakeCompleted):
+                    self.login_state = "AUTHENTICATED"
+                    self._flush()  # our proof goes before any fragment
+                    self.events.established(self, event)
+                elif isinstance(event, ProtocolErrorFrame):
+                    log.warning("peer %s reported a protocol error: %s", self.address, event)
+                    if self.peer is None:
+                        self.login_state = f"FAILED: refused by peer: {event.text}"
+                        self.links.handshake_failed(self, f"refused by the peer: {event.text}")
+                    self.close(f"the peer reported a protocol error: {event.text}")
+                    return
+                elif isinstance(event, CloseFrame):
+                    self.close(f"closed by the peer ({event.reason or 'no reason given'})")
+                    return
+                elif isinstance(event, ConnectionClosed):
+                    self.close("the peer's connection ended")
+                    return
+        except ProtocolError as exc:
+            if batch:
+                self.events.frames(self, batch)
+            if self.peer is None:
+                self.login_state = f"FAILED: {exc}"
+                self.links.handshake_failed(self, str(exc))
+            log.warning("closing broker connection %s: %s", self.address, exc)
+            self._flush()
+            self.close(f"protocol error: {exc}")
+            return
+        if batch:
+            self.events.frames(self, batch)
+        self._flush()
+
+    def close(self, reason: str = "") -> None:
+        self.reason = self.reason or reason
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def shut(self, said: str, reason: str = "") -> None:
+        """Close, telling the peer `said` first if the link is up."""
+        if self.connection.state is LinkState.ESTABLISHED:
+            self.write(self.connection.send(CloseFrame(said)))
+        self.close(reason)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.reason:
+            self.reason = f"connection lost: {exc}" if exc is not None else "closed by the peer"
+        self.links.all.discard(self)
+        self.events.lost(self)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.peer is not None:
+            self.events.writable(self.peer)
+
+
+class TokenBucket:
+    """`rate` events a second on average, `burst` at once."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = burst, 0.0
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+class Links:
+    """Every connection to an adjacent broker: dialled, accepted, closed when idle."""
+
+    def __init__(
+        self,
+        events: LinkEvents,
+        trust: Trust,
+        clock: Clock,
+        connector: Connector,
+        settings: TransportSettings,
+    ) -> None:
+        self.events = events
+        self.trust = trust
+        self.clock = clock
+        self.connector = connector
+        self.settings = settings
+        self.all: set[Link] = set()
+        self.door: Door | None = None
+        self.closing = False
+        self.connecting: set[str] = set()
+        self.connect_errors: dict[str, str] = {}
+        self.retry_at: dict[str, float] = {}
+        self.retry_delay: dict[str, float] = {}
+        self.accepts = TokenBucket(settings.accept_rate, burst=max(1.0, settings.accept_rate))
+        self._accept_refusals = 0
+        self._accept_logged = -REFUSAL_LOG_EVERY
+        self._idle_timer: Cancellable | None = None
+        self.attempts: set[asyncio.Task[None]] = set()  # connections being opened
+
+    # ---- accepting ---------------------------------------------------------------------
+
+    async def listen(self, host: str, port: int) -> tuple[str, int]:
+        """Accept brokers' connections on `host`:`port` (0: any free port)."""
+        self.door = Door(
+            self.accepted,
+            self.trust.tls_server,
+            not self.settings.tls,
+            ClientLimits(login_timeout=self.settings.connect_timeout),
+            lambda host: sum(1 for lk in self.all if lk.address.rpartition(":")[0] == host),
+            self.admit,
+        )
+        return await self.door.start(host, port)
+
+    def accepted(self) -> Link:
+        """The link of a connection accepted from another broker."""
+        return Link(self, Role.ACCEPTOR, "")
+
+    def admit(self, address: str) -> bool:
+        """Whether an incoming connection from `address` is within `accept_rate`; one
+        beyond it is closed before any handshake work."""
+        now = self.clock.time()
+        if self.accepts.take(now):
+            return True
+        self._accept_refusals += 1
+        if now - self._accept_logged >= REFUSAL_LOG_EVERY:
+            log.warning(
+                "closed %d incoming broker connection(s) beyond [transport] accept_rate = %g/s"
+                " (latest from %s)",
+                self._accept_refusals,
+                self.settings.accept_rate,
+                address,
+            )
+            self._accept_logged, self._accept_refusals = now, 0
+        return False
+
+    def tls_changed(self) -> None:
+        if self.door is not None:
+            self.door.context = self.trust.tls_server
+
+    # ---- dialling ----------------------------------------------------------------------
+
+    def connect(self, address: str) -> None:
+        """Open a connection to `address` unless one is open or opening (after the
+        backoff of the last failure)."""
+        if address in self.connecting or self.closing:
+            return
+        if any(
+            lk.address == address and not lk.closed for lk in self.all if lk.role is Role.INITIATOR
+        ):
+            return
+        self.connecting.add(address)
+        delay = self.retry_at.get(address, 0.0) - self.clock.time()
+        if delay > 0:
+            self.clock.call_later(delay, self._dial, address)
+        else:
+            self._dial(address)
+
+    def _dial(self, address: str) -> None:
+        if self.closing:
+            self.connecting.discard(address)
+            return
+        task = asyncio.get_running_loop().create_task(self._open(address))
+        self.attempts.add(task)
+        task.add_done_callback(self.attempts.discard)
+
+    async def _open(self, address: str) -> None:
+        try:
+            host, _, port = address.rpartition(":")
+            try:
+                await asyncio.wait_for(
+                    self.connector.create_connection(
+                        lambda: Link(self, Role.INITIATOR, address),
+                        host,
+                        int(port),
+                        ssl=self.trust.tls_client,
+                    ),
+                    self.settings.connect_timeout,
+                )
+            except (TimeoutError, OSError, ValueError) as exc:
+                if isinstance(exc, ssl.SSLError):
+                    text = f"TLS with {address} failed: {exc.reason or exc}; both brokers must trust each other's certificate"
+                elif isinstance(exc, ConnectionRefusedError):
+                    text = f"connection refused by {address}"
+                elif isinstance(exc, asyncio.TimeoutError):
+                    text = f"connection to {address} timed out"
+                else:
+                    text = f"cannot connect to {address}: {exc}"
+                if self.connect_errors.get(address) != text:
+                    log.warning("cannot reach broker at %s: %s", address, text)
+                self.connect_errors[address] = text
+                self.clock.call_later(self.backoff(address), self.events.retry, address)
+        finally:
+            self.connecting.discard(address)
+
+    def backoff(self, address: str) -> float:
+        """The next attempt at `address` waits this long, and the one after twice that."""
+        step = self.retry_delay.get(address, self.settings.retry_initial)
+        self.retry_at[address] = self.clock.time() + step
+        self.retry_delay[address] = min(step * 2, self.settings.retry_max)
+        return step
+
+    def retry_later(self, address: str) -> None:
+        """Try `address` again once its backoff is over."""
+        delay = max(0.0, self.retry_at.get(address, 0.0) - self.clock.time())
+        self.clock.call_later(delay, self.events.retry, address)
+
+    def handshake_failed(self, link: Link, reason: str) -> None:
+        if link.role is Role.INITIATOR:
+            self.connect_errors[link.address] = (
+                f"handshake with {link.address} failed: {reason}; both brokers must trust"
+                " each other's certificate (create_certificate with the peer's"
+                " broker_certificate())"
+            )
+            self.backoff(link.address)
+
+    def reached(self, address: str) -> None:
+        """A connection to `address` is up: its backoff starts over."""
+        self.connect_errors.pop(address, None)
+        self.retry_delay.pop(address, None)
+        self.retry_at.pop(address, None)
+
+    # ---- idle links and closing --------------------------------------------------------
+
+    def start(self) -> None:
+        """Start checking for idle links."""
+        self._arm_idle_check()
+
+    def _arm_idle_check(self) -> None:
+        interval = max(0.05, self.settings.idle_timeout / 2)
+        self._idle_timer = self.clock.call_later(interval, self._idle_check)
+
+    def _idle_check(self) -> None:
+        now = self.clock.time()
+        timeout = self.settings.idle_timeout
+        for link in list(self.all):
+            peer = link.peer
+            if now - link.last_activity >= timeout and (peer is None or not peer.has_work()):
+                link.shut("idle", f"idle for {timeout:g} s")
+        self.events.housekeeping(now)
+        if not self.closing:
+            self._arm_idle_check()
+
+    def close_all(self, said: str) -> None:
+        """Close every link, telling each peer why (they reconnect when they need to)."""
+        for link in list(self.all):
+            link.shut(said)
+
+    async def close(self) -> None:
+        self.closing = True
+        if self.door is not None:
+            self.door.close()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self.close_all("broker shutting down")
+        for task in list(self.attempts):
+            task.cancel()
+        if self.attempts:
+            await asyncio.gather(*self.attempts, return_exceptions=True)

@@ -1,0 +1,80 @@
+"""What the transport needs beyond the core's ports, as typing.Protocols.
+
+- `Clock`: monotonic time and timers on it. The asyncio event loop is one as it stands
+  (`loop.time()`, `call_at`, `call_later`, `call_soon`); tests drive a fake one by hand.
+  Unlike the core's wall-clock `Clock`, it never jumps: the dialog layer's retransmission
+  and ack timers are set on it.
+- `Connector`: opens a connection to another broker (the event loop's
+  `create_connection`; an in-memory network in tests).
+- `RemoteDialogStore`: the store's tables of dialog directions to other brokers and of
+  held fragments, and the batches the transport waits on before it acknowledges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from .._core.ports import Cancellable, Row
+
+
+class Clock(Protocol):
+    """Monotonic seconds and timers on them."""
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> Cancellable: ...
+
+    def call_later(
+        self, delay: float, callback: Callable[..., object], *args: Any
+    ) -> Cancellable: ...
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> object: ...
+
+
+class Connector(Protocol):
+    """Opens a connection to `host`:`port` and runs the protocol `factory` makes on it."""
+
+    def create_connection(
+        self,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        host: str,
+        port: int,
+        *,
+        ssl: ssl.SSLContext | None = None,
+    ) -> Awaitable[object]: ...
+
+
+class RemoteDialogStore(Protocol):
+    """The store as the transport uses it: writes join the open batch, and
+    `when_durable(watermark(), ...)` says when everything written so far is on disk.
+
+    Rows of `remote_dialogs`: (conversation id, direction, side "send"/"recv", peer,
+    session key, wrapped key, next seq, packed envelope). Rows of `held_fragments`:
+    (conversation id, direction, seq, fragment index, fragment count, message type,
+    payload)."""
+
+    def load_remote(self) -> tuple[list[Row], list[Row]]: ...
+
+    def put_remote_dialog(self, row: Row) -> None: ...
+
+    def set_remote_next_seq(
+        self, conversation_id: uuid.UUID, direction: int, side: str, next_seq: int
+    ) -> None: ...
+
+    def delete_remote_dialog(
+        self, conversation_id: uuid.UUID, direction: int, side: str
+    ) -> None: ...
+
+    def put_held_fragment(self, row: Row) -> None: ...
+
+    def delete_held_message(self, conversation_id: uuid.UUID, direction: int, seq: int) -> None: ...
+
+    def delete_held_direction(self, conversation_id: uuid.UUID, direction: int) -> None: ...
+
+    def watermark(self) -> int: ...
+
+    def when_durable(self, batch: int, callback: Callable[[], None]) -> None: ...
