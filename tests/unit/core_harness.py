@@ -77,11 +77,15 @@ class Core:
     """An engine on a fresh in-memory store, with helpers for tests."""
 
     def __init__(
-        self, store: ManualStore | None = None, clock: FakeClock | None = None, **options: Any
+        self,
+        store: ManualStore | None = None,
+        clock: FakeClock | None = None,
+        instance: str = INSTANCE,
+        **options: Any,
     ):
         self.store = store if store is not None else SQLiteStore(":memory:", threaded=False)
         self.clock = clock if clock is not None else FakeClock()
-        self.engine = Engine(self.store, self.clock, INSTANCE, **options)
+        self.engine = Engine(self.store, self.clock, instance, **options)
         self.engine.load(
             StoredState(self.store.load_catalog(), self.store.max_ids(), self.store.load_meta())
         )
@@ -115,7 +119,7 @@ class Core:
     def restart(self, **options: Any) -> Core:
         """A new engine on the same store, as after a crash (only what was flushed counts)."""
         self.store.discard_pending()
-        return Core(self.store, FakeClock(self.clock.now), **options)
+        return Core(self.store, FakeClock(self.clock.now), self.engine.instance_id, **options)
 
     # ---- a two-service setup --------------------------------------------------------
 

@@ -1,0 +1,108 @@
+"""The transport's way in, without a daemon: fragments refused while the target queue or the
+disk is full, no ack before the store batch is durable, a receiver restored from its
+next sequence number and held fragments (two brokers on an in-memory network, one fake
+clock; see transport_harness)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ssb.broker._transport import pump
+
+from .core_harness import BODY
+from .transport_harness import B_ID, Broker, World
+
+
+def _send(a: Broker, bodies: list[bytes], handle: uuid.UUID | None = None) -> uuid.UUID:
+    if handle is None:
+        handle = a.op("begin_dialog", "InitiatorService", "TargetService", broker_instance=B_ID)
+    a.op("send", handle, "DEFAULT", bodies)
+    assert handle is not None
+    return handle
+
+
+async def test_fragments_for_a_full_queue_are_dropped_unacknowledged_and_come_again(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path, retry_initial=1.0)
+    a, b = world.pair()
+    b.op("alter_queue", "Target", max_messages=2)
+    await world.settle()
+    _send(a, [b"%d" % n for n in range(5)])
+    await world.settle()
+    assert b.queue("Target") == 2  # the rest of the read was refused, message by message
+    assert b.peer(a).refused_fragments == 3
+    assert a.transmission_queue() == 3  # never acknowledged: A keeps them
+    assert [row[BODY] for row in b.core.receive_all()] == [b"0", b"1"]
+    await world.advance(1.0)  # A retransmits; the queue has room again
+    assert b.queue("Target") == 2
+    await world.advance(2.0)
+    assert [row[BODY] for row in b.core.receive_all()] == [b"2", b"3"]
+    await world.advance(4.0)
+    assert [row[BODY] for row in b.core.receive_all()] == [b"4"]
+    assert a.transmission_queue() == 0
+
+
+async def test_fragments_are_dropped_unacknowledged_while_the_disk_is_full(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path, retry_initial=1.0)
+    a, b = world.pair()
+    await world.settle()
+    capacity = b.core.engine.capacity
+    capacity.measured(0, "the test's disk")
+    _send(a, [b"kept"])
+    await world.advance(3.0)  # sent, retransmitted, refused each time
+    assert b.queue("Target") == 0
+    assert b.peer(a).refused_fragments >= 2
+    assert a.transmission_queue() == 1
+    capacity.measured(1 << 40, "the test's disk")
+    await world.advance(4.0)
+    assert [row[BODY] for row in b.core.receive_all()] == [b"kept"]
+    assert a.transmission_queue() == 0
+
+
+async def test_no_ack_leaves_before_the_batch_holding_the_message_is_durable(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path, retry_initial=1.0)
+    a, b = world.pair()
+    await world.settle()
+    _send(a, [b"once"])
+    a.core.flush()
+    await world.advance(5.0, flush=False)  # retransmitted, and the ack delay long past
+    assert b.queue("Target") == 1
+    assert len(a.peer(b).in_flight) == 1
+    assert a.transmission_queue() == 1  # (commits A's own batch, not B's)
+    b.core.flush()
+    await world.settle(flush=False)
+    assert a.transmission_queue() == 0 and not a.peer(b).in_flight
+    assert [row[BODY] for row in b.core.receive_all()] == [b"once"]  # retransmissions dropped
+
+
+async def test_a_restarted_receiver_resumes_from_its_next_seq_and_held_fragments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = World(tmp_path, fragment_size=1024)
+    a, b = world.pair()
+    handle = _send(a, [b"first"])
+    await world.settle()
+    monkeypatch.setattr(pump, "SEND_BATCH", 1)  # a write per fragment
+    big = bytes(range(256)) * 20  # 5 fragments
+    _send(a, [big], handle)
+    a.core.flush()
+    world.clock.run_soon()
+    assert world.network.pending(a.transport.links) == 5
+    assert world.network.transfer(limit=2) == 2  # two fragments arrive, then B crashes
+    b.core.flush()  # they are held in B's store
+    await b.restart()
+    (partial,) = b.transport.partials()
+    assert (partial.message.fragments_received, partial.message.fragment_count) == (2, 5)
+    assert partial.queue == "Target"
+    await world.settle()  # A reconnects and retransmits
+    assert [row[BODY] for row in b.core.receive_all()] == [b"first", big]
+    assert b.core.store.load_remote()[1] == []  # no fragment held any more
+    assert a.transmission_queue() == 0

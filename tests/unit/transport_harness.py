@@ -1,0 +1,299 @@
+"""Brokers' transports without a daemon: an in-memory network and one fake clock.
+
+Each `Broker` is a core (`core_harness.Core`: the real Store on an in-memory SQLite
+database, durable only when flushed) with the real `Transport` wired to it as the daemon
+wires it, but on a `FakeLoop` (the fake clock, with the timer calls the transport makes)
+and a `Network` of in-memory connections instead of the event loop and TCP. Time moves
+only by `World.advance()`; bytes move only in `World.settle()`, which also runs what
+was scheduled, waits for connection attempts under way, and (unless told not to)
+flushes every store each round, as the store thread would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import itertools
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ssb.broker._transport import Transport, TransportSettings
+from ssb.broker._transport.identity import CERT_FILE, KEY_FILE
+from ssb.broker._transport.link import Link, Links, Peer
+from ssb.protocol import generate_broker_identity
+
+from .core_harness import Core, FakeClock
+
+A_ID = "aaaaaaaa-0000-4000-8000-000000000001"
+B_ID = "bbbbbbbb-0000-4000-8000-000000000002"
+
+
+class FakeLoop(FakeClock):
+    """The fake clock as the transport uses it too: callback arguments, call_later."""
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> Any:
+        return super().call_at(when, functools.partial(callback, *args) if args else callback)
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Any:
+        return self.call_at(self.now + delay, callback, *args)
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
+        super().call_soon(functools.partial(callback, *args) if args else callback)
+
+    def next_due(self) -> float | None:
+        """When the next timer that is still armed falls due."""
+        timers = self._timers
+        while timers and timers[0][2].cancelled:
+            heapq.heappop(timers)
+        return timers[0][0] if timers else None
+
+
+class Pipe(asyncio.Transport):
+    """One end of an in-memory connection: what it writes waits until the network moves it."""
+
+    def __init__(self, protocol: asyncio.Protocol, peername: tuple[str, int]) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.peername = peername
+        self.other: Pipe = self
+        self.sent: list[bytes] = []
+        self.closing = False
+        self.lost = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.peername if name == "peername" else default
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self.lost:
+            self.sent.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+
+class Network:
+    """Addresses that brokers listen on, and the connections between them."""
+
+    def __init__(self, clock: FakeLoop) -> None:
+        self.clock = clock
+        self.listeners: dict[str, Links] = {}
+        self.pipes: list[Pipe] = []
+        self.attempts: list[tuple[str, float]] = []  # every address dialled, and when
+        self._ports = itertools.count(40000)
+
+    async def create_connection(
+        self,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        host: str,
+        port: int,
+        *,
+        ssl: Any = None,
+    ) -> tuple[Pipe, asyncio.Protocol]:
+        address = f"{host}:{port}"
+        self.attempts.append((address, self.clock.now))
+        links = self.listeners.get(address)
+        if links is None:
+            raise ConnectionRefusedError(f"nothing listens on {address}")
+        caller = ("127.0.0.1", next(self._ports))
+        assert links.admit(f"{caller[0]}:{caller[1]}")
+        client, server = protocol_factory(), links.accepted()
+        near, far = Pipe(client, (host, port)), Pipe(server, caller)
+        near.other, far.other = far, near
+        self.pipes += [near, far]
+        client.connection_made(near)
+        server.connection_made(far)
+        return near, client
+
+    def transfer(self, limit: int | None = None) -> int:
+        """Deliver what was written (at most `limit` writes); close what was closed."""
+        moved = 0
+        for pipe in list(self.pipes):
+            while pipe.sent and (limit is None or moved < limit):
+                data = pipe.sent.pop(0)
+                if not pipe.other.lost:
+                    pipe.other.protocol.data_received(data)
+                moved += 1
+            if pipe.closing and not pipe.sent and not pipe.lost:
+                self._lose(pipe)
+                moved += 1
+        return moved
+
+    def pending(self, links: Links) -> int:
+        """Writes of `links`' connections not yet delivered."""
+        return sum(len(p.sent) for p in self.pipes if _links_of(p) is links)
+
+    def cut(self, links: Links) -> None:
+        """Every connection of `links` breaks, and what was on its way is lost."""
+        for pipe in [p for p in self.pipes if _links_of(p) is links]:
+            pipe.sent.clear()
+            pipe.other.sent.clear()
+            self._lose(pipe)
+
+    def _lose(self, pipe: Pipe) -> None:
+        for end in (pipe, pipe.other):
+            if not end.lost:
+                end.lost = end.closing = True
+                self.pipes.remove(end)
+                end.protocol.connection_lost(None)
+
+
+def _links_of(pipe: Pipe) -> Links | None:
+    return pipe.protocol.links if isinstance(pipe.protocol, Link) else None
+
+
+@functools.cache
+def _identity(instance: str) -> tuple[bytes, bytes]:
+    return generate_broker_identity(uuid.UUID(instance))
+
+
+class Broker:
+    """A core and its transport, on the world's network and clock."""
+
+    def __init__(self, world: World, name: str, instance: str, address: str) -> None:
+        self.world = world
+        self.name = name
+        self.instance = instance
+        self.address = address
+        self.data_dir = world.tmp / name
+        self.data_dir.mkdir()
+        key_pem, cert_pem = _identity(instance)  # made once per test run
+        fd = os.open(self.data_dir / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key_pem)
+        (self.data_dir / CERT_FILE).write_bytes(cert_pem)
+        self.core = Core(clock=world.clock, instance=instance)
+        self.transport = self._start()
+
+    def _start(self) -> Transport:
+        engine = self.core.engine
+        transport = Transport(
+            instance=self.instance,
+            delivery=engine.delivery,
+            endpoints=engine.endpoints,
+            routes=engine.routes,
+            catalog=engine.catalog,
+            statements=engine.ddl,
+            store=self.core.store,
+            clock=self.world.clock,
+            connector=self.world.network,
+            wall_clock=self.world.clock.time,
+            data_dir=self.data_dir,
+            settings=self.world.settings,
+        )
+        engine.set_sink(transport)
+        transport.restore()
+        self.world.network.listeners[self.address] = transport.links
+        transport.resume()
+        return transport
+
+    @property
+    def certificate(self) -> str:
+        return self.transport.trust.identity.certificate_pem.decode()
+
+    def op(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """A client operation of the core, or of the transport."""
+        ops = self.transport.operations()
+        if name in ops:
+            return ops[name](self.core.session, *args, **kwargs)
+        return self.core.op(name, *args, **kwargs)
+
+    def peer(self, other: Broker) -> Peer:
+        return self.transport.peers[uuid.UUID(other.instance)]
+
+    def link_to(self, other: Broker) -> Link | None:
+        peer = self.transport.peers.get(uuid.UUID(other.instance))
+        return None if peer is None else peer.link
+
+    def transmission_queue(self) -> int:
+        """Entries of the transmission queue (committing what is pending first)."""
+        self.core.flush()
+        return sum(count for _, _, count, _ in self.core.store.transmission_summary())
+
+    def queue(self, name: str) -> int:
+        return self.core.engine.queues[name].ready
+
+    async def crash(self) -> None:
+        """Stop at once: connections break, what the store did not commit is lost."""
+        network = self.world.network
+        network.listeners.pop(self.address, None)
+        network.cut(self.transport.links)
+        self.core.engine.close()
+        await self.transport.close()
+        self.core.store.discard_pending()
+
+    async def restart(self) -> None:
+        """Crash, then start again from what is durable."""
+        await self.crash()
+        self.core = Core(self.core.store, self.world.clock, self.instance)
+        self.transport = self._start()
+
+
+class World:
+    """Brokers on one in-memory network and one fake clock."""
+
+    def __init__(self, tmp: Path, **settings: Any) -> None:
+        self.tmp = tmp
+        self.clock = FakeLoop()
+        self.network = Network(self.clock)
+        # plain TCP (TLS needs real sockets); acks leave at once unless told otherwise
+        self.settings = TransportSettings(**{"tls": False, "ack_delay": 0.0, **settings})
+        self.brokers: list[Broker] = []
+
+    def broker(self, name: str, instance: str, address: str) -> Broker:
+        broker = Broker(self, name, instance, address)
+        self.brokers.append(broker)
+        return broker
+
+    def pair(self) -> tuple[Broker, Broker]:
+        """Brokers A and B that trust each other; A routes TargetService to B."""
+        a = self.broker("a", A_ID, "127.0.0.1:7001")
+        b = self.broker("b", B_ID, "127.0.0.1:7002")
+        a.op("create_certificate", "b", b.certificate)
+        b.op("create_certificate", "a", a.certificate)
+        a.op("create_queue", "Initiator")
+        a.op("create_service", "InitiatorService", "Initiator")
+        b.op("create_queue", "Target")
+        b.op("create_service", "TargetService", "Target", ["DEFAULT"])
+        a.op("create_route", "to_b", "TargetService", f"tcp://{b.address}", broker_instance=B_ID)
+        b.op("create_route", "to_a", "InitiatorService", f"tcp://{a.address}", broker_instance=A_ID)
+        return a, b
+
+    async def settle(self, flush: bool = True) -> None:
+        """Run what is scheduled and move bytes until nothing moves."""
+        clock = self.clock
+        for _ in range(10_000):
+            moved = clock.run_soon()
+            if flush:
+                for broker in self.brokers:
+                    broker.core.store.flush()
+                moved += clock.run_soon()
+            attempts = [
+                task for b in self.brokers for task in b.transport.links.attempts if not task.done()
+            ]
+            if attempts:
+                await asyncio.gather(*attempts)
+                moved += len(attempts)
+            moved += self.network.transfer()
+            if not moved:
+                return
+        raise AssertionError("the brokers did not settle")
+
+    async def advance(self, seconds: float, flush: bool = True) -> None:
+        """Settle, then move time forward timer by timer, settling after each."""
+        target = self.clock.now + seconds
+        await self.settle(flush)
+        while True:
+            due = self.clock.next_due()
+            if due is None or due > target:
+                self.clock.advance(target - self.clock.now)
+                await self.settle(flush)
+                return
+            self.clock.advance(max(0.0, due - self.clock.now))
+            await self.settle(flush)
