@@ -32,6 +32,7 @@ from ._errors import (
     TransactionRolledBackError,
     ValidationError,
 )
+from ._functions import function_name, load_function
 from ._message import (
     DIALOG_TIMER,
     END_DIALOG,
@@ -81,5 +82,7 @@ __all__ = [
     "ValidationError",
     "connect",
     "connect_sync",
+    "function_name",
+    "load_function",
     "local_url",
 ]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import sys
 import time
@@ -39,6 +38,7 @@ from ssb.protocol import ErrorCode
 
 from . import _calls as calls
 from ._errors import AlreadyExistsError, ConversationEndedError, NotFoundError
+from ._functions import function_name, load_function
 from ._message import Message
 from ._session import AsyncSession, SyncSession
 from ._url import parse_url
@@ -96,25 +96,6 @@ class TaskOutcome:
 
 
 # ---- task messages (shared by both schedulers and the procedure) -------------------
-
-
-def task_spec(task: str | Callable[..., Any]) -> str:
-    """'package.module:function' for a task given by name or as a function."""
-    if isinstance(task, str):
-        head, _, attribute = task.partition(":")
-        if not head or not attribute:
-            raise ValueError(f"a task is 'package.module:function', got {task!r}")
-        return task
-    module: str | None = getattr(task, "__module__", None)
-    qualname: str | None = getattr(task, "__qualname__", None)
-    if not module or not qualname or "<" in qualname:
-        raise ValueError(f"{task!r} cannot be named for a worker; pass 'module:function'")
-    if module == "__main__":
-        raise ValueError(
-            f"{qualname} lives in __main__, which workers cannot import; "
-            "move it into a module or pass 'module:function'"
-        )
-    return f"{module}:{qualname}"
 
 
 def _payload(spec: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -210,7 +191,7 @@ class Scheduler(_Bookkeeping):
             The task's execution log id.
         """
         self._usable()
-        payload = _payload(task_spec(task), args, kwargs)
+        payload = _payload(function_name(task), args, kwargs)
         while self._full():
             await self._collect(None)
         log_id = await self.conn.call(calls.log_task(_describe(payload), self.handle))
@@ -273,7 +254,7 @@ class SyncScheduler(_Bookkeeping):
     def exec_async(self, task: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> int:
         """Queue `task(*args, **kwargs)`; see `Scheduler.exec_async`."""
         self._usable()
-        payload = _payload(task_spec(task), args, kwargs)
+        payload = _payload(function_name(task), args, kwargs)
         while self._full():
             self._collect(None)
         log_id = self.conn.call(calls.log_task(_describe(payload), self.handle))
@@ -432,18 +413,7 @@ def get_scheduler_sync(
 # ---- the activated procedure of the target queue ---------------------------------------
 
 
-_functions: dict[str, Callable[..., Any]] = {}
-
-
-def _function(spec: str) -> Callable[..., Any]:
-    found = _functions.get(spec)
-    if found is None:
-        module, _, attribute = spec.partition(":")
-        target: Any = importlib.import_module(module)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-        found = _functions[spec] = target
-    return found
+_allowed: set[str] = set()  # task functions the broker allowed this process to run
 
 
 def _jsonable(value: Any) -> Any:
@@ -486,9 +456,10 @@ def _run_one(conn: SyncSession, message: Message) -> None:
     result: Any = None
     try:
         spec = str(request["function"])
-        if spec not in _functions:  # the broker decides what its workers may import
+        if spec not in _allowed:  # the broker decides what its workers may import
             conn.call(calls.check_procedure(spec))
-        value = _function(spec)(*request.get("args", []), **request.get("kwargs", {}))
+            _allowed.add(spec)
+        value = load_function(spec)(*request.get("args", []), **request.get("kwargs", {}))
         if asyncio.iscoroutine(value):
             value = asyncio.run(value)
         result = _jsonable(value)

@@ -25,7 +25,6 @@ messages wait). Inside it, `run_transaction` still settles a commit whose answer
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import os
@@ -37,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Final
 from urllib.parse import quote
+
+from ._functions import load_function
 
 MAX_ERROR_TEXT: Final = 4000
 
@@ -51,30 +52,10 @@ class TaskContext:
     execute_as: str
 
 
-_procedures: dict[str, Callable[..., Any]] = {}
-
-
-def load_procedure(spec: str) -> Callable[..., Any]:
-    """Import `package.module:function` (the function may be a dotted attribute path)."""
-    found = _procedures.get(spec)
-    if found is not None:
-        return found
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"activation procedure {spec!r} must be 'package.module:function'")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(
-            f"{exc}; activation workers import procedures from the daemon's working directory"
-            " and from [activation] python_path in its --config file"
-        ) from exc
-    for part in attribute.split("."):
-        target = getattr(target, part)
-    if not callable(target):
-        raise TypeError(f"activation procedure {spec!r} is not callable")
-    _procedures[spec] = target
-    return target  # type: ignore[no-any-return]
+WHERE: Final = (
+    "activation workers import procedures from the daemon's working directory and from"
+    " [activation] python_path in its --config file"
+)
 
 
 def _wants_context(fn: Callable[..., Any]) -> bool:
@@ -121,7 +102,7 @@ async def _run_async(fn: Callable[..., Any], run: dict[str, Any], context: TaskC
 def run_task(run: dict[str, Any]) -> str | None:
     """Run one procedure to its end; returns the error text, or None."""
     try:
-        fn = load_procedure(str(run["procedure"]))
+        fn = load_function(str(run["procedure"]), WHERE)
         context = TaskContext(
             str(run["queue"]), int(run["task_id"]), str(run["procedure"]), str(run["user"])
         )

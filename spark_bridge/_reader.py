@@ -27,7 +27,6 @@ fails the whole job); it reports what happened instead.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import socket
 import time
@@ -86,23 +85,7 @@ class ReaderReport:
     executor: str | None = None
 
 
-_functions: dict[str, Callable[..., Any]] = {}
-
-
-def load_function(spec: str) -> Callable[..., Any]:
-    """Import 'package.module:function' (cached per worker process)."""
-    found = _functions.get(spec)
-    if found is None:
-        module, _, attribute = spec.partition(":")
-        if not module or not attribute:
-            raise ValueError(f"a function is 'package.module:function', got {spec!r}")
-        target: Any = importlib.import_module(module)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-        if not callable(target):
-            raise TypeError(f"{spec} is not callable")
-        found = _functions[spec] = target
-    return found
+WHERE: Final = "Spark executors import functions from the bridge's python_path"
 
 
 def _where() -> tuple[int | None, str]:
@@ -157,7 +140,7 @@ def run_reader(spec: ReaderSpec, index: int = 0) -> ReaderReport:
         report.registered_at = time.time()
         error: str | None = None
         try:
-            fn = load_function(spec.function)
+            fn = client.load_function(spec.function, WHERE)
             if spec.mode == PROCEDURE_MODE:
                 task = TaskInfo(
                     spec.queue, int(info["task_id"]), spec.job, report.job_task_id, report.executor
