@@ -173,7 +173,7 @@ def _url_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _bridge_arguments(parser: argparse.ArgumentParser) -> None:
-    # declared here, run by spark_bridge._cli: `ssb serve` never imports pyspark
+    # declared here, run by ssb.spark_bridge.main: `ssb serve` never imports pyspark
     parser.add_argument("--config", type=Path, help="TOML file (see the documentation, Spark)")
     parser.add_argument("--broker", help=f"broker URL (default env SSB_URL or {DEFAULT_URL})")
     parser.add_argument("--master", help="Spark master, e.g. local[4] (omit under spark-submit)")
@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.command == "spark-bridge":
         try:
-            from ssb.spark_bridge._cli import main as bridge_main
+            from ssb.spark_bridge import main as bridge_main
         except ImportError as exc:
             print(
                 f"ssb spark-bridge needs pyspark: install the Spark extra from the clone,"

@@ -41,7 +41,14 @@ from ._message import (
     POST_EVENT_NOTIFICATION,
     Message,
 )
-from ._scheduler import Scheduler, SyncScheduler, TaskOutcome
+from ._scheduler import (
+    SCHEDULER_PROCEDURE,
+    SCHEDULER_READERS,
+    Scheduler,
+    SchedulerNames,
+    SyncScheduler,
+    TaskOutcome,
+)
 from ._sync import SyncConnection, connect_sync
 from ._url import local_url
 
@@ -51,6 +58,8 @@ __all__ = [
     "ERROR",
     "EVENT_NOTIFICATION",
     "POST_EVENT_NOTIFICATION",
+    "SCHEDULER_PROCEDURE",
+    "SCHEDULER_READERS",
     "AlreadyExistsError",
     "AnswerLostError",
     "BrokerError",
@@ -73,6 +82,7 @@ __all__ = [
     "QueueDisabledError",
     "QueueFullError",
     "Scheduler",
+    "SchedulerNames",
     "SyncConnection",
     "SyncScheduler",
     "TLSError",

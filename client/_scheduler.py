@@ -43,9 +43,11 @@ from ._message import Message
 from ._session import AsyncSession, SyncSession
 from ._url import parse_url
 
+# the target queue's activation procedure, `run_tasks` below; stored as written in
+# queues' activation, so it keeps its module's path
 SCHEDULER_PROCEDURE: Final = "ssb.client._scheduler:run_tasks"
+SCHEDULER_READERS: Final = 5  # activated readers of a new scheduler's target queue
 RECEIVE_WAIT: Final = 5.0  # how long an idle reader waits for the next task
-DEFAULT_READERS: Final = 5
 _SENT: Final = "AsyncSent"
 _DONE: Final = "AsyncDone"
 
@@ -83,6 +85,20 @@ class SchedulerNames:
     @property
     def target_service(self) -> str:
         return f"{self.name}/TargetService"
+
+    def install_calls(self, activation: dict[str, Any]) -> list[calls.Call[None]]:
+        """The requests that create the scheduler's objects, its target queue with
+        `activation` (internal activation of `run_tasks`, or OFF for an external
+        activator such as the Spark bridge)."""
+        return [
+            calls.create_message_type(self.sent, "VALID_JSON"),
+            calls.create_message_type(self.done, "VALID_JSON"),
+            calls.create_contract(self.contract, {self.sent: "INITIATOR", self.done: "TARGET"}),
+            calls.create_queue(self.initiator_queue),
+            calls.create_queue(self.target_queue, activation=activation),
+            calls.create_service(self.initiator_service, self.initiator_queue),
+            calls.create_service(self.target_service, self.target_queue, [self.contract]),
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,35 +313,21 @@ class SyncScheduler(_Bookkeeping):
 # ---- installing and getting a scheduler ----------------------------------------------
 
 
-def _install_steps(
-    names: SchedulerNames, max_queue_readers: int, execute_as: str
-) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-    activation = {
+def _internal(max_queue_readers: int, execute_as: str) -> dict[str, Any]:
+    """The target queue's activation when the broker's own workers run the tasks."""
+    return {
         "status": "ON",
         "procedure": SCHEDULER_PROCEDURE,
         "max_queue_readers": max_queue_readers,
         "execute_as": execute_as,
     }
-    return [
-        ("create_message_type", (names.sent, "VALID_JSON"), {}),
-        ("create_message_type", (names.done, "VALID_JSON"), {}),
-        ("create_contract", (names.contract, {names.sent: "INITIATOR", names.done: "TARGET"}), {}),
-        ("create_queue", (names.initiator_queue,), {}),
-        ("create_queue", (names.target_queue,), {"activation": activation}),
-        ("create_service", (names.initiator_service, names.initiator_queue), {}),
-        (
-            "create_service",
-            (names.target_service, names.target_queue),
-            {"contracts": [names.contract]},
-        ),
-    ]
 
 
 async def install_scheduler(
     conn: AsyncSession,
     name: str = "Scheduler",
     *,
-    max_queue_readers: int = DEFAULT_READERS,
+    max_queue_readers: int = SCHEDULER_READERS,
     execute_as: str | None = None,
 ) -> None:
     """Create the scheduler's message types, contract, queues and services if missing.
@@ -337,9 +339,9 @@ async def install_scheduler(
         execute_as: the user the readers run as (default: this connection's user).
     """
     user = parse_url(conn.url).user if execute_as is None else execute_as
-    for operation, args, kwargs in _install_steps(SchedulerNames(name), max_queue_readers, user):
+    for request in SchedulerNames(name).install_calls(_internal(max_queue_readers, user)):
         with contextlib.suppress(AlreadyExistsError):
-            await conn.call(getattr(calls, operation)(*args, **kwargs))
+            await conn.call(request)
 
 
 async def get_scheduler(
@@ -348,7 +350,7 @@ async def get_scheduler(
     *,
     max_running: int | None = None,
     install: bool = True,
-    max_queue_readers: int = DEFAULT_READERS,
+    max_queue_readers: int = SCHEDULER_READERS,
     execute_as: str | None = None,
 ) -> Scheduler:
     """Begin a scheduler conversation (the seed's GetScheduler).
@@ -377,14 +379,14 @@ def install_scheduler_sync(
     conn: SyncSession,
     name: str = "Scheduler",
     *,
-    max_queue_readers: int = DEFAULT_READERS,
+    max_queue_readers: int = SCHEDULER_READERS,
     execute_as: str | None = None,
 ) -> None:
     """`install_scheduler` on a blocking connection."""
     user = parse_url(conn.url).user if execute_as is None else execute_as
-    for operation, args, kwargs in _install_steps(SchedulerNames(name), max_queue_readers, user):
+    for request in SchedulerNames(name).install_calls(_internal(max_queue_readers, user)):
         with contextlib.suppress(AlreadyExistsError):
-            conn.call(getattr(calls, operation)(*args, **kwargs))
+            conn.call(request)
 
 
 def get_scheduler_sync(
@@ -393,7 +395,7 @@ def get_scheduler_sync(
     *,
     max_running: int | None = None,
     install: bool = True,
-    max_queue_readers: int = DEFAULT_READERS,
+    max_queue_readers: int = SCHEDULER_READERS,
     execute_as: str | None = None,
 ) -> SyncScheduler:
     """`get_scheduler` on a blocking connection."""

@@ -13,6 +13,7 @@ Needs pyspark (>= 4.2) and pyarrow: `pip install -e '.[spark]'` from the clone.
 from __future__ import annotations
 
 from ._activator import JobRecord, SparkActivator, StopReport, event_queue
+from ._cli import main
 from ._reader import QueueBinding, ReaderReport, ReaderSpec, TaskInfo, run_reader
 from ._scheduler import (
     get_spark_scheduler,
@@ -48,6 +49,7 @@ __all__ = [
     "get_spark_scheduler",
     "get_spark_scheduler_async",
     "install_spark_scheduler",
+    "main",
     "register",
     "run_reader",
     "spark_scheduler_binding",

@@ -133,7 +133,8 @@ def load_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the bridge until SIGTERM / Ctrl-C."""
+    """`ssb spark-bridge` (the ssb command parses its options): run the bridge until
+    SIGTERM / Ctrl-C; returns the exit code."""
     try:
         config = load_config(args)
     except BridgeConfigError as exc:

@@ -7,7 +7,7 @@ scheduler's (`client._scheduler`): a conversation is the scheduler handle,
 queue: its activation is OFF (so the broker starts no worker) and its
 MAX_QUEUE_READERS caps the Spark bridge, which subscribes to the queue's
 QUEUE_ACTIVATION events and runs the scheduler's activation procedure
-(`ssb.client._scheduler:run_tasks`) in Spark tasks. Each task body therefore runs on an
+(`client.SCHEDULER_PROCEDURE`) in Spark tasks. Each task body therefore runs on an
 executor, and the execution log row of each task records the reader's executor,
 Spark job group and Spark task id (`execution_log` view), next to its times.
 """
@@ -18,48 +18,31 @@ import contextlib
 from typing import Any
 
 from ssb import client
-from ssb.client._scheduler import (
-    DEFAULT_READERS,
-    SCHEDULER_PROCEDURE,
-    SchedulerNames,
-    _install_steps,
-)
-from ssb.client._url import parse_url
 
 from ._reader import PROCEDURE_MODE, QueueBinding
 
 
-def _spark_steps(
-    name: str, max_queue_readers: int, user: str
-) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-    names = SchedulerNames(name)
-    steps = []
-    for operation, args, kwargs in _install_steps(names, max_queue_readers, user):
-        if operation == "create_queue" and args[0] == names.target_queue:
-            kwargs = {"activation": {"status": "OFF", "max_queue_readers": max_queue_readers}}
-        steps.append((operation, args, kwargs))
-    return steps
+def _external(max_queue_readers: int) -> dict[str, Any]:
+    """The target queue's activation: OFF, its MAX_QUEUE_READERS capping the bridge."""
+    return {"status": "OFF", "max_queue_readers": max_queue_readers}
 
 
 def install_spark_scheduler(
     conn: client.SyncConnection,
     name: str = "Scheduler",
     *,
-    max_queue_readers: int = DEFAULT_READERS,
+    max_queue_readers: int = client.SCHEDULER_READERS,
 ) -> None:
     """Create scheduler `name`'s objects for Spark execution, if missing.
 
     Its target queue gets activation OFF with `max_queue_readers` (the cap on Spark
     readers); an existing in-broker scheduler of that name is switched to Spark.
     """
-    user = parse_url(conn.url).user
-    for operation, args, kwargs in _spark_steps(name, max_queue_readers, user):
+    names = client.SchedulerNames(name)
+    for request in names.install_calls(_external(max_queue_readers)):
         with contextlib.suppress(client.AlreadyExistsError):
-            getattr(conn, operation)(*args, **kwargs)
-    conn.alter_queue(
-        SchedulerNames(name).target_queue,
-        activation={"status": "OFF", "max_queue_readers": max_queue_readers},
-    )
+            conn.call(request)
+    conn.alter_queue(names.target_queue, activation=_external(max_queue_readers))
 
 
 def get_spark_scheduler(
@@ -67,7 +50,7 @@ def get_spark_scheduler(
     name: str = "Scheduler",
     *,
     max_running: int | None = None,
-    max_queue_readers: int = DEFAULT_READERS,
+    max_queue_readers: int = client.SCHEDULER_READERS,
 ) -> client.SyncScheduler:
     """Begin a scheduler conversation whose tasks a `SparkActivator` runs.
 
@@ -84,22 +67,22 @@ async def get_spark_scheduler_async(
     name: str = "Scheduler",
     *,
     max_running: int | None = None,
-    max_queue_readers: int = DEFAULT_READERS,
+    max_queue_readers: int = client.SCHEDULER_READERS,
 ) -> client.Scheduler:
     """`get_spark_scheduler` on an async connection."""
-    user = parse_url(conn.url).user
-    for operation, args, kwargs in _spark_steps(name, max_queue_readers, user):
+    names = client.SchedulerNames(name)
+    for request in names.install_calls(_external(max_queue_readers)):
         with contextlib.suppress(client.AlreadyExistsError):
-            await getattr(conn, operation)(*args, **kwargs)
-    await conn.alter_queue(
-        SchedulerNames(name).target_queue,
-        activation={"status": "OFF", "max_queue_readers": max_queue_readers},
-    )
+            await conn.call(request)
+    await conn.alter_queue(names.target_queue, activation=_external(max_queue_readers))
     return await conn.get_scheduler(name, max_running=max_running, install=False)
 
 
 def spark_scheduler_binding(name: str = "Scheduler", **options: Any) -> QueueBinding:
     """The bridge's binding for scheduler `name`: its procedure on its target queue."""
     return QueueBinding(
-        SchedulerNames(name).target_queue, SCHEDULER_PROCEDURE, mode=PROCEDURE_MODE, **options
+        client.SchedulerNames(name).target_queue,
+        client.SCHEDULER_PROCEDURE,
+        mode=PROCEDURE_MODE,
+        **options,
     )

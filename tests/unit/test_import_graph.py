@@ -1,4 +1,5 @@
-"""The packages' import graphs have no cycles, and protocol/ stays pure.
+"""The packages' import graphs have no cycles, none imports another's private modules,
+and protocol/ stays pure.
 
 Every import statement counts, wherever it stands (module level, inside a function,
 under TYPE_CHECKING): a cycle at any of those places is a tangle a reader has to
@@ -90,6 +91,38 @@ def test_no_import_cycles(package: str) -> None:
     graph = {name: set(_imports(name, path, known)) - {name} for name, path in modules.items()}
     # a package's __init__ re-exports its modules; importing it is importing them all
     assert _cycles(graph) == []
+
+
+def _imported_modules(module: str, path: Path) -> Iterator[str]:
+    """Every module name `module` imports, relative imports resolved (`from x import y`
+    counts as `x.y`, which is a module or a name in x)."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            yield target
+            yield from (f"{target}.{alias.name}" for alias in node.names)
+
+
+def test_no_package_imports_another_packages_private_modules() -> None:
+    """Between packages only the public surface (each `__init__.__all__`) is used: a
+    name like `ssb.client._url` may be imported only from inside `ssb.client`."""
+    found = []
+    for package in PACKAGES:
+        for name, path in _modules(package).items():
+            for imported in set(_imported_modules(name, path)):
+                parts = imported.split(".")
+                if len(parts) < 3 or parts[0] != "ssb" or parts[1] == package:
+                    continue
+                if parts[1] in PACKAGES and any(p.startswith("_") for p in parts[2:]):
+                    found.append(f"{name} imports {imported}")
+    assert found == []
 
 
 def test_protocol_is_pure() -> None:
