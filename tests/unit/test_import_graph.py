@@ -28,25 +28,34 @@ def _modules(package: str) -> dict[str, Path]:
     return found
 
 
-def _imports(module: str, path: Path, known: set[str]) -> Iterator[str]:
-    """Modules of `known` that `module` imports (resolving relative imports)."""
+def _statements(module: str, path: Path) -> Iterator[tuple[str, list[str]]]:
+    """(module, names) of each import in `module`, relative imports resolved:
+    `import a.b` is ("a.b", []), `from x import y, z` is ("x", ["y", "z"])."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name in known:
-                    yield alias.name
+                yield alias.name, []
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 target = f"{base}.{node.module}" if node.module else base
             else:
                 target = node.module or ""
-            for alias in node.names:
-                if f"{target}.{alias.name}" in known:
-                    yield f"{target}.{alias.name}"
-                elif target in known:
-                    yield target
+            yield target, [alias.name for alias in node.names]
+
+
+def _imports(module: str, path: Path, known: set[str]) -> Iterator[str]:
+    """Modules of `known` that `module` imports (`from x import y`: x.y if that is a
+    module, else x)."""
+    for target, names in _statements(module, path):
+        if not names and target in known:
+            yield target
+        for name in names:
+            if f"{target}.{name}" in known:
+                yield f"{target}.{name}"
+            elif target in known:
+                yield target
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -93,21 +102,16 @@ def test_no_import_cycles(package: str) -> None:
     assert _cycles(graph) == []
 
 
-def _imported_modules(module: str, path: Path) -> Iterator[str]:
-    """Every module name `module` imports, relative imports resolved (`from x import y`
-    counts as `x.y`, which is a module or a name in x)."""
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                target = f"{base}.{node.module}" if node.module else base
-            else:
-                target = node.module or ""
-            yield target
-            yield from (f"{target}.{alias.name}" for alias in node.names)
+def _private_elsewhere(imported: str, package: str) -> bool:
+    """Whether `imported` is a private module (or a name in one) of another package."""
+    parts = imported.split(".")
+    return (
+        len(parts) > 2
+        and parts[0] == "ssb"
+        and parts[1] in PACKAGES
+        and parts[1] != package
+        and any(part.startswith("_") for part in parts[2:])
+    )
 
 
 def test_no_package_imports_another_packages_private_modules() -> None:
@@ -116,12 +120,11 @@ def test_no_package_imports_another_packages_private_modules() -> None:
     found = []
     for package in PACKAGES:
         for name, path in _modules(package).items():
-            for imported in set(_imported_modules(name, path)):
-                parts = imported.split(".")
-                if len(parts) < 3 or parts[0] != "ssb" or parts[1] == package:
-                    continue
-                if parts[1] in PACKAGES and any(p.startswith("_") for p in parts[2:]):
-                    found.append(f"{name} imports {imported}")
+            for target, names in _statements(name, path):
+                if _private_elsewhere(target, package) or any(
+                    _private_elsewhere(f"{target}.{n}", package) for n in names
+                ):
+                    found.append(f"{name} imports from {target}")
     assert found == []
 
 
