@@ -14,8 +14,8 @@ import logging
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final, TypeVar, cast
 
 from ssb.protocol import (
     NEED_DATA,
@@ -37,23 +37,24 @@ from ._errors import (
     TLSError,
     error_for,
 )
+from ._operations import Operations
 from ._recovery import (
     DEFAULT_RETRIES,
     RECONNECT_DEADLINE,
     RETRIED,
     Options,
     Redial,
+    Retries,
     Sent,
     Settling,
     Tracker,
     check_deadline,
-    check_retries,
     unsettled_text,
 )
 from ._scheduler import get_scheduler, install_scheduler
+from ._session import Stepper
 from ._url import Target, parse_url
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 HIGH_WATER: Final = 4 * 1024 * 1024
@@ -111,23 +112,11 @@ class _Wire(asyncio.Protocol):
         self.writable.set()
 
 
-def _method(
-    build: Callable[P, calls.Call[T]],
-) -> Callable[Concatenate[Connection, P], Coroutine[Any, Any, T]]:
-    async def method(self: Connection, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self.call(build(*args, **kwargs))
-
-    method.__name__ = method.__qualname__ = build.__name__
-    method.__doc__ = build.__doc__
-    method.__wrapped__ = build  # type: ignore[attr-defined]  # help() shows the real signature
-    return method
-
-
 class _Lost(Exception):
     """A request's answer was lost with the connection (settled after a reconnect)."""
 
 
-class Connection:
+class Connection(Operations):
     """An async session with the broker; make one with `client.connect(url)`."""
 
     def __init__(self, wire: _Wire, welcome: Welcome, url: str, options: Options) -> None:
@@ -154,7 +143,7 @@ class Connection:
     # ---- plumbing ------------------------------------------------------------------
 
     async def call(self, request: calls.Call[T]) -> T:
-        """Send one request and wait for its answer (settling it after a lost connection)."""
+        """Send one request and return its answer (settling it after a lost connection)."""
         while self._unsettled and not self._reconnecting:  # lost requests settle first
             await self._settled.wait()
         await self._connected()
@@ -163,25 +152,11 @@ class Connection:
             return cast(T, None)
         return cast(T, await self._run(sent))
 
-    @property
-    def settled(self) -> dict[str, int]:
-        """How many requests whose answers were lost were settled, by "operation outcome"
-        (e.g. "commit committed": the commit happened though its answer was lost)."""
-        return dict(self._tracker.settled)
-
-    @property
-    def transaction_id(self) -> uuid.UUID | None:
-        """The id of this connection's open transaction (None outside one)."""
-        txn = self._tracker.txn
-        return None if txn is None else txn.id
-
     async def transaction_outcome(self, txn_id: uuid.UUID | str) -> str:
         """ "committed", "rolled_back" or "unknown" (older than the broker's window) for a
         transaction (or statement outside one) of this login; "open" for one still open
         here or detached. Asking fixes the answer: that id can never commit afterwards."""
-        ident = txn_id if isinstance(txn_id, uuid.UUID) else uuid.UUID(str(txn_id))
-        age = self._tracker.age(ident, time.monotonic())
-        outcome, _ = await self.call(calls.transaction_outcome(ident, age))
+        outcome, _ = await self.call(self._outcome_request(txn_id, time.monotonic()))
         return outcome
 
     async def _run(self, sent: Sent) -> Any:
@@ -205,26 +180,20 @@ class Connection:
     async def _settle(self, sent: Sent) -> Any:
         """Settle a request whose answer was lost, once connected again."""
         await self._connected()
-        settling = self._tracker.settle(sent, time.monotonic())
-        answer: Any = None
-        failure: BaseException | None = None
-        while True:
+        stepper = Stepper(self._tracker.settle(sent, time.monotonic()))
+        while (step := stepper.next()) is not None:
             try:
-                step = settling.send(answer) if failure is None else settling.throw(failure)
-            except StopIteration as done:
-                log.info("settled %s after the reconnect", sent.call.operation)
-                return done.value
-            answer, failure = None, None
-            try:
-                answer = await self._send(step)
+                stepper.answered(await self._send(step))
             except _Lost:
                 self._one_settled()  # counted again by the loss; settled right here
                 try:
-                    answer = await self._settle(step)
+                    stepper.answered(await self._settle(step))
                 except BrokerError as exc:
-                    failure = exc
+                    stepper.failed(exc)
             except BrokerError as exc:
-                failure = exc
+                stepper.failed(exc)
+        log.info("settled %s after the reconnect", sent.call.operation)
+        return stepper.result
 
     async def _send(self, sent: Sent) -> Any:
         """Write one request and wait for its answer; `_Lost` if the connection drops."""
@@ -293,14 +262,10 @@ class Connection:
 
     async def _drive(self, settling: Settling) -> None:
         """Run a settling generator of plain questions (no statement in it is re-sent)."""
-        answer: Any = None
-        while True:
+        stepper = Stepper(settling)
+        while (step := stepper.next()) is not None:
             try:
-                step = settling.send(answer)
-            except StopIteration:
-                return
-            try:
-                answer = await self._send(step)
+                stepper.answered(await self._send(step))
             except _Lost:
                 self._one_settled()
                 raise ConnectionLostError("lost again while reconnecting") from None
@@ -391,8 +356,8 @@ class Connection:
     async def run_transaction(
         self, fn: Callable[[Connection], Awaitable[T]], retries: int = DEFAULT_RETRIES
     ) -> T:
-        """Run `await fn(conn)` in a transaction and commit; return what it returned once
-        the commit is known to have happened.
+        """Run `fn(conn)` in a transaction (awaiting it, on an async connection) and
+        commit; return what it returned once the commit is known to have happened.
 
         It runs again (up to `retries` more times) only when the transaction is known to
         have been rolled back: the connection dropped before the commit was applied, or a
@@ -400,85 +365,14 @@ class Connection:
         when the retries run out, and `OutcomeUnknownError` when the broker can no longer
         tell whether the commit happened.
         """
-        check_retries(retries)
-        attempt = 0
+        retry = Retries(retries)
         while True:
             try:
                 async with self.transaction():
-                    result = await fn(self)
+                    return await fn(self)
             except RETRIED as exc:
-                if attempt >= retries:
+                if not retry.again(exc):
                     raise
-                attempt += 1
-                log.info(
-                    "transaction rolled back (%s); running it again (%d of %d)",
-                    exc,
-                    attempt,
-                    retries,
-                )
-                continue
-            return result
-
-    # ---- the operations (see _calls for each one's documentation) ------------------
-
-    create_message_type = _method(calls.create_message_type)
-    create_contract = _method(calls.create_contract)
-    create_queue = _method(calls.create_queue)
-    alter_queue = _method(calls.alter_queue)
-    create_service = _method(calls.create_service)
-    create_route = _method(calls.create_route)
-    create_broker_priority = _method(calls.create_broker_priority)
-    alter_broker_priority = _method(calls.alter_broker_priority)
-    create_event_notification = _method(calls.create_event_notification)
-    drop_message_type = _method(calls.drop_message_type)
-    drop_contract = _method(calls.drop_contract)
-    drop_queue = _method(calls.drop_queue)
-    drop_service = _method(calls.drop_service)
-    drop_route = _method(calls.drop_route)
-    drop_broker_priority = _method(calls.drop_broker_priority)
-    drop_event_notification = _method(calls.drop_event_notification)
-    begin_dialog = _method(calls.begin_dialog)
-    send = _method(calls.send)
-    send_many = _method(calls.send_many)
-    end_conversation = _method(calls.end_conversation)
-    begin_conversation_timer = _method(calls.begin_conversation_timer)
-    move_conversation = _method(calls.move_conversation)
-    receive = _method(calls.receive)
-    get_conversation_group = _method(calls.get_conversation_group)
-    begin_transaction = _method(calls.begin_transaction)
-    commit = _method(calls.commit)
-    rollback = _method(calls.rollback)
-    detach_transaction = _method(calls.detach_transaction)
-    attach_transaction = _method(calls.attach_transaction)
-    commit_transaction = _method(calls.commit_transaction)
-    rollback_transaction = _method(calls.rollback_transaction)
-    requeue_dead_letter = _method(calls.requeue_dead_letter)
-    view = _method(calls.view)
-    peek = _method(calls.peek)
-    broker_instance = _method(calls.broker_instance)
-    ping = _method(calls.ping)
-    broker_certificate = _method(calls.broker_certificate)
-    check_procedure = _method(calls.check_procedure)
-    create_certificate = _method(calls.create_certificate)
-    drop_certificate = _method(calls.drop_certificate)
-    next_broker_certificate = _method(calls.next_broker_certificate)
-    rotate_broker_certificate = _method(calls.rotate_broker_certificate)
-    create_remote_service_binding = _method(calls.create_remote_service_binding)
-    drop_remote_service_binding = _method(calls.drop_remote_service_binding)
-    create_login = _method(calls.create_login)
-    alter_login = _method(calls.alter_login)
-    drop_login = _method(calls.drop_login)
-    grant = _method(calls.grant)
-    revoke = _method(calls.revoke)
-    attach_task = _method(calls.attach_task)
-    log_task = _method(calls.log_task)
-    log_task_start = _method(calls.log_task_start)
-    log_task_end = _method(calls.log_task_end)
-    register_task = _method(calls.register_task)
-    end_task = _method(calls.end_task)
-    request_stop = _method(calls.request_stop)
-    label_job = _method(calls.label_job)
-    transaction_messages = _method(calls.transaction_messages)
 
     # ---- the seed-000 scheduler (see _scheduler) --------------------------------------
 

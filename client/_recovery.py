@@ -100,11 +100,28 @@ class Options:
     reconnect_deadline: float
 
 
-def check_retries(retries: object) -> int:
-    """`run_transaction`'s retries from a caller: a whole number >= 0."""
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be a whole number >= 0, not {retries!r}")
-    return retries
+class Retries:
+    """`run_transaction`'s policy: run the transaction again only after an error that
+    surely rolled it back (`RETRIED`), at most `retries` more times."""
+
+    def __init__(self, retries: object) -> None:
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be a whole number >= 0, not {retries!r}")
+        self.retries = retries
+        self.attempt = 0
+
+    def again(self, failure: BaseException) -> bool:
+        """Whether to run the transaction again after `failure` (logged when so)."""
+        if not isinstance(failure, RETRIED) or self.attempt >= self.retries:
+            return False
+        self.attempt += 1
+        log.info(
+            "transaction rolled back (%s); running it again (%d of %d)",
+            failure,
+            self.attempt,
+            self.retries,
+        )
+        return True
 
 
 class Redial:

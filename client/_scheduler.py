@@ -40,7 +40,7 @@ from . import _calls as calls
 from ._errors import AlreadyExistsError, ConversationEndedError, NotFoundError
 from ._functions import function_name, load_function
 from ._message import Message
-from ._session import AsyncSession, SyncSession
+from ._session import AsyncSession, Steps, SyncSession, run_steps, run_steps_sync
 from ._url import parse_url
 
 # the target queue's activation procedure, `run_tasks` below; stored as written in
@@ -142,8 +142,9 @@ def _outcome(message: Message, names: SchedulerNames) -> TaskOutcome:
     )
 
 
-class _Bookkeeping:
-    """What both schedulers track: tasks out, answers in."""
+class _Tasks:
+    """What both schedulers track (tasks out, answers in), and what each of their
+    methods asks of the broker, as steps (see `_session.Steps`)."""
 
     def __init__(self, names: SchedulerNames, handle: uuid.UUID, max_running: int | None) -> None:
         if max_running is not None and max_running < 1:
@@ -160,16 +161,25 @@ class _Bookkeeping:
         """Tasks sent whose AsyncDone has not been received yet."""
         return len(self._outstanding)
 
-    def _full(self) -> bool:
-        return self.max_running is not None and len(self._outstanding) >= self.max_running
-
-    def _usable(self) -> None:
+    def _exec(
+        self, task: str | Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Steps[int]:
         if self._released:
             raise ConversationEndedError(
                 f"scheduler {self.handle} was released", ErrorCode.CONVERSATION_ENDED
             )
+        payload = _payload(function_name(task), args, kwargs)
+        while self.max_running is not None and len(self._outstanding) >= self.max_running:
+            yield from self._collect(None)
+        log_id: int = yield calls.log_task(_describe(payload), self.handle)
+        yield calls.send(self.handle, self.names.sent, json.dumps({"log_id": log_id, **payload}))
+        self._outstanding.add(log_id)
+        return log_id
 
-    def _record(self, messages: list[Message], timeout: float | None) -> None:
+    def _collect(self, timeout: float | None) -> Steps[None]:
+        messages: list[Message] = yield calls.receive(
+            self.names.initiator_queue, top=1, timeout=timeout, conversation_handle=self.handle
+        )
         if not messages:
             raise TimeoutError(
                 f"{len(self._outstanding)} task(s) of scheduler {self.handle} did not finish "
@@ -179,16 +189,23 @@ class _Bookkeeping:
         self._outstanding.discard(outcome.log_id)
         self._finished.append(outcome)
 
-    def _take_finished(self) -> list[TaskOutcome]:
+    def _synchronize(self, timeout: float | None) -> Steps[list[TaskOutcome]]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._outstanding:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            yield from self._collect(left)
         done, self._finished = self._finished, []
         return done
 
+    def _release(self) -> Steps[None]:
+        if self._released:
+            return
+        self._released = True
+        with contextlib.suppress(ConversationEndedError, NotFoundError):
+            yield calls.end_conversation(self.handle)
 
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-
-class Scheduler(_Bookkeeping):
+class Scheduler(_Tasks):
     """A scheduler handle (async); get one with `await conn.get_scheduler()`."""
 
     def __init__(
@@ -206,24 +223,7 @@ class Scheduler(_Bookkeeping):
         Returns:
             The task's execution log id.
         """
-        self._usable()
-        payload = _payload(function_name(task), args, kwargs)
-        while self._full():
-            await self._collect(None)
-        log_id = await self.conn.call(calls.log_task(_describe(payload), self.handle))
-        await self.conn.call(
-            calls.send(self.handle, self.names.sent, json.dumps({"log_id": log_id, **payload}))
-        )
-        self._outstanding.add(log_id)
-        return log_id
-
-    async def _collect(self, timeout: float | None) -> None:
-        messages = await self.conn.call(
-            calls.receive(
-                self.names.initiator_queue, top=1, timeout=timeout, conversation_handle=self.handle
-            )
-        )
-        self._record(messages, timeout)
+        return await run_steps(self.conn, self._exec(task, args, kwargs))
 
     async def synchronize(self, timeout: float | None = None) -> list[TaskOutcome]:
         """Wait until every task sent so far has finished.
@@ -234,18 +234,11 @@ class Scheduler(_Bookkeeping):
             TimeoutError: `timeout` seconds passed first (the tasks keep running).
             ConversationEndedError: the target ended the scheduler's conversation.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._outstanding:
-            await self._collect(_remaining(deadline))
-        return self._take_finished()
+        return await run_steps(self.conn, self._synchronize(timeout))
 
     async def release(self) -> None:
         """End the scheduler's conversation (tasks still running finish unobserved)."""
-        if self._released:
-            return
-        self._released = True
-        with contextlib.suppress(ConversationEndedError, NotFoundError):
-            await self.conn.call(calls.end_conversation(self.handle))
+        await run_steps(self.conn, self._release())
 
     async def __aenter__(self) -> Scheduler:
         return self
@@ -254,54 +247,40 @@ class Scheduler(_Bookkeeping):
         await self.release()
 
 
-class SyncScheduler(_Bookkeeping):
+class SyncScheduler(_Tasks):
     """A scheduler handle on a blocking connection: `conn.get_scheduler()`."""
 
     def __init__(
-        self,
-        conn: SyncSession,
-        names: SchedulerNames,
-        handle: uuid.UUID,
-        max_running: int | None,
+        self, conn: SyncSession, names: SchedulerNames, handle: uuid.UUID, max_running: int | None
     ) -> None:
         super().__init__(names, handle, max_running)
         self.conn = conn
 
     def exec_async(self, task: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> int:
-        """Queue `task(*args, **kwargs)`; see `Scheduler.exec_async`."""
-        self._usable()
-        payload = _payload(function_name(task), args, kwargs)
-        while self._full():
-            self._collect(None)
-        log_id = self.conn.call(calls.log_task(_describe(payload), self.handle))
-        self.conn.call(
-            calls.send(self.handle, self.names.sent, json.dumps({"log_id": log_id, **payload}))
-        )
-        self._outstanding.add(log_id)
-        return log_id
+        """Queue `task(*args, **kwargs)` to run on an activated reader.
 
-    def _collect(self, timeout: float | None) -> None:
-        messages = self.conn.call(
-            calls.receive(
-                self.names.initiator_queue, top=1, timeout=timeout, conversation_handle=self.handle
-            )
-        )
-        self._record(messages, timeout)
+        Args:
+            task: 'package.module:function' or an importable function; arguments
+                must be JSON values.
+        Returns:
+            The task's execution log id.
+        """
+        return run_steps_sync(self.conn, self._exec(task, args, kwargs))
 
     def synchronize(self, timeout: float | None = None) -> list[TaskOutcome]:
-        """Wait until every task sent so far has finished; see `Scheduler.synchronize`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._outstanding:
-            self._collect(_remaining(deadline))
-        return self._take_finished()
+        """Wait until every task sent so far has finished.
+
+        Returns:
+            The outcomes that arrived since the last synchronize, in arrival order.
+        Raises:
+            TimeoutError: `timeout` seconds passed first (the tasks keep running).
+            ConversationEndedError: the target ended the scheduler's conversation.
+        """
+        return run_steps_sync(self.conn, self._synchronize(timeout))
 
     def release(self) -> None:
-        """End the scheduler's conversation."""
-        if self._released:
-            return
-        self._released = True
-        with contextlib.suppress(ConversationEndedError, NotFoundError):
-            self.conn.call(calls.end_conversation(self.handle))
+        """End the scheduler's conversation (tasks still running finish unobserved)."""
+        run_steps_sync(self.conn, self._release())
 
     def __enter__(self) -> SyncScheduler:
         return self
@@ -323,6 +302,28 @@ def _internal(max_queue_readers: int, execute_as: str) -> dict[str, Any]:
     }
 
 
+def _install(url: str, name: str, max_queue_readers: int, execute_as: str | None) -> Steps[None]:
+    user = parse_url(url).user if execute_as is None else execute_as
+    for request in SchedulerNames(name).install_calls(_internal(max_queue_readers, user)):
+        with contextlib.suppress(AlreadyExistsError):
+            yield request
+
+
+def _begin(
+    url: str, name: str, install: bool, max_queue_readers: int, execute_as: str | None
+) -> Steps[uuid.UUID]:
+    """Install scheduler `name` if asked and missing, then begin its conversation."""
+    names = SchedulerNames(name)
+    if install:
+        services: list[dict[str, Any]] = yield calls.view("services")
+        if not any(row["name"] == names.target_service for row in services):
+            yield from _install(url, name, max_queue_readers, execute_as)
+    handle: uuid.UUID = yield calls.begin_dialog(
+        names.initiator_service, names.target_service, names.contract
+    )
+    return handle
+
+
 async def install_scheduler(
     conn: AsyncSession,
     name: str = "Scheduler",
@@ -338,10 +339,7 @@ async def install_scheduler(
             theirs; change it with alter_queue).
         execute_as: the user the readers run as (default: this connection's user).
     """
-    user = parse_url(conn.url).user if execute_as is None else execute_as
-    for request in SchedulerNames(name).install_calls(_internal(max_queue_readers, user)):
-        with contextlib.suppress(AlreadyExistsError):
-            await conn.call(request)
+    await run_steps(conn, _install(conn.url, name, max_queue_readers, execute_as))
 
 
 async def get_scheduler(
@@ -360,19 +358,10 @@ async def get_scheduler(
         install: create the scheduler's objects first if they are missing (see
             `install_scheduler`, which takes max_queue_readers and execute_as).
     Returns:
-        The scheduler; `release()` it (or use `async with`).
+        The scheduler; `release()` it (or use it as a context manager).
     """
-    names = SchedulerNames(name)
-    if install:
-        services = await conn.call(calls.view("services"))
-        if not any(row["name"] == names.target_service for row in services):
-            await install_scheduler(
-                conn, name, max_queue_readers=max_queue_readers, execute_as=execute_as
-            )
-    handle = await conn.call(
-        calls.begin_dialog(names.initiator_service, names.target_service, names.contract)
-    )
-    return Scheduler(conn, names, handle, max_running)
+    handle = await run_steps(conn, _begin(conn.url, name, install, max_queue_readers, execute_as))
+    return Scheduler(conn, SchedulerNames(name), handle, max_running)
 
 
 def install_scheduler_sync(
@@ -382,11 +371,7 @@ def install_scheduler_sync(
     max_queue_readers: int = SCHEDULER_READERS,
     execute_as: str | None = None,
 ) -> None:
-    """`install_scheduler` on a blocking connection."""
-    user = parse_url(conn.url).user if execute_as is None else execute_as
-    for request in SchedulerNames(name).install_calls(_internal(max_queue_readers, user)):
-        with contextlib.suppress(AlreadyExistsError):
-            conn.call(request)
+    run_steps_sync(conn, _install(conn.url, name, max_queue_readers, execute_as))
 
 
 def get_scheduler_sync(
@@ -398,18 +383,13 @@ def get_scheduler_sync(
     max_queue_readers: int = SCHEDULER_READERS,
     execute_as: str | None = None,
 ) -> SyncScheduler:
-    """`get_scheduler` on a blocking connection."""
-    names = SchedulerNames(name)
-    if install and not any(
-        row["name"] == names.target_service for row in conn.call(calls.view("services"))
-    ):
-        install_scheduler_sync(
-            conn, name, max_queue_readers=max_queue_readers, execute_as=execute_as
-        )
-    handle = conn.call(
-        calls.begin_dialog(names.initiator_service, names.target_service, names.contract)
-    )
-    return SyncScheduler(conn, names, handle, max_running)
+    handle = run_steps_sync(conn, _begin(conn.url, name, install, max_queue_readers, execute_as))
+    return SyncScheduler(conn, SchedulerNames(name), handle, max_running)
+
+
+# the blocking twins say what the async functions say (the connections' methods agree)
+install_scheduler_sync.__doc__ = install_scheduler.__doc__
+get_scheduler_sync.__doc__ = get_scheduler.__doc__
 
 
 # ---- the activated procedure of the target queue ---------------------------------------
