@@ -1,11 +1,14 @@
 """Starting and stopping the daemon: the one place that builds and wires everything.
 
 Start, in this order: lock the data directory (one daemon per directory); open the
-store (migrating an older one); build the core from it; gather the operations and
-views of every part (a name offered twice fails start); listen on the client port;
-start the broker-to-broker transport, then activation and the scheduler's execution
-log; write `broker.json` (ports, pid, broker instance) and print one `ssb ready ...`
-line. Every part gets what it needs passed in; nothing registers itself at import.
+store (migrating an older one); make activation's queue monitors and build the core
+from the store with them as its listener (the core tells them what happens to queues;
+activation, built later, acts on what they heard); logins, permissions and the
+operations each part offers (a name offered twice fails start); listen on the client
+port; start the broker-to-broker transport; the views; activation and the scheduler's
+execution log; write `broker.json` (ports, pid, broker instance) and print one
+`ssb ready ...` line. Each part is handed at construction what it uses (the core's
+parts or callables, never the whole core); nothing registers itself at import.
 
 While running, every SPACE_CHECK seconds the daemon measures the free space for the
 store (the file system's plus the store's own free space) and tells the core, which
@@ -34,9 +37,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from ssb.protocol import WIRE_VERSION, Welcome
+
 from . import _heap, _logging, _systemd
 from ._activation.execution_log import ExecutionLog
 from ._activation.manager import ActivationManager, ActivationSettings, loopback
+from ._activation.monitors import Monitors
 from ._activation.workers import WorkerPool
 from ._config import Config, ConfigError
 from ._core.engine import Engine, StoredState
@@ -45,7 +51,7 @@ from ._logins import Logins, ThrottleSettings
 from ._operations import Operations
 from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
-from ._server import ClientConnection
+from ._server import SERVER_NAME, ClientConnection
 from ._store import Store, StoreError, StoreUnavailable, describe_failure, open_store
 from ._tls import Door, server_context
 from ._transport import Transport, TransportSettings
@@ -54,6 +60,7 @@ from ._views import Views
 if TYPE_CHECKING:
     import ssl
 
+    from ._dashboard import Dashboard
     from ._http import HttpServer
 
 log = logging.getLogger("ssb.daemon")
@@ -105,6 +112,9 @@ class Broker:
         self.transport: Transport | None = None
         self.activation: ActivationManager | None = None
         self.http: HttpServer | None = None
+        self.dashboard: Dashboard | None = None
+        self.logins: Logins
+        self.permissions: Permissions
 
     # ---- start ------------------------------------------------------------------------
 
@@ -130,37 +140,40 @@ class Broker:
         return open_store(data_dir, self.config.durability)
 
     async def start(self) -> None:
-        config = self.config
+        config, limits = self.config, self.config.limits
         loop = asyncio.get_running_loop()
         self.store = store = self._open_store()
         instance = store.load_meta()["broker_instance"]
         clock = LoopClock(loop)
         started = time.monotonic()
         log.info("recovering the broker's state from %s ...", self.data_dir)
+        monitors = Monitors()
+        procedures = ProcedurePolicy(config.procedures)
         self.engine = engine = Engine(
             store,
             clock,
             instance,
+            listener=monitors,
+            check_procedure=functools.partial(procedures.check, what="activation procedure"),
             lock_timeout=config.lock_timeout,
+            max_locks=limits.locks_per_transaction,
+            max_detached=limits.detached_per_login,
             message_cache_bytes=config.message_cache_bytes,
             max_message_size=config.max_message_size,
             min_free_disk=config.min_free_disk,
             outcome_window_seconds=config.outcome_window_seconds,
             outcome_window_count=config.outcome_window_count,
         )
-        engine.transactions.max_locks = config.limits.locks_per_transaction
-        engine.transactions.max_detached = config.limits.detached_per_login
         engine.load(StoredState(store.load_catalog(), store.max_ids(), store.load_meta()))
         store.write_now()
         # logins before the store thread starts: the first start's admin is committed
         # here, synchronously, before its password file is written
-        limits = config.limits
         throttle = ThrottleSettings(
             limits.failed_login_window,
             limits.failed_logins_per_address,
             limits.failed_logins_per_login,
         )
-        self.logins = logins = Logins(store, throttle)
+        self.logins = logins = Logins(store, throttle, self._login_changed)
         logins.load()
         created = logins.bootstrap(self.data_dir)
         if created is not None:
@@ -176,30 +189,20 @@ class Broker:
             sum(q.ready for q in engine.queues.values()),
             len(engine.delivery.outboxes),
         )
-        permissions = Permissions(store, engine, logins)
+        self.permissions = permissions = Permissions(
+            store, engine.catalog, engine.endpoints, engine.transactions, logins
+        )
         permissions.load()
-        logins.on_change.append(self._login_changed)
-        self.permissions = permissions
         operations = Operations(permissions, engine.transactions)
-        views = Views(engine, store)
         operations.merge("the core", engine.operations())
-        operations.merge("views", views.operations(), observing=True)
         operations.merge("the daemon", {"ping": _ping}, observing=True)
-
         operations.merge("logins", logins.operations())
         operations.merge("permissions", permissions.operations())
-        views.merge(permissions.views())
-        procedures = ProcedurePolicy(config.procedures)
-        engine.ddl.check_procedure = functools.partial(
-            procedures.check, what="activation procedure"
-        )
         operations.merge("procedures", procedures.operations())
-        views.merge(logins.views())
-        task_login: list[Callable[[str, str], bool]] = []
 
         async def login(user: str, password: str, peer: str) -> str | None:
             # an activated task's worker logs in with its one-time token, at no cost
-            if any(check(user, password) for check in task_login):
+            if monitors.task_login(user, password):
                 return None
             return await logins.check(user, password, peer)
 
@@ -207,8 +210,11 @@ class Broker:
             self.data_dir, config.host, config.tls_cert_file, config.tls_key_file
         )
         connections = self.connections
+        welcome = Welcome(WIRE_VERSION, instance, SERVER_NAME, engine.capacity.max_message_size)
         self.door = door = Door(
-            lambda: ClientConnection(engine, store, operations, login, connections, limits),
+            lambda: ClientConnection(
+                engine.transactions, welcome, store, operations, login, connections, limits
+            ),
             context,
             config.allow_plain,
             limits,
@@ -234,9 +240,26 @@ class Broker:
         self.broker_address = await transport.start(config.host, config.broker_port)
         engine.set_sink(transport)
         operations.merge("the transport", transport.operations())
-        views.merge(transport.views())
-        views.partials = transport.partials
         self._closers.append(transport.close)
+
+        views = Views(
+            catalog=engine.catalog,
+            queues=engine.queues,
+            endpoints=engine.endpoints,
+            delivery=engine.delivery,
+            transactions=engine.transactions,
+            cache=engine.cache,
+            capacity=engine.capacity,
+            timers=engine.dialogs.timers,
+            identity=engine.identity,
+            store=store,
+            clock=clock,
+            partials=transport.partials,
+        )
+        operations.merge("views", views.operations(), observing=True)
+        views.merge(permissions.views())
+        views.merge(logins.views())
+        views.merge(transport.views())
 
         settings = ActivationSettings.from_section(config.sections.get("activation", {}))
         pool = WorkerPool(
@@ -246,19 +269,25 @@ class Broker:
             settings.worker_start_timeout,
             settings.python_path,
         )
+        execution_log = ExecutionLog(
+            store, monitors.tasks, engine.dialogs.send, self._own, settings.execution_log_rows
+        )
         self.activation = manager = ActivationManager(
-            engine,
+            monitors,
             settings,
             pool,
-            logins,
-            procedures,
-            lambda queue: permissions.owner("queue", queue),
+            queues=engine.queues,
+            notifications=engine.catalog.notifications,
+            waiting=engine.receiving.waiting_sessions,
+            end_wait=engine.receiving.end_wait,
+            fire=engine.events.fire,
+            logins=logins,
+            procedures=procedures,
+            queue_owner=lambda queue: permissions.owner("queue", queue),
+            task_ended=execution_log.task_ended,
         )
-        engine.set_listener(manager)
         operations.merge("activation", manager.operations())
         views.merge(manager.views())
-        task_login.append(manager.task_login)
-        execution_log = ExecutionLog(engine, store, manager, settings.execution_log_rows)
         operations.merge("the scheduler's execution log", execution_log.operations())
         views.merge(execution_log.views())
         manager.start()
@@ -267,7 +296,7 @@ class Broker:
 
         if config.http_port is not None:
             await self._start_http(
-                config.http_port, operations, logins, permissions, manager, context, clock
+                config.http_port, operations, logins, permissions, monitors, context, clock
             )
 
         self._own(self._watch_space())
@@ -296,7 +325,7 @@ class Broker:
         operations: Operations,
         logins: Logins,
         permissions: Permissions,
-        manager: ActivationManager,
+        monitors: Monitors,
         context: ssl.SSLContext,
         clock: LoopClock,
     ) -> None:
@@ -309,7 +338,17 @@ class Broker:
 
         config, engine, store, transport = self.config, self.engine, self.store, self.transport
         connections = self.connections
-        collector = BrokerCollector(engine, store, connections, transport, manager)
+        collector = BrokerCollector(
+            queues=engine.queues,
+            delivery=engine.delivery,
+            transactions=engine.transactions,
+            capacity=engine.capacity,
+            cache=engine.cache,
+            store=store,
+            sessions=connections,
+            transport=transport,
+            tasks=monitors.tasks,
+        )
         self.http = http = HttpServer(
             Metrics(collector, store),
             self._not_ready,
@@ -328,7 +367,7 @@ class Broker:
             config.chart_sample_seconds,
         )
         dashboard.add_routes(http.app)  # before the server starts: aiohttp freezes them
-        logins.on_change.append(dashboard.login_changed)
+        self.dashboard = dashboard
         self._closers.append(http.close)
         self._closers.append(dashboard.close)
         bound = await http.start(config.http_host, port, context)
@@ -350,8 +389,11 @@ class Broker:
         return self.engine.capacity.refusal
 
     def _login_changed(self, name: str) -> None:
-        """A dropped login loses its grants and its open sessions (their transactions roll
-        back); a changed password leaves open sessions alone."""
+        """A login's password changed or it was dropped: its dashboard sessions end. A
+        dropped login also loses its grants and its open sessions (their transactions
+        roll back); a changed password leaves open sessions alone."""
+        if self.dashboard is not None:
+            self.dashboard.login_changed(name)
         if name in self.logins:
             return
         self.permissions.login_dropped(name)

@@ -183,15 +183,19 @@ class Logins:
         self,
         store: Store,
         throttle: ThrottleSettings,
+        on_change: Callable[[str], None] = lambda name: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """The logins stored in `store`, failed attempts limited by `throttle`;
+        `on_change` hears the name of a login whose password changed or that was
+        dropped."""
         self.store = store
         self._hashes: dict[str, str] = {}
         self._created: dict[str, float] = {}
         self._verified: dict[str, bytes] = {}  # name -> HMAC of a password that checked
         self._key = secrets.token_bytes(32)
         self.failures = FailedLogins(throttle, clock)
-        self.on_change: list[Callable[[str], None]] = []
+        self.on_change = on_change
 
     def load(self) -> None:
         for name, stored, created in self.store.load_logins():
@@ -277,8 +281,7 @@ class Logins:
         self._verified.pop(name, None)
         self.store.delete_login(name)
         log.info("login %r dropped", name)
-        for hook in self.on_change:
-            hook(name)
+        self.on_change(name)
 
     # ---- the admin operations and the view -------------------------------------------
 
@@ -324,8 +327,7 @@ class Logins:
         self._created[name] = created
         self._verified.pop(name, None)
         self.store.put_login((name, stored, created))
-        for hook in self.on_change:
-            hook(name)
+        self.on_change(name)
 
 
 async def _hash_off_loop(password: str) -> str:

@@ -16,15 +16,18 @@ brokers in one process, as in tests, never mix their figures. The text format is
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator
-from typing import Any, Final
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ._core.engine import Engine
+from ._core.backlog import MessageCache
+from ._core.capacity import Capacity
+from ._core.delivery import Delivery
 from ._core.queues import Queue
+from ._core.transactions import Transactions
 from ._store import Store, StoreError
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -98,22 +101,39 @@ QUEUE_FIGURES: Final[tuple[tuple[str, str, str, Callable[[Queue], float] | None]
 )
 
 
+class _Task(Protocol):
+    """An activated task, as metrics count them."""
+
+    queue: str
+
+
 class BrokerCollector(Collector):
     """Reads the broker's state into metric families on each scrape."""
 
     def __init__(
         self,
-        engine: Engine,
+        *,
+        queues: Mapping[str, Queue],
+        delivery: Delivery,
+        transactions: Transactions,
+        capacity: Capacity,
+        cache: MessageCache,
         store: Store,
         sessions: Collection[object],
         transport: Any = None,
-        activation: Any = None,
+        tasks: Mapping[int, _Task] | None = None,
     ) -> None:
-        self.engine = engine
+        """What a scrape reads: the core's parts, the store, the client connections
+        (`sessions`), the transport (its links and peers) and the activated tasks."""
+        self.queues = queues
+        self.delivery = delivery
+        self.transactions = transactions
+        self.capacity = capacity
+        self.cache = cache
         self.store = store
         self.sessions = sessions
         self.transport = transport
-        self.activation = activation
+        self.tasks: Mapping[int, _Task] = {} if tasks is None else tasks
 
     def collect(self) -> Iterator[Metric]:
         yield from self._queues()
@@ -124,15 +144,14 @@ class BrokerCollector(Collector):
 
     def _queues(self) -> Iterator[Metric]:
         tasks: dict[str, int] = {}
-        if self.activation is not None:
-            for task in self.activation.tasks.values():
-                tasks[task.queue] = tasks.get(task.queue, 0) + 1
+        for task in self.tasks.values():
+            tasks[task.queue] = tasks.get(task.queue, 0) + 1
         now = time.time()
         computed: dict[str, Callable[[Queue], float]] = {
             "ssb_queue_oldest_message_age_seconds": lambda q: self._oldest_age(q, now),
             "ssb_queue_activated_tasks": lambda q: tasks.get(q.name, 0),
         }
-        queues = list(self.engine.queues.values())
+        queues = list(self.queues.values())
         for kind, name, text, read in QUEUE_FIGURES:
             family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
                 name, text, labels=["queue"]
@@ -166,7 +185,7 @@ class BrokerCollector(Collector):
             labels=["destination"],
         )
         counts: dict[str, int] = {}
-        for box in list(self.engine.delivery.outboxes.values()):
+        for box in list(self.delivery.outboxes.values()):
             where = "local" if box.local else str(box.to_broker_instance or "unrouted")
             counts[where] = counts.get(where, 0) + box.count
         for where, count in sorted(counts.items()):
@@ -223,8 +242,7 @@ class BrokerCollector(Collector):
             yield CounterMetricFamily(name, text, value=totals.get(key, 0))
 
     def _broker(self) -> Iterator[Metric]:
-        engine = self.engine
-        transactions = engine.transactions
+        transactions = self.transactions
         yield GaugeMetricFamily(
             "ssb_sessions", "Client sessions logged in", value=len(transactions.sessions)
         )
@@ -245,10 +263,10 @@ class BrokerCollector(Collector):
         yield GaugeMetricFamily(
             "ssb_refusing_messages",
             "1 while new messages are refused (low disk space or the store cannot write)",
-            value=1 if engine.capacity.refusal else 0,
+            value=1 if self.capacity.refusal else 0,
         )
         yield GaugeMetricFamily(
-            "ssb_message_cache_bytes", "Message bodies held in memory", value=engine.cache.resident
+            "ssb_message_cache_bytes", "Message bodies held in memory", value=self.cache.resident
         )
         yield GaugeMetricFamily(
             "ssb_store_durable_batch",

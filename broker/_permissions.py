@@ -28,8 +28,9 @@ from typing import Any, Final
 
 from ssb.protocol import ErrorCode
 
-from ._core.engine import Engine
-from ._core.transactions import Session
+from ._core.catalog import Catalog
+from ._core.endpoints import Endpoints
+from ._core.transactions import Session, Transactions
 from ._errors import BrokerError, bad_argument
 from ._logins import ADMIN
 from ._store import Store
@@ -103,9 +104,20 @@ Need = tuple[str, str, str]  # (permission, kind, name): kind "" for the broker
 class Permissions:
     """Grants and owners (owned here), and the check every operation passes."""
 
-    def __init__(self, store: Store, engine: Engine, logins: Container[str]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        catalog: Catalog,
+        endpoints: Endpoints,
+        transactions: Transactions,
+        logins: Container[str],
+    ) -> None:
+        """Grants and owners in `store`; the core's objects, endpoints and detached
+        transactions, to resolve what an operation touches; the logins that exist."""
         self.store = store
-        self.engine = engine
+        self.catalog = catalog
+        self.endpoints = endpoints
+        self.transactions = transactions
         self.logins = logins
         self.tracked = _TRACKED
         self.grants: set[tuple[str, str, str, str]] = set()
@@ -255,7 +267,7 @@ class Permissions:
         return [("DROP", kind, name)]
 
     def _service_queue(self, service: object) -> str | None:
-        found = self.engine.catalog.services.get(service) if isinstance(service, str) else None
+        found = self.catalog.services.get(service) if isinstance(service, str) else None
         return None if found is None else found.queue
 
     def _begin_dialog(self, session: Session, args: dict[str, Any]) -> list[Need]:
@@ -281,7 +293,7 @@ class Permissions:
                 handle = raw if isinstance(raw, uuid.UUID) else uuid.UUID(str(raw))
             except ValueError:
                 continue  # the statement reports the bad handle
-            endpoint = self.engine.endpoints.get(handle)
+            endpoint = self.endpoints.get(handle)
             if endpoint is None:
                 continue  # and the unknown conversation
             queue = self._service_queue(endpoint.service)
@@ -305,7 +317,7 @@ class Permissions:
             ident = uuid.UUID(str(args.get("transaction_id")))
         except ValueError:
             return []
-        txn = self.engine.transactions.detached.get(ident)
+        txn = self.transactions.detached.get(ident)
         if txn is None or txn.session.user == session.user:
             return []
         return [("CONTROL", "", "")]
@@ -335,7 +347,7 @@ class Permissions:
             raise bad_argument(f"{permission} can be granted on {on}, not on {kind}")
         if not isinstance(login, str) or not login:
             raise bad_argument("grant and revoke need the login to change")
-        if kind and self.engine.catalog.table(kind).get(name) is None:
+        if kind and self.catalog.table(kind).get(name) is None:
             raise BrokerError(
                 ErrorCode.BAD_ARGUMENT, f"there is no {kind.replace('_', ' ')} '{name}'"
             )

@@ -50,8 +50,7 @@ from ssb.protocol import (
 )
 
 from ._config import ClientLimits
-from ._core.engine import Engine
-from ._core.transactions import Session
+from ._core.transactions import Session, Transactions
 from ._errors import BrokerError
 from ._operations import Operations
 from ._store import Store
@@ -69,14 +68,27 @@ Login = Callable[[str, str, str], Awaitable[str | None]]
 class ClientConnection(asyncio.Protocol):
     def __init__(
         self,
-        engine: Engine,
+        transactions: Transactions,
+        welcome: Welcome,
         store: Store,
         operations: Operations,
         login: Login,
         connections: set[ClientConnection],
         limits: ClientLimits,
     ) -> None:
-        self.engine = engine
+        """One client's connection.
+
+        Args:
+            transactions: where its session opens and closes.
+            welcome: what a client that logged in is told (this broker's identity).
+            store: answers leave once what they show is durable.
+            operations: what a request may call.
+            login: checks a Hello's login.
+            connections: the open connections (this one joins while it is open).
+            limits: the [limits] a client is held to.
+        """
+        self.transactions = transactions
+        self.welcome = welcome
         self.store = store
         self.operations = operations
         self.login = login
@@ -144,7 +156,7 @@ class ClientConnection(asyncio.Protocol):
         if self.busy is not None:
             self.busy.cancel()
         if self.session is not None and not self.session.closed:
-            self.engine.transactions.close_session(self.session)
+            self.transactions.close_session(self.session)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -184,18 +196,12 @@ class ClientConnection(asyncio.Protocol):
         if self.login_timer is not None:
             self.login_timer.cancel()
             self.login_timer = None
-        self.session = self.engine.transactions.open_session(hello.user, self.peer)
+        self.session = self.transactions.open_session(hello.user, self.peer)
         self.session.abort = self.abort
         log.info(
             "client %s logged in as %r (session %d)", self.peer, hello.user, self.session.ident
         )
-        welcome = Welcome(
-            WIRE_VERSION,
-            self.engine.instance_id,
-            SERVER_NAME,
-            self.engine.capacity.max_message_size,
-        )
-        self._send_now(welcome.encode())
+        self._send_now(self.welcome.encode())
         self.decoder.max_frame_size = MAX_FRAME_SIZE
         self.decoder.nesting = False  # Request.decode checks each request's arguments
         assert self.transport is not None
@@ -244,7 +250,7 @@ class ClientConnection(asyncio.Protocol):
             self.transport.abort()
         session = self.session
         if session is not None and not session.closed:
-            self.engine.transactions.close_session(session)
+            self.transactions.close_session(session)
 
     # ---- running requests in order ----------------------------------------------
 

@@ -22,11 +22,13 @@ from typing import Any, Final
 from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, MESSAGE_COLUMNS, ErrorCode
 
 from ._core import catalog as cat
-from ._core.delivery import Outbound
-from ._core.engine import Engine
-from ._core.ports import durable
-from ._core.queues import Conversation, Group
-from ._core.transactions import Session
+from ._core.backlog import MessageCache
+from ._core.capacity import Capacity
+from ._core.delivery import Delivery, Outbound
+from ._core.endpoints import ConversationTimers, Endpoints
+from ._core.ports import Clock, durable
+from ._core.queues import Conversation, Queue
+from ._core.transactions import Session, Transactions
 from ._errors import BrokerError, bad_argument
 from ._store import Store
 from ._transport import HeldPartial
@@ -35,6 +37,9 @@ DEFAULT_LIMIT: Final = 10_000
 MAX_LIMIT: Final = 100_000
 
 ViewFn = Callable[[int, int | None], list[dict[str, Any]]]
+# (queue, conversation handle, first queuing order) -> (group, priority, service,
+# contract, dead letters?) of its stored messages, or None (see the core's engine)
+Identity = Callable[[Queue, uuid.UUID, int], tuple[uuid.UUID, int, str, str, bool] | None]
 
 
 def iso_time(value: float | None) -> str | None:
@@ -52,11 +57,37 @@ def _arriving(p: HeldPartial) -> str:
 
 
 class Views:
-    def __init__(self, engine: Engine, store: Store) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        *,
+        catalog: cat.Catalog,
+        queues: Mapping[str, Queue],
+        endpoints: Endpoints,
+        delivery: Delivery,
+        transactions: Transactions,
+        cache: MessageCache,
+        capacity: Capacity,
+        timers: ConversationTimers,
+        identity: Identity,
+        store: Store,
+        clock: Clock,
+        partials: Callable[[], list[HeldPartial]],
+    ) -> None:
+        """The parts of the broker the views read, passed in: the core's parts, the
+        store (and `clock`, to wait until what a session applied is durable), and
+        `partials`: the messages from other brokers still arriving (the transport's)."""
+        self.catalog = catalog
+        self.queues = queues
+        self.endpoints = endpoints
+        self.delivery = delivery
+        self.transactions = transactions
+        self.cache = cache
+        self.capacity = capacity
+        self.timers = timers
+        self.identity = identity
         self.store = store
-        # messages from other brokers still arriving (the transport's, once it runs)
-        self.partials: Callable[[], list[HeldPartial]] = list
+        self.clock = clock
+        self.partials = partials
         self.table: dict[str, ViewFn] = {
             "conversation_endpoints": self.conversation_endpoints,
             "conversation_groups": self.conversation_groups,
@@ -103,7 +134,7 @@ class Views:
         view: ViewFn
         if name.startswith("queue:"):
             queue = name[len("queue:") :]
-            if queue not in self.engine.queues:
+            if queue not in self.queues:
                 raise BrokerError(ErrorCode.UNKNOWN_QUEUE, f"queue '{queue}' does not exist")
             view = lambda lim, aft: self.queue_contents(queue, lim, aft)  # noqa: E731
         else:
@@ -122,7 +153,7 @@ class Views:
         """Wait until what was applied so far is durable (unless the store is in trouble:
         then a view shows what is durable, which is what an operator needs to see)."""
         if self.store.trouble is None:
-            await durable(self.store, self.engine.clock)
+            await durable(self.store, self.clock)
 
     # ---- views over what can be huge ----------------------------------------------------------
 
@@ -147,16 +178,15 @@ class Views:
                 "receive_sequence": ep.receive_seq,
                 "is_encrypted": ep.encrypted,
             }
-            for ep in self.engine.endpoints.page(None, limit)
+            for ep in self.endpoints.page(None, limit)
         ]
 
     def conversation_groups(self, limit: int, after: int | None) -> list[dict[str, Any]]:
-        engine = self.engine
         rows = []
         for raw_group, service, conversations in self.store.read_groups(limit):
             group_id = uuid.UUID(bytes=raw_group)
-            found = engine.catalog.services.get(service)
-            queue = engine.queues.get(found.queue) if found else None
+            found = self.catalog.services.get(service)
+            queue = self.queues.get(found.queue) if found else None
             group = queue.groups.get(group_id) if queue else None
             owner = getattr(group.owner, "session", None) if group else None
             rows.append(
@@ -172,7 +202,7 @@ class Views:
         return rows
 
     def transmission_queue(self, limit: int, after: int | None) -> list[dict[str, Any]]:
-        delivery = self.engine.delivery
+        delivery = self.delivery
         rows = []
         for row in self.store.read_transmission_page(after, limit):
             out = Outbound.from_row(row)
@@ -204,7 +234,7 @@ class Views:
         return rows[:limit]
 
     def _partials(self, *, off: bool, queue: str | None = None) -> list[HeldPartial]:
-        queues = self.engine.queues
+        queues = self.queues
         found = []
         for partial in self.partials():
             target = queues.get(partial.queue) if partial.queue else None
@@ -236,7 +266,7 @@ class Views:
 
     def _partial_queue_row(self, p: HeldPartial) -> dict[str, Any]:
         m = p.message
-        known = self.engine.catalog.message_types.get(m.message_type)
+        known = self.catalog.message_types.get(m.message_type)
         row: dict[str, Any] = dict.fromkeys(MESSAGE_COLUMNS)
         row.update(
             status=2,
@@ -272,9 +302,8 @@ class Views:
 
     def queue_contents(self, queue: str, limit: int, after: int | None) -> list[dict[str, Any]]:
         """A queue's messages without receiving them (not those an open transaction took)."""
-        engine = self.engine
-        taken = engine.taken()
-        found = engine.queues[queue]
+        taken = self.transactions.taken()
+        found = self.queues[queue]
         rows = []
         for row in self.store.read_queue_messages(queue, after, limit, MAX_MESSAGE_SIZE_LIMIT):
             if row[0] in taken:
@@ -291,32 +320,22 @@ class Views:
         return rows[:limit]
 
     def _conversation_of(self, queue_name: str, row: tuple[Any, ...]) -> Conversation | None:
-        engine = self.engine
-        queue = engine.queues[queue_name]
+        queue = self.queues[queue_name]
         handle = uuid.UUID(bytes=row[2])
         for conv in queue.conversations():
             if conv.handle == handle:
                 return conv
-        found = engine.identity(queue, handle, row[0])
+        found = self.identity(queue, handle, row[0])
         if found is None:
             return None
         group_id, priority, service, contract, _ = found
-        return Conversation(
-            engine.cache,
-            engine.journal,
-            queue.name,
-            Group(group_id),
-            handle,
-            priority,
-            service,
-            contract,
-        )
+        return queue.loose_conversation(group_id, handle, priority, service, contract)
 
     # ---- views of memory ------------------------------------------------------------------------
 
     def service_queues(self, limit: int, after: int | None) -> list[dict[str, Any]]:
         rows = []
-        for queue in list(self.engine.queues.values())[:limit]:
+        for queue in list(self.queues.values())[:limit]:
             d = queue.definition
             rows.append(
                 {
@@ -365,20 +384,20 @@ class Views:
     def services(self) -> list[dict[str, Any]]:
         return [
             {"name": s.name, "queue_name": s.queue, "contracts": ", ".join(s.contracts)}
-            for s in self.engine.catalog.services.values()
+            for s in self.catalog.services.values()
         ]
 
     def service_contracts(self) -> list[dict[str, Any]]:
         return [
             {"name": name, "message_type_name": mtype, "sent_by": sent_by}
-            for name, contract in self.engine.catalog.contracts.items()
+            for name, contract in self.catalog.contracts.items()
             for mtype, sent_by in contract.messages.items()
         ]
 
     def message_types(self) -> list[dict[str, Any]]:
         return [
             {"name": m.name, "validation": m.validation}
-            for m in self.engine.catalog.message_types.values()
+            for m in self.catalog.message_types.values()
         ]
 
     def routes(self) -> list[dict[str, Any]]:
@@ -390,7 +409,7 @@ class Views:
                 "address": r.address,
                 "lifetime": iso_time(r.expires),
             }
-            for r in self.engine.catalog.routes.values()
+            for r in self.catalog.routes.values()
         ]
 
     def conversation_priorities(self) -> list[dict[str, Any]]:
@@ -402,7 +421,7 @@ class Views:
                 "remote_service_name": p.remote_service or "ANY",
                 "priority": p.level,
             }
-            for p in self.engine.catalog.priorities.values()
+            for p in self.catalog.priorities.values()
         ]
 
     def event_notifications(self) -> list[dict[str, Any]]:
@@ -414,7 +433,7 @@ class Views:
                 "service_name": n.service,
                 "broker_instance": n.broker_instance,
             }
-            for n in self.engine.catalog.notifications.values()
+            for n in self.catalog.notifications.values()
         ]
 
     def open_transactions(self) -> list[dict[str, Any]]:
@@ -427,33 +446,31 @@ class Views:
                 "pending_actions": len(txn.actions),
                 "expires": iso_time(txn.expires),
             }
-            for txn in self.engine.transactions.detached.values()
+            for txn in self.transactions.detached.values()
         ]
 
     def broker_resources(self) -> list[dict[str, Any]]:
         """What the broker holds in memory and on disk, and whether it accepts new work."""
-        engine = self.engine
-        cache = engine.cache
-        capacity = engine.capacity
+        cache, capacity, store = self.cache, self.capacity, self.store
         return [
             {
                 "message_cache_bytes": cache.budget,
                 "cached_bytes": cache.resident,
                 "cache_spills": cache.spills,
-                "conversation_endpoints": self.store.count_rows("endpoints"),
-                "transmission_queue_messages": self.store.count_rows("transmission_queue"),
-                "stored_messages": sum(q.messages for q in engine.queues.values()),
-                "endpoints_in_memory": engine.endpoints.in_memory(),
-                "endpoint_reads": engine.endpoints.reads,
-                "timers_pending": engine.dialogs.timers.pending(),
-                "transmission_directions": len(engine.delivery.outboxes),
-                "free_disk_bytes": self.store.free_bytes(),
+                "conversation_endpoints": store.count_rows("endpoints"),
+                "transmission_queue_messages": store.count_rows("transmission_queue"),
+                "stored_messages": sum(q.messages for q in self.queues.values()),
+                "endpoints_in_memory": self.endpoints.in_memory(),
+                "endpoint_reads": self.endpoints.reads,
+                "timers_pending": self.timers.pending(),
+                "transmission_directions": len(self.delivery.outboxes),
+                "free_disk_bytes": store.free_bytes(),
                 "min_free_disk": capacity.min_free_disk,
                 "max_message_size": capacity.max_message_size,
                 "accepting_messages": capacity.refusal is None,
                 "refusal": capacity.refusal,
-                "store_commits": self.store.commits,
-                "store_rows_written": self.store.rows_written,
-                "store_rows_never_written": self.store.cancelled,
+                "store_commits": store.commits,
+                "store_rows_written": store.rows_written,
+                "store_rows_never_written": store.cancelled,
             }
         ]

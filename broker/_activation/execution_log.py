@@ -30,23 +30,25 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ssb.protocol import ErrorCode
 
-from .._core.engine import Engine
 from .._core.transactions import Session
 from .._errors import BrokerError, bad_argument
 from .._store import Store
 from .._views import iso_time
-from .manager import ActivationManager
 from .workers import ActivatedTask
 
 log = logging.getLogger("ssb.scheduler")
 
 RESTART_ERROR = "the broker restarted while the task ran"
+
+# the core's SEND: (session, conversation handle, message type, bodies) -> None, or an
+# awaitable when it must wait
+Send = Callable[[Session, uuid.UUID, str, list[bytes]], Any]
 
 
 @dataclass(eq=False)
@@ -111,10 +113,27 @@ def _optional_uuid(value: object, what: str) -> uuid.UUID | None:
 class ExecutionLog:
     """The scheduler's execution log of one broker."""
 
-    def __init__(self, engine: Engine, store: Store, manager: ActivationManager, keep: int) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        store: Store,
+        tasks: Mapping[int, ActivatedTask],
+        send: Send,
+        own: Callable[[Coroutine[Any, Any, Any]], None],
+        keep: int,
+    ) -> None:
+        """The parts of the daemon the log uses, passed in.
+
+        Args:
+            store: where the log's rows live.
+            tasks: every activated task, by id (for `execution_status`).
+            send: the core's SEND, for the reply to a task whose worker died.
+            own: runs a coroutine as a task its owner cancels at stop.
+            keep: how many rows to keep.
+        """
         self.store = store
-        self.manager = manager
+        self.tasks = tasks
+        self.send = send
+        self.own = own
         self.keep = max(1, keep)
         self.entries: OrderedDict[int, LogEntry] = OrderedDict()
         self.running: dict[int, set[int]] = {}  # activated task id -> log ids it runs
@@ -127,8 +146,6 @@ class ExecutionLog:
                 store.put_execution_log(entry.row())
             self.entries[entry.log_id] = entry
         self._next_id = (next(reversed(self.entries)) + 1) if self.entries else 1
-
-        manager.task_end_hooks.append(self.task_ended)
 
     def operations(self) -> dict[str, Callable[..., Any]]:
         return {
@@ -233,14 +250,12 @@ class ExecutionLog:
             {"log_id": entry.log_id, "ok": False, "error": entry.error, "result": None}
         ).encode()
         try:
-            pending = self.engine.dialogs.send(
-                self._system, entry.reply_handle, entry.reply_type, [body]
-            )
+            pending = self.send(self._system, entry.reply_handle, entry.reply_type, [body])
         except BrokerError as exc:
             log.info("cannot report the failure of task %s: %s", entry.log_id, exc.message)
             return
         if pending is not None:
-            self.manager.own(self._await_send(pending, entry.log_id))
+            self.own(self._await_send(pending, entry.log_id))
 
     async def _await_send(self, pending: Any, log_id: int) -> None:
         try:
@@ -274,7 +289,7 @@ class ExecutionLog:
 
     def status_rows(self) -> list[dict[str, Any]]:
         rows = []
-        for task in self.manager.tasks.values():
+        for task in self.tasks.values():
             log_ids: list[int | None] = [*sorted(self.running.get(task.task_id, ()))]
             for log_id in log_ids or [None]:
                 entry = None if log_id is None else self.entries.get(log_id)

@@ -3,10 +3,11 @@
 Theory of operation (seed 001, DESIGN.md §6). A queue monitor exists for every
 queue with activation STATUS = ON or a QUEUE_ACTIVATION event notification. It
 checks whether activation is needed every `check_interval` seconds and whenever
-the engine reports that a message arrived, a RECEIVE ran, a transaction that
+the core reports that a message arrived, a RECEIVE ran, a transaction that
 received rolled back, a session started or stopped waiting, or the queue was
-altered; and when one of its activated tasks ends. Hooks run on the event loop and
-only schedule a check (coalesced, `call_soon`), so the engine is never slowed.
+altered; and when one of its activated tasks ends. The core reports to `Monitors`
+(see `monitors`), which only records and wakes the manager, so the core is never
+slowed; checks are coalesced per monitor.
 
 Activation is needed when the queue is ON, has ready messages, and either
   (a) the message just arrived in a queue with no other ready message while no
@@ -23,8 +24,8 @@ first RECEIVE (until it runs or waits in one, for at most `notification_timeout`
 readers are added one at a time, each after the previous one reached its queue, as
 Service Broker ramps up, and a process still starting is never mistaken for missing
 readers. After a task fails the monitor waits one `check_interval` before starting
-the next, so a procedure that fails at once cannot spin. External activation (no internal activation, but a
-QUEUE_ACTIVATION event notification) posts an EventNotification to the
+the next, so a procedure that fails at once cannot spin. External activation (no
+internal activation, but a QUEUE_ACTIVATION event notification) posts an EventNotification to the
 notification service, then posts no other until a RECEIVE runs on the queue or
 `notification_timeout` passes.
 
@@ -38,11 +39,10 @@ asks external readers to finish cooperatively: a stopping reader's RECEIVE and G
 CONVERSATION GROUP return nothing at once (one it is blocked in is woken empty), so
 it commits the transaction it has, sees an empty queue and exits. Stopping a whole
 activator also stops its readers that register afterwards (Spark tasks that were
-still waiting for a slot). The manager hears the core as its `QueueListener`, and
-answers the core's `stopping(session)` for RECEIVE.
+still waiting for a slot).
 
-The state machines and the activation rule are `monitor`'s; the worker processes are
-`workers`'.
+The state machines and the activation rule are `monitor`'s, what the core tells them
+`monitors`'; the worker processes are `workers`'.
 """
 
 from __future__ import annotations
@@ -51,64 +51,41 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Container, Coroutine
+from collections.abc import Callable, Container, Coroutine, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from ssb.protocol import ErrorCode
 
 from .._config import ConfigError, checked_section
-from .._core.engine import Engine
+from .._core.catalog import EventNotification
 from .._core.queues import Queue
-from .._core.receive import Waiter
 from .._core.transactions import Session
 from .._errors import BrokerError, bad_argument, not_found
 from .._logins import ADMIN
 from .._procedures import ProcedurePolicy
 from .._views import iso_time
 from .monitor import (
-    TASK_TRANSITIONS,
     ExternalInput,
     ExternalState,
+    ExternalTask,
     MonitorInput,
     MonitorState,
     QueueMonitor,
     activation_needed,
 )
+from .monitors import Monitors
 from .workers import ActivatedTask, WorkerPool
 
 log = logging.getLogger("ssb.activation")
 
 QUEUE_ACTIVATION: Final = "QUEUE_ACTIVATION"
+READER_GONE: Final = "the reader's connection closed before it ended"
 
 
 _TEXT_LIMIT: Final = 200  # activator, job and executor names
 _JOBS_KEPT: Final = 1000  # job ids remembered for readers that register late
 _STOPPED_KEPT: Final = 3600.0  # how long a stopped activator's late readers are stopped
-
-
-@dataclass(eq=False)
-class ExternalTask(ActivatedTask):
-    """A reader that an external activator started (a Spark task) and that registered."""
-
-    activator: str = ""  # who started it, e.g. "spark-bridge:<id>"
-    job: str | None = None  # the activator's job (Spark: the job group)
-    job_id: int | None = None  # Spark: the job id
-    job_task_id: int | None = None  # Spark: the task (attempt) id
-    executor: str | None = None  # Spark: executor id and host
-    state: ExternalState = ExternalState.RUNNING
-
-    def feed(self, event: ExternalInput) -> None:
-        try:
-            self.state = TASK_TRANSITIONS[(self.state, event)]
-        except KeyError:  # the table is complete; a miss is a bug worth hearing about
-            raise RuntimeError(
-                f"external task {self.task_id}: no transition for {self.state.name} on {event.name}"
-            ) from None
-
-    @property
-    def stopping(self) -> bool:
-        return self.state is not ExternalState.RUNNING
 
 
 def _text(value: object, what: str, required: bool = False) -> str | None:
@@ -171,27 +148,52 @@ TaskEndHook = Callable[[ActivatedTask, "str | None"], None]
 
 
 class ActivationManager:
-    """All queue monitors of one broker, their activated tasks and the worker pool."""
+    """Acts on the queue monitors: starts activated tasks and posts QUEUE_ACTIVATION
+    notifications; the operations and views of activation."""
 
     def __init__(
         self,
-        engine: Engine,
+        monitors: Monitors,
         settings: ActivationSettings,
         pool: WorkerPool,
+        *,
+        queues: Mapping[str, Queue],
+        notifications: Mapping[str, EventNotification],
+        waiting: Callable[[Queue], int],
+        end_wait: Callable[[Session], None],
+        fire: Callable[[str, str], int],
         logins: Container[str],
         procedures: ProcedurePolicy,
         queue_owner: Callable[[str], str | None],
+        task_ended: TaskEndHook,
     ) -> None:
-        self.engine = engine
+        """The parts of the daemon activation uses, passed in.
+
+        Args:
+            monitors: the queue monitors the core tells of what happens to queues.
+            settings, pool: the [activation] section, and the worker processes.
+            queues, notifications: the core's queues and event notifications.
+            waiting: how many sessions wait in RECEIVE on a queue without WHERE.
+            end_wait: ends the RECEIVE a session waits in, empty.
+            fire: posts the event notifications of (event, queue); returns how many.
+            logins, procedures, queue_owner: who an activated task runs as, and
+                whether it may run its procedure.
+            task_ended: hears of every activated task that ended (with its error).
+        """
+        self.monitors = monitors
         self.settings = settings
         self.pool = pool
+        self.queues = queues
+        self.notifications = notifications
+        self.waiting = waiting
+        self.end_wait = end_wait
+        self.fire = fire
         self.logins = logins
         self.procedures = procedures
         self.queue_owner = queue_owner
-        self.monitors: dict[str, QueueMonitor] = {}
-        self.tasks: dict[int, ActivatedTask] = {}
-        self.tokens: dict[str, ActivatedTask] = {}
-        self.task_end_hooks: list[TaskEndHook] = []
+        self.task_ended = task_ended
+        self.tasks = monitors.tasks
+        self.tokens = monitors.tokens
         self.stopped_activators: dict[str, float] = {}  # request_stop(activator=) -> when
         self.job_ids: dict[str, int] = {}  # label_job: job -> id, for readers still to come
         self._next_task = 1
@@ -201,9 +203,10 @@ class ActivationManager:
     # ---- life ------------------------------------------------------------------
 
     def start(self) -> None:
-        for name in list(self.engine.queues):
+        for name in list(self.queues):
             self._reconcile(name)
         self.own(self._tick())
+        self.own(self._listen())
 
     def own(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run `coro` as a task owned (and cancelled on close) by the manager."""
@@ -223,80 +226,59 @@ class ActivationManager:
             await asyncio.sleep(self.settings.check_interval)
             try:
                 self._sweep()
-                for name in set(self.engine.queues) | set(self.monitors):
+                for name in set(self.queues) | set(self.monitors.by_queue):
                     self._reconcile(name)
             except Exception:  # a bug here must not end the periodic checks for good
                 log.exception("queue monitor check failed")
+
+    async def _listen(self) -> None:
+        """Act on what the core told the monitors, each time it told them something."""
+        monitors = self.monitors
+        while True:
+            await monitors.wakeup.wait()
+            recorded = monitors.take()
+            for name in recorded.altered:
+                self._guarded(self._reconcile, name)
+            for task in recorded.closed:
+                self._guarded(self._end_external, task, READER_GONE)
+            for monitor in recorded.due:
+                self._guarded(self._check, monitor)
+
+    @staticmethod
+    def _guarded(action: Callable[..., None], *args: Any) -> None:
+        try:
+            action(*args)
+        except Exception:  # one queue's trouble must not stop activation for the others
+            log.exception("queue monitor check failed")
 
     # ---- which queues have a monitor ------------------------------------------------
 
     def _external(self, queue: str) -> bool:
         return any(
-            n.queue == queue and n.event == QUEUE_ACTIVATION
-            for n in self.engine.catalog.notifications.values()
+            n.queue == queue and n.event == QUEUE_ACTIVATION for n in self.notifications.values()
         )
 
     def _wanted(self, queue: str) -> bool:
-        q = self.engine.queues.get(queue)
+        q = self.queues.get(queue)
         return q is not None and (q.definition.activation.status or self._external(queue))
 
     def _reconcile(self, name: str) -> None:
-        monitor = self.monitors.get(name)
+        by_queue = self.monitors.by_queue
+        monitor = by_queue.get(name)
         if self._wanted(name):
             if monitor is None:
-                monitor = self.monitors[name] = QueueMonitor(name)
-            self._request(monitor)
+                monitor = by_queue[name] = QueueMonitor(name)
+            self.monitors.request(monitor)
         elif monitor is not None and not monitor.tasks:
-            del self.monitors[name]
-
-    # ---- QueueListener: the engine's events (on the loop; never block) ---------------
-
-    def message_arrived(self, queue: Queue) -> None:
-        monitor = self.monitors.get(queue.name)
-        if monitor is not None:
-            if queue.ready == 1:
-                monitor.arrived_into_empty = True
-            self._request(monitor)
-
-    def received(self, queue: Queue, session: Session, empty: bool) -> None:
-        task = session.task
-        if isinstance(task, ActivatedTask) and task.queue == queue.name:
-            task.received = True
-        monitor = self.monitors.get(queue.name)
-        if monitor is not None:
-            monitor.feed(MonitorInput.RECEIVED)
-            self._request(monitor)
-
-    def rolled_back(self, queue: Queue) -> None:
-        monitor = self.monitors.get(queue.name)
-        if monitor is not None:
-            self._request(monitor)
-
-    def altered(self, queue: Queue) -> None:
-        self._reconcile(queue.name)
-
-    def waiting_changed(self, queue: Queue) -> None:
-        monitor = self.monitors.get(queue.name)
-        if monitor is not None:
-            for waiter in queue.waiters:  # a task blocked in its first RECEIVE has arrived
-                assert isinstance(waiter, Waiter)
-                task = waiter.txn.session.task
-                if isinstance(task, ActivatedTask) and task.queue == queue.name:
-                    task.received = True
-            self._request(monitor)
+            del by_queue[name]
 
     # ---- the check ------------------------------------------------------------------
 
-    def _request(self, monitor: QueueMonitor) -> None:
-        if not monitor.check_scheduled and not self._closed:
-            monitor.check_scheduled = True
-            asyncio.get_running_loop().call_soon(self._check, monitor)
-
     def _check(self, monitor: QueueMonitor) -> None:
         monitor.check_scheduled = False
-        if self._closed or self.monitors.get(monitor.queue) is not monitor:
+        if self._closed or self.monitors.by_queue.get(monitor.queue) is not monitor:
             return
-        queue = self.engine.queues.get(monitor.queue)
+        queue = self.queues.get(monitor.queue)
         if queue is None or not self._wanted(monitor.queue):
             self._reconcile(monitor.queue)
             return
@@ -319,7 +301,7 @@ class ActivationManager:
             receivable=queue.receivable(),
             arrived_into_empty=arrived,
             running=running,
-            waiting=self.engine.receiving.waiting_sessions(queue),
+            waiting=self.waiting(queue),
             last_empty_rowset=queue.last_empty_rowset,
             now=now,
             window=settings.empty_rowset_window,
@@ -333,9 +315,7 @@ class ActivationManager:
                 and not monitor.starting(now, settings.notification_timeout)
             ):
                 self._start_task(monitor, queue, now)
-        elif monitor.state is not MonitorState.NOTIFIED and self.engine.events.fire(
-            QUEUE_ACTIVATION, queue.name
-        ):
+        elif monitor.state is not MonitorState.NOTIFIED and self.fire(QUEUE_ACTIVATION, queue.name):
             monitor.notifications += 1
             monitor.notified_at = monitor.last_activated = now
             monitor.feed(MonitorInput.ACTIVATED)
@@ -393,7 +373,7 @@ class ActivationManager:
     def _ended(self, task: ActivatedTask, error: str | None) -> None:
         self.tasks.pop(task.task_id, None)
         self.tokens.pop(task.token, None)
-        monitor = self.monitors.get(task.queue)
+        monitor = self.monitors.by_queue.get(task.queue)
         if monitor is not None:
             monitor.tasks.pop(task.task_id, None)
             if error is not None:
@@ -414,8 +394,7 @@ class ActivationManager:
                 task.queue,
                 time.time() - task.started,
             )
-        for hook in self.task_end_hooks:
-            hook(task, error)
+        self.task_ended(task, error)
         if monitor is not None:
             self._reconcile(task.queue)
 
@@ -424,12 +403,7 @@ class ActivationManager:
         monitor.last_error = error
         monitor.retry_after = time.time() + self.settings.check_interval
 
-    # ---- task identity: login and attach --------------------------------------------
-
-    def task_login(self, user: str, password: str) -> bool:
-        """A worker may log in as its task's EXECUTE AS user with the task's token."""
-        task = self.tokens.get(password)
-        return task is not None and task.session is None and task.execute_as == user
+    # ---- task identity: attach --------------------------------------------
 
     def attach_task(self, session: Session, token: object) -> dict[str, Any]:
         """Operation `attach_task`: mark this session as the activated task of `token`."""
@@ -481,13 +455,14 @@ class ActivationManager:
                 ErrorCode.TRANSACTION_ACTIVE,
                 "this session is already an activated task; open a connection per reader",
             )
-        q = self.engine.queues.get(queue)
+        q = self.queues.get(queue)
         if q is None:
             raise not_found(ErrorCode.UNKNOWN_QUEUE, "queue", queue)
         self._sweep()
-        monitor = self.monitors.get(queue)
+        by_queue = self.monitors.by_queue
+        monitor = by_queue.get(queue)
         if monitor is None:
-            monitor = self.monitors[queue] = QueueMonitor(queue)
+            monitor = by_queue[queue] = QueueMonitor(queue)
         limit = q.definition.activation.max_queue_readers
         if len(monitor.tasks) >= limit:
             raise BrokerError(
@@ -538,17 +513,11 @@ class ActivationManager:
         task.feed(ExternalInput.END)
         self._ended(task, error)
 
-    def session_closed(self, session: Session) -> None:
-        """A reader's connection closed: an external task ends now, freeing its place."""
-        task = session.task
-        if isinstance(task, ExternalTask) and task.state is not ExternalState.ENDED:
-            self._end_external(task, "the reader's connection closed before it ended")
-
     def _sweep(self) -> None:
         """End external tasks whose connection closed without end_task (a killed task)."""
         for task in [t for t in self.tasks.values() if isinstance(t, ExternalTask)]:
             if task.session is not None and task.session.closed:
-                self._end_external(task, "the reader's connection closed before it ended")
+                self._end_external(task, READER_GONE)
 
     def request_stop(
         self,
@@ -585,7 +554,7 @@ class ActivationManager:
             if task.session is not None:
                 # a RECEIVE it is blocked in ends empty now (GET CONVERSATION GROUP
                 # keeps its own timeout: its answer cannot say "nothing" this way)
-                self.engine.receiving.end_wait(task.session)
+                self.end_wait(task.session)
         return asked
 
     def label_job(self, session: Session, job: object, job_id: object) -> int:
@@ -604,11 +573,6 @@ class ActivationManager:
                 task.job_id = number
                 labelled += 1
         return labelled
-
-    def stopping(self, session: Session) -> bool:
-        """QueueListener: a reader asked to stop gets nothing from RECEIVE."""
-        task = session.task
-        return isinstance(task, ExternalTask) and task.stopping
 
     # ---- views -------------------------------------------------------------------------
 
@@ -631,8 +595,8 @@ class ActivationManager:
     def queue_monitor_rows(self) -> list[dict[str, Any]]:
         self._sweep()
         rows = []
-        for monitor in self.monitors.values():
-            queue = self.engine.queues.get(monitor.queue)
+        for monitor in self.monitors.by_queue.values():
+            queue = self.queues.get(monitor.queue)
             activation = queue.definition.activation if queue is not None else None
             rows.append(
                 {
@@ -641,7 +605,7 @@ class ActivationManager:
                     "activation": "INTERNAL" if activation and activation.status else "EXTERNAL",
                     "last_empty_rowset_time": iso_time(queue.last_empty_rowset if queue else None),
                     "last_activated_time": iso_time(monitor.last_activated),
-                    "tasks_waiting": self.engine.receiving.waiting_sessions(queue) if queue else 0,
+                    "tasks_waiting": self.waiting(queue) if queue else 0,
                     "tasks_running": len(monitor.tasks),
                     "tasks_external": sum(
                         isinstance(t, ExternalTask) for t in monitor.tasks.values()

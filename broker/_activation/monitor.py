@@ -10,6 +10,7 @@ STOP_REQUESTED -> ENDED. Nothing here does I/O or reads a clock (`manager` does)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
@@ -66,6 +67,30 @@ TASK_TRANSITIONS: Final[dict[tuple[ExternalState, ExternalInput], ExternalState]
     (_E.ENDED, _X.STOP): _E.ENDED,
     (_E.ENDED, _X.END): _E.ENDED,
 }
+
+
+@dataclass(eq=False)
+class ExternalTask(ActivatedTask):
+    """A reader that an external activator started (a Spark task) and that registered."""
+
+    activator: str = ""  # who started it, e.g. "spark-bridge:<id>"
+    job: str | None = None  # the activator's job (Spark: the job group)
+    job_id: int | None = None  # Spark: the job id
+    job_task_id: int | None = None  # Spark: the task (attempt) id
+    executor: str | None = None  # Spark: executor id and host
+    state: ExternalState = ExternalState.RUNNING
+
+    def feed(self, event: ExternalInput) -> None:
+        try:
+            self.state = TASK_TRANSITIONS[(self.state, event)]
+        except KeyError:  # the table is complete; a miss is a bug worth hearing about
+            raise RuntimeError(
+                f"external task {self.task_id}: no transition for {self.state.name} on {event.name}"
+            ) from None
+
+    @property
+    def stopping(self) -> bool:
+        return self.state is not ExternalState.RUNNING
 
 
 def activation_needed(

@@ -26,7 +26,7 @@ from .capacity import Capacity
 from .delivery import Delivery
 from .endpoints import Endpoints
 from .events import Events
-from .ports import Clock, Journal, NoListener, QueueListener
+from .ports import Clock, Journal, QueueListener
 from .queues import Queue
 from .receive import Receiving
 from .routes import Routes
@@ -49,6 +49,8 @@ class Ddl:
         delivery: Delivery,
         receiving: Receiving,
         events: Events,
+        listener: QueueListener,
+        check_procedure: Callable[[str], None],
     ) -> None:
         self.journal = journal
         self.clock = clock
@@ -61,9 +63,9 @@ class Ddl:
         self.delivery = delivery
         self.receiving = receiving
         self.events = events
-        self.listener: QueueListener = NoListener()
+        self.listener = listener
         # refuses an activation procedure the broker may not run (the daemon's policy)
-        self.check_procedure: Callable[[str], None] = lambda spec: None
+        self.check_procedure = check_procedure
 
     def persist(self, kind: str, obj: Any) -> None:
         self.catalog.table(kind)[obj.name] = obj

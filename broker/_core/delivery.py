@@ -37,7 +37,7 @@ from .backlog import ITEM_OVERHEAD, LOAD_BYTES, Backlog, MessageCache
 from .capacity import Capacity
 from .conversations import CAN_SEND, Endpoint, Event, State
 from .endpoints import Endpoints
-from .ports import Clock, Journal, NoListener, NoTransport, OutboundSink, QueueListener, Row
+from .ports import Clock, Journal, NoTransport, OutboundSink, QueueListener, Row
 from .priorities import assign_level
 from .queues import Message, Queue
 from .routes import Routes
@@ -193,6 +193,7 @@ class Delivery:
         cache: MessageCache,
         capacity: Capacity,
         instance_id: str,
+        listener: QueueListener,
     ) -> None:
         self.journal = journal
         self.clock = clock
@@ -204,7 +205,7 @@ class Delivery:
         self.capacity = capacity
         self.instance_id = instance_id
         self.outboxes: dict[DirectionKey, DialogOutbox] = {}
-        self.listener: QueueListener = NoListener()
+        self.listener = listener
         self.sink: OutboundSink = NoTransport()
         self.kick: Callable[[Queue], None] = lambda queue: None
         self.conversation_removed: Callable[[Endpoint], None] = lambda ep: None

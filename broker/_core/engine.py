@@ -48,10 +48,16 @@ from .events import Events
 from .outcomes import DEFAULT_WINDOW_COUNT, DEFAULT_WINDOW_SECONDS, PRUNED_THROUGH, Outcomes
 from .poison import Poison
 from .ports import Clock, Journal, NoListener, OutboundSink, QueueListener, Row
-from .queues import Conversation, Group, Message, Queue, Status, dead_letter_identity
+from .queues import Conversation, Queue, Status, dead_letter_identity
 from .receive import Receiving
 from .routes import Routes
-from .transactions import Session, Transaction, Transactions
+from .transactions import (
+    DEFAULT_MAX_DETACHED,
+    DEFAULT_MAX_LOCKS,
+    Session,
+    Transaction,
+    Transactions,
+)
 
 log = logging.getLogger("ssb.core")
 
@@ -83,16 +89,33 @@ class Engine:
         clock: Clock,
         instance_id: str,
         *,
+        listener: QueueListener | None = None,
+        check_procedure: Callable[[str], None] = lambda procedure: None,
         lock_timeout: float = 30.0,
+        max_locks: int = DEFAULT_MAX_LOCKS,
+        max_detached: int = DEFAULT_MAX_DETACHED,
         message_cache_bytes: int = DEFAULT_CACHE_BYTES,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         min_free_disk: int = DEFAULT_MIN_FREE_DISK,
         outcome_window_seconds: float = DEFAULT_WINDOW_SECONDS,
         outcome_window_count: int = DEFAULT_WINDOW_COUNT,
     ) -> None:
+        """The core of one broker over `journal` and `clock`.
+
+        Args:
+            listener: hears what happens to queues (activation's queue monitors);
+                default: nobody.
+            check_procedure: refuses (raises) an activation procedure the broker may not
+                run, at CREATE / ALTER QUEUE; default: any.
+            lock_timeout, max_locks, max_detached: the transactions' bounds.
+            message_cache_bytes, max_message_size, min_free_disk: memory and disk.
+            outcome_window_seconds, outcome_window_count: how long committed
+                transaction ids are remembered for reconnecting clients.
+        """
         self.journal = journal
         self.clock = clock
         self.instance_id = instance_id
+        self.listener: QueueListener = NoListener() if listener is None else listener
         self.catalog = cat.Catalog()
         self.capacity = Capacity(max_message_size, min_free_disk)
         self.cache = MessageCache(message_cache_bytes, journal, clock)
@@ -100,7 +123,9 @@ class Engine:
         self.routes = Routes(self.catalog, clock, instance_id)
         self.endpoints = Endpoints(journal, self.catalog)
         self.outcomes = Outcomes(journal, clock, outcome_window_seconds, outcome_window_count)
-        self.transactions = Transactions(clock, self, lock_timeout, self.outcomes)
+        self.transactions = Transactions(
+            clock, self, lock_timeout, self.outcomes, max_locks, max_detached
+        )
         self.delivery = Delivery(
             journal,
             clock,
@@ -111,9 +136,16 @@ class Engine:
             self.cache,
             self.capacity,
             instance_id,
+            self.listener,
         )
         self.receiving = Receiving(
-            clock, journal, self.queues, self.endpoints, self.transactions, self.delivery
+            clock,
+            journal,
+            self.queues,
+            self.endpoints,
+            self.transactions,
+            self.delivery,
+            self.listener,
         )
         self.dialogs = Dialogs(
             clock,
@@ -143,17 +175,16 @@ class Engine:
             self.delivery,
             self.receiving,
             self.events,
+            self.listener,
+            check_procedure,
         )
+        # the parts' own cycles, closed here: delivery wakes readers and forgets
+        # conversations, poison disables queues
         self.delivery.kick = self.receiving.kick
         self.delivery.conversation_removed = self._conversation_removed
         self.poison.disable_queue = self.ddl.disable_queue
-        self.listener: QueueListener = NoListener()
 
     # ---- wiring from outside the core -----------------------------------------------
-
-    def set_listener(self, listener: QueueListener) -> None:
-        self.listener = listener
-        self.delivery.listener = self.receiving.listener = self.ddl.listener = listener
 
     def set_sink(self, sink: OutboundSink) -> None:
         self.delivery.sink = sink
@@ -278,16 +309,7 @@ class Engine:
         if register:
             conv = queue.conversation(queue.group(group_id), handle, priority, service, contract)
         else:
-            conv = Conversation(
-                self.cache,
-                self.journal,
-                queue.name,
-                Group(group_id),
-                handle,
-                priority,
-                service,
-                contract,
-            )
+            conv = queue.loose_conversation(group_id, handle, priority, service, contract)
         conv.dead_letters = dead
         return conv
 
@@ -374,19 +396,3 @@ class Engine:
 
     def broker_instance(self, session: Session) -> str:
         return self.instance_id
-
-    # ---- for views ---------------------------------------------------------------------------
-
-    def taken(self) -> dict[int, Message]:
-        """Messages received by open transactions, by queuing order."""
-        found: dict[int, Message] = {}
-        for txn in self._open_transactions():
-            for _, messages in txn.received:
-                for m in messages:
-                    found[m.queuing_order] = m
-        return found
-
-    def _open_transactions(self) -> list[Transaction]:
-        txns = [s.txn for s in self.transactions.sessions.values() if s.txn is not None]
-        txns += [t for t in self.transactions.detached.values() if t not in txns]
-        return txns

@@ -387,6 +387,22 @@ class Queue:
             group.conversations[handle] = conv
         return conv
 
+    def loose_conversation(
+        self, group_id: uuid.UUID, handle: uuid.UUID, priority: int, service: str, contract: str
+    ) -> Conversation:
+        """A record of one conversation's messages in this queue that the queue does not
+        keep: to read stored messages through (parked ones, a view's)."""
+        return Conversation(
+            self.cache,
+            self.journal,
+            self.name,
+            Group(group_id),
+            handle,
+            priority,
+            service,
+            contract,
+        )
+
     # ---- quotas ---------------------------------------------------------------------
 
     def over_quota(self, count: int, nbytes: int) -> str | None:

@@ -36,7 +36,7 @@ from ssb.protocol import ErrorCode
 from .._errors import BrokerError, bad_argument, not_found
 from .delivery import Delivery
 from .endpoints import Endpoints
-from .ports import Clock, Journal, NoListener, QueueListener
+from .ports import Clock, Journal, QueueListener
 from .queues import Group, Message, Queue, Status
 from .transactions import (
     MaybeAwaitable,
@@ -75,6 +75,7 @@ class Receiving:
         endpoints: Endpoints,
         transactions: Transactions,
         delivery: Delivery,
+        listener: QueueListener,
     ) -> None:
         self.clock = clock
         self.journal = journal
@@ -82,7 +83,7 @@ class Receiving:
         self.endpoints = endpoints
         self.transactions = transactions
         self.delivery = delivery
-        self.listener: QueueListener = NoListener()
+        self.listener = listener
 
     # ---- the statements -------------------------------------------------------------
 

@@ -183,18 +183,33 @@ class Transactions:
     """Every session and transaction of the broker, and the locks they hold."""
 
     def __init__(
-        self, clock: Clock, hooks: TransactionHooks, lock_timeout: float, outcomes: Outcomes
+        self,
+        clock: Clock,
+        hooks: TransactionHooks,
+        lock_timeout: float,
+        outcomes: Outcomes,
+        max_locks: int = DEFAULT_MAX_LOCKS,
+        max_detached: int = DEFAULT_MAX_DETACHED,
     ) -> None:
         self.clock = clock
         self.hooks = hooks
         self.lock_timeout = lock_timeout
         self.outcomes = outcomes
         # bounds on what one client can hold ([limits] in the config)
-        self.max_locks = DEFAULT_MAX_LOCKS  # conversation-group locks per transaction
-        self.max_detached = DEFAULT_MAX_DETACHED  # open detached transactions per login
+        self.max_locks = max_locks  # conversation-group locks per transaction
+        self.max_detached = max_detached  # open detached transactions per login
         self.sessions: dict[int, Session] = {}
         self.detached: dict[uuid.UUID, Transaction] = {}
         self._expiry: dict[uuid.UUID, Cancellable] = {}
+
+    def taken(self) -> dict[int, Message]:
+        """Messages received by open transactions (attached or detached), by queuing
+        order: what a look at a queue leaves out."""
+        txns = [s.txn for s in self.sessions.values() if s.txn is not None]
+        txns += [t for t in self.detached.values() if t not in txns]
+        return {
+            m.queuing_order: m for txn in txns for _, messages in txn.received for m in messages
+        }
 
     # ---- sessions ----------------------------------------------------------------------
 
