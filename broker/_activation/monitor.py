@@ -10,9 +10,10 @@ STOP_REQUESTED -> ENDED. Nothing here does I/O or reads a clock (`manager` does)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final
+from typing import Final, TypeVar
 
 from .workers import ActivatedTask
 
@@ -69,6 +70,21 @@ TASK_TRANSITIONS: Final[dict[tuple[ExternalState, ExternalInput], ExternalState]
 }
 
 
+State = TypeVar("State", bound=Enum)
+Input = TypeVar("Input", bound=Enum)
+
+
+def step(
+    table: Mapping[tuple[State, Input], State], state: State, event: Input, what: str
+) -> State:
+    """The state `event` moves `state` to in `table`. The tables are complete, so a
+    miss is a bug worth hearing about: RuntimeError naming `what`."""
+    try:
+        return table[(state, event)]
+    except KeyError:
+        raise RuntimeError(f"{what}: no transition for {state.name} on {event.name}") from None
+
+
 @dataclass(eq=False)
 class ExternalTask(ActivatedTask):
     """A reader that an external activator started (a Spark task) and that registered."""
@@ -81,12 +97,7 @@ class ExternalTask(ActivatedTask):
     state: ExternalState = ExternalState.RUNNING
 
     def feed(self, event: ExternalInput) -> None:
-        try:
-            self.state = TASK_TRANSITIONS[(self.state, event)]
-        except KeyError:  # the table is complete; a miss is a bug worth hearing about
-            raise RuntimeError(
-                f"external task {self.task_id}: no transition for {self.state.name} on {event.name}"
-            ) from None
+        self.state = step(TASK_TRANSITIONS, self.state, event, f"external task {self.task_id}")
 
     @property
     def stopping(self) -> bool:
@@ -137,12 +148,7 @@ class QueueMonitor:
         self.last_error: str | None = None
 
     def feed(self, event: MonitorInput) -> None:
-        try:
-            self.state = TRANSITIONS[(self.state, event)]
-        except KeyError:  # the table is complete; a miss is a bug worth hearing about
-            raise RuntimeError(
-                f"queue monitor {self.queue}: no transition for {self.state.name} on {event.name}"
-            ) from None
+        self.state = step(TRANSITIONS, self.state, event, f"queue monitor {self.queue}")
 
     def starting(self, now: float, timeout: float) -> bool:
         """A task it started has not reached its first RECEIVE yet (within timeout)."""
