@@ -268,14 +268,7 @@ class ClientConnection(asyncio.Protocol):
                 self._refuse(request, exc)
                 continue
             except Exception as exc:  # a bug must not take the daemon down
-                log.exception("operation %s failed", request.operation)
-                self._answer(
-                    encode_error(
-                        request.request_id,
-                        ErrorCode.INTERNAL_ERROR,
-                        f"internal error in {request.operation}: {exc!r}; the broker logged it",
-                    )
-                )
+                self._failed(request, exc)
                 continue
             if inspect.isawaitable(result):
                 self.busy = asyncio.ensure_future(self._finish(request, result))
@@ -294,14 +287,7 @@ class ClientConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("operation %s failed", request.operation)
-            self._answer(
-                encode_error(
-                    request.request_id,
-                    ErrorCode.INTERNAL_ERROR,
-                    f"internal error in {request.operation}: {exc!r}; the broker logged it",
-                )
-            )
+            self._failed(request, exc)
         else:
             self._succeed(request, result)
         self.busy = None
@@ -322,6 +308,12 @@ class ClientConnection(asyncio.Protocol):
             self.abort(exc.message)
             return
         self._answer(encode_error(request.request_id, exc.code, exc.message), after=0)
+
+    def _failed(self, request: Request, exc: Exception) -> None:
+        """An operation failed by a bug: logged, and the client told so."""
+        log.exception("operation %s failed", request.operation)
+        text = f"internal error in {request.operation}: {exc!r}; the broker logged it"
+        self._answer(encode_error(request.request_id, ErrorCode.INTERNAL_ERROR, text))
 
     def _answer(self, frame: list[Any], *, after: int | None = None) -> None:
         """Queue an answer behind the connection's earlier ones, to leave once store batch
