@@ -143,7 +143,6 @@ class Connection(Operations):
     # ---- plumbing ------------------------------------------------------------------
 
     async def call(self, request: calls.Call[T]) -> T:
-        """Send one request and return its answer (settling it after a lost connection)."""
         while self._unsettled and not self._reconnecting:  # lost requests settle first
             await self._settled.wait()
         await self._connected()
@@ -153,9 +152,6 @@ class Connection(Operations):
         return cast(T, await self._run(sent))
 
     async def transaction_outcome(self, txn_id: uuid.UUID | str) -> str:
-        """ "committed", "rolled_back" or "unknown" (older than the broker's window) for a
-        transaction (or statement outside one) of this login; "open" for one still open
-        here or detached. Asking fixes the answer: that id can never commit afterwards."""
         outcome, _ = await self.call(self._outcome_request(txn_id, time.monotonic()))
         return outcome
 
@@ -323,7 +319,6 @@ class Connection(Operations):
                 future.set_exception(_Lost())
 
     async def close(self) -> None:
-        """Close the connection; an open transaction is rolled back by the broker."""
         self._closed = True
         transport = self._wire.transport
         if transport is not None and not transport.is_closing():
@@ -342,7 +337,6 @@ class Connection(Operations):
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
-        """BEGIN TRANSACTION; COMMIT on normal exit, ROLLBACK on an exception."""
         await self.begin_transaction()
         try:
             yield self
@@ -356,15 +350,6 @@ class Connection(Operations):
     async def run_transaction(
         self, fn: Callable[[Connection], Awaitable[T]], retries: int = DEFAULT_RETRIES
     ) -> T:
-        """Run `fn(conn)` in a transaction (awaiting it, on an async connection) and
-        commit; return what it returned once the commit is known to have happened.
-
-        It runs again (up to `retries` more times) only when the transaction is known to
-        have been rolled back: the connection dropped before the commit was applied, or a
-        lock wait timed out. Any other error rolls back and is raised; so is the last one
-        when the retries run out, and `OutcomeUnknownError` when the broker can no longer
-        tell whether the commit happened.
-        """
         retry = Retries(retries)
         while True:
             try:

@@ -26,7 +26,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from . import _calls as calls
 from ._calls import Call
-from ._recovery import Tracker
+from ._recovery import DEFAULT_RETRIES, Tracker
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -83,8 +83,9 @@ class operation(Generic[P, T]):
 
 
 class Operations:
-    """What both connections offer: each broker operation, and what they report about
-    their session's transaction. A subclass defines `call`."""
+    """What both connections offer: each broker operation, what they report about their
+    session's transaction, and the documentation of the methods each implements in its
+    own kind (`call`, `transaction`, `run_transaction`, `transaction_outcome`, `close`)."""
 
     url: str
     server: str
@@ -110,6 +111,39 @@ class Operations:
         """The id of this connection's open transaction (None outside one)."""
         txn = self._tracker.txn
         return None if txn is None else txn.id
+
+    # ---- what each connection implements in its own kind (awaitable or blocking),
+    # documented here once
+
+    def call(self, request: Call[Any]) -> Any:
+        """Send one request and return its answer (settling it after a lost connection)."""
+        raise NotImplementedError
+
+    def transaction_outcome(self, txn_id: uuid.UUID | str) -> Any:
+        """ "committed", "rolled_back" or "unknown" (older than the broker's window) for a
+        transaction (or statement outside one) of this login; "open" for one still open
+        here or detached. Asking fixes the answer: that id can never commit afterwards."""
+        raise NotImplementedError
+
+    def transaction(self) -> Any:
+        """BEGIN TRANSACTION; COMMIT on normal exit, ROLLBACK on an exception."""
+        raise NotImplementedError
+
+    def run_transaction(self, fn: Any, retries: int = DEFAULT_RETRIES) -> Any:
+        """Run `fn(conn)` in a transaction (awaiting it, on an async connection) and
+        commit; return what it returned once the commit is known to have happened.
+
+        It runs again (up to `retries` more times) only when the transaction is known to
+        have been rolled back: the connection dropped before the commit was applied, or a
+        lock wait timed out. Any other error rolls back and is raised; so is the last one
+        when the retries run out, and `OutcomeUnknownError` when the broker can no longer
+        tell whether the commit happened.
+        """
+        raise NotImplementedError
+
+    def close(self) -> Any:
+        """Close the connection; an open transaction is rolled back by the broker."""
+        raise NotImplementedError
 
     def _outcome_request(self, txn_id: uuid.UUID | str, now: float) -> Call[tuple[str, str]]:
         """`transaction_outcome` of `txn_id`, saying how long ago this client sent it."""

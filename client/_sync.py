@@ -90,7 +90,6 @@ class SyncConnection(Operations):
         self.on_reconnect: list[Callable[[SyncConnection], object]] = []
 
     def call(self, request: calls.Call[T]) -> T:
-        """Send one request and return its answer (settling it after a lost connection)."""
         self._connected()
         sent = self._tracker.prepare(request, time.monotonic())
         if sent is None:
@@ -105,9 +104,6 @@ class SyncConnection(Operations):
             raise ConnectionLostError(unsettled_text(sent, exc)) from exc
 
     def transaction_outcome(self, txn_id: uuid.UUID | str) -> str:
-        """ "committed", "rolled_back" or "unknown" (older than the broker's window) for a
-        transaction (or statement outside one) of this login; "open" for one still open
-        here or detached. Asking fixes the answer: that id can never commit afterwards."""
         outcome, _ = self.call(self._outcome_request(txn_id, time.monotonic()))
         return outcome
 
@@ -212,7 +208,6 @@ class SyncConnection(Operations):
             stepper.answered(self._send(step))
 
     def close(self) -> None:
-        """Close the connection; an open transaction is rolled back by the broker."""
         self._closed = True
         self._lost = self._lost or "closed"
         with contextlib.suppress(OSError):
@@ -230,7 +225,6 @@ class SyncConnection(Operations):
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[SyncConnection]:
-        """BEGIN TRANSACTION; COMMIT on normal exit, ROLLBACK on an exception."""
         self.begin_transaction()
         try:
             yield self
@@ -244,15 +238,6 @@ class SyncConnection(Operations):
     def run_transaction(
         self, fn: Callable[[SyncConnection], T], retries: int = DEFAULT_RETRIES
     ) -> T:
-        """Run `fn(conn)` in a transaction (awaiting it, on an async connection) and
-        commit; return what it returned once the commit is known to have happened.
-
-        It runs again (up to `retries` more times) only when the transaction is known to
-        have been rolled back: the connection dropped before the commit was applied, or a
-        lock wait timed out. Any other error rolls back and is raised; so is the last one
-        when the retries run out, and `OutcomeUnknownError` when the broker can no longer
-        tell whether the commit happened.
-        """
         retry = Retries(retries)
         while True:
             try:
