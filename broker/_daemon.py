@@ -147,6 +147,8 @@ class Broker:
         clock = LoopClock(loop)
         started = time.monotonic()
         log.info("recovering the broker's state from %s ...", self.data_dir)
+        # activation's queue monitors come first: the core tells them what happens to
+        # queues, and activation, built after the core, acts on what they heard
         monitors = Monitors()
         procedures = ProcedurePolicy(config.procedures)
         self.engine = engine = Engine(
@@ -242,6 +244,7 @@ class Broker:
         operations.merge("the transport", transport.operations())
         self._closers.append(transport.close)
 
+        # after the transport: the messages still arriving from other brokers are its
         views = Views(
             catalog=engine.catalog,
             queues=engine.queues,
