@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "backup":
         return _backup(args.data_dir, args.dir)
     if args.command == "diagnose":
-        from ._diagnose import run
+        from ssb.tools.diagnose import run
 
         return run(args.urls, args.from_service, args.to_service)
 

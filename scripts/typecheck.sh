@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # mypy --strict over the packages as they install: the folders broker/, protocol/,
-# client/ and spark_bridge/ become ssb.broker, ssb.protocol, ... through a tree of
+# client/, spark_bridge/ and tools/ become ssb.broker, ssb.protocol, ... through a tree of
 # symbolic links in build/typecheck (the source stays where it is).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 tree="$here/build/typecheck"
 mkdir -p "$tree/ssb"
-for package in broker protocol client spark_bridge; do
+for package in broker protocol client spark_bridge tools; do
     ln -sfn "$here/$package" "$tree/ssb/$package"
 done
 cd "$tree"

@@ -38,23 +38,18 @@ from federation_setup import (
 )
 
 from ssb import client
-from ssb.broker._diagnose import (
+from ssb.tools.diagnose import Broker, Report, diagnose, examine, format_report, label_of
+from ssb.tools.diagnose._checks import (
     STUCK_AFTER,
-    VIEW_ROWS,
-    Broker,
-    Report,
     check_links,
     check_resources,
     check_route,
     check_transmission_queue,
     check_trust,
-    diagnose,
-    examine,
     fingerprint,
-    format_report,
-    label_of,
-    named_paths,
 )
+from ssb.tools.diagnose._paths import named_paths
+from ssb.tools.diagnose._survey import VIEW_ROWS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -352,6 +347,13 @@ async def test_an_activation_procedure_that_fails_to_import_is_found(tmp_path: P
         await wait_until(failed, "the activated task to fail", 30)
         report = await diagnose([process.url])
         one(texts(report, "activation"), "activated tasks of queue 'Work'", "myprocs")
+        # the survey asks with a procedure every broker allows: only a login without
+        # EXECUTE is refused it, and is told which grant it needs
+        assert not texts(report, "permission"), format_report(report)
+        await conn.create_login("watcher", "watcher-password")
+        await conn.grant("VIEW", "watcher")
+        report = await diagnose([process.url_for("watcher", "watcher-password")])
+        one(texts(report, "permission"), "lacks EXECUTE", "grant('EXECUTE', 'watcher')")
         await conn.close()
     finally:
         process.kill()
