@@ -8,6 +8,9 @@ ExecutionLog and ExecutionStatus views at the end.
 
     python examples/seed000_scheduler.py                 # starts a private broker
     python examples/seed000_scheduler.py --url "$SSB_URL"
+
+A broker of your own runs the tasks only if its config lists them:
+`procedures = ["time:sleep"]`.
 """
 
 from __future__ import annotations
@@ -16,63 +19,35 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from ssb import client
 from ssb.broker.cli import format_table
+from ssb.tools import BrokerProcess
 
 WAVES = [(4, 10.1), (2, 9.2), (1, 8.3), (2, 7.4), (1, 6.5)]
 
 
-@contextlib.asynccontextmanager
-async def private_broker() -> AsyncIterator[str]:
-    """A throwaway daemon on a free port, with two warm activation workers."""
+@contextlib.contextmanager
+def private_broker() -> Iterator[str]:
+    """A throwaway daemon on a free port that may run `time.sleep`, with two warm
+    activation workers."""
     with tempfile.TemporaryDirectory(prefix="ssb-seed000-") as tmp:
-        config = Path(tmp) / "ssb.toml"
-        config.write_text(
-            'procedures = ["time:sleep"]\n[activation]\ncheck_interval = 1.0\nprestart_workers = 2\n'
+        config = {
+            "procedures": ["time:sleep"],
+            "activation": {"check_interval": 1.0, "prestart_workers": 2},
+        }
+        broker = BrokerProcess(
+            Path(tmp) / "data",
+            durability="os",
+            config=config,
+            extra_args=["--log-level", "WARNING"],
         )
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ssb.broker",
-                "serve",
-                "--data-dir",
-                f"{tmp}/data",
-                "--client-port",
-                "0",
-                "--broker-port",
-                "0",
-                "--durability",
-                "os",
-                "--config",
-                str(config),
-                "--log-level",
-                "WARNING",
-            ],
-            stdout=subprocess.PIPE,
-        )
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode()
-        if line.startswith("ssb: created the login"):  # the first start says where it is
-            line = proc.stdout.readline().decode()
-        if not line.startswith("ssb ready"):
-            proc.kill()
-            raise SystemExit(f"the broker did not start: {line!r}")
-        url = client.local_url(f"{tmp}/data")  # admin, with the password the start wrote
-        assert url is not None
-        try:
-            yield url
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=20)
+        with broker:
+            yield broker.url  # admin, with the password the start wrote
 
 
 async def seed_test(url: str, scale: float) -> None:
@@ -124,7 +99,7 @@ async def main() -> None:
     if args.url:
         await seed_test(args.url, args.scale)
     else:
-        async with private_broker() as url:
+        with private_broker() as url:
             await seed_test(url, args.scale)
 
 

@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ssb import client
+from ssb.tools import BrokerProcess
 
 HERE = Path(__file__).resolve().parent
 ORDERS = 10_000
@@ -47,39 +47,11 @@ def price(message: client.Message, conn: client.SyncConnection) -> None:
 def private_broker() -> Iterator[str]:
     """A throwaway daemon on a free port."""
     with tempfile.TemporaryDirectory(prefix="ssb-spark-") as tmp:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ssb.broker",
-                "serve",
-                "--data-dir",
-                f"{tmp}/data",
-                "--client-port",
-                "0",
-                "--broker-port",
-                "0",
-                "--durability",
-                "os",
-                "--log-level",
-                "WARNING",
-            ],
-            stdout=subprocess.PIPE,
+        broker = BrokerProcess(
+            Path(tmp) / "data", durability="os", extra_args=["--log-level", "WARNING"]
         )
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode()
-        if line.startswith("ssb: created the login"):  # the first start says where it is
-            line = proc.stdout.readline().decode()
-        if not line.startswith("ssb ready"):
-            proc.kill()
-            raise SystemExit(f"the broker did not start: {line!r}")
-        url = client.local_url(f"{tmp}/data")  # admin, with the password the start wrote
-        assert url is not None
-        try:
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+        with broker:
+            yield broker.url  # admin, with the password the start wrote
 
 
 def setup(conn: client.SyncConnection) -> None:

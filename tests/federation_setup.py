@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from daemon import BrokerProcess
-from polling import wait_until
 
 from ssb import client
+from ssb.tools import wait_until
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from ssb.broker._activation.monitor import (
     MonitorState,
     activation_needed,
 )
+from ssb.tools import wait_until
 
 TESTS = Path(__file__).parent
 FAST = {
@@ -46,23 +47,6 @@ async def aconn(abroker: BrokerProcess) -> AsyncIterator[client.Connection]:
     connection = await client.connect(abroker.url)
     yield connection
     await connection.close()
-
-
-async def until(
-    read: Callable[[], Awaitable[Rows]],
-    check: Callable[[Rows], bool],
-    timeout: float = 15.0,
-    what: str = "condition",
-) -> Rows:
-    """Poll `read` until `check` holds; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = await read()
-        if check(rows):
-            return rows
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last rows: {rows}")
-        await asyncio.sleep(0.02)
 
 
 def monitor(rows: Rows, queue: str) -> dict[str, Any]:
@@ -170,10 +154,11 @@ async def test_activation_starts_a_reader_for_a_message_on_an_idle_queue(
         assert task["procedure"] == "activation_procs:echo"
         assert task["execute_as"] == "admin"
         assert isinstance(task["pid"], int) and task["pid"] != os.getpid()
-    rows = await until(
+    rows = await wait_until(
         lambda: monitors(aconn),
-        lambda r: monitor(r, "EchoQueue")["tasks_running"] == 0,
-        what="the echo reader to return once the queue stays empty",
+        "the echo reader to return once the queue stays empty",
+        15,
+        until=lambda r: monitor(r, "EchoQueue")["tasks_running"] == 0,
     )
     row = monitor(rows, "EchoQueue")
     assert row["tasks_started"] == 1 and row["tasks_failed"] == 0
@@ -189,16 +174,22 @@ async def test_ramps_up_to_max_queue_readers_and_no_further(aconn: client.Connec
     for handle in handles:  # one conversation group each
         await aconn.send(handle, "DEFAULT", b"work")
     peak = 0
-    deadline = time.monotonic() + 30
-    while True:
+
+    async def watched() -> dict[str, Any]:
+        nonlocal peak
         row = monitor(await monitors(aconn), "SlowQueue")
         running = len(await tasks_of(aconn, "SlowQueue"))
         assert row["tasks_running"] <= 3 and running <= 3
         peak = max(peak, row["tasks_running"])
-        if row["messages_ready"] == 0 and row["tasks_running"] == 0:
-            break
-        assert time.monotonic() < deadline, f"backlog not drained: {row}"
-        await asyncio.sleep(0.02)
+        return row
+
+    row = await wait_until(
+        watched,
+        "the backlog to drain",
+        30,
+        0.02,
+        until=lambda r: r["messages_ready"] == 0 and r["tasks_running"] == 0,
+    )
     assert peak == 3
     assert 3 <= row["tasks_started"] <= 6, row  # ramp to 3; perhaps a reader again at the end
 
@@ -210,19 +201,21 @@ async def test_one_busy_group_gets_one_extra_reader_and_no_third(
     await activated_service(aconn, "Hold", "hold", readers=5)
     marker = tmp_path / "release"
     handle = await ask(aconn, "Hold", str(marker))
-    await until(
+    await wait_until(
         lambda: tasks_of(aconn, "HoldQueue"),
-        lambda t: len(t) == 1 and t[0]["conversation_group_id"] is not None,
-        what="the first reader to hold the conversation group in its transaction",
+        "the first reader to hold the conversation group in its transaction",
+        15,
+        until=lambda t: len(t) == 1 and t[0]["conversation_group_id"] is not None,
     )
     await aconn.send_many(handle, "DEFAULT", [str(marker)] * 4)
-    await until(
+    await wait_until(
         lambda: monitors(aconn),
-        lambda r: (
+        "a second reader waiting in RECEIVE",
+        15,
+        until=lambda r: (
             monitor(r, "HoldQueue")["tasks_running"] == 2
             and monitor(r, "HoldQueue")["tasks_waiting"] == 1
         ),
-        what="a second reader waiting in RECEIVE",
     )
     # several check intervals and empty-rowset windows: never a third reader
     end = time.monotonic() + 1.5
@@ -233,15 +226,17 @@ async def test_one_busy_group_gets_one_extra_reader_and_no_third(
         assert row["messages_ready"] == 4, row
         await asyncio.sleep(0.02)
     marker.touch()
-    await until(
+    await wait_until(
         lambda: monitors(aconn),
-        lambda r: monitor(r, "HoldQueue")["messages_ready"] == 0,
-        what="the held messages to be processed after the release",
+        "the held messages to be processed after the release",
+        15,
+        until=lambda r: monitor(r, "HoldQueue")["messages_ready"] == 0,
     )
-    groups = await until(
+    groups = await wait_until(
         lambda: aconn.view("conversation_groups"),
-        lambda g: not any(row["is_locked"] for row in g),
-        what="the group lock to be released",
+        "the group lock to be released",
+        15,
+        until=lambda g: not any(row["is_locked"] for row in g),
     )
     assert groups
 
@@ -256,15 +251,17 @@ async def test_one_conversation_in_short_transactions_never_gets_a_third_reader(
     handle = await aconn.begin_dialog("ReplyService", "BusyService")
     await aconn.send_many(handle, "DEFAULT", [b"work"] * 60)
     peak_started = 0
-    deadline = time.monotonic() + 30
-    while True:
+
+    async def watched() -> dict[str, Any]:
+        nonlocal peak_started
         row = monitor(await monitors(aconn), "BusyQueue")
         peak_started = max(peak_started, row["tasks_started"])
         assert row["tasks_running"] <= 2, row
-        if row["messages_ready"] == 0:
-            break
-        assert time.monotonic() < deadline, f"not drained: {row}"
-        await asyncio.sleep(0.02)
+        return row
+
+    row = await wait_until(
+        watched, "the queue to drain", 30, 0.02, until=lambda r: r["messages_ready"] == 0
+    )
     assert peak_started <= 2, row
 
 
@@ -273,7 +270,9 @@ async def test_activation_status_off_stops_starting_readers(aconn: client.Connec
     await activated_service(aconn, "Echo", "echo")
     handle = await ask(aconn, "Echo", b"one")
     assert await answer(aconn, handle) == b"one"
-    await until(lambda: tasks_of(aconn, "EchoQueue"), lambda t: not t, what="the reader to return")
+    await wait_until(
+        lambda: tasks_of(aconn, "EchoQueue"), "the reader to return", 15, until=lambda t: not t
+    )
     await aconn.alter_queue("EchoQueue", activation={"status": "OFF"})
     await aconn.send(handle, "DEFAULT", b"two")
     end = time.monotonic() + 1.5  # many check intervals and empty-rowset windows
@@ -294,10 +293,11 @@ async def test_execute_as_must_be_a_login(aconn: client.Connection) -> None:
     )
     await aconn.create_service("NobodyService", queue="NobodyQueue", contracts=["DEFAULT"])
     await ask(aconn, "Nobody", b"x")
-    rows = await until(
+    rows = await wait_until(
         lambda: monitors(aconn),
-        lambda r: monitor(r, "NobodyQueue").get("tasks_failed", 0) >= 1,
-        what="the refused activation",
+        "the refused activation",
+        15,
+        until=lambda r: monitor(r, "NobodyQueue").get("tasks_failed", 0) >= 1,
     )
     assert "not a login" in monitor(rows, "NobodyQueue")["last_task_error"]
     # a made-up token neither logs in nor attaches
@@ -326,18 +326,20 @@ async def test_a_raising_procedure_rolls_back_and_ends_its_task(
     await activated_service(aconn, "Echo", "echo")
     await activated_service(aconn, "Fail", "fail")
     await ask(aconn, "Fail", b"poison")
-    rows = await until(
+    rows = await wait_until(
         lambda: monitors(aconn),
-        lambda r: monitor(r, "FailQueue").get("tasks_failed", 0) >= 1,
-        what="the failing task to end",
+        "the failing task to end",
+        15,
+        until=lambda r: monitor(r, "FailQueue").get("tasks_failed", 0) >= 1,
     )
     assert "procedure failed on purpose" in monitor(rows, "FailQueue")["last_task_error"]
     await still_serving(aconn)
     # every failure rolled back; after five in a row poison handling disables the queue
-    queues = await until(
+    queues = await wait_until(
         lambda: aconn.view("service_queues"),
-        lambda q: not next(r for r in q if r["name"] == "FailQueue")["is_receive_enabled"],
-        what="poison message handling to disable the queue",
+        "poison message handling to disable the queue",
+        15,
+        until=lambda q: not next(r for r in q if r["name"] == "FailQueue")["is_receive_enabled"],
     )
     assert next(r for r in queues if r["name"] == "FailQueue")["messages_ready"] == 1
     (message,) = await aconn.peek("FailQueue")
@@ -350,17 +352,19 @@ async def test_a_hanging_procedure_does_not_slow_the_broker(aconn: client.Connec
     await activated_service(aconn, "Echo", "echo")
     await activated_service(aconn, "Burn", "burn")
     await ask(aconn, "Burn", b"spin")
-    tasks = await until(
+    tasks = await wait_until(
         lambda: tasks_of(aconn, "BurnQueue"),
-        lambda t: len(t) == 1 and t[0]["pid"] is not None and t[0]["session_id"] is not None,
-        what="the burning task",
+        "the burning task",
+        15,
+        until=lambda t: len(t) == 1 and t[0]["pid"] is not None and t[0]["session_id"] is not None,
     )
     pid = tasks[0]["pid"]
     try:
-        await until(
+        await wait_until(
             lambda: monitors(aconn),
-            lambda r: monitor(r, "BurnQueue")["messages_ready"] == 0,
-            what="the burning task to take its message",
+            "the burning task to take its message",
+            15,
+            until=lambda r: monitor(r, "BurnQueue")["messages_ready"] == 0,
         )
         for _ in range(3):
             await still_serving(aconn)
@@ -375,10 +379,11 @@ async def test_a_killed_worker_is_cleaned_up_and_replaced(aconn: client.Connecti
     await activated_service(aconn, "Echo", "echo")
     await activated_service(aconn, "Crash", "crash_once")
     handle = await ask(aconn, "Crash", b"hold me")
-    tasks = await until(
+    tasks = await wait_until(
         lambda: tasks_of(aconn, "CrashQueue"),
-        lambda t: len(t) == 1 and t[0]["conversation_group_id"] is not None,
-        what="the task holding its message in a transaction",
+        "the task holding its message in a transaction",
+        15,
+        until=lambda t: len(t) == 1 and t[0]["conversation_group_id"] is not None,
     )
     pid = tasks[0]["pid"]
     os.kill(pid, signal.SIGKILL)
@@ -414,7 +419,7 @@ async def test_external_activation_notifies_once_until_receive_or_timeout(
         return [{"body": m.message_body} for m in await aconn.peek("EventsQueue")]
 
     handle = await ask(aconn, "Work", b"1")
-    (first,) = await until(events, lambda e: len(e) == 1, what="the first notification")
+    (first,) = await wait_until(events, "the first notification", 15, until=lambda e: len(e) == 1)
     body = first["body"].decode()
     for part in (
         "<EventType>QUEUE_ACTIVATION</EventType>",
@@ -435,10 +440,10 @@ async def test_external_activation_notifies_once_until_receive_or_timeout(
 
     received_at = time.monotonic()
     assert len(await aconn.receive("WorkQueue", top=1)) == 1  # the external reader answers
-    await until(events, lambda e: len(e) == 2, what="a notification after the RECEIVE")
+    await wait_until(events, "a notification after the RECEIVE", 15, until=lambda e: len(e) == 2)
     second_at = time.monotonic()
     assert second_at - received_at < 2.5  # the RECEIVE, not the 3 s timeout, let it through
 
-    await until(events, lambda e: len(e) == 3, timeout=10, what="a notification after timeout")
+    await wait_until(events, "a notification after timeout", 10, until=lambda e: len(e) == 3)
     assert time.monotonic() - second_at >= 2.5  # notification_timeout = 3 s
     assert monitor(await monitors(aconn), "WorkQueue")["notifications_sent"] == 3

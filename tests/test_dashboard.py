@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from daemon import BrokerProcess
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
-from polling import wait_until
 
 from ssb import client
 from ssb.broker._dashboard import sessions as web_sessions
 from ssb.broker._dashboard.history import DepthHistory, depth_chart
 from ssb.broker._dashboard.sessions import SESSION_LIFETIME, WebSessions
+from ssb.tools import wait_until
 
 TESTS_DIR = Path(__file__).parent
 CHROMIUM_ARGS = [

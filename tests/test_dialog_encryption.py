@@ -21,13 +21,13 @@ from federation_setup import (
     endpoints,
     receive_count,
 )
-from polling import wait_until
 from test_dialog_security import Rogue
 from test_federation import two_brokers_with_a_dialog_pair
 
 from ssb import client
 from ssb.protocol import ErrorCode, generate_broker_identity
 from ssb.protocol._link import Envelope
+from ssb.tools import wait_until
 
 
 class Relay:

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 from daemon import BrokerProcess, one_error_line, serve_once
-from polling import wait_until
 
 from ssb import client
 from ssb.protocol import ErrorCode
+from ssb.tools import wait_until
 
 MIB = 1024 * 1024
 DISK_SIZE = 64 * MIB

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -12,20 +11,13 @@ from daemon import BrokerProcess
 from setup_objects import seed000
 
 from ssb import client
+from ssb.tools import wait_until_sync
 
 HERE = Path(__file__).parent
 
 
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
-
-
-def _wait_for(predicate, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("durability", ["fsync", "os"])
@@ -49,8 +41,8 @@ async def test_kill_9_keeps_every_acknowledged_change(tmp_path: Path, durability
         consumer = subprocess.Popen(
             [sys.executable, script, "consumer", broker.url, str(recv_log), target_q]
         )
-        _wait_for(lambda: len(_lines(sent_log)) >= 2000, "2,000 acknowledged sends")
-        _wait_for(lambda: _lines(recv_log).count("commit") >= 50, "50 committed receives")
+        wait_until_sync(lambda: len(_lines(sent_log)) >= 2000, "2,000 acknowledged sends")
+        wait_until_sync(lambda: _lines(recv_log).count("commit") >= 50, "50 committed receives")
         broker.kill()
         assert producer.wait(timeout=30) == 0
         assert consumer.wait(timeout=30) == 0

@@ -28,9 +28,9 @@ from federation_setup import (
     route_chain,
     wait_quiet,
 )
-from polling import wait_until
 
 from ssb import client
+from ssb.tools import wait_until
 
 BIG = 300 * 1024  # five fragments of 64 KiB
 

@@ -43,9 +43,9 @@ from federation_setup import (
     run_together,
     wait_quiet,
 )
-from polling import wait_until
 
 from ssb import client
+from ssb.tools import wait_until
 
 SEED = int(os.environ.get("SSB_FAULT_SEED", "5022"))
 FRAGMENT = TRANSPORT["fragment_size"]

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from daemon import BrokerProcess
-from polling import wait_until
 
 from ssb import client
+from ssb.tools import wait_until
 
 SHADOWS = ("client", "protocol", "broker", "spark_bridge")
 

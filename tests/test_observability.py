@@ -25,10 +25,10 @@ from federation_setup import (
     create_target,
     link,
 )
-from polling import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from ssb import client
+from ssb.tools import wait_until
 
 
 @pytest.fixture

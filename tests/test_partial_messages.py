@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from federation_setup import CONTRACT, REQUEST, Federation, Node, receive_count
-from polling import wait_until
 from test_dialog_encryption import Relay, _through
 from test_federation import two_brokers_with_a_dialog_pair
 
 from ssb import client
+from ssb.tools import wait_until
 
 BODY = bytes(range(256)) * 8192  # 2 MiB: 32 fragments of the tests' 64 KiB
 HOLD_AFTER = 700_000  # bytes towards B before the relay holds: about a third of it

@@ -25,6 +25,7 @@ from faultproxy import FaultPlan, ThreadedFaultProxy
 from ssb import client
 from ssb.client import _calls as calls
 from ssb.client._recovery import uuid7
+from ssb.tools import wait_until
 
 TAG = struct.Struct(">II")  # conversation number, message number within it
 CONVERSATIONS = 10
@@ -135,10 +136,11 @@ async def test_broker_killed_and_restarted_loses_and_duplicates_nothing(
 
     async def kill_three_times(progress: list[int]) -> None:
         for kill in range(1, 4):
-            deadline = time.monotonic() + 120
-            while progress[0] < kill * total // 4:  # the producer's own count
-                assert time.monotonic() < deadline, "the producer made no progress"
-                await asyncio.sleep(0.02)
+
+            async def sent(part: int = kill * total // 4) -> bool:
+                return progress[0] >= part  # the producer's own count
+
+            await wait_until(sent, "the producer's progress", 120, 0.02)
             broker.kill()
             await asyncio.get_running_loop().run_in_executor(None, broker.start)
 
@@ -166,10 +168,12 @@ async def test_outcome_window_expires_as_configured(tmp_path: Any) -> None:
         with pytest.raises(client.ConnectionLostError):  # the broker closes that connection
             await late.begin_transaction(txn_id=never)
         started = time.monotonic()
-        deadline = started + 10
-        while await conn.transaction_outcome(first) == "committed":
-            assert time.monotonic() < deadline, "the outcome never expired"
-            await asyncio.sleep(0.05)
+        await wait_until(
+            lambda: conn.transaction_outcome(first),
+            "the outcome to expire",
+            10,
+            until=lambda outcome: outcome != "committed",
+        )
         assert time.monotonic() - started >= 0.5  # not before its window
         outcome, why = await conn.call(calls.transaction_outcome(first, 30.0))
         assert outcome == "unknown"
@@ -181,10 +185,12 @@ async def test_outcome_window_expires_as_configured(tmp_path: Any) -> None:
             await conn.begin_transaction()
             ids.append(conn.transaction_id)
             await conn.commit()
-        deadline = time.monotonic() + 10
-        while (await conn.call(calls.transaction_outcome(ids[0], 5.0)))[0] == "committed":
-            assert time.monotonic() < deadline, "the outcome was never pruned by count"
-            await asyncio.sleep(0.05)
+        await wait_until(
+            lambda: conn.call(calls.transaction_outcome(ids[0], 5.0)),
+            "the outcome to be pruned by count",
+            10,
+            until=lambda answer: answer[0] != "committed",
+        )
         assert (await conn.call(calls.transaction_outcome(ids[0], 5.0)))[0] == "unknown"
         assert await conn.transaction_outcome(ids[-1]) == "committed"
         await conn.close()
@@ -223,12 +229,14 @@ async def test_a_waiting_receive_resumes_and_tls_logs_in_again(broker: BrokerPro
 
 
 async def _until_readers_waiting(conn: client.Connection, count: int, deadline: float) -> None:
-    while True:
+    async def waiting() -> int:
         rows = await conn.view("service_queues")
-        if sum(int(r["readers_waiting"]) for r in rows if r["name"] == "Work") == count:
-            return
-        assert time.monotonic() < deadline, f"never {count} sessions waiting in RECEIVE"
-        await asyncio.sleep(0.02)
+        return sum(int(r["readers_waiting"]) for r in rows if r["name"] == "Work")
+
+    left = deadline - time.monotonic()
+    await wait_until(
+        waiting, f"{count} sessions waiting in RECEIVE", left, 0.02, until=lambda n: n == count
+    )
 
 
 async def test_any_login_asks_about_its_own_transactions_only(broker: BrokerProcess) -> None:

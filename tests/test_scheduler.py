@@ -16,6 +16,7 @@ import pytest
 from daemon import BrokerProcess
 
 from ssb import client
+from ssb.tools import wait_until
 
 TESTS = Path(__file__).parent
 Rows = list[dict[str, Any]]
@@ -51,19 +52,14 @@ async def sconn(sbroker: BrokerProcess) -> AsyncIterator[client.Connection]:
     await connection.close()
 
 
-async def until(conn: client.Connection, view: str, check: Any, timeout: float = 20.0) -> Rows:
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = await conn.view(view)
-        if check(rows):
-            return rows
-        assert time.monotonic() < deadline, f"timed out waiting on {view}: {rows}"
-        await asyncio.sleep(0.02)
-
-
 async def warm(conn: client.Connection, count: int) -> None:
     """Wait for the prestarted workers, so timings measure tasks, not process starts."""
-    await until(conn, "activation_workers", lambda r: sum(w["state"] == "IDLE" for w in r) >= count)
+    await wait_until(
+        lambda: conn.view("activation_workers"),
+        f"{count} idle workers",
+        20,
+        until=lambda r: sum(w["state"] == "IDLE" for w in r) >= count,
+    )
 
 
 def when(text: str) -> float:
@@ -158,8 +154,11 @@ async def test_failures_are_logged_and_a_dead_worker_is_reported(
     (outcome,) = await scheduler.synchronize(timeout=20)
     assert not outcome.ok and outcome.error == "ValueError: boom"
     log_id = await scheduler.exec_async("activation_procs:sleep_task", 30.0)
-    status = await until(
-        sconn, "execution_status", lambda rows: any(r["log_id"] == log_id for r in rows)
+    status = await wait_until(
+        lambda: sconn.view("execution_status"),
+        "the task in execution_status",
+        20,
+        until=lambda rows: any(r["log_id"] == log_id for r in rows),
     )
     (running,) = [r for r in status if r["log_id"] == log_id]
     assert running["task"] == "activation_procs:sleep_task(30.0)"

@@ -14,18 +14,6 @@ from ssb import client
 Rows = list[dict[str, Any]]
 
 
-def until(read: Callable[[], Any], check: Callable[[Any], bool], timeout: float, what: str) -> Any:
-    """Poll `read` until `check` holds; fail after `timeout` seconds (no sleeps as sync)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = read()
-        if check(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {value!r}")
-        time.sleep(0.02)
-
-
 def work_queue(conn: client.SyncConnection, name: str, readers: int, **queue: Any) -> None:
     """Queue `name` (external activation only: activation OFF, MAX_QUEUE_READERS =
     readers), its service, and a reply service `name`Replies."""

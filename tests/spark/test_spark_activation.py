@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 from daemon import BrokerProcess
-from spark_setup import ReaderWatch, collect_replies, send_load, until, work_queue
+from spark_setup import ReaderWatch, collect_replies, send_load, work_queue
 
 from ssb import client
 from ssb.spark_bridge import QueueBinding, SparkActivator
+from ssb.tools import wait_until_sync
 
 
 def tasks_of(conn: client.SyncConnection, queue: str) -> list[dict[str, Any]]:
@@ -33,11 +34,11 @@ def test_thousand_messages_each_processed_once_within_the_reader_cap(
                 send_load(conn, "Orders", conversations=50, per_conversation=20)
                 seen = collect_replies(conn, "Orders", 1000, timeout=90)
                 # readers exit once the queue stays empty: none left, from the broker's side
-                until(
+                wait_until_sync(
                     lambda: tasks_of(conn, "Orders"),
-                    lambda rows: not rows,
-                    20,
                     "idle readers to exit",
+                    20,
+                    until=lambda rows: not rows,
                 )
                 assert activator.wait_idle(20)
             finally:
@@ -70,7 +71,9 @@ def test_registration_beyond_max_queue_readers_is_refused(sbroker: BrokerProcess
             assert len(tasks_of(conn, "Capped")) == 2
             readers[0].end_task()
             readers[1].close()  # a dropped reader frees its place too
-            until(lambda: tasks_of(conn, "Capped"), lambda rows: not rows, 10, "places to free")
+            wait_until_sync(
+                lambda: tasks_of(conn, "Capped"), "places to free", 10, until=lambda rows: not rows
+            )
             readers[2].register_task("Capped", "test", job="j1")
             # a stop request: a RECEIVE blocked waiting returns at once, later ones too
             got: list[Any] = []
@@ -78,11 +81,11 @@ def test_registration_beyond_max_queue_readers_is_refused(sbroker: BrokerProcess
                 target=lambda: got.append(readers[2].receive("Capped", timeout=30))
             )
             waiting.start()
-            until(
+            wait_until_sync(
                 lambda: tasks_of(conn, "Capped"),
-                lambda rows: rows[0]["state"] == "WAITING",
-                10,
                 "the wait",
+                10,
+                until=lambda rows: rows[0]["state"] == "WAITING",
             )
             assert conn.request_stop("Capped") == 1
             waiting.join(timeout=5)
@@ -147,8 +150,8 @@ def test_poison_message_ends_in_the_dead_letter_queue(spark: Any, sbroker: Broke
                 body=lambda c, i: b"poison" if (c, i) == (1, 5) else f"{c}:{i}".encode(),
             )
             seen = collect_replies(conn, "Risky", 39, timeout=60)
-            dead = until(
-                lambda: conn.peek("DLQ"), lambda rows: len(rows) == 1, 30, "the dead letter"
+            dead = wait_until_sync(
+                lambda: conn.peek("DLQ"), "the dead letter", 30, until=lambda rows: len(rows) == 1
             )
             assert activator.wait_idle(20)
         finally:
@@ -173,17 +176,22 @@ def test_bridge_shutdown_mid_load_loses_nothing(spark: Any, sbroker: BrokerProce
         )
         activator.start()
         send_load(conn, "Busy", 20, 30)  # 600 messages, ~20 ms each: several seconds of work
-        until(
+        wait_until_sync(
             lambda: sum(1 for _ in conn.peek("BusyReplies")),
-            lambda n: n >= 50,
-            60,
             "processing to be under way",
+            60,
+            until=lambda n: n >= 50,
         )
         report = activator.stop(grace=1.0)
         assert report.readers_asked >= 1
-        until(lambda: tasks_of(conn, "Busy"), lambda rows: not rows, 20, "every reader to end")
-        until(
-            lambda: conn.view("open_transactions"), lambda rows: not rows, 10, "no open transaction"
+        wait_until_sync(
+            lambda: tasks_of(conn, "Busy"), "every reader to end", 20, until=lambda rows: not rows
+        )
+        wait_until_sync(
+            lambda: conn.view("open_transactions"),
+            "no open transaction",
+            10,
+            until=lambda rows: not rows,
         )
         # every message was either processed (its reply committed) or is back in the queue
         replies = [m.message_body for m in conn.peek("BusyReplies")]
@@ -217,18 +225,23 @@ def test_a_reader_that_does_not_stop_is_cancelled_and_its_message_returns(
         )
         activator.start()
         send_load(conn, "Stuck", 1, 1)
-        until(
+        wait_until_sync(
             lambda: tasks_of(conn, "Stuck"),
-            lambda rows: rows and rows[0]["conversation_group_id"],
-            30,
             "the reader to hold the message",
+            30,
+            until=lambda rows: rows and rows[0]["conversation_group_id"],
         )
         report = activator.stop(grace=0.5)
         assert report.jobs_cancelled == 1
         # the killed task's connection dropped: its transaction rolled back
-        back = until(
-            lambda: conn.peek("Stuck"), lambda rows: len(rows) == 1, 20, "the message to return"
+        back = wait_until_sync(
+            lambda: conn.peek("Stuck"),
+            "the message to return",
+            20,
+            until=lambda rows: len(rows) == 1,
         )
         assert back[0].message_body == b"0:0"
         assert conn.peek("StuckReplies") == []
-        until(lambda: tasks_of(conn, "Stuck"), lambda rows: not rows, 20, "the task to end")
+        wait_until_sync(
+            lambda: tasks_of(conn, "Stuck"), "the task to end", 20, until=lambda rows: not rows
+        )

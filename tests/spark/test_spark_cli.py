@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from daemon import BrokerProcess
-from spark_setup import collect_replies, send_load, until, work_queue
+from spark_setup import collect_replies, send_load, work_queue
 
 from ssb import client
+from ssb.tools import read_ready_line, wait_until_sync
 
 HERE = Path(__file__).parent
 
@@ -46,13 +45,9 @@ def test_the_command_serves_queues_from_a_toml_config(
             env=env,
         )
         try:
-            assert proc.stdout is not None
-            ready, deadline = b"", time.monotonic() + 60
-            while b"ssb spark-bridge ready" not in ready and time.monotonic() < deadline:
-                if select.select([proc.stdout], [], [], 0.5)[0]:
-                    ready += os.read(proc.stdout.fileno(), 4096)
-                assert proc.poll() is None, "the bridge exited early"
-            assert b"queues=Cli" in ready
+            ready = read_ready_line(proc, "ssb spark-bridge ready", 60)
+            assert ready is not None, f"the bridge did not start (exit code {proc.poll()})"
+            assert "queues=Cli" in ready
             send_load(conn, "Cli", conversations=4, per_conversation=10)
             seen = collect_replies(conn, "Cli", 40, timeout=60)
             assert seen == {f"done:{c}:{i}".encode(): 1 for c in range(4) for i in range(10)}
@@ -66,4 +61,6 @@ def test_the_command_serves_queues_from_a_toml_config(
         assert [(n["queue_name"], n["service_name"]) for n in notes] == [
             ("Cli", "spark-bridge/NotificationService")
         ]
-        until(lambda: conn.view("activated_tasks"), lambda rows: not rows, 20, "no reader left")
+        wait_until_sync(
+            lambda: conn.view("activated_tasks"), "no reader left", 20, until=lambda rows: not rows
+        )

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from daemon import BrokerProcess
-from spark_setup import until
 
 from ssb import client
 from ssb.spark_bridge import SparkActivator, get_spark_scheduler
+from ssb.tools import wait_until_sync
 
 
 def test_scheduler_tasks_run_on_spark_executors(spark: Any, sbroker: BrokerProcess) -> None:
@@ -40,9 +40,9 @@ def test_scheduler_tasks_run_on_spark_executors(spark: Any, sbroker: BrokerProce
             assert row["executor"] and row["job_task_id"] is not None
             assert row["job"].startswith(activator.activator_id)
             assert row["activated_task"] is not None
-        until(
+        wait_until_sync(
             lambda: [t for t in conn.view("activated_tasks") if t["queue"] == "Jobs/TargetQueue"],
-            lambda rows: not rows,
-            20,
             "the scheduler's readers to end",
+            20,
+            until=lambda rows: not rows,
         )

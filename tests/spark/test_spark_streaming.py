@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from daemon import BrokerProcess
 from pyspark.errors import StreamingQueryException
-from spark_setup import send_load, until, work_queue
+from spark_setup import send_load, work_queue
 
 from ssb import client
+from ssb.tools import wait_until_sync
 
 QUERY_TIMEOUT = 60.0
 
@@ -56,11 +57,11 @@ def test_stream_stopped_and_restarted_delivers_every_message_once_in_order(
         send_load(conn, "In", conversations=10, per_conversation=50)
         query = start_copy(spark, sbroker.url, checkpoint)
         try:
-            until(
+            wait_until_sync(
                 lambda: len(user_messages(conn, "InReplies")),
-                lambda n: n >= 80,
-                QUERY_TIMEOUT,
                 "a few batches",
+                QUERY_TIMEOUT,
+                until=lambda n: n >= 80,
             )
         finally:
             query.stop()
@@ -69,18 +70,18 @@ def test_stream_stopped_and_restarted_delivers_every_message_once_in_order(
         assert first_run < 500, "the query finished before it was stopped: the test proves nothing"
         query = start_copy(spark, sbroker.url, checkpoint)
         try:
-            out = until(
+            out = wait_until_sync(
                 lambda: user_messages(conn, "InReplies"),
-                lambda rows: len(rows) >= 500,
-                QUERY_TIMEOUT,
                 "all 500",
+                QUERY_TIMEOUT,
+                until=lambda rows: len(rows) >= 500,
             )
             # Spark committed the last batch: its lease commits when the next one is planned
-            until(
+            wait_until_sync(
                 lambda: conn.peek("In"),
-                lambda rows: not rows,
-                QUERY_TIMEOUT,
                 "the source queue to empty",
+                QUERY_TIMEOUT,
+                until=lambda rows: not rows,
             )
         finally:
             query.stop()
@@ -130,11 +131,11 @@ def test_a_failed_batch_gets_its_messages_again(
         assert len(seen[1]) == 1
         query = run()
         try:
-            until(
+            wait_until_sync(
                 lambda: sum(len(a[-1]) for a in seen.values()),
-                lambda n: n >= 100,
-                QUERY_TIMEOUT,
                 "all 100",
+                QUERY_TIMEOUT,
+                until=lambda n: n >= 100,
             )
         finally:
             query.stop()
@@ -164,12 +165,12 @@ def test_a_lease_nobody_commits_comes_back(
             .start()
         )
         try:
-            until(lambda: len(got), lambda n: n == 5, QUERY_TIMEOUT, "the batch")
+            wait_until_sync(lambda: len(got), "the batch", QUERY_TIMEOUT, until=lambda n: n == 5)
         finally:
             query.stop()
         # the query never comes back to settle its lease: it expires, the messages return
-        back = until(
-            lambda: conn.peek("In"), lambda rows: len(rows) == 5, 20, "the lease to expire"
+        back = wait_until_sync(
+            lambda: conn.peek("In"), "the lease to expire", 20, until=lambda rows: len(rows) == 5
         )
         assert [m.message_body for m in back] == [f"0:{i}".encode() for i in range(5)]
 
@@ -222,11 +223,11 @@ def test_replies_commit_with_the_lease_that_received_their_messages(
             .start()
         )
         try:
-            replies = until(
+            replies = wait_until_sync(
                 lambda: user_messages(conn, "InReplies"),
-                lambda r: len(r) >= 100,
-                QUERY_TIMEOUT,
                 "100 replies",
+                QUERY_TIMEOUT,
+                until=lambda r: len(r) >= 100,
             )
         finally:
             query.stop()
