@@ -5,8 +5,8 @@ The daemon's memory is its resident set (VmRSS in /proc/<pid>/status) and its pe
 background thread every `interval` seconds, following the daemon across restarts (it
 reads the pid anew each time). The store is `<data_dir>/broker.db` plus its `-wal` file.
 
-`daemon()` is `_common.broker()` with a config (a dict of settings, written to a TOML
-file by tests/daemon.py), which the memory benchmarks need for `message_cache_bytes`.
+The memory benchmarks start their daemon with `_common.broker()`, whose config (a dict of
+settings) sets `message_cache_bytes`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._common import BrokerProcess  # type: ignore[attr-defined,unused-ignore]
+from ._common import BrokerProcess
 
 __all__ = [
     "MB",

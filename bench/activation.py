@@ -17,13 +17,14 @@ Run from the repository root:
 
     python -m bench.activation                  # durability fsync, the default
     python -m bench.activation --durability os --tasks 2000 --json act.json
+    python -m bench.activation --smoke          # tiny sizes, seconds: does it still run?
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import operator
 import os
 import platform
 import shutil
@@ -35,8 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from ssb import client
+from ssb.tools import wait_until
 
-from ._common import REPO_ROOT, BrokerProcess, percentile, run
+from ._common import REPO_ROOT, BrokerProcess, parse_args, percentile, run
+
+SMOKE = {"cold": 2, "warm": 3, "tasks": 20}
 
 
 def stamp(conn: client.SyncConnection, task: Any) -> None:
@@ -57,11 +61,10 @@ def _daemon(root: Path, durability: str, activation: dict[str, Any]) -> BrokerPr
 
 
 async def _wait_idle(conn: client.Connection, queue: str) -> None:
-    deadline = time.monotonic() + 30
-    while any(t["queue"] == queue for t in await conn.view("activated_tasks")):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the probe's activated task did not end")
-        await asyncio.sleep(0.005)
+    async def busy() -> bool:
+        return any(t["queue"] == queue for t in await conn.view("activated_tasks"))
+
+    await wait_until(busy, "the probe's activated task to end", 30, 0.005, until=operator.not_)
 
 
 async def latency(url: str, samples: int, warmup: int) -> list[float]:
@@ -93,11 +96,11 @@ async def latency(url: str, samples: int, warmup: int) -> list[float]:
 
 async def throughput(url: str, readers: int, tasks: int) -> float:
     async with await client.connect(url) as conn:
-        deadline = time.monotonic() + 60
-        while sum(w["state"] == "IDLE" for w in await conn.view("activation_workers")) < readers:
-            if time.monotonic() > deadline:
-                raise RuntimeError("warm workers did not start")
-            await asyncio.sleep(0.05)
+
+        async def idle_workers() -> int:
+            return sum(w["state"] == "IDLE" for w in await conn.view("activation_workers"))
+
+        await wait_until(idle_workers, "warm workers", 60, until=lambda idle: idle >= readers)
         scheduler = await conn.get_scheduler(f"Bench{readers}", max_queue_readers=readers)
         for _ in range(min(tasks, 200)):  # warm-up: readers started, modules imported
             await scheduler.exec_async("bench.activation:noop")
@@ -123,14 +126,16 @@ def _summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.activation", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--durability", choices=("fsync", "os"), default="fsync")
     parser.add_argument("--cold", type=int, default=30, help="cold latency samples")
     parser.add_argument("--warm", type=int, default=200, help="warm latency samples")
     parser.add_argument("--tasks", type=int, default=1000, help="scheduler tasks per run")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
+    args = parse_args(parser, argv, SMOKE)
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
         "durability": args.durability,
@@ -165,7 +170,8 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

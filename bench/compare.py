@@ -14,6 +14,11 @@ the ratio B / A of every figure.
 under another setting (TLS against plain TCP, same run):
 
     python -m bench.compare . . --runs 5 --b-args=--tls -- --messages 50000 --durability both
+
+With `--smoke`, one run of each side, the benchmark in its own smoke mode: does the
+comparison still run?
+
+    python -m bench.compare . . --smoke
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from ._common import parse_args
 
 
 def _run(side: Path, module: str, args: list[str], timeout: float) -> list[dict[str, Any]]:
@@ -78,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b-args", default="", help="extra arguments for side B only")
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
-    opts = parser.parse_args(argv[:split])
-    extra = argv[split + 1 :]
+    opts = parse_args(parser, argv[:split], {"runs": 1})
+    extra = [*argv[split + 1 :], *(["--smoke"] if opts.smoke else [])]
     runs: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
     for n in range(opts.runs):
         for name, side in (("a", opts.a), ("b", opts.b)):

@@ -26,39 +26,41 @@ Run from the repository root:
     python -m bench.federation --runs 5 --plain-link       # 100,000 messages, fsync
     python -m bench.federation --messages 20000 --json            # JSON on stdout
     python -m bench.federation --durability os --json out.json
+    python -m bench.federation --smoke                   # tiny sizes, seconds: does it still run?
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import platform
 import shutil
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ssb import client
+from ssb.tools import wait_until
 
 from . import e2e
-from ._common import (  # type: ignore[attr-defined]
+from ._common import (
+    BenchFailure,
     BrokerProcess,
     broker,
     cpu_seconds,
     options_from,
+    parse_args,
     rate,
     run,
+    write_json,
 )
 
 TARGET_RATIO = 0.7
 TARGET_FORWARDED_RATIO = 0.5
 DRAIN_TIMEOUT = 60.0
+SMOKE = {"messages": 200, "batch": 50, "durability": "os"}
 
 
 @dataclass
@@ -179,15 +181,14 @@ async def federate(a: BrokerProcess, b: BrokerProcess, f: BrokerProcess | None =
 
 async def drained(a: BrokerProcess, b: BrokerProcess) -> list[dict[str, Any]]:
     """Wait until A's transmission queue is empty (B acked all); return A's connections."""
-    deadline = time.monotonic() + DRAIN_TIMEOUT
     async with await client.connect(a.url) as ca:
-        while rows := await ca.view("transmission_queue"):
-            if time.monotonic() > deadline:
-                raise e2e.BenchFailure(
-                    f"{len(rows)} messages still in A's transmission queue after "
-                    f"{DRAIN_TIMEOUT:g} s; first: {rows[0]}"
-                )
-            await asyncio.sleep(0.05)  # polling a view, with a deadline
+
+        async def waiting() -> int:
+            return len(await ca.view("transmission_queue"))
+
+        await wait_until(
+            waiting, "A's transmission queue to drain", DRAIN_TIMEOUT, until=lambda left: left == 0
+        )
         connections = await ca.view("broker_connections")
     await e2e.check_empty(b.url)
     return connections
@@ -212,7 +213,7 @@ def two_brokers(
         for daemon in daemons:
             daemon.start()
             if not daemon.broker_port:
-                raise e2e.BenchFailure("the daemon did not report a broker port (no transport?)")
+                raise BenchFailure("the daemon did not report a broker port (no transport?)")
         a, b = daemons[:2]
         run(federate(a, b, daemons[2] if forwarder else None))
         path = "A -> F -> B" if forwarder else "A -> B"
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="also write the results as JSON (to PATH, or to stdout without one)",
     )
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, SMOKE)
     if min(args.messages, args.batch, args.conversations, args.in_flight, args.runs) < 1:
         parser.error("--messages, --batch, --conversations, --in-flight and --runs must be >= 1")
     if args.body_size < e2e.TAG.size:
@@ -344,22 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print_table(outcome, opts)
     if args.json:
-        payload = {
-            "benchmark": "federation",
-            "options": asdict(opts),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": sys.version.split()[0],
-                "platform": platform.platform(),
-            },
-            **asdict(outcome),
-        }
-        text = json.dumps(payload, indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
-    return 0 if outcome.target_met else 1
+        write_json(args.json, "federation", opts, **asdict(outcome))
+    return 0 if args.smoke or outcome.target_met else 1
 
 
 if __name__ == "__main__":

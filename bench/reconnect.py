@@ -14,6 +14,7 @@ Run from the repository root:
 
     python -m bench.reconnect                 # 100,000 messages, 10 per transaction, a cut every 1,000 commits
     python -m bench.reconnect --messages 20000 --cut-every 200 --json out.json
+    python -m bench.reconnect --smoke         # tiny sizes, seconds: does it still run?
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from typing import Any
 
 from ssb import client
 
-from ._common import broker, options_from, rate, run, write_json
+from ._common import broker, options_from, parse_args, rate, run, write_json
 
 TAG = struct.Struct(">BI")  # phase, index
 LENGTH = struct.Struct(">I")
 ANSWERS_PER_COMMIT = 3  # begin, send_many, commit
+SMOKE = {"messages": 300, "cut_every": 5, "durability": "os"}
 
 
 @dataclass
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
     parser.add_argument("--timeout", type=float, default=Options.timeout)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, SMOKE)
     if (
         min(args.messages, args.batch, args.in_flight, args.cut_every) < 1
         or args.body_size < TAG.size

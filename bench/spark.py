@@ -2,6 +2,7 @@
 
     python -m bench.spark                       # 20,000 messages, local[4], 4 readers
     python -m bench.spark --messages 50000 --readers 8 --master local[8]
+    python -m bench.spark --smoke               # tiny sizes, seconds: does it still run?
 
 Throughput: the queue is loaded with 1 KiB messages on readers x 10 conversations,
 then a SparkActivator starts; readers call a trivial function, RECEIVE TOP(100) per
@@ -24,11 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import broker
+from bench._common import broker, parse_args
 from ssb import client
+from ssb.tools import wait_until_sync
 
 HERE = Path(__file__).resolve().parent
 FUNCTIONS = "bench.spark:trivial"
+SMOKE = {"messages": 200, "readers": 2, "master": "local[2]", "warm_samples": 2, "cold_samples": 1}
 
 
 def trivial(message: client.Message, conn: client.SyncConnection) -> None:
@@ -132,9 +135,9 @@ def latency(spark: Any, url: str, queue: str, samples: int) -> list[tuple[float,
                     handle = conn.begin_dialog(f"{queue}Sender", f"{queue}Service")
                     conn.send(handle, "DEFAULT", b"ping")
                 sent = time.time()
-                deadline = time.monotonic() + 60
-                while len(activator.jobs) == jobs and time.monotonic() < deadline:
-                    time.sleep(0.005)
+                wait_until_sync(
+                    lambda n=jobs: len(activator.jobs) > n, "the activation's Spark job", 60, 0.005
+                )
                 if not activator.wait_idle(60):
                     raise RuntimeError("the reader did not end")
                 job = activator.jobs[-1]
@@ -147,18 +150,20 @@ def latency(spark: Any, url: str, queue: str, samples: int) -> list[tuple[float,
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.spark", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--readers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--master", default="local[4]")
     parser.add_argument("--warm-samples", type=int, default=10)
     parser.add_argument("--cold-samples", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, argv, SMOKE)
     sys.path.insert(0, str(HERE.parent))
     with broker("os") as daemon:
-        daemon_url = f"ssb://127.0.0.1:{daemon.client_port}"
+        daemon_url = daemon.url  # the admin login: the broker refuses a URL without one
         with client.connect_sync(daemon_url) as conn:
             for n in range(args.cold_samples + 1):
                 objects(conn, f"Ping{n}", 1)
