@@ -2,14 +2,23 @@
 # Install everything the tests need into .venv, then run them all (the README's
 # test command). The Spark tests need Java 17 or 21 ($JAVA_HOME/bin/java, or java on
 # the PATH): as root with apt-get it is installed, otherwise its absence stops here.
+#
+# --fast (first argument): the developer's loop. The same checks, then only the unit,
+# wire and smoke tests, which need neither Java nor a browser: under a minute.
+# Other arguments go to pytest (e.g. -m "not slow", -k NAME).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/_venv.sh
+fast=false
+if [ "${1:-}" = "--fast" ]; then
+    fast=true
+    shift
+fi
 
 has_java() {
     if [ -n "${JAVA_HOME:-}" ]; then [ -x "$JAVA_HOME/bin/java" ]; else command -v java >/dev/null 2>&1; fi
 }
-if ! has_java; then
+if ! $fast && ! has_java; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "ssb: the Spark tests need Java 17 or 21; installing openjdk-17-jre-headless" >&2
         apt-get install -y -qq openjdk-17-jre-headless >/dev/null 2>&1 \
@@ -25,7 +34,7 @@ fi
 # The dashboard tests drive Debian's Chromium (the `chromium` package), never a
 # downloaded browser: as root with apt-get it is installed, otherwise its absence stops here.
 has_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }
-if ! has_chromium; then
+if ! $fast && ! has_chromium; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "ssb: the dashboard tests need Chromium; installing chromium" >&2
         apt-get install -y -qq chromium >/dev/null 2>&1 \
@@ -43,4 +52,9 @@ python -m ruff check broker protocol client spark_bridge tools tests bench examp
 python -m ruff format --check --quiet broker protocol client spark_bridge tools tests bench examples
 bash scripts/typecheck.sh
 NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet  # a broken link fails
-python -m pytest -q -p no:cacheprovider tests "$@"
+if $fast; then
+    python -m pytest -q -p no:cacheprovider -m "not slow" tests/unit tests/store tests/wire \
+        tests/test_smoke.py "$@"
+else
+    python -m pytest -q -p no:cacheprovider tests "$@"
+fi

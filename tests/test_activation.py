@@ -167,6 +167,7 @@ async def test_activation_starts_a_reader_for_a_message_on_an_idle_queue(
     assert row["last_empty_rowset_time"] is not None
 
 
+@pytest.mark.slow
 async def test_ramps_up_to_max_queue_readers_and_no_further(aconn: client.Connection) -> None:
     await reply_service(aconn)
     await activated_service(aconn, "Slow", "slow", readers=3)
@@ -265,6 +266,7 @@ async def test_one_conversation_in_short_transactions_never_gets_a_third_reader(
     assert peak_started <= 2, row
 
 
+@pytest.mark.slow
 async def test_activation_status_off_stops_starting_readers(aconn: client.Connection) -> None:
     await reply_service(aconn)
     await activated_service(aconn, "Echo", "echo")
@@ -400,6 +402,7 @@ async def test_a_killed_worker_is_cleaned_up_and_replaced(aconn: client.Connecti
 # ---- external activation ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_external_activation_notifies_once_until_receive_or_timeout(
     aconn: client.Connection,
 ) -> None:

@@ -20,6 +20,8 @@ from daemon import BrokerProcess
 from ssb import client
 from ssb.protocol import ErrorCode
 
+pytestmark = pytest.mark.slow  # deep backlogs, kill -9
+
 CACHE = 1024 * 1024  # the smallest message cache the broker allows
 CONVERSATIONS = 20
 PER_CONVERSATION = 1000

@@ -23,6 +23,8 @@ from ssb.broker._dashboard.history import DepthHistory, depth_chart
 from ssb.broker._dashboard.sessions import SESSION_LIFETIME, WebSessions
 from ssb.tools import wait_until
 
+pytestmark = pytest.mark.slow  # a real browser
+
 TESTS_DIR = Path(__file__).parent
 CHROMIUM_ARGS = [
     "--headless",

@@ -162,6 +162,7 @@ class Rogue:
         return acked
 
 
+@pytest.mark.slow
 async def test_a_trusted_peer_can_neither_hijack_a_dialog_nor_forge_an_envelope(
     tmp_path: Path,
 ) -> None:

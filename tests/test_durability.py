@@ -13,6 +13,8 @@ from setup_objects import seed000
 from ssb import client
 from ssb.tools import wait_until_sync
 
+pytestmark = pytest.mark.slow  # load clients and kill -9
+
 HERE = Path(__file__).parent
 
 

@@ -544,6 +544,7 @@ async def test_end_conversation_errors_and_timers_across_brokers(tmp_path: Path)
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 async def test_route_matching_most_specific_wins_expired_ignored_local_and_transport(
     tmp_path: Path,
 ) -> None:
@@ -712,6 +713,7 @@ async def _no_established(node: Node, peer: Node) -> bool:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 async def test_idle_connections_close_and_reopen_on_demand(tmp_path: Path) -> None:
     async with Federation(tmp_path, ["A", "B"]) as fed:  # idle_timeout 1 s
         a, b, init_q, target_q = await two_brokers_with_a_dialog_pair(fed)

@@ -47,6 +47,8 @@ from federation_setup import (
 
 from ssb import client
 
+pytestmark = pytest.mark.slow  # transfers through fault-injecting proxies, kill -9
+
 SEED = int(os.environ.get("SSB_FAULT_SEED", "4022"))
 
 # The fault proxy duplicates and corrupts whole frames, which it can see only in plain

@@ -111,6 +111,7 @@ async def test_a_broker_that_does_not_forward_drops_other_brokers_dialogs_and_sa
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 async def test_routes_that_loop_are_reported_and_never_spun(tmp_path: Path) -> None:
     async with Federation(
         tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}

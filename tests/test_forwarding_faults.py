@@ -47,6 +47,8 @@ from federation_setup import (
 from ssb import client
 from ssb.tools import wait_until
 
+pytestmark = pytest.mark.slow  # transfers through fault-injecting proxies, kill -9
+
 SEED = int(os.environ.get("SSB_FAULT_SEED", "5022"))
 FRAGMENT = TRANSPORT["fragment_size"]
 

@@ -20,6 +20,8 @@ from ssb import client
 from ssb.protocol import NEED_DATA, WIRE_VERSION, ErrorCode, FrameDecoder, Hello, encode_frame
 from ssb.protocol._client_wire import REPLY_ERROR
 
+pytestmark = pytest.mark.slow  # generated requests against a live daemon
+
 HOST = "127.0.0.1"
 FUZZ = settings(
     max_examples=300,

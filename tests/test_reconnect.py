@@ -111,6 +111,7 @@ async def _run(
     return settled
 
 
+@pytest.mark.slow
 async def test_cuts_between_client_and_broker_lose_and_duplicate_nothing(
     broker: BrokerProcess,
 ) -> None:
@@ -129,6 +130,7 @@ async def test_cuts_between_client_and_broker_lose_and_duplicate_nothing(
     assert produced.get("commit committed", 0) + read.get("commit committed", 0) >= 1
 
 
+@pytest.mark.slow
 async def test_broker_killed_and_restarted_loses_and_duplicates_nothing(
     broker: BrokerProcess,
 ) -> None:

@@ -51,6 +51,7 @@ def _fits_a_frame(got: list[client.Message]) -> None:
     assert sum(len(m.message_body) for m in got) < MAX_FRAME_SIZE
 
 
+@pytest.mark.slow
 async def test_three_30_mib_messages_come_in_answers_that_fit_a_frame(
     conn: client.Connection,
 ) -> None:

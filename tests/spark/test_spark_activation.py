@@ -13,6 +13,8 @@ from ssb import client
 from ssb.spark_bridge import QueueBinding, SparkActivator
 from ssb.tools import wait_until_sync
 
+pytestmark = pytest.mark.slow  # a local Spark session
+
 
 def tasks_of(conn: client.SyncConnection, queue: str) -> list[dict[str, Any]]:
     return [t for t in conn.view("activated_tasks") if t["queue"] == queue]

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from daemon import BrokerProcess
 from spark_setup import collect_replies, send_load, work_queue
 
 from ssb import client
 from ssb.tools import read_ready_line, wait_until_sync
+
+pytestmark = pytest.mark.slow  # a local Spark session
 
 HERE = Path(__file__).parent
 

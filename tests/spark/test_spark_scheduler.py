@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from daemon import BrokerProcess
 
 from ssb import client
 from ssb.spark_bridge import SparkActivator, get_spark_scheduler
 from ssb.tools import wait_until_sync
+
+pytestmark = pytest.mark.slow  # a local Spark session
 
 
 def test_scheduler_tasks_run_on_spark_executors(spark: Any, sbroker: BrokerProcess) -> None:

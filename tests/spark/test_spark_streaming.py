@@ -14,6 +14,8 @@ from spark_setup import send_load, work_queue
 from ssb import client
 from ssb.tools import wait_until_sync
 
+pytestmark = pytest.mark.slow  # a local Spark session
+
 QUERY_TIMEOUT = 60.0
 
 
