@@ -15,12 +15,11 @@ from typing import Any, ClassVar
 
 from ssb import tools
 
-# what the tests' and benchmarks' brokers may run (the operator's `procedures` list)
+# what the tests' brokers may run (the operator's `procedures` list)
 TEST_PROCEDURES = [
     "activation_procs:*",
     "spark_funcs:*",
     "myprocs:*",
-    "bench.*",
     "time:sleep",
     "operator:truediv",
 ]

@@ -15,7 +15,7 @@ import contextlib
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -192,6 +192,16 @@ class Federation:
         node.process.start()
         node.conn = await client.connect(node.process.url)
         return node
+
+
+@contextlib.asynccontextmanager
+async def forwarding_trio(root: Path) -> AsyncIterator[tuple[Federation, Node, Node, Node]]:
+    """Brokers A, F and B on plain links, F a forwarder (it hosts no service of the
+    dialogs it relays): the federation and its three nodes."""
+    async with Federation(
+        root, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}
+    ) as fed:
+        yield fed, fed["A"], fed["F"], fed["B"]
 
 
 async def trust(node: Node, peer: Node) -> None:

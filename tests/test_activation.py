@@ -8,12 +8,10 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon import BrokerProcess
 
 from ssb import client
 from ssb.broker._activation.monitor import (
@@ -35,18 +33,9 @@ Rows = list[dict[str, Any]]
 
 
 @pytest.fixture
-def abroker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A daemon with logins and fast activation checks."""
-    process = BrokerProcess(tmp_path / "data", durability="os", config={"activation": FAST}).start()
-    yield process
-    process.kill()
-
-
-@pytest.fixture
-async def aconn(abroker: BrokerProcess) -> AsyncIterator[client.Connection]:
-    connection = await client.connect(abroker.url)
-    yield connection
-    await connection.close()
+def broker_settings() -> dict[str, Any]:
+    """The tests' broker: fast activation checks."""
+    return {"durability": "os", "config": {"activation": FAST}}
 
 
 def monitor(rows: Rows, queue: str) -> dict[str, Any]:
@@ -56,6 +45,17 @@ def monitor(rows: Rows, queue: str) -> dict[str, Any]:
 
 async def monitors(conn: client.Connection) -> Rows:
     return await conn.view("queue_monitors")
+
+
+async def failed_task(conn: client.Connection, queue: str, what: str) -> str:
+    """Wait until an activated task of `queue` has failed; the last task's error."""
+    rows = await wait_until(
+        lambda: monitors(conn),
+        what,
+        15,
+        until=lambda r: monitor(r, queue).get("tasks_failed", 0) >= 1,
+    )
+    return str(monitor(rows, queue)["last_task_error"])
 
 
 async def tasks_of(conn: client.Connection, queue: str) -> Rows:
@@ -123,12 +123,12 @@ def test_activation_conditions() -> None:
 
 
 async def test_activation_starts_a_reader_for_a_message_on_an_idle_queue(
-    aconn: client.Connection,
+    conn: client.Connection,
 ) -> None:
-    await reply_service(aconn)
-    await activated_service(aconn, "Echo", "echo")
-    await activated_service(aconn, "AsyncEcho", "async_echo")
-    await aconn.create_queue(
+    await reply_service(conn)
+    await activated_service(conn, "Echo", "echo")
+    await activated_service(conn, "AsyncEcho", "async_echo")
+    await conn.create_queue(
         "OneArgQueue",
         activation={
             "status": "ON",
@@ -136,26 +136,26 @@ async def test_activation_starts_a_reader_for_a_message_on_an_idle_queue(
             "execute_as": "admin",
         },
     )
-    await aconn.create_service("OneArgService", queue="OneArgQueue", contracts=["DEFAULT"])
-    rows = await monitors(aconn)
+    await conn.create_service("OneArgService", queue="OneArgQueue", contracts=["DEFAULT"])
+    rows = await monitors(conn)
     assert monitor(rows, "EchoQueue")["state"] == "INACTIVE"
     assert monitor(rows, "EchoQueue")["tasks_running"] == 0
 
-    echo = await ask(aconn, "Echo", b"ping")
-    async_echo = await ask(aconn, "AsyncEcho", b"ping")
-    one_arg = await ask(aconn, "OneArg", b"ping")
-    assert await answer(aconn, echo) == b"ping"
-    assert await answer(aconn, async_echo) == b"async:ping"
-    assert await answer(aconn, one_arg) == b"one-arg"
+    echo = await ask(conn, "Echo", b"ping")
+    async_echo = await ask(conn, "AsyncEcho", b"ping")
+    one_arg = await ask(conn, "OneArg", b"ping")
+    assert await answer(conn, echo) == b"ping"
+    assert await answer(conn, async_echo) == b"async:ping"
+    assert await answer(conn, one_arg) == b"one-arg"
 
-    tasks = await tasks_of(aconn, "EchoQueue")
+    tasks = await tasks_of(conn, "EchoQueue")
     if tasks:  # still waiting for more work: it is the one the monitor started
         (task,) = tasks
         assert task["procedure"] == "activation_procs:echo"
         assert task["execute_as"] == "admin"
         assert isinstance(task["pid"], int) and task["pid"] != os.getpid()
     rows = await wait_until(
-        lambda: monitors(aconn),
+        lambda: monitors(conn),
         "the echo reader to return once the queue stays empty",
         15,
         until=lambda r: monitor(r, "EchoQueue")["tasks_running"] == 0,
@@ -168,18 +168,18 @@ async def test_activation_starts_a_reader_for_a_message_on_an_idle_queue(
 
 
 @pytest.mark.slow
-async def test_ramps_up_to_max_queue_readers_and_no_further(aconn: client.Connection) -> None:
-    await reply_service(aconn)
-    await activated_service(aconn, "Slow", "slow", readers=3)
-    handles = [await aconn.begin_dialog("ReplyService", "SlowService") for _ in range(24)]
+async def test_ramps_up_to_max_queue_readers_and_no_further(conn: client.Connection) -> None:
+    await reply_service(conn)
+    await activated_service(conn, "Slow", "slow", readers=3)
+    handles = [await conn.begin_dialog("ReplyService", "SlowService") for _ in range(24)]
     for handle in handles:  # one conversation group each
-        await aconn.send(handle, "DEFAULT", b"work")
+        await conn.send(handle, "DEFAULT", b"work")
     peak = 0
 
     async def watched() -> dict[str, Any]:
         nonlocal peak
-        row = monitor(await monitors(aconn), "SlowQueue")
-        running = len(await tasks_of(aconn, "SlowQueue"))
+        row = monitor(await monitors(conn), "SlowQueue")
+        running = len(await tasks_of(conn, "SlowQueue"))
         assert row["tasks_running"] <= 3 and running <= 3
         peak = max(peak, row["tasks_running"])
         return row
@@ -196,21 +196,21 @@ async def test_ramps_up_to_max_queue_readers_and_no_further(aconn: client.Connec
 
 
 async def test_one_busy_group_gets_one_extra_reader_and_no_third(
-    aconn: client.Connection, tmp_path: Path
+    conn: client.Connection, tmp_path: Path
 ) -> None:
-    await reply_service(aconn)
-    await activated_service(aconn, "Hold", "hold", readers=5)
+    await reply_service(conn)
+    await activated_service(conn, "Hold", "hold", readers=5)
     marker = tmp_path / "release"
-    handle = await ask(aconn, "Hold", str(marker))
+    handle = await ask(conn, "Hold", str(marker))
     await wait_until(
-        lambda: tasks_of(aconn, "HoldQueue"),
+        lambda: tasks_of(conn, "HoldQueue"),
         "the first reader to hold the conversation group in its transaction",
         15,
         until=lambda t: len(t) == 1 and t[0]["conversation_group_id"] is not None,
     )
-    await aconn.send_many(handle, "DEFAULT", [str(marker)] * 4)
+    await conn.send_many(handle, "DEFAULT", [str(marker)] * 4)
     await wait_until(
-        lambda: monitors(aconn),
+        lambda: monitors(conn),
         "a second reader waiting in RECEIVE",
         15,
         until=lambda r: (
@@ -221,20 +221,20 @@ async def test_one_busy_group_gets_one_extra_reader_and_no_third(
     # several check intervals and empty-rowset windows: never a third reader
     end = time.monotonic() + 1.5
     while time.monotonic() < end:
-        row = monitor(await monitors(aconn), "HoldQueue")
+        row = monitor(await monitors(conn), "HoldQueue")
         assert row["tasks_running"] <= 2, row
         assert row["tasks_started"] == 2, row
         assert row["messages_ready"] == 4, row
         await asyncio.sleep(0.02)
     marker.touch()
     await wait_until(
-        lambda: monitors(aconn),
+        lambda: monitors(conn),
         "the held messages to be processed after the release",
         15,
         until=lambda r: monitor(r, "HoldQueue")["messages_ready"] == 0,
     )
     groups = await wait_until(
-        lambda: aconn.view("conversation_groups"),
+        lambda: conn.view("conversation_groups"),
         "the group lock to be released",
         15,
         until=lambda g: not any(row["is_locked"] for row in g),
@@ -243,19 +243,19 @@ async def test_one_busy_group_gets_one_extra_reader_and_no_third(
 
 
 async def test_one_conversation_in_short_transactions_never_gets_a_third_reader(
-    aconn: client.Connection,
+    conn: client.Connection,
 ) -> None:
     """Between a holder's COMMIT and its next RECEIVE the group passes to the waiting
     reader: its messages are still locked, not ready for a new one (seed 001)."""
-    await reply_service(aconn)
-    await activated_service(aconn, "Busy", "busy", readers=5)
-    handle = await aconn.begin_dialog("ReplyService", "BusyService")
-    await aconn.send_many(handle, "DEFAULT", [b"work"] * 60)
+    await reply_service(conn)
+    await activated_service(conn, "Busy", "busy", readers=5)
+    handle = await conn.begin_dialog("ReplyService", "BusyService")
+    await conn.send_many(handle, "DEFAULT", [b"work"] * 60)
     peak_started = 0
 
     async def watched() -> dict[str, Any]:
         nonlocal peak_started
-        row = monitor(await monitors(aconn), "BusyQueue")
+        row = monitor(await monitors(conn), "BusyQueue")
         peak_started = max(peak_started, row["tasks_started"])
         assert row["tasks_running"] <= 2, row
         return row
@@ -267,47 +267,41 @@ async def test_one_conversation_in_short_transactions_never_gets_a_third_reader(
 
 
 @pytest.mark.slow
-async def test_activation_status_off_stops_starting_readers(aconn: client.Connection) -> None:
-    await reply_service(aconn)
-    await activated_service(aconn, "Echo", "echo")
-    handle = await ask(aconn, "Echo", b"one")
-    assert await answer(aconn, handle) == b"one"
+async def test_activation_status_off_stops_starting_readers(conn: client.Connection) -> None:
+    await reply_service(conn)
+    await activated_service(conn, "Echo", "echo")
+    handle = await ask(conn, "Echo", b"one")
+    assert await answer(conn, handle) == b"one"
     await wait_until(
-        lambda: tasks_of(aconn, "EchoQueue"), "the reader to return", 15, until=lambda t: not t
+        lambda: tasks_of(conn, "EchoQueue"), "the reader to return", 15, until=lambda t: not t
     )
-    await aconn.alter_queue("EchoQueue", activation={"status": "OFF"})
-    await aconn.send(handle, "DEFAULT", b"two")
+    await conn.alter_queue("EchoQueue", activation={"status": "OFF"})
+    await conn.send(handle, "DEFAULT", b"two")
     end = time.monotonic() + 1.5  # many check intervals and empty-rowset windows
     while time.monotonic() < end:
-        assert not await tasks_of(aconn, "EchoQueue")
-        assert not monitor(await monitors(aconn), "EchoQueue")
+        assert not await tasks_of(conn, "EchoQueue")
+        assert not monitor(await monitors(conn), "EchoQueue")
         await asyncio.sleep(0.05)
-    assert [m.message_body for m in await aconn.peek("EchoQueue")] == [b"two"]
-    await aconn.alter_queue("EchoQueue", activation={"status": "ON"})
-    assert await answer(aconn, handle) == b"two"
+    assert [m.message_body for m in await conn.peek("EchoQueue")] == [b"two"]
+    await conn.alter_queue("EchoQueue", activation={"status": "ON"})
+    assert await answer(conn, handle) == b"two"
 
 
-async def test_execute_as_must_be_a_login(aconn: client.Connection) -> None:
-    await reply_service(aconn)
-    await aconn.create_queue(
+async def test_execute_as_must_be_a_login(conn: client.Connection) -> None:
+    await reply_service(conn)
+    await conn.create_queue(
         "NobodyQueue",
         activation={"status": "ON", "procedure": "activation_procs:echo", "execute_as": "nobody"},
     )
-    await aconn.create_service("NobodyService", queue="NobodyQueue", contracts=["DEFAULT"])
-    await ask(aconn, "Nobody", b"x")
-    rows = await wait_until(
-        lambda: monitors(aconn),
-        "the refused activation",
-        15,
-        until=lambda r: monitor(r, "NobodyQueue").get("tasks_failed", 0) >= 1,
-    )
-    assert "not a login" in monitor(rows, "NobodyQueue")["last_task_error"]
+    await conn.create_service("NobodyService", queue="NobodyQueue", contracts=["DEFAULT"])
+    await ask(conn, "Nobody", b"x")
+    assert "not a login" in await failed_task(conn, "NobodyQueue", "the refused activation")
     # a made-up token neither logs in nor attaches
-    host, port = aconn.url.rsplit("@", 1)[1].split(":")
+    host, port = conn.url.rsplit("@", 1)[1].split(":")
     with pytest.raises(client.LoginFailedError):
         await client.connect(f"ssb://admin:not-a-token@{host}:{port}")
     with pytest.raises(client.PermissionDeniedError):
-        await aconn.attach_task("not-a-token")
+        await conn.attach_task("not-a-token")
 
 
 # ---- faulty procedures leave the broker serving ---------------------------------------
@@ -322,40 +316,35 @@ async def still_serving(conn: client.Connection) -> None:
 
 
 async def test_a_raising_procedure_rolls_back_and_ends_its_task(
-    aconn: client.Connection,
+    conn: client.Connection,
 ) -> None:
-    await reply_service(aconn)
-    await activated_service(aconn, "Echo", "echo")
-    await activated_service(aconn, "Fail", "fail")
-    await ask(aconn, "Fail", b"poison")
-    rows = await wait_until(
-        lambda: monitors(aconn),
-        "the failing task to end",
-        15,
-        until=lambda r: monitor(r, "FailQueue").get("tasks_failed", 0) >= 1,
-    )
-    assert "procedure failed on purpose" in monitor(rows, "FailQueue")["last_task_error"]
-    await still_serving(aconn)
+    await reply_service(conn)
+    await activated_service(conn, "Echo", "echo")
+    await activated_service(conn, "Fail", "fail")
+    await ask(conn, "Fail", b"poison")
+    error = await failed_task(conn, "FailQueue", "the failing task to end")
+    assert "procedure failed on purpose" in error
+    await still_serving(conn)
     # every failure rolled back; after five in a row poison handling disables the queue
     queues = await wait_until(
-        lambda: aconn.view("service_queues"),
+        lambda: conn.view("service_queues"),
         "poison message handling to disable the queue",
         15,
         until=lambda q: not next(r for r in q if r["name"] == "FailQueue")["is_receive_enabled"],
     )
     assert next(r for r in queues if r["name"] == "FailQueue")["messages_ready"] == 1
-    (message,) = await aconn.peek("FailQueue")
+    (message,) = await conn.peek("FailQueue")
     assert message.delivery_count == 5
-    await still_serving(aconn)
+    await still_serving(conn)
 
 
-async def test_a_hanging_procedure_does_not_slow_the_broker(aconn: client.Connection) -> None:
-    await reply_service(aconn)
-    await activated_service(aconn, "Echo", "echo")
-    await activated_service(aconn, "Burn", "burn")
-    await ask(aconn, "Burn", b"spin")
+async def test_a_hanging_procedure_does_not_slow_the_broker(conn: client.Connection) -> None:
+    await reply_service(conn)
+    await activated_service(conn, "Echo", "echo")
+    await activated_service(conn, "Burn", "burn")
+    await ask(conn, "Burn", b"spin")
     tasks = await wait_until(
-        lambda: tasks_of(aconn, "BurnQueue"),
+        lambda: tasks_of(conn, "BurnQueue"),
         "the burning task",
         15,
         until=lambda t: len(t) == 1 and t[0]["pid"] is not None and t[0]["session_id"] is not None,
@@ -363,40 +352,40 @@ async def test_a_hanging_procedure_does_not_slow_the_broker(aconn: client.Connec
     pid = tasks[0]["pid"]
     try:
         await wait_until(
-            lambda: monitors(aconn),
+            lambda: monitors(conn),
             "the burning task to take its message",
             15,
             until=lambda r: monitor(r, "BurnQueue")["messages_ready"] == 0,
         )
         for _ in range(3):
-            await still_serving(aconn)
-        assert len(await tasks_of(aconn, "BurnQueue")) == 1  # it still runs
+            await still_serving(conn)
+        assert len(await tasks_of(conn, "BurnQueue")) == 1  # it still runs
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
 
-async def test_a_killed_worker_is_cleaned_up_and_replaced(aconn: client.Connection) -> None:
-    await reply_service(aconn)
-    await activated_service(aconn, "Echo", "echo")
-    await activated_service(aconn, "Crash", "crash_once")
-    handle = await ask(aconn, "Crash", b"hold me")
+async def test_a_killed_worker_is_cleaned_up_and_replaced(conn: client.Connection) -> None:
+    await reply_service(conn)
+    await activated_service(conn, "Echo", "echo")
+    await activated_service(conn, "Crash", "crash_once")
+    handle = await ask(conn, "Crash", b"hold me")
     tasks = await wait_until(
-        lambda: tasks_of(aconn, "CrashQueue"),
+        lambda: tasks_of(conn, "CrashQueue"),
         "the task holding its message in a transaction",
         15,
         until=lambda t: len(t) == 1 and t[0]["conversation_group_id"] is not None,
     )
     pid = tasks[0]["pid"]
     os.kill(pid, signal.SIGKILL)
-    reply = (await answer(aconn, handle)).decode()
+    reply = (await answer(conn, handle)).decode()
     new_pid, deliveries = reply.split(":")
     assert int(new_pid) != pid and deliveries == "2"  # rolled back, received again
-    row = monitor(await monitors(aconn), "CrashQueue")
+    row = monitor(await monitors(conn), "CrashQueue")
     assert row["tasks_failed"] == 1 and "SIGKILL" in row["last_task_error"]
     assert row["tasks_started"] == 2
-    assert all(w["pid"] != pid for w in await aconn.view("activation_workers"))
-    await still_serving(aconn)
+    assert all(w["pid"] != pid for w in await conn.view("activation_workers"))
+    await still_serving(conn)
 
 
 # ---- external activation ------------------------------------------------------------------
@@ -404,49 +393,49 @@ async def test_a_killed_worker_is_cleaned_up_and_replaced(aconn: client.Connecti
 
 @pytest.mark.slow
 async def test_external_activation_notifies_once_until_receive_or_timeout(
-    aconn: client.Connection,
+    conn: client.Connection,
 ) -> None:
-    await reply_service(aconn)
-    await aconn.create_queue("WorkQueue")
-    await aconn.create_service("WorkService", queue="WorkQueue", contracts=["DEFAULT"])
-    await aconn.create_queue("EventsQueue")
-    await aconn.create_service(
+    await reply_service(conn)
+    await conn.create_queue("WorkQueue")
+    await conn.create_service("WorkService", queue="WorkQueue", contracts=["DEFAULT"])
+    await conn.create_queue("EventsQueue")
+    await conn.create_service(
         "EventsService", queue="EventsQueue", contracts=[client.POST_EVENT_NOTIFICATION]
     )
-    await aconn.create_event_notification(
+    await conn.create_event_notification(
         "WorkActivation", "QUEUE_ACTIVATION", queue="WorkQueue", service="EventsService"
     )
-    assert monitor(await monitors(aconn), "WorkQueue")["activation"] == "EXTERNAL"
+    assert monitor(await monitors(conn), "WorkQueue")["activation"] == "EXTERNAL"
 
     async def events() -> Rows:
-        return [{"body": m.message_body} for m in await aconn.peek("EventsQueue")]
+        return [{"body": m.message_body} for m in await conn.peek("EventsQueue")]
 
-    handle = await ask(aconn, "Work", b"1")
+    handle = await ask(conn, "Work", b"1")
     (first,) = await wait_until(events, "the first notification", 15, until=lambda e: len(e) == 1)
     body = first["body"].decode()
     for part in (
         "<EventType>QUEUE_ACTIVATION</EventType>",
         "<ObjectName>WorkQueue</ObjectName>",
-        f"<BrokerInstance>{aconn.broker_instance_id}</BrokerInstance>",
+        f"<BrokerInstance>{conn.broker_instance_id}</BrokerInstance>",
         "<PostTime>",
     ):
         assert part in body
-    (note,) = await aconn.peek("EventsQueue")
+    (note,) = await conn.peek("EventsQueue")
     assert note.message_type_name == client.EVENT_NOTIFICATION
 
-    await aconn.send_many(handle, "DEFAULT", [b"2", b"3"])
+    await conn.send_many(handle, "DEFAULT", [b"2", b"3"])
     end = time.monotonic() + 1.0  # five checks, a third of the response timeout
     while time.monotonic() < end:
         assert len(await events()) == 1
-        assert monitor(await monitors(aconn), "WorkQueue")["state"] == "NOTIFIED"
+        assert monitor(await monitors(conn), "WorkQueue")["state"] == "NOTIFIED"
         await asyncio.sleep(0.05)
 
     received_at = time.monotonic()
-    assert len(await aconn.receive("WorkQueue", top=1)) == 1  # the external reader answers
+    assert len(await conn.receive("WorkQueue", top=1)) == 1  # the external reader answers
     await wait_until(events, "a notification after the RECEIVE", 15, until=lambda e: len(e) == 2)
     second_at = time.monotonic()
     assert second_at - received_at < 2.5  # the RECEIVE, not the 3 s timeout, let it through
 
     await wait_until(events, "a notification after timeout", 10, until=lambda e: len(e) == 3)
     assert time.monotonic() - second_at >= 2.5  # notification_timeout = 3 s
-    assert monitor(await monitors(aconn), "WorkQueue")["notifications_sent"] == 3
+    assert monitor(await monitors(conn), "WorkQueue")["notifications_sent"] == 3

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -51,14 +52,9 @@ def chromium_path() -> str:
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(
-        tmp_path / "data",
-        config={"http_port": 0, "chart_sample_seconds": SAMPLE_INTERVAL},
-        cwd=TESTS_DIR,
-    ).start()
-    yield process
-    process.kill()
+def broker_settings() -> dict[str, Any]:
+    """The tests' broker: the HTTP port on, depth samples often."""
+    return {"config": {"http_port": 0, "chart_sample_seconds": SAMPLE_INTERVAL}, "cwd": TESTS_DIR}
 
 
 @pytest.fixture

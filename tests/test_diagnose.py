@@ -34,10 +34,10 @@ from federation_setup import (
     receive_count,
     route,
     trust,
-    wait_until,
 )
 
 from ssb import client
+from ssb.tools import wait_until
 from ssb.tools.diagnose import Broker, Report, diagnose, examine, format_report, label_of
 from ssb.tools.diagnose._checks import (
     STUCK_AFTER,

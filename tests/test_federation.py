@@ -50,10 +50,10 @@ from federation_setup import (
     transmission_queue,
     trust,
     wait_quiet,
-    wait_until,
 )
 
 from ssb import client
+from ssb.tools import wait_until
 
 TRANSMISSION_QUEUE_COLUMNS = {
     "conversation_handle",
@@ -458,10 +458,7 @@ def _not(probe: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[bool]]:
 async def test_end_conversation_errors_and_timers_across_brokers(tmp_path: Path) -> None:
     async with Federation(tmp_path, ["A", "B"]) as fed:
         a, b = fed["A"], fed["B"]
-        for node in (a, b):
-            await create_contract(node.conn)
-        init_q = await create_initiator(a, "Initiator")
-        target_q = await create_target(b, "TargetB")
+        init_q, target_q = await dialog_services(a, b)
         forward = await route(a, "TargetB", b)
         await route(b, "Initiator", a)
 
@@ -628,10 +625,7 @@ async def test_no_route_is_shown_in_the_transmission_queue_until_a_route_appears
 ) -> None:
     async with Federation(tmp_path, ["A", "B"]) as fed:
         a, b = fed["A"], fed["B"]
-        for node in (a, b):
-            await create_contract(node.conn)
-        await create_initiator(a, "Initiator")
-        target_q = await create_target(b, "TargetB")
+        _, target_q = await dialog_services(a, b)
         await route(b, "Initiator", a)
         forward = await route(a, "TargetB", b)
         h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)

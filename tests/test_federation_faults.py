@@ -33,19 +33,17 @@ from federation_setup import (
     Node,
     assert_eoio,
     by_conversation,
-    create_contract,
-    create_initiator,
-    create_target,
+    dialog_services,
     pipelined,
     receive_count,
     route,
     run_together,
     transmission_queue,
     wait_quiet,
-    wait_until,
 )
 
 from ssb import client
+from ssb.tools import wait_until
 
 pytestmark = pytest.mark.slow  # transfers through fault-injecting proxies, kill -9
 
@@ -205,10 +203,7 @@ async def test_every_message_arrives_once_in_order_through_a_faulty_network(
 ) -> None:
     async with Federation(tmp_path, ["A", "B"], transport=PLAIN) as fed:
         a, b = fed["A"], fed["B"]
-        for node in (a, b):
-            await create_contract(node.conn)
-        init_q = await create_initiator(a, "Initiator")
-        target_q = await create_target(b, "TargetB")
+        init_q, target_q = await dialog_services(a, b)
         # A -> B through one proxy, B -> A (when B connects) through another; faults both ways.
         # Which connection carries the traffic depends on the brokers' instance ids (the one
         # opened by the smaller id is kept), so both corrupt payloads travelling towards B.
@@ -395,10 +390,7 @@ async def test_kill_9_of_the_receiving_broker_mid_transfer_loses_and_duplicates_
 ) -> None:
     async with Federation(tmp_path, ["A", "B"], durability="fsync", transport=PLAIN) as fed:
         a, b = fed["A"], fed["B"]
-        for node in (a, b):
-            await create_contract(node.conn)
-        await create_initiator(a, "Initiator")
-        target_q = await create_target(b, "TargetB")
+        _, target_q = await dialog_services(a, b)
         await route(a, "TargetB", b)
         await route(b, "Initiator", a)
         handles = [

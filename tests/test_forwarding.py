@@ -23,6 +23,7 @@ from federation_setup import (
     Node,
     dialog_services,
     endpoints,
+    forwarding_trio,
     receive_count,
     route,
     route_chain,
@@ -48,10 +49,7 @@ async def _acknowledged(node: Node) -> None:
 async def test_a_dialog_through_a_forwarder_is_delivered_exactly_once_in_order_both_ways(
     tmp_path: Path,
 ) -> None:
-    async with Federation(
-        tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}
-    ) as fed:
-        a, f, b = fed["A"], fed["F"], fed["B"]
+    async with forwarding_trio(tmp_path) as (_, a, f, b):
         init_q, target_q = await dialog_services(a, b)
         await route_chain(a, [f], b)
         h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
@@ -113,10 +111,7 @@ async def test_a_broker_that_does_not_forward_drops_other_brokers_dialogs_and_sa
 @pytest.mark.timeout(90)
 @pytest.mark.slow
 async def test_routes_that_loop_are_reported_and_never_spun(tmp_path: Path) -> None:
-    async with Federation(
-        tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}
-    ) as fed:
-        a, f, b = fed["A"], fed["F"], fed["B"]
+    async with forwarding_trio(tmp_path) as (_, a, f, b):
         await dialog_services(a, b)
         # A sends B's service to F, and F's route for it leads back to A
         await route(a, "TargetB", f.address, broker_instance=b.instance)
@@ -196,10 +191,7 @@ async def test_a_forwarder_past_forward_size_holds_back_and_loses_nothing(tmp_pa
 async def test_an_encrypted_dialog_through_a_forwarder_is_unreadable_to_it(tmp_path: Path) -> None:
     from test_dialog_encryption import Relay
 
-    async with Federation(
-        tmp_path, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}
-    ) as fed:
-        a, f, b = fed["A"], fed["F"], fed["B"]
+    async with forwarding_trio(tmp_path) as (_, a, f, b):
         init_q, target_q = await dialog_services(a, b)
         # everything between A and F is captured, whichever of them opened the connection
         # that stays (A to F's port, or F to A's)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon import BrokerProcess
@@ -18,16 +18,15 @@ FAST = {
 
 
 @pytest.fixture
-def pbroker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path / "data", config={"activation": FAST}).start()
-    yield process
-    process.kill()
+def broker_settings() -> dict[str, Any]:
+    """The tests' broker: fast activation checks."""
+    return {"config": {"activation": FAST}}
 
 
 async def test_raising_procedure_with_dead_letter_policy_drains_the_queue(
-    pbroker: BrokerProcess,
+    broker: BrokerProcess,
 ) -> None:
-    conn = await client.connect(pbroker.url)
+    conn = await client.connect(broker.url)
     try:
         await conn.create_queue("DLQ")
         await conn.create_queue("Replies")

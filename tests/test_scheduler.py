@@ -8,7 +8,6 @@ import datetime as dt
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +32,10 @@ def activation(workers: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def sbroker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A daemon with `workers` warm activation workers (indirect parameter, default 5)."""
+def broker_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The tests' broker: `workers` warm activation workers (indirect parameter, default 5)."""
     workers = getattr(request, "param", 5)
-    process = BrokerProcess(
-        tmp_path / "data",
-        durability="os",
-        config={"activation": activation(workers)},
-    ).start()
-    yield process
-    process.kill()
-
-
-@pytest.fixture
-async def sconn(sbroker: BrokerProcess) -> AsyncIterator[client.Connection]:
-    connection = await client.connect(sbroker.url)
-    yield connection
-    await connection.close()
+    return {"durability": "os", "config": {"activation": activation(workers)}}
 
 
 async def warm(conn: client.Connection, count: int) -> None:
@@ -81,15 +67,15 @@ def max_overlap(rows: Rows) -> int:
     return peak
 
 
-@pytest.mark.parametrize("sbroker", [4], indirect=True)
-async def test_four_tasks_run_concurrently_on_four_readers(sconn: client.Connection) -> None:
-    await warm(sconn, 4)
-    scheduler = await sconn.get_scheduler(max_queue_readers=4)
+@pytest.mark.parametrize("broker_settings", [4], indirect=True)
+async def test_four_tasks_run_concurrently_on_four_readers(conn: client.Connection) -> None:
+    await warm(conn, 4)
+    scheduler = await conn.get_scheduler(max_queue_readers=4)
     started = time.monotonic()
     ids = [await scheduler.exec_async("activation_procs:sleep_task", 1.0) for _ in range(4)]
     outcomes = await scheduler.synchronize(timeout=20)
     elapsed = time.monotonic() - started
-    log = log_of(await sconn.view("execution_log"), scheduler.handle)
+    log = log_of(await conn.view("execution_log"), scheduler.handle)
     # synchronize returned only once all four had ended
     assert sorted(o.log_id for o in outcomes) == sorted(ids)
     assert all(o.ok and o.result == 1.0 for o in outcomes)
@@ -103,11 +89,11 @@ async def test_four_tasks_run_concurrently_on_four_readers(sconn: client.Connect
 
 
 async def test_six_schedulers_on_five_readers_all_finish(
-    sbroker: BrokerProcess, sconn: client.Connection
+    broker: BrokerProcess, conn: client.Connection
 ) -> None:
-    await warm(sconn, 5)
-    await sconn.install_scheduler("Shared", max_queue_readers=5)
-    connections = [await client.connect(sbroker.url) for _ in range(6)]
+    await warm(conn, 5)
+    await conn.install_scheduler("Shared", max_queue_readers=5)
+    connections = [await client.connect(broker.url) for _ in range(6)]
     try:
         schedulers = [await c.get_scheduler("Shared") for c in connections]
 
@@ -122,7 +108,7 @@ async def test_six_schedulers_on_five_readers_all_finish(
             await c.close()
     assert [len(r) for r in results] == [3] * 6
     assert all(o.ok for r in results for o in r)
-    log = await sconn.view("execution_log")
+    log = await conn.view("execution_log")
     starts = {
         s.handle: sorted(when(r["start_time"]) for r in log_of(log, s.handle)) for s in schedulers
     }
@@ -132,30 +118,30 @@ async def test_six_schedulers_on_five_readers_all_finish(
     assert max_overlap(log) <= 5
 
 
-async def test_max_running_limits_a_schedulers_running_tasks(sconn: client.Connection) -> None:
-    await warm(sconn, 5)
-    scheduler = await sconn.get_scheduler(max_queue_readers=5, max_running=2)
+async def test_max_running_limits_a_schedulers_running_tasks(conn: client.Connection) -> None:
+    await warm(conn, 5)
+    scheduler = await conn.get_scheduler(max_queue_readers=5, max_running=2)
     for _ in range(6):
         await scheduler.exec_async("activation_procs:sleep_task", 0.2)
         assert scheduler.outstanding <= 2
     outcomes = await scheduler.synchronize(timeout=20)
     assert len(outcomes) == 6
-    log = log_of(await sconn.view("execution_log"), scheduler.handle)
+    log = log_of(await conn.view("execution_log"), scheduler.handle)
     assert max_overlap(log) == 2
     await scheduler.release()
 
 
 async def test_failures_are_logged_and_a_dead_worker_is_reported(
-    sconn: client.Connection,
+    conn: client.Connection,
 ) -> None:
-    await warm(sconn, 2)
-    scheduler = await sconn.get_scheduler(max_queue_readers=2)
+    await warm(conn, 2)
+    scheduler = await conn.get_scheduler(max_queue_readers=2)
     await scheduler.exec_async("activation_procs:failing_task", "boom")
     (outcome,) = await scheduler.synchronize(timeout=20)
     assert not outcome.ok and outcome.error == "ValueError: boom"
     log_id = await scheduler.exec_async("activation_procs:sleep_task", 30.0)
     status = await wait_until(
-        lambda: sconn.view("execution_status"),
+        lambda: conn.view("execution_status"),
         "the task in execution_status",
         20,
         until=lambda rows: any(r["log_id"] == log_id for r in rows),
@@ -167,7 +153,7 @@ async def test_failures_are_logged_and_a_dead_worker_is_reported(
     assert outcome.log_id == log_id and not outcome.ok
     assert "ended before the task did" in (outcome.error or "")
     assert "SIGKILL" in (outcome.error or "")
-    log = {r["log_id"]: r for r in await sconn.view("execution_log")}
+    log = {r["log_id"]: r for r in await conn.view("execution_log")}
     assert log[log_id]["status"] == "FAILED" and log[log_id]["end_time"] is not None
     assert log[log_id - 1]["error"] == "ValueError: boom"
     # the scheduler goes on working
@@ -177,13 +163,13 @@ async def test_failures_are_logged_and_a_dead_worker_is_reported(
     await scheduler.release()
 
 
-async def test_sync_scheduler(sbroker: BrokerProcess, sconn: client.Connection) -> None:
-    await warm(sconn, 2)
+async def test_sync_scheduler(broker: BrokerProcess, conn: client.Connection) -> None:
+    await warm(conn, 2)
 
     def work() -> list[client.TaskOutcome]:
         with (
-            client.connect_sync(sbroker.url) as conn,
-            conn.get_scheduler("Blocking", max_queue_readers=2) as scheduler,
+            client.connect_sync(broker.url) as blocking,
+            blocking.get_scheduler("Blocking", max_queue_readers=2) as scheduler,
         ):
             scheduler.exec_async("activation_procs:worker_pid")
             scheduler.exec_async("activation_procs:sleep_task", seconds=0.1)
@@ -192,6 +178,6 @@ async def test_sync_scheduler(sbroker: BrokerProcess, sconn: client.Connection) 
     outcomes = await asyncio.to_thread(work)
     assert len(outcomes) == 2 and all(o.ok for o in outcomes)
     with pytest.raises(ValueError, match=r"__main__|cannot be named"):
-        await (await sconn.get_scheduler("Blocking")).exec_async(lambda: None)
+        await (await conn.get_scheduler("Blocking")).exec_async(lambda: None)
     with pytest.raises(TypeError, match="JSON"):
-        await (await sconn.get_scheduler("Blocking")).exec_async("time:sleep", object())
+        await (await conn.get_scheduler("Blocking")).exec_async("time:sleep", object())

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon import BrokerProcess
 
 HERE = Path(__file__).parent
 ACTIVATION = {"notification_timeout": 1.0, "check_interval": 0.2, "empty_rowset_window": 0.5}
@@ -53,10 +52,6 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture
-def sbroker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A daemon with logins and fast activation checks (durability os: tests are I/O bound)."""
-    process = BrokerProcess(
-        tmp_path / "data", durability="os", config={"activation": ACTIVATION}
-    ).start()
-    yield process
-    process.kill()
+def broker_settings() -> dict[str, Any]:
+    """The Spark tests' broker: fast activation checks (durability os: tests are I/O bound)."""
+    return {"durability": "os", "config": {"activation": ACTIVATION}}

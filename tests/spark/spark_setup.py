@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ssb import client
+from ssb.spark_bridge import QueueBinding, SparkActivator
 
 Rows = list[dict[str, Any]]
+
+
+@contextlib.contextmanager
+def activated(
+    spark: Any, url: str, queue: str, function: str, **binding: Any
+) -> Iterator[SparkActivator]:
+    """A SparkActivator that serves `queue` with `function` (in transactions of up to 20
+    messages, readers idle for a second stop, unless `binding` says otherwise), started,
+    and stopped with a grace of 5 s at the end."""
+    settings = {"batch_size": 20, "idle_timeout": 1.0, **binding}
+    activator = SparkActivator(spark, url, [QueueBinding(queue, function, **settings)])
+    activator.start()
+    try:
+        yield activator
+    finally:
+        activator.stop(grace=5)
 
 
 def work_queue(conn: client.SyncConnection, name: str, readers: int, **queue: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from daemon import BrokerProcess
-from spark_setup import ReaderWatch, collect_replies, send_load, work_queue
+from spark_setup import ReaderWatch, activated, collect_replies, send_load, work_queue
 
 from ssb import client
 from ssb.spark_bridge import QueueBinding, SparkActivator
@@ -21,30 +21,26 @@ def tasks_of(conn: client.SyncConnection, queue: str) -> list[dict[str, Any]]:
 
 
 def test_thousand_messages_each_processed_once_within_the_reader_cap(
-    spark: Any, sbroker: BrokerProcess
+    spark: Any, broker: BrokerProcess
 ) -> None:
-    with client.connect_sync(sbroker.url) as conn:
+    with client.connect_sync(broker.url) as conn:
         work_queue(conn, "Orders", readers=3)
-        activator = SparkActivator(
-            spark,
-            sbroker.url,
-            [QueueBinding("Orders", "spark_funcs:brisk_reply", batch_size=10, idle_timeout=1.0)],
-        )
-        with ReaderWatch(sbroker.url, "Orders") as watch:
-            activator.start()
-            try:
-                send_load(conn, "Orders", conversations=50, per_conversation=20)
-                seen = collect_replies(conn, "Orders", 1000, timeout=90)
-                # readers exit once the queue stays empty: none left, from the broker's side
-                wait_until_sync(
-                    lambda: tasks_of(conn, "Orders"),
-                    "idle readers to exit",
-                    20,
-                    until=lambda rows: not rows,
-                )
-                assert activator.wait_idle(20)
-            finally:
-                activator.stop(grace=5)
+        with (
+            ReaderWatch(broker.url, "Orders") as watch,
+            activated(
+                spark, broker.url, "Orders", "spark_funcs:brisk_reply", batch_size=10
+            ) as activator,
+        ):
+            send_load(conn, "Orders", conversations=50, per_conversation=20)
+            seen = collect_replies(conn, "Orders", 1000, timeout=90)
+            # readers exit once the queue stays empty: none left, from the broker's side
+            wait_until_sync(
+                lambda: tasks_of(conn, "Orders"),
+                "idle readers to exit",
+                20,
+                until=lambda rows: not rows,
+            )
+            assert activator.wait_idle(20)
         assert seen == {f"done:{c}:{i}".encode(): 1 for c in range(50) for i in range(20)}
         assert conn.receive("OrdersReplies", timeout=0) == []  # nothing twice
         assert watch.samples > 10
@@ -61,10 +57,10 @@ def test_thousand_messages_each_processed_once_within_the_reader_cap(
         assert not [r for r in reports if r["error"]]
 
 
-def test_registration_beyond_max_queue_readers_is_refused(sbroker: BrokerProcess) -> None:
-    with client.connect_sync(sbroker.url) as conn:
+def test_registration_beyond_max_queue_readers_is_refused(broker: BrokerProcess) -> None:
+    with client.connect_sync(broker.url) as conn:
         conn.create_queue("Capped", activation={"status": "OFF", "max_queue_readers": 2})
-        readers = [client.connect_sync(sbroker.url) for _ in range(3)]
+        readers = [client.connect_sync(broker.url) for _ in range(3)]
         try:
             for r in readers[:2]:
                 r.register_task("Capped", "test", job="j1")
@@ -99,17 +95,11 @@ def test_registration_beyond_max_queue_readers_is_refused(sbroker: BrokerProcess
 
 
 def test_a_failing_message_rolls_back_and_the_others_are_processed(
-    spark: Any, sbroker: BrokerProcess
+    spark: Any, broker: BrokerProcess
 ) -> None:
-    with client.connect_sync(sbroker.url) as conn:
+    with client.connect_sync(broker.url) as conn:
         work_queue(conn, "Flaky", readers=2)
-        activator = SparkActivator(
-            spark,
-            sbroker.url,
-            [QueueBinding("Flaky", "spark_funcs:flaky", batch_size=20, idle_timeout=1.0)],
-        )
-        activator.start()
-        try:
+        with activated(spark, broker.url, "Flaky", "spark_funcs:flaky") as activator:
             send_load(
                 conn,
                 "Flaky",
@@ -119,8 +109,6 @@ def test_a_failing_message_rolls_back_and_the_others_are_processed(
             )
             seen = collect_replies(conn, "Flaky", 50, timeout=60)
             assert activator.wait_idle(20)
-        finally:
-            activator.stop(grace=5)
         expected = {
             f"done:{c}:{i}".encode(): 1 for c in range(5) for i in range(10) if (c, i) != (2, 3)
         }
@@ -132,18 +120,12 @@ def test_a_failing_message_rolls_back_and_the_others_are_processed(
         assert queue["is_receive_enabled"]
 
 
-def test_poison_message_ends_in_the_dead_letter_queue(spark: Any, sbroker: BrokerProcess) -> None:
-    with client.connect_sync(sbroker.url) as conn:
+def test_poison_message_ends_in_the_dead_letter_queue(spark: Any, broker: BrokerProcess) -> None:
+    with client.connect_sync(broker.url) as conn:
         conn.create_queue("DLQ")
         policy = {"threshold": 3, "action": "dead_letter", "dead_letter_queue": "DLQ"}
         work_queue(conn, "Risky", readers=2, poison_policy=policy)
-        activator = SparkActivator(
-            spark,
-            sbroker.url,
-            [QueueBinding("Risky", "spark_funcs:poison", batch_size=20, idle_timeout=1.0)],
-        )
-        activator.start()
-        try:
+        with activated(spark, broker.url, "Risky", "spark_funcs:poison") as activator:
             send_load(
                 conn,
                 "Risky",
@@ -156,8 +138,6 @@ def test_poison_message_ends_in_the_dead_letter_queue(spark: Any, sbroker: Broke
                 lambda: conn.peek("DLQ"), "the dead letter", 30, until=lambda rows: len(rows) == 1
             )
             assert activator.wait_idle(20)
-        finally:
-            activator.stop(grace=5)
         assert seen == {
             f"done:{c}:{i}".encode(): 1 for c in range(4) for i in range(10) if (c, i) != (1, 5)
         }
@@ -168,12 +148,12 @@ def test_poison_message_ends_in_the_dead_letter_queue(spark: Any, sbroker: Broke
         assert conn.peek("Risky") == []
 
 
-def test_bridge_shutdown_mid_load_loses_nothing(spark: Any, sbroker: BrokerProcess) -> None:
-    with client.connect_sync(sbroker.url) as conn:
+def test_bridge_shutdown_mid_load_loses_nothing(spark: Any, broker: BrokerProcess) -> None:
+    with client.connect_sync(broker.url) as conn:
         work_queue(conn, "Busy", readers=4)
         activator = SparkActivator(
             spark,
-            sbroker.url,
+            broker.url,
             [QueueBinding("Busy", "spark_funcs:slow_reply", batch_size=5, idle_timeout=1.0)],
         )
         activator.start()
@@ -206,7 +186,7 @@ def test_bridge_shutdown_mid_load_loses_nothing(spark: Any, sbroker: BrokerProce
         # what is left is picked up by the next bridge: nothing was lost
         second = SparkActivator(
             spark,
-            sbroker.url,
+            broker.url,
             [QueueBinding("Busy", "spark_funcs:reply", batch_size=50, idle_timeout=1.0)],
         )
         second.start()
@@ -218,12 +198,12 @@ def test_bridge_shutdown_mid_load_loses_nothing(spark: Any, sbroker: BrokerProce
 
 
 def test_a_reader_that_does_not_stop_is_cancelled_and_its_message_returns(
-    spark: Any, sbroker: BrokerProcess
+    spark: Any, broker: BrokerProcess
 ) -> None:
-    with client.connect_sync(sbroker.url) as conn:
+    with client.connect_sync(broker.url) as conn:
         work_queue(conn, "Stuck", readers=1)
         activator = SparkActivator(
-            spark, sbroker.url, [QueueBinding("Stuck", "spark_funcs:stuck", batch_size=1)]
+            spark, broker.url, [QueueBinding("Stuck", "spark_funcs:stuck", batch_size=1)]
         )
         activator.start()
         send_load(conn, "Stuck", 1, 1)

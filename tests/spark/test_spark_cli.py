@@ -21,11 +21,11 @@ HERE = Path(__file__).parent
 
 
 def test_the_command_serves_queues_from_a_toml_config(
-    sbroker: BrokerProcess, tmp_path: Path
+    broker: BrokerProcess, tmp_path: Path
 ) -> None:
     config = tmp_path / "bridge.toml"
     config.write_text(
-        f'broker = "{sbroker.url}"\n'
+        f'broker = "{broker.url}"\n'
         'master = "local[2]"\n'
         f"python_path = [{str(HERE)!r}]\n"
         "stop_grace = 5.0\n"
@@ -38,7 +38,7 @@ def test_the_command_serves_queues_from_a_toml_config(
         'function = "spark_funcs:reply"\n'
         "idle_timeout = 1.0\n"
     )
-    with client.connect_sync(sbroker.url) as conn:
+    with client.connect_sync(broker.url) as conn:
         work_queue(conn, "Cli", readers=2)
         env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
         proc = subprocess.Popen(

@@ -14,12 +14,12 @@ from ssb.tools import wait_until_sync
 pytestmark = pytest.mark.slow  # a local Spark session
 
 
-def test_scheduler_tasks_run_on_spark_executors(spark: Any, sbroker: BrokerProcess) -> None:
-    with client.connect_sync(sbroker.url) as conn:
+def test_scheduler_tasks_run_on_spark_executors(spark: Any, broker: BrokerProcess) -> None:
+    with client.connect_sync(broker.url) as conn:
         scheduler = get_spark_scheduler(conn, "Jobs", max_queue_readers=2)
         queue = next(q for q in conn.view("service_queues") if q["name"] == "Jobs/TargetQueue")
         assert not queue["is_activation_enabled"] and queue["max_readers"] == 2
-        activator = SparkActivator(spark, sbroker.url)
+        activator = SparkActivator(spark, broker.url)
         activator.add_scheduler("Jobs")
         activator.start()
         try:

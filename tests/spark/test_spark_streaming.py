@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,34 +46,39 @@ def start_copy(spark: Any, url: str, checkpoint: Path) -> Any:
     )
 
 
+@contextlib.contextmanager
+def running(query: Any) -> Iterator[Any]:
+    """A started streaming query, stopped at the end; it must not have failed."""
+    try:
+        yield query
+    finally:
+        query.stop()
+    assert query.exception() is None
+
+
 def setup_copy(conn: client.SyncConnection) -> None:
     work_queue(conn, "In", readers=1)
     conn.create_service("InRepliesService", queue="InReplies", contracts=["DEFAULT"])
 
 
 def test_stream_stopped_and_restarted_delivers_every_message_once_in_order(
-    spark: Any, sbroker: BrokerProcess, tmp_path: Path
+    spark: Any, broker: BrokerProcess, tmp_path: Path
 ) -> None:
     checkpoint = tmp_path / "checkpoint"
     expected = [f"{c}:{i}".encode() for c in range(10) for i in range(50)]
-    with client.connect_sync(sbroker.url) as conn:
+    with client.connect_sync(broker.url) as conn:
         setup_copy(conn)
         send_load(conn, "In", conversations=10, per_conversation=50)
-        query = start_copy(spark, sbroker.url, checkpoint)
-        try:
+        with running(start_copy(spark, broker.url, checkpoint)):
             wait_until_sync(
                 lambda: len(user_messages(conn, "InReplies")),
                 "a few batches",
                 QUERY_TIMEOUT,
                 until=lambda n: n >= 80,
             )
-        finally:
-            query.stop()
-        assert query.exception() is None
         first_run = len(user_messages(conn, "InReplies"))
         assert first_run < 500, "the query finished before it was stopped: the test proves nothing"
-        query = start_copy(spark, sbroker.url, checkpoint)
-        try:
+        with running(start_copy(spark, broker.url, checkpoint)):
             out = wait_until_sync(
                 lambda: user_messages(conn, "InReplies"),
                 "all 500",
@@ -85,9 +92,6 @@ def test_stream_stopped_and_restarted_delivers_every_message_once_in_order(
                 QUERY_TIMEOUT,
                 until=lambda rows: not rows,
             )
-        finally:
-            query.stop()
-        assert query.exception() is None
         assert sorted(out) == sorted(expected), "every message exactly once"
         by_conversation: dict[bytes, list[int]] = defaultdict(list)
         for body in out:
@@ -99,7 +103,7 @@ def test_stream_stopped_and_restarted_delivers_every_message_once_in_order(
 
 
 def test_a_failed_batch_gets_its_messages_again(
-    spark: Any, sbroker: BrokerProcess, tmp_path: Path
+    spark: Any, broker: BrokerProcess, tmp_path: Path
 ) -> None:
     checkpoint = tmp_path / "checkpoint"
     seen: dict[int, list[list[Any]]] = defaultdict(list)  # batch id -> each attempt's rows
@@ -114,14 +118,14 @@ def test_a_failed_batch_gets_its_messages_again(
 
     def run() -> Any:
         return (
-            source(spark, sbroker.url, "In", maxMessagesPerBatch=25, leaseTimeout=120)
+            source(spark, broker.url, "In", maxMessagesPerBatch=25, leaseTimeout=120)
             .select("message_body", "delivery_count")
             .writeStream.foreachBatch(sink)
             .option("checkpointLocation", str(checkpoint))
             .start()
         )
 
-    with client.connect_sync(sbroker.url) as conn:
+    with client.connect_sync(broker.url) as conn:
         setup_copy(conn)
         send_load(conn, "In", conversations=2, per_conversation=50)
         query = run()
@@ -131,17 +135,13 @@ def test_a_failed_batch_gets_its_messages_again(
         finally:
             query.stop()
         assert len(seen[1]) == 1
-        query = run()
-        try:
+        with running(run()):
             wait_until_sync(
                 lambda: sum(len(a[-1]) for a in seen.values()),
                 "all 100",
                 QUERY_TIMEOUT,
                 until=lambda n: n >= 100,
             )
-        finally:
-            query.stop()
-        assert query.exception() is None
         # batch 1 ran again with exactly the messages it had, in the same order
         assert len(seen[1]) == 2 and seen[1][0] == seen[1][1] and len(seen[1][0]) == 25
         committed = [body for batch in sorted(seen) for body, _ in seen[batch][-1]]
@@ -149,18 +149,18 @@ def test_a_failed_batch_gets_its_messages_again(
 
 
 def test_a_lease_nobody_commits_comes_back(
-    spark: Any, sbroker: BrokerProcess, tmp_path: Path
+    spark: Any, broker: BrokerProcess, tmp_path: Path
 ) -> None:
     got: list[bytes] = []
 
     def sink(frame: Any, batch_id: int) -> None:
         got.extend(r.message_body for r in frame.collect())
 
-    with client.connect_sync(sbroker.url) as conn:
+    with client.connect_sync(broker.url) as conn:
         setup_copy(conn)
         send_load(conn, "In", conversations=1, per_conversation=5)
         query = (
-            source(spark, sbroker.url, "In", leaseTimeout=2)
+            source(spark, broker.url, "In", leaseTimeout=2)
             .select("message_body")
             .writeStream.foreachBatch(sink)
             .option("checkpointLocation", str(tmp_path / "abandoned"))
@@ -177,11 +177,11 @@ def test_a_lease_nobody_commits_comes_back(
         assert [m.message_body for m in back] == [f"0:{i}".encode() for i in range(5)]
 
 
-def test_batch_read_peeks_without_receiving(spark: Any, sbroker: BrokerProcess) -> None:
-    with client.connect_sync(sbroker.url) as conn:
+def test_batch_read_peeks_without_receiving(spark: Any, broker: BrokerProcess) -> None:
+    with client.connect_sync(broker.url) as conn:
         setup_copy(conn)
         send_load(conn, "In", conversations=3, per_conversation=4)
-        frame = spark.read.format("ssb").option("broker", sbroker.url).option("queue", "In").load()
+        frame = spark.read.format("ssb").option("broker", broker.url).option("queue", "In").load()
         rows = frame.orderBy("queuing_order").collect()
         assert [r.message_body for r in rows] == [
             f"{c}:{i}".encode() for c in range(3) for i in range(4)
@@ -190,14 +190,14 @@ def test_batch_read_peeks_without_receiving(spark: Any, sbroker: BrokerProcess) 
         assert len(conn.peek("In")) == 12  # still there
 
 
-def test_batch_write_sends_rows_as_messages(spark: Any, sbroker: BrokerProcess) -> None:
-    with client.connect_sync(sbroker.url) as conn:
+def test_batch_write_sends_rows_as_messages(spark: Any, broker: BrokerProcess) -> None:
+    with client.connect_sync(broker.url) as conn:
         setup_copy(conn)
         frame = spark.createDataFrame([(f"row {n}",) for n in range(20)], "message_body string")
         (
             frame.coalesce(1)
             .write.format("ssb")
-            .option("broker", sbroker.url)
+            .option("broker", broker.url)
             .option("service", "InService")
             .option("fromService", "InReplyService")
             .mode("append")
@@ -207,33 +207,29 @@ def test_batch_write_sends_rows_as_messages(spark: Any, sbroker: BrokerProcess) 
 
 
 def test_replies_commit_with_the_lease_that_received_their_messages(
-    spark: Any, sbroker: BrokerProcess, tmp_path: Path
+    spark: Any, broker: BrokerProcess, tmp_path: Path
 ) -> None:
-    with client.connect_sync(sbroker.url) as conn:
+    with client.connect_sync(broker.url) as conn:
         setup_copy(conn)
         send_load(conn, "In", conversations=4, per_conversation=25)
-        query = (
-            source(spark, sbroker.url, "In", maxMessagesPerBatch=30)
+        with running(
+            source(spark, broker.url, "In", maxMessagesPerBatch=30)
             .selectExpr(
                 "conversation_handle",
                 "transaction_id",
                 "concat(cast('done:' as binary), message_body) as message_body",
             )
             .writeStream.format("ssb")
-            .option("broker", sbroker.url)
+            .option("broker", broker.url)
             .option("checkpointLocation", str(tmp_path / "replies"))
             .start()
-        )
-        try:
+        ):
             replies = wait_until_sync(
                 lambda: user_messages(conn, "InReplies"),
                 "100 replies",
                 QUERY_TIMEOUT,
                 until=lambda r: len(r) >= 100,
             )
-        finally:
-            query.stop()
-        assert query.exception() is None
         assert sorted(replies) == sorted(
             f"done:{c}:{i}".encode() for c in range(4) for i in range(25)
         )
