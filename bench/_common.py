@@ -177,18 +177,65 @@ def rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("inf")
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process so far (Linux /proc; None elsewhere).
+def cpu_seconds(*pids: int) -> float | None:
+    """User + system CPU time of processes so far, summed (Linux /proc; None elsewhere, or
+    when one of them is gone).
 
     Less sensitive than wall time to other load on the machine: a benchmark can
     report the daemon's CPU cost per message next to its throughput.
     """
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def cpu_meter(*pids: int) -> Callable[[int], float | None]:
+    """Start measuring the CPU time of processes `pids` (the daemons); the function
+    returned gives the time spent since, in microseconds per item of a count (None where
+    /proc cannot say, or of no items)."""
+    before = cpu_seconds(*pids)
+
+    def per(count: int) -> float | None:
+        after = cpu_seconds(*pids)
+        if before is None or after is None or count < 1:
+            return None
+        return (after - before) * 1e6 / count
+
+    return per
+
+
+def print_header(header: str) -> None:
+    """A table's header line, underlined."""
+    print(header)
+    print("-" * len(header))
+
+
+def figure_table(width: int, target_width: int) -> Callable[..., None]:
+    """Print the head of a table of figures (name, value, the target it is held to, met or
+    not), and return the function that prints one line of it."""
+    print_header(f"{'figure':<{width}} {'value':>14} {'target':>{target_width}} {'met':>4}")
+
+    def line(name: str, value: str, target: str = "", met: bool | None = None) -> None:
+        flag = "" if met is None else ("yes" if met else "NO")
+        print(f"{name:<{width}} {value:>14} {target:>{target_width}} {flag:>4}")
+
+    return line
+
+
+def conclude(
+    args: argparse.Namespace, benchmark: str, options: object, met: bool, /, **results: Any
+) -> int:
+    """A benchmark's end: the results as JSON where `--json` asks, and its exit status: 0
+    when its targets are met (or in smoke mode, where they are not judged), else 1."""
+    if args.json:
+        write_json(args.json, benchmark, options, **results)
+    return 0 if met or args.smoke else 1
 
 
 def write_json(path: str, benchmark: str, options: object, **results: Any) -> None:

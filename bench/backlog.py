@@ -73,12 +73,13 @@ from ._common import (
     BenchFailure,
     Catalog,
     broker,
-    cpu_seconds,
+    conclude,
+    cpu_meter,
+    figure_table,
     options_from,
     parse_args,
     rate,
     run,
-    write_json,
 )
 from ._memory import (
     MB,
@@ -296,7 +297,7 @@ async def drain(
     tenth = max(1, total // 10)
     mark_10 = mark_90 = 0.0
     count = receives = 0
-    cpu_before = cpu_seconds(pid)
+    cpu = cpu_meter(pid)
     async with await client.connect(url) as conn:
         await conn.ping()
         started = time.monotonic()
@@ -363,7 +364,6 @@ async def drain(
     short = [c for c, n in enumerate(counts) if expected[c] != n]
     if short:
         raise BenchFailure(f"{label}: {len(short)} conversations incomplete, e.g. {short[0]}")
-    cpu_after = cpu_seconds(pid)
     seconds = finished - started
     return Drain(
         messages=count,
@@ -372,9 +372,7 @@ async def drain(
         msgs_s=rate(count, seconds),
         first_10pct_msgs_s=rate(tenth, mark_10 - started),
         last_10pct_msgs_s=rate(tenth, finished - mark_90),
-        daemon_cpu_us=None
-        if cpu_before is None or cpu_after is None
-        else (cpu_after - cpu_before) * 1e6 / max(1, count),
+        daemon_cpu_us=cpu(count),
     )
 
 
@@ -400,10 +398,6 @@ async def queue_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
 def _sizes(process: BrokerProcess) -> dict[str, int]:
     size = store_size(process.data_dir)
     return {"db": size.db, "wal": size.wal}
-
-
-def _pid(process: BrokerProcess) -> int | None:
-    return process.proc.pid if process.proc is not None else None
 
 
 def _settle(seconds: float) -> None:
@@ -464,10 +458,9 @@ def bench(opts: Options) -> Result:
                 f"conversations ({per_conversation} each), {opts.short_repeats} times ...",
                 flush=True,
             )
-            pid = d.proc.pid if d.proc else 0
             for i in range(opts.short_repeats):
                 run(fill(url, handles, short_counts, PHASE_SHORT, opts, "short"))
-                got = run(drain(url, short_counts, PHASE_SHORT, opts, "short", pid))
+                got = run(drain(url, short_counts, PHASE_SHORT, opts, "short", d.pid))
                 r.short_drains.append(got)
                 print(f"  short drain {i + 1}: {got.msgs_s:,.0f} msgs/s", flush=True)
 
@@ -489,7 +482,7 @@ def bench(opts: Options) -> Result:
                 flush=True,
             )
 
-        with RssSampler(lambda: _pid(d)) as sampler:
+        with RssSampler(lambda: d.pid) as sampler:
             r.fill_s = run(fill(url, handles, deep_counts, PHASE_DEEP, opts, "fill", progress))
         r.fill_msgs_s = rate(opts.messages, r.fill_s)
         r.rss_after_fill = daemon_rss(d)
@@ -522,10 +515,8 @@ def bench(opts: Options) -> Result:
         r.restart_delta_s = r.deep_restart_median_s - r.empty_restart_median_s
 
         print(f"[drain] {opts.messages:,} messages ...", flush=True)
-        with RssSampler(lambda: _pid(d)) as sampler:
-            r.deep = run(
-                drain(url, deep_counts, PHASE_DEEP, opts, "deep", d.proc.pid if d.proc else 0, True)
-            )
+        with RssSampler(lambda: d.pid) as sampler:
+            r.deep = run(drain(url, deep_counts, PHASE_DEEP, opts, "deep", d.pid, True))
         r.rss_peak_drain = sampler.peak
         r.store_after_drain = _sizes(d)
 
@@ -592,18 +583,11 @@ def print_table(r: Result, opts: Options) -> None:
         f" ({r.messages_per_conversation:g} each), durability={opts.durability}, "
         f"message_cache_bytes={cache}, {os.cpu_count()} CPUs; MB = 10^6 bytes"
     )
-    width = 48
-
-    def line(name: str, value: str, target: str = "", met: bool | None = None) -> None:
-        flag = "" if met is None else ("yes" if met else "NO")
-        print(f"{name:<{width}} {value:>14} {target:>10} {flag:>4}")
 
     def sizes(s: dict[str, int]) -> str:
         return f"{mb(s.get('db'))} + {mb(s.get('wal'))}"
 
-    header = f"{'figure':<{width}} {'value':>14} {'target':>10} {'met':>4}"
-    print(header)
-    print("-" * len(header))
+    line = figure_table(48, 10)
     t = r.targets
     line("RSS, empty daemon (MB)", mb(r.rss_empty))
     line("RSS before the fill (MB)", mb(r.rss_before_fill))
@@ -730,9 +714,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = options_from(Options, args)
     result = bench(opts)
     print_table(result, opts)
-    if args.json:
-        write_json(args.json, "backlog", opts, result=asdict(result))
-    return 0 if args.smoke or result.all_met else 1
+    return conclude(args, "backlog", opts, result.all_met, result=asdict(result))
 
 
 if __name__ == "__main__":

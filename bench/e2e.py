@@ -49,13 +49,14 @@ from ._common import (
     BenchFailure,
     Catalog,
     broker,
-    cpu_seconds,
+    conclude,
+    cpu_meter,
     options_from,
     parse_args,
     percentile,
+    print_header,
     rate,
     run,
-    write_json,
 )
 
 CATALOG = Catalog("Bench")
@@ -234,9 +235,12 @@ def _child(role: str, url: str, phase: int, opts: Options, go: Any, results: Any
         results.put((role, {"error": traceback.format_exc()}))
 
 
+Outcomes = dict[str, dict[str, Any]]  # what each process reported, by role
+
+
 def run_processes(
     url: str | dict[str, str], phase: int, roles: list[str], opts: Options
-) -> tuple[float, dict[str, dict[str, Any]]]:
+) -> tuple[float, Outcomes]:
     """Start one process per role, release them together, return (go time, outcomes).
 
     `url` is one broker for every role, or a map role -> broker URL.
@@ -296,6 +300,16 @@ def run_processes(
     return go_time, outcomes
 
 
+def timed_phase(
+    url: str | dict[str, str], phase: int, roles: list[str], opts: Options, pids: list[int]
+) -> tuple[float, Outcomes, float | None]:
+    """`run_processes`, and the CPU time the processes `pids` (the daemons) spent on it
+    per message, in microseconds."""
+    cpu = cpu_meter(*pids)
+    go_time, out = run_processes(url, phase, roles, opts)
+    return go_time, out, cpu(opts.messages)
+
+
 # ---- latency (in this process) ---------------------------------------------------------
 
 
@@ -341,35 +355,25 @@ def bench_durability(durability: str, opts: Options) -> Result:
     with broker(durability, config) as daemon, Scraper(daemon.http_url, opts.scrape_interval):
         url = daemon.tls_url if opts.tls else daemon.url
         run(CATALOG.create(url))
-        pid = daemon.proc.pid if daemon.proc is not None else 0
 
-        def daemon_cpu(before: float | None) -> float | None:
-            after = cpu_seconds(pid)
-            if before is None or after is None:
-                return None
-            return (after - before) * 1e6 / opts.messages
+        def phase(what: str, number: int, roles: list[str]) -> tuple[float, Outcomes, float | None]:
+            print(f"[{durability}] {what} ...", flush=True)
+            return timed_phase(url, number, roles, opts, [daemon.pid])
 
-        print(f"[{durability}] send-only: {opts.messages} messages ...", flush=True)
-        cpu = cpu_seconds(pid)
-        _, out = run_processes(url, PHASE_SEND, ["producer"], opts)
-        result.send_daemon_cpu_us = daemon_cpu(cpu)
+        send = f"send-only: {opts.messages} messages"
+        _, out, result.send_daemon_cpu_us = phase(send, PHASE_SEND, ["producer"])
         sent = out["producer"]
         result.send_seconds = sent["finished"] - sent["started"]
         result.send_msgs_s = rate(opts.messages, result.send_seconds)
 
-        print(f"[{durability}] receive-only ...", flush=True)
-        cpu = cpu_seconds(pid)
-        _, out = run_processes(url, PHASE_SEND, ["consumer"], opts)
-        result.receive_daemon_cpu_us = daemon_cpu(cpu)
+        _, out, result.receive_daemon_cpu_us = phase("receive-only", PHASE_SEND, ["consumer"])
         got = out["consumer"]
         result.receive_seconds = got["finished"] - got["started"]
         result.receive_msgs_s = rate(got["received"], result.receive_seconds)
         result.receive_batches = got["batches"]
 
-        print(f"[{durability}] end-to-end ...", flush=True)
-        cpu = cpu_seconds(pid)
-        go_time, out = run_processes(url, PHASE_E2E, ["consumer", "producer"], opts)
-        result.e2e_daemon_cpu_us = daemon_cpu(cpu)
+        roles = ["consumer", "producer"]
+        go_time, out, result.e2e_daemon_cpu_us = phase("end-to-end", PHASE_E2E, roles)
         result.e2e_seconds = out["consumer"]["finished"] - go_time
         result.e2e_msgs_s = rate(out["consumer"]["received"], result.e2e_seconds)
         result.e2e_send_seconds = out["producer"]["finished"] - out["producer"]["started"]
@@ -383,7 +387,7 @@ def bench_durability(durability: str, opts: Options) -> Result:
         result.latency_p99_us = percentile(samples, 0.99)
 
         run(check_empty(url))
-        result.daemon = {"url": url, "pid": daemon.proc.pid if daemon.proc else None}
+        result.daemon = {"url": url, "pid": daemon.pid}
     result.target_e2e_msgs_s = TARGETS.get(durability, 0.0)
     result.target_met = result.e2e_msgs_s >= result.target_e2e_msgs_s
     return result
@@ -429,8 +433,7 @@ def print_table(results: list[Result], opts: Options) -> None:
         f"{'durability':<10} {'send msg/s':>11} {'recv msg/s':>11} {'e2e msg/s':>10} "
         f"{'target':>7} {'met':>4} {'lat p50 us':>11} {'lat p99 us':>11}"
     )
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for r in results:
         print(
             f"{r.durability:<10} {r.send_msgs_s:>11,.0f} {r.receive_msgs_s:>11,.0f} "
@@ -492,9 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = ["fsync", "os"] if args.durability == "both" else [args.durability]
     results = [bench_durability(d, opts) for d in settings]
     print_table(results, opts)
-    if args.json:
-        write_json(args.json, "e2e", opts, results=[asdict(r) for r in results])
-    return 0 if args.smoke or all(r.target_met for r in results) else 1
+    met = all(r.target_met for r in results)
+    return conclude(args, "e2e", opts, met, results=[asdict(r) for r in results])
 
 
 if __name__ == "__main__":

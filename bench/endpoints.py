@@ -45,7 +45,17 @@ from typing import Any
 
 from ssb import client
 
-from ._common import BenchFailure, Catalog, broker, options_from, parse_args, rate, run, write_json
+from ._common import (
+    BenchFailure,
+    Catalog,
+    broker,
+    conclude,
+    figure_table,
+    options_from,
+    parse_args,
+    rate,
+    run,
+)
 from ._memory import (
     BrokerProcess,
     RssSampler,
@@ -146,7 +156,7 @@ def bench(opts: Options) -> Result:
         r.store_before = store_size(d.data_dir).total
 
         print(f"[begin] {opts.dialogs:,} dialogs, {opts.per_transaction:,} per transaction ...")
-        with RssSampler(lambda: d.proc.pid if d.proc else None) as sampler:
+        with RssSampler(lambda: d.pid) as sampler:
             r.begin_seconds = run(begin_dialogs(d, opts, r))
         r.dialogs_per_s = rate(opts.dialogs, r.begin_seconds)
         rss_now = daemon_rss(d)
@@ -194,15 +204,8 @@ def print_table(r: Result, opts: Options) -> None:
         f"{opts.per_transaction:,} per transaction, durability={opts.durability}, "
         f"{os.cpu_count()} CPUs; MB = 10^6 bytes"
     )
-    width = 44
 
-    def line(name: str, value: str, target: str = "", met: bool | None = None) -> None:
-        flag = "" if met is None else ("yes" if met else "NO")
-        print(f"{name:<{width}} {value:>14} {target:>8} {flag:>4}")
-
-    header = f"{'figure':<{width}} {'value':>14} {'target':>8} {'met':>4}"
-    print(header)
-    print("-" * len(header))
+    line = figure_table(44, 8)
     line("begin rate (dialogs/s)", f"{r.dialogs_per_s:,.0f}")
     line("RSS before (MB)", mb(r.rss_before))
     line("RSS after (MB)", mb(r.rss_after))
@@ -243,9 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = options_from(Options, args)
     result = bench(opts)
     print_table(result, opts)
-    if args.json:
-        write_json(args.json, "endpoints", opts, result=asdict(result))
-    return 0 if args.smoke or result.target_met else 1
+    return conclude(args, "endpoints", opts, result.target_met, result=asdict(result))
 
 
 if __name__ == "__main__":

@@ -49,12 +49,12 @@ from ._common import (
     BenchFailure,
     BrokerProcess,
     broker,
-    cpu_seconds,
+    conclude,
     options_from,
     parse_args,
+    print_header,
     rate,
     run,
-    write_json,
 )
 
 TARGET_RATIO = 0.7
@@ -101,15 +101,6 @@ def _fill(result: Run, go_time: float, out: dict[str, dict[str, Any]], opts: e2e
     result.receive_batches = out["consumer"]["batches"]
 
 
-def _cpu(pids: list[int]) -> float | None:
-    values = [cpu_seconds(pid) for pid in pids]
-    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
-
-
-def _pid(process: BrokerProcess) -> int:
-    return process.proc.pid if process.proc is not None else 0
-
-
 # ---- one broker ---------------------------------------------------------------------------
 
 
@@ -118,12 +109,10 @@ def one_broker(durability: str, opts: e2e.Options) -> Run:
     with broker(durability) as daemon:
         run(e2e.CATALOG.create(daemon.url))
         print(f"[{durability}] one broker: {opts.messages} messages ...", flush=True)
-        before = _cpu([_pid(daemon)])
-        go_time, out = e2e.run_processes(daemon.url, e2e.PHASE_E2E, ["consumer", "producer"], opts)
-        after = _cpu([_pid(daemon)])
+        go_time, out, result.daemon_cpu_us_per_message = e2e.timed_phase(
+            daemon.url, e2e.PHASE_E2E, ["consumer", "producer"], opts, [daemon.pid]
+        )
         _fill(result, go_time, out, opts)
-        if before is not None and after is not None:
-            result.daemon_cpu_us_per_message = (after - before) * 1e6 / opts.messages
         run(e2e.check_empty(daemon.url))
     return result
 
@@ -221,15 +210,14 @@ def two_brokers(
             f"[{durability}] {len(daemons)} brokers: {opts.messages} messages {path} ...",
             flush=True,
         )
-        pids = [_pid(d) for d in daemons]
-        before = _cpu(pids)
-        go_time, out = e2e.run_processes(
-            {"consumer": b.url, "producer": a.url}, e2e.PHASE_E2E, ["consumer", "producer"], opts
+        go_time, out, result.daemon_cpu_us_per_message = e2e.timed_phase(
+            {"consumer": b.url, "producer": a.url},
+            e2e.PHASE_E2E,
+            ["consumer", "producer"],
+            opts,
+            [d.pid for d in daemons],
         )
-        after = _cpu(pids)
         _fill(result, go_time, out, opts)
-        if before is not None and after is not None:
-            result.daemon_cpu_us_per_message = (after - before) * 1e6 / opts.messages
         result.connections = run(drained(a, b))
     except BaseException:
         for daemon in daemons:
@@ -269,8 +257,7 @@ def print_table(outcome: Outcome, opts: e2e.Options) -> None:
     runs = len(outcome.runs.get("one broker", [])) or 1
     print(f"medians of {runs} interleaved run(s) of each kind")
     header = f"{'run':<12} {'e2e msg/s':>10} {'producer msg/s':>15} {'daemons CPU us/msg':>19}"
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     kinds = [("one broker", outcome.one_broker), ("two brokers", outcome.two_brokers)]
     if outcome.forwarded is not None:
         kinds.append(("forwarded", outcome.forwarded))
@@ -344,9 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         args.durability, single, cross, relayed, ratio, forwarded_ratio, target_met=met, runs=runs
     )
     print_table(outcome, opts)
-    if args.json:
-        write_json(args.json, "federation", opts, **asdict(outcome))
-    return 0 if args.smoke or outcome.target_met else 1
+    return conclude(args, "federation", opts, outcome.target_met, **asdict(outcome))
 
 
 if __name__ == "__main__":

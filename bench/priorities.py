@@ -47,12 +47,13 @@ from ssb import client
 from ._common import (
     BenchFailure,
     broker,
-    cpu_seconds,
+    conclude,
+    cpu_meter,
     options_from,
     parse_args,
+    print_header,
     rate,
     run,
-    write_json,
 )
 
 MESSAGE_TYPE = "PrioMessage"
@@ -242,12 +243,9 @@ def one_run(name: str, levels: list[int], opts: Options) -> Run:
         expected = run(setup(daemon.url, levels, opts))
         result.setup_seconds = time.monotonic() - t0
         print(f"[{name}] draining {expected} messages ...", flush=True)
-        pid = daemon.proc.pid if daemon.proc is not None else 0
-        before = cpu_seconds(pid)
+        cpu = cpu_meter(daemon.pid)
         run(drain(daemon.url, expected, levels, opts, result))
-        after = cpu_seconds(pid)
-        if before is not None and after is not None and result.receives:
-            result.daemon_cpu_us_per_receive = (after - before) * 1e6 / result.receives
+        result.daemon_cpu_us_per_receive = cpu(result.receives)
     return result
 
 
@@ -304,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'run':<13} {'groups':>7} {'levels':>6} {'msgs/s':>9} {'receives/s':>11} "
         f"{'drain s':>8} {'setup s':>8} {'daemon cpu us/receive':>22}"
     )
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for r in runs:
         print(
             f"{r.name:<13} {r.groups:>7} {len(set(r.levels)):>6} {r.msgs_s:>9,.0f} "
@@ -324,18 +321,17 @@ def main(argv: list[str] | None = None) -> int:
             f"scaling: multi-level msgs/s at {opts.groups} groups / at {small.groups} groups"
             f" = {scaling:.2f} (a scan per RECEIVE would fall far below 1)"
         )
-    if args.json:
-        write_json(
-            args.json,
-            "priorities",
-            opts,
-            results=[asdict(r) for r in runs],
-            ratio=ratio,
-            required_ratio=REQUIRED_RATIO,
-            met=met,
-            scaling=scaling,
-        )
-    return 0 if args.smoke or met else 1
+    return conclude(
+        args,
+        "priorities",
+        opts,
+        met,
+        results=[asdict(r) for r in runs],
+        ratio=ratio,
+        required_ratio=REQUIRED_RATIO,
+        met=met,
+        scaling=scaling,
+    )
 
 
 if __name__ == "__main__":

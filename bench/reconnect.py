@@ -30,7 +30,7 @@ from typing import Any
 
 from ssb import client
 
-from ._common import broker, options_from, parse_args, rate, run, write_json
+from ._common import broker, conclude, options_from, parse_args, rate, run
 
 TAG = struct.Struct(">BI")  # phase, index
 LENGTH = struct.Struct(">I")
@@ -219,9 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  cut    {result['cut_msgs_s']:>9,.0f} msgs/s  ({result['kept']:.2f} of clean;"
         f" {result['cuts']} cuts, {result['reconnects']} reconnects, settled {result['settled']})"
     )
-    if args.json:
-        write_json(args.json, "reconnect", opts, **result)
-    return 0
+    return conclude(args, "reconnect", opts, True, **result)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,17 @@ from typing import Any
 
 from ssb import client
 
-from ._common import BenchFailure, Catalog, broker, options_from, parse_args, rate, run, write_json
+from ._common import (
+    BenchFailure,
+    Catalog,
+    broker,
+    conclude,
+    options_from,
+    parse_args,
+    print_header,
+    rate,
+    run,
+)
 from ._memory import MB, BrokerProcess, daemon_peak, daemon_rss, mb, rss_bytes, store_size
 
 CATALOG = Catalog("Slow")
@@ -231,8 +241,7 @@ async def monitor(
         while len(outcomes) < len(procs):
             if time.monotonic() > limit:
                 raise BenchFailure("timed out waiting for the producer and the consumer")
-            pid = d.proc.pid if d.proc is not None else 0
-            value = rss_bytes(pid)
+            value = rss_bytes(d.pid)
             if value is not None:
                 rss.append(value)
             depth.append(int((await target_queue(conn))["messages_stored"]))
@@ -370,8 +379,7 @@ def print_table(results: list[RunResult], opts: Options) -> None:
         f"{'max depth':>10} {'quota err':>9} {'RSS start':>9} {'RSS peak':>9} {'growth':>7} "
         f"{'store MB':>9} {'met':>4}"
     )
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for r in results:
         size = r.store_end.get("db", 0) + r.store_end.get("wal", 0)
         print(
@@ -422,9 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     quota = one_run(f"quota {opts.quota:,}", opts.quota, free.producer_msgs_s, opts)
     results = [free, quota]
     print_table(results, opts)
-    if args.json:
-        write_json(args.json, "slow_consumer", opts, results=[asdict(r) for r in results])
-    return 0 if args.smoke or all(r.met for r in results) else 1
+    met = all(r.met for r in results)
+    return conclude(args, "slow_consumer", opts, met, results=[asdict(r) for r in results])
 
 
 if __name__ == "__main__":

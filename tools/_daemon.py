@@ -94,6 +94,11 @@ class BrokerProcess:
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
 
     @property
+    def pid(self) -> int:
+        """The daemon's process id (0 before its first start)."""
+        return self.proc.pid if self.proc is not None else 0
+
+    @property
     def url(self) -> str:
         """The admin login's URL (its password is the one the first start wrote)."""
         return self.url_for("admin", self.admin_password())
