@@ -41,12 +41,13 @@ Batch reads (`spark.read.format("ssb")`) peek the queue without receiving.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -69,6 +70,7 @@ from pyspark.sql.types import (
 )
 
 from ssb import client
+from ssb.protocol import ErrorCode
 
 log = logging.getLogger("ssb.spark_bridge")
 
@@ -243,6 +245,20 @@ def _leases(offset: dict[str, Any]) -> dict[int, str]:
     return found
 
 
+T = TypeVar("T")
+
+
+def _unless_gone(call: Callable[[], T]) -> T | None:
+    """`call()` on a lease's transaction, or None when that transaction no longer exists:
+    committed before, rolled back, or expired (its messages went back to their queue)."""
+    try:
+        return call()
+    except client.TransactionError as exc:
+        if exc.code != ErrorCode.NO_TRANSACTION:
+            raise
+        return None
+
+
 class LeaseStreamReader(DataSourceStreamReader):
     """Micro-batches of received messages, each held in a detached transaction."""
 
@@ -308,9 +324,8 @@ class LeaseStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, LeasePartition)
         with client.connect_sync(self.settings.url) as conn:
-            try:
-                messages = conn.transaction_messages(partition.txn)
-            except client.NotFoundError:
+            messages = _unless_gone(lambda: conn.transaction_messages(partition.txn))
+            if messages is None:
                 # the lease expired and rolled back: its messages are back in the queue
                 # and a later batch receives them again
                 log.warning("lease %s is gone; its messages return in a later batch", partition.txn)
@@ -331,8 +346,7 @@ class LeaseStreamReader(DataSourceStreamReader):
         conn = self._connection()
         for number, txn in sorted(leases.items()):
             if txn not in self._committed:
-                with contextlib.suppress(client.NotFoundError):  # committed before, or expired
-                    conn.commit_transaction(txn)
+                _unless_gone(functools.partial(conn.commit_transaction, txn))
                 self._committed.add(txn)
             self._open.pop(number, None)
         if len(self._committed) > 10_000:
@@ -509,8 +523,9 @@ def _finish(
             if commit:
                 conn.commit_transaction(txn)
             else:
-                with contextlib.suppress(client.NotFoundError):
-                    conn.rollback_transaction(txn, error="Spark aborted the batch")
+                _unless_gone(
+                    functools.partial(conn.rollback_transaction, txn, "Spark aborted the batch")
+                )
 
 
 def _reply_in_leases(
