@@ -48,8 +48,8 @@ if ! $fast && ! has_chromium; then
     fi
 fi
 ensure_venv "[test]"
-python -m ruff check broker protocol client spark_bridge tools tests bench examples
-python -m ruff format --check --quiet broker protocol client spark_bridge tools tests bench examples
+python -m ruff check broker protocol client spark_bridge tools tsql tests bench examples
+python -m ruff format --check --quiet broker protocol client spark_bridge tools tsql tests bench examples
 bash scripts/typecheck.sh
 NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet  # a broken link fails
 if $fast; then

@@ -6,7 +6,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 tree="$here/build/typecheck"
 mkdir -p "$tree/ssb"
-for package in broker protocol client spark_bridge tools; do
+for package in broker protocol client spark_bridge tools tsql; do
     ln -sfn "$here/$package" "$tree/ssb/$package"
 done
 cd "$tree"

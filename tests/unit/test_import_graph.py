@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("broker", "protocol", "client", "spark_bridge", "tools")
+PACKAGES = ("broker", "protocol", "client", "spark_bridge", "tools", "tsql")
 
 
 def _modules(package: str) -> dict[str, Path]:

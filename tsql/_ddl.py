@@ -1,0 +1,348 @@
+"""Service Broker's DDL, logins and permissions, each mapped to its client call.
+
+What Service Broker has and ssb does not is refused with what to do instead (see
+docs/tsql.md for the whole table): an activation procedure written in T-SQL (until the
+broker runs T-SQL procedures), ALTER of what the broker cannot alter yet, a remote
+service binding to a database user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from . import _ast as ast
+from ._errors import NotSupported, SqlError
+
+if TYPE_CHECKING:
+    from ._context import Context as Session
+    from ._frame import Frame
+
+
+async def _text(session: Session, value: object, frame: Frame) -> str | None:
+    if isinstance(value, ast.Expr):
+        return await session.text_value(value, frame)
+    return None if value is None else str(value)
+
+
+async def ddl(session: Session, statement: ast.Ddl, frame: Frame) -> None:
+    handler = _HANDLERS.get((statement.action, statement.kind))
+    if handler is None:
+        raise NotSupported(
+            f"{statement.action} {statement.kind.replace('_', ' ').upper()} (not supported yet)",
+            _NOT_YET.get(statement.kind, "drop it and create it anew"),
+        )
+    if "authorization" in statement.options and statement.kind != "permission":
+        owner = statement.options["authorization"]
+        if session.login is not None and owner.lower() not in (session.login.lower(), "dbo"):
+            raise NotSupported(
+                f"AUTHORIZATION {owner}",
+                "in ssb the login that creates an object owns it: connect as that login",
+            )
+    await handler(session, statement, frame)
+    session.rowcount = 0
+
+
+_NOT_YET: Final = {
+    "message_type": "ALTER MESSAGE TYPE needs a broker operation that comes with the next"
+    " version; drop the message type and create it anew",
+    "service": "ALTER SERVICE needs a broker operation that comes with the next version; drop"
+    " the service and create it anew",
+    "route": "drop the route and create it anew",
+    "remote_service_binding": "drop the binding and create it anew",
+    "contract": "Service Broker has no ALTER CONTRACT either; drop it and create it anew",
+}
+
+
+async def _create_message_type(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    conn = session.connection()
+    await session.broker(conn.create_message_type(s.name, s.options.get("validation", "NONE")))
+
+
+async def _create_contract(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    await session.broker(session.connection().create_contract(s.name, s.options["messages"]))
+
+
+def _activation(session: Session, given: dict[str, Any]) -> dict[str, Any]:
+    activation: dict[str, Any] = {}
+    if given.get("drop"):
+        raise NotSupported(
+            "ACTIVATION (DROP)", "turn activation off with ACTIVATION (STATUS = OFF)"
+        )
+    if "status" in given:
+        activation["status"] = given["status"]
+    if "procedure" in given:
+        if given.get("tsql_procedure"):
+            raise NotSupported(
+                f"PROCEDURE_NAME = {given['procedure']}: activation by a T-SQL procedure (not"
+                " supported yet)",
+                "the broker runs T-SQL activation procedures from the next version on; until"
+                " then name a Python procedure as a string, PROCEDURE_NAME = 'package.module:function'",
+            )
+        activation["procedure"] = given["procedure"]
+    if "max_queue_readers" in given:
+        activation["max_queue_readers"] = given["max_queue_readers"]
+    if "execute_as" in given:
+        who = given["execute_as"]
+        if who == "SELF":
+            if session.login is not None:
+                activation["execute_as"] = session.login
+        elif who != "OWNER":
+            activation["execute_as"] = who
+    return activation
+
+
+async def _create_queue(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    options = s.options
+    arguments: dict[str, Any] = {}
+    for key in ("status", "retention", "poison_message_handling"):
+        if key in options:
+            arguments[key] = options[key]
+    if "activation" in options:
+        arguments["activation"] = _activation(session, options["activation"])
+    await session.broker(session.connection().create_queue(s.name, **arguments))
+
+
+async def _alter_queue(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    options = s.options
+    changes: dict[str, Any] = {}
+    for key in ("status", "retention", "poison_message_handling"):
+        if key in options:
+            changes[key] = options[key]
+    if "activation" in options:
+        changes["activation"] = _activation(session, options["activation"])
+    if not changes:
+        raise SqlError(102, "Incorrect syntax near 'WITH': ALTER QUEUE needs an option.", level=15)
+    await session.broker(session.connection().alter_queue(s.name, **changes))
+
+
+async def _create_service(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    await session.broker(
+        session.connection().create_service(
+            s.name, s.options["queue"].rsplit(".", 1)[-1], s.options.get("contracts", [])
+        )
+    )
+
+
+def _address(text: str) -> str:
+    upper = text.strip().upper()
+    if upper in ("LOCAL", "TRANSPORT"):
+        return upper
+    if upper.startswith("TCP://"):
+        return "tcp://" + text.strip()[6:]
+    raise NotSupported(
+        f"ADDRESS = '{text}'", "ssb routes to 'TCP://host:port', 'LOCAL' or 'TRANSPORT'"
+    )
+
+
+async def _create_route(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    options = s.options
+    service = await _text(session, options.get("service_name"), frame)
+    address = await _text(session, options.get("address"), frame)
+    if address is None:
+        raise SqlError(102, "Incorrect syntax: CREATE ROUTE needs ADDRESS.", level=15)
+    if service is None:
+        raise NotSupported(
+            "CREATE ROUTE without SERVICE_NAME",
+            "ssb's routes name the service they lead to: add SERVICE_NAME = '...'",
+        )
+    lifetime = None
+    if options.get("lifetime") is not None:
+        seconds = (await session.value(options["lifetime"], frame)).data
+        lifetime = None if seconds is None else float(seconds)  # type: ignore[arg-type]
+    await session.broker(
+        session.connection().create_route(
+            s.name,
+            service,
+            _address(address),
+            broker_instance=await _text(session, options.get("broker_instance"), frame),
+            lifetime=lifetime,
+        )
+    )
+
+
+async def _priority_options(session: Session, s: ast.Ddl, frame: Frame) -> dict[str, Any]:
+    names = {
+        "contract_name": "contract",
+        "local_service_name": "local_service",
+        "remote_service_name": "remote_service",
+        "priority_level": "level",
+    }
+    found: dict[str, Any] = {}
+    for option, value in s.options.items():
+        if option not in names:
+            continue
+        if isinstance(value, ast.Expr):
+            evaluated = (await session.value(value, frame)).data
+            value = (
+                evaluated
+                if option == "priority_level"
+                else (None if evaluated is None else str(evaluated))
+            )
+        found[names[option]] = value
+    return found
+
+
+async def _create_priority(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    options = await _priority_options(session, s, frame)
+    await session.broker(session.connection().create_broker_priority(s.name, **options))
+
+
+async def _alter_priority(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    options = await _priority_options(session, s, frame)
+    await session.broker(session.connection().alter_broker_priority(s.name, **options))
+
+
+async def _create_notification(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    options = s.options
+    service = await _text(session, options["service"], frame)
+    instance = await _text(session, options["broker_instance"], frame)
+    if service is None:
+        raise SqlError(102, "Incorrect syntax: TO SERVICE needs a service name.", level=15)
+    if instance is not None and instance.strip().upper() == "CURRENT DATABASE":
+        instance = None
+    await session.broker(
+        session.connection().create_event_notification(
+            s.name, options["event"], options["queue"].rsplit(".", 1)[-1], service, instance
+        )
+    )
+
+
+async def _create_certificate(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    path = await _text(session, s.options.get("file"), frame)
+    if path is None:
+        raise SqlError(
+            102, "Incorrect syntax: CREATE CERTIFICATE ... FROM FILE = 'peer.pem'.", level=15
+        )
+    try:
+        pem = Path(path).read_text()
+    except OSError as exc:
+        raise SqlError(
+            15208, f"The certificate file '{path}' cannot be read: {exc.strerror or exc}."
+        ) from None
+    await session.broker(session.connection().create_certificate(s.name, pem))
+
+
+async def _create_binding(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    raise NotSupported(
+        "CREATE REMOTE SERVICE BINDING ... WITH USER",
+        "ssb binds a service to its broker's certificate, not to a database user: call"
+        " create_remote_service_binding(name, service, pem) with the far broker's"
+        " certificate from the client",
+    )
+
+
+async def _login(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    conn = session.connection()
+    if s.options.get("extra"):
+        raise NotSupported(
+            "LOGIN options other than PASSWORD", "ssb's logins have a name and a password"
+        )
+    if s.action == "DROP":
+        await session.broker(conn.drop_login(s.name))
+        return
+    password = await _text(session, s.options.get("password"), frame)
+    if s.action == "CREATE":
+        await session.broker(conn.create_login(s.name, password))
+    else:
+        if password is None:
+            raise SqlError(15118, "Password validation failed: the password is NULL.")
+        await session.broker(conn.alter_login(s.name, password))
+
+
+_CLASSES: Final = {
+    "SERVICE": "service",
+    "QUEUE": "queue",
+    "CONTRACT": "contract",
+    "ROUTE": "route",
+    "OBJECT": None,
+}
+
+
+async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    options = s.options
+    permissions: list[str] = options["permissions"]
+    kind: str | None = None
+    name: str | None = None
+    if "kind" in options:
+        cls = str(options["kind"]).upper()
+        name = str(options["object"]).rsplit(".", 1)[-1]
+        if cls not in _CLASSES:
+            raise NotSupported(
+                f"{s.action} ... ON {cls}::",
+                "ssb grants on the broker, a service, a queue, a contract or a route",
+            )
+        kind = _CLASSES[cls]
+        if kind is None:
+            kind = "queue" if permissions == ["RECEIVE"] else None
+            if kind is None:
+                raise NotSupported(
+                    f"{s.action} {', '.join(permissions)} ON {name}",
+                    "name the object's class: ON SERVICE::name, ON QUEUE::name (RECEIVE on a"
+                    " queue needs no class)",
+                )
+    for permission in permissions:
+        if permission == "EXECUTE" and kind is None and name is not None:
+            raise NotSupported(
+                "GRANT EXECUTE on a procedure (not supported yet)",
+                "procedures come with the broker's procedure catalog in the next version",
+            )
+        call = session.connection().grant if s.action == "GRANT" else session.connection().revoke
+        await session.broker(call(permission, options["login"], kind, name))
+
+
+def _drop(kind: str) -> Callable[[Session, ast.Ddl, Frame], Coroutine[Any, Any, None]]:
+    async def drop(session: Session, s: ast.Ddl, frame: Frame) -> None:
+        conn = session.connection()
+        name = s.name.rsplit(".", 1)[-1] if kind == "queue" else s.name
+        calls = {
+            "message_type": conn.drop_message_type,
+            "contract": conn.drop_contract,
+            "queue": conn.drop_queue,
+            "service": conn.drop_service,
+            "route": conn.drop_route,
+            "broker_priority": conn.drop_broker_priority,
+            "event_notification": conn.drop_event_notification,
+            "remote_service_binding": conn.drop_remote_service_binding,
+            "certificate": conn.drop_certificate,
+        }
+        await session.broker(calls[kind](name))
+
+    return drop
+
+
+Handler = Callable[[Any, Any, Any], Coroutine[Any, Any, None]]
+_HANDLERS: Final[dict[tuple[str, str], Handler]] = {
+    ("CREATE", "message_type"): _create_message_type,
+    ("CREATE", "contract"): _create_contract,
+    ("CREATE", "queue"): _create_queue,
+    ("ALTER", "queue"): _alter_queue,
+    ("CREATE", "service"): _create_service,
+    ("CREATE", "route"): _create_route,
+    ("CREATE", "broker_priority"): _create_priority,
+    ("ALTER", "broker_priority"): _alter_priority,
+    ("CREATE", "event_notification"): _create_notification,
+    ("CREATE", "certificate"): _create_certificate,
+    ("CREATE", "remote_service_binding"): _create_binding,
+    ("CREATE", "login"): _login,
+    ("ALTER", "login"): _login,
+    ("DROP", "login"): _login,
+    ("GRANT", "permission"): _permission,
+    ("REVOKE", "permission"): _permission,
+    **{
+        ("DROP", kind): _drop(kind)
+        for kind in (
+            "message_type",
+            "contract",
+            "queue",
+            "service",
+            "route",
+            "broker_priority",
+            "event_notification",
+            "remote_service_binding",
+            "certificate",
+        )
+    },
+}
+DDL_STATEMENTS: Final[dict[type, Handler]] = {ast.Ddl: ddl}

@@ -1,0 +1,551 @@
+"""T-SQL's built-in scalar functions on typed values.
+
+The same table serves the interpreter (expressions over variables) and the SQL engine
+(registered as SQLite functions, so a query over the views computes LEN, SUBSTRING,
+ISNULL, CAST ... with SQL Server's rules rather than SQLite's). Each entry takes the
+evaluated arguments as `Value`s and returns a `Value`. Functions that need the session
+(DB_NAME, ERROR_MESSAGE, OBJECT_ID ...) are the interpreter's and are not here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import math
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Final
+
+from . import _types as t
+from ._errors import SqlError
+from ._types import Value
+
+Function = Callable[..., Value]
+
+_DATE_PARTS: Final = {
+    "YEAR": "year",
+    "YY": "year",
+    "YYYY": "year",
+    "QUARTER": "quarter",
+    "QQ": "quarter",
+    "Q": "quarter",
+    "MONTH": "month",
+    "MM": "month",
+    "M": "month",
+    "DAYOFYEAR": "dayofyear",
+    "DY": "dayofyear",
+    "Y": "dayofyear",
+    "DAY": "day",
+    "DD": "day",
+    "D": "day",
+    "WEEK": "week",
+    "WK": "week",
+    "WW": "week",
+    "WEEKDAY": "weekday",
+    "DW": "weekday",
+    "HOUR": "hour",
+    "HH": "hour",
+    "MINUTE": "minute",
+    "MI": "minute",
+    "N": "minute",
+    "SECOND": "second",
+    "SS": "second",
+    "S": "second",
+    "MILLISECOND": "millisecond",
+    "MS": "millisecond",
+    "MICROSECOND": "microsecond",
+    "MCS": "microsecond",
+}
+
+
+def _text(value: Value) -> str | None:
+    if value.data is None:
+        return None
+    return t.to_text(value)
+
+
+def _string_type(*values: Value) -> t.SqlType:
+    if any(v.type.family == "nchar" for v in values):
+        return t.NVARCHAR_MAX
+    return t.VARCHAR_MAX
+
+
+def _int(value: Value) -> int | None:
+    if value.data is None:
+        return None
+    return t.as_int(value)
+
+
+def _len(value: Value) -> Value:
+    if value.data is None:
+        return Value(None, t.INT)
+    if isinstance(value.data, bytes):
+        return Value(len(value.data), t.INT)
+    return Value(len(t.to_text(value).rstrip(" ")), t.INT)
+
+
+def _datalength(value: Value) -> Value:
+    if value.data is None:
+        return Value(None, t.INT)
+    if value.type.family in ("char", "nchar", "binary", "xml"):
+        if value.type.family == "char":
+            return Value(len(t.encode_single_bytes(t.to_text(value))), t.INT)
+        return Value(len(t.to_bytes(value)) - (2 if value.type.family == "xml" else 0), t.INT)
+    return Value(len(t.to_bytes(value)) if value.type.family in ("int", "guid") else 8, t.INT)
+
+
+def _substring(value: Value, start: Value, length: Value) -> Value:
+    first, count = _int(start), _int(length)
+    if value.data is None or first is None or count is None:
+        return Value(None, value.type)
+    if count < 0:
+        raise SqlError(537, "Invalid length parameter passed to the substring function.")
+    begin = max(first, 1)
+    end = first + count
+    if isinstance(value.data, bytes):
+        return Value(value.data[begin - 1 : max(end - 1, 0)], value.type)
+    text = t.to_text(value)
+    return Value(text[begin - 1 : max(end - 1, 0)], _string_type(value))
+
+
+def _left(value: Value, count: Value) -> Value:
+    n = _int(count)
+    if value.data is None or n is None:
+        return Value(None, value.type)
+    if n < 0:
+        raise SqlError(536, "Invalid length parameter passed to the left function.")
+    return Value(t.to_text(value)[:n], _string_type(value))
+
+
+def _right(value: Value, count: Value) -> Value:
+    n = _int(count)
+    if value.data is None or n is None:
+        return Value(None, value.type)
+    if n < 0:
+        raise SqlError(536, "Invalid length parameter passed to the right function.")
+    text = t.to_text(value)
+    return Value(text[len(text) - n :] if n else "", _string_type(value))
+
+
+def _string_op(fn: Callable[[str], str]) -> Function:
+    def apply(value: Value) -> Value:
+        if value.data is None:
+            return Value(None, _string_type(value))
+        return Value(fn(t.to_text(value)), _string_type(value))
+
+    return apply
+
+
+def _replace(value: Value, old: Value, new: Value) -> Value:
+    if value.data is None or old.data is None or new.data is None:
+        return Value(None, _string_type(value, old, new))
+    text, pattern, replacement = t.to_text(value), t.to_text(old), t.to_text(new)
+    if not pattern:
+        return Value(text, _string_type(value, old, new))
+    # SQL Server's default collation compares without case
+    out, i, lower, lowered = [], 0, text.lower(), pattern.lower()
+    while True:
+        found = lower.find(lowered, i)
+        if found < 0:
+            out.append(text[i:])
+            break
+        out.append(text[i:found])
+        out.append(replacement)
+        i = found + len(pattern)
+    return Value("".join(out), _string_type(value, old, new))
+
+
+def _charindex(needle: Value, haystack: Value, start: Value | None = None) -> Value:
+    if needle.data is None or haystack.data is None:
+        return Value(None, t.INT)
+    begin = max((_int(start) or 1) if start is not None else 1, 1)
+    found = t.to_text(haystack).lower().find(t.to_text(needle).lower(), begin - 1)
+    return Value(found + 1, t.INT)
+
+
+def _replicate(value: Value, count: Value) -> Value:
+    n = _int(count)
+    if value.data is None or n is None or n < 0:
+        return Value(None, _string_type(value))
+    return Value(t.to_text(value) * n, _string_type(value))
+
+
+def _space(count: Value) -> Value:
+    n = _int(count)
+    return Value(None if n is None or n < 0 else " " * n, t.VARCHAR_MAX)
+
+
+def _stuff(value: Value, start: Value, length: Value, insert: Value) -> Value:
+    first, count = _int(start), _int(length)
+    if value.data is None or first is None or count is None:
+        return Value(None, _string_type(value))
+    text = t.to_text(value)
+    if first < 1 or first > len(text) or count < 0:
+        return Value(None, _string_type(value))
+    middle = "" if insert.data is None else t.to_text(insert)
+    return Value(
+        text[: first - 1] + middle + text[first - 1 + count :], _string_type(value, insert)
+    )
+
+
+def _concat(*values: Value) -> Value:
+    return Value("".join(t.to_text(v) for v in values if v.data is not None), _string_type(*values))
+
+
+def _concat_ws(separator: Value, *values: Value) -> Value:
+    glue = "" if separator.data is None else t.to_text(separator)
+    parts = [t.to_text(v) for v in values if v.data is not None]
+    return Value(glue.join(parts), _string_type(separator, *values))
+
+
+def _quotename(value: Value, quote: Value | None = None) -> Value:
+    if value.data is None:
+        return Value(None, t.NVARCHAR)
+    mark = "[" if quote is None or quote.data is None else t.to_text(quote)
+    close = {
+        "[": "]",
+        "]": "]",
+        '"': '"',
+        "'": "'",
+        "(": ")",
+        ")": ")",
+        "<": ">",
+        ">": ">",
+        "{": "}",
+        "}": "}",
+        "`": "`",
+    }.get(mark)
+    if close is None:
+        return Value(None, t.NVARCHAR)
+    opening = {"]": "[", ")": "(", ">": "<", "}": "{"}.get(mark, mark)
+    return Value(opening + t.to_text(value).replace(close, close * 2) + close, t.NVARCHAR)
+
+
+def _char(code: Value) -> Value:
+    n = _int(code)
+    return Value(
+        None if n is None or not 0 <= n <= 255 else bytes((n,)).decode("cp1252", "replace"),
+        t.SqlType("CHAR", 1),
+    )
+
+
+def _nchar(code: Value) -> Value:
+    n = _int(code)
+    return Value(None if n is None or not 0 <= n <= 0x10FFFF else chr(n), t.SqlType("NCHAR", 1))
+
+
+def _ascii(value: Value) -> Value:
+    text = _text(value)
+    return Value(None if not text else t.encode_single_bytes(text[0])[0], t.INT)
+
+
+def _unicode(value: Value) -> Value:
+    text = _text(value)
+    return Value(None if not text else ord(text[0]), t.INT)
+
+
+def _coalesce(*values: Value) -> Value:
+    for value in values:
+        if value.data is not None:
+            return value
+    return values[-1] if values else t.NULL
+
+
+def _isnull(value: Value, replacement: Value) -> Value:
+    if value.data is not None:
+        return value
+    return (
+        t.assign(replacement, value.type)
+        if value.type != t.INT or replacement.data is None
+        else replacement
+    )
+
+
+def _nullif(a: Value, b: Value) -> Value:
+    from ._operators import compare
+
+    return Value(None, a.type) if compare("=", a, b) else a
+
+
+def _iif(condition: Value, yes: Value, no: Value) -> Value:
+    return yes if condition.data else no
+
+
+def _numeric(fn: Callable[[float], float], integral: bool = False) -> Function:
+    def apply(value: Value) -> Value:
+        if value.data is None:
+            return value
+        data = value.data
+        if isinstance(data, (int, Decimal)) and integral:
+            return Value(type(data)(fn(data)), value.type)  # type: ignore[arg-type]
+        return Value(fn(float(data)), t.FLOAT)  # type: ignore[arg-type]
+
+    return apply
+
+
+def _abs(value: Value) -> Value:
+    return value if value.data is None else Value(abs(value.data), value.type)  # type: ignore[arg-type]
+
+
+def _sign(value: Value) -> Value:
+    if value.data is None:
+        return value
+    data = value.data
+    return Value(type(data)((data > 0) - (data < 0)), value.type)  # type: ignore[operator, call-arg]
+
+
+def _round(value: Value, length: Value, function: Value | None = None) -> Value:
+    digits = _int(length)
+    if value.data is None or digits is None:
+        return value
+    data = value.data
+    if isinstance(data, float):
+        return Value(round(data, digits), value.type)
+    number = Decimal(data)  # type: ignore[arg-type]
+    truncate = function is not None and _int(function)
+    quantum = Decimal(1).scaleb(-digits)
+    rounded = number.quantize(quantum, rounding="ROUND_DOWN" if truncate else "ROUND_HALF_UP")
+    if isinstance(data, int):
+        return Value(int(rounded), value.type)
+    return Value(rounded.quantize(Decimal(1).scaleb(-(value.type.scale or 0))), value.type)
+
+
+def _power(value: Value, exponent: Value) -> Value:
+    if value.data is None or exponent.data is None:
+        return Value(None, value.type)
+    result = float(value.data) ** float(exponent.data)  # type: ignore[arg-type]
+    if isinstance(value.data, int):
+        return Value(int(result), value.type)
+    return Value(result, t.FLOAT)
+
+
+def _sqrt(value: Value) -> Value:
+    if value.data is None:
+        return Value(None, t.FLOAT)
+    number = float(value.data)  # type: ignore[arg-type]
+    if number < 0:
+        raise SqlError(3623, "An invalid floating point operation occurred.")
+    return Value(math.sqrt(number), t.FLOAT)
+
+
+def _newid() -> Value:
+    return Value(uuid.uuid4(), t.GUID)
+
+
+def _getdate() -> Value:
+    return Value(
+        dt.datetime.now().replace(microsecond=dt.datetime.now().microsecond // 1000 * 1000),
+        t.DATETIME,
+    )
+
+
+def _getutcdate() -> Value:
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    return Value(now.replace(microsecond=now.microsecond // 1000 * 1000), t.DATETIME)
+
+
+def _sysdatetime() -> Value:
+    return Value(dt.datetime.now(), t.DATETIME2)
+
+
+def _sysutcdatetime() -> Value:
+    return Value(dt.datetime.now(dt.UTC).replace(tzinfo=None), t.DATETIME2)
+
+
+def _part(name: Value) -> str:
+    part = _DATE_PARTS.get(t.to_text(name).upper()) if name.data is not None else None
+    if part is None:
+        raise SqlError(155, f"'{name.data}' is not a recognized datepart option.")
+    return part
+
+
+def _moment(value: Value) -> dt.datetime | None:
+    if value.data is None:
+        return None
+    converted = t.convert(value, t.DATETIME2).data
+    assert isinstance(converted, dt.datetime)
+    return converted
+
+
+def _dateadd(part: Value, number: Value, date: Value) -> Value:
+    unit, n, moment = _part(part), _int(number), _moment(date)
+    kind = date.type if date.type.family in ("datetime", "date") else t.DATETIME
+    if n is None or moment is None:
+        return Value(None, kind)
+    if unit in ("year", "quarter", "month"):
+        months = n * {"year": 12, "quarter": 3, "month": 1}[unit]
+        total = moment.year * 12 + moment.month - 1 + months
+        year, month = divmod(total, 12)
+        day = min(moment.day, _days_in(year, month + 1))
+        result = moment.replace(year=year, month=month + 1, day=day)
+    else:
+        seconds = {
+            "dayofyear": 86400,
+            "day": 86400,
+            "weekday": 86400,
+            "week": 604800,
+            "hour": 3600,
+            "minute": 60,
+            "second": 1,
+            "millisecond": 0.001,
+            "microsecond": 0.000001,
+        }[unit]
+        result = moment + dt.timedelta(seconds=n * seconds)
+    return t.convert(Value(result, t.DATETIME2), kind)
+
+
+def _days_in(year: int, month: int) -> int:
+    following = dt.date(year + (month == 12), month % 12 + 1, 1)
+    return (following - dt.timedelta(days=1)).day
+
+
+def _datediff(part: Value, start: Value, end: Value) -> Value:
+    unit, a, b = _part(part), _moment(start), _moment(end)
+    if a is None or b is None:
+        return Value(None, t.INT)
+    if unit == "year":
+        result = b.year - a.year
+    elif unit == "quarter":
+        result = (b.year - a.year) * 4 + (b.month - 1) // 3 - (a.month - 1) // 3
+    elif unit == "month":
+        result = (b.year - a.year) * 12 + b.month - a.month
+    elif unit in ("day", "dayofyear", "weekday"):
+        result = (b.date() - a.date()).days
+    elif unit == "week":
+        result = ((b.date() - a.date()).days + (a.isoweekday() % 7) - (b.isoweekday() % 7)) // 7
+    else:
+        size = {
+            "hour": 3600,
+            "minute": 60,
+            "second": 1,
+            "millisecond": 0.001,
+            "microsecond": 0.000001,
+        }[unit]
+        floor_a = math.floor(a.timestamp() / size) if unit != "microsecond" else a.timestamp() * 1e6
+        floor_b = math.floor(b.timestamp() / size) if unit != "microsecond" else b.timestamp() * 1e6
+        result = int(floor_b - floor_a)
+    return Value(result, t.INT)
+
+
+def _datepart(part: Value, date: Value) -> Value:
+    unit, moment = _part(part), _moment(date)
+    if moment is None:
+        return Value(None, t.INT)
+    values = {
+        "year": moment.year,
+        "quarter": (moment.month - 1) // 3 + 1,
+        "month": moment.month,
+        "dayofyear": moment.timetuple().tm_yday,
+        "day": moment.day,
+        "week": int(moment.strftime("%U")) + 1,
+        "weekday": moment.isoweekday() % 7 + 1,
+        "hour": moment.hour,
+        "minute": moment.minute,
+        "second": moment.second,
+        "millisecond": moment.microsecond // 1000,
+        "microsecond": moment.microsecond,
+    }
+    return Value(values[unit], t.INT)
+
+
+def _datename(part: Value, date: Value) -> Value:
+    unit, moment = _part(part), _moment(date)
+    if moment is None:
+        return Value(None, t.NVARCHAR)
+    if unit == "month":
+        return Value(moment.strftime("%B"), t.NVARCHAR)
+    if unit == "weekday":
+        return Value(moment.strftime("%A"), t.NVARCHAR)
+    return Value(str(_datepart(part, date).data), t.NVARCHAR)
+
+
+def _date_field(unit: str) -> Function:
+    def apply(date: Value) -> Value:
+        return _datepart(Value(unit, t.VARCHAR), date)
+
+    return apply
+
+
+def _isnumeric(value: Value) -> Value:
+    if value.data is None:
+        return Value(0, t.INT)
+    if value.type.family in ("int", "decimal", "float"):
+        return Value(1, t.INT)
+    try:
+        float(t.to_text(value).strip().replace("$", "").replace(",", ""))
+    except ValueError:
+        return Value(0, t.INT)
+    return Value(1, t.INT)
+
+
+def _hashbytes(algorithm: Value, data: Value) -> Value:
+    if algorithm.data is None or data.data is None:
+        return Value(None, t.VARBINARY_MAX)
+    name = {
+        "MD2": None,
+        "MD4": None,
+        "MD5": "md5",
+        "SHA": "sha1",
+        "SHA1": "sha1",
+        "SHA2_256": "sha256",
+        "SHA2_512": "sha512",
+    }.get(t.to_text(algorithm).upper())
+    if name is None:
+        raise SqlError(8142, f"Invalid algorithm '{algorithm.data}' for HASHBYTES.")
+    return Value(hashlib.new(name, t.to_bytes(data)).digest(), t.SqlType("VARBINARY", 8000))
+
+
+SCALARS: Final[dict[str, Function]] = {
+    "LEN": _len,
+    "DATALENGTH": _datalength,
+    "SUBSTRING": _substring,
+    "LEFT": _left,
+    "RIGHT": _right,
+    "UPPER": _string_op(str.upper),
+    "LOWER": _string_op(str.lower),
+    "LTRIM": _string_op(lambda s: s.lstrip(" ")),
+    "RTRIM": _string_op(lambda s: s.rstrip(" ")),
+    "TRIM": _string_op(lambda s: s.strip(" ")),
+    "REVERSE": _string_op(lambda s: s[::-1]),
+    "REPLACE": _replace,
+    "CHARINDEX": _charindex,
+    "REPLICATE": _replicate,
+    "SPACE": _space,
+    "STUFF": _stuff,
+    "CONCAT": _concat,
+    "CONCAT_WS": _concat_ws,
+    "QUOTENAME": _quotename,
+    "CHAR": _char,
+    "NCHAR": _nchar,
+    "ASCII": _ascii,
+    "UNICODE": _unicode,
+    "ISNULL": _isnull,
+    "COALESCE": _coalesce,
+    "NULLIF": _nullif,
+    "IIF": _iif,
+    "ABS": _abs,
+    "SIGN": _sign,
+    "CEILING": _numeric(math.ceil, integral=True),
+    "FLOOR": _numeric(math.floor, integral=True),
+    "ROUND": _round,
+    "POWER": _power,
+    "SQRT": _sqrt,
+    "NEWID": _newid,
+    "GETDATE": _getdate,
+    "CURRENT_TIMESTAMP": _getdate,
+    "GETUTCDATE": _getutcdate,
+    "SYSDATETIME": _sysdatetime,
+    "SYSUTCDATETIME": _sysutcdatetime,
+    "DATEADD": _dateadd,
+    "DATEDIFF": _datediff,
+    "DATEPART": _datepart,
+    "DATENAME": _datename,
+    "YEAR": _date_field("year"),
+    "MONTH": _date_field("month"),
+    "DAY": _date_field("day"),
+    "ISNUMERIC": _isnumeric,
+    "HASHBYTES": _hashbytes,
+}
+# functions whose first argument is a date part written as a bare word (DATEADD(day, ...))
+DATE_PART_FUNCTIONS: Final = frozenset(("DATEADD", "DATEDIFF", "DATEPART", "DATENAME"))

@@ -1,0 +1,388 @@
+"""Queries over the broker's views and queues, run on SQLite.
+
+Theory of operation. A SELECT that reads views or queues (or a table variable) is
+translated once from T-SQL to SQLite with sqlglot and the translation is kept on its
+syntax node. sqlglot reads the T-SQL with a dialect that leaves every scalar function
+as a plain call, so that the translation can put SQL Server's own semantics in its
+place: scalar functions, CAST/CONVERT, `+` and the XML methods become SQLite functions
+backed by this package's library (_functions, _types, _xml); aggregates, joins, WHERE,
+GROUP BY, ORDER BY and TOP are SQLite's. Text columns compare with a collation that
+ignores case and trailing spaces, as SQL Server's default collation does. Variables
+become named parameters. Anything the translation does not know is refused with a
+clear error before anything runs; nothing runs half-translated.
+
+Running a query fetches only the views it names (each once), loads their rows into
+temporary tables of the session's in-memory SQLite database, runs the statement and
+drops the tables.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import sqlite3
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Final
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.dialects.tsql import TSQL
+from sqlglot.errors import SqlglotError
+
+from . import _ast as ast
+from . import _types as t
+from ._catalog import QUEUE_COLUMNS, SYS_VIEWS, queue_rows
+from ._errors import SqlError
+from ._eval import typed_value
+from ._functions import DATE_PART_FUNCTIONS, SCALARS
+from ._operators import arithmetic
+from ._output import ResultSet
+from ._types import Value
+from ._xml import parse_xml, xml_exist, xml_query
+
+if TYPE_CHECKING:
+    from ._frame import Frame
+
+_AGGREGATES: Final = ("COUNT", "SUM", "MIN", "MAX", "AVG", "COUNT_BIG")
+
+
+class _Reader(TSQL):
+    """T-SQL as sqlglot reads it, but with scalar functions left as plain calls."""
+
+    class Parser(TSQL.Parser):  # type: ignore[valid-type,misc]
+        FUNCTIONS = {k: v for k, v in TSQL.Parser.FUNCTIONS.items() if k in _AGGREGATES}
+        FUNCTION_PARSERS = {
+            k: v
+            for k, v in TSQL.Parser.FUNCTION_PARSERS.items()
+            if k in ("CAST", "TRY_CAST", "CONVERT", "TRY_CONVERT")
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A table a query reads: a catalog view, a queue or a table variable."""
+
+    kind: str  # view, queue, table
+    name: str  # sys.services / the queue / the variable's key
+    table: str  # its name in SQLite
+
+
+@dataclass(slots=True)
+class Translation:
+    sql: str
+    sources: list[Source]
+    parameters: list[str]  # variable keys, in the order of their :pN names
+    assigns: list[tuple[str, str | None, str]] = field(default_factory=list)  # (key, name, op)
+
+
+def _refuse(what: str) -> SqlError:
+    return SqlError(
+        40517,
+        f"{what} cannot be run in a query by ssb (it reads ssb's views on SQLite); run it"
+        " outside the query, on variables",
+    )
+
+
+def translate(select: ast.Select) -> Translation:
+    """The query's SQLite form (made once per syntax node)."""
+    text = select.text
+    assigns: list[tuple[str, str | None, str]] = [
+        (i.target, i.target_name, i.op) for i in select.items if i.target is not None
+    ]
+    if assigns:
+        if len(assigns) != len(select.items):
+            raise SqlError(
+                141,
+                "A SELECT statement that assigns a value to a variable must not be combined"
+                " with data-retrieval operations.",
+            )
+        items = ", ".join(
+            select.text[i.start - select.offset : i.end - select.offset] for i in select.items
+        )
+        text = text[: select.items_start] + items + text[select.items_end :]
+    try:
+        tree = sqlglot.parse_one(text, read=_Reader)
+    except SqlglotError as exc:
+        raise SqlError(
+            40517,
+            f"this query cannot be translated to ssb's SQL engine: {str(exc).splitlines()[0]}",
+        ) from None
+    if select.into is not None:
+        raise _refuse("SELECT ... INTO")
+    sources: list[Source] = []
+    parameters: list[str] = []
+    ctes = {cte.alias_or_name.upper() for cte in tree.find_all(exp.CTE)}
+    names = itertools.count()
+
+    def rewrite(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Table):
+            return _table(node, sources, ctes, names)
+        if isinstance(node, exp.Parameter):
+            key = "@" + node.name.upper()
+            if key not in parameters:
+                parameters.append(key)
+            return exp.Placeholder(this=f"p{parameters.index(key)}")
+        if isinstance(node, (exp.Cast, exp.TryCast)):
+            type_name = node.to.sql(dialect="tsql")
+            name = "tsql_try_cast" if isinstance(node, exp.TryCast) else "tsql_cast"
+            return exp.Anonymous(
+                this=name, expressions=[node.this, exp.Literal.string(type_name), exp.null()]
+            )
+        if isinstance(node, exp.Convert):
+            type_name = node.this.sql(dialect="tsql")
+            style = node.args.get("style") or exp.null()
+            return exp.Anonymous(
+                this="tsql_cast",
+                expressions=[node.expression, exp.Literal.string(type_name), style],
+            )
+        if isinstance(node, exp.National):
+            return exp.Literal.string(node.this)
+        if isinstance(node, exp.Add):
+            return exp.Anonymous(this="tsql_add", expressions=[node.this, node.expression])
+        if isinstance(node, exp.CurrentTimestamp):
+            return exp.Anonymous(this="tsql_getdate", expressions=[])
+        if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Anonymous):
+            method = node.expression.name.upper()
+            if method in ("VALUE", "QUERY", "EXIST"):
+                return exp.Anonymous(
+                    this=f"tsql_xml_{method.lower()}",
+                    expressions=[node.this, *node.expression.expressions],
+                )
+            raise _refuse(f"the xml {method.lower()}() method")
+        if isinstance(node, exp.Anonymous):
+            name = node.name.upper()
+            if name in SCALARS:
+                args = list(node.expressions)
+                if name in DATE_PART_FUNCTIONS and args and isinstance(args[0], exp.Column):
+                    args[0] = exp.Literal.string(args[0].name)
+                return exp.Anonymous(this=f"tsql_{name.lower()}", expressions=args)
+            if name.startswith("TSQL_"):
+                return node
+            raise _refuse(f"the function {name}()")
+        if isinstance(node, exp.Lateral):
+            raise _refuse("CROSS APPLY / OUTER APPLY")
+        if isinstance(node, exp.Limit) and node.args.get("limit_options"):
+            raise _refuse("TOP ... PERCENT / WITH TIES")
+        return node
+
+    translated = tree.transform(rewrite, copy=True)
+    for node in translated.walk():
+        if isinstance(node, exp.Func) and not isinstance(
+            node, (exp.Anonymous, exp.AggFunc, exp.Count)
+        ):
+            raise _refuse(f"{node.sql(dialect='tsql')[:40]}")
+    return Translation(translated.sql(dialect="sqlite"), sources, parameters, assigns)
+
+
+def _table(
+    node: exp.Table, sources: list[Source], ctes: set[str], names: itertools.count[int]
+) -> exp.Expression:
+    inner = node.this
+    alias = node.alias
+    if isinstance(inner, exp.Parameter):
+        key = "@" + inner.name.upper()
+        source = Source("table", key, f"tsql_t{next(names)}")
+        sources.append(source)
+        return exp.Table(
+            this=exp.to_identifier(source.table),
+            alias=exp.TableAlias(this=exp.to_identifier(alias or inner.name)),
+        )
+    name = node.name
+    schema = node.db.lower() if node.db else ""
+    if not schema and name.upper() in ctes:
+        return node
+    if schema == "sys":
+        full = f"sys.{name.lower()}"
+        if full not in SYS_VIEWS:
+            raise SqlError(
+                208,
+                f"Invalid object name '{full}'. ssb has these catalog views: "
+                + ", ".join(sorted(SYS_VIEWS)),
+            )
+        source = Source("view", full, f"tsql_t{next(names)}")
+    else:
+        source = Source("queue", name, f"tsql_t{next(names)}")
+    sources.append(source)
+    return exp.Table(
+        this=exp.to_identifier(source.table),
+        alias=exp.TableAlias(this=exp.to_identifier(alias or name)),
+    )
+
+
+# ---- SQLite values ----------------------------------------------------------------------
+
+
+def to_sqlite(data: object) -> object:
+    if data is None or isinstance(data, (int, float, str, bytes)):
+        return int(data) if isinstance(data, bool) else data
+    if isinstance(data, uuid.UUID):
+        return str(data).upper()
+    if isinstance(data, Decimal):
+        return float(data)
+    if isinstance(data, dt.datetime):
+        return data.isoformat(sep=" ", timespec="milliseconds")
+    if isinstance(data, (dt.date, dt.time)):
+        return data.isoformat()
+    if isinstance(data, t.Xml):
+        return data.text
+    return str(data)
+
+
+def from_sqlite(data: object, kind: t.SqlType | None = None) -> Value:
+    if kind is not None and data is not None and kind.family in ("guid", "datetime"):
+        try:
+            return t.convert(Value(str(data), t.NVARCHAR_MAX), kind)
+        except SqlError:
+            pass
+    return Value(data, t.infer(data))
+
+
+def _collate(a: str, b: str) -> int:
+    x, y = a.rstrip(" ").lower(), b.rstrip(" ").lower()
+    return (x > y) - (x < y)
+
+
+class Engine:
+    """One session's SQLite database and its T-SQL functions."""
+
+    def __init__(self) -> None:
+        self.db = sqlite3.connect(":memory:", isolation_level=None)
+        self.db.create_collation("tsql", _collate)
+        self.failure: SqlError | None = None
+        for name, function in SCALARS.items():
+            self._register(f"tsql_{name.lower()}", function)
+        self._register("tsql_add", lambda a, b: arithmetic("+", a, b))
+        self.db.create_function("tsql_cast", 3, self._guard(self._cast), deterministic=True)
+        self.db.create_function("tsql_try_cast", 3, self._guard(self._try_cast), deterministic=True)
+        self.db.create_function(
+            "tsql_xml_value", 3, self._guard(self._xml_value), deterministic=True
+        )
+        self.db.create_function(
+            "tsql_xml_query", 2, self._guard(self._xml_query), deterministic=True
+        )
+        self.db.create_function(
+            "tsql_xml_exist", 2, self._guard(self._xml_exist), deterministic=True
+        )
+
+    def _guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            try:
+                return fn(*args)
+            except SqlError as exc:
+                self.failure = exc
+                raise
+
+        return call
+
+    def _register(self, name: str, function: Callable[..., Value]) -> None:
+        def call(*args: Any) -> Any:
+            return to_sqlite(function(*(Value(a, t.infer(a)) for a in args)).data)
+
+        self.db.create_function(name, -1, self._guard(call))
+
+    @staticmethod
+    def _cast(value: object, type_name: str, style: object) -> object:
+        target = t.parse_type_name(type_name)
+        converted = t.convert(
+            Value(value, t.infer(value)),
+            target,
+            None if style is None else int(style),  # type: ignore[call-overload]
+        )
+        return to_sqlite(converted.data)
+
+    @classmethod
+    def _try_cast(cls, value: object, type_name: str, style: object) -> object:
+        try:
+            return cls._cast(value, type_name, style)
+        except SqlError:
+            return None
+
+    @staticmethod
+    def _document(value: object) -> t.Xml | None:
+        if value is None:
+            return None
+        return parse_xml(value if isinstance(value, (str, bytes)) else str(value))
+
+    def _xml_value(self, document: object, path: str, type_name: str) -> object:
+        found = self._document(document)
+        return None if found is None else to_sqlite(typed_value(found, path, type_name).data)
+
+    def _xml_query(self, document: object, path: str) -> object:
+        found = self._document(document)
+        return None if found is None else xml_query(found, path).text
+
+    def _xml_exist(self, document: object, path: str) -> object:
+        found = self._document(document)
+        return None if found is None else xml_exist(found, path)
+
+    def load(
+        self, source: Source, columns: Sequence[tuple[str, t.SqlType]], rows: list[Sequence[object]]
+    ) -> None:
+        declared = ", ".join(
+            f'"{name}"' + (" TEXT COLLATE tsql" if kind.family in ("char", "nchar", "guid") else "")
+            for name, kind in columns
+        )
+        self.db.execute(f'CREATE TEMP TABLE "{source.table}" ({declared})')
+        if rows:
+            marks = ", ".join("?" * len(columns))
+            self.db.executemany(
+                f'INSERT INTO "{source.table}" VALUES ({marks})',
+                [[to_sqlite(v) for v in row] for row in rows],
+            )
+
+    def run(
+        self, translation: Translation, parameters: dict[str, object], kinds: dict[str, t.SqlType]
+    ) -> ResultSet:
+        self.failure = None
+        try:
+            cursor = self.db.execute(translation.sql, parameters)
+            names = [d[0] for d in cursor.description or ()]
+            raw = cursor.fetchall()
+        except sqlite3.Error as exc:
+            if self.failure is not None:
+                raise self.failure from None
+            raise SqlError(40517, f"the query failed on ssb's SQL engine: {exc}") from None
+        finally:
+            for source in translation.sources:
+                self.db.execute(f'DROP TABLE IF EXISTS temp."{source.table}"')
+        column_kinds = [kinds.get(n.lower()) for n in names]
+        rows = [[from_sqlite(v, k) for v, k in zip(row, column_kinds, strict=True)] for row in raw]
+        types = [
+            next((r[i].type for r in rows if r[i].data is not None), column_kinds[i] or t.INT)
+            for i in range(len(names))
+        ]
+        columns = [
+            n if not n.startswith(("tsql_", '"tsql_')) and "(" not in n else "" for n in names
+        ]
+        return ResultSet(columns, types, rows)
+
+
+def queue_columns() -> tuple[tuple[str, t.SqlType], ...]:
+    return QUEUE_COLUMNS
+
+
+def queue_table(rows: list[dict[str, Any]]) -> list[Sequence[object]]:
+    return queue_rows(rows)
+
+
+def column_kinds() -> dict[str, t.SqlType]:
+    kinds: dict[str, t.SqlType] = {}
+    for view in SYS_VIEWS.values():
+        for name, kind in view.columns:
+            kinds.setdefault(name, kind)
+    for name, kind in QUEUE_COLUMNS:
+        kinds.setdefault(name, kind)
+    return kinds
+
+
+def frame_parameters(translation: Translation, frame: Frame) -> dict[str, object]:
+    values: dict[str, object] = {}
+    for n, key in enumerate(translation.parameters):
+        slot = frame.variables.get(key)
+        if slot is None or slot.table is not None:
+            raise SqlError(137, f'Must declare the scalar variable "{key}".', level=15)
+        values[f"p{n}"] = to_sqlite(slot.value.data)
+    return values

@@ -1,0 +1,628 @@
+"""SQL Server's data types, typed values and the conversions between them.
+
+Theory of operation. A `Value` is Python data with its SQL type: int for the integer
+types and BIT, Decimal for DECIMAL/NUMERIC/MONEY, float for FLOAT/REAL, str for the
+character types, bytes for the binary types, uuid.UUID, datetime/date/time, and `Xml`
+for XML. NULL is data None of any type. `convert` follows SQL Server's rules for the
+conversions scripts make, explicit (CAST, CONVERT) and implicit (assignment, SET,
+comparison by data type precedence):
+
+- NVARCHAR <-> VARBINARY reinterprets the bytes as UTF-16LE, as SQL Server stores
+  NVARCHAR; VARCHAR <-> VARBINARY uses single bytes (code page 1252, the default
+  collation's). So a message body sent from an NVARCHAR travels as UTF-16LE.
+- XML -> VARBINARY is the document in UTF-16LE with a byte-order mark, as SQL Server
+  serialises it; VARBINARY -> XML detects the encoding as SQL Server's XML parser does
+  (byte-order mark, UTF-16 without one, an encoding declaration, else UTF-8).
+- UNIQUEIDENTIFIER <-> BINARY(16) uses SQL Server's byte order (the first three groups
+  little-endian); as text it is upper case.
+- Character data assigned to a variable is cut to the variable's length, silently, as
+  SQL Server does; a failed conversion raises SQL Server's error (245, 8169, 241, 9400...).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Final
+
+from ._errors import SqlError
+from ._xml import Xml as Xml
+from ._xml import parse_xml
+
+MAX: Final = -1  # the length of (MAX) types
+
+
+@dataclass(frozen=True, slots=True)
+class SqlType:
+    name: str  # upper case, e.g. NVARCHAR
+    length: int | None = None  # characters or bytes; MAX; None where none applies
+    precision: int | None = None
+    scale: int | None = None
+
+    def __str__(self) -> str:
+        if self.name in SIZED:
+            size = "max" if self.length == MAX else str(self.length)
+            return f"{self.name.lower()}({size})"
+        if self.name in ("DECIMAL", "NUMERIC") and self.precision is not None:
+            return f"{self.name.lower()}({self.precision},{self.scale or 0})"
+        return self.name.lower()
+
+    @property
+    def family(self) -> str:
+        return FAMILIES[self.name]
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    data: object
+    type: SqlType
+
+    @property
+    def is_null(self) -> bool:
+        return self.data is None
+
+
+FAMILIES: Final = {
+    **dict.fromkeys(("BIT", "TINYINT", "SMALLINT", "INT", "BIGINT"), "int"),
+    **dict.fromkeys(("DECIMAL", "NUMERIC", "MONEY", "SMALLMONEY"), "decimal"),
+    **dict.fromkeys(("FLOAT", "REAL"), "float"),
+    **dict.fromkeys(("VARCHAR", "CHAR", "TEXT"), "char"),
+    **dict.fromkeys(("NVARCHAR", "NCHAR", "NTEXT", "SYSNAME"), "nchar"),
+    **dict.fromkeys(("VARBINARY", "BINARY", "IMAGE", "ROWVERSION", "TIMESTAMP"), "binary"),
+    "UNIQUEIDENTIFIER": "guid",
+    **dict.fromkeys(("DATETIME", "DATETIME2", "SMALLDATETIME", "DATETIMEOFFSET"), "datetime"),
+    "DATE": "date",
+    "TIME": "time",
+    "XML": "xml",
+    "SQL_VARIANT": "variant",
+}
+SIZED: Final = frozenset(("VARCHAR", "CHAR", "NVARCHAR", "NCHAR", "VARBINARY", "BINARY"))
+# data type precedence: the lower a type's rank, the higher its precedence
+PRECEDENCE: Final = {
+    name: rank
+    for rank, name in enumerate(
+        [
+            "SQL_VARIANT",
+            "XML",
+            "DATETIMEOFFSET",
+            "DATETIME2",
+            "DATETIME",
+            "SMALLDATETIME",
+            "DATE",
+            "TIME",
+            "FLOAT",
+            "REAL",
+            "DECIMAL",
+            "NUMERIC",
+            "MONEY",
+            "SMALLMONEY",
+            "BIGINT",
+            "INT",
+            "SMALLINT",
+            "TINYINT",
+            "BIT",
+            "NTEXT",
+            "TEXT",
+            "IMAGE",
+            "TIMESTAMP",
+            "ROWVERSION",
+            "UNIQUEIDENTIFIER",
+            "NVARCHAR",
+            "SYSNAME",
+            "NCHAR",
+            "VARCHAR",
+            "CHAR",
+            "VARBINARY",
+            "BINARY",
+        ]
+    )
+}
+_INT_RANGES: Final = {
+    "BIT": (0, 1),
+    "TINYINT": (0, 255),
+    "SMALLINT": (-(2**15), 2**15 - 1),
+    "INT": (-(2**31), 2**31 - 1),
+    "BIGINT": (-(2**63), 2**63 - 1),
+}
+_INT_BYTES: Final = {"TINYINT": 1, "SMALLINT": 2, "INT": 4, "BIGINT": 8, "BIT": 1}
+
+INT: Final = SqlType("INT")
+BIGINT: Final = SqlType("BIGINT")
+BIT: Final = SqlType("BIT")
+FLOAT: Final = SqlType("FLOAT")
+DECIMAL: Final = SqlType("DECIMAL", precision=38, scale=10)
+NVARCHAR: Final = SqlType("NVARCHAR", 4000)
+NVARCHAR_MAX: Final = SqlType("NVARCHAR", MAX)
+VARCHAR: Final = SqlType("VARCHAR", 8000)
+VARCHAR_MAX: Final = SqlType("VARCHAR", MAX)
+VARBINARY_MAX: Final = SqlType("VARBINARY", MAX)
+SYSNAME: Final = SqlType("NVARCHAR", 128)
+GUID: Final = SqlType("UNIQUEIDENTIFIER")
+DATETIME: Final = SqlType("DATETIME")
+DATETIME2: Final = SqlType("DATETIME2", precision=7)
+XML: Final = SqlType("XML")
+NULL: Final = Value(None, INT)  # an untyped NULL is an INT NULL, as in SQL Server
+TRUE: Final = Value(1, BIT)
+FALSE: Final = Value(0, BIT)
+
+
+def make_type(name: str, args: tuple[int, ...] = (), *, declared: bool = True) -> SqlType:
+    """The type a name and its arguments give; a sized type without a size is 1 long in a
+    declaration and 30 in CAST/CONVERT, as in SQL Server.
+
+    Raises:
+        SqlError: Msg 2715 for a type SQL Server does not have.
+    """
+    upper = name.upper()
+    if upper == "SYSNAME":
+        return SYSNAME
+    if upper in ("INTEGER",):
+        upper = "INT"
+    if upper in ("DOUBLE",):
+        upper = "FLOAT"
+    if upper not in FAMILIES:
+        raise SqlError(2715, f"Column, parameter, or variable #1: Cannot find data type {name}.")
+    if upper in SIZED:
+        length = args[0] if args else (1 if declared else 30)
+        limit = 4000 if upper in ("NVARCHAR", "NCHAR") else 8000
+        if length != MAX and not 1 <= length <= limit:
+            raise SqlError(
+                131,
+                f"The size ({length}) given to the type '{name.lower()}' exceeds the maximum"
+                f" allowed for any data type ({limit}).",
+            )
+        return SqlType(upper, length)
+    if upper in ("DECIMAL", "NUMERIC"):
+        precision = args[0] if args else 18
+        scale = args[1] if len(args) > 1 else 0
+        return SqlType(upper, None, precision, scale)
+    if upper in ("DATETIME2", "TIME", "DATETIMEOFFSET"):
+        return SqlType(upper, None, args[0] if args else 7)
+    return SqlType(upper)
+
+
+_TYPE_NAME: Final = re.compile(
+    r"^\s*\[?([A-Za-z_][A-Za-z0-9_]*)\]?\s*(?:\(\s*(max|\d+)\s*(?:,\s*(\d+)\s*)?\))?\s*$",
+    re.IGNORECASE,
+)
+
+
+def parse_type_name(text: str) -> SqlType:
+    """A type written as text, as `.value(path, 'nvarchar(100)')` names it."""
+    m = _TYPE_NAME.match(text)
+    if m is None:
+        raise SqlError(2715, f"Column, parameter, or variable #1: Cannot find data type {text}.")
+    args: tuple[int, ...] = ()
+    if m.group(2):
+        args = (MAX if m.group(2).upper() == "MAX" else int(m.group(2)),)
+        if m.group(3):
+            args += (int(m.group(3)),)
+    return make_type(m.group(1), args, declared=False)
+
+
+# ---- conversions ---------------------------------------------------------------------
+
+
+def convert(value: Value, target: SqlType, style: int | None = None) -> Value:
+    """`value` as `target`, by SQL Server's rules for CAST / CONVERT.
+
+    Raises:
+        SqlError: the conversion SQL Server refuses, with its number and text.
+    """
+    if value.data is None:
+        return Value(None, target)
+    source = value.type
+    if source == target:
+        return value
+    family = FAMILIES[target.name]
+    data = value.data
+    if family in ("nchar", "char"):
+        return Value(_fit_text(to_text(value, style, target), target), target)
+    if family == "binary":
+        return Value(_fit_binary(to_bytes(value), target), target)
+    if family == "int":
+        return Value(_to_int(value, target), target)
+    if family == "decimal":
+        return Value(_to_decimal(value, target), target)
+    if family == "float":
+        return Value(_to_float(value, target), target)
+    if family == "guid":
+        return Value(_to_guid(value), target)
+    if family in ("datetime", "date", "time"):
+        return Value(_to_datetime(value, target), target)
+    if family == "xml":
+        if isinstance(data, Xml):
+            return Value(data, target)
+        if isinstance(data, bytes):
+            return Value(parse_xml(data), target)
+        if isinstance(data, str):
+            return Value(parse_xml(data), target)
+        raise _explicit(source, target)
+    if family == "variant":
+        return Value(data, source)
+    raise _explicit(source, target)
+
+
+def assign(value: Value, target: SqlType) -> Value:
+    """`value` stored in a variable or parameter of type `target` (implicit conversion:
+    the same as CAST, except that XML never converts to the numeric types)."""
+    if value.type == target or value.data is None:
+        return Value(value.data, target) if value.type != target else value
+    return convert(value, target)
+
+
+def to_text(value: Value, style: int | None = None, target: SqlType | None = None) -> str:
+    """A value as character data, as CAST/CONVERT to NVARCHAR gives it."""
+    data = value.data
+    family = value.type.family
+    if isinstance(data, str):
+        return data
+    if isinstance(data, bool):
+        return "1" if data else "0"
+    if isinstance(data, int):
+        return str(data)
+    if isinstance(data, Decimal):
+        scale = value.type.scale
+        if value.type.name in ("MONEY", "SMALLMONEY"):
+            return f"{data:.2f}"
+        return f"{data:.{scale}f}" if scale is not None else str(data)
+    if isinstance(data, float):
+        return _float_text(data)
+    if isinstance(data, uuid.UUID):
+        return str(data).upper()
+    if isinstance(data, Xml):
+        return data.text
+    if isinstance(data, bytes):
+        if style in (1, 2):
+            text = data.hex().upper()
+            return "0x" + text if style == 1 else text
+        if target is not None and target.family == "char":
+            return decode_single_bytes(data)
+        return data[: len(data) - len(data) % 2].decode("utf-16-le", "replace")
+    if isinstance(data, dt.datetime):
+        return datetime_text(data, value.type, style)
+    if isinstance(data, dt.date):
+        return data.isoformat()
+    if isinstance(data, dt.time):
+        return data.isoformat()
+    raise AssertionError(f"no text for {family} {data!r}")
+
+
+def to_bytes(value: Value) -> bytes:
+    """A value as VARBINARY, as SQL Server converts it."""
+    data = value.data
+    name = value.type.name
+    family = value.type.family
+    if isinstance(data, bytes):
+        return data
+    if family == "nchar":
+        assert isinstance(data, str)
+        return data.encode("utf-16-le", "surrogatepass")
+    if family == "char":
+        assert isinstance(data, str)
+        return encode_single_bytes(data)
+    if isinstance(data, Xml):
+        return b"\xff\xfe" + data.text.encode("utf-16-le", "surrogatepass")
+    if isinstance(data, uuid.UUID):
+        return data.bytes_le
+    if isinstance(data, int):
+        size = _INT_BYTES.get(name, 4)
+        return (data & ((1 << (8 * size)) - 1)).to_bytes(size, "big")
+    raise SqlError(
+        529, f"Explicit conversion from data type {value.type} to varbinary is not allowed."
+    )
+
+
+def as_int(value: Value) -> int:
+    """A value that is not NULL as a Python int (BIGINT's range)."""
+    converted = convert(value, BIGINT).data
+    assert isinstance(converted, int)
+    return converted
+
+
+def truthy(value: Value) -> bool | None:
+    """A BIT's truth (None for NULL)."""
+    if value.data is None:
+        return None
+    return bool(value.data)
+
+
+def encode_single_bytes(text: str) -> bytes:
+    """VARCHAR's bytes: code page 1252, '?' for what it cannot hold (as SQL Server does)."""
+    return text.encode("cp1252", "replace")
+
+
+def decode_single_bytes(data: bytes) -> str:
+    """Code page 1252 text; the five bytes 1252 leaves undefined map to the same code point."""
+    return data.decode("latin-1").translate(_CP1252)
+
+
+def _cp1252_table() -> dict[int, str]:
+    table = {}
+    for byte in range(0x80, 0xA0):
+        try:
+            table[byte] = bytes((byte,)).decode("cp1252")
+        except UnicodeDecodeError:
+            continue
+    return table
+
+
+_CP1252: Final = _cp1252_table()
+
+
+def _fit_text(text: str, target: SqlType) -> str:
+    length = target.length
+    if length is not None and length != MAX and len(text) > length:
+        return text[:length]
+    if target.name in ("CHAR", "NCHAR") and length is not None and length != MAX:
+        return text.ljust(length)
+    return text
+
+
+def _fit_binary(data: bytes, target: SqlType) -> bytes:
+    length = target.length
+    if length is not None and length != MAX and len(data) > length:
+        return data[:length]
+    if target.name == "BINARY" and length is not None and length != MAX:
+        return data.ljust(length, b"\0")
+    return data
+
+
+def _to_int(value: Value, target: SqlType) -> int:
+    data = value.data
+    name = target.name
+    if isinstance(data, str):
+        text = data.strip()
+        if name == "BIT" and text.upper() in ("TRUE", "FALSE"):
+            return 1 if text.upper() == "TRUE" else 0
+        try:
+            number = int(text) if text else 0
+        except ValueError:
+            raise conversion(value, target) from None
+    elif isinstance(data, bool):
+        number = int(data)
+    elif isinstance(data, int):
+        number = data
+    elif isinstance(data, (Decimal, float)):
+        if isinstance(data, float) and not math.isfinite(data):
+            raise _overflow(value, target)
+        number = int(data)
+    elif isinstance(data, bytes):
+        number = int.from_bytes(data[-_INT_BYTES.get(name, 4) :] or b"\0", "big", signed=True)
+    elif isinstance(data, (dt.datetime,)):
+        number = (data - dt.datetime(1900, 1, 1)).days
+    else:
+        raise _explicit(value.type, target)
+    if name == "BIT":
+        return 1 if number else 0
+    low, high = _INT_RANGES[name]
+    if not low <= number <= high:
+        raise _overflow(value, target)
+    return number
+
+
+def _to_decimal(value: Value, target: SqlType) -> Decimal:
+    data = value.data
+    try:
+        if isinstance(data, str):
+            number = Decimal(data.strip())
+        elif isinstance(data, (int, float, Decimal)):
+            number = Decimal(str(data)) if isinstance(data, float) else Decimal(data)
+        else:
+            raise _explicit(value.type, target)
+    except InvalidOperation:
+        raise SqlError(
+            8114, f"Error converting data type {value.type} to {target.name.lower()}."
+        ) from None
+    if not number.is_finite():
+        raise _overflow(value, target)
+    scale = target.scale if target.scale is not None else 2
+    quantum = Decimal(1).scaleb(-scale)
+    rounded = number.quantize(quantum)
+    if target.precision is not None and len(rounded.as_tuple().digits) > target.precision:
+        raise _overflow(value, target)
+    return rounded
+
+
+def _to_float(value: Value, target: SqlType) -> float:
+    data = value.data
+    if isinstance(data, str):
+        try:
+            return float(data.strip())
+        except ValueError:
+            raise SqlError(
+                8114, f"Error converting data type {value.type} to {target.name.lower()}."
+            ) from None
+    if isinstance(data, (int, float, Decimal)):
+        return float(data)
+    raise _explicit(value.type, target)
+
+
+def _to_guid(value: Value) -> uuid.UUID:
+    data = value.data
+    if isinstance(data, uuid.UUID):
+        return data
+    if isinstance(data, str):
+        text = data.strip()
+        if text.startswith("{") and text.endswith("}"):
+            text = text[1:-1]
+        if len(text) >= 36:
+            try:
+                return uuid.UUID(text[:36])
+            except ValueError:
+                pass
+        raise SqlError(
+            8169, "Conversion failed when converting from a character string to uniqueidentifier."
+        )
+    if isinstance(data, bytes):
+        return uuid.UUID(bytes_le=data[:16].ljust(16, b"\0"))
+    raise _explicit(value.type, GUID)
+
+
+def _to_datetime(value: Value, target: SqlType) -> object:
+    data = value.data
+    family = target.family
+    moment: dt.datetime
+    if isinstance(data, dt.datetime):
+        moment = data
+    elif isinstance(data, dt.date):
+        moment = dt.datetime(data.year, data.month, data.day)
+    elif isinstance(data, str):
+        moment = _parse_datetime(data, value, target)
+    elif isinstance(data, (int, float, Decimal)) and target.name != "DATETIME2":
+        moment = dt.datetime(1900, 1, 1) + dt.timedelta(days=float(data))
+    else:
+        raise _explicit(value.type, target)
+    if family == "date":
+        return moment.date()
+    if family == "time":
+        return moment.time()
+    if target.name == "DATETIME":
+        return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+    if target.name == "SMALLDATETIME":
+        return moment.replace(second=0, microsecond=0)
+    return moment
+
+
+def _parse_datetime(text: str, value: Value, target: SqlType) -> dt.datetime:
+    cleaned = text.strip().replace("T", " ")
+    if cleaned.endswith("Z"):
+        cleaned = cleaned[:-1]
+    for form in (
+        "%Y-%m-%d %H:%M:%S.%f",
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%d %H:%M",
+        "%Y-%m-%d",
+        "%Y%m%d %H:%M:%S",
+        "%Y%m%d",
+        "%H:%M:%S.%f",
+        "%H:%M:%S",
+        "%H:%M",
+        "%m/%d/%Y %H:%M:%S",
+        "%m/%d/%Y",
+        "%b %d %Y %I:%M%p",
+    ):
+        try:
+            fraction = cleaned
+            if ".%f" in form and "." in cleaned:
+                head, _, tail = cleaned.rpartition(".")
+                fraction = f"{head}.{tail[:6]}"
+            parsed = dt.datetime.strptime(" ".join(fraction.split()), form)
+        except ValueError:
+            continue
+        if form.startswith("%H"):
+            parsed = parsed.replace(year=1900)
+        return parsed
+    kind = "date and/or time" if target.family == "datetime" else target.name.lower()
+    raise SqlError(241, f"Conversion failed when converting {kind} from character string.")
+
+
+def datetime_text(moment: dt.datetime, source: SqlType, style: int | None = None) -> str:
+    """A datetime as CONVERT(NVARCHAR, ..., style) gives it (a few common styles)."""
+    if style in (None, 0, 100) and source.name in ("DATETIME", "SMALLDATETIME"):
+        hour = moment.hour % 12 or 12
+        suffix = "AM" if moment.hour < 12 else "PM"
+        return f"{moment:%b} {moment.day:2d} {moment.year} {hour:2d}:{moment:%M}{suffix}"
+    if style == 101:
+        return f"{moment:%m/%d/%Y}"
+    if style == 103:
+        return f"{moment:%d/%m/%Y}"
+    if style == 112:
+        return f"{moment:%Y%m%d}"
+    if style == 108:
+        return f"{moment:%H:%M:%S}"
+    if style in (20, 120):
+        return f"{moment:%Y-%m-%d %H:%M:%S}"
+    if style in (126, 127):
+        return moment.isoformat(timespec="milliseconds")
+    if style in (21, 25, 121) or source.name in ("DATETIME", "SMALLDATETIME"):
+        return f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d}"
+    return f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond:06d}0"
+
+
+def display(value: Value) -> str:
+    """A value as sqlcmd shows it in a result set."""
+    data = value.data
+    if data is None:
+        return "NULL"
+    if isinstance(data, bytes):
+        return "0x" + data.hex().upper()
+    if isinstance(data, dt.datetime):
+        if value.type.name == "DATETIME2":
+            return f"{data:%Y-%m-%d %H:%M:%S}.{data.microsecond:06d}0"
+        return f"{data:%Y-%m-%d %H:%M:%S}.{data.microsecond // 1000:03d}"
+    return to_text(value)
+
+
+def plain(value: Value) -> object:
+    """A value as JSON or CSV carry it: numbers as numbers, the rest as displayed."""
+    data = value.data
+    if data is None or isinstance(data, (int, float)):
+        return data
+    if isinstance(data, Decimal):
+        return float(data) if data != data.to_integral_value() else int(data)
+    return display(value)
+
+
+def _float_text(number: float) -> str:
+    if number == int(number) and abs(number) < 1e15:
+        return str(int(number))
+    text = f"{number:.6g}"
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        sign = exponent[0]
+        return f"{mantissa}e{sign}{int(exponent[1:]):03d}"
+    return text
+
+
+def conversion(value: Value, target: SqlType) -> SqlError:
+    return SqlError(
+        245,
+        f"Conversion failed when converting the {value.type.name.lower()} value"
+        f" '{value.data}' to data type {target.name.lower()}.",
+    )
+
+
+def _overflow(value: Value, target: SqlType) -> SqlError:
+    return SqlError(
+        8115,
+        f"Arithmetic overflow error converting {value.type.name.lower()} to data type"
+        f" {target.name.lower()}.",
+    )
+
+
+def _explicit(source: SqlType, target: SqlType) -> SqlError:
+    return SqlError(
+        529,
+        f"Explicit conversion from data type {source.name.lower()} to"
+        f" {target.name.lower()} is not allowed.",
+    )
+
+
+def infer(data: object) -> SqlType:
+    """The SQL type of a Python value (what the broker's views and the SQL engine give)."""
+    if data is None:
+        return INT
+    if isinstance(data, bool):
+        return BIT
+    if isinstance(data, int):
+        return INT if -(2**31) <= data < 2**31 else BIGINT
+    if isinstance(data, float):
+        return FLOAT
+    if isinstance(data, Decimal):
+        return DECIMAL
+    if isinstance(data, str):
+        return NVARCHAR_MAX
+    if isinstance(data, bytes):
+        return VARBINARY_MAX
+    if isinstance(data, uuid.UUID):
+        return GUID
+    if isinstance(data, dt.datetime):
+        return DATETIME2
+    if isinstance(data, Xml):
+        return XML
+    return SqlType("SQL_VARIANT")
