@@ -1,5 +1,5 @@
 """The `ssb` command: `ssb serve`, `ssb view NAME`, `ssb status`, `ssb login ...`,
-`ssb backup DIR`, `ssb diagnose URL...`, `ssb spark-bridge`.
+`ssb backup DIR`, `ssb diagnose URL...`, `ssb spark-bridge`, `ssb sql [FILE...]`.
 
 Every mistake (a bad option, a setting out of range, a data directory or address that
 cannot be used, a broker that does not answer) is one line on stderr that says what to
@@ -161,6 +161,18 @@ def _parser() -> argparse.ArgumentParser:
         "--from", dest="from_service", metavar="SERVICE", help="the initiator service"
     )
     diagnose.add_argument("--to", dest="to_service", metavar="SERVICE", help="the target service")
+
+    sql = commands.add_parser(
+        "sql",
+        help="run T-SQL files (Service Broker's statements), or a T-SQL shell",
+        description="Run T-SQL files in order in one session, as sqlcmd -i does: batches end"
+        " at GO, an error ends its batch and the run goes on (unless -b); exit 1 when a batch"
+        " failed. With no FILE, an interactive shell.",
+    )
+    from ssb.tsql import add_arguments
+
+    add_arguments(sql)
+    _url_argument(sql)
     return parser
 
 
@@ -231,6 +243,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ssb.tools.diagnose import run
 
         return run(args.urls, args.from_service, args.to_service)
+
+    if args.command == "sql":
+        from ssb import client
+        from ssb.tsql import main as sql_main
+
+        url, source = _url(args.url)
+        try:
+            return sql_main(args, url)
+        except (client.BrokerError, OSError) as exc:
+            print(f"ssb sql: {_failure(exc, url, source)}", file=sys.stderr)
+            return 2
 
     if args.command == "spark-bridge":
         try:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from ._cli import add_arguments, main
 from ._errors import NotSupported, SqlError
 from ._interfaces import (
     DEFAULT_DATABASE,
@@ -50,8 +51,10 @@ __all__ = [
     "TextOutput",
     "Value",
     "Xml",
+    "add_arguments",
     "decode",
     "format_table",
+    "main",
     "parse_batch",
     "split_batches",
 ]

@@ -34,6 +34,7 @@ def parse_batch(text: str, first_line: int = 1) -> list[ast.Statement]:
 class Parser(BrokerParser):
     def __init__(self, text: str, first_line: int = 1) -> None:
         super().__init__(tokenize(text, first_line), text)
+        self.statement_start = self.token
 
     def statements(self) -> list[ast.Statement]:
         found: list[ast.Statement] = []
@@ -65,6 +66,7 @@ class Parser(BrokerParser):
                 return ast.SelectStatement(line, self.select())
             self.fail()
         word = token.upper
+        self.statement_start = token
         method = _STATEMENTS.get(word)
         if method is not None:
             if word not in ("SELECT", "WITH"):
@@ -392,7 +394,7 @@ class Parser(BrokerParser):
         ).at(line)
 
     def _procedure(self, line: int, action: str, *, or_alter: bool = False) -> ast.Statement:
-        start = self.tokens[self.i - 1]
+        start = self.statement_start
         name = self.dotted_name()
         if self.take_op(";"):
             self.fail()
