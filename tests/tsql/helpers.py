@@ -1,0 +1,73 @@
+"""Running T-SQL in tests: a session over a broker connection (or none), its output
+collected in order; and an in-process procedure catalog, standing in for the broker's
+until the broker keeps procedures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ssb.tsql import (
+    Collect,
+    ResultSet,
+    Session,
+    SqlError,
+    StoredProcedure,
+    split_batches,
+)
+
+
+def _scripts() -> Path | None:
+    """Microsoft's published Service Broker tutorials, in the shared folder beside the
+    clone (or beside the folder of worktrees)."""
+    root = Path(__file__).resolve().parents[2]
+    for base in (root.parent, root.parent.parent):
+        found = base / "shared" / "sb-scripts"
+        if found.is_dir():
+            return found
+    return None
+
+
+SCRIPTS = _scripts()
+
+
+class MemoryProcedures:
+    """A procedure catalog in a dict, as the broker's will answer."""
+
+    def __init__(self) -> None:
+        self.procedures: dict[str, StoredProcedure] = {}
+
+    async def get(self, name: str) -> StoredProcedure | None:
+        return self.procedures.get(name.rsplit(".", 1)[-1].lower())
+
+    async def create(self, procedure: StoredProcedure, *, replace: bool) -> None:
+        key = procedure.name.rsplit(".", 1)[-1].lower()
+        if key in self.procedures and not replace:
+            raise SqlError(
+                2714, f"There is already an object named '{procedure.name}' in the database."
+            )
+        self.procedures[key] = procedure
+
+    async def drop(self, name: str) -> bool:
+        return self.procedures.pop(name.rsplit(".", 1)[-1].lower(), None) is not None
+
+    async def names(self) -> list[str]:
+        return [p.name for p in self.procedures.values()]
+
+
+async def run(session: Session, text: str) -> bool:
+    """Run a script's batches on `session`; whether all succeeded."""
+    ok = True
+    for batch in split_batches(text):
+        ok = await session.run_batch(batch) and ok
+    return ok
+
+
+def new_session(conn: Any = None, **options: Any) -> tuple[Session, Collect]:
+    output = Collect()
+    return Session(conn, output, **options), output
+
+
+def table(result: ResultSet) -> list[list[object]]:
+    """A result set's rows as plain data."""
+    return [[v.data for v in row] for row in result.rows]

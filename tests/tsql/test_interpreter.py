@@ -1,0 +1,235 @@
+"""Procedural T-SQL without a broker: variables, control flow, errors, TRY/CATCH,
+messages, and stored procedures on an in-process catalog."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssb.tsql import SqlError
+
+from .helpers import MemoryProcedures, new_session, run, table
+
+
+async def test_variables_are_scoped_to_the_batch_as_sql_server_scopes_them() -> None:
+    session, out = new_session()
+    assert await run(
+        session,
+        "DECLARE @n INT = 0;\n"
+        "IF 1 = 0 BEGIN DECLARE @inside NVARCHAR(10) = N'set'; END\n"
+        "SELECT @inside AS inside;\n"
+        "WHILE @n < 3 BEGIN DECLARE @kept INT; SET @kept = ISNULL(@kept, 0) + 1; SET @n += 1 END\n"
+        "SELECT @kept AS kept, @n AS n\n"
+        "GO\n"
+        "SELECT 1 AS again",
+    )
+    assert [table(r) for r in out.results] == [[[None]], [[3, 3]], [[1]]]
+
+
+async def test_a_variable_of_another_batch_is_not_declared() -> None:
+    session, out = new_session()
+    assert not await run(session, "DECLARE @x INT = 1\nGO\nPRINT 'runs'\nPRINT @x\n")
+    (error,) = out.errors
+    assert (error.number, error.line, error.level) == (137, 4, 15)
+    assert error.text == 'Must declare the scalar variable "@x".'
+    assert out.messages == []  # a compile error runs nothing of its batch
+
+
+async def test_if_else_if_while_break_continue_and_compound_assignment() -> None:
+    session, out = new_session()
+    await run(
+        session,
+        "DECLARE @i INT = 0, @s NVARCHAR(100) = N'';\n"
+        "WHILE (1=1) BEGIN\n"
+        "  SELECT @i += 1;\n"
+        "  IF @i = 2 CONTINUE;\n"
+        "  ELSE IF @i > 4 BREAK;\n"
+        "  ELSE SET @s = @s + CAST(@i AS NVARCHAR(10));\n"
+        "END\n"
+        "SELECT @s AS s, @i * 10 % 7 AS m, 7 / 2 AS d, -7 / 2 AS n",
+    )
+    assert table(out.results[0]) == [["134", 1, 3, -3]]
+
+
+async def test_print_and_informational_raiserror_in_order_with_results() -> None:
+    session, out = new_session()
+    await run(session, "PRINT N'one'\nSELECT 2 AS two\nRAISERROR(N'%s and %d', 10, 1, N'three', 4)")
+    assert [x if isinstance(x, str) else table(x) for x in out.items] == [
+        "one",
+        [[2]],
+        "three and 4",
+    ]
+
+
+async def test_an_error_ends_its_batch_and_names_the_line_in_the_file() -> None:
+    session, out = new_session()
+    ok = await run(
+        session, "PRINT 'a'\nGO\nPRINT 'b'\n\nSELECT 1/0\nPRINT 'not reached'\nGO\nPRINT 'c'"
+    )
+    assert not ok
+    assert out.messages == ["a", "b", "c"]
+    (error,) = out.errors
+    assert (
+        error.format() == "Msg 8134, Level 16, State 1, Line 5\nDivide by zero error encountered."
+    )
+
+
+async def test_try_catch_and_the_error_functions() -> None:
+    session, out = new_session()
+    assert await run(
+        session,
+        "BEGIN TRY\n"
+        "  DECLARE @x INT = CAST('abc' AS INT)\n"
+        "END TRY\n"
+        "BEGIN CATCH\n"
+        "  SELECT ERROR_NUMBER() AS n, ERROR_SEVERITY() AS s, ERROR_STATE() AS st,"
+        " ERROR_LINE() AS l, ERROR_MESSAGE() AS m, @@ERROR AS e\n"
+        "END CATCH",
+    )
+    assert table(out.results[0]) == [
+        [
+            245,
+            16,
+            1,
+            2,
+            "Conversion failed when converting the varchar value 'abc' to data type int.",
+            245,
+        ]
+    ]
+
+
+async def test_throw_and_raiserror_raise_and_rethrow() -> None:
+    session, out = new_session()
+    assert not await run(
+        session,
+        "BEGIN TRY THROW 50001, N'first', 3 END TRY\n"
+        "BEGIN CATCH PRINT ERROR_MESSAGE(); THROW END CATCH",
+    )
+    assert out.messages == ["first"]
+    assert (out.errors[0].number, out.errors[0].state, out.errors[0].text) == (50001, 3, "first")
+    assert not await run(session, "RAISERROR(N'bad %s', 16, 2, N'thing')")
+    assert (out.errors[1].number, out.errors[1].level, out.errors[1].text) == (
+        50000,
+        16,
+        "bad thing",
+    )
+
+
+async def test_rowcount_trancount_and_error_outside_a_catch() -> None:
+    session, out = new_session()
+    await run(
+        session,
+        "DECLARE @a INT\nSELECT @a = 1\nSELECT @@ROWCOUNT AS r, @@TRANCOUNT AS t, @@ERROR AS e",
+    )
+    assert table(out.results[0]) == [[1, 0, 0]]
+
+
+async def test_expressions_and_functions() -> None:
+    session, out = new_session()
+    await run(
+        session,
+        "SELECT LEN(N'abc  ') AS len, SUBSTRING(N'abcdef', 2, 3) AS sub, UPPER(N'x') AS up,"
+        " ISNULL(NULL, 5) AS isn, COALESCE(NULL, NULL, N'c') AS co,"
+        " CASE WHEN 1 = 2 THEN 'a' WHEN 2 = 2 THEN 'b' END AS ca,"
+        " CASE 3 WHEN 3 THEN 'three' ELSE 'other' END AS cs,"
+        " N'a' + N'b' AS cat, IIF('A' = 'a ', 1, 0) AS ci, CONVERT(NVARCHAR(8), 0x4142, 2) AS hex,"
+        " IIF(NULL = NULL, 1, 0) AS nul, DATEADD(day, 1, CAST('2024-02-28' AS DATETIME)) AS da,"
+        " DB_NAME() AS db, CHARINDEX('c', 'abc') AS ch, REPLACE('aXa', 'x', 'b') AS re",
+    )
+    row = table(out.results[0])[0]
+    assert row[:9] == [3, "bcd", "X", 5, "c", "b", "three", "ab", 1]
+    assert row[9:11] == ["4142", 0]
+    assert str(row[11]) == "2024-02-29 00:00:00"
+    assert row[12:] == ["ssb", 3, "aba"]
+
+
+async def test_stored_procedures_with_defaults_output_return_and_nesting() -> None:
+    session, out = new_session(procedures=MemoryProcedures())
+    assert await run(
+        session,
+        "CREATE PROCEDURE dbo.inner_proc @x INT, @y INT = 10, @sum INT OUTPUT AS\n"
+        "  SET @sum = @x + @y\n"
+        "  RETURN @@NESTLEVEL\n"
+        "GO\n"
+        "CREATE PROCEDURE outer_proc (@x INT, @result INT OUTPUT) AS\n"
+        "BEGIN\n"
+        "  DECLARE @level INT\n"
+        "  EXEC @level = inner_proc @x, @sum = @result OUTPUT\n"
+        "  RETURN @level * 100\n"
+        "END\n"
+        "GO\n"
+        "DECLARE @r INT, @rc INT\n"
+        "EXEC @rc = outer_proc @result = @r OUTPUT, @x = 5\n"
+        "SELECT @r AS r, @rc AS rc\n"
+        "EXECUTE inner_proc 1, 2, @r OUTPUT\n"
+        "SELECT @r AS r\n",
+    )
+    assert [table(r) for r in out.results] == [[[15, 200]], [[3]]]
+
+
+@pytest.mark.parametrize(
+    ("call", "number"),
+    [
+        ("EXEC p", 201),
+        ("EXEC p 1, 2, 3", 8144),
+        ("EXEC p @nope = 1", 8145),
+        ("DECLARE @v INT EXEC p @v OUTPUT", 8162),
+        ("EXEC missing", 2812),
+    ],
+)
+async def test_procedure_call_errors(call: str, number: int) -> None:
+    session, out = new_session(procedures=MemoryProcedures())
+    await run(session, "CREATE PROCEDURE p @a INT, @b INT = 1 AS PRINT @a")
+    assert not await run(session, call)
+    assert out.errors[-1].number == number
+
+
+async def test_a_procedure_error_names_the_procedure_and_its_line() -> None:
+    session, out = new_session(procedures=MemoryProcedures())
+    await run(session, "CREATE PROCEDURE p AS\nPRINT 'in p'\nSELECT 1/0")
+    assert not await run(session, "EXEC p")
+    assert out.errors[-1].format().startswith("Msg 8134, Level 16, State 1, Procedure p, Line 3")
+
+
+async def test_alter_drop_and_unbalanced_transactions_in_procedures() -> None:
+    procedures = MemoryProcedures()
+    session, out = new_session(procedures=procedures)
+    await run(
+        session,
+        "CREATE PROCEDURE p AS PRINT 'one'\nGO\nALTER PROCEDURE p AS PRINT 'two'\nGO\nEXEC p",
+    )
+    assert out.messages == ["two"]
+    assert not await run(session, "CREATE PROCEDURE p AS PRINT 'three'")
+    assert out.errors[-1].number == 2714
+    assert await run(session, "DROP PROCEDURE p\nDROP PROCEDURE IF EXISTS p")
+    assert not await run(session, "DROP PROCEDURE p")
+    assert out.errors[-1].number == 3701
+
+
+async def test_procedures_and_databases_are_refused_until_the_broker_has_them() -> None:
+    session, out = new_session()
+    assert not await run(session, "CREATE PROCEDURE p AS PRINT 1")
+    assert not await run(session, "USE AdventureWorks2008R2")
+    assert not await run(session, "ALTER DATABASE AdventureWorks2008R2 SET ENABLE_BROKER")
+    assert [e.number for e in out.errors] == [40517] * 3
+    assert all("not supported yet" in e.text for e in out.errors)
+    assert await run(session, "USE ssb")
+
+
+async def test_parse_only_runs_nothing() -> None:
+    session, out = new_session()
+    assert await run(
+        session, "SET PARSEONLY ON\nGO\nPRINT 'not run'\nGO\nSET PARSEONLY OFF\nGO\nPRINT 'run'"
+    )
+    assert out.messages == ["run"]
+    assert not await run(session, "SET PARSEONLY ON\nGO\nSELECT FROM")
+
+
+async def test_save_transaction_is_refused_clearly() -> None:
+    session, out = new_session()
+    assert not await run(session, "SAVE TRANSACTION s")
+    assert "savepoint" in out.errors[0].text
+
+
+def test_sql_error_format() -> None:
+    error = SqlError(50000, "text", level=11, state=2, line=4, procedure="p")
+    assert error.format() == "Msg 50000, Level 11, State 2, Procedure p, Line 4\ntext"
