@@ -13,6 +13,7 @@ anything of it runs (Msg 102 / 156, with the line and column of the token).
 from __future__ import annotations
 
 from . import _ast as ast
+from ._cursor import STATEMENT_WORDS
 from ._errors import NotSupported, SqlError
 from ._lexer import Kind, tokenize
 from ._parse_broker import BrokerParser
@@ -211,7 +212,10 @@ class Parser(BrokerParser):
         if token.kind is Kind.VARIABLE:
             self.advance()
             return token.upper
-        if self.is_name(token):
+        if self.is_name(token) and not (
+            token.kind is Kind.NAME
+            and (token.upper in _STATEMENTS or token.upper in STATEMENT_WORDS)
+        ):
             self.advance()
             name = str(token.value)
             if self.take("WITH"):

@@ -117,6 +117,10 @@ def translate(select: ast.Select) -> Translation:
     ctes = {cte.alias_or_name.upper() for cte in tree.find_all(exp.CTE)}
     names = itertools.count()
 
+    def deep(node: exp.Expression) -> exp.Expression:
+        # sqlglot does not descend into what a rewrite returns: its children are done here
+        return node.transform(rewrite, copy=False)
+
     def rewrite(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Table):
             return _table(node, sources, ctes, names)
@@ -129,19 +133,21 @@ def translate(select: ast.Select) -> Translation:
             type_name = node.to.sql(dialect="tsql")
             name = "tsql_try_cast" if isinstance(node, exp.TryCast) else "tsql_cast"
             return exp.Anonymous(
-                this=name, expressions=[node.this, exp.Literal.string(type_name), exp.null()]
+                this=name, expressions=[deep(node.this), exp.Literal.string(type_name), exp.null()]
             )
         if isinstance(node, exp.Convert):
             type_name = node.this.sql(dialect="tsql")
             style = node.args.get("style") or exp.null()
             return exp.Anonymous(
                 this="tsql_cast",
-                expressions=[node.expression, exp.Literal.string(type_name), style],
+                expressions=[deep(node.expression), exp.Literal.string(type_name), deep(style)],
             )
         if isinstance(node, exp.National):
             return exp.Literal.string(node.this)
         if isinstance(node, exp.Add):
-            return exp.Anonymous(this="tsql_add", expressions=[node.this, node.expression])
+            return exp.Anonymous(
+                this="tsql_add", expressions=[deep(node.this), deep(node.expression)]
+            )
         if isinstance(node, exp.CurrentTimestamp):
             return exp.Anonymous(this="tsql_getdate", expressions=[])
         if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Anonymous):
@@ -149,13 +155,13 @@ def translate(select: ast.Select) -> Translation:
             if method in ("VALUE", "QUERY", "EXIST"):
                 return exp.Anonymous(
                     this=f"tsql_xml_{method.lower()}",
-                    expressions=[node.this, *node.expression.expressions],
+                    expressions=[deep(node.this), *map(deep, node.expression.expressions)],
                 )
             raise _refuse(f"the xml {method.lower()}() method")
         if isinstance(node, exp.Anonymous):
             name = node.name.upper()
             if name in SCALARS:
-                args = list(node.expressions)
+                args = [deep(arg) for arg in node.expressions]
                 if name in DATE_PART_FUNCTIONS and args and isinstance(args[0], exp.Column):
                     args[0] = exp.Literal.string(args[0].name)
                 return exp.Anonymous(this=f"tsql_{name.lower()}", expressions=args)
@@ -170,11 +176,13 @@ def translate(select: ast.Select) -> Translation:
 
     translated = tree.transform(rewrite, copy=True)
     for node in translated.walk():
-        if isinstance(node, exp.Func) and not isinstance(
-            node, (exp.Anonymous, exp.AggFunc, exp.Count)
-        ):
+        if isinstance(node, exp.Func) and not isinstance(node, _PLAIN):
             raise _refuse(f"{node.sql(dialect='tsql')[:40]}")
     return Translation(translated.sql(dialect="sqlite"), sources, parameters, assigns)
+
+
+# what sqlglot models as functions and SQLite runs as T-SQL means them
+_PLAIN: Final = (exp.Anonymous, exp.AggFunc, exp.Count, exp.Binary, exp.Case, exp.If)
 
 
 def _table(
