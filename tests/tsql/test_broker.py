@@ -1,0 +1,261 @@
+"""T-SQL against a real broker daemon: the DDL, the conversation statements, bodies as
+Service Broker makes them, transactions, and queries over the catalog views."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from ssb import client
+from ssb.tsql import Collect, Session
+
+from .helpers import new_session, run, table
+
+CATALOG = """
+CREATE MESSAGE TYPE [//t/Request] VALIDATION = WELL_FORMED_XML;
+CREATE MESSAGE TYPE [//t/Reply] VALIDATION = NONE;
+CREATE CONTRACT [//t/Contract] ([//t/Request] SENT BY INITIATOR, [//t/Reply] SENT BY TARGET);
+CREATE QUEUE TargetQueue;
+CREATE QUEUE InitiatorQueue WITH STATUS = ON, RETENTION = OFF;
+CREATE SERVICE [//t/Target] ON QUEUE TargetQueue ([//t/Contract]);
+CREATE SERVICE [//t/Initiator] ON QUEUE dbo.InitiatorQueue;
+GO
+"""
+
+
+@pytest.fixture
+async def tsql(conn: client.Connection) -> AsyncIterator[tuple[Session, Collect]]:
+    session, out = new_session(conn, login="admin")
+    assert await run(session, CATALOG), out.errors
+    yield session, out
+
+
+async def test_the_ddl_reaches_the_catalog(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    session, out = tsql
+    assert await run(
+        session,
+        "ALTER QUEUE TargetQueue WITH STATUS = OFF, POISON_MESSAGE_HANDLING (STATUS = OFF)\n"
+        "CREATE ROUTE R WITH SERVICE_NAME = '//far', ADDRESS = 'TCP://127.0.0.1:4999'\n"
+        "CREATE BROKER PRIORITY P FOR CONVERSATION SET (CONTRACT_NAME = [//t/Contract],"
+        " LOCAL_SERVICE_NAME = ANY, PRIORITY_LEVEL = 8)\n"
+        "ALTER BROKER PRIORITY P FOR CONVERSATION SET (PRIORITY_LEVEL = 9)\n"
+        "CREATE QUEUE Events\n"
+        "CREATE SERVICE EventService ON QUEUE Events"
+        " ([http://schemas.microsoft.com/SQL/Notifications/PostEventNotification])\n"
+        "CREATE EVENT NOTIFICATION N ON QUEUE TargetQueue FOR BROKER_QUEUE_DISABLED"
+        " TO SERVICE 'EventService', 'current database'\n",
+    ), out.errors
+    queues = {q["name"]: q for q in await conn.view("service_queues")}
+    assert queues["TargetQueue"]["is_receive_enabled"] is False
+    assert queues["TargetQueue"]["is_poison_message_handling_enabled"] is False
+    assert [(r["remote_service_name"], r["address"]) for r in await conn.view("routes")] == [
+        ("//far", "tcp://127.0.0.1:4999")
+    ]
+    (priority,) = await conn.view("conversation_priorities")
+    assert (priority["service_contract_name"], priority["priority"]) == ("//t/Contract", 9)
+    (notification,) = await conn.view("event_notifications")
+    assert notification["event"] == "BROKER_QUEUE_DISABLED"
+    assert await run(
+        session,
+        "DROP EVENT NOTIFICATION N ON QUEUE TargetQueue\nDROP BROKER PRIORITY P\nDROP ROUTE R\n"
+        "DROP SERVICE EventService\nDROP QUEUE Events\nDROP SERVICE [//t/Target]\n"
+        "DROP SERVICE [//t/Initiator]\nDROP QUEUE TargetQueue\nDROP QUEUE InitiatorQueue\n"
+        "DROP CONTRACT [//t/Contract]\nDROP MESSAGE TYPE [//t/Request]\nDROP MESSAGE TYPE [//t/Reply]",
+    ), out.errors
+    assert await conn.view("services") == []
+    assert await conn.view("routes") == []
+
+
+async def test_what_ssb_lacks_is_refused_never_ignored(tsql: tuple[Session, Collect]) -> None:
+    session, out = tsql
+    for text in (
+        "ALTER QUEUE TargetQueue WITH ACTIVATION (STATUS = ON, PROCEDURE_NAME = TargetProc,"
+        " MAX_QUEUE_READERS = 1, EXECUTE AS SELF)",
+        "ALTER SERVICE [//t/Target] (ADD CONTRACT [DEFAULT])",
+        "CREATE MASTER KEY ENCRYPTION BY PASSWORD = 'x'",
+        "CREATE USER u WITHOUT LOGIN",
+        "CREATE REMOTE SERVICE BINDING b TO SERVICE '//far' WITH USER = u",
+    ):
+        assert not await run(session, text)
+    assert [e.number for e in out.errors] == [40517] * 5
+    assert "T-SQL procedure (not supported yet)" in out.errors[0].text
+
+
+async def test_a_conversation_in_t_sql(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    session, out = tsql
+    assert await run(
+        session,
+        "DECLARE @h UNIQUEIDENTIFIER, @body NVARCHAR(100) = N'<Request>é</Request>';\n"
+        "BEGIN TRANSACTION;\n"
+        "BEGIN DIALOG CONVERSATION @h FROM SERVICE [//t/Initiator] TO SERVICE N'//t/Target',"
+        " 'CURRENT DATABASE' ON CONTRACT [//t/Contract] WITH LIFETIME = 600, ENCRYPTION = OFF;\n"
+        "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (@body);\n"
+        "COMMIT;\n"
+        "DECLARE @got NVARCHAR(100), @type sysname, @th UNIQUEIDENTIFIER, @x XML;\n"
+        "WAITFOR (RECEIVE TOP (1) @th = conversation_handle, @got = message_body,"
+        " @type = message_type_name, @x = CAST(message_body AS XML) FROM TargetQueue), TIMEOUT 5000;\n"
+        "SELECT @got AS got, @type AS type, @@ROWCOUNT AS n, @x.value('(/Request)[1]', 'nvarchar(10)') AS v;\n"
+        "SEND ON CONVERSATION @th MESSAGE TYPE [//t/Reply] (CAST(N'réponse' AS VARCHAR(20)));\n"
+        "END CONVERSATION @th;\n"
+        "RECEIVE TOP (10) message_type_name, CAST(message_body AS VARCHAR(20)) AS body"
+        " FROM InitiatorQueue WHERE conversation_handle = @h;\n"
+        "END CONVERSATION @h;\n"
+        "SELECT COUNT(*) AS endpoints FROM sys.conversation_endpoints",
+    ), out.errors
+    first, replies, endpoints = out.results
+    assert table(first) == [["<Request>é</Request>", "//t/Request", 1, "é"]]
+    assert table(replies) == [
+        ["//t/Reply", "réponse"],
+        ["http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog", ""],
+    ]
+    assert table(endpoints) == [[0]]
+
+
+async def test_bodies_are_the_bytes_sql_server_sends(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    session, out = tsql
+    assert await run(
+        session,
+        "DECLARE @h UNIQUEIDENTIFIER\n"
+        "BEGIN DIALOG @h FROM SERVICE [//t/Initiator] TO SERVICE '//t/Target' ON CONTRACT"
+        " [//t/Contract] WITH ENCRYPTION = OFF\n"
+        "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (N'<a>é</a>')\n"
+        "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] ('<a>e</a>')\n"
+        "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (CAST(N'<a>é</a>' AS XML))\n"
+        "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (0x3C612F3E)",
+    ), out.errors
+    messages = await conn.receive("TargetQueue", timeout=5.0)
+    assert [m.message_body for m in messages] == [
+        "<a>é</a>".encode("utf-16-le"),
+        b"<a>e</a>",
+        b"\xff\xfe" + "<a>é</a>".encode("utf-16-le"),
+        b"<a/>",
+    ]
+
+
+async def test_receive_variants(tsql: tuple[Session, Collect], conn: client.Connection) -> None:
+    session, out = tsql
+    handles = []
+    for _ in range(2):
+        handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
+        await conn.send_many(handle, "//t/Request", [b"<one/>", b"<two/>"])
+        handles.append(handle)
+    assert await run(
+        session,
+        "DECLARE @t TABLE (h UNIQUEIDENTIFIER, seq BIGINT, body VARBINARY(MAX));\n"
+        "DECLARE @g UNIQUEIDENTIFIER;\n"
+        "GET CONVERSATION GROUP @g FROM TargetQueue;\n"
+        "RECEIVE conversation_handle, message_sequence_number, message_body FROM TargetQueue"
+        " INTO @t WHERE conversation_group_id = @g;\n"
+        "SELECT COUNT(*) AS n, MIN(seq) AS first, MAX(seq) AS last FROM @t;\n"
+        "RECEIVE TOP (1) * FROM TargetQueue;\n"
+        "WAITFOR (RECEIVE * FROM TargetQueue), TIMEOUT 100;\n"
+        "SELECT @@ROWCOUNT AS n_rows;\n"
+        "WAITFOR (RECEIVE * FROM TargetQueue), TIMEOUT 50;\n"
+        "SELECT @@ROWCOUNT AS n_rows;",
+    ), out.errors
+    counted, one, rest, rowcount, empty, none = out.results
+    assert table(counted) == [[2, 0, 1]]
+    assert len(one.rows) == 1 and one.columns[:3] == ["status", "priority", "queuing_order"]
+    assert len(rest.rows) == 1
+    assert table(rowcount) == [[1]]
+    assert empty.rows == [] and table(none) == [[0]]
+
+
+async def test_a_failing_statement_in_a_transaction_leaves_nothing_of_itself(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    session, out = tsql
+    handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
+    await run(
+        session,
+        f"DECLARE @h UNIQUEIDENTIFIER = '{handle}'\nSEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (N'<auto/>')",
+    )
+    assert not await run(
+        session,
+        f"DECLARE @h UNIQUEIDENTIFIER = '{handle}'\n"
+        "BEGIN TRANSACTION\n"
+        "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (N'<in/>')\n"
+        "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Reply] (N'wrong way')\n"
+        "PRINT 'not reached'",
+    )
+    assert out.errors[-1].number == 8432 and out.errors[-1].line == 4
+    assert await run(session, "SELECT @@TRANCOUNT AS open_transactions\nCOMMIT")
+    assert table(out.results[-1]) == [[1]]
+    received = await conn.receive("TargetQueue", timeout=5.0)
+    assert [m.message_body for m in received] == [
+        "<auto/>".encode("utf-16-le"),
+        "<in/>".encode("utf-16-le"),
+    ]
+
+
+async def test_a_receive_whose_columns_fail_gives_its_messages_back(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    session, out = tsql
+    handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
+    await conn.send(handle, "//t/Request", b"<ok/>")
+    script = "DECLARE @x INT\nRECEIVE TOP (1) @x = CAST(CAST(message_body AS NVARCHAR(10)) AS INT) FROM TargetQueue"
+    assert not await run(session, script)  # outside a transaction: back in the queue
+    assert out.errors[-1].number == 245
+    assert len(await conn.peek("TargetQueue")) == 1
+    assert not await run(session, "BEGIN TRANSACTION\n" + script)
+    assert not await run(session, "SELECT XACT_STATE() AS state\nCOMMIT")
+    assert table(out.results[-1]) == [[-1]] and out.errors[-1].number == 3930
+    assert await run(session, "ROLLBACK")
+    assert len(await conn.peek("TargetQueue")) == 1
+
+
+async def test_queries_over_the_catalog_views_and_queues(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    session, out = tsql
+    handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
+    await conn.send_many(handle, "//t/Request", [b"<a/>", b"<b/>"])
+    assert await run(
+        session,
+        "SELECT s.name, q.name AS queue FROM sys.services s JOIN sys.service_queues q"
+        " ON s.service_queue_id = q.object_id WHERE s.name LIKE N'//T/%' ORDER BY s.name DESC;\n"
+        "SELECT TOP 1 c.name, COUNT(*) AS types FROM sys.service_contracts c"
+        " JOIN sys.service_contract_message_usages u ON u.service_contract_id = c.service_contract_id"
+        " GROUP BY c.name HAVING COUNT(*) > 1;\n"
+        "IF EXISTS (SELECT * FROM sys.service_message_types WHERE name = N'//t/request'"
+        " AND validation_desc = 'XML') PRINT 'found';\n"
+        "DECLARE @n INT = (SELECT COUNT(*) FROM TargetQueue);\n"
+        "SELECT @n AS n, (SELECT MAX(message_sequence_number) FROM TargetQueue) AS last;\n"
+        "SELECT message_type_name, CAST(message_body AS XML).value('local-name(/*[1])', 'nvarchar(10)')"
+        " AS root FROM TargetQueue ORDER BY queuing_order;\n"
+        "SELECT state_desc, is_initiator FROM sys.conversation_endpoints"
+        f" WHERE conversation_handle = '{handle}';\n"
+        "SELECT name, is_broker_enabled FROM sys.databases;\n"
+        "SELECT COUNT(*) AS objects FROM sys.objects WHERE type = 'SQ'",
+    ), out.errors
+    services, contracts, counted, bodies, endpoint, databases, objects = out.results
+    assert table(services) == [["//t/Target", "TargetQueue"], ["//t/Initiator", "InitiatorQueue"]]
+    assert table(contracts) == [["//t/Contract", 2]]
+    assert out.messages == ["found"]
+    assert table(counted) == [[2, 1]]
+    assert table(bodies) == [["//t/Request", "a"], ["//t/Request", "b"]]
+    assert table(endpoint) == [["CONVERSING", 1]]
+    assert table(databases) == [["ssb", 1]]
+    assert table(objects) == [[2]]
+
+
+async def test_what_a_query_cannot_translate_is_refused(tsql: tuple[Session, Collect]) -> None:
+    session, out = tsql
+    assert not await run(session, "SELECT SOUNDEX(name) FROM sys.services")
+    assert not await run(session, "SELECT * FROM sys.tables")
+    assert [e.number for e in out.errors] == [40517, 208]
+
+
+async def test_a_handle_that_does_not_exist(tsql: tuple[Session, Collect]) -> None:
+    session, out = tsql
+    assert not await run(session, f"END CONVERSATION '{uuid.uuid4()}'")
+    assert out.errors[-1].number == 8426

@@ -1,0 +1,141 @@
+"""`ssb sql` as a user runs it: files in one session, sqlcmd's output and exit codes,
+the published tutorial, and the interactive shell."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from prompt_toolkit import PromptSession
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output import DummyOutput
+
+from daemon import BrokerProcess, run_ssb
+from ssb import client
+from ssb.tsql import Session, TextOutput
+from ssb.tsql._shell import shell
+
+from .helpers import SCRIPTS
+
+SETUP = """CREATE MESSAGE TYPE M VALIDATION = NONE;
+CREATE CONTRACT C (M SENT BY INITIATOR);
+CREATE QUEUE Q;
+CREATE SERVICE S ON QUEUE Q (C);
+GO
+"""
+
+
+def test_files_run_in_one_session_batches_go_on_after_an_error(
+    broker: BrokerProcess, tmp_path: Path
+) -> None:
+    first = tmp_path / "a.sql"
+    first.write_text(SETUP + "PRINT N'made'\nGO\nSELECT name FROM sys.services WHERE name = 'S'\n")
+    second = tmp_path / "b.sql"
+    second.write_bytes(
+        b"\xff\xfe"
+        + "PRINT 'before'\r\nGO\r\n\r\nSELECT 1/0\r\nGO\r\nSELECT COUNT(*) AS queues FROM sys.service_queues\r\n".encode(
+            "utf-16-le"
+        )
+    )
+    done = run_ssb("sql", "--url", broker.url, str(first), str(second))
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.split("\n") == [
+        "made",
+        "name",
+        "----",
+        "S",
+        "",
+        "(1 row affected)",
+        "",
+        "before",
+        "queues",
+        "------",
+        "1",
+        "",
+        "(1 row affected)",
+        "",
+        "",
+    ]
+    assert done.stderr == "Msg 8134, Level 16, State 1, Line 4\nDivide by zero error encountered.\n"
+
+
+def test_b_stops_at_the_first_error(broker: BrokerProcess, tmp_path: Path) -> None:
+    script = tmp_path / "s.sql"
+    script.write_text("PRINT 'one'\nGO\nTHROW 50001, N'stop', 1\nGO\nPRINT 'never'\n")
+    done = run_ssb("sql", "-b", "--url", broker.url, str(script))
+    assert (done.returncode, done.stdout) == (1, "one\n")
+    assert "Msg 50001, Level 16, State 1, Line 3\nstop" in done.stderr
+
+
+def test_csv_and_json_for_scripts(broker: BrokerProcess, tmp_path: Path) -> None:
+    script = tmp_path / "s.sql"
+    script.write_text("SET NOCOUNT ON\nSELECT 1 AS a, N'x,y' AS b, NULL AS c\n")
+    done = run_ssb("sql", "--format", "csv", "--url", broker.url, str(script))
+    assert done.stdout == 'a,b,c\n1,"x,y",\n\n'
+    done = run_ssb("sql", "--format", "json", "--url", broker.url, str(script))
+    assert json.loads(done.stdout) == {"columns": ["a", "b", "c"], "rows": [[1, "x,y", None]]}
+
+
+def test_parse_only_needs_no_broker(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sql"
+    bad.write_text("PRINT 1\nGO\n\nRECEIVE TOP (1) FROM q\n")
+    done = run_ssb("sql", "--parse-only", str(bad))
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "Msg 156, Level 15, State 1, Line 4\nIncorrect syntax near the keyword 'FROM'."
+    )
+
+
+@pytest.mark.skipif(SCRIPTS is None, reason="the published tutorials are not beside the clone")
+def test_parse_only_accepts_all_eleven_tutorial_files_unchanged() -> None:
+    assert SCRIPTS is not None
+    files = sorted(str(p) for p in SCRIPTS.glob("*/*.sql"))
+    assert len(files) == 11
+    done = run_ssb("sql", "--parse-only", *files)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+@pytest.mark.skipif(SCRIPTS is None, reason="the published tutorials are not beside the clone")
+async def test_the_single_database_tutorial_runs_all_but_its_database_lines(
+    broker: BrokerProcess,
+) -> None:
+    assert SCRIPTS is not None
+    files = [str(p) for p in sorted((SCRIPTS / "ms-single-database").glob("*.sql"))]
+    done = run_ssb("sql", "--url", broker.url, *files)
+    # until the broker has databases, exactly the USE and ALTER DATABASE batches fail
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Msg ")]
+    assert errors == [
+        "Msg 40517, Level 16, State 1, Line 1",
+        "Msg 40517, Level 16, State 1, Line 3",
+        "Msg 40517, Level 16, State 1, Line 6",
+        "Msg 40517, Level 16, State 1, Line 1",
+        "Msg 40517, Level 16, State 1, Line 1",
+    ], done.stderr
+    blocks = [b.split("\n") for b in done.stdout.strip().split("\n\n") if "----" in b]
+    shown = {block[0]: block[2] for block in blocks}
+    assert shown == {
+        "SentRequestMsg": "<RequestMsg>Message for Target service.</RequestMsg>",
+        "ReceivedRequestMsg": "<RequestMsg>Message for Target service.</RequestMsg>",
+        "SentReplyMsg": "<ReplyMsg>Message for Initiator service.</ReplyMsg>",
+        "ReceivedReplyMsg": "<ReplyMsg>Message for Initiator service.</ReplyMsg>",
+    }
+    async with await client.connect(broker.url) as conn:  # the drop lesson leaves nothing
+        assert await conn.view("conversation_endpoints") == []
+        assert await conn.view("services") == []
+        assert await conn.view("service_queues") == []
+        names = {m["name"] for m in await conn.view("message_types")}
+        assert not any(name.startswith("//AWDB") for name in names)
+
+
+async def test_the_shell_runs_a_batch_at_go(
+    broker: BrokerProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with await client.connect(broker.url) as conn:
+        session = Session(conn, TextOutput(sys.stdout, sys.stderr))
+        with create_pipe_input() as pipe:
+            pipe.send_text("SELECT 6 * 7\nAS answer\nGO\nPRINT 'second'\nGO\nexit\n")
+            reader: PromptSession[str] = PromptSession(input=pipe, output=DummyOutput())
+            assert await shell(session, reader) == 0
+    assert capsys.readouterr().out == "answer\n------\n42\n\n(1 row affected)\n\nsecond\n"
