@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from daemon import BrokerProcess, run_ssb
 from prompt_toolkit import PromptSession
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from daemon import BrokerProcess, run_ssb
 from ssb import client
 from ssb.tsql import Session, TextOutput
 from ssb.tsql._shell import shell
