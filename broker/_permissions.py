@@ -127,6 +127,8 @@ class Permissions:
             "alter_queue": self._alter_queue,
             "create_service": self._create_service,
             "alter_broker_priority": lambda s, a: [("ALTER", "broker_priority", _name(a))],
+            "alter_message_type": lambda s, a: [("ALTER", "message_type", _name(a))],
+            "alter_service": lambda s, a: [("ALTER", "service", _name(a))],
             "drop": self._drop,
             "begin_dialog": self._begin_dialog,
             "send": lambda s, a: self._endpoints(a.get("handles")),

@@ -119,6 +119,11 @@ def create_message_type(name: str, validation: str = "NONE") -> Call[None]:
     return Call("create_message_type", {"name": name, "validation": validation}, _none)
 
 
+def alter_message_type(name: str, validation: str) -> Call[None]:
+    """ALTER MESSAGE TYPE: a new validation for messages sent from now on."""
+    return Call("alter_message_type", {"name": name, "validation": validation}, _none)
+
+
 def create_contract(name: str, messages: dict[str, str]) -> Call[None]:
     """CREATE CONTRACT: `messages` maps message type -> INITIATOR, TARGET or ANY."""
     return Call("create_contract", {"name": name, "messages": dict(messages)}, _none)
@@ -175,6 +180,22 @@ def create_service(name: str, queue: str, contracts: Iterable[str] = ()) -> Call
     """CREATE SERVICE on a queue; `contracts` it accepts as a target (none = initiator only)."""
     return Call(
         "create_service", {"name": name, "queue": queue, "contracts": list(contracts)}, _none
+    )
+
+
+def alter_service(
+    name: str, add_contracts: Iterable[str] = (), drop_contracts: Iterable[str] = ()
+) -> Call[None]:
+    """ALTER SERVICE (ADD CONTRACT ..., DROP CONTRACT ...): the contracts it accepts as a
+    target from now on (conversations already begun keep theirs)."""
+    return Call(
+        "alter_service",
+        {
+            "name": name,
+            "add_contracts": list(add_contracts),
+            "drop_contracts": list(drop_contracts),
+        },
+        _none,
     )
 
 

@@ -153,10 +153,12 @@ class Operations:
     # ---- the operations (see _calls for each one's documentation) ------------------
 
     create_message_type = operation(calls.create_message_type)
+    alter_message_type = operation(calls.alter_message_type)
     create_contract = operation(calls.create_contract)
     create_queue = operation(calls.create_queue)
     alter_queue = operation(calls.alter_queue)
     create_service = operation(calls.create_service)
+    alter_service = operation(calls.alter_service)
     create_route = operation(calls.create_route)
     create_broker_priority = operation(calls.create_broker_priority)
     alter_broker_priority = operation(calls.alter_broker_priority)

@@ -392,6 +392,18 @@ class Catalog:
             )
         return MessageType(name, validation.upper())
 
+    def altered_message_type(self, name: object, validation: object) -> MessageType:
+        """ALTER MESSAGE TYPE: a new validation (messages already queued keep theirs)."""
+        if not isinstance(name, str):
+            raise bad_argument("alter_message_type needs a message type name")
+        current = self.message_type(name)
+        self._not_system("message_type", name)
+        if not isinstance(validation, str) or validation.upper() not in VALIDATIONS:
+            raise bad_argument(
+                f"validation must be one of {', '.join(VALIDATIONS)}, got {validation!r}"
+            )
+        return replace(current, validation=validation.upper())
+
     def new_contract(self, name: object, messages: object) -> Contract:
         name = check_name("contract", name)
         self._absent("contract", name)
@@ -494,6 +506,39 @@ class Catalog:
         if isinstance(value, dict):
             return parse_switch("poison_message_handling status", value.get("status", "ON"))
         return parse_switch("poison_message_handling", value)
+
+    def altered_service(self, name: object, add: object, drop: object) -> Service:
+        """ALTER SERVICE (ADD CONTRACT ..., DROP CONTRACT ...): the contracts it accepts as
+        a target from now on (conversations already begun keep theirs)."""
+        if not isinstance(name, str):
+            raise bad_argument("alter_service needs a service name")
+        current = self.service(name)
+        self._not_system("service", name)
+        added = self._names("add_contracts", add)
+        dropped = self._names("drop_contracts", drop)
+        for contract in added:
+            self.contract(contract)
+            if contract in current.contracts:
+                raise BrokerError(
+                    ErrorCode.ALREADY_EXISTS,
+                    f"service '{name}' already accepts contract '{contract}'",
+                )
+        for contract in dropped:
+            if contract not in current.contracts:
+                raise BrokerError(
+                    ErrorCode.UNKNOWN_CONTRACT,
+                    f"service '{name}' does not accept contract '{contract}': nothing to drop",
+                )
+        kept = [c for c in current.contracts if c not in dropped]
+        return replace(current, contracts=(*kept, *added))
+
+    @staticmethod
+    def _names(what: str, value: object) -> list[str]:
+        if value is None:
+            return []
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise bad_argument(f"{what} must be a list of contract names")
+        return list(value)
 
     def new_service(self, name: object, queue: object, contracts: object) -> Service:
         name = check_name("service", name)

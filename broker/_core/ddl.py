@@ -92,6 +92,9 @@ class Ddl:
     ) -> None:
         self.persist("message_type", self.catalog.new_message_type(name, validation))
 
+    def alter_message_type(self, session: Session, name: object, validation: object) -> None:
+        self.persist("message_type", self.catalog.altered_message_type(name, validation))
+
     def create_contract(self, session: Session, name: object, messages: object) -> None:
         self.persist("contract", self.catalog.new_contract(name, messages))
 
@@ -158,6 +161,15 @@ class Ddl:
         self, session: Session, name: object, queue: object, contracts: object = None
     ) -> None:
         self.persist("service", self.catalog.new_service(name, queue, contracts))
+
+    def alter_service(
+        self,
+        session: Session,
+        name: object,
+        add_contracts: object = None,
+        drop_contracts: object = None,
+    ) -> None:
+        self.persist("service", self.catalog.altered_service(name, add_contracts, drop_contracts))
 
     def create_route(
         self,

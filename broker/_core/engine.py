@@ -358,10 +358,12 @@ class Engine:
         t, d, r, ddl = self.transactions, self.dialogs, self.receiving, self.ddl
         return {
             "create_message_type": ddl.create_message_type,
+            "alter_message_type": ddl.alter_message_type,
             "create_contract": ddl.create_contract,
             "create_queue": ddl.create_queue,
             "alter_queue": ddl.alter_queue,
             "create_service": ddl.create_service,
+            "alter_service": ddl.alter_service,
             "create_route": ddl.create_route,
             "create_broker_priority": ddl.create_broker_priority,
             "alter_broker_priority": ddl.alter_broker_priority,
