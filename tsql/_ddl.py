@@ -45,10 +45,6 @@ async def ddl(session: Session, statement: ast.Ddl, frame: Frame) -> None:
 
 
 _NOT_YET: Final = {
-    "message_type": "ALTER MESSAGE TYPE needs a broker operation that comes with the next"
-    " version; drop the message type and create it anew",
-    "service": "ALTER SERVICE needs a broker operation that comes with the next version; drop"
-    " the service and create it anew",
     "route": "drop the route and create it anew",
     "remote_service_binding": "drop the binding and create it anew",
     "contract": "Service Broker has no ALTER CONTRACT either; drop it and create it anew",
@@ -58,6 +54,28 @@ _NOT_YET: Final = {
 async def _create_message_type(session: Session, s: ast.Ddl, frame: Frame) -> None:
     conn = session.connection()
     await session.broker(conn.create_message_type(s.name, s.options.get("validation", "NONE")))
+
+
+async def _alter_message_type(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    if "validation" not in s.options:
+        raise SqlError(102, "Incorrect syntax: ALTER MESSAGE TYPE needs VALIDATION = ...", level=15)
+    conn = session.connection()
+    await session.broker(conn.alter_message_type(s.name, s.options["validation"]))
+
+
+async def _alter_service(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    options = s.options
+    if "queue" in options:
+        raise NotSupported(
+            "ALTER SERVICE ... ON QUEUE (not supported yet)",
+            "moving a service's messages to another queue needs a broker operation that comes"
+            " later; drop the service and create it on the other queue",
+        )
+    await session.broker(
+        session.connection().alter_service(
+            s.name, options.get("add_contracts", []), options.get("drop_contracts", [])
+        )
+    )
 
 
 async def _create_contract(session: Session, s: ast.Ddl, frame: Frame) -> None:
@@ -315,7 +333,9 @@ def _drop(kind: str) -> Callable[[Session, ast.Ddl, Frame], Coroutine[Any, Any, 
 Handler = Callable[[Any, Any, Any], Coroutine[Any, Any, None]]
 _HANDLERS: Final[dict[tuple[str, str], Handler]] = {
     ("CREATE", "message_type"): _create_message_type,
+    ("ALTER", "message_type"): _alter_message_type,
     ("CREATE", "contract"): _create_contract,
+    ("ALTER", "service"): _alter_service,
     ("CREATE", "queue"): _create_queue,
     ("ALTER", "queue"): _alter_queue,
     ("CREATE", "service"): _create_service,

@@ -75,7 +75,7 @@ async def test_what_ssb_lacks_is_refused_never_ignored(tsql: tuple[Session, Coll
     for text in (
         "ALTER QUEUE TargetQueue WITH ACTIVATION (STATUS = ON, PROCEDURE_NAME = TargetProc,"
         " MAX_QUEUE_READERS = 1, EXECUTE AS SELF)",
-        "ALTER SERVICE [//t/Target] (ADD CONTRACT [DEFAULT])",
+        "ALTER SERVICE [//t/Target] ON QUEUE InitiatorQueue",
         "CREATE MASTER KEY ENCRYPTION BY PASSWORD = 'x'",
         "CREATE USER u WITHOUT LOGIN",
         "CREATE REMOTE SERVICE BINDING b TO SERVICE '//far' WITH USER = u",
@@ -83,6 +83,21 @@ async def test_what_ssb_lacks_is_refused_never_ignored(tsql: tuple[Session, Coll
         assert not await run(session, text)
     assert [e.number for e in out.errors] == [40517] * 5
     assert "T-SQL procedure (not supported yet)" in out.errors[0].text
+
+
+async def test_alter_message_type_and_service(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    session, out = tsql
+    assert await run(
+        session,
+        "ALTER MESSAGE TYPE [//t/Reply] VALIDATION = EMPTY\n"
+        "ALTER SERVICE [//t/Target] (ADD CONTRACT [DEFAULT], DROP CONTRACT [//t/Contract])",
+    ), out.errors
+    types = {m["name"]: m["validation"] for m in await conn.view("message_types")}
+    assert types["//t/Reply"] == "EMPTY"
+    services = {s["name"]: s["contracts"] for s in await conn.view("services")}
+    assert services["//t/Target"] == "DEFAULT"
 
 
 async def test_a_conversation_in_t_sql(
