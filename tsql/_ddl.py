@@ -275,7 +275,15 @@ _CLASSES: Final = {
     "CONTRACT": "contract",
     "ROUTE": "route",
     "OBJECT": None,
+    "MESSAGE TYPE": "message_type",
+    "BROKER PRIORITY": "broker_priority",
+    "EVENT NOTIFICATION": "event_notification",
+    "CERTIFICATE": "certificate",
+    "REMOTE SERVICE BINDING": "remote_service_binding",
 }
+_PERMISSIONS: Final = frozenset(
+    ("CONTROL", "CREATE", "ALTER", "DROP", "SEND", "RECEIVE", "VIEW", "EXECUTE")
+)
 
 
 async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
@@ -301,6 +309,12 @@ async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
                     " queue needs no class)",
                 )
     for permission in permissions:
+        if permission not in _PERMISSIONS:
+            raise NotSupported(
+                f"{s.action} {permission}",
+                "ssb's permissions are CONTROL, CREATE (of every kind at once), ALTER, DROP,"
+                " SEND, RECEIVE, VIEW and EXECUTE",
+            )
         if permission == "EXECUTE" and kind is None and name is not None:
             raise NotSupported(
                 "GRANT EXECUTE on a procedure (not supported yet)",

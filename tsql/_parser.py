@@ -514,15 +514,15 @@ class Parser(BrokerParser):
 
     def _permission(self, line: int, action: str) -> ast.Statement:
         start = self.i
-        permissions = [self.advance().upper]
+        permissions = [self._words(("ON", "TO", "FROM"))]
         while self.take_op(","):
-            permissions.append(self.advance().upper)
+            permissions.append(self._words(("ON", "TO", "FROM")))
         options: dict[str, object] = {"permissions": permissions}
         if self.take("ON"):
-            kind = "object"
-            if self.peek().text == "::":
-                kind = self.advance().upper
-                self.advance()
+            kind = "OBJECT"
+            if any(t.text == "::" for t in self.tokens[self.i : self.i + 4]):
+                kind = self._words(())
+                self.expect_op("::")
             options["kind"] = kind
             options["object"] = self.dotted_name()
         self.expect("TO", "FROM")
@@ -542,6 +542,15 @@ class Parser(BrokerParser):
         if self.take("AS"):
             self.name()
         return ast.Ddl(line, action, "permission", ",".join(permissions), options)
+
+    def _words(self, stops: tuple[str, ...]) -> str:
+        """Plain words up to `::`, `,` or one of `stops` (CREATE QUEUE, MESSAGE TYPE)."""
+        words = []
+        while self.token.kind is Kind.NAME and self.token.upper not in stops:
+            words.append(self.advance().upper)
+        if not words:
+            self.fail()
+        return " ".join(words)
 
     def _execute_as(self, line: int) -> ast.Statement:
         return self._refused_rest(

@@ -47,8 +47,24 @@ async def test_the_ddl_reaches_the_catalog(
         "CREATE SERVICE EventService ON QUEUE Events"
         " ([http://schemas.microsoft.com/SQL/Notifications/PostEventNotification])\n"
         "CREATE EVENT NOTIFICATION N ON QUEUE TargetQueue FOR BROKER_QUEUE_DISABLED"
-        " TO SERVICE 'EventService', 'current database'\n",
+        " TO SERVICE 'EventService', 'current database'\n"
+        "CREATE LOGIN app WITH PASSWORD = 'app-password-1'\n"
+        "GRANT SEND ON SERVICE::[//t/Target] TO app\n"
+        "GRANT RECEIVE ON dbo.TargetQueue TO app\n"
+        "GRANT ALTER ON MESSAGE TYPE::[//t/Reply] TO app\n",
     ), out.errors
+    grants = {
+        (g["permission"], g["kind"], g["name"])
+        for g in await conn.view("permissions")
+        if g["login"] == "app"
+    }
+    assert grants == {
+        ("SEND", "service", "//t/Target"),
+        ("RECEIVE", "queue", "TargetQueue"),
+        ("ALTER", "message_type", "//t/Reply"),
+    }
+    assert not await run(session, "GRANT CREATE QUEUE TO app")
+    assert "CREATE (of every kind at once)" in out.errors[-1].text
     queues = {q["name"]: q for q in await conn.view("service_queues")}
     assert queues["TargetQueue"]["is_receive_enabled"] is False
     assert queues["TargetQueue"]["is_poison_message_handling_enabled"] is False
