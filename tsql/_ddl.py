@@ -30,8 +30,9 @@ async def ddl(session: Session, statement: ast.Ddl, frame: Frame) -> None:
     handler = _HANDLERS.get((statement.action, statement.kind))
     if handler is None:
         raise NotSupported(
-            f"{statement.action} {statement.kind.replace('_', ' ').upper()} (not supported yet)",
+            f"{statement.action} {statement.kind.replace('_', ' ').upper()}",
             _NOT_YET.get(statement.kind, "drop it and create it anew"),
+            yet=True,
         )
     if "authorization" in statement.options and statement.kind != "permission":
         owner = statement.options["authorization"]
@@ -67,9 +68,10 @@ async def _alter_service(session: Session, s: ast.Ddl, frame: Frame) -> None:
     options = s.options
     if "queue" in options:
         raise NotSupported(
-            "ALTER SERVICE ... ON QUEUE (not supported yet)",
+            "ALTER SERVICE ... ON QUEUE",
             "moving a service's messages to another queue needs a broker operation that comes"
             " later; drop the service and create it on the other queue",
+            yet=True,
         )
     await session.broker(
         session.connection().alter_service(
@@ -93,10 +95,10 @@ def _activation(session: Session, given: dict[str, Any]) -> dict[str, Any]:
     if "procedure" in given:
         if given.get("tsql_procedure"):
             raise NotSupported(
-                f"PROCEDURE_NAME = {given['procedure']}: activation by a T-SQL procedure (not"
-                " supported yet)",
+                f"PROCEDURE_NAME = {given['procedure']}: activation by a T-SQL procedure",
                 "the broker runs T-SQL activation procedures from the next version on; until"
                 " then name a Python procedure as a string, PROCEDURE_NAME = 'package.module:function'",
+                yet=True,
             )
         activation["procedure"] = given["procedure"]
     if "max_queue_readers" in given:
@@ -317,8 +319,9 @@ async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
             )
         if permission == "EXECUTE" and kind is None and name is not None:
             raise NotSupported(
-                "GRANT EXECUTE on a procedure (not supported yet)",
+                "GRANT EXECUTE on a procedure",
                 "procedures come with the broker's procedure catalog in the next version",
+                yet=True,
             )
         call = session.connection().grant if s.action == "GRANT" else session.connection().revoke
         await session.broker(call(permission, options["login"], kind, name))

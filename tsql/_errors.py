@@ -79,8 +79,9 @@ class NotSupported(SqlError):
     with ssb's explanation of what to do instead.
     """
 
-    def __init__(self, what: str, instead: str) -> None:
-        super().__init__(40517, f"{what} is not supported by ssb: {instead}")
+    def __init__(self, what: str, instead: str, *, yet: bool = False) -> None:
+        later = "yet " if yet else ""
+        super().__init__(40517, f"{what} is not supported {later}by ssb: {instead}")
 
 
 def syntax_error(near: str, *, keyword: bool, line: int, column: int) -> SqlError:

@@ -89,9 +89,10 @@ class NoProcedures:
 
     async def create(self, procedure: StoredProcedure, *, replace: bool) -> None:
         raise NotSupported(
-            "CREATE PROCEDURE (not supported yet)",
+            "CREATE PROCEDURE",
             "stored procedures need the broker's procedure catalog, which comes in the next"
             " version; until then write the statements in the script itself",
+            yet=True,
         )
 
     async def drop(self, name: str) -> bool:
@@ -112,9 +113,10 @@ class SingleDatabase:
 
     def _refuse(self, what: str) -> SqlError:
         return NotSupported(
-            f"{what} (not supported yet)",
+            f"{what}",
             f"the broker has one database, '{DEFAULT_DATABASE}', until databases come in the"
             " next version; run the script's statements without USE and ALTER DATABASE",
+            yet=True,
         )
 
     async def use(self, name: str) -> None:

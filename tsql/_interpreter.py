@@ -517,9 +517,10 @@ class Session:
             return
         if action == "SAVE":
             raise NotSupported(
-                "SAVE TRANSACTION (not supported yet)",
+                "SAVE TRANSACTION",
                 "rolling back to a savepoint needs savepoints in the broker, which come in"
                 " the next version; commit or roll back the whole transaction",
+                yet=True,
             )
         if action == "COMMIT":
             if self.trancount == 0:

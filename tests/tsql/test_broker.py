@@ -98,7 +98,7 @@ async def test_what_ssb_lacks_is_refused_never_ignored(tsql: tuple[Session, Coll
     ):
         assert not await run(session, text)
     assert [e.number for e in out.errors] == [40517] * 5
-    assert "T-SQL procedure (not supported yet)" in out.errors[0].text
+    assert "T-SQL procedure is not supported yet by ssb" in out.errors[0].text
 
 
 async def test_alter_message_type_and_service(

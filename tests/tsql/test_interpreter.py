@@ -211,7 +211,7 @@ async def test_procedures_and_databases_are_refused_until_the_broker_has_them() 
     assert not await run(session, "USE AdventureWorks2008R2")
     assert not await run(session, "ALTER DATABASE AdventureWorks2008R2 SET ENABLE_BROKER")
     assert [e.number for e in out.errors] == [40517] * 3
-    assert all("not supported yet" in e.text for e in out.errors)
+    assert all("is not supported yet by ssb" in e.text for e in out.errors)
     assert await run(session, "USE ssb")
 
 
