@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -368,23 +368,19 @@ def _databases(f: Fetch, db: str) -> list[Any]:
     return list(f["__databases__"])
 
 
-def _objects(f: Fetch, db: str) -> list[Any]:
-    rows: list[Sequence[object]] = [
-        (q["name"], object_id("queue", q["name"]), None, 1, 0, "SQ", "SERVICE_QUEUE", None, None, 0)
-        for q in f["service_queues"]
-    ]
-    rows += [
-        (name, object_id("procedure", name), None, 1, 0, "P", "SQL_STORED_PROCEDURE", None, None, 0)
-        for name in f["__procedures__"]
-    ]
-    return rows
+def _object_row(name: str, kind: str, code: str, desc: str) -> tuple[object, ...]:
+    return (name, object_id(kind, name), None, 1, 0, code, desc, None, None, 0)
 
 
 def _procedures(f: Fetch, db: str) -> list[Any]:
     return [
-        (name, object_id("procedure", name), None, 1, 0, "P", "SQL_STORED_PROCEDURE", None, None, 0)
-        for name in f["__procedures__"]
+        _object_row(name, "procedure", "P", "SQL_STORED_PROCEDURE") for name in f["__procedures__"]
     ]
+
+
+def _objects(f: Fetch, db: str) -> list[Any]:
+    queues = [_object_row(q["name"], "queue", "SQ", "SERVICE_QUEUE") for q in f["service_queues"]]
+    return queues + _procedures(f, db)
 
 
 def _notifications(f: Fetch, db: str) -> list[Any]:

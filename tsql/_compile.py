@@ -76,18 +76,19 @@ def _statement(node: ast.Statement, declared: dict[str, Declared], loops: int) -
         )
     for key, name in _targets(node):
         if key not in declared:
-            raise SqlError(
-                137,
-                f'Must declare the scalar variable "{name}".',
-                level=SYNTAX_LEVEL,
-                line=node.line,
-            )
+            raise _undeclared(name, node.line)
     inner_loops = loops + 1 if isinstance(node, ast.While) else loops
     for child in _children(node):
         if isinstance(child, ast.Statement):
             _statement(child, declared, inner_loops)
         else:
             _references(child, declared, node.line)
+
+
+def _undeclared(name: str, line: int) -> SqlError:
+    return SqlError(
+        137, f'Must declare the scalar variable "{name}".', level=SYNTAX_LEVEL, line=line
+    )
 
 
 def _targets(node: ast.Statement) -> list[tuple[str, str]]:
@@ -122,32 +123,15 @@ def _children(node: object) -> Iterator[object]:
 def _references(node: object, declared: dict[str, Declared], line: int) -> None:
     if isinstance(node, ast.Variable):
         if node.key not in declared:
-            raise SqlError(
-                137,
-                f'Must declare the scalar variable "{node.name}".',
-                level=SYNTAX_LEVEL,
-                line=line,
-            )
+            raise _undeclared(node.name, line)
         return
     if isinstance(node, ast.Select):
         for item in node.items:
-            if item.target is not None and item.target not in declared:
-                raise SqlError(
-                    137,
-                    f'Must declare the scalar variable "{item.target_name}".',
-                    level=SYNTAX_LEVEL,
-                    line=line,
-                )
-            _references(item.expr, declared, line)
+            _references(item, declared, line)
         return
     if isinstance(node, ast.SelectItem):
         if node.target is not None and node.target not in declared:
-            raise SqlError(
-                137,
-                f'Must declare the scalar variable "{node.target_name}".',
-                level=SYNTAX_LEVEL,
-                line=line,
-            )
+            raise _undeclared(node.target_name or node.target, line)
         _references(node.expr, declared, line)
         return
     if isinstance(node, ast.Argument):

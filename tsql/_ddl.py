@@ -113,25 +113,24 @@ def _activation(session: Session, given: dict[str, Any]) -> dict[str, Any]:
     return activation
 
 
-async def _create_queue(session: Session, s: ast.Ddl, frame: Frame) -> None:
-    options = s.options
-    arguments: dict[str, Any] = {}
-    for key in ("status", "retention", "poison_message_handling"):
-        if key in options:
-            arguments[key] = options[key]
+def _queue_options(session: Session, options: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        key: options[key]
+        for key in ("status", "retention", "poison_message_handling")
+        if key in options
+    }
     if "activation" in options:
-        arguments["activation"] = _activation(session, options["activation"])
+        found["activation"] = _activation(session, options["activation"])
+    return found
+
+
+async def _create_queue(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    arguments = _queue_options(session, s.options)
     await session.broker(session.connection().create_queue(s.name, **arguments))
 
 
 async def _alter_queue(session: Session, s: ast.Ddl, frame: Frame) -> None:
-    options = s.options
-    changes: dict[str, Any] = {}
-    for key in ("status", "retention", "poison_message_handling"):
-        if key in options:
-            changes[key] = options[key]
-    if "activation" in options:
-        changes["activation"] = _activation(session, options["activation"])
+    changes = _queue_options(session, s.options)
     if not changes:
         raise SqlError(102, "Incorrect syntax near 'WITH': ALTER QUEUE needs an option.", level=15)
     await session.broker(session.connection().alter_queue(s.name, **changes))

@@ -10,6 +10,7 @@ a SELECT without FROM, assignments) are kept as trees.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 
 from . import _ast as ast
@@ -116,24 +117,21 @@ class ExpressionParser(Cursor):
         return left
 
     def _additive(self) -> ast.Expr:
-        left = self._multiplicative()
-        while True:
-            token = self.token
-            if token.kind is Kind.OP and token.text in _ADDITIVE:
-                self.advance()
-                left = ast.Binary(token.text, left, self._multiplicative())
-            else:
-                return left
+        return self._left_associative(_ADDITIVE, self._multiplicative)
 
     def _multiplicative(self) -> ast.Expr:
-        left = self._unary()
+        return self._left_associative(_MULTIPLICATIVE, self._unary)
+
+    def _left_associative(
+        self, operators: frozenset[str], operand: Callable[[], ast.Expr]
+    ) -> ast.Expr:
+        left = operand()
         while True:
             token = self.token
-            if token.kind is Kind.OP and token.text in _MULTIPLICATIVE:
-                self.advance()
-                left = ast.Binary(token.text, left, self._unary())
-            else:
+            if token.kind is not Kind.OP or token.text not in operators:
                 return left
+            self.advance()
+            left = ast.Binary(token.text, left, operand())
 
     def _unary(self) -> ast.Expr:
         token = self.token
