@@ -35,3 +35,19 @@ class Frame:
     row: dict[str, Value] | None = None  # the message a RECEIVE column list reads
     procedure: str | None = None
     nesting: int = 0
+
+
+class Break(Exception):
+    """BREAK, on its way to the WHILE it ends."""
+
+
+class Continue(Exception):
+    """CONTINUE, on its way to the WHILE it restarts."""
+
+
+class Return(Exception):
+    """RETURN, on its way out of the batch or procedure (with the procedure's status)."""
+
+    def __init__(self, value: int | None) -> None:
+        super().__init__(value)
+        self.value = value

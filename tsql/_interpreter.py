@@ -33,38 +33,25 @@ from . import _types as t
 from ._compile import Declared, check
 from ._errors import INFORMATIONAL, NotSupported, SqlError, from_broker
 from ._eval import Evaluator
-from ._frame import Frame, Slot, TableVariable
+from ._frame import Break, Continue, Frame, Return
 from ._interfaces import (
     Databases,
     NoProcedures,
     ProcedureCatalog,
     SingleDatabase,
-    StoredProcedure,
 )
 from ._output import Output, ResultSet
 from ._parser import parse_batch
+from ._procedures import Procedures, new_frame
 from ._query import Engine, column_kinds, frame_parameters, queue_columns, queue_table, translate
+from ._session_functions import format_message, session_function, small_int, system_function
 from ._source import Batch
 from ._types import Value
 
 if TYPE_CHECKING:
     pass
 
-MAX_NESTING: Final = 32
 _KINDS: Final = column_kinds()
-
-
-class _Break(Exception):
-    pass
-
-
-class _Continue(Exception):
-    pass
-
-
-class _Return(Exception):
-    def __init__(self, value: int | None) -> None:
-        self.value = value
 
 
 class Session:
@@ -103,7 +90,7 @@ class Session:
         self.parse_only = False
         self.xact_abort = False
         self.nesting = 0
-        self._compiled: dict[str, tuple[ast.CreateProcedure, list[Declared]]] = {}
+        self.stored = Procedures(self.procedures)
         from ._conversation import CONVERSATION_STATEMENTS
         from ._ddl import DDL_STATEMENTS
 
@@ -124,9 +111,9 @@ class Session:
             ast.Throw: self._throw,
             ast.Return: self._return,
             ast.WaitforDelay: self._waitfor_delay,
-            ast.Execute: self._execute,
-            ast.CreateProcedure: self._create_procedure,
-            ast.DropProcedure: self._drop_procedure,
+            ast.Execute: lambda s, f: self.stored.execute(self, s, f),
+            ast.CreateProcedure: lambda s, f: self.stored.create(self, s, f),
+            ast.DropProcedure: lambda s, f: self.stored.drop(self, s, f),
             ast.Use: self._use,
             ast.Database: self._database,
             ast.Refused: self._refused,
@@ -161,12 +148,12 @@ class Session:
         frame = self.new_frame(declared)
         try:
             await self.block(statements, frame)
-        except _Return:
+        except Return:
             pass
         except SqlError as exc:
             await self._batch_failed(exc)
             return False
-        except (_Break, _Continue):  # refused by the checker; never here
+        except (Break, Continue):  # refused by the checker; never here
             return False
         return True
 
@@ -176,13 +163,7 @@ class Session:
         self.output.error(exc)
 
     def new_frame(self, declared: list[Declared], procedure: str | None = None) -> Frame:
-        frame = Frame(procedure=procedure, nesting=self.nesting)
-        for item in declared:
-            if item.type is None:
-                frame.variables[item.key] = Slot(t.NULL.type, t.NULL, TableVariable(item.columns))
-            else:
-                frame.variables[item.key] = Slot(item.type, Value(None, item.type))
-        return frame
+        return new_frame(declared, procedure, self.nesting)
 
     async def block(self, statements: list[ast.Statement], frame: Frame) -> None:
         dispatch = self._dispatch
@@ -236,87 +217,10 @@ class Session:
         slot.value = t.assign(value, slot.type)
 
     def system_function(self, name: str) -> Value:
-        if name == "@@ROWCOUNT":
-            return Value(self.rowcount, t.INT)
-        if name == "@@TRANCOUNT":
-            return Value(self.trancount, t.INT)
-        if name == "@@ERROR":
-            return Value(self.last_error, t.INT)
-        if name == "@@NESTLEVEL":
-            return Value(self.nesting, t.INT)
-        if name in ("@@SERVERNAME", "@@SERVICENAME"):
-            return Value(getattr(self.conn, "server", None) or "ssb", t.NVARCHAR)
-        if name == "@@VERSION":
-            return Value("ssb T-SQL (Service Broker's statements on the ssb broker)", t.NVARCHAR)
-        if name == "@@SPID":
-            return Value(1, t.SqlType("SMALLINT"))
-        if name == "@@DATEFIRST":
-            return Value(7, t.SqlType("TINYINT"))
-        if name in ("@@IDENTITY",):
-            return Value(None, t.DECIMAL)
-        raise NotSupported(
-            name,
-            "ssb's T-SQL has @@ROWCOUNT, @@TRANCOUNT, @@ERROR, @@NESTLEVEL,"
-            " @@SERVERNAME, @@VERSION and @@SPID",
-        )
+        return system_function(self, name)
 
     def session_function(self, name: str, args: list[Value]) -> Value:
-        error = self.caught[-1] if self.caught else None
-        if name.startswith("ERROR_"):
-            if error is None:
-                return Value(None, t.INT if name != "ERROR_MESSAGE" else t.NVARCHAR)
-            found = {
-                "ERROR_NUMBER": Value(error.number, t.INT),
-                "ERROR_MESSAGE": Value(error.text, t.SqlType("NVARCHAR", 4000)),
-                "ERROR_SEVERITY": Value(error.level, t.INT),
-                "ERROR_STATE": Value(error.state, t.INT),
-                "ERROR_LINE": Value(error.line, t.INT),
-                "ERROR_PROCEDURE": Value(error.procedure, t.SYSNAME),
-            }.get(name)
-            if found is not None:
-                return found
-        if name == "XACT_STATE":
-            return Value(
-                0 if not self.trancount else (-1 if self.doomed else 1), t.SqlType("SMALLINT")
-            )
-        if name == "DB_NAME":
-            if args and args[0].data not in (None, 1):
-                return Value(None, t.SYSNAME)
-            return Value(self.databases.current(), t.SYSNAME)
-        if name == "DB_ID":
-            if (
-                args
-                and args[0].data is not None
-                and t.to_text(args[0]).lower() != self.databases.current().lower()
-            ):
-                return Value(None, t.INT)
-            return Value(1, t.INT)
-        if name in (
-            "SUSER_SNAME",
-            "SUSER_NAME",
-            "USER_NAME",
-            "CURRENT_USER",
-            "SESSION_USER",
-            "SYSTEM_USER",
-            "USER",
-            "ORIGINAL_LOGIN",
-        ):
-            return Value(self.login, t.SYSNAME)
-        if name in ("SCHEMA_NAME",):
-            return Value("dbo", t.SYSNAME)
-        if name == "HOST_NAME":
-            return Value(None, t.SYSNAME)
-        if name == "APP_NAME":
-            return Value("ssb sql", t.SYSNAME)
-        if name == "FORMATMESSAGE" and args:
-            return Value(format_message(t.to_text(args[0]), args[1:]), t.SqlType("NVARCHAR", 2047))
-        if name == "OBJECT_ID":
-            raise NotSupported(
-                "OBJECT_ID()",
-                "look the object up in the catalog views: IF EXISTS (SELECT * FROM"
-                " sys.service_queues WHERE name = N'...')",
-            )
-        raise SqlError(195, f"'{name}' is not a recognized built-in function name.")
+        return session_function(self, name, args)
 
     # ---- queries --------------------------------------------------------------------------------
 
@@ -479,16 +383,16 @@ class Session:
         while await evaluator.condition(condition, frame):
             try:
                 await self.block(body, frame)
-            except _Break:
+            except Break:
                 return
-            except _Continue:
+            except Continue:
                 continue
 
     async def _break(self, statement: ast.Break, frame: Frame) -> None:
-        raise _Break
+        raise Break
 
     async def _continue(self, statement: ast.Continue, frame: Frame) -> None:
-        raise _Continue
+        raise Continue
 
     async def _try_catch(self, statement: ast.TryCatch, frame: Frame) -> None:
         try:
@@ -573,8 +477,8 @@ class Session:
 
     async def _raiserror(self, statement: ast.RaiseError, frame: Frame) -> None:
         message = await self.value(statement.message, frame)
-        severity = _small_int(await self.value(statement.severity, frame))
-        state = _small_int(await self.value(statement.state, frame))
+        severity = small_int(await self.value(statement.severity, frame))
+        state = small_int(await self.value(statement.state, frame))
         args = [await self.value(a, frame) for a in statement.args]
         if message.type.family == "int":
             number = int(message.data or 0)  # type: ignore[call-overload]
@@ -615,7 +519,7 @@ class Session:
         number = (await self.value(statement.number, frame)).data
         assert statement.message is not None and statement.state is not None
         text = await self.text_value(statement.message, frame)
-        state = _small_int(await self.value(statement.state, frame))
+        state = small_int(await self.value(statement.state, frame))
         if not isinstance(number, int) or number < 50000:
             raise SqlError(
                 35100,
@@ -626,13 +530,13 @@ class Session:
 
     async def _return(self, statement: ast.Return, frame: Frame) -> None:
         if statement.expr is None:
-            raise _Return(None)
+            raise Return(None)
         if frame.procedure is None:
             raise SqlError(
                 178, "A RETURN statement with a return value cannot be used in this context."
             )
         value = await self.value(statement.expr, frame)
-        raise _Return(None if value.data is None else int(t.convert(value, t.INT).data))  # type: ignore[call-overload]
+        raise Return(None if value.data is None else int(t.convert(value, t.INT).data))  # type: ignore[call-overload]
 
     async def _waitfor_delay(self, statement: ast.WaitforDelay, frame: Frame) -> None:
         text = await self.text_value(statement.delay, frame)
@@ -669,138 +573,6 @@ class Session:
     async def _refused(self, statement: ast.Refused, frame: Frame) -> None:
         raise NotSupported(statement.what, statement.instead)
 
-    # ---- procedures ------------------------------------------------------------------------------
-
-    async def _create_procedure(self, statement: ast.CreateProcedure, frame: Frame) -> None:
-        check(statement.body, statement.parameters)
-        await self.procedures.create(
-            StoredProcedure(statement.name, statement.text, self.login or ""),
-            replace=statement.alter or statement.or_alter,
-        )
-
-    async def _drop_procedure(self, statement: ast.DropProcedure, frame: Frame) -> None:
-        for name in statement.names:
-            if not await self.procedures.drop(name) and not statement.if_exists:
-                raise SqlError(
-                    3701,
-                    f"Cannot drop the procedure '{name}', because it does not exist or you do not"
-                    " have permission.",
-                )
-
-    async def _compile(self, name: str) -> tuple[ast.CreateProcedure, list[Declared]]:
-        found = await self.procedures.get(name)
-        if found is None:
-            raise SqlError(2812, f"Could not find stored procedure '{name}'.")
-        cached = self._compiled.get(found.text)
-        if cached is None:
-            statements = parse_batch(found.text, 1)
-            definition = statements[0]
-            if len(statements) != 1 or not isinstance(definition, ast.CreateProcedure):
-                raise SqlError(2812, f"'{name}' is not a T-SQL procedure.")
-            cached = (definition, check(definition.body, definition.parameters))
-            self._compiled[found.text] = cached
-        return cached
-
-    async def _execute(self, statement: ast.Execute, frame: Frame) -> None:
-        definition, declared = await self._compile(statement.procedure)
-        if self.nesting >= MAX_NESTING:
-            raise SqlError(
-                217,
-                "Maximum stored procedure, function, trigger, or view nesting level exceeded"
-                f" (limit {MAX_NESTING}).",
-            )
-        callee = Frame(procedure=definition.name, nesting=self.nesting + 1)
-        outputs = await self._bind(definition, statement.arguments, frame, callee)
-        for item in declared:
-            if item.type is None:
-                callee.variables[item.key] = Slot(t.NULL.type, t.NULL, TableVariable(item.columns))
-            else:
-                callee.variables[item.key] = Slot(item.type, Value(None, item.type))
-        trancount = self.trancount
-        self.nesting += 1
-        status = 0
-        try:
-            await self.block(definition.body, callee)
-        except _Return as returned:
-            status = returned.value or 0
-        finally:
-            self.nesting -= 1
-        for target, parameter in outputs:
-            self.assign(frame, target, callee.variables[parameter].value)
-        if statement.result is not None:
-            self.assign(frame, statement.result, Value(status, t.INT))
-        if self.trancount != trancount:
-            raise SqlError(
-                266,
-                "Transaction count after EXECUTE indicates a mismatching number of BEGIN and"
-                f" COMMIT statements. Previous count = {trancount}, current count ="
-                f" {self.trancount}.",
-                procedure=definition.name,
-            )
-
-    async def _bind(
-        self,
-        definition: ast.CreateProcedure,
-        arguments: list[ast.Argument],
-        frame: Frame,
-        callee: Frame,
-    ) -> list[tuple[str, str]]:
-        parameters = {p.key: p for p in definition.parameters}
-        given: dict[str, ast.Argument] = {}
-        named = False
-        argument: ast.Argument | None
-        for index, argument in enumerate(arguments):
-            if argument.name is None:
-                if named:
-                    raise SqlError(
-                        119,
-                        "Must pass parameter number 2 and subsequent parameters as '@name ="
-                        " value'. After the form '@name = value' has been used, all subsequent"
-                        " parameters must be passed in the form '@name = value'.",
-                    )
-                if index >= len(definition.parameters):
-                    raise SqlError(
-                        8144,
-                        f"Procedure or function {definition.name} has too many arguments specified.",
-                    )
-                given[definition.parameters[index].key] = argument
-            else:
-                named = True
-                if argument.name not in parameters:
-                    raise SqlError(
-                        8145, f"{argument.name} is not a parameter for procedure {definition.name}."
-                    )
-                given[argument.name] = argument
-        outputs: list[tuple[str, str]] = []
-        for parameter in definition.parameters:
-            argument = given.get(parameter.key)
-            if argument is None or argument.expr is None:
-                if parameter.default is None and argument is None:
-                    raise SqlError(
-                        201,
-                        f"Procedure or function '{definition.name}' expects parameter"
-                        f" '{parameter.name}', which was not supplied.",
-                    )
-                value = (
-                    await self.value(parameter.default, callee)
-                    if parameter.default is not None
-                    else Value(None, parameter.type)
-                )
-            else:
-                value = await self.value(argument.expr, frame)
-                if argument.output:
-                    if not parameter.output:
-                        raise SqlError(
-                            8162,
-                            f'The formal parameter "{parameter.name}" was not declared as an'
-                            " OUTPUT parameter, but the actual parameter passed in requested"
-                            " output.",
-                        )
-                    if isinstance(argument.expr, ast.Variable):
-                        outputs.append((argument.expr.key, parameter.key))
-            callee.variables[parameter.key] = Slot(parameter.type, t.assign(value, parameter.type))
-        return outputs
-
 
 _SQL_SERVER_DEFAULTS: Final = frozenset(
     (
@@ -824,45 +596,9 @@ def _bind(
     return run
 
 
-def _small_int(value: Value) -> int:
-    if value.data is None:
-        return 0
-    return t.as_int(value)
-
-
 def _column_name(item: ast.SelectItem) -> str:
     if item.alias is not None:
         return item.alias
     if isinstance(item.expr, ast.Column):
         return item.expr.name
     return ""
-
-
-_FORMAT: Final = re.compile(r"%([-+ 0#]*)(\d+|\*)?(?:\.(\d+|\*))?(?:h|l|I64)?([disuoxXc%])")
-
-
-def format_message(template: str, args: list[Value]) -> str:
-    """RAISERROR's and FORMATMESSAGE's printf-style substitution."""
-    remaining = list(args)
-
-    def substitute(m: re.Match[str]) -> str:
-        flags, width, precision, kind = m.group(1), m.group(2), m.group(3), m.group(4)
-        if kind == "%":
-            return "%"
-        if width == "*":
-            width = str(_small_int(remaining.pop(0))) if remaining else ""
-        if precision == "*":
-            precision = str(_small_int(remaining.pop(0))) if remaining else ""
-        if not remaining:
-            return "(null)"
-        value = remaining.pop(0)
-        if value.data is None:
-            return "(null)"
-        spec = f"%{flags}{width or ''}" + (f".{precision}" if precision else "")
-        if kind in "diuoxX":
-            number = t.as_int(value)
-            return (spec + ("d" if kind in "iu" else kind)) % number
-        text = t.to_text(value)
-        return (spec + "s") % text
-
-    return _FORMAT.sub(substitute, template)
