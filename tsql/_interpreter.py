@@ -30,6 +30,7 @@ from ssb import client
 
 from . import _ast as ast
 from . import _types as t
+from ._catalog import object_id
 from ._compile import Declared, check
 from ._errors import INFORMATIONAL, NotSupported, SqlError, from_broker
 from ._eval import Evaluator
@@ -276,7 +277,10 @@ class Session:
         return rows
 
     async def subquery(self, node: ast.Expr, frame: Frame) -> Any:
-        """The answer of a subquery: EXISTS -> bool, scalar -> Value, IN -> values."""
+        """The answer of a subquery: EXISTS -> bool, scalar -> Value, IN -> values; and of
+        a function the broker answers (OBJECT_ID)."""
+        if isinstance(node, ast.Call):
+            return await self._object_id([self.sync(arg, frame) for arg in node.args])
         assert isinstance(node, (ast.Exists, ast.Subquery, ast.InQuery))
         select = node.query
         if not select.has_from:
@@ -295,6 +299,25 @@ class Session:
                 " follows =, !=, <, <= , >, >= or when the subquery is used as an expression.",
             )
         return rows[0][0] if rows else t.NULL
+
+    async def _object_id(self, args: list[Value]) -> Value:
+        """OBJECT_ID('[schema.]name' [, 'type']): the id sys.objects gives a queue (SQ) or
+        a procedure (P); NULL for anything else."""
+        if not args or len(args) > 2 or args[0].data is None:
+            return Value(None, t.INT)
+        name = t.to_text(args[0]).rsplit(".", 1)[-1].strip()
+        if name.startswith("[") and name.endswith("]"):
+            name = name[1:-1].replace("]]", "]")
+        kind = t.to_text(args[1]).strip().upper() if len(args) == 2 and args[1].data else None
+        if kind in (None, "SQ"):
+            queues = await self.broker(self.connection().view("service_queues"))
+            if any(q["name"].lower() == name.lower() for q in queues):
+                return Value(object_id("queue", name), t.INT)
+        if kind in (None, "P"):
+            found = await self.procedures.get(name)
+            if found is not None:
+                return Value(object_id("procedure", found.name), t.INT)
+        return Value(None, t.INT)
 
     # ---- procedural statements ---------------------------------------------------------------
 

@@ -99,12 +99,6 @@ def session_function(self: State, name: str, args: list[Value]) -> Value:
         return Value("ssb sql", t.SYSNAME)
     if name == "FORMATMESSAGE" and args:
         return Value(format_message(t.to_text(args[0]), args[1:]), t.SqlType("NVARCHAR", 2047))
-    if name == "OBJECT_ID":
-        raise NotSupported(
-            "OBJECT_ID()",
-            "look the object up in the catalog views: IF EXISTS (SELECT * FROM"
-            " sys.service_queues WHERE name = N'...')",
-        )
     raise SqlError(195, f"'{name}' is not a recognized built-in function name.")
 
 

@@ -266,17 +266,20 @@ async def test_queries_over_the_catalog_views_and_queues(
         "SELECT state_desc, is_initiator FROM sys.conversation_endpoints"
         f" WHERE conversation_handle = '{handle}';\n"
         "SELECT name, is_broker_enabled FROM sys.databases;\n"
-        "SELECT COUNT(*) AS objects FROM sys.objects WHERE type = 'SQ'",
+        "DECLARE @queue INT = OBJECT_ID(N'dbo.TargetQueue');\n"
+        "SELECT COUNT(*) AS objects FROM sys.objects WHERE type = 'SQ' AND object_id = @queue;\n"
+        "IF OBJECT_ID('[TargetQueue]', 'SQ') IS NOT NULL AND OBJECT_ID('nope') IS NULL"
+        " PRINT 'ids'",
     ), out.errors
     services, contracts, counted, bodies, endpoint, databases, objects = out.results
     assert table(services) == [["//t/Target", "TargetQueue"], ["//t/Initiator", "InitiatorQueue"]]
     assert table(contracts) == [["//t/Contract", 2]]
-    assert out.messages == ["found"]
+    assert out.messages == ["found", "ids"]
     assert table(counted) == [[2, 1]]
     assert table(bodies) == [["//t/Request", "a"], ["//t/Request", "b"]]
     assert table(endpoint) == [["CONVERSING", 1]]
     assert table(databases) == [["ssb", 1]]
-    assert table(objects) == [[2]]
+    assert table(objects) == [[1]]
 
 
 async def test_what_a_query_cannot_translate_is_refused(tsql: tuple[Session, Collect]) -> None:
