@@ -355,6 +355,17 @@ class Ddl(Statement):
 
 
 @dataclass(slots=True)
+class TableChange(Statement):
+    """INSERT, UPDATE or DELETE of a table variable, run on the SQL engine from its text
+    (`sql` caches the translation)."""
+
+    action: str
+    variable: str  # the table variable's key
+    text: str
+    sql: Any = None
+
+
+@dataclass(slots=True)
 class Refused(Statement):
     """A statement ssb parses but does not run (CREATE MASTER KEY, CREATE ENDPOINT...):
     running it raises NotSupported with what to do instead."""

@@ -44,7 +44,17 @@ from ._interfaces import (
 from ._output import Output, ResultSet
 from ._parser import parse_batch
 from ._procedures import Procedures, new_frame
-from ._query import Engine, column_kinds, frame_parameters, queue_columns, queue_table, translate
+from ._query import (
+    Engine,
+    Translation,
+    column_kinds,
+    frame_parameters,
+    from_sqlite,
+    queue_columns,
+    queue_table,
+    translate,
+    translate_text,
+)
 from ._session_functions import format_message, session_function, small_int, system_function
 from ._source import Batch
 from ._types import Value
@@ -118,6 +128,7 @@ class Session:
             ast.Use: self._use,
             ast.Database: self._database,
             ast.Refused: self._refused,
+            ast.TableChange: self._table_change,
         }
         for kind, handler in {**CONVERSATION_STATEMENTS, **DDL_STATEMENTS}.items():
             self._dispatch[kind] = _bind(handler, self)
@@ -230,6 +241,34 @@ class Session:
         if select.sql is None:
             select.sql = translate(select)
         translation = select.sql
+        await self._load(translation, frame)
+        return self.engine.run(translation, frame_parameters(translation, frame), _KINDS)
+
+    async def _table_change(self, statement: ast.TableChange, frame: Frame) -> None:
+        """INSERT, UPDATE or DELETE of a table variable, on the SQL engine."""
+        if statement.sql is None:
+            statement.sql = translate_text(statement.text)
+        translation: Translation = statement.sql
+        slot = frame.variables[statement.variable]
+        if slot.table is None:
+            raise SqlError(1087, f'Must declare the table variable "{statement.variable}".')
+        target = next(s for s in translation.sources if s.name == statement.variable)
+        await self._load(translation, frame)
+        count, rows = self.engine.modify(translation, frame_parameters(translation, frame), target)
+        columns = slot.table.columns
+        slot.table.rows = [
+            [
+                t.assign(from_sqlite(v, kind), kind)
+                for v, (_, kind) in zip(row, columns, strict=True)
+            ]
+            for row in rows
+        ]
+        self.rowcount = count
+        if not self.nocount:
+            self.output.message(f"({count} row{'s' if count != 1 else ''} affected)")
+
+    async def _load(self, translation: Translation, frame: Frame) -> None:
+        """Every table a translated statement reads, into the SQL engine."""
         fetched: dict[str, list[Any]] = {}
         for source in translation.sources:
             if source.kind == "view":
@@ -265,7 +304,6 @@ class Session:
                 self.engine.load(
                     source, slot.table.columns, [[v.data for v in row] for row in slot.table.rows]
                 )
-        return self.engine.run(translation, frame_parameters(translation, frame), _KINDS)
 
     async def _peek(self, name: str) -> list[dict[str, Any]]:
         try:

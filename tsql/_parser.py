@@ -595,6 +595,66 @@ class Parser(BrokerParser):
             " broker_certificate() of the client",
         )
 
+    def _insert(self, line: int) -> ast.Statement:
+        start = self.statement_start
+        self.take("INTO")
+        target = self._table_variable(line, "INSERT")
+        if isinstance(target, ast.Statement):
+            return target
+        if self.at_op("("):
+            self._skip_parenthesised()
+        if self.take("VALUES"):
+            while True:
+                self.expect_op("(")
+                self._expressions()
+                self.expect_op(")")
+                if not self.take_op(","):
+                    break
+        elif self.take("DEFAULT"):
+            self.expect("VALUES")
+        else:
+            self.select()
+        return ast.TableChange(line, "INSERT", target, self.span(start))
+
+    def _update(self, line: int) -> ast.Statement:
+        start = self.statement_start
+        target = self._table_variable(line, "UPDATE")
+        if isinstance(target, ast.Statement):
+            return target
+        self.expect("SET")
+        while True:
+            self.name()
+            self.expect_op("=")
+            self.expression()
+            if not self.take_op(","):
+                break
+        if self.take("WHERE"):
+            self.expression()
+        return ast.TableChange(line, "UPDATE", target, self.span(start))
+
+    def _delete(self, line: int) -> ast.Statement:
+        start = self.statement_start
+        self.take("FROM")
+        target = self._table_variable(line, "DELETE")
+        if isinstance(target, ast.Statement):
+            return target
+        if self.take("WHERE"):
+            self.expression()
+        return ast.TableChange(line, "DELETE", target, self.span(start))
+
+    def _table_variable(self, line: int, action: str) -> str | ast.Statement:
+        """The table variable a statement changes, or the refusal of a table."""
+        token = self.token
+        if token.kind is not Kind.VARIABLE:
+            return self._refused_rest(
+                line,
+                f"{action} of a table",
+                "tables come with a later version of ssb; a table variable"
+                " (DECLARE @t TABLE (...)) takes INSERT, UPDATE and DELETE",
+            )
+        self.advance()
+        return token.upper
+
     def _refused_statement(self, line: int) -> ast.Statement:
         word = self.tokens[self.i - 1].upper
         what, instead = _REFUSED_STATEMENTS[word]
@@ -651,9 +711,6 @@ _REFUSED = {
     "CREDENTIAL": ("CREDENTIAL", "ssb logs in with its own logins"),
 }
 _REFUSED_STATEMENTS = {
-    "INSERT": ("INSERT", "tables come with a later version of ssb"),
-    "UPDATE": ("UPDATE", "tables come with a later version of ssb"),
-    "DELETE": ("DELETE", "tables come with a later version of ssb"),
     "MERGE": ("MERGE", "tables come with a later version of ssb"),
     "TRUNCATE": ("TRUNCATE TABLE", "tables come with a later version of ssb"),
     "GOTO": ("GOTO", "use IF, WHILE, BREAK and CONTINUE"),
@@ -699,5 +756,8 @@ _STATEMENTS = {
     "MOVE": Parser._move,
     "WAITFOR": Parser._waitfor,
     "BACKUP": Parser._backup,
+    "INSERT": Parser._insert,
+    "UPDATE": Parser._update,
+    "DELETE": Parser._delete,
     **dict.fromkeys(_REFUSED_STATEMENTS, Parser._refused_statement),
 }

@@ -103,6 +103,15 @@ def translate(select: ast.Select) -> Translation:
             select.text[i.start - select.offset : i.end - select.offset] for i in select.items
         )
         text = text[: select.items_start] + items + text[select.items_end :]
+    if select.into is not None:
+        raise _refuse("SELECT ... INTO")
+    translation = translate_text(text)
+    translation.assigns = assigns
+    return translation
+
+
+def translate_text(text: str) -> Translation:
+    """A SELECT, or an INSERT / UPDATE / DELETE of a table variable, in SQLite's words."""
     try:
         tree = sqlglot.parse_one(text, read=_Reader)
     except SqlglotError as exc:
@@ -110,8 +119,6 @@ def translate(select: ast.Select) -> Translation:
             40517,
             f"this query cannot be translated to ssb's SQL engine: {str(exc).splitlines()[0]}",
         ) from None
-    if select.into is not None:
-        raise _refuse("SELECT ... INTO")
     sources: list[Source] = []
     parameters: list[str] = []
     ctes = {cte.alias_or_name.upper() for cte in tree.find_all(exp.CTE)}
@@ -178,7 +185,7 @@ def translate(select: ast.Select) -> Translation:
     for node in translated.walk():
         if isinstance(node, exp.Func) and not isinstance(node, _PLAIN):
             raise _refuse(f"{node.sql(dialect='tsql')[:40]}")
-    return Translation(translated.sql(dialect="sqlite"), sources, parameters, assigns)
+    return Translation(translated.sql(dialect="sqlite"), sources, parameters)
 
 
 # what sqlglot models as functions and SQLite runs as T-SQL means them
@@ -194,6 +201,8 @@ def _table(
         key = "@" + inner.name.upper()
         source = Source("table", key, f"tsql_t{next(names)}")
         sources.append(source)
+        if not isinstance(node.parent, (exp.From, exp.Join)):
+            return exp.Table(this=exp.to_identifier(source.table))  # a DML's target
         return exp.Table(
             this=exp.to_identifier(source.table),
             alias=exp.TableAlias(this=exp.to_identifier(alias or inner.name)),
@@ -340,6 +349,24 @@ class Engine:
                 f'INSERT INTO "{source.table}" VALUES ({marks})',
                 [[to_sqlite(v) for v in row] for row in rows],
             )
+
+    def modify(
+        self, translation: Translation, parameters: dict[str, object], target: Source
+    ) -> tuple[int, list[tuple[object, ...]]]:
+        """Run an INSERT / UPDATE / DELETE of a loaded table variable: how many rows it
+        touched, and the table's rows after it."""
+        self.failure = None
+        try:
+            count = self.db.execute(translation.sql, parameters).rowcount
+            rows = self.db.execute(f'SELECT * FROM "{target.table}"').fetchall()
+        except sqlite3.Error as exc:
+            if self.failure is not None:
+                raise self.failure from None
+            raise SqlError(40517, f"the statement failed on ssb's SQL engine: {exc}") from None
+        finally:
+            for source in translation.sources:
+                self.db.execute(f'DROP TABLE IF EXISTS temp."{source.table}"')
+        return count, rows
 
     def run(
         self, translation: Translation, parameters: dict[str, object], kinds: dict[str, t.SqlType]

@@ -233,3 +233,28 @@ async def test_save_transaction_is_refused_clearly() -> None:
 def test_sql_error_format() -> None:
     error = SqlError(50000, "text", level=11, state=2, line=4, procedure="p")
     assert error.format() == "Msg 50000, Level 11, State 2, Procedure p, Line 4\ntext"
+
+
+async def test_table_variables_take_insert_update_delete_and_select() -> None:
+    session, out = new_session()
+    assert await run(
+        session,
+        "SET NOCOUNT ON\n"
+        "DECLARE @t TABLE (a INT, b NVARCHAR(10))\n"
+        "INSERT INTO @t (a, b) VALUES (1, N'x'), (2, N'y')\n"
+        "INSERT @t SELECT a + 10, b + N'!' FROM @t\n"
+        "UPDATE @t SET b = UPPER(b) WHERE a > 10\n"
+        "DELETE FROM @t WHERE a = 1\n"
+        "SELECT @@ROWCOUNT AS deleted\n"
+        "SELECT a, b FROM @t ORDER BY a\n"
+        "DECLARE @top INT\n"
+        "SELECT TOP 1 @top = a FROM @t ORDER BY a DESC\n"
+        "SELECT @top AS top_a",
+    ), out.errors
+    assert [table(r) for r in out.results] == [
+        [[1]],
+        [[2, "y"], [11, "X!"], [12, "Y!"]],
+        [[12]],
+    ]
+    assert not await run(session, "INSERT INTO dbo.Orders VALUES (1)")
+    assert "table variable" in out.errors[-1].text
