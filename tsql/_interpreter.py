@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ssb import client
@@ -33,7 +33,7 @@ from . import _types as t
 from ._catalog import object_id
 from ._compile import Declared, check
 from ._errors import INFORMATIONAL, NotSupported, SqlError, from_broker
-from ._eval import Evaluator
+from ._eval import Evaluator, xml_rows
 from ._frame import Break, Continue, Frame, Return
 from ._interfaces import (
     Databases,
@@ -297,6 +297,14 @@ class Session:
             elif source.kind == "queue":
                 rows = await self._peek(source.name)
                 self.engine.load(source, queue_columns(), queue_table(rows))
+            elif source.kind == "nodes":
+                document = await self.value(ast.Variable(source.name, source.name), frame)
+                if document.type.family != "xml":
+                    raise SqlError(258, f"Cannot call methods on {document.type.name.lower()}.")
+                nodes: list[Sequence[object]] = [
+                    [node.data] for node in xml_rows(document, source.path)
+                ]
+                self.engine.load(source, ((source.column, t.XML),), nodes)
             else:
                 slot = frame.variables.get(source.name)
                 if slot is None or slot.table is None:

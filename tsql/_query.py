@@ -65,9 +65,11 @@ class _Reader(TSQL):
 class Source:
     """A table a query reads: a catalog view, a queue or a table variable."""
 
-    kind: str  # view, queue, table
+    kind: str  # view, queue, table, nodes
     name: str  # sys.services / the queue / the variable's key
     table: str  # its name in SQLite
+    path: str = ""  # nodes: the XQuery of @x.nodes('...')
+    column: str = ""  # nodes: the column of AS T(c)
 
 
 @dataclass(slots=True)
@@ -175,8 +177,12 @@ def translate_text(text: str) -> Translation:
             if name.startswith("TSQL_"):
                 return node
             raise _refuse(f"the function {name}()")
-        if isinstance(node, exp.Lateral):
-            raise _refuse("CROSS APPLY / OUTER APPLY")
+        if isinstance(node, exp.Join) and isinstance(node.this, exp.Lateral):
+            lateral = node.this
+            table = _nodes(lateral.this, lateral.args.get("alias"), sources, names)
+            if lateral.args.get("cross_apply") is False:  # OUTER APPLY
+                return exp.Join(this=table, side="LEFT", on=exp.true())
+            return exp.Join(this=table)
         if isinstance(node, exp.Limit) and node.args.get("limit_options"):
             raise _refuse("TOP ... PERCENT / WITH TIES")
         return node
@@ -207,6 +213,9 @@ def _table(
             this=exp.to_identifier(source.table),
             alias=exp.TableAlias(this=exp.to_identifier(alias or inner.name)),
         )
+    if isinstance(inner, exp.Anonymous) and isinstance(node.args.get("db"), exp.Parameter):
+        method = exp.Dot(this=node.args["db"].copy(), expression=inner.copy())
+        return _nodes(method, node.args.get("alias"), sources, names)
     name = node.name
     schema = node.db.lower() if node.db else ""
     if not schema and name.upper() in ctes:
@@ -226,6 +235,34 @@ def _table(
     return exp.Table(
         this=exp.to_identifier(source.table),
         alias=exp.TableAlias(this=exp.to_identifier(alias or name)),
+    )
+
+
+def _nodes(
+    method: exp.Expression,
+    alias: exp.Expression | None,
+    sources: list[Source],
+    names: itertools.count[int],
+) -> exp.Table:
+    """@x.nodes('path') AS T(c), as a table of one XML column loaded from the variable."""
+    if not (
+        isinstance(method, exp.Dot)
+        and isinstance(method.this, exp.Parameter)
+        and isinstance(method.expression, exp.Anonymous)
+        and method.expression.name.upper() == "NODES"
+        and len(method.expression.expressions) == 1
+        and isinstance(method.expression.expressions[0], exp.Literal)
+        and isinstance(alias, exp.TableAlias)
+        and len(alias.columns) == 1
+    ):
+        raise _refuse("APPLY of anything but @variable.nodes('path') AS T(c)")
+    key = "@" + method.this.name.upper()
+    path = str(method.expression.expressions[0].this)
+    source = Source("nodes", key, f"tsql_t{next(names)}", path, alias.columns[0].name)
+    sources.append(source)
+    return exp.Table(
+        this=exp.to_identifier(source.table),
+        alias=exp.TableAlias(this=exp.to_identifier(alias.name)),
     )
 
 

@@ -92,8 +92,9 @@ def _fragment(text: str) -> Any:
 
 
 def _root(value: Xml) -> Any:
-    """What a path is evaluated on: the document of a single-element value, else the
-    fragment's wrapper."""
+    """What a path is evaluated on: the element of a single-element value, in a document
+    of its own (so `/a` is absolute and `@n` is the element's, as for a node .nodes()
+    gives), else the fragment's wrapper."""
     wrapper = _fragment(value.text)
     children = list(wrapper)
     if (
@@ -101,7 +102,7 @@ def _root(value: Xml) -> Any:
         and not (wrapper.text or "").strip()
         and not (children[0].tail or "").strip()
     ):
-        return etree.ElementTree(children[0])
+        return etree.fromstring(etree.tostring(children[0]), _PARSER)
     return wrapper
 
 

@@ -258,3 +258,24 @@ async def test_table_variables_take_insert_update_delete_and_select() -> None:
     ]
     assert not await run(session, "INSERT INTO dbo.Orders VALUES (1)")
     assert "table variable" in out.errors[-1].text
+
+
+async def test_xml_nodes_in_from_and_apply() -> None:
+    session, out = new_session()
+    assert await run(
+        session,
+        "SET NOCOUNT ON\n"
+        'DECLARE @x XML = N\'<a><b n="1">one</b><b n="2">two</b></a>\'\n'
+        "SELECT T.c.value('@n', 'int') AS n, T.c.value('.', 'nvarchar(10)') AS v"
+        " FROM @x.nodes('/a/b') AS T(c) ORDER BY n DESC\n"
+        "DECLARE @t TABLE (id INT)\n"
+        "INSERT @t VALUES (1), (2)\n"
+        "SELECT t.id, X.c.value('.', 'nvarchar(10)') AS v FROM @t t"
+        " CROSS APPLY @x.nodes('/a/b[@n=1]') AS X(c) ORDER BY t.id\n"
+        "SELECT COUNT(*) AS n FROM @t t OUTER APPLY @x.nodes('/a/z') AS X(c)",
+    ), out.errors
+    assert [table(r) for r in out.results] == [
+        [[2, "two"], [1, "one"]],
+        [[1, "one"], [2, "one"]],
+        [[2]],
+    ]
