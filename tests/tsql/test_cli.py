@@ -139,3 +139,13 @@ async def test_the_shell_runs_a_batch_at_go(
             reader: PromptSession[str] = PromptSession(input=pipe, output=DummyOutput())
             assert await shell(session, reader) == 0
     assert capsys.readouterr().out == "answer\n------\n42\n\n(1 row affected)\n\nsecond\n"
+
+
+def test_d_uses_a_database_first(broker: BrokerProcess, tmp_path: Path) -> None:
+    script = tmp_path / "s.sql"
+    script.write_text("SELECT DB_NAME() AS db\n")
+    done = run_ssb("sql", "-d", "ssb", "--format", "csv", "--url", broker.url, str(script))
+    assert (done.returncode, done.stdout) == (0, "db\nssb\n\n")
+    done = run_ssb("sql", "-d", "Sales", "--url", broker.url, str(script))
+    assert done.returncode == 1
+    assert "USE Sales is not supported yet by ssb" in done.stderr

@@ -279,3 +279,9 @@ async def test_xml_nodes_in_from_and_apply() -> None:
         [[1, "one"], [2, "one"]],
         [[2]],
     ]
+
+
+async def test_go_with_a_count_runs_the_batch_again() -> None:
+    session, out = new_session()
+    assert await run(session, "DECLARE @n INT = 1\nPRINT CAST(@n AS NVARCHAR(5)) + N' run'\nGO 3\n")
+    assert out.messages == ["1 run"] * 3
