@@ -76,10 +76,14 @@ def _row(message: client.Message) -> dict[str, Value]:
     }
 
 
-async def _handle(session: Session, expr: ast.Expr, frame: Frame) -> uuid.UUID:
+async def _handle(
+    session: Session, expr: ast.Expr, frame: Frame, *, group: bool = False
+) -> uuid.UUID:
     value = await session.value(expr, frame)
     if value.data is None:
-        raise SqlError(8426, "The conversation handle is missing. Specify a conversation handle.")
+        if group:
+            raise SqlError(8420, "The conversation group is missing. Specify a conversation group.")
+        raise SqlError(8418, "The conversation handle is missing. Specify a conversation handle.")
     converted = t.convert(value, t.GUID).data
     assert isinstance(converted, uuid.UUID)
     return converted
@@ -88,8 +92,17 @@ async def _handle(session: Session, expr: ast.Expr, frame: Frame) -> uuid.UUID:
 async def _name(session: Session, expr: ast.Expr, frame: Frame, what: str) -> str:
     text = await session.text_value(expr, frame)
     if text is None:
-        raise SqlError(8400 + 0, f"The {what} is NULL; give a name.")
+        number, message = _MISSING_NAMES[what]
+        raise SqlError(number, message)
     return text
+
+
+_MISSING_NAMES: Final = {
+    "service name": (8421, "The service name is missing. Specify a service name."),
+    "target service name": (8421, "The service name is missing. Specify a service name."),
+    "contract name": (8417, "The service contract name is NULL. Specify a service contract name."),
+    "message type name": (8428, 'The message type "NULL" is not found.'),
+}
 
 
 def body_bytes(value: Value) -> bytes:
@@ -117,7 +130,7 @@ async def begin_dialog(session: Session, statement: ast.BeginDialog, frame: Fram
         )
     if statement.related_group is not None:
         options["related_conversation_group"] = await _handle(
-            session, statement.related_group, frame
+            session, statement.related_group, frame, group=True
         )
     if statement.lifetime is not None:
         lifetime = (await session.value(statement.lifetime, frame)).data
@@ -156,17 +169,23 @@ async def end_conversation(session: Session, statement: ast.EndConversation, fra
     if statement.cleanup:
         await session.broker(session.connection().end_conversation(handle, cleanup=True))
     elif statement.error is not None:
-        code = (await session.value(statement.error, frame)).data
+        code = await session.value(statement.error, frame)
         assert statement.description is not None
         description = await session.text_value(statement.description, frame)
-        if code is None or int(code) <= 0 or description is None:  # type: ignore[call-overload]
+        if code.data is None or description is None:
             raise SqlError(
-                8418,
-                "The conversation handle is missing... END CONVERSATION WITH ERROR needs an error"
-                " code greater than 0 and a description that is not NULL.",
+                8419,
+                "Both the error code and the description must be provided for END CONVERSATION"
+                " WITH ERROR. Neither value can be NULL.",
+            )
+        number = t.as_int(code)
+        if number <= 0:
+            raise SqlError(
+                8419,
+                f"The error code of END CONVERSATION WITH ERROR must be greater than 0, not {number}.",
             )
         await session.broker(
-            session.connection().end_conversation(handle, error=int(code), description=description)  # type: ignore[call-overload]
+            session.connection().end_conversation(handle, error=number, description=description)
         )
     else:
         await session.broker(session.connection().end_conversation(handle))
@@ -187,7 +206,7 @@ async def move_conversation(
     session: Session, statement: ast.MoveConversation, frame: Frame
 ) -> None:
     handle = await _handle(session, statement.handle, frame)
-    group = await _handle(session, statement.group, frame)
+    group = await _handle(session, statement.group, frame, group=True)
     await session.broker(session.connection().move_conversation(handle, group))
 
 
@@ -275,9 +294,15 @@ async def _deliver(
     assigns = [item for item in items if item.target is not None]
     if assigns and len(assigns) != len(items):
         raise SqlError(
-            141,
-            "A SELECT statement that assigns a value to a variable must not be combined with"
-            " data-retrieval operations.",
+            8447,
+            "A RECEIVE statement that assigns a value to a variable must not be combined with"
+            " data retrieval operations.",
+        )
+    if assigns and statement.into is not None:
+        raise SqlError(
+            8450,
+            "Assignments in the RECEIVE projection are not allowed in conjunction with the INTO"
+            " clause.",
         )
     if assigns:
         for message in messages:

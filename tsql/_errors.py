@@ -120,7 +120,7 @@ _BROKER_NUMBERS: Final = {
     ErrorCode.UNKNOWN_MESSAGE_TYPE: 8428,
     ErrorCode.UNKNOWN_CONTRACT: 8425,
     ErrorCode.UNKNOWN_QUEUE: 208,
-    ErrorCode.UNKNOWN_SERVICE: 8447,
+    ErrorCode.UNKNOWN_SERVICE: 8423,
     ErrorCode.UNKNOWN_ROUTE: 15151,
     ErrorCode.UNKNOWN_PRIORITY: 15151,
     ErrorCode.UNKNOWN_EVENT_NOTIFICATION: 15151,
@@ -135,8 +135,8 @@ _BROKER_NUMBERS: Final = {
     ErrorCode.MESSAGE_TYPE_NOT_IN_CONTRACT: 8431,
     ErrorCode.WRONG_DIRECTION: 8432,
     ErrorCode.CONTRACT_NOT_ACCEPTED: 8408,
-    ErrorCode.VALIDATION_FAILED: 9615,
-    ErrorCode.UNKNOWN_CONVERSATION_GROUP: 8426,
+    ErrorCode.VALIDATION_FAILED: 8430,
+    ErrorCode.UNKNOWN_CONVERSATION_GROUP: 8436,
     ErrorCode.QUEUE_DISABLED: 9617,
     ErrorCode.LOCK_TIMEOUT: 1222,
     ErrorCode.PERMISSION_DENIED: 229,
@@ -151,5 +151,7 @@ def from_broker(exc: client.BrokerError) -> SqlError:
         return SqlError(10054, f"the connection to the broker was lost: {exc.message}", level=20)
     # what SQL Server has no number for carries ssb's own code, above 100000
     number = _BROKER_NUMBERS.get(exc.code, SSB_NUMBERS + int(exc.code))
+    if exc.code is ErrorCode.WRONG_DIRECTION and "is the target side" in exc.message:
+        number = 8434  # SENT BY INITIATOR, sent by the target
     level = 20 if int(exc.code) >= 9000 else USER
     return SqlError(number, exc.message, level=level)

@@ -289,7 +289,19 @@ async def test_what_a_query_cannot_translate_is_refused(tsql: tuple[Session, Col
     assert [e.number for e in out.errors] == [40517, 208]
 
 
-async def test_a_handle_that_does_not_exist(tsql: tuple[Session, Collect]) -> None:
+async def test_service_brokers_error_numbers(tsql: tuple[Session, Collect]) -> None:
     session, out = tsql
-    assert not await run(session, f"END CONVERSATION '{uuid.uuid4()}'")
-    assert out.errors[-1].number == 8426
+    for text in (
+        f"END CONVERSATION '{uuid.uuid4()}'",
+        "DECLARE @h UNIQUEIDENTIFIER\nEND CONVERSATION @h",
+        f"END CONVERSATION '{uuid.uuid4()}' WITH ERROR = NULL DESCRIPTION = N'x'",
+        "DECLARE @h UNIQUEIDENTIFIER\nBEGIN DIALOG @h FROM SERVICE [//nope] TO SERVICE '//t/Target'",
+        "DECLARE @h UNIQUEIDENTIFIER\nBEGIN DIALOG @h FROM SERVICE [//t/Initiator] TO SERVICE"
+        " '//t/Target' ON CONTRACT [//t/Contract]\n"
+        "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (N'<not xml')",
+        "DECLARE @h UNIQUEIDENTIFIER, @b VARBINARY(MAX)\n"
+        "RECEIVE @h = conversation_handle, message_body FROM TargetQueue",
+        "RECEIVE * FROM NoSuchQueue",
+    ):
+        assert not await run(session, text)
+    assert [e.number for e in out.errors] == [8426, 8418, 8419, 8423, 8430, 8447, 208]
