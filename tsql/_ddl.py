@@ -12,8 +12,10 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from ssb import client
+
 from . import _ast as ast
-from ._errors import NotSupported, SqlError
+from ._errors import NotSupported, SqlError, from_broker
 
 if TYPE_CHECKING:
     from ._context import Context as Session
@@ -341,7 +343,17 @@ def _drop(kind: str) -> Callable[[Session, ast.Ddl, Frame], Coroutine[Any, Any, 
             "remote_service_binding": conn.drop_remote_service_binding,
             "certificate": conn.drop_certificate,
         }
-        await session.broker(calls[kind](name))
+        try:
+            await calls[kind](name)
+        except client.NotFoundError:
+            what = kind.replace("_", " ")
+            raise SqlError(
+                3701 if kind == "queue" else 15151,
+                f"Cannot drop the {what} '{name}', because it does not exist or you do not"
+                " have permission.",
+            ) from None
+        except client.BrokerError as exc:
+            raise from_broker(exc) from None
 
     return drop
 

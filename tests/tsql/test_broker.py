@@ -302,6 +302,11 @@ async def test_service_brokers_error_numbers(tsql: tuple[Session, Collect]) -> N
         "DECLARE @h UNIQUEIDENTIFIER, @b VARBINARY(MAX)\n"
         "RECEIVE @h = conversation_handle, message_body FROM TargetQueue",
         "RECEIVE * FROM NoSuchQueue",
+        "DROP QUEUE NoSuchQueue",
+        "DROP SERVICE [//nope]",
     ):
         assert not await run(session, text)
-    assert [e.number for e in out.errors] == [8426, 8418, 8419, 8423, 8430, 8447, 208]
+    assert [e.number for e in out.errors] == [8426, 8418, 8419, 8423, 8430, 8447, 208, 3701, 15151]
+    assert out.errors[-1].text == (
+        "Cannot drop the service '//nope', because it does not exist or you do not have permission."
+    )
