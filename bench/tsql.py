@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ssb import client
 from ssb.tsql import Collect, Session, parse_batch, split_batches
 
-from ._common import Catalog, broker, options_from, run, write_json
+from ._common import Catalog, broker, options_from, parse_args, run, write_json
 
 CATALOG = Catalog("TSql")
 PARSE_TARGET_MS = 50.0
@@ -111,13 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tsql", description=__doc__)
     parser.add_argument("--messages", type=int, default=Options.messages)
     parser.add_argument("--rounds", type=int, default=Options.rounds)
-    parser.add_argument(
-        "--smoke", action="store_true", help="a quick run that only checks it works"
-    )
     parser.add_argument("--json", help="write the results as JSON to this file ('-': stdout)")
-    options = options_from(Options, parser.parse_args(argv))
-    if options.smoke:
-        options.messages, options.rounds = 20, 1
+    options = options_from(Options, parse_args(parser, argv, {"messages": 20, "rounds": 1}))
     parse = parse_ms(parse_script(), max(options.rounds, 3))
     print(f"parse   10 KB script: {parse:.1f} ms (target under {PARSE_TARGET_MS:.0f} ms)")
     with broker("os") as process:
