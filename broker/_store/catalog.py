@@ -13,9 +13,10 @@ from typing import Final
 
 from .commit import Tables
 from .port import COUNTED_TABLES
+from .sql import upsert
 
-_PUT_META: Final = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
-_PUT_CATALOG: Final = "INSERT OR REPLACE INTO catalog (kind, name, body) VALUES (?, ?, ?)"
+_PUT_META: Final = upsert("meta", ("key", "value"), ("key",))
+_PUT_CATALOG: Final = upsert("catalog", ("kind", "name", "body"), ("kind", "name"))
 _DELETE_CATALOG: Final = "DELETE FROM catalog WHERE kind = ? AND name = ?"
 
 

@@ -1,98 +1,84 @@
-"""Group commit: batches of writes, committed by the event loop and the store thread.
+"""Group commit: batches of writes, numbered, committed in order, one at a time.
 
 Theory of operation. Writes join the *open batch* as the core changes its memory,
 always in one synchronous stretch per operation, so a batch never holds half of an
-operation. One batch at a time is committed in one SQLite transaction (one fsync with
-`durability="fsync"`, none with `"os"`: then the WAL is in the OS and survives a daemon
-crash but not a power cut). While a batch commits, new writes collect in the next one:
-that is group commit.
-
-A commit has two halves: the event loop applies the batch's statements (BEGIN and the
-writes, which change SQLite's page cache only), then the store thread runs COMMIT,
-which writes the WAL, syncs it and, when SQLite's automatic checkpoint is due,
-checkpoints. Applying on the store thread would make it win the interpreter lock back
-from a busy loop after every statement step, which stretched commits several times over
-in a broker that also carries broker-to-broker traffic; the loop applies at no such
-cost, and the thread still does the I/O. A batch heavier than `LOOP_WEIGHT` rows (the
-loop never stalls for long), a light one of at most `INLINE_WEIGHT` rows (a lone
-client's: the hop to the thread then overlaps the loop's own work, which keeps its round
-trip short), and any batch while commits fail are applied on the thread too. Between
-the halves the writer connection is in the middle of a transaction: nothing else uses
-it until the commit ends.
-
-With `"os"`, a light batch (at most `INLINE_WEIGHT` rows touched) is committed whole on
-the event loop: that costs less than the hop to the store thread and back, which is
-most of a lone client's round trip. Such commits never run SQLite's automatic
-checkpoint (it would sync files on the event loop); the checkpoint runs on the store
-thread, in the next commit there, and at most `INLINE_STREAK` light batches in a row
-are committed inline.
+operation. One batch at a time is committed in one database transaction; while it
+commits, new writes collect in the next one: that is group commit. `Committer` is this
+machinery, whatever the database; an implementation (`sqlite`, `postgres`) supplies the
+commit itself (`_commit`), says where each commit runs (`_plan`: on the store thread by
+default; SQLite also applies or commits some batches on the event loop), and which
+failures may pass (`_transient`).
 
 Batches stay small: the families of tables rewrite them as they are written (a message
 deleted before its insert has started committing is neither inserted nor deleted, an
 endpoint written several times is written once, see `messages` and `endpoints`), and
-rows of the hot tables (messages, the transmission queue, endpoints) are inserted many
-to a statement, `MULTI_ROW_INSERT` at most: each statement step has a fixed cost
-(SQLite releases and takes back the interpreter lock around it, which on the store
-thread means waiting for a busy loop), so one step per row would stretch a commit of a
-few hundred rows several times over.
+`apply_statements` writes a batch with as few statement steps as the database allows:
+consecutive writes of one statement share a parameter list, written as one executemany
+or, for the hot tables' inserts where the implementation asks for it, many rows to a
+statement (`MULTI_ROW_INSERT` at most).
 
 Batches are numbered. `watermark()` is the number of the newest batch holding a write,
 and `when_durable(n, callback)` runs the callback on the event loop once batch `n` is
-on disk. The next commit starts before the callbacks of the last one run, so that the
+committed. The next commit starts before the callbacks of the last one run, so that the
 store thread writes it while the loop answers.
 
-A commit that fails for want of space or an I/O error is not the end: the batch stays,
-merged with the writes that follow, and is tried again after `RETRY_DELAY`, after a WAL
-checkpoint that lets it reuse the WAL file's space; meanwhile `on_trouble` tells the
-daemon (which refuses new messages with the real cause) and answers wait. Any other
-failure (a constraint broken: a bug) is fatal: memory would stay ahead of disk, so the
-daemon stops and a restart rebuilds from what is durable.
-
-Space: the file's free pages go back to the file system (`auto_vacuum = INCREMENTAL`),
-but only when the daemon is idle: while busy they are only reused by the next inserts
-(returning them moves live pages from the file's end, which would stall the commits of
-a drain). An idle daemon calls `checkpoint` repeatedly, each call returning up to
-`IDLE_VACUUM_PAGES` and truncating the WAL, until only `KEEP_FREE_PAGES` are left free
-for reuse.
+A commit that fails for a cause that may pass (no space, an I/O error, a lost
+connection) is not the end: the batches stay, merged with the writes that follow, and
+are tried again after `RETRY_DELAY`; meanwhile `on_trouble` tells the daemon (which
+refuses new messages with the real cause) and answers wait. Any other failure (a
+constraint broken: a bug) is fatal: memory would stay ahead of disk, so the daemon stops
+and a restart rebuilds from what is durable.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import enum
 import functools
 import itertools
 import logging
-import os
-import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final, Protocol
 
 from .._core.ports import Row
-from .errors import StoreError, StoreFailure, describe_failure
-from .schema import MEMORY, PAGE_SIZE, READER_CACHE_KIB, WRITER_CACHE_KIB, connect, create
+from .errors import StoreFailure, describe_failure
 
 log = logging.getLogger("ssb.store")
 
 RETRY_DELAY: Final = 1.0  # seconds before a failed commit is tried again
-KEEP_FREE_PAGES: Final = 2048  # free pages an idle store keeps for the next inserts
-IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
-INLINE_WEIGHT: Final = 8  # a batch touching at most this many rows may commit on the loop
-INLINE_STREAK: Final = 200  # light batches in a row committed inline, then one on the thread
-LOOP_WEIGHT: Final = 4096  # a batch touching at most this many rows is applied on the loop
-MULTI_ROW_INSERT: Final = 64  # rows one INSERT statement writes at most (see above)
-AUTO_CHECKPOINT: Final = 1000  # WAL pages that make a threaded commit checkpoint (SQLite's)
+WEIGHT_PAGE: Final = 4096  # bytes of a body that weigh as much as one more row
+MULTI_ROW_INSERT: Final = 64  # rows one multi-row INSERT statement writes at most
 UNKNOWN_ROWS: Final = 1 << 20  # the weight of a statement that deletes an unknown number
 CANCELLED: Final = None  # a batch row that was cancelled before it was committed
 
 
+class Cursor(Protocol):
+    """What the families read through: a DB-API cursor."""
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class Connection(Protocol):
+    """What the families and `apply_statements` need of a database connection: SQL with
+    `?` placeholders, in the DB-API's manner (sqlite3's own, or `postgres.Session`)."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Cursor: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> Any: ...
+
+
 def weight(size: int) -> int:
     """A row's weight in a batch (see `Batch.weight`): one, and one per page of its body."""
-    return 1 + size // PAGE_SIZE
+    return 1 + size // WEIGHT_PAGE
 
 
 @functools.cache
@@ -102,7 +88,7 @@ def _multi_row(sql: str, columns: int, rows: int) -> str:
     return sql + ", " + ", ".join([group] * (rows - 1)) if rows > 1 else sql
 
 
-def _insert_rows(db: sqlite3.Connection, sql: str, columns: int, rows: list[Row]) -> None:
+def _insert_rows(db: Connection, sql: str, columns: int, rows: list[Row]) -> None:
     """Insert `rows` with statements of MULTI_ROW_INSERT rows, then of halving sizes for
     the rest (a few statement shapes per table, all of them in the statement cache)."""
     size = MULTI_ROW_INSERT
@@ -115,33 +101,45 @@ def _insert_rows(db: sqlite3.Connection, sql: str, columns: int, rows: list[Row]
         done += size
 
 
-def _transient(exc: BaseException) -> bool:
-    """Whether a failed commit may succeed later (space, I/O), rather than being a bug."""
-    if isinstance(exc, OSError):
-        return True
-    if isinstance(exc, sqlite3.OperationalError):
-        code = getattr(exc, "sqlite_errorcode", None)
-        transient = {
-            getattr(sqlite3, name)
-            for name in (
-                "SQLITE_FULL",
-                "SQLITE_IOERR",
-                "SQLITE_BUSY",
-                "SQLITE_LOCKED",
-                "SQLITE_CANTOPEN",
-            )
-            if hasattr(sqlite3, name)
-        }
-        if code is not None:
-            return code & 0xFF in transient
-        text = str(exc).lower()
-        return "full" in text or "disk i/o" in text or "locked" in text
-    return False
+def apply_statements(
+    db: Connection,
+    batches: Sequence[Batch],
+    multi_row: Mapping[str, int],
+    row_counts: Mapping[str, Callable[[Row], int]],
+) -> int:
+    """Execute the writes of `batches` on `db`, in order, inside a transaction the caller
+    opened: one step for a lone row, many rows to a statement for the inserts of
+    `multi_row` (statement -> columns), an executemany for the rest. Returns the rows
+    written (`row_counts`: statement -> the rows one of its parameter rows touches, where
+    that is not one)."""
+    rows = 0
+    for batch in batches:
+        for sql, params in batch.statements:
+            live = [p for p in params if p is not CANCELLED]
+            if len(live) == 1:
+                db.execute(sql, live[0])
+            elif live:
+                columns = multi_row.get(sql)
+                if columns is None:
+                    db.executemany(sql, live)
+                else:
+                    _insert_rows(db, sql, columns, live)
+            count = row_counts.get(sql)
+            rows += len(live) if count is None else sum(map(count, live))
+    return rows
+
+
+class Plan(enum.Enum):
+    """Where a commit runs (see `Committer._plan`)."""
+
+    THREAD = "thread"  # all of it on the store thread
+    LOOP = "loop"  # applied on the event loop (`_apply`), finished on the store thread
+    INLINE = "inline"  # all of it on the event loop
 
 
 class Batch:
-    """Writes collected for one SQLite transaction, in statement order (consecutive writes
-    of one statement share a parameter list: one executemany)."""
+    """Writes collected for one transaction, in statement order (consecutive writes of
+    one statement share a parameter list: one executemany)."""
 
     __slots__ = ("last_sql", "number", "params", "rows", "statements", "weight")
 
@@ -171,9 +169,8 @@ class Tables:
     connections they read on (`_reader` on the event loop, which sees committed batches
     only; `_db`, the writer, for the start-up reads)."""
 
-    path: Path | str
-    _db: sqlite3.Connection
-    _reader: sqlite3.Connection
+    _db: Connection
+    _reader: Connection
     _open: Batch
     _wake: bool
     # rows of the open batch that a later write may cancel or replace (see `messages`
@@ -215,54 +212,49 @@ class Tables:
             cursor.close()
         return rows
 
+    def _run_slices(
+        self, read: Callable[[Connection, Any], list[Row]], parts: Sequence[Any]
+    ) -> list[Row]:
+        """`read(db, part)` of every part, on the writer connection (a start-up read);
+        an implementation may read the parts in parallel."""
+        return [row for part in parts for row in read(self._db, part)]
+
 
 class Committer(Tables):
-    """Group commit on one SQLite file: the connections, the open batch and the batches
-    being committed, the store thread, and the store's upkeep (see the module's
-    comment)."""
+    """Group commit: the open batch and the batches being committed, the store thread,
+    retries and the callbacks waiting for durability (see the module's comment). An
+    implementation makes the connections and supplies `_commit`, `_transient` and
+    `_release` (and `_plan`, `_apply` and `_finish` to commit elsewhere than on the
+    store thread)."""
 
     # statement -> how many columns a row binds, for the inserts written many rows to a
-    # statement (see `_insert_rows`)
+    # statement (see `apply_statements`)
     multi_row_inserts: ClassVar[Mapping[str, int]] = {}
     # statement -> the rows one of its parameter rows touches, where that is not one
     row_counts: ClassVar[Mapping[str, Callable[[Row], int]]] = {}
 
-    def __init__(
-        self, path: Path | str, durability: str = "fsync", *, threaded: bool = True
-    ) -> None:
+    def __init__(self, durability: str, *, threaded: bool) -> None:
         """Args:
-        path: the database file (":memory:" for tests: one connection, no thread).
-        durability: "fsync" or "os".
-        threaded: commit on a store thread (the daemon); False commits only when
-            `flush()` is called (tests drive durability by hand).
+        durability: "fsync" or "os" (what each implementation makes of them).
+        threaded: commit on a store thread once attached (the daemon); False commits only
+            when `flush()` is called (tests drive durability by hand).
         """
         if durability not in ("fsync", "os"):
             raise ValueError(f"durability must be 'fsync' or 'os', not {durability!r}")
-        self.path = path
         self.durability = durability
-        memory = str(path) == MEMORY
-        # the writer never waits for a lock (the loop applies statements on it): a
-        # database that another process holds fails the commit at once, to be retried
-        self._db = connect(path, WRITER_CACHE_KIB, timeout=0.0)
-        create(self._db, path, durability)
-        self._reader = self._db if memory else connect(path, READER_CACHE_KIB)
         self._open = Batch(1)
         self._retry: list[Batch] = []  # batches whose commit failed, to try again first
         self._durable = 0
         # a write schedules a commit only when none runs or is scheduled (`_wake`)
         self._committing = False
         self._wake = False
-        self._streak = 0  # light batches committed inline since the last threaded commit
-        self._auto_checkpoint = True  # SQLite's automatic checkpoint is on
         self._callbacks: deque[tuple[int, Callable[[], None]]] = deque()
         self._inserts = {}
         self._endpoint_rows = {}
         self._deferred: list[Callable[[], None]] = []  # writers run when the batch is taken
-        self._threaded = threaded and not memory
+        self._threaded = threaded
         self._executor = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssb-store")
-            if self._threaded
-            else None
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssb-store") if threaded else None
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_failure: Callable[[BaseException], None] | None = None
@@ -276,6 +268,47 @@ class Committer(Tables):
         # told (on the event loop) the rows and seconds of each commit that succeeded
         self.commit_observer: Callable[[int, float], None] | None = None
         self._last_commit = (0, 0.0)
+
+    # ---- what an implementation supplies ----------------------------------------------
+
+    def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
+        """Write `batches` in one transaction, synchronously (on the store thread, or at
+        start-up); `checkpoint`: the database may do its own upkeep in this commit. Calls
+        `_injected_failure` first and `_committed` once the transaction is committed."""
+        raise NotImplementedError
+
+    def _transient(self, exc: BaseException) -> bool:
+        """Whether a failed commit may succeed later, rather than being a bug."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Close the connections (the store is closed)."""
+        raise NotImplementedError
+
+    def _plan(self, weight: int) -> Plan:
+        """Where to commit batches of `weight`: on the store thread unless the
+        implementation says otherwise."""
+        return Plan.THREAD
+
+    def _apply(self, batches: list[Batch]) -> Any:
+        """Plan.LOOP's first half, on the event loop; returns what `_finish` needs."""
+        raise NotImplementedError
+
+    def _finish(self, applied: Any) -> None:
+        """Plan.LOOP's second half, on the store thread."""
+        raise NotImplementedError
+
+    def _injected_failure(self) -> None:
+        """Raise the failure a test asked the next commit to have (`fail_next`)."""
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+
+    def _committed(self, rows: int, started: float) -> None:
+        """Count a commit of `rows` that began at `started` (perf_counter)."""
+        self.commits += 1
+        self.rows_written += rows
+        self._last_commit = (rows, time.perf_counter() - started)
 
     # ---- start and stop -------------------------------------------------------------
 
@@ -299,7 +332,7 @@ class Committer(Tables):
             batches = self._pending()
             try:
                 self._commit(batches)
-            except (sqlite3.Error, OSError) as exc:
+            except Exception as exc:
                 raise StoreFailure(describe_failure(exc)) from exc
             self._settle(batches, None)
             self._run_callbacks()
@@ -331,13 +364,13 @@ class Committer(Tables):
             self.when_durable(self._open.number - 1, lambda: done.set_result(None))
             await done
         self._wake = False
-        if self.failed is None and self.trouble is None:
-            self.write_now()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-        if self._reader is not self._db:
-            self._reader.close()
-        self._db.close()
+        try:
+            if self.failed is None and self.trouble is None:
+                self.write_now()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+            self._release()
 
     # ---- durability ---------------------------------------------------------------------
 
@@ -406,9 +439,8 @@ class Committer(Tables):
         assert self._loop is not None and self._executor is not None
         self._committing = True  # (deferred writers write while the batch is taken)
         batches = self._pending()
-        weight = sum(batch.weight for batch in batches)
-        if self._inline(weight):
-            self._streak += 1
+        plan = self._plan(sum(batch.weight for batch in batches))
+        if plan is Plan.INLINE:
             failure: Exception | None = None
             try:
                 self._commit(batches, checkpoint=False)
@@ -416,28 +448,16 @@ class Committer(Tables):
                 failure = exc
             self._flushed(batches, failure, inline=True)
             return
-        self._streak = 0
-        if self.trouble is not None or not INLINE_WEIGHT < weight <= LOOP_WEIGHT:
-            # all on the store thread (see the module's comment)
-            future = self._loop.run_in_executor(self._executor, self._commit, batches)
-        else:
+        if plan is Plan.LOOP:
             try:
                 applied = self._apply(batches)
             except Exception as exc:
                 self._flushed(batches, exc, inline=True)
                 return
             future = self._loop.run_in_executor(self._executor, self._finish, applied)
+        else:
+            future = self._loop.run_in_executor(self._executor, self._commit, batches)
         future.add_done_callback(lambda f: self._flushed(batches, f.exception()))
-
-    def _inline(self, weight: int) -> bool:
-        """Whether to commit batches of `weight` whole on the event loop (see the module's
-        comment)."""
-        return (
-            self.durability == "os"
-            and self.trouble is None
-            and self._streak < INLINE_STREAK
-            and weight <= INLINE_WEIGHT
-        )
 
     def _flushed(
         self, batches: list[Batch], exc: BaseException | None, inline: bool = False
@@ -471,7 +491,7 @@ class Committer(Tables):
         """A commit of `batches` ended: make them durable, keep them to retry, or fail
         (the caller runs the callbacks of what became durable)."""
         if exc is not None:
-            if not _transient(exc):
+            if not self._transient(exc):
                 self.failed = exc
                 if self._on_failure is not None:
                     self._on_failure(exc)
@@ -492,123 +512,3 @@ class Committer(Tables):
         self._durable = batches[-1].number
         if self.commit_observer is not None:
             self.commit_observer(*self._last_commit)
-
-    def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
-        """Write batches in one transaction (on the store thread, or synchronously);
-        `checkpoint`: SQLite may checkpoint the WAL in this commit."""
-        self._finish(self._apply(batches, checkpoint))
-
-    def _apply(self, batches: list[Batch], checkpoint: bool = True) -> tuple[int, float]:
-        """The first half of a commit: BEGIN and the batches' statements (their changes
-        are in SQLite's page cache until `_finish` commits them); `checkpoint`: SQLite may
-        checkpoint the WAL when they are committed. Returns the rows written and when
-        this began (perf_counter), for `_finish`."""
-        if self.fail_next is not None:
-            exc, self.fail_next = self.fail_next, None
-            raise exc
-        db = self._db
-        if checkpoint is not self._auto_checkpoint:
-            db.execute(f"PRAGMA wal_autocheckpoint={AUTO_CHECKPOINT if checkpoint else 0}")
-            self._auto_checkpoint = checkpoint
-        started = time.perf_counter()
-        if self.trouble is not None and str(self.path) != MEMORY:
-            # the last commit failed: let this one reuse the WAL file's own space (a full
-            # disk cannot grow it), after moving what it holds into the database
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
-        multi_row, row_counts = self.multi_row_inserts, self.row_counts
-        rows = 0
-        db.execute("BEGIN")
-        try:
-            for batch in batches:
-                for sql, params in batch.statements:
-                    live = [p for p in params if p is not CANCELLED]
-                    if len(live) == 1:
-                        db.execute(sql, live[0])
-                    elif live:
-                        columns = multi_row.get(sql)
-                        if columns is None:
-                            db.executemany(sql, live)
-                        else:
-                            _insert_rows(db, sql, columns, live)
-                    count = row_counts.get(sql)
-                    rows += len(live) if count is None else sum(map(count, live))
-        except BaseException:
-            self._roll_back()
-            raise
-        return rows, started
-
-    def _finish(self, applied: tuple[int, float]) -> None:
-        """The second half: COMMIT what `_apply` wrote (the WAL written and, with fsync,
-        synced; a checkpoint if SQLite's is due)."""
-        try:
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._roll_back()
-            raise
-        rows, started = applied
-        self.commits += 1
-        self.rows_written += rows
-        self._last_commit = (rows, time.perf_counter() - started)
-
-    def _roll_back(self) -> None:
-        # SQLite may have rolled back already (a full disk does): keep the first error
-        if self._db.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute("ROLLBACK")
-
-    # ---- space ----------------------------------------------------------------------------
-
-    def _free_pages(self) -> int:
-        return int(self._db.execute("PRAGMA freelist_count").fetchone()[0])
-
-    def _vacuum(self, pages: int) -> None:
-        """Return up to `pages` free pages to the file system (store thread). The pragma
-        frees one page per step, and a statement that yields no rows is stepped only
-        once by `execute`: a script runs it to the end."""
-        self._db.executescript(f"PRAGMA incremental_vacuum({pages});")
-
-    async def checkpoint(self) -> int | None:
-        """When the store is idle (the daemon calls this): return up to
-        `IDLE_VACUUM_PAGES` free pages, truncate the WAL, and say how many free pages are
-        left beyond the `KEEP_FREE_PAGES` kept for reuse (0: nothing more to return; None:
-        skipped, a commit was under way or the store failed). The
-        connections' page caches are emptied each time (the next reads fill them again)."""
-        if self._committing or self.failed is not None or self._executor is None:
-            return None
-        assert self._loop is not None
-
-        def run() -> int:
-            surplus = self._free_pages() - KEEP_FREE_PAGES
-            if surplus > 0:
-                self._vacuum(min(surplus, IDLE_VACUUM_PAGES))
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-            left = max(0, self._free_pages() - KEEP_FREE_PAGES)
-            self._db.execute("PRAGMA shrink_memory")  # the page cache, until needed again
-            return left
-
-        self._committing = True
-        self._wake = False
-        try:
-            left = await self._loop.run_in_executor(self._executor, run)
-            if self._reader is not self._db:
-                self._reader.execute("PRAGMA shrink_memory")
-            return left
-        except sqlite3.Error as exc:
-            log.info("checkpoint skipped: %s", exc)
-            return None
-        finally:
-            self._committing = False
-            self._start_flush()
-
-    def free_bytes(self) -> int:
-        """Free space for the store: the file system's plus the store's own free pages."""
-        try:
-            pages = self._reader.execute("PRAGMA freelist_count").fetchone()[0]
-            size = self._reader.execute("PRAGMA page_size").fetchone()[0]
-            if str(self.path) == MEMORY:
-                return 1 << 62
-            stat = os.statvfs(Path(self.path).parent)
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(describe_failure(exc)) from exc
-        return int(stat.f_bavail * stat.f_frsize + pages * size)

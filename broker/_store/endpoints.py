@@ -19,7 +19,7 @@ from typing import Any, Final
 from .._core.ports import Row
 from .commit import CANCELLED, Tables
 from .port import ENDPOINT_COLUMNS, HOT_ENDPOINT_COLUMNS
-from .schema import columns, insert
+from .sql import columns, insert
 
 _KEY: Final = ("conversation_id", "is_initiator")
 _SELECT: Final = f"SELECT {columns(ENDPOINT_COLUMNS)} FROM endpoints"

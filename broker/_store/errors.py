@@ -9,6 +9,9 @@ reported through the callbacks given to `attach`, with the database's exception,
 
 from __future__ import annotations
 
+import sqlite3
+from typing import Final
+
 
 class StoreError(RuntimeError):
     """The store could not do what was asked (the message says what failed)."""
@@ -22,8 +25,14 @@ class StoreFailure(StoreError):
     """A batch cannot be committed and retrying will not help; memory is ahead of disk."""
 
 
+# what a read on one of the store's connections raises when the database fails: SQLite's
+# own errors, or a StoreError (the PostgreSQL session translates its driver's)
+READ_ERRORS: Final = (sqlite3.Error, StoreError)
+
+
 def describe_failure(exc: BaseException) -> str:
-    """A store error in words: the database's own name for it, when it has one, and its
-    text."""
-    name = getattr(exc, "sqlite_errorname", None)
-    return f"{exc} ({name})" if name else str(exc) or type(exc).__name__
+    """A store error in words, on one line: its text and the database's own name or code
+    for it, when it has one."""
+    name = getattr(exc, "sqlite_errorname", None) or getattr(exc, "sqlstate", None)
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{text} ({name})" if name else text

@@ -13,13 +13,13 @@ from typing import Final
 from .._core.ports import Row
 from .commit import UNKNOWN_ROWS, Tables
 from .port import EXECUTION_LOG_COLUMNS, POISON_COLUMNS
-from .schema import columns, insert
+from .sql import columns, insert, upsert
 
 _INSERT_POISON: Final = insert("poison_messages", POISON_COLUMNS)
 _READ_POISON: Final = (
     f"SELECT {columns(POISON_COLUMNS[:-1])} FROM poison_messages ORDER BY id DESC LIMIT ?"
 )
-_PUT_EXECUTION_LOG: Final = insert("execution_log", EXECUTION_LOG_COLUMNS, "INSERT OR REPLACE")
+_PUT_EXECUTION_LOG: Final = upsert("execution_log", EXECUTION_LOG_COLUMNS, ("log_id",))
 _DELETE_EXECUTION_LOG_UPTO: Final = "DELETE FROM execution_log WHERE log_id <= ?"
 _READ_EXECUTION_LOG: Final = (
     f"SELECT {columns(EXECUTION_LOG_COLUMNS)} FROM execution_log ORDER BY log_id DESC LIMIT ?"

@@ -13,26 +13,22 @@ repeats, so that the statements stay few and cached.
 Reads of ready messages step through the rows one at a time and stop at the byte
 budget: nothing is read past it. The start-up summary reads every message's index entry
 once; on a deep backlog that scan is most of the time to ready, so it runs in slices of
-the handle range, each on its own connection and thread (SQLite releases the GIL while
-it steps).
+the handle range, which an implementation may read in parallel (`_run_slices`).
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from ssb.protocol import ROW_OVERHEAD
 
 from .._core.ports import Row
-from .commit import CANCELLED, UNKNOWN_ROWS, Tables, weight
-from .errors import StoreError, describe_failure
+from .commit import CANCELLED, UNKNOWN_ROWS, Connection, Tables, weight
+from .errors import READ_ERRORS, StoreError, describe_failure
 from .port import MESSAGE_COLUMNS
-from .schema import MEMORY, READER_CACHE_KIB, columns, connect, insert
+from .sql import columns, insert
 
 READ_CHUNK: Final = 500  # parameters per IN (...) read
 # many rows in one statement cost about half as much as one statement each; a few sizes,
@@ -209,7 +205,7 @@ class MessageTables(Tables):
             row = self._reader.execute(
                 "SELECT enqueue_time FROM messages WHERE queuing_order = ?", (queuing_order,)
             ).fetchone()
-        except sqlite3.Error as exc:
+        except READ_ERRORS as exc:
             raise StoreError(describe_failure(exc)) from exc
         return None if row is None else float(row[0])
 
@@ -234,24 +230,7 @@ class MessageTables(Tables):
             for status, queue in self._status_queues(chosen)
             for lo, hi in _HANDLE_SLICES
         ]
-        if str(self.path) == MEMORY or len(parts) <= 1:
-            return [row for part in parts for row in _summary_slice(self._db, *part)]
-        workers = min(len(_HANDLE_SLICES), os.cpu_count() or 1)
-        connections = [connect(self.path, READER_CACHE_KIB) for _ in range(workers)]
-        try:
-            with ThreadPoolExecutor(workers, thread_name_prefix="ssb-start") as pool:
-                slices = pool.map(
-                    lambda i: [
-                        row
-                        for part in parts[i::workers]
-                        for row in _summary_slice(connections[i], *part)
-                    ],
-                    range(workers),
-                )
-                return [row for rows in slices for row in rows]
-        finally:
-            for db in connections:
-                db.close()
+        return self._run_slices(_summary_slice, parts)
 
     def _status_queues(self, statuses: Sequence[int]) -> list[tuple[int, str]]:
         """The distinct (status, queue) pairs among `statuses`, one index seek each."""
@@ -276,9 +255,8 @@ class MessageTables(Tables):
         return self._db.execute(f"{_SELECT} WHERE status IN ({marks})", chosen).fetchall()
 
 
-def _summary_slice(
-    db: sqlite3.Connection, status: int, queue: str, lo: bytes, hi: bytes | None
-) -> list[Row]:
+def _summary_slice(db: Connection, part: tuple[int, str, bytes, bytes | None]) -> list[Row]:
+    status, queue, lo, hi = part
     upper = "" if hi is None else " AND handle < ?"
     params: tuple[Any, ...] = (status, queue, lo) if hi is None else (status, queue, lo, hi)
     return db.execute(

@@ -16,9 +16,9 @@ from typing import Final
 from .._core.ports import Row
 from .commit import UNKNOWN_ROWS, Tables, weight
 from .port import HELD_FRAGMENT_COLUMNS, REMOTE_DIALOG_COLUMNS
-from .schema import columns, insert
+from .sql import columns, upsert
 
-_PUT_DIALOG: Final = insert("remote_dialogs", REMOTE_DIALOG_COLUMNS, "INSERT OR REPLACE")
+_PUT_DIALOG: Final = upsert("remote_dialogs", REMOTE_DIALOG_COLUMNS, REMOTE_DIALOG_COLUMNS[:3])
 _SET_NEXT_SEQ: Final = (
     "UPDATE remote_dialogs SET next_seq = ? WHERE conversation_id = ? AND direction = ?"
     " AND side = ?"
@@ -26,7 +26,7 @@ _SET_NEXT_SEQ: Final = (
 _DELETE_DIALOG: Final = (
     "DELETE FROM remote_dialogs WHERE conversation_id = ? AND direction = ? AND side = ?"
 )
-_PUT_FRAGMENT: Final = insert("held_fragments", HELD_FRAGMENT_COLUMNS, "INSERT OR REPLACE")
+_PUT_FRAGMENT: Final = upsert("held_fragments", HELD_FRAGMENT_COLUMNS, HELD_FRAGMENT_COLUMNS[:4])
 _DELETE_MESSAGE: Final = (
     "DELETE FROM held_fragments WHERE conversation_id = ? AND direction = ? AND seq = ?"
 )

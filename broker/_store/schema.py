@@ -27,6 +27,7 @@ from ssb.protocol import unpack
 
 from .errors import StoreUnavailable
 from .port import ENDPOINT_COLUMNS
+from .sql import columns
 
 log = logging.getLogger("ssb.store")
 
@@ -119,17 +120,6 @@ def _uuid_adapter(value: uuid.UUID) -> bytes:
 
 
 sqlite3.register_adapter(uuid.UUID, _uuid_adapter)
-
-
-def columns(names: tuple[str, ...]) -> str:
-    """A column list for SQL."""
-    return ", ".join(names)
-
-
-def insert(table: str, names: tuple[str, ...], verb: str = "INSERT") -> str:
-    """A one-row INSERT (or `verb`, such as INSERT OR REPLACE) of `names` into `table`."""
-    marks = ", ".join("?" for _ in names)
-    return f"{verb} INTO {table} ({columns(names)}) VALUES ({marks})"
 
 
 def connect(path: Path | str, cache_kib: int, timeout: float = 5.0) -> sqlite3.Connection:

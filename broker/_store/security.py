@@ -14,15 +14,15 @@ from typing import Final
 from .._core.ports import Row
 from .commit import Tables
 from .port import GRANT_COLUMNS, LOGIN_COLUMNS, OWNER_COLUMNS
-from .schema import columns, insert
+from .sql import columns, insert_new, upsert
 
-_PUT_LOGIN: Final = insert("logins", LOGIN_COLUMNS, "INSERT OR REPLACE")
+_PUT_LOGIN: Final = upsert("logins", LOGIN_COLUMNS, ("name",))
 _DELETE_LOGIN: Final = "DELETE FROM logins WHERE name = ?"
-_PUT_GRANT: Final = insert("grants", GRANT_COLUMNS, "INSERT OR IGNORE")
+_PUT_GRANT: Final = insert_new("grants", GRANT_COLUMNS, GRANT_COLUMNS)
 _DELETE_GRANT: Final = (
     "DELETE FROM grants WHERE login = ? AND permission = ? AND kind = ? AND name = ?"
 )
-_PUT_OWNER: Final = insert("owners", OWNER_COLUMNS, "INSERT OR REPLACE")
+_PUT_OWNER: Final = upsert("owners", OWNER_COLUMNS, ("kind", "name"))
 _FORGET_OWNER: Final = "DELETE FROM owners WHERE kind = ? AND name = ?"
 _FORGET_GRANTS_ON: Final = "DELETE FROM grants WHERE kind = ? AND name = ?"
 _FORGET_GRANTS_TO: Final = "DELETE FROM grants WHERE login = ?"

@@ -1,13 +1,50 @@
 """The store on SQLite: the port's implementation, how a data directory's store is opened,
 and its online copy.
 
-Theory of operation. `SQLiteStore` is the families of tables (one module each) over the
-commit machinery (`commit`), on one SQLite file in the data directory, `broker.db`,
-beside its WAL and shared-memory index. `open_store` opens it for the daemon, creating
-or migrating it (`schema`), and gives a new store its broker instance id. SQLite does
-not always say that a full disk is why a store cannot be opened (sizing the
-shared-memory file fails as an I/O error), so when the file system is almost full the
-refusal names the disk, whatever SQLite said.
+Theory of operation. `SQLiteStore` is the families of tables (`tables`) over the group
+commit (`commit`), on one SQLite file in the data directory, `broker.db`, beside its WAL
+and shared-memory index (`schema`). One batch is one SQLite transaction: one fsync with
+`durability="fsync"`, none with `"os"` (then the WAL is in the OS and survives a daemon
+crash but not a power cut).
+
+Where a commit runs. It has two halves: applying the batch's statements (BEGIN and the
+writes, which change SQLite's page cache only), then COMMIT, which writes the WAL, syncs
+it and, when SQLite's automatic checkpoint is due, checkpoints. The store thread always
+runs the COMMIT. Applying on the store thread would make it win the interpreter lock
+back from a busy loop after every statement step (SQLite releases it around each),
+which stretched commits several times over in a broker that also carries
+broker-to-broker traffic; so the event loop applies a batch of more than `INLINE_WEIGHT`
+rows and at most `LOOP_WEIGHT` (the loop never stalls for long), and the thread still
+does the I/O. A light batch (a lone client's: the hop to the thread then overlaps the
+loop's own work), a heavier one, and any batch while commits fail are applied on the
+thread too. Between the halves the writer connection is in the middle of a transaction:
+nothing else uses it until the commit ends. For the same reason the hot tables' inserts
+go many rows to a statement (`commit.MULTI_ROW_INSERT`): one step per row would stretch
+a commit of a few hundred rows several times over.
+
+With `"os"`, a light batch (at most `INLINE_WEIGHT` rows touched) is committed whole on
+the event loop: that costs less than the hop to the store thread and back, which is
+most of a lone client's round trip. Such commits never run SQLite's automatic
+checkpoint (it would sync files on the event loop); the checkpoint runs on the store
+thread, in the next commit there, and at most `INLINE_STREAK` light batches in a row
+are committed inline.
+
+A commit that fails for want of space or an I/O error is retried (see `commit`) after a
+WAL checkpoint that lets it reuse the WAL file's space.
+
+Space: the file's free pages go back to the file system (`auto_vacuum = INCREMENTAL`),
+but only when the daemon is idle: while busy they are only reused by the next inserts
+(returning them moves live pages from the file's end, which would stall the commits of
+a drain). An idle daemon calls `checkpoint` repeatedly, each call returning up to
+`IDLE_VACUUM_PAGES` and truncating the WAL, until only `KEEP_FREE_PAGES` are left free
+for reuse. The start-up summary of a deep backlog reads its slices of the handle range
+on connections and threads of their own (SQLite releases the GIL while it steps).
+
+`open_store` opens a data directory's store for the daemon, creating or migrating it
+(`schema`), and gives a new store its broker instance id. SQLite does not always say
+that a full disk is why a store cannot be opened (sizing the shared-memory file fails
+as an I/O error), so when the file system is almost full the refusal names the disk,
+whatever SQLite said.
 
 `copy_store` takes SQLite's online backup in one step, so the copy is read in one read
 transaction: it is the store as it was after one commit, whatever the daemon writes
@@ -18,28 +55,29 @@ store SQLite may make the WAL and its index again, as the daemon's next start wo
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
 import sqlite3
+import time
 import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from . import endpoints, messages, transmission
-from .catalog import CatalogTables
-from .commit import Committer
-from .endpoints import EndpointTables
-from .errors import StoreError, StoreFailure, StoreUnavailable
-from .logs import LogTables
-from .messages import MessageTables
-from .outcomes import OutcomeTables
+from .._core.ports import Row
+from .commit import Batch, Committer, Connection, Plan, apply_statements
+from .errors import StoreError, StoreFailure, StoreUnavailable, describe_failure
 from .port import Store
-from .remote import RemoteTables
-from .security import SecurityTables
-from .transmission import TransmissionTables
+from .schema import MEMORY, READER_CACHE_KIB, WRITER_CACHE_KIB, connect, create
+from .tables import MULTI_ROW, ROW_COUNTS, AllTables
 
 if TYPE_CHECKING:
     from .port import ManualStore
+
+log = logging.getLogger("ssb.store")
 
 STORE_FILE: Final = "broker.db"
 # the store's files in a data directory: the database and its companions (the online copy
@@ -50,27 +88,211 @@ STORE_FILES: Final = frozenset(
 BROKER_INSTANCE: Final = "broker_instance"  # the meta key of the broker's instance id
 NEARLY_FULL: Final = 1024 * 1024  # free bytes below which a store that cannot open blames the disk
 BUSY_TIMEOUT: Final = 30.0  # seconds the online copy waits for the daemon's store (a checkpoint)
+KEEP_FREE_PAGES: Final = 2048  # free pages an idle store keeps for the next inserts
+IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
+INLINE_WEIGHT: Final = 8  # a batch touching at most this many rows may commit on the loop
+INLINE_STREAK: Final = 200  # light batches in a row committed inline, then one on the thread
+LOOP_WEIGHT: Final = 4096  # a batch touching at most this many rows is applied on the loop
+AUTO_CHECKPOINT: Final = 1000  # WAL pages that make a threaded commit checkpoint (SQLite's)
+SUMMARY_THREADS: Final = 2  # connections (and threads) the start-up summary reads on
 
 
-class SQLiteStore(
-    CatalogTables,
-    EndpointTables,
-    MessageTables,
-    TransmissionTables,
-    RemoteTables,
-    SecurityTables,
-    OutcomeTables,
-    LogTables,
-    Committer,
-):
-    """The storage port on one SQLite file, with group commit on one background thread.
+def _transient(exc: BaseException) -> bool:
+    """Whether a failed commit may succeed later (space, I/O), rather than being a bug."""
+    if isinstance(exc, OSError):
+        return True
+    if isinstance(exc, sqlite3.OperationalError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        transient = {
+            getattr(sqlite3, name)
+            for name in (
+                "SQLITE_FULL",
+                "SQLITE_IOERR",
+                "SQLITE_BUSY",
+                "SQLITE_LOCKED",
+                "SQLITE_CANTOPEN",
+            )
+            if hasattr(sqlite3, name)
+        }
+        if code is not None:
+            return code & 0xFF in transient
+        text = str(exc).lower()
+        return "full" in text or "disk i/o" in text or "locked" in text
+    return False
 
-    `SQLiteStore(path, durability, threaded=True)`: see `Committer`; ":memory:" and
-    `threaded=False` make a store for tests, which commits only in `flush()`.
-    """
 
-    multi_row_inserts = {**messages.MULTI_ROW, **transmission.MULTI_ROW, **endpoints.MULTI_ROW}
-    row_counts = {**messages.ROW_COUNTS, **transmission.ROW_COUNTS}
+class SQLiteStore(AllTables, Committer):
+    """The storage port on one SQLite file, with group commit on one background thread
+    (see the module's comment)."""
+
+    multi_row_inserts = MULTI_ROW
+    row_counts = ROW_COUNTS
+    _db: sqlite3.Connection
+    _reader: sqlite3.Connection
+
+    def __init__(
+        self, path: Path | str, durability: str = "fsync", *, threaded: bool = True
+    ) -> None:
+        """Args:
+        path: the database file (":memory:" for tests: one connection, no thread).
+        durability: "fsync" or "os".
+        threaded: commit on a store thread (the daemon); False commits only when
+            `flush()` is called (tests drive durability by hand).
+        """
+        memory = str(path) == MEMORY
+        super().__init__(durability, threaded=threaded and not memory)
+        self.path = path
+        # the writer never waits for a lock (the loop applies statements on it): a
+        # database that another process holds fails the commit at once, to be retried
+        self._db = connect(path, WRITER_CACHE_KIB, timeout=0.0)
+        create(self._db, path, durability)
+        self._reader = self._db if memory else connect(path, READER_CACHE_KIB)
+        self._streak = 0  # light batches committed inline since the last threaded commit
+        self._auto_checkpoint = True  # SQLite's automatic checkpoint is on
+
+    # ---- commits --------------------------------------------------------------------------
+
+    def _plan(self, weight: int) -> Plan:
+        if (
+            self.durability == "os"
+            and self.trouble is None
+            and self._streak < INLINE_STREAK
+            and weight <= INLINE_WEIGHT
+        ):
+            self._streak += 1
+            return Plan.INLINE
+        self._streak = 0
+        if self.trouble is not None or not INLINE_WEIGHT < weight <= LOOP_WEIGHT:
+            return Plan.THREAD
+        return Plan.LOOP
+
+    def _transient(self, exc: BaseException) -> bool:
+        return _transient(exc)
+
+    def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
+        self._finish(self._apply(batches, checkpoint))
+
+    def _apply(self, batches: list[Batch], checkpoint: bool = True) -> tuple[int, float]:
+        """The first half of a commit: BEGIN and the batches' statements (their changes
+        are in SQLite's page cache until `_finish` commits them); `checkpoint`: SQLite may
+        checkpoint the WAL when they are committed. Returns the rows written and when
+        this began (perf_counter), for `_finish`."""
+        self._injected_failure()
+        db = self._db
+        if checkpoint is not self._auto_checkpoint:
+            db.execute(f"PRAGMA wal_autocheckpoint={AUTO_CHECKPOINT if checkpoint else 0}")
+            self._auto_checkpoint = checkpoint
+        started = time.perf_counter()
+        if self.trouble is not None and str(self.path) != MEMORY:
+            # the last commit failed: let this one reuse the WAL file's own space (a full
+            # disk cannot grow it), after moving what it holds into the database
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+        db.execute("BEGIN")
+        try:
+            rows = apply_statements(db, batches, self.multi_row_inserts, self.row_counts)
+        except BaseException:
+            self._roll_back()
+            raise
+        return rows, started
+
+    def _finish(self, applied: tuple[int, float]) -> None:
+        """The second half: COMMIT what `_apply` wrote (the WAL written and, with fsync,
+        synced; a checkpoint if SQLite's is due)."""
+        try:
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._roll_back()
+            raise
+        self._committed(*applied)
+
+    def _roll_back(self) -> None:
+        # SQLite may have rolled back already (a full disk does): keep the first error
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+
+    def _release(self) -> None:
+        if self._reader is not self._db:
+            self._reader.close()
+        self._db.close()
+
+    def _run_slices(
+        self, read: Callable[[Connection, Any], list[Row]], parts: Sequence[Any]
+    ) -> list[Row]:
+        """The start-up summary's slices, each on a connection and thread of its own."""
+        if str(self.path) == MEMORY or len(parts) <= 1:
+            return super()._run_slices(read, parts)
+        workers = min(SUMMARY_THREADS, os.cpu_count() or 1)
+        connections = [connect(self.path, READER_CACHE_KIB) for _ in range(workers)]
+        try:
+            with ThreadPoolExecutor(workers, thread_name_prefix="ssb-start") as pool:
+                slices = pool.map(
+                    lambda i: [
+                        row for part in parts[i::workers] for row in read(connections[i], part)
+                    ],
+                    range(workers),
+                )
+                return [row for rows in slices for row in rows]
+        finally:
+            for db in connections:
+                db.close()
+
+    # ---- space ----------------------------------------------------------------------------
+
+    def _free_pages(self) -> int:
+        return int(self._db.execute("PRAGMA freelist_count").fetchone()[0])
+
+    def _vacuum(self, pages: int) -> None:
+        """Return up to `pages` free pages to the file system (store thread). The pragma
+        frees one page per step, and a statement that yields no rows is stepped only
+        once by `execute`: a script runs it to the end."""
+        self._db.executescript(f"PRAGMA incremental_vacuum({pages});")
+
+    async def checkpoint(self) -> int | None:
+        """When the store is idle (the daemon calls this): return up to
+        `IDLE_VACUUM_PAGES` free pages, truncate the WAL, and say how many free pages are
+        left beyond the `KEEP_FREE_PAGES` kept for reuse (0: nothing more to return; None:
+        skipped, a commit was under way or the store failed). The
+        connections' page caches are emptied each time (the next reads fill them again)."""
+        if self._committing or self.failed is not None or self._executor is None:
+            return None
+        assert self._loop is not None
+
+        def run() -> int:
+            surplus = self._free_pages() - KEEP_FREE_PAGES
+            if surplus > 0:
+                self._vacuum(min(surplus, IDLE_VACUUM_PAGES))
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            left = max(0, self._free_pages() - KEEP_FREE_PAGES)
+            self._db.execute("PRAGMA shrink_memory")  # the page cache, until needed again
+            return left
+
+        self._committing = True
+        self._wake = False
+        try:
+            left = await self._loop.run_in_executor(self._executor, run)
+            if self._reader is not self._db:
+                self._reader.execute("PRAGMA shrink_memory")
+            return left
+        except sqlite3.Error as exc:
+            log.info("checkpoint skipped: %s", exc)
+            return None
+        finally:
+            self._committing = False
+            self._start_flush()
+
+    def free_bytes(self) -> int:
+        """Free space for the store: the file system's plus the store's own free pages."""
+        try:
+            pages = self._reader.execute("PRAGMA freelist_count").fetchone()[0]
+            size = self._reader.execute("PRAGMA page_size").fetchone()[0]
+            if str(self.path) == MEMORY:
+                return 1 << 62
+            stat = os.statvfs(Path(self.path).parent)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(describe_failure(exc)) from exc
+        return int(stat.f_bavail * stat.f_frsize + pages * size)
 
 
 def open_store(data_dir: Path, durability: str) -> Store:

@@ -17,7 +17,7 @@ from typing import Final
 from .._core.ports import Row
 from .commit import UNKNOWN_ROWS, Tables, weight
 from .port import TRANSMISSION_COLUMNS
-from .schema import columns, insert
+from .sql import columns, insert
 
 _BODY: Final = TRANSMISSION_COLUMNS.index("body")
 _NO_LIMIT: Final = 1 << 62  # above every seq

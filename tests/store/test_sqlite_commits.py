@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from ssb.broker._store import SQLiteStore
-from ssb.broker._store.commit import INLINE_WEIGHT
+from ssb.broker._store.sqlite import INLINE_WEIGHT
 
 
 async def test_the_next_commit_starts_before_the_last_ones_callbacks_run(

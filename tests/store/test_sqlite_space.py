@@ -8,8 +8,8 @@ import uuid
 from pathlib import Path
 
 from ssb.broker._store import SQLiteStore
-from ssb.broker._store.commit import AUTO_CHECKPOINT, KEEP_FREE_PAGES
 from ssb.broker._store.schema import PAGE_SIZE
+from ssb.broker._store.sqlite import AUTO_CHECKPOINT, KEEP_FREE_PAGES
 
 from .rows import message
 
