@@ -21,10 +21,14 @@ the config names outside the data directory is not copied.
 The copy is private (files 0600, a new directory 0700), synced to disk before `backup`
 returns, and never overwrites: the target must be new or empty. A backup that fails
 removes what it wrote.
+
+A broker whose store is a PostgreSQL database is not copied: its database is backed up
+with PostgreSQL's own tools, which copy a live database consistently (`backup` says so).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -36,6 +40,13 @@ from ._store import STORE_FILE, STORE_FILES, StoreError, copy_store
 # not copied as files: the store's own files (its copy reads through them) and a running
 # daemon's own files
 NOT_COPIED: Final = STORE_FILES | {"LOCK", "broker.json"}
+ON_POSTGRESQL: Final = (
+    "this broker keeps its state in a PostgreSQL database, which `ssb backup` does not"
+    " copy: back the database up with PostgreSQL's own tools (pg_dump for a copy of it,"
+    " pg_basebackup with WAL archiving for the whole server and recovery to a point in"
+    " time), and keep a copy of the data directory's files beside it (the broker's keys"
+    " and certificates, admin.password)"
+)
 
 
 class BackupError(Exception):
@@ -50,25 +61,30 @@ class Copied:
     size: int
 
 
-def backup(data_dir: Path, target: Path) -> list[Copied]:
+def backup(data_dir: Path, target: Path, store: str | None = None) -> list[Copied]:
     """Copy the broker of `data_dir`, running or stopped, into the directory `target`.
 
     Args:
         data_dir: the broker's data directory (`--data-dir` of its `ssb serve`).
         target: a directory that does not exist yet, or is empty.
+        store: the broker's `store` setting (None: its SQLite store in `data_dir`).
 
     Returns:
         What was copied, the store first.
 
     Raises:
-        BackupError: `data_dir` holds no store, `target` is not new or empty, or a file
-            could not be read or written (nothing is left in `target` then).
+        BackupError: the store is a PostgreSQL database (the message says how to back it
+            up), `data_dir` holds no store, `target` is not new or empty, or a file could
+            not be read or written (nothing is left in `target` then).
     """
     source = data_dir / STORE_FILE
+    if store is not None or (not source.is_file() and _serves_from_postgresql(data_dir)):
+        raise BackupError(ON_POSTGRESQL)
     if not source.is_file():
         raise BackupError(
             f"{data_dir} holds no broker store ({STORE_FILE}); --data-dir names the data"
-            " directory of the broker to back up"
+            " directory of the broker to back up (a broker whose store is a PostgreSQL"
+            " database keeps none there: back its database up with pg_dump)"
         )
     made = _prepare(target)
     written: list[Path] = []
@@ -89,6 +105,16 @@ def backup(data_dir: Path, target: Path) -> list[Copied]:
                 path.unlink(missing_ok=True)
         raise
     return copied
+
+
+def _serves_from_postgresql(data_dir: Path) -> bool:
+    """Whether the daemon running on `data_dir` said (in broker.json) that its store is a
+    PostgreSQL database."""
+    try:
+        info = json.loads((data_dir / "broker.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and info.get("store") == "postgresql"
 
 
 def _prepare(target: Path) -> bool:

@@ -18,10 +18,12 @@ from typing import Any, Final
 from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT
 
 from ._core.backlog import DEFAULT_CACHE_BYTES
+from ._store import is_database_url
 
 MIB: Final = 1024 * 1024
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_CHART_SECONDS: Final = 5.0  # the dashboard's depth samples, by default
+DEFAULT_MIN_FREE_DISK: Final = 1024 * MIB
 
 
 class ConfigError(ValueError):
@@ -106,6 +108,9 @@ class Config:
 
     data_dir: Path = Path("ssb-data")
     """where the store, the broker's keys, admin.password and broker.json live"""
+    store: str | None = None
+    """the PostgreSQL database that keeps the broker's state, a postgresql:// URL (unset:
+    the SQLite file in data_dir; see PostgreSQL in the documentation)"""
     host: str = "127.0.0.1"
     """the address the client port and the broker port listen on"""
     client_port: int = 4021
@@ -114,7 +119,9 @@ class Config:
     """the port of broker-to-broker traffic (0: any free port)"""
     durability: str = "fsync"
     """what an answer waits for: "fsync", the disk; "os", the operating system (what was
-    acknowledged then survives a daemon crash, not a power cut)"""
+    acknowledged then survives a daemon crash, not a power cut). With a PostgreSQL store:
+    "fsync", a commit as the server's synchronous_commit says; "os", synchronous_commit
+    off"""
     lock_timeout: float = 30.0
     """seconds a statement waits for a conversation group another transaction locks"""
     log_level: str = "INFO"
@@ -136,8 +143,9 @@ class Config:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     """bytes of the largest message body accepted (it always fits a frame with its
     headers)"""
-    min_free_disk: int = 1024 * MIB
-    """bytes of free disk space below which SEND and BEGIN DIALOG are refused"""
+    min_free_disk: int = DEFAULT_MIN_FREE_DISK
+    """bytes of free disk space below which SEND and BEGIN DIALOG are refused (the SQLite
+    store's disk; with a PostgreSQL store the server's disk is the server's to watch)"""
     outcome_window_seconds: float = 3600.0
     """seconds committed transaction ids are kept, so that a client that lost a commit's
     answer can learn its outcome (`transaction_outcome`)"""
@@ -161,6 +169,18 @@ class Config:
     def check(self) -> None:
         if self.durability not in ("fsync", "os"):
             raise ConfigError(f"durability must be 'fsync' or 'os', not {self.durability!r}")
+        if self.store is not None:
+            if not isinstance(self.store, str) or not is_database_url(self.store):
+                raise ConfigError(
+                    "store must be a PostgreSQL URL (postgresql://USER@HOST:PORT/DATABASE);"
+                    " leave it unset for the SQLite store in data_dir"
+                )
+            if self.min_free_disk not in (0, DEFAULT_MIN_FREE_DISK):
+                raise ConfigError(
+                    "min_free_disk does not apply to a PostgreSQL store (its disk is the"
+                    " database server's, which the broker cannot see): remove it, and watch"
+                    " the server's disk there"
+                )
         for name in ("client_port", "broker_port"):
             port = getattr(self, name)
             if not isinstance(port, int) or not 0 <= port <= 65535:

@@ -137,7 +137,7 @@ class Broker:
             raise DataDirLocked(
                 f"another ssb daemon is using {data_dir}; stop it or pick another --data-dir"
             ) from None
-        return open_store(data_dir, self.config.durability)
+        return open_store(data_dir, self.config.durability, self.config.store)
 
     async def start(self) -> None:
         config, limits = self.config, self.config.limits
@@ -310,6 +310,7 @@ class Broker:
             "client_port": self.client_address[1],
             "broker_port": self.broker_address[1],
             "durability": config.durability,
+            "store": "sqlite" if config.store is None else "postgresql",
             "tls_fingerprint": fingerprint,
             "http_port": self.http.address[1] if self.http and self.http.address else None,
         }
@@ -417,7 +418,9 @@ class Broker:
         released = False  # memory given back in this idle spell
         while True:
             try:
-                capacity.measured(store.free_bytes(), str(self.data_dir))
+                free = store.free_bytes()
+                if free is not None:  # (None: a database server's disk)
+                    capacity.measured(free, str(self.data_dir))
             except (OSError, StoreError) as exc:
                 log.warning("cannot measure free space for %s: %s", self.data_dir, exc)
             now = time.monotonic()

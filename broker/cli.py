@@ -70,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--config", type=Path, help="TOML config file (see deploy/ssb.toml)")
     serve.add_argument("--data-dir", type=Path, help="where the store lives (default ./ssb-data)")
+    serve.add_argument(
+        "--store",
+        metavar="URL",
+        help="keep the broker's state in this PostgreSQL database,"
+        " postgresql://USER@HOST:PORT/DATABASE (default: the SQLite file in --data-dir)",
+    )
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--client-port", type=int, help="client port (default 4021; 0 = any free)")
     serve.add_argument(
@@ -144,6 +150,12 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=Path("ssb-data"),
         help="the data directory of the broker to copy (default ./ssb-data)",
+    )
+    backup.add_argument(
+        "--store",
+        metavar="URL",
+        help="the broker's PostgreSQL store, if it has one (ssb backup then says how to"
+        " back it up with PostgreSQL's own tools)",
     )
 
     diagnose = commands.add_parser(
@@ -238,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     if args.command == "backup":
-        return _backup(args.data_dir, args.dir)
+        return _backup(args.data_dir, args.dir, args.store)
     if args.command == "diagnose":
         from ssb.tools.diagnose import run
 
@@ -309,6 +321,7 @@ def _serve(args: argparse.Namespace) -> int:
             args.config,
             {
                 "data_dir": args.data_dir,
+                "store": args.store,
                 "host": args.host,
                 "client_port": args.client_port,
                 "broker_port": args.broker_port,
@@ -380,11 +393,11 @@ def _listen_failure(exc: OSError, host: str, port: int, option: str) -> str:
     return f"{where} ({reason})" + (f": {hint}" if hint else "")
 
 
-def _backup(data_dir: Path, target: Path) -> int:
+def _backup(data_dir: Path, target: Path, store: str | None) -> int:
     from ._backup import BackupError, backup
 
     try:
-        copied = backup(data_dir, target)
+        copied = backup(data_dir, target, store)
     except BackupError as exc:
         print(f"ssb: {exc}", file=sys.stderr)
         return 1

@@ -1,11 +1,13 @@
 """The store: every SQL statement of the broker lives in this package.
 
 `port.Store` is the interface the rest of the broker uses (one Protocol per family of
-tables); `sqlite.SQLiteStore` implements it on SQLite, and `open_store` opens a data
-directory's store for the daemon. Inside: `schema` (tables, migrations), `commit` (batches
-and group commit), and one module per family of tables (`catalog`, `endpoints`,
-`messages`, `transmission`, `remote`, `security`, `outcomes`, `logs`). Callers catch
-`StoreError`, never the database's own exceptions.
+tables); `sqlite.SQLiteStore` implements it on SQLite (`schema`: its tables and
+migrations), `postgres.PostgresStore` on PostgreSQL (`postgres_schema`), and
+`open_store` opens the daemon's (`stores`). Inside: `commit` (batches and group commit,
+whatever the database), `sql` (SQL both databases run), and one module per family of
+tables (`catalog`, `endpoints`, `messages`, `transmission`, `remote`, `security`,
+`outcomes`, `logs`; `tables` is them all). Callers catch `StoreError`, never the
+database's own exceptions.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from .port import (
     ManualStore,
     Store,
 )
-from .sqlite import STORE_FILE, STORE_FILES, SQLiteStore, copy_store, open_store
+from .sqlite import STORE_FILE, STORE_FILES, SQLiteStore, copy_store
+from .stores import is_database_url, open_store
 
 __all__ = [
     "ENDPOINT_COLUMNS",
@@ -40,5 +43,6 @@ __all__ = [
     "StoreUnavailable",
     "copy_store",
     "describe_failure",
+    "is_database_url",
     "open_store",
 ]

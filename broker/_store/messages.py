@@ -265,7 +265,7 @@ def _summary_slice(db: Connection, part: tuple[int, str, bytes, bytes | None]) -
         " (SELECT status, queue, handle, COUNT(*) AS n, SUM(size) AS bytes,"
         " MIN(queuing_order) AS first FROM messages"
         f" WHERE status = ? AND queue = ? AND handle >= ?{upper}"
-        " GROUP BY handle) AS s"
+        " GROUP BY status, queue, handle) AS s"
         " LEFT JOIN endpoints AS e ON e.handle = s.handle",
         params,
     ).fetchall()

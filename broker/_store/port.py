@@ -4,8 +4,8 @@ Theory of operation. The store keeps everything durable: the catalog, conversati
 endpoints, messages, the transmission queue, the transport's dialog state, logins and
 permissions, transaction outcomes, poison incidents and the scheduler's log. `Store`
 is the one interface the rest of the broker uses; it is made of one Protocol per family
-of tables, and `SQLiteStore` implements it. A second implementation implements these
-Protocols and passes the shared tests (`tests/store/`).
+of tables, and `SQLiteStore` and `PostgresStore` implement it; both pass the shared
+tests (`tests/store/`).
 
 Batches. Every write joins the *open batch* and returns at once; it never fails at the
 call (a failure shows when the batch is committed). Batches are numbered from 1 in each
@@ -261,9 +261,10 @@ class Commits(Protocol):
 class Space(Protocol):
     """The room the store takes, and its upkeep while the broker is idle."""
 
-    def free_bytes(self) -> int:
+    def free_bytes(self) -> int | None:
         """Bytes the store can still grow into: the file system's free space plus the
-        space the store holds free for reuse.
+        space the store holds free for reuse (None: the store cannot tell, its disk being
+        a database server's).
 
         Raises:
             StoreError: the figure cannot be read.

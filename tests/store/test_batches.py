@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
-from ssb.broker._store import ManualStore, Store
+from ssb.broker._store import ManualStore, SQLiteStore, Store
 
 from .rows import message
 
@@ -125,13 +124,18 @@ def test_commits_are_counted(storage: ManualStore) -> None:
 
 
 def test_free_bytes_counts_the_room_the_store_can_grow_into(storage: ManualStore) -> None:
-    assert storage.free_bytes() > 0
+    """A count of bytes where the store sees its disk; None for a database server's."""
+    free = storage.free_bytes()
+    if isinstance(storage, SQLiteStore):
+        assert free is not None and free > 0
+    else:
+        assert free is None
 
 
 async def test_an_attached_store_commits_by_itself_and_keeps_it(
-    open_background: Callable[[Path], Store], tmp_path: Path
+    open_background: Callable[[], Store],
 ) -> None:
-    store = open_background(tmp_path)
+    store = open_background()
     instance = store.load_meta()["broker_instance"]  # a new store has an identity
     failures: list[BaseException] = []
     store.attach(asyncio.get_running_loop(), failures.append)
@@ -146,7 +150,7 @@ async def test_an_attached_store_commits_by_itself_and_keeps_it(
     finally:
         await store.close()
     assert not failures
-    again = open_background(tmp_path)
+    again = open_background()
     try:
         assert again.load_meta()["broker_instance"] == instance
         assert [r[0] for r in again.read_queue_messages("q", None, 10, 1 << 20)] == [1, 2]

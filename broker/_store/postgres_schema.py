@@ -1,0 +1,146 @@
+"""The PostgreSQL database: its tables and indexes, and how a new one is made.
+
+Theory of operation. The tables are SQLite's (`schema`), column for column, so that the
+families of tables run the same SQL on both: a UUID is `bytea` (16 bytes, compared
+bytewise as SQLite compares blobs), a time `double precision`, a boolean a `smallint`
+(0 or 1), and every text column sorts bytewise (`COLLATE "C"`, SQLite's BINARY) whatever
+the database's locale. A message's and an outcome record's count of bytes or ids is an
+`integer`, so that their sums are `bigint`s, which the driver reads as ints.
+
+Beside them: `ssb_schema` holds the schema version (1 is this layout; a database written
+by a newer ssb is refused, left as it is), and `commit_marks` one row whose token every
+commit rewrites in its own transaction, so that a commit whose answer was lost with the
+connection can be settled afterwards by reading the token back (see `postgres`).
+
+`create` makes what is missing in one transaction, under an advisory lock, so that
+daemons started together on a new database make one schema; `make_identity` gives the
+broker its instance id (in `meta`) unless it has one. The identity lives in the
+database, not in the data directory, so that every daemon given the same database is
+the same broker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any, Final
+
+from .errors import StoreUnavailable
+
+if TYPE_CHECKING:
+    import psycopg
+
+SCHEMA_VERSION: Final = 1
+BROKER_INSTANCE: Final = "broker_instance"  # the meta key of the broker's instance id
+# the advisory lock (a 64-bit key) held while the schema is made or upgraded
+SCHEMA_LOCK: Final = 0x5353_4253_4348_454D  # "SSBSCHEM"
+
+_TEXT: Final = 'text COLLATE "C"'
+_UUID: Final = "bytea"
+_TIME: Final = "double precision"
+TABLES: Final = (
+    "CREATE TABLE IF NOT EXISTS ssb_schema (version integer NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS commit_marks ( id integer PRIMARY KEY, token bytea NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS meta (key {_TEXT} PRIMARY KEY, value text NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS catalog ("
+    f" kind {_TEXT} NOT NULL, name {_TEXT} NOT NULL, body text NOT NULL,"
+    " PRIMARY KEY (kind, name))",
+    "CREATE TABLE IF NOT EXISTS endpoints ("
+    f" handle {_UUID} NOT NULL, conversation_id {_UUID} NOT NULL,"
+    f" is_initiator smallint NOT NULL, service {_TEXT} NOT NULL,"
+    f" far_service {_TEXT} NOT NULL, far_broker_instance {_TEXT},"
+    f" contract {_TEXT} NOT NULL, group_id {_UUID} NOT NULL, state {_TEXT} NOT NULL,"
+    " send_seq bigint NOT NULL, receive_seq bigint NOT NULL, priority integer NOT NULL,"
+    f" lifetime_expiry {_TIME}, timer_at {_TIME}, far_handle {_UUID},"
+    f" created {_TIME} NOT NULL, extra bytea, PRIMARY KEY (conversation_id, is_initiator))",
+    "CREATE TABLE IF NOT EXISTS messages ("
+    f" queuing_order bigint PRIMARY KEY, queue {_TEXT} NOT NULL, handle {_UUID} NOT NULL,"
+    f" seq bigint NOT NULL, message_type {_TEXT} NOT NULL, validation {_TEXT} NOT NULL,"
+    f" body bytea NOT NULL, enqueue_time {_TIME} NOT NULL, status smallint NOT NULL,"
+    " delivery_count integer NOT NULL, extra bytea, size integer NOT NULL DEFAULT 0)",
+    "CREATE TABLE IF NOT EXISTS transmission_queue ("
+    f" id bigint PRIMARY KEY, handle {_UUID} NOT NULL, conversation_id {_UUID} NOT NULL,"
+    f" to_service {_TEXT} NOT NULL, to_broker_instance {_TEXT},"
+    f" from_service {_TEXT} NOT NULL, contract {_TEXT} NOT NULL,"
+    " is_initiator smallint NOT NULL, seq bigint NOT NULL,"
+    f" message_type {_TEXT} NOT NULL, validation {_TEXT} NOT NULL, body bytea NOT NULL,"
+    f" enqueue_time {_TIME} NOT NULL, priority integer NOT NULL, status {_TEXT} NOT NULL,"
+    " extra bytea)",
+    "CREATE TABLE IF NOT EXISTS remote_dialogs ("
+    f" conversation_id {_UUID} NOT NULL, direction integer NOT NULL, side {_TEXT} NOT NULL,"
+    f" peer {_TEXT} NOT NULL, session_key bytea, wrapped_key bytea,"
+    " next_seq bigint NOT NULL, envelope bytea,"
+    " PRIMARY KEY (conversation_id, direction, side))",
+    "CREATE TABLE IF NOT EXISTS held_fragments ("
+    f" conversation_id {_UUID} NOT NULL, direction integer NOT NULL, seq bigint NOT NULL,"
+    " fragment_index integer NOT NULL, fragment_count integer NOT NULL,"
+    f" message_type {_TEXT} NOT NULL, payload bytea NOT NULL,"
+    " PRIMARY KEY (conversation_id, direction, seq, fragment_index))",
+    "CREATE TABLE IF NOT EXISTS poison_messages ("
+    f" id bigint PRIMARY KEY, queue {_TEXT} NOT NULL, handle {_UUID},"
+    " queuing_order bigint, delivery_count integer,"
+    f" action {_TEXT} NOT NULL, time {_TIME} NOT NULL, error text NOT NULL, body bytea)",
+    "CREATE TABLE IF NOT EXISTS logins ("
+    f" name {_TEXT} PRIMARY KEY, hash text NOT NULL, created {_TIME} NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS grants ("
+    f" login {_TEXT} NOT NULL, permission {_TEXT} NOT NULL, kind {_TEXT} NOT NULL,"
+    f" name {_TEXT} NOT NULL, PRIMARY KEY (login, permission, kind, name))",
+    "CREATE TABLE IF NOT EXISTS owners ("
+    f" kind {_TEXT} NOT NULL, name {_TEXT} NOT NULL, login {_TEXT} NOT NULL,"
+    " PRIMARY KEY (kind, name))",
+    "CREATE TABLE IF NOT EXISTS execution_log ("
+    f" log_id bigint PRIMARY KEY, caller bigint, scheduler_handle {_UUID},"
+    f" task text NOT NULL, queued_time {_TIME} NOT NULL, start_time {_TIME},"
+    f" end_time {_TIME}, activated_task bigint, pid bigint, session_id bigint, error text)",
+    "CREATE TABLE IF NOT EXISTS outcome_batches ("
+    f" seq bigint PRIMARY KEY, time {_TIME} NOT NULL, count integer NOT NULL,"
+    " ids bytea NOT NULL)",
+)
+INDEXES: Final = (
+    "CREATE INDEX IF NOT EXISTS messages_by_conversation"
+    " ON messages (status, queue, handle, queuing_order) INCLUDE (size)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS endpoints_by_handle ON endpoints (handle)",
+    "CREATE INDEX IF NOT EXISTS endpoints_by_group ON endpoints (group_id)",
+    "CREATE INDEX IF NOT EXISTS endpoints_by_timer ON endpoints (timer_at)"
+    " WHERE timer_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS endpoints_by_lifetime ON endpoints (lifetime_expiry)"
+    " WHERE lifetime_expiry IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS transmission_by_direction"
+    " ON transmission_queue (conversation_id, is_initiator, seq)",
+)
+
+
+def create(db: psycopg.Connection[Any], where: str) -> None:
+    """Make the schema where it is missing, or check that
+    the database's schema is one this ssb knows (`db` in autocommit mode; `where` names
+    the database in messages).
+
+    Raises:
+        StoreUnavailable: the database was written by a newer ssb.
+        psycopg.Error: the database refused (the caller puts it into words).
+    """
+    with db.transaction():
+        db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        db.execute(TABLES[0])
+        row = db.execute("SELECT max(version) FROM ssb_schema").fetchone()
+        version = None if row is None else row[0]
+        if version is not None and int(str(version)) > SCHEMA_VERSION:
+            raise StoreUnavailable(
+                f"the store {where} was written by a newer ssb (schema {version}); run that"
+                " version, or start from a backup"
+            )
+        for statement in (*TABLES[1:], *INDEXES):
+            db.execute(statement)
+        if version is None:
+            db.execute("INSERT INTO ssb_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+        db.execute(
+            "INSERT INTO commit_marks (id, token) VALUES (1, '') ON CONFLICT (id) DO NOTHING"
+        )
+
+
+def make_identity(db: psycopg.Connection[Any]) -> None:
+    """Give the broker of a new database its instance id (a broker that has one keeps it;
+    of daemons that start together on a new database, one makes it)."""
+    db.execute(
+        "INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING",
+        (BROKER_INSTANCE, str(uuid.uuid4())),
+    )
