@@ -1,0 +1,233 @@
+"""The PostgreSQL store's own machinery, on the session's real server: opening a
+database (and its refusals, each one line), lost connections, and a commit whose answer
+was lost, which is settled by its mark and never written twice."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from daemon import one_error_line, serve_once
+from pg_server import PostgresServer, fresh_database
+
+from ssb.broker._store import StoreUnavailable, open_store
+from ssb.broker._store.postgres import PostgresStore
+from ssb.broker._store.postgres_schema import SCHEMA_VERSION
+
+from .rows import message
+
+CHUNK = 65536
+
+
+@pytest.fixture
+def database(postgres_server: PostgresServer) -> str:
+    return fresh_database(postgres_server.url)
+
+
+def _sessions(database: str, role: str) -> list[int]:
+    """The server pids of the store's sessions of `role` ("reader" or "writer")."""
+    with psycopg.connect(database, autocommit=True) as db:
+        rows = db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"ssb {role}",)
+        ).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+def _end_sessions(database: str, role: str) -> None:
+    """End the store's sessions of `role` on the server, as a server restart would."""
+    pids = _sessions(database, role)
+    assert pids
+    with psycopg.connect(database, autocommit=True) as db:
+        for pid in pids:
+            db.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+
+
+def test_a_database_written_by_a_newer_ssb_is_refused_and_left_alone(database: str) -> None:
+    with psycopg.connect(database, autocommit=True) as db:
+        db.execute("CREATE TABLE ssb_schema (version integer NOT NULL)")
+        db.execute("INSERT INTO ssb_schema VALUES (%s)", (SCHEMA_VERSION + 1,))
+    with pytest.raises(StoreUnavailable, match="written by a newer ssb"):
+        open_store(Path("unused"), "fsync", database)
+    with psycopg.connect(database, autocommit=True) as db:
+        assert db.execute("SELECT version FROM ssb_schema").fetchall() == [(SCHEMA_VERSION + 1,)]
+        made = db.execute("SELECT count(*) FROM pg_tables WHERE tablename = 'messages'")
+        assert made.fetchone() == (0,)
+
+
+async def test_a_new_database_gets_one_schema_and_one_identity(database: str) -> None:
+    first = open_store(Path("unused"), "fsync", database)
+    second = open_store(Path("unused"), "fsync", database)  # a second daemon, same database
+    try:
+        instance = first.load_meta()["broker_instance"]
+        assert second.load_meta()["broker_instance"] == instance
+        uuid.UUID(instance)
+    finally:
+        await first.close()
+        await second.close()
+
+
+def test_a_database_that_cannot_be_opened_is_one_line_without_the_password(
+    postgres_server: PostgresServer, database: str
+) -> None:
+    host = f"127.0.0.1:{postgres_server.port}"
+    cases = {
+        f"postgresql://postgres@{host}/no_such_db": "create the database",
+        "postgresql://postgres:secret@127.0.0.1:1/db": "Connection refused",
+        f"postgresql://nobody:secret@{host}/postgres": "check the user and password",
+        "postgresql://u:secret@[::1": "not one PostgreSQL understands",
+    }
+    for url, expected in cases.items():
+        with pytest.raises(StoreUnavailable) as caught:
+            open_store(Path("unused"), "fsync", url)
+        text = str(caught.value)
+        assert expected in text and "\n" not in text and "secret" not in text, text
+    with psycopg.connect(database, autocommit=True) as db:
+        db.execute("CREATE ROLE weak LOGIN")
+    weak = database.replace("postgresql://postgres@", "postgresql://weak@")
+    with pytest.raises(StoreUnavailable, match="may not create the broker's tables"):
+        open_store(Path("unused"), "fsync", weak)
+
+
+def test_ssb_serve_on_a_missing_database_says_so_in_one_line(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    url = f"{postgres_server.url}/no_such_db"
+    result = serve_once(tmp_path / "data", "--store", url)
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert line.startswith("ssb: cannot open the store postgresql://") and "createdb" in line
+
+
+def test_durability_os_commits_without_waiting_for_the_servers_disk(database: str) -> None:
+    for durability, expected in (("os", "off"), ("fsync", "on")):
+        store = PostgresStore(database, durability, threaded=False)
+        try:
+            shown = store._writer.execute("SHOW synchronous_commit").fetchone()
+            assert shown == (expected,)
+        finally:
+            store._release()
+
+
+def test_a_commit_on_a_lost_connection_is_tried_again_on_a_new_one(database: str) -> None:
+    store = PostgresStore(database, "fsync", threaded=False)
+    try:
+        handle = uuid.uuid4()
+        store.insert_message(message(1, handle))
+        store.flush()
+        _end_sessions(database, "writer")
+        store.insert_message(message(2, handle))
+        ran: list[int] = []
+        store.when_durable(store.watermark(), lambda: ran.append(2))
+        store.flush()  # the connection is gone: trouble, the batch kept
+        assert store.trouble is not None and store.failed is None and ran == []
+        store.flush()  # on a new connection
+        assert store.trouble is None and store.failed is None and ran == [2]
+        rows = store.read_queue_messages("q", None, 10, 1 << 20)
+        assert [row[0] for row in rows] == [1, 2]
+    finally:
+        store._release()
+
+
+def test_a_read_on_a_lost_connection_is_made_again_on_a_new_one(database: str) -> None:
+    store = PostgresStore(database, "fsync", threaded=False)
+    try:
+        store.insert_message(message(1, uuid.uuid4()))
+        store.flush()
+        _end_sessions(database, "reader")
+        assert store.read_message(1) is not None
+    finally:
+        store._release()
+
+
+class AnswerCutter:
+    """A TCP proxy to the server that, once armed, lets a client's COMMIT through and cuts
+    the connection when the server's answer comes back: the commit happens on the
+    server, and the client never learns it."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.armed = threading.Event()
+        self.cut = threading.Event()
+        self.sockets: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+
+    def url(self, database: str) -> str:
+        """`database`'s URL through the proxy."""
+        name = database.rsplit("/", 1)[1]
+        return f"postgresql://postgres@127.0.0.1:{self.listener.getsockname()[1]}/{name}"
+
+    def __enter__(self) -> AnswerCutter:
+        self.threads[0].start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.listener.close()
+        for sock in self.sockets:
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.port))
+            self.sockets += [client, server]
+            committed = threading.Event()
+            for source, target, up in ((client, server, True), (server, client, False)):
+                thread = threading.Thread(
+                    target=self._pump, args=(source, target, up, committed), daemon=True
+                )
+                thread.start()
+
+    def _pump(
+        self, source: socket.socket, target: socket.socket, up: bool, committed: threading.Event
+    ) -> None:
+        try:
+            while data := source.recv(CHUNK):
+                if up and self.armed.is_set() and b"COMMIT" in data:
+                    committed.set()
+                if not up and committed.is_set() and not self.cut.is_set():
+                    self.cut.set()  # the answer to the COMMIT: lost with the connection
+                    self.armed.clear()
+                    for sock in (source, target):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    return
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            target.close()
+
+
+def test_a_commit_whose_answer_was_lost_is_settled_and_not_written_twice(
+    postgres_server: PostgresServer, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with AnswerCutter(postgres_server.port) as proxy:
+        store = PostgresStore(proxy.url(database), "fsync", threaded=False)
+        try:
+            handle = uuid.uuid4()
+            store.insert_message(message(1, handle))
+            store.put_meta("k", "v")
+            batch = store.watermark()
+            proxy.armed.set()
+            with caplog.at_level(logging.INFO, "ssb.store"):
+                store.flush()
+            assert proxy.cut.is_set()
+            assert "had committed" in caplog.text
+            # settled as committed: durable, no trouble, nothing written twice (a second
+            # insert of message 1 would break its key: a fatal failure)
+            assert store.failed is None and store.trouble is None and store.durable == batch
+            store.insert_message(message(2, handle))
+            store.flush()
+            assert store.failed is None and store.trouble is None
+            rows = store.read_queue_messages("q", None, 10, 1 << 20)
+            assert [row[0] for row in rows] == [1, 2]
+        finally:
+            store._release()
