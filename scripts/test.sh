@@ -47,6 +47,22 @@ if ! $fast && ! has_chromium; then
         exit 1
     fi
 fi
+# The PostgreSQL store's tests start a server of Debian's `postgresql` package (initdb,
+# pg_ctl): as root with apt-get it is installed, otherwise its absence stops here.
+has_postgresql() { command -v initdb >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; }
+if ! has_postgresql; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ssb: the PostgreSQL store's tests need PostgreSQL; installing postgresql" >&2
+        apt-get install -y -qq postgresql >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq postgresql; } >/dev/null 2>&1 \
+            || true
+    fi
+    if ! has_postgresql; then
+        echo "ssb: the PostgreSQL store's tests need PostgreSQL (initdb, pg_ctl) and none was" \
+             "found; on Debian/Ubuntu: sudo apt-get install postgresql" >&2
+        exit 1
+    fi
+fi
 ensure_venv "[test]"
 python -m ruff check broker protocol client spark_bridge tools tsql tests bench examples
 python -m ruff format --check --quiet broker protocol client spark_bridge tools tsql tests bench examples
@@ -57,4 +73,11 @@ if $fast; then
         tests/test_smoke.py "$@"
 else
     python -m pytest -q -p no:cacheprovider tests "$@"
+    if [ $# -eq 0 ]; then
+        # the daemon tests closest to the store, again with the broker's state in PostgreSQL
+        # (every daemon test: python -m pytest --store postgresql tests)
+        python -m pytest -q -p no:cacheprovider --store postgresql tests/test_smoke.py \
+            tests/test_transactions.py tests/test_durability.py tests/test_reconnect.py \
+            tests/test_poison.py tests/test_activation.py
+    fi
 fi

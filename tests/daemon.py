@@ -3,15 +3,20 @@ run to their end.
 
 Every test broker may run the tests' procedures, and a test machine with less free disk
 than the daemon's 1 GiB guard still starts it: tests about free space set `min_free_disk`
-themselves.
+themselves. Where the environment names a PostgreSQL server (`pg_server.DATABASE_ENV`:
+`pytest --store postgresql`), a broker's store is a database of its own on that server,
+made at its first start.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, ClassVar
+
+from pg_server import DATABASE_ENV, fresh_database
 
 from ssb import tools
 
@@ -29,6 +34,12 @@ class BrokerProcess(tools.BrokerProcess):
     """A broker daemon on free ports, with the tests' settings under the test's own."""
 
     defaults: ClassVar[dict[str, Any]] = {"min_free_disk": 0, "procedures": TEST_PROCEDURES}
+
+    def start(self) -> BrokerProcess:
+        server = os.environ.get(DATABASE_ENV)
+        if server and self.store is None:
+            self.store = fresh_database(server)
+        return super().start()
 
 
 def run_ssb(

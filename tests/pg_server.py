@@ -7,10 +7,10 @@ and `stop()` stops it. `fresh_database(server_url)` creates an empty database an
 returns its URL. Local connections are trusted: the server listens on 127.0.0.1 only,
 for the length of a test session.
 
-The fixture `postgres_server` is that server, started on first use and stopped at the
-end of the session. When the daemon tests run on PostgreSQL (`pytest --store
-postgresql`), `DATABASE_ENV` holds its URL and every `BrokerProcess` gets a database of
-its own (see tests/daemon.py).
+The fixture `postgres_server` (tests/conftest.py) is that server, started on first use
+and stopped at the end of the session. When the daemon tests run on PostgreSQL (`pytest
+--store postgresql`), `DATABASE_ENV` holds its URL and every `BrokerProcess` gets a
+database of its own (see tests/daemon.py).
 
 `initdb`, `pg_ctl` and `postgres` come from the PATH or from Debian's
 /usr/lib/postgresql/<version>/bin; without them the PostgreSQL tests fail with
@@ -25,11 +25,7 @@ import pwd
 import shutil
 import socket
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 SERVER_USER = "postgres"  # the unprivileged user that owns and runs the cluster (as root)
 START_TIMEOUT = 60  # seconds pg_ctl waits for the server to accept connections
@@ -136,21 +132,3 @@ def fresh_database(server_url: str) -> str:
     with psycopg.connect(f"{server_url}/postgres", autocommit=True) as db:
         db.execute(f'CREATE DATABASE "{name}"')
     return f"{server_url}/{name}"
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server for the whole session (see the module's comment); a test that
-    needs one fails, with what to install, where PostgreSQL cannot be started."""
-    root = Path(tempfile.mkdtemp(prefix="ssb-postgres-"))
-    server = PostgresServer(root)
-    try:
-        server.start()
-    except PostgresMissing as exc:
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)

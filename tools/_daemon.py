@@ -64,6 +64,7 @@ class BrokerProcess:
         config: settings for its config file, `[section]`s as nested dicts; they are laid
             over the class's `defaults`.
         extra_args: more arguments for `ssb serve`.
+        store: a PostgreSQL URL for `--store` (None: the SQLite store in `data_dir`).
         cwd, env: the daemon's working directory, and variables added to its environment.
     """
 
@@ -78,8 +79,10 @@ class BrokerProcess:
         extra_args: list[str] | None = None,
         cwd: Path | None = None,
         env: dict[str, str] | None = None,
+        store: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.store = store
         self.durability = durability
         self.config = config
         self.extra_args = extra_args or []
@@ -156,6 +159,7 @@ class BrokerProcess:
             str(self.broker_port or 0),
             "--durability",
             self.durability,
+            *([] if self.store is None else ["--store", self.store]),
             *self._config_file(),
             *self.extra_args,
         ]

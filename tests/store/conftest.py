@@ -15,11 +15,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from pg_server import PostgresServer, fresh_database, postgres_server
+from pg_server import PostgresServer, fresh_database
 
 from ssb.broker._store import ManualStore, SQLiteStore, Store, open_store
-
-__all__ = ["postgres_server"]  # the session's server, a fixture
 
 
 class Place:

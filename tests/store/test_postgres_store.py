@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from daemon import one_error_line, serve_once
+from daemon import BrokerProcess, one_error_line, run_ssb, serve_once
 from pg_server import PostgresServer, fresh_database
 
 from ssb.broker._store import StoreUnavailable, open_store
@@ -101,6 +101,23 @@ def test_ssb_serve_on_a_missing_database_says_so_in_one_line(
     assert result.returncode == 2
     line = one_error_line(result)
     assert line.startswith("ssb: cannot open the store postgresql://") and "createdb" in line
+
+
+def test_ssb_backup_of_a_broker_on_postgresql_points_to_postgresqls_tools(
+    database: str, tmp_path: Path
+) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    broker.store = database
+    broker.start()
+    try:
+        for args in (("--data-dir", str(broker.data_dir)), ("--store", database)):
+            result = run_ssb("backup", str(tmp_path / "copy"), *args)
+            assert result.returncode == 1
+            line = one_error_line(result)
+            assert "pg_dump" in line and "pg_basebackup" in line, line
+        assert not (tmp_path / "copy").exists()
+    finally:
+        broker.kill()
 
 
 def test_durability_os_commits_without_waiting_for_the_servers_disk(database: str) -> None:
