@@ -140,11 +140,13 @@ def broker(
     config: dict[str, Any] | None = None,
     keep: bool = False,
     stop_timeout: float = 30.0,
+    store: str | None = None,
 ) -> Iterator[BrokerProcess]:
-    """A fresh daemon on free ports in a temp data dir, with `config`; stopped (and
-    removed) on exit."""
+    """A fresh daemon on free ports in a temp data dir, with `config` (and `store`, a
+    PostgreSQL database URL, as its store); stopped (and removed) on exit."""
     root = Path(tempfile.mkdtemp(prefix=f"ssb-bench-{durability}-"))
     process = BrokerProcess(root / "data", durability=durability, config=config or None)
+    process.store = store
     try:
         process.start()
         yield process

@@ -19,28 +19,40 @@ which moves much less when other work shares the machine. Exit status 1 when an
 end-to-end target (os >= 20,000, fsync >= 8,000 msgs/s) is missed. All traffic stays
 on 127.0.0.1; every loop is bounded in count and time.
 
+`--store postgresql` runs the same workload on brokers whose store is a PostgreSQL
+database (a server this run starts on 127.0.0.1, as the tests do: tests/pg_server.py),
+`--store both` on each store in turn: then the PostgreSQL store's end-to-end rate is
+also given as a ratio of the SQLite store's at the same durability, from the same run,
+and its target is half of it.
+
 Run from the repository root:
 
     python -m bench.e2e                       # 100,000 messages, both durabilities
     python -m bench.e2e --messages 20000 --durability os --json out.json
     python -m bench.e2e --smoke                # tiny sizes, seconds: does it still run?
+    python -m bench.e2e --messages 50000 --durability fsync --store both
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import struct
 import sys
+import tempfile
 import threading
 import time
 import traceback
 import urllib.request
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ssb import client
@@ -63,6 +75,7 @@ CATALOG = Catalog("Bench")
 TAG = struct.Struct(">IQ")  # (phase, index) at the start of every body
 TARGETS = {"os": 20_000.0, "fsync": 8_000.0}  # end-to-end msgs/s the issue asks for
 SMOKE = {"messages": 400, "batch": 50, "durability": "os", "latency_iterations": 20}
+POSTGRESQL_TARGET = 0.5  # of the SQLite store's end-to-end rate, the PostgreSQL store's
 
 PHASE_SEND = 1
 PHASE_E2E = 2
@@ -90,6 +103,7 @@ class Options:
 class Result:
     durability: str
     messages: int
+    store: str = "sqlite"
     send_seconds: float = 0.0
     receive_seconds: float = 0.0
     e2e_seconds: float = 0.0
@@ -109,6 +123,9 @@ class Result:
     e2e_daemon_cpu_us: float | None = None
     target_e2e_msgs_s: float = 0.0
     target_met: bool = False
+    # the PostgreSQL store's end-to-end rate over the SQLite store's (same durability,
+    # same run); None: not measured
+    e2e_ratio_to_sqlite: float | None = None
     daemon: dict[str, Any] = field(default_factory=dict)
 
 
@@ -349,15 +366,22 @@ async def check_empty(url: str) -> None:
 # ---- one durability setting ----------------------------------------------------------------
 
 
-def bench_durability(durability: str, opts: Options) -> Result:
-    result = Result(durability=durability, messages=opts.messages)
+def bench_durability(durability: str, opts: Options, database: str | None = None) -> Result:
+    """The four phases on a fresh broker (its store the PostgreSQL `database`, if given)."""
+    store = "sqlite" if database is None else "postgresql"
+    result = Result(durability=durability, messages=opts.messages, store=store)
     config = {"http_port": 0} if opts.scrape_interval > 0 else None
-    with broker(durability, config) as daemon, Scraper(daemon.http_url, opts.scrape_interval):
+    with (
+        broker(durability, config, store=database) as daemon,
+        Scraper(daemon.http_url, opts.scrape_interval),
+    ):
         url = daemon.tls_url if opts.tls else daemon.url
         run(CATALOG.create(url))
 
+        label = f"{store} {durability}"  # (in what is printed)
+
         def phase(what: str, number: int, roles: list[str]) -> tuple[float, Outcomes, float | None]:
-            print(f"[{durability}] {what} ...", flush=True)
+            print(f"[{label}] {what} ...", flush=True)
             return timed_phase(url, number, roles, opts, [daemon.pid])
 
         send = f"send-only: {opts.messages} messages"
@@ -388,9 +412,39 @@ def bench_durability(durability: str, opts: Options) -> Result:
 
         run(check_empty(url))
         result.daemon = {"url": url, "pid": daemon.pid}
-    result.target_e2e_msgs_s = TARGETS.get(durability, 0.0)
+    result.target_e2e_msgs_s = TARGETS.get(result.durability, 0.0)
     result.target_met = result.e2e_msgs_s >= result.target_e2e_msgs_s
     return result
+
+
+def compare_stores(results: list[Result]) -> None:
+    """Give each PostgreSQL result its ratio to the SQLite result of its durability, and
+    half of that SQLite rate as its target."""
+    sqlite = {r.durability: r for r in results if r.store == "sqlite"}
+    for r in results:
+        base = sqlite.get(r.durability)
+        if r.store == "postgresql" and base is not None and base.e2e_msgs_s > 0:
+            r.e2e_ratio_to_sqlite = r.e2e_msgs_s / base.e2e_msgs_s
+            r.target_e2e_msgs_s = POSTGRESQL_TARGET * base.e2e_msgs_s
+            r.target_met = r.e2e_msgs_s >= r.target_e2e_msgs_s
+
+
+@contextlib.contextmanager
+def databases(stores: list[str]) -> Iterator[Callable[[], str | None]]:
+    """Makes a new database per broker on a PostgreSQL server started for this run, when
+    `stores` has "postgresql" (otherwise it starts nothing)."""
+    if "postgresql" not in stores:
+        yield lambda: None
+        return
+    from pg_server import PostgresServer, fresh_database
+
+    root = Path(tempfile.mkdtemp(prefix="ssb-bench-postgres-"))
+    server = PostgresServer(root).start()
+    try:
+        yield lambda: fresh_database(server.url)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class Scraper:
@@ -430,14 +484,14 @@ def print_table(results: list[Result], opts: Options) -> None:
         f"consumer={opts.consumer}, {os.cpu_count()} CPUs"
     )
     header = (
-        f"{'durability':<10} {'send msg/s':>11} {'recv msg/s':>11} {'e2e msg/s':>10} "
-        f"{'target':>7} {'met':>4} {'lat p50 us':>11} {'lat p99 us':>11}"
+        f"{'store':<10} {'durability':<10} {'send msg/s':>11} {'recv msg/s':>11} "
+        f"{'e2e msg/s':>10} {'target':>7} {'met':>4} {'lat p50 us':>11} {'lat p99 us':>11}"
     )
     print_header(header)
     for r in results:
         print(
-            f"{r.durability:<10} {r.send_msgs_s:>11,.0f} {r.receive_msgs_s:>11,.0f} "
-            f"{r.e2e_msgs_s:>10,.0f} {r.target_e2e_msgs_s:>7,.0f} "
+            f"{r.store:<10} {r.durability:<10} {r.send_msgs_s:>11,.0f} "
+            f"{r.receive_msgs_s:>11,.0f} {r.e2e_msgs_s:>10,.0f} {r.target_e2e_msgs_s:>7,.0f} "
             f"{'yes' if r.target_met else 'NO':>4} {r.latency_median_us:>11,.0f} "
             f"{r.latency_p99_us:>11,.0f}"
         )
@@ -445,9 +499,15 @@ def print_table(results: list[Result], opts: Options) -> None:
     print("daemon CPU per message (us, user+system, all threads; less load-sensitive):")
     for r in results:
         print(
-            f"{r.durability:<10} send {_us(r.send_daemon_cpu_us):>6}   "
+            f"{r.store:<10} {r.durability:<10} send {_us(r.send_daemon_cpu_us):>6}   "
             f"receive {_us(r.receive_daemon_cpu_us):>6}   e2e {_us(r.e2e_daemon_cpu_us):>6}"
         )
+    for r in results:
+        if r.e2e_ratio_to_sqlite is not None:
+            print(
+                f"postgresql / sqlite, end to end, {r.durability} (same run):"
+                f" {r.e2e_ratio_to_sqlite:.2f}x (target >= {POSTGRESQL_TARGET})"
+            )
 
 
 def _us(value: float | None) -> str:
@@ -485,6 +545,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="turn the broker's HTTP port on and read /metrics every this many seconds",
     )
+    parser.add_argument(
+        "--store",
+        choices=["sqlite", "postgresql", "both"],
+        default="sqlite",
+        help="the brokers' store: sqlite (default), postgresql (a database on a server this"
+        " run starts), or both in turn (with the ratio of their end-to-end rates)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parse_args(parser, argv, SMOKE)
     if args.messages < 1 or args.batch < 1 or args.conversations < 1 or args.in_flight < 1:
@@ -493,7 +560,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--body-size must be >= {TAG.size}")
     opts = options_from(Options, args)
     settings = ["fsync", "os"] if args.durability == "both" else [args.durability]
-    results = [bench_durability(d, opts) for d in settings]
+    stores = ["sqlite", "postgresql"] if args.store == "both" else [args.store]
+    with databases(stores) as database:
+        results = [
+            bench_durability(d, opts, database() if store == "postgresql" else None)
+            for d in settings
+            for store in stores
+        ]
+    compare_stores(results)
     print_table(results, opts)
     met = all(r.target_met for r in results)
     return conclude(args, "e2e", opts, met, results=[asdict(r) for r in results])
