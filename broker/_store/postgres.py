@@ -18,6 +18,11 @@ standby's too under synchronous replication); with "os" the writer sets
 `synchronous_commit = off`, and an acknowledged message survives a daemon crash but
 perhaps not a crash of the database server.
 
+One daemon uses a database: its writer session holds an advisory lock for as long as it
+lives, and another daemon's store is refused (`DatabaseInUse`), at its start or, should
+it get to the database while this one's connection was lost, when this one reconnects
+(then its commits fail for good and the daemon stops).
+
 A lost connection is a failure that may pass: the batches are tried again (see
 `commit`) on a new connection, which libpq makes to whichever host of the URL accepts
 it (several hosts with `target_session_attrs=read-write` follow a primary's failover).
@@ -64,6 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ssb.store")
 
 CONNECT_TIMEOUT: Final = 10  # seconds a connection attempt waits, unless the URL says
+LOCK_WAIT: Final = 10.0  # seconds the writer waits for the broker's lock (a late session)
 SESSION_END_TIMEOUT: Final = 30.0  # seconds to wait for a lost session to end on the server
 _MARK: Final = "UPDATE commit_marks SET token = ? WHERE id = 1"
 _READ_MARK: Final = "SELECT token FROM commit_marks WHERE id = 1"
@@ -122,16 +128,31 @@ def describe_url(url: str) -> str:
     return f"postgresql://{user}{parts.get('host', '')}{port}/{parts.get('dbname', '')}"
 
 
+class DatabaseInUse(StoreUnavailable):
+    """Another daemon's writer session holds the broker's lock on the database."""
+
+
 class Session:
     """One connection to the database that speaks the families' SQL, in autocommit mode;
-    `reconnect` replaces a lost one and remembers which server session it was."""
+    `reconnect` replaces a lost one and remembers which server session it was. With
+    `lock`, the session holds that advisory lock from its start (waiting LOCK_WAIT for
+    it: a session of a daemon that has just died may not have ended yet)."""
 
-    def __init__(self, url: str, role: str, settings: Sequence[str] = ()) -> None:
+    def __init__(
+        self, url: str, role: str, settings: Sequence[str] = (), lock: int | None = None
+    ) -> None:
         self.url = url
         self.role = role
         self.settings = settings
+        self.lock = lock
         self.lost: tuple[int, Any] | None = None  # (pid, start) of a session lost unended
         self.conn, self.backend = self._connect()
+        if lock is not None:
+            try:
+                self._take_lock(lock)
+            except BaseException:
+                self.conn.close()
+                raise
 
     def _connect(self) -> tuple[psycopg.Connection[Any], tuple[int, Any]]:
         options: dict[str, Any] = {"application_name": f"ssb {self.role}"}
@@ -151,6 +172,20 @@ class Session:
         assert row is not None
         return conn, (int(row[0]), row[1])
 
+    def _take_lock(self, lock: int) -> None:
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            taken = self.conn.execute("SELECT pg_try_advisory_lock(%s)", (lock,)).fetchone()
+            if taken is not None and taken[0]:
+                return
+            if time.monotonic() > deadline:
+                raise DatabaseInUse(
+                    f"another ssb daemon is using the store {describe_url(self.url)} (its"
+                    " session holds the broker's lock); stop it, or give this daemon"
+                    " another database"
+                )
+            time.sleep(0.1)
+
     @property
     def broken(self) -> bool:
         """Whether the connection is lost (or closed)."""
@@ -158,13 +193,21 @@ class Session:
 
     def reconnect(self) -> None:
         """A new connection in place of a lost one (the lost session is remembered in
-        `lost` until `end_lost`)."""
+        `lost` until `end_lost`; a session that holds a lock ends it first, then takes
+        the lock again).
+
+        Raises:
+            DatabaseInUse: another daemon holds the lock now.
+        """
         with contextlib.suppress(psycopg.Error):
             self.conn.close()
         self.conn, backend = self._connect()
         if self.lost is None:
             self.lost = self.backend
         self.backend = backend
+        if self.lock is not None:
+            self.end_lost()
+            self._take_lock(self.lock)
 
     def end_lost(self) -> None:
         """Make sure the session lost before the last reconnect has ended on the server:
@@ -242,7 +285,7 @@ class PostgresStore(AllTables, Committer):
         super().__init__(durability, threaded=threaded)
         self.where = describe_url(url)
         synchronous = ("SET synchronous_commit = off",) if durability == "os" else ()
-        self._writer = Session(url, "writer", synchronous)
+        self._writer = Session(url, "writer", synchronous, postgres_schema.BROKER_LOCK)
         try:
             postgres_schema.create(self._writer.conn, self.where)
             self._reader = self._db = ReadSession(url, "reader")

@@ -31,8 +31,10 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION: Final = 1
 BROKER_INSTANCE: Final = "broker_instance"  # the meta key of the broker's instance id
-# the advisory lock (a 64-bit key) held while the schema is made or upgraded
+# the advisory locks (64-bit keys): held while the schema is made or upgraded, and by
+# the writer session of the one daemon that uses the database
 SCHEMA_LOCK: Final = 0x5353_4253_4348_454D  # "SSBSCHEM"
+BROKER_LOCK: Final = 0x5353_4242_524F_4B52  # "SSBBROKR"
 
 _TEXT: Final = 'text COLLATE "C"'
 _UUID: Final = "bytea"

@@ -15,7 +15,7 @@ import pytest
 from daemon import BrokerProcess, one_error_line, run_ssb, serve_once
 from pg_server import PostgresServer, fresh_database
 
-from ssb.broker._store import StoreUnavailable, open_store
+from ssb.broker._store import StoreUnavailable, open_store, postgres
 from ssb.broker._store.postgres import PostgresStore
 from ssb.broker._store.postgres_schema import SCHEMA_VERSION
 
@@ -59,15 +59,22 @@ def test_a_database_written_by_a_newer_ssb_is_refused_and_left_alone(database: s
         assert made.fetchone() == (0,)
 
 
-async def test_a_new_database_gets_one_schema_and_one_identity(database: str) -> None:
+async def test_one_daemon_uses_a_database_and_its_identity_stays(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres, "LOCK_WAIT", 0.5)
     first = open_store(Path("unused"), "fsync", database)
-    second = open_store(Path("unused"), "fsync", database)  # a second daemon, same database
+    instance = first.load_meta()["broker_instance"]
+    uuid.UUID(instance)
     try:
-        instance = first.load_meta()["broker_instance"]
-        assert second.load_meta()["broker_instance"] == instance
-        uuid.UUID(instance)
+        with pytest.raises(StoreUnavailable, match="another ssb daemon is using the store"):
+            open_store(Path("unused"), "fsync", database)  # a second daemon, same database
     finally:
         await first.close()
+    second = open_store(Path("unused"), "fsync", database)
+    try:
+        assert second.load_meta()["broker_instance"] == instance
+    finally:
         await second.close()
 
 
