@@ -404,7 +404,7 @@ def bench_durability(durability: str, opts: Options, database: str | None = None
         result.e2e_producer_msgs_s = rate(opts.messages, result.e2e_send_seconds)
         result.e2e_receive_batches = out["consumer"]["batches"]
 
-        print(f"[{durability}] latency: {opts.latency_iterations} round trips ...", flush=True)
+        print(f"[{label}] latency: {opts.latency_iterations} round trips ...", flush=True)
         samples = sorted(run(latency(url, opts)))
         result.latency_iterations = len(samples)
         result.latency_median_us = percentile(samples, 0.50)

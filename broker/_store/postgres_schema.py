@@ -24,6 +24,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any, Final
 
+from . import sql
 from .errors import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -100,14 +101,7 @@ TABLES: Final = (
 INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS messages_by_conversation"
     " ON messages (status, queue, handle, queuing_order) INCLUDE (size)",
-    "CREATE UNIQUE INDEX IF NOT EXISTS endpoints_by_handle ON endpoints (handle)",
-    "CREATE INDEX IF NOT EXISTS endpoints_by_group ON endpoints (group_id)",
-    "CREATE INDEX IF NOT EXISTS endpoints_by_timer ON endpoints (timer_at)"
-    " WHERE timer_at IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS endpoints_by_lifetime ON endpoints (lifetime_expiry)"
-    " WHERE lifetime_expiry IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS transmission_by_direction"
-    " ON transmission_queue (conversation_id, is_initiator, seq)",
+    *sql.INDEXES,
 )
 
 

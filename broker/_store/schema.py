@@ -25,6 +25,7 @@ from typing import Final
 
 from ssb.protocol import unpack
 
+from . import sql
 from .errors import StoreUnavailable
 from .port import ENDPOINT_COLUMNS
 from .sql import columns
@@ -104,14 +105,7 @@ INDEXES: Final = (
     # a conversation's messages in order, by status; covering for the start-up summary
     "CREATE INDEX IF NOT EXISTS messages_by_conversation"
     " ON messages (status, queue, handle, queuing_order, size)",
-    "CREATE UNIQUE INDEX IF NOT EXISTS endpoints_by_handle ON endpoints (handle)",
-    "CREATE INDEX IF NOT EXISTS endpoints_by_group ON endpoints (group_id)",
-    "CREATE INDEX IF NOT EXISTS endpoints_by_timer ON endpoints (timer_at)"
-    " WHERE timer_at IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS endpoints_by_lifetime ON endpoints (lifetime_expiry)"
-    " WHERE lifetime_expiry IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS transmission_by_direction"
-    " ON transmission_queue (conversation_id, is_initiator, seq)",
+    *sql.INDEXES,
 )
 
 

@@ -8,6 +8,20 @@ here knows which database runs it.
 
 from __future__ import annotations
 
+from typing import Final
+
+# the indexes both databases make as written (each adds its own index of messages)
+INDEXES: Final = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS endpoints_by_handle ON endpoints (handle)",
+    "CREATE INDEX IF NOT EXISTS endpoints_by_group ON endpoints (group_id)",
+    "CREATE INDEX IF NOT EXISTS endpoints_by_timer ON endpoints (timer_at)"
+    " WHERE timer_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS endpoints_by_lifetime ON endpoints (lifetime_expiry)"
+    " WHERE lifetime_expiry IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS transmission_by_direction"
+    " ON transmission_queue (conversation_id, is_initiator, seq)",
+)
+
 
 def columns(names: tuple[str, ...]) -> str:
     """A column list for SQL."""
