@@ -146,7 +146,8 @@ class Broker:
         instance = store.load_meta()["broker_instance"]
         clock = LoopClock(loop)
         started = time.monotonic()
-        log.info("recovering the broker's state from %s ...", self.data_dir)
+        where = self.data_dir if config.store is None else "its PostgreSQL database"
+        log.info("recovering the broker's state from %s ...", where)
         # activation's queue monitors come first: the core tells them what happens to
         # queues, and activation, built after the core, acts on what they heard
         monitors = Monitors()

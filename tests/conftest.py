@@ -28,21 +28,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# tests of the SQLite store's own file (its online copy, a full disk under it, migrations
-# of old files, what its bytes hold), which a PostgreSQL store does not have
+# tests of the SQLite store's own file and disk (its online copy, a full disk under it or
+# min_free_disk, migrations of old files, what its bytes hold), which a PostgreSQL store
+# does not have
 SQLITE_FILE_TESTS = (
     "test_backup.py",
     "test_disk_full.py",
     "test_migration.py",
     "test_logins.py::test_first_start_writes_the_admin_password_privately",
     "test_logins.py::test_logins_are_added_changed_and_dropped_and_outlive_a_restart",
+    "test_observability.py::test_healthz_says_not_ready_while_messages_are_refused",
 )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--store") != "postgresql":
         return
-    skip = pytest.mark.skip(reason="about the SQLite store's file: not run with --store postgresql")
+    skip = pytest.mark.skip(reason="about the SQLite store's file or disk: not with PostgreSQL")
     for item in items:
         if any(f"/{name}" in f"/{item.nodeid}" for name in SQLITE_FILE_TESTS):
             item.add_marker(skip)

@@ -4,6 +4,7 @@ was lost, which is settled by its mark and never written twice."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
@@ -14,7 +15,9 @@ import psycopg
 import pytest
 from daemon import BrokerProcess, one_error_line, run_ssb, serve_once
 from pg_server import PostgresServer, fresh_database
+from setup_objects import seed000
 
+from ssb import client
 from ssb.broker._store import StoreUnavailable, open_store, postgres
 from ssb.broker._store.postgres import PostgresStore
 from ssb.broker._store.postgres_schema import SCHEMA_VERSION
@@ -255,3 +258,48 @@ def test_a_commit_whose_answer_was_lost_is_settled_and_not_written_twice(
             assert [row[0] for row in rows] == [1, 2]
         finally:
             store._release()
+
+
+async def _send_through_trouble(conn: client.Connection, handle: uuid.UUID, body: bytes) -> None:
+    """SEND, again while the broker refuses new messages because its store cannot write
+    (a refused SEND changed nothing); bounded."""
+    for _ in range(200):
+        try:
+            await conn.send(handle, "AsyncSent", body)
+            return
+        except client.DiskFullError:
+            await asyncio.sleep(0.05)
+    raise AssertionError("the broker refused messages for 10 s")
+
+
+async def test_a_broker_whose_database_sessions_are_lost_loses_and_repeats_nothing(
+    database: str, tmp_path: Path
+) -> None:
+    """The daemon's sessions are ended on the server while a client sends: commits fail,
+    the broker refuses new messages meanwhile, reconnects, and every acknowledged
+    message is received once, in order."""
+    broker = BrokerProcess(tmp_path / "data")
+    broker.store = database
+    broker.start()
+    try:
+        async with await client.connect(broker.url) as conn:
+            init_svc, target_svc, _, target_q = await seed000(conn)
+            handle = await conn.begin_dialog(init_svc, target_svc, contract="AsyncContract")
+            for i in range(100):
+                if i == 50:
+                    _end_sessions(database, "writer")
+                    _end_sessions(database, "reader")
+                await _send_through_trouble(conn, handle, str(i).encode())
+            received: list[bytes] = []
+            for _ in range(200):  # bounded
+                async with conn.transaction():
+                    batch = await conn.receive(target_q, top=50, timeout=1.0)
+                received += [m.message_body for m in batch]
+                if len(received) >= 100:
+                    break
+            assert received == [str(i).encode() for i in range(100)]
+            assert await conn.receive(target_q, top=1, timeout=0) == []
+        assert len(_sessions(database, "writer")) == 1  # a new one, the old one ended
+        assert "store commit failed" in broker.log_text()
+    finally:
+        broker.kill()
