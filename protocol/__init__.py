@@ -17,9 +17,9 @@ from ._client_wire import (
     encode_error,
     encode_ok,
 )
-from ._dialog import (
+from ._dialog import DialogPeer, RetryPolicy
+from ._dialog_events import (
     DialogEvent,
-    DialogPeer,
     FragmentReceived,
     HeldFragment,
     IntegrityFailure,
@@ -28,9 +28,15 @@ from ._dialog import (
     PartialMessage,
     PartialMessageDiscarded,
     PendingMessage,
-    RetryPolicy,
     SessionKeyReceived,
     UnknownDialog,
+)
+from ._dialog_frames import (
+    AckFrame,
+    BundleFrame,
+    Direction,
+    Envelope,
+    FragmentFrame,
 )
 from ._errors import (
     ErrorCode,
@@ -62,13 +68,8 @@ from ._integrity import (
     wrap_session_key,
 )
 from ._link import (
-    AckFrame,
-    BundleFrame,
     CloseFrame,
     ConnectionClosed,
-    Direction,
-    Envelope,
-    FragmentFrame,
     HandshakeCompleted,
     LinkConnection,
     LinkState,

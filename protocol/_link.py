@@ -1,11 +1,13 @@
-"""Adjacent broker protocol: the frames two brokers exchange over one TCP connection.
+"""Adjacent broker protocol: one TCP connection between two brokers, and its own frames.
 
 Theory of operation
 -------------------
 One TCP connection joins a pair of adjacent brokers. Every frame is a `_framing` frame (a
-4-byte length and one msgpack array) whose first element is a `FrameKind`. Frames are
-frozen dataclasses; each has `encode()` (to the wire array) and `decode()` (from it) next to
-it, and `decode_link_frame` dispatches on the kind.
+4-byte length and one msgpack array) whose first element is a `FrameKind` (see `_fields`).
+Frames are frozen dataclasses; each has `encode()` (to the wire array) and `decode()` (from
+it) next to it, and `decode_link_frame` dispatches on the kind. The frames the connection
+speaks itself (the handshake, an error, a close) are here; the dialog frames it carries
+are in `_dialog_frames`.
 
 Handshake (the transition table `_TRANSITIONS` is the documentation)::
 
@@ -22,37 +24,45 @@ broker id. The connection produces and consumes handshake frames itself: the she
 `data_to_send()` after every `receive_data`/`next_event` round and never builds them.
 
 After the handshake both sides exchange `FragmentFrame`s, `BundleFrame`s (several whole
-messages of one dialog direction in one frame) and standalone `AckFrame`s (the
-dialog layer gives them meaning; they carry the conversation id as 16 raw bytes, not as
-the msgpack UUID extension, and decoding interns it) until either sends `CloseFrame` or `ProtocolErrorFrame`, or
-the byte stream ends. Any frame that the table does not allow in the current state, or any
+messages of one dialog direction in one frame) and standalone `AckFrame`s (the dialog
+layer gives them meaning) until either sends `CloseFrame` or `ProtocolErrorFrame`, or the
+byte stream ends. Any frame that the table does not allow in the current state, or any
 malformed frame, raises `RemoteProtocolError`, moves the connection to CLOSED and queues a
 `ProtocolErrorFrame` in `data_to_send()` so the peer learns why. Decoding never raises
 anything but `ProtocolError` subclasses.
 
-Invariants: no I/O, no clock; sizes are bounded by the `Final` limits below; counters on the
-connection feed the connections view.
+Invariants: no I/O, no clock; sizes are bounded by the `Final` limits of `_fields`;
+counters on the connection feed the connections view.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from enum import Enum, IntEnum
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Final, cast
 
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from ._dialog_frames import AckFrame, BundleFrame, FragmentFrame
 from ._errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
-from ._framing import NEED_DATA, FrameDecoder, _NeedData, encode_frame, pack
+from ._fields import (
+    MAX_ERROR_TEXT,
+    MAX_LINK_FRAME_SIZE,
+    FrameKind,
+    bytes_field,
+    frame_fields,
+    int_field,
+    malformed,
+    str_field,
+    uuid_field,
+)
+from ._framing import NEED_DATA, FrameDecoder, _NeedData, encode_frame
 from ._integrity import (
     MAX_CERTIFICATE_SIZE,
     MAX_PROOF_SIZE,
-    MAX_WRAPPED_KEY_SIZE,
     NONCE_SIZE,
-    SIGNATURE_SIZE,
     RandomSource,
     TrustStore,
     certificate_broker_id,
@@ -63,220 +73,9 @@ from ._integrity import (
 )
 
 PROTOCOL_VERSION: Final = 2  # 2: bundles (several whole messages in one frame)
-MAX_FRAGMENT_SIZE: Final = 1024 * 1024
-MAX_FRAGMENT_COUNT: Final = 1 << 24
-MAX_SEQ: Final = (1 << 63) - 1
-MAX_NAME_LENGTH: Final = 512
-MAX_ACK_RANGES: Final = 1024
-MAX_ERROR_TEXT: Final = 4096
-MAX_BUNDLE_MESSAGES: Final = 256  # messages one bundle carries at most
-# Largest encoded frame: one full fragment plus a generous allowance for its header.
-MAX_LINK_FRAME_SIZE: Final = MAX_FRAGMENT_SIZE + 64 * 1024
 
 
-class FrameKind(IntEnum):
-    """First element of every link frame."""
-
-    HELLO = 1
-    HELLO_ACCEPT = 2
-    PROOF = 3
-    FRAGMENT = 4
-    ACK = 5
-    ERROR = 6
-    CLOSE = 7
-    BUNDLE = 8
-
-
-class Direction(IntEnum):
-    """Which endpoint of a dialog sent a message: each direction is sequenced alone."""
-
-    FROM_INITIATOR = 0
-    FROM_TARGET = 1
-
-    @property
-    def reverse(self) -> Direction:
-        """The other direction of the same dialog (the one its acks ride on)."""
-        return (
-            Direction.FROM_TARGET if self is Direction.FROM_INITIATOR else Direction.FROM_INITIATOR
-        )
-
-
-# --------------------------------------------------------------------------- field checks
-
-
-_DIRECTIONS: Final = (Direction.FROM_INITIATOR, Direction.FROM_TARGET)
-_FRAGMENT: Final = int(FrameKind.FRAGMENT)
-_ACK: Final = int(FrameKind.ACK)
-_HEADER_FIELDS: Final = 10
-_FRAGMENT_HEADER_TAG: Final = bytes([0x90 | _HEADER_FIELDS])  # msgpack fixarray of 10
-_BUNDLE: Final = int(FrameKind.BUNDLE)
-_BUNDLE_HEADER_TAG: Final = bytes([0x90 | 6])  # kind, id, direction, seq, type, sizes, ack
-
-
-def _malformed(what: str) -> RemoteProtocolError:
-    return RemoteProtocolError(f"malformed link frame: {what}", ErrorCode.MALFORMED_FRAME)
-
-
-def _int(value: object, what: str, low: int, high: int) -> int:
-    if type(value) is not int or not low <= value <= high:
-        raise _malformed(f"{what} must be an integer in {low}..{high}")
-    return value
-
-
-def _bytes(value: object, what: str, max_size: int, exact: int | None = None) -> bytes:
-    if type(value) is not bytes or len(value) > max_size:
-        raise _malformed(f"{what} must be at most {max_size} bytes")
-    if exact is not None and len(value) != exact:
-        raise _malformed(f"{what} must be exactly {exact} bytes")
-    return value
-
-
-def _str(value: object, what: str, max_length: int = MAX_NAME_LENGTH) -> str:
-    if type(value) is not str or len(value) > max_length:
-        raise _malformed(f"{what} must be a string of at most {max_length} characters")
-    return value
-
-
-def _uuid(value: object, what: str) -> uuid.UUID:
-    if not isinstance(value, uuid.UUID):
-        raise _malformed(f"{what} must be a UUID")
-    return value
-
-
-# Conversation ids travel in fragments and acks as 16 raw bytes (no msgpack extension
-# round trip). Decoded ids are interned: a connection sees the same few dialogs over and
-# over, and one UUID object per id makes later comparisons identity checks.
-MAX_INTERNED_IDS: Final = 4096
-_interned_ids: dict[bytes, uuid.UUID] = {}
-
-
-def _raw_uuid(value: object, what: str) -> uuid.UUID:
-    if type(value) is not bytes or len(value) != 16:
-        raise _malformed(f"{what} must be 16 bytes")
-    known = _interned_ids.get(value)
-    if known is None:
-        if len(_interned_ids) >= MAX_INTERNED_IDS:
-            _interned_ids.clear()
-        known = _interned_ids[value] = uuid.UUID(bytes=value)
-    return known
-
-
-def _list(value: object, what: str, length: int | None = None, max_length: int = 64) -> list[Any]:
-    if type(value) is not list or len(value) > max_length:
-        raise _malformed(f"{what} must be an array")
-    if length is not None and len(value) != length:
-        raise _malformed(f"{what} must have {length} elements")
-    return value
-
-
-def _fields(obj: list[Any], kind: FrameKind, count: int) -> list[Any]:
-    if len(obj) != count + 1:
-        raise _malformed(f"{kind.name} frame must have {count} fields, got {len(obj) - 1}")
-    return obj
-
-
-# --------------------------------------------------------------------------- dialog headers
-
-
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    """Routing header of one dialog direction; lets the receiver create its endpoint.
-
-    Named from the point of view of the message's travel: `from_*` is the sending side.
-    `encrypted`: the direction's bodies are encrypted with its session key.
-    `origin_proof`: the sending broker's signature over `origin_transcript` (see
-    `_integrity.sign_origin`); a receiver needs it when the direction reaches it through a
-    forwarding broker. Wire form: five elements; a sixth (`encrypted`) when encrypted or
-    proved; a seventh (the proof) when proved, so older forms still decode.
-    """
-
-    from_service: str
-    to_service: str
-    contract: str
-    from_broker_id: uuid.UUID
-    to_broker_id: uuid.UUID
-    encrypted: bool = False
-    origin_proof: bytes | None = None
-
-    def encode(self) -> list[object]:
-        """Wire form."""
-        wire: list[object] = [
-            self.from_service,
-            self.to_service,
-            self.contract,
-            self.from_broker_id,
-            self.to_broker_id,
-        ]
-        if self.encrypted or self.origin_proof is not None:
-            wire.append(self.encrypted)
-        if self.origin_proof is not None:
-            wire.append(self.origin_proof)
-        return wire
-
-    @classmethod
-    def decode(cls, obj: object) -> Envelope:
-        """Raises: RemoteProtocolError: malformed."""
-        items = _list(obj, "envelope", max_length=7)
-        if len(items) == 6 and items[5] is not True:
-            raise _malformed("a 6-element envelope must end with true")
-        if len(items) == 7 and type(items[5]) is not bool:
-            raise _malformed("a 7-element envelope must have a boolean sixth element")
-        if len(items) not in (5, 6, 7):
-            raise _malformed("envelope must have 5, 6 or 7 elements")
-        return cls(
-            _str(items[0], "from service"),
-            _str(items[1], "to service"),
-            _str(items[2], "contract"),
-            _uuid(items[3], "from broker id"),
-            _uuid(items[4], "to broker id"),
-            len(items) > 5 and items[5] is True,
-            _bytes(items[6], "origin proof", MAX_PROOF_SIZE) if len(items) == 7 else None,
-        )
-
-    def origin_transcript(
-        self, conversation_id: uuid.UUID, direction: Direction, wrapped_session_key: bytes
-    ) -> bytes:
-        """What the origin proof signs: the direction, this header without the proof,
-        and the wrapped session key."""
-        unproved = [*self.encode()[:5], self.encrypted]
-        return pack([conversation_id.bytes, int(direction), unproved, wrapped_session_key])
-
-
-@dataclass(frozen=True, slots=True)
-class AckRecord:
-    """What a receiver confirms for one dialog direction.
-
-    `below`: every message with a smaller sequence number is durably stored and delivered.
-    `ranges`: (seq, fragment_count, first, end) — fragments first..end-1 of message `seq`,
-    split into `fragment_count` fragments, are durably stored. The count names the layout:
-    a sender ignores a range whose count differs from its own (a layout from before a
-    restart with another fragment size).
-    """
-
-    below: int
-    ranges: tuple[tuple[int, int, int, int], ...] = ()
-
-    def encode(self) -> list[object]:
-        """Wire form."""
-        return [self.below, [list(r) for r in self.ranges]]
-
-    @classmethod
-    def decode(cls, obj: object) -> AckRecord:
-        """Raises: RemoteProtocolError: malformed."""
-        items = _list(obj, "ack", 2)
-        below = _int(items[0], "ack below", 0, MAX_SEQ)
-        raw = _list(items[1], "ack ranges", max_length=MAX_ACK_RANGES)
-        ranges: list[tuple[int, int, int, int]] = []
-        for entry in raw:
-            seq, count, first, end = _list(entry, "ack range", 4)
-            count = _int(count, "ack range fragment count", 1, MAX_FRAGMENT_COUNT)
-            first = _int(first, "ack range first", 0, count - 1)
-            end = _int(end, "ack range end", first + 1, count)
-            ranges.append((_int(seq, "ack range seq", 0, MAX_SEQ), count, first, end))
-        return cls(below, tuple(ranges))
-
-
-# --------------------------------------------------------------------------- frames
+# --------------------------------------------------------------------------- the link's own frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,12 +94,12 @@ class Hello:
     @classmethod
     def decode(cls, obj: list[Any]) -> Hello:
         """Raises: RemoteProtocolError: malformed."""
-        f = _fields(obj, FrameKind.HELLO, 4)
+        f = frame_fields(obj, FrameKind.HELLO, 4)
         return cls(
-            _int(f[1], "version", 0, 0xFFFF),
-            _uuid(f[2], "broker id"),
-            _bytes(f[3], "certificate", MAX_CERTIFICATE_SIZE),
-            _bytes(f[4], "nonce", NONCE_SIZE, NONCE_SIZE),
+            int_field(f[1], "version", 0, 0xFFFF),
+            uuid_field(f[2], "broker id"),
+            bytes_field(f[3], "certificate", MAX_CERTIFICATE_SIZE),
+            bytes_field(f[4], "nonce", NONCE_SIZE, NONCE_SIZE),
         )
 
 
@@ -328,13 +127,13 @@ class HelloAccept:
     @classmethod
     def decode(cls, obj: list[Any]) -> HelloAccept:
         """Raises: RemoteProtocolError: malformed."""
-        f = _fields(obj, FrameKind.HELLO_ACCEPT, 5)
+        f = frame_fields(obj, FrameKind.HELLO_ACCEPT, 5)
         return cls(
-            _int(f[1], "version", 0, 0xFFFF),
-            _uuid(f[2], "broker id"),
-            _bytes(f[3], "certificate", MAX_CERTIFICATE_SIZE),
-            _bytes(f[4], "nonce", NONCE_SIZE, NONCE_SIZE),
-            _bytes(f[5], "proof", MAX_PROOF_SIZE),
+            int_field(f[1], "version", 0, 0xFFFF),
+            uuid_field(f[2], "broker id"),
+            bytes_field(f[3], "certificate", MAX_CERTIFICATE_SIZE),
+            bytes_field(f[4], "nonce", NONCE_SIZE, NONCE_SIZE),
+            bytes_field(f[5], "proof", MAX_PROOF_SIZE),
         )
 
 
@@ -351,359 +150,8 @@ class Proof:
     @classmethod
     def decode(cls, obj: list[Any]) -> Proof:
         """Raises: RemoteProtocolError: malformed."""
-        f = _fields(obj, FrameKind.PROOF, 1)
-        return cls(_bytes(f[1], "proof", MAX_PROOF_SIZE))
-
-
-@dataclass(frozen=True, slots=True)
-class FragmentFrame:
-    """One fragment of one sequenced dialog message, possibly carrying an ack.
-
-    `signature` seals `signed_header()` + `payload` with the direction's session key.
-    `envelope` and `wrapped_session_key` ride on fragments until the direction's first ack.
-    `ack` confirms the *reverse* direction of the same conversation.
-    """
-
-    conversation_id: uuid.UUID
-    direction: Direction
-    seq: int
-    fragment_index: int
-    fragment_count: int
-    message_type: str
-    payload: bytes
-    signature: bytes
-    envelope: Envelope | None = None
-    wrapped_session_key: bytes | None = None
-    ack: AckRecord | None = None
-
-    def signed_header(self) -> bytes:
-        """Every field but payload and signature, canonically encoded, for signing."""
-        return self.header_for(
-            self.conversation_id,
-            self.direction,
-            self.seq,
-            self.fragment_index,
-            self.fragment_count,
-            self.message_type,
-            self.envelope,
-            self.wrapped_session_key,
-            self.ack,
-        )
-
-    @staticmethod
-    def header_for(
-        conversation_id: uuid.UUID,
-        direction: Direction,
-        seq: int,
-        fragment_index: int,
-        fragment_count: int,
-        message_type: str,
-        envelope: Envelope | None,
-        wrapped_session_key: bytes | None,
-        ack: AckRecord | None,
-    ) -> bytes:
-        """`signed_header()` of a fragment with these fields, without building it."""
-        return FragmentFrame.header_prefix(conversation_id, direction) + FragmentFrame.header_rest(
-            seq,
-            fragment_index,
-            fragment_count,
-            message_type,
-            envelope,
-            wrapped_session_key,
-            ack,
-        )
-
-    @staticmethod
-    def header_prefix(conversation_id: uuid.UUID, direction: Direction) -> bytes:
-        """The part of `header_for` fixed by the dialog direction; senders and receivers
-        compute it once and append `header_rest` per fragment."""
-        # The signed header is one msgpack array of _HEADER_FIELDS elements: its array
-        # tag, the kind tag (keeps fragment and ack signatures apart), the id as raw bytes
-        # and the direction. `header_rest` packs the remaining fields as an array of
-        # their own and drops that array's one-byte tag, so prefix + rest is exactly
-        # pack([kind, id, direction, *rest]).
-        return (
-            _FRAGMENT_HEADER_TAG
-            + pack(int(FrameKind.FRAGMENT))
-            + pack(conversation_id.bytes)
-            + pack(int(direction))
-        )
-
-    @staticmethod
-    def header_rest(
-        seq: int,
-        fragment_index: int,
-        fragment_count: int,
-        message_type: str,
-        envelope: Envelope | None,
-        wrapped_session_key: bytes | None,
-        ack: AckRecord | None,
-    ) -> bytes:
-        """The per-fragment part of `header_for` (see `header_prefix`)."""
-        return pack(
-            [
-                seq,
-                fragment_index,
-                fragment_count,
-                message_type,
-                None if envelope is None else envelope.encode(),
-                wrapped_session_key,
-                None if ack is None else ack.encode(),
-            ]
-        )[1:]
-
-    def encode(self) -> list[object]:
-        """Wire form (the conversation id as 16 raw bytes)."""
-        return [
-            _FRAGMENT,
-            self.conversation_id.bytes,
-            int(self.direction),
-            self.seq,
-            self.fragment_index,
-            self.fragment_count,
-            self.message_type,
-            self.payload,
-            self.signature,
-            None if self.envelope is None else self.envelope.encode(),
-            self.wrapped_session_key,
-            None if self.ack is None else self.ack.encode(),
-        ]
-
-    @classmethod
-    def decode(cls, obj: list[Any]) -> FragmentFrame:
-        """Raises: RemoteProtocolError: malformed."""
-        if len(obj) == 12:
-            # The steady-state frame (no envelope, no key) checked inline: same rules as
-            # the field helpers below, which name the fault when any check fails.
-            _, raw_id, direction, seq, index, count, message_type, payload, signature = obj[:9]
-            if (
-                type(raw_id) is bytes
-                and len(raw_id) == 16
-                and type(direction) is int
-                and 0 <= direction <= 1
-                and type(seq) is int
-                and 0 <= seq <= MAX_SEQ
-                and type(count) is int
-                and 1 <= count <= MAX_FRAGMENT_COUNT
-                and type(index) is int
-                and 0 <= index < count
-                and type(message_type) is str
-                and len(message_type) <= MAX_NAME_LENGTH
-                and type(payload) is bytes
-                and len(payload) <= MAX_FRAGMENT_SIZE
-                and type(signature) is bytes
-                and len(signature) == SIGNATURE_SIZE
-                and obj[9] is None
-                and obj[10] is None
-            ):
-                ack = obj[11]
-                return new_fragment_frame(
-                    _raw_uuid(raw_id, "conversation id"),
-                    _DIRECTIONS[direction],
-                    seq,
-                    index,
-                    count,
-                    message_type,
-                    payload,
-                    signature,
-                    None,
-                    None,
-                    None if ack is None else AckRecord.decode(ack),
-                )
-        f = _fields(obj, FrameKind.FRAGMENT, 11)
-        count = _int(f[5], "fragment count", 1, MAX_FRAGMENT_COUNT)
-        return cls(
-            conversation_id=_raw_uuid(f[1], "conversation id"),
-            direction=_DIRECTIONS[_int(f[2], "direction", 0, 1)],
-            seq=_int(f[3], "sequence number", 0, MAX_SEQ),
-            fragment_index=_int(f[4], "fragment index", 0, count - 1),
-            fragment_count=count,
-            message_type=_str(f[6], "message type"),
-            payload=_bytes(f[7], "payload", MAX_FRAGMENT_SIZE),
-            signature=_bytes(f[8], "signature", SIGNATURE_SIZE, SIGNATURE_SIZE),
-            envelope=None if f[9] is None else Envelope.decode(f[9]),
-            wrapped_session_key=(
-                None
-                if f[10] is None
-                else _bytes(f[10], "wrapped session key", MAX_WRAPPED_KEY_SIZE)
-            ),
-            ack=None if f[11] is None else AckRecord.decode(f[11]),
-        )
-
-
-# Building a FragmentFrame through its frozen dataclass __init__ costs one
-# object.__setattr__ call per field; the hot paths (decoding, and the dialog layer
-# building fragments) set the slots through their member descriptors instead, which is
-# about twice as fast. The instance is the same (still frozen to everyone else); a test
-# checks the result equals FragmentFrame(...) field for field.
-_new_object: Final = object.__new__
-_set_fragment_fields: Final = tuple(
-    FragmentFrame.__dict__[field.name].__set__ for field in fields(FragmentFrame)
-)
-(
-    _set_conversation_id,
-    _set_direction,
-    _set_seq,
-    _set_fragment_index,
-    _set_fragment_count,
-    _set_message_type,
-    _set_payload,
-    _set_signature,
-    _set_envelope,
-    _set_wrapped_session_key,
-    _set_ack,
-) = _set_fragment_fields
-
-
-def new_fragment_frame(
-    conversation_id: uuid.UUID,
-    direction: Direction,
-    seq: int,
-    fragment_index: int,
-    fragment_count: int,
-    message_type: str,
-    payload: bytes,
-    signature: bytes,
-    envelope: Envelope | None,
-    wrapped_session_key: bytes | None,
-    ack: AckRecord | None,
-) -> FragmentFrame:
-    """`FragmentFrame(...)` with every field given, built without the dataclass __init__."""
-    frame: FragmentFrame = _new_object(FragmentFrame)
-    _set_conversation_id(frame, conversation_id)
-    _set_direction(frame, direction)
-    _set_seq(frame, seq)
-    _set_fragment_index(frame, fragment_index)
-    _set_fragment_count(frame, fragment_count)
-    _set_message_type(frame, message_type)
-    _set_payload(frame, payload)
-    _set_signature(frame, signature)
-    _set_envelope(frame, envelope)
-    _set_wrapped_session_key(frame, wrapped_session_key)
-    _set_ack(frame, ack)
-    return frame
-
-
-@dataclass(frozen=True, slots=True)
-class BundleFrame:
-    """Several whole messages of one dialog direction in one frame: `payloads[i]` is the
-    body of message `seq + i`, each of one fragment, all of type `message_type`.
-
-    Only a confirmed direction is bundled (no envelope, no wrapped key), and only between
-    adjacent brokers that both speak protocol version 2. `signature` seals the header
-    (`header_prefix` + `header_rest`: every field but payloads and signature, each
-    payload's size instead) followed by every payload in order, so the boundaries are
-    sealed too. `ack` confirms the reverse direction, as on a fragment.
-    Everything else about the messages (acks, retransmissions, which go as fragments) is
-    as if each had come in a fragment of its own.
-    """
-
-    conversation_id: uuid.UUID
-    direction: Direction
-    seq: int
-    message_type: str
-    payloads: tuple[bytes, ...]
-    signature: bytes
-    ack: AckRecord | None = None
-
-    @property
-    def envelope(self) -> None:
-        """A bundle never carries the envelope (see the class's comment)."""
-        return None
-
-    @staticmethod
-    def header_prefix(conversation_id: uuid.UUID, direction: Direction) -> bytes:
-        """The part of the signed header fixed by the dialog direction (as for fragments:
-        prefix + rest is exactly pack([kind, id, direction, seq, type, sizes, ack]))."""
-        return (
-            _BUNDLE_HEADER_TAG + pack(_BUNDLE) + pack(conversation_id.bytes) + pack(int(direction))
-        )
-
-    @staticmethod
-    def header_rest(
-        seq: int, message_type: str, payloads: Sequence[bytes], ack: AckRecord | None
-    ) -> bytes:
-        """The per-bundle part of the signed header."""
-        return pack(
-            [
-                seq,
-                message_type,
-                [len(payload) for payload in payloads],
-                None if ack is None else ack.encode(),
-            ]
-        )[1:]
-
-    def encode(self) -> list[object]:
-        """Wire form (the conversation id as 16 raw bytes)."""
-        return [
-            _BUNDLE,
-            self.conversation_id.bytes,
-            int(self.direction),
-            self.seq,
-            self.message_type,
-            list(self.payloads),
-            self.signature,
-            None if self.ack is None else self.ack.encode(),
-        ]
-
-    @classmethod
-    def decode(cls, obj: list[Any]) -> BundleFrame:
-        """Raises: RemoteProtocolError: malformed."""
-        f = _fields(obj, FrameKind.BUNDLE, 7)
-        payloads = _list(f[5], "bundle payloads", max_length=MAX_BUNDLE_MESSAGES)
-        if not payloads or any(
-            type(payload) is not bytes or len(payload) > MAX_FRAGMENT_SIZE for payload in payloads
-        ):
-            raise _malformed(
-                f"bundle payloads must be 1..{MAX_BUNDLE_MESSAGES} byte strings of at most"
-                f" {MAX_FRAGMENT_SIZE} bytes"
-            )
-        return cls(
-            _raw_uuid(f[1], "conversation id"),
-            _DIRECTIONS[_int(f[2], "direction", 0, 1)],
-            _int(f[3], "sequence number", 0, MAX_SEQ - len(payloads) + 1),
-            _str(f[4], "message type"),
-            tuple(payloads),
-            _bytes(f[6], "signature", SIGNATURE_SIZE, SIGNATURE_SIZE),
-            None if f[7] is None else AckRecord.decode(f[7]),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class AckFrame:
-    """A standalone ack for one dialog direction, sealed with that direction's session key."""
-
-    conversation_id: uuid.UUID
-    direction: Direction
-    ack: AckRecord
-    signature: bytes
-
-    def signed_header(self) -> bytes:
-        """Every field but the signature, canonically encoded, for signing."""
-        return pack(
-            [int(FrameKind.ACK), self.conversation_id.bytes, int(self.direction), self.ack.encode()]
-        )
-
-    def encode(self) -> list[object]:
-        """Wire form (the conversation id as 16 raw bytes)."""
-        return [
-            _ACK,
-            self.conversation_id.bytes,
-            int(self.direction),
-            self.ack.encode(),
-            self.signature,
-        ]
-
-    @classmethod
-    def decode(cls, obj: list[Any]) -> AckFrame:
-        """Raises: RemoteProtocolError: malformed."""
-        f = _fields(obj, FrameKind.ACK, 4)
-        return cls(
-            _raw_uuid(f[1], "conversation id"),
-            _DIRECTIONS[_int(f[2], "direction", 0, 1)],
-            AckRecord.decode(f[3]),
-            _bytes(f[4], "signature", SIGNATURE_SIZE, SIGNATURE_SIZE),
-        )
+        f = frame_fields(obj, FrameKind.PROOF, 1)
+        return cls(bytes_field(f[1], "proof", MAX_PROOF_SIZE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -720,9 +168,10 @@ class ProtocolErrorFrame:
     @classmethod
     def decode(cls, obj: list[Any]) -> ProtocolErrorFrame:
         """Raises: RemoteProtocolError: malformed."""
-        f = _fields(obj, FrameKind.ERROR, 2)
+        f = frame_fields(obj, FrameKind.ERROR, 2)
         return cls(
-            _int(f[1], "error code", 0, 0xFFFFFFFF), _str(f[2], "error text", MAX_ERROR_TEXT)
+            int_field(f[1], "error code", 0, 0xFFFFFFFF),
+            str_field(f[2], "error text", MAX_ERROR_TEXT),
         )
 
 
@@ -739,8 +188,8 @@ class CloseFrame:
     @classmethod
     def decode(cls, obj: list[Any]) -> CloseFrame:
         """Raises: RemoteProtocolError: malformed."""
-        f = _fields(obj, FrameKind.CLOSE, 1)
-        return cls(_str(f[1], "close reason", MAX_ERROR_TEXT))
+        f = frame_fields(obj, FrameKind.CLOSE, 1)
+        return cls(str_field(f[1], "close reason", MAX_ERROR_TEXT))
 
 
 LinkFrame = (
@@ -777,12 +226,12 @@ def decode_link_frame(obj: object) -> LinkFrame:
     Raises: RemoteProtocolError (MALFORMED_FRAME): anything but a well-formed frame.
     """
     if type(obj) is not list or not obj:
-        raise _malformed("a frame must be a non-empty array")
+        raise malformed("a frame must be a non-empty array")
     kind = obj[0]
     decoder = _DECODERS.get(kind) if type(kind) is int else None
     if decoder is None:
         shown = repr(kind) if type(kind) is int else f"of type {type(kind).__name__}"
-        raise _malformed(f"unknown frame kind {shown}")
+        raise malformed(f"unknown frame kind {shown}")
     frame: LinkFrame = decoder(obj)
     return frame
 

@@ -25,8 +25,7 @@ from test_dialog_security import Rogue
 from test_federation import two_brokers_with_a_dialog_pair
 
 from ssb import client
-from ssb.protocol import ErrorCode, generate_broker_identity
-from ssb.protocol._link import Envelope
+from ssb.protocol import Envelope, ErrorCode, generate_broker_identity
 from ssb.tools import wait_until
 
 

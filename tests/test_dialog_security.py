@@ -31,7 +31,14 @@ from test_federation import two_brokers_with_a_dialog_pair
 
 from ssb.protocol import (
     NEED_DATA,
+    AckFrame,
     DialogPeer,
+    Direction,
+    Envelope,
+    FragmentFrame,
+    HandshakeCompleted,
+    LinkConnection,
+    Role,
     TrustStore,
     generate_broker_identity,
     load_private_key,
@@ -40,15 +47,6 @@ from ssb.protocol import (
     wrap_session_key,
 )
 from ssb.protocol._integrity import SessionSeal
-from ssb.protocol._link import (
-    AckFrame,
-    Direction,
-    Envelope,
-    FragmentFrame,
-    HandshakeCompleted,
-    LinkConnection,
-    Role,
-)
 
 
 class Rogue:

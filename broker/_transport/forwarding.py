@@ -14,7 +14,7 @@ from. A frame travels towards the target (a fragment from the initiator, or an a
 target's direction) or towards the initiator (the reverse). Its next hop is what this
 broker's routes say for the far service and broker, else the hop the far side's frames
 arrive from. A frame without an envelope for an unknown conversation is not relayed: the
-origin's next retransmission carries the envelope again (see `_dialog`), which is how a
+origin's next retransmission carries the envelope again (see `_sender`), which is how a
 restarted forwarder, or one that forgot an idle conversation, learns the route anew.
 
 Frames the next hop cannot take now (no connection yet, a busy socket) are held here in

@@ -21,8 +21,8 @@ from ssb.protocol import (
     verify_origin,
     wrap_session_key,
 )
-from ssb.protocol._dialog import DialogSender
-from ssb.protocol._link import AckRecord
+from ssb.protocol._dialog_frames import AckRecord
+from ssb.protocol._sender import DialogSender
 
 ME, A, B, OTHER = (uuid.uuid4() for _ in range(4))
 

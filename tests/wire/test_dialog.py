@@ -12,24 +12,33 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ssb.protocol import NEED_DATA, LocalProtocolError, RemoteProtocolError
-from ssb.protocol._dialog import (
-    MAX_PRIORITY,
+from ssb.protocol import (
+    NEED_DATA,
+    AckFrame,
+    BundleFrame,
     DialogEvent,
     DialogPeer,
-    DialogReceiver,
+    Direction,
+    Envelope,
+    FragmentFrame,
     FragmentReceived,
+    HandshakeCompleted,
     HeldFragment,
     IntegrityFailure,
+    LinkConnection,
+    LocalProtocolError,
     MessageAcked,
     MessageReceived,
     PartialMessageDiscarded,
     PendingMessage,
+    RemoteProtocolError,
     RetryPolicy,
+    Role,
     SessionKeyReceived,
     UnknownDialog,
-    fragment_layout,
 )
+from ssb.protocol._dialog_frames import AckRecord
+from ssb.protocol._fields import MAX_ACK_RANGES
 from ssb.protocol._integrity import (
     SessionSeal,
     TrustStore,
@@ -37,18 +46,8 @@ from ssb.protocol._integrity import (
     load_private_key,
     new_session_key,
 )
-from ssb.protocol._link import (
-    MAX_ACK_RANGES,
-    AckFrame,
-    AckRecord,
-    BundleFrame,
-    Direction,
-    Envelope,
-    FragmentFrame,
-    HandshakeCompleted,
-    LinkConnection,
-    Role,
-)
+from ssb.protocol._receiver import DialogReceiver
+from ssb.protocol._sender import MAX_PRIORITY, fragment_layout
 
 A_ID = uuid.UUID("00000000-0000-4000-8000-00000000000a")
 B_ID = uuid.UUID("00000000-0000-4000-8000-00000000000b")

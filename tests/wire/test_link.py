@@ -14,11 +14,25 @@ from hypothesis import strategies as st
 
 from ssb.protocol import (
     NEED_DATA,
+    AckFrame,
+    BundleFrame,
+    CloseFrame,
+    ConnectionClosed,
+    Direction,
+    Envelope,
     ErrorCode,
+    FragmentFrame,
+    HandshakeCompleted,
+    LinkConnection,
+    LinkState,
     LocalProtocolError,
     ProtocolError,
+    ProtocolErrorFrame,
     RemoteProtocolError,
+    Role,
 )
+from ssb.protocol._dialog_frames import AckRecord, new_fragment_frame
+from ssb.protocol._fields import MAX_ACK_RANGES, FrameKind
 from ssb.protocol._framing import encode_frame, pack, unpack
 from ssb.protocol._integrity import (
     TrustStore,
@@ -30,30 +44,14 @@ from ssb.protocol._link import (
     _RECV_KEEPS_ESTABLISHED,
     _SEND_KEEPS_ESTABLISHED,
     _TRANSITIONS,
-    MAX_ACK_RANGES,
     PROTOCOL_VERSION,
-    AckFrame,
-    AckRecord,
-    BundleFrame,
-    CloseFrame,
-    ConnectionClosed,
-    Direction,
-    Envelope,
-    FragmentFrame,
-    FrameKind,
-    HandshakeCompleted,
     Hello,
     HelloAccept,
-    LinkConnection,
     LinkFrame,
     LinkInput,
-    LinkState,
     Proof,
-    ProtocolErrorFrame,
-    Role,
     decode_link_frame,
     encode_link_frame,
-    new_fragment_frame,
 )
 
 A_ID = uuid.UUID("aaaaaaaa-0000-4000-8000-000000000001")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from ssb.protocol._dialog import DialogPeer, RetryPolicy
-from ssb.protocol._link import Direction, Envelope
+from ssb.protocol import DialogPeer, Direction, Envelope, FragmentFrame, RetryPolicy
 
 BROKER_A, BROKER_B = uuid.uuid4(), uuid.uuid4()
 
@@ -57,8 +56,6 @@ def test_flood_at_ten_does_not_starve_level_one_beyond_the_bound() -> None:
 
 def test_priorities_never_travel_on_the_wire() -> None:
     from dataclasses import fields
-
-    from ssb.protocol._link import FragmentFrame
 
     assert not [f.name for f in fields(FragmentFrame) if "prior" in f.name]
 
