@@ -228,7 +228,7 @@ class Broker:
         transport_settings = TransportSettings.from_section(config.sections.get("transport", {}))
         self.transport = transport = Transport(
             instance=instance,
-            delivery=engine.delivery,
+            delivery=engine.remote,
             endpoints=engine.endpoints,
             routes=engine.routes,
             catalog=engine.catalog,

@@ -24,11 +24,12 @@ from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, MESSAGE_COLUMNS, ErrorCode
 from ._core import catalog as cat
 from ._core.backlog import MessageCache
 from ._core.capacity import Capacity
-from ._core.delivery import Delivery, Outbound
+from ._core.delivery import Delivery
 from ._core.endpoints import ConversationTimers, Endpoints
 from ._core.ports import Clock, durable
 from ._core.queues import Conversation, Queue
 from ._core.transactions import Session, Transactions
+from ._core.transmission import Outbound
 from ._errors import BrokerError, bad_argument
 from ._store import Store
 from ._transport import HeldPartial

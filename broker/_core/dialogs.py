@@ -47,6 +47,7 @@ from .transactions import (
     as_seconds,
     as_uuid,
 )
+from .transmission import TransmissionQueue
 from .validation import validate_body
 
 log = logging.getLogger("ssb.core")
@@ -76,6 +77,7 @@ class Dialogs:
         endpoints: Endpoints,
         transactions: Transactions,
         delivery: Delivery,
+        transmission: TransmissionQueue,
         capacity: Capacity,
     ) -> None:
         self.clock = clock
@@ -85,6 +87,7 @@ class Dialogs:
         self.endpoints = endpoints
         self.transactions = transactions
         self.delivery = delivery
+        self.transmission = transmission
         self.capacity = capacity
         self.timers = ConversationTimers(
             endpoints, delivery.journal, clock, self._fire_timer, self._expire
@@ -453,12 +456,12 @@ class Dialogs:
         if not self.endpoints.known(ep):
             return
         if action.cleanup:
-            self.delivery.drop_outbound(ep)
+            self.transmission.drop(ep.conversation_id, ep.is_initiator)
             self.delivery.remove_endpoint(ep)
             return
         self.delivery.drop_messages(ep)
         if action.error is not None:
-            self.delivery.drop_outbound(ep)
+            self.transmission.drop(ep.conversation_id, ep.is_initiator)
         if ep.state in ENDED_BY_FAR_SIDE or ep.state == State.SO or self.delivery.far_gone(ep):
             ep.state = State.CD
             self.delivery.remove_endpoint(ep)
@@ -505,7 +508,7 @@ class Dialogs:
 
     def _expire(self, ep: Endpoint) -> None:
         if ep.state == State.DO:
-            self.delivery.drop_outbound(ep)
+            self.transmission.drop(ep.conversation_id, ep.is_initiator)
             self.delivery.remove_endpoint(ep)
             return
         if ep.state in (State.ER, State.CD):

@@ -13,7 +13,8 @@ Parts, each owning its state (imports run one way, top to bottom):
     endpoints            conversation endpoints over the store, timers
     outcomes             committed transaction ids, for reconnecting clients
     transactions         sessions, transactions, locks (hooks call back here)
-    delivery             the transmission queue; local and remote delivery
+    transmission         the transmission queue: what waits, by dialog direction
+    delivery, remote     local delivery and enqueue; messages to and from other brokers
     receive              RECEIVE, GET CONVERSATION GROUP, waiters
     dialogs              BEGIN DIALOG, SEND, END, timers, MOVE; effects at commit
     events, poison, ddl  notifications, poison rules, catalog statements
@@ -41,7 +42,7 @@ from .backlog import DEFAULT_CACHE_BYTES, MessageCache
 from .capacity import Capacity
 from .conversations import Endpoint
 from .ddl import Ddl
-from .delivery import Delivery, Outbound
+from .delivery import Delivery
 from .dialogs import Dialogs
 from .endpoints import Endpoints
 from .events import Events
@@ -50,6 +51,7 @@ from .poison import Poison
 from .ports import Clock, Journal, NoListener, OutboundSink, QueueListener, Row
 from .queues import Conversation, Queue, Status, dead_letter_identity
 from .receive import Receiving
+from .remote import RemoteDelivery
 from .routes import Routes
 from .transactions import (
     DEFAULT_MAX_DETACHED,
@@ -58,6 +60,7 @@ from .transactions import (
     Transaction,
     Transactions,
 )
+from .transmission import Outbound, TransmissionQueue
 
 log = logging.getLogger("ssb.core")
 
@@ -126,6 +129,7 @@ class Engine:
         self.transactions = Transactions(
             clock, self, lock_timeout, self.outcomes, max_locks, max_detached
         )
+        self.transmission = TransmissionQueue(journal, self.cache, self.catalog, self.queues)
         self.delivery = Delivery(
             journal,
             clock,
@@ -133,10 +137,21 @@ class Engine:
             self.routes,
             self.queues,
             self.endpoints,
-            self.cache,
+            self.transmission,
             self.capacity,
             instance_id,
             self.listener,
+        )
+        self.remote = RemoteDelivery(
+            journal,
+            clock,
+            self.catalog,
+            self.queues,
+            self.endpoints,
+            self.capacity,
+            instance_id,
+            self.delivery,
+            self.transmission,
         )
         self.receiving = Receiving(
             clock,
@@ -155,6 +170,7 @@ class Engine:
             self.endpoints,
             self.transactions,
             self.delivery,
+            self.transmission,
             self.capacity,
         )
         self.events = Events(
@@ -230,7 +246,8 @@ class Engine:
             self.ddl.add_queue(definition)
         self.ddl.count_quotas()
         max_order, max_outbound, max_incident = state.max_ids
-        self.delivery.restore_ids(max_order, max_outbound)
+        self.delivery.restore_ids(max_order)
+        self.transmission.restore_ids(max_outbound)
         self.poison.restore_ids(max_incident)
         self.outcomes.load(state.meta.get(PRUNED_THROUGH))
         self._load_messages()
@@ -337,7 +354,7 @@ class Engine:
                 continue
             out = Outbound.from_row(rows[0])
             local = self.routes.is_local(out.to_service, out.to_broker_instance)
-            self.delivery.restore_outbox(out, count, local)
+            self.transmission.restore(out, count, local)
 
     def start(self) -> None:
         """Arm timers and deliver what waited for queues that are ON (on the loop)."""

@@ -18,10 +18,11 @@ from xml.sax.saxutils import escape
 
 from . import catalog as cat
 from .conversations import CAN_SEND
-from .delivery import Delivery, Outbound
+from .delivery import Delivery
 from .endpoints import Endpoints
 from .ports import Clock
 from .routes import Routes
+from .transmission import Outbound
 
 log = logging.getLogger("ssb.core")
 

@@ -14,9 +14,10 @@ reaches the world through these ports, which the daemon fills in:
 - `OutboundSink`: the broker-to-broker transport hears of transmission-queue work.
 
 And what the core offers the broker-to-broker transport, which is handed these parts
-of the core and nothing else: `RemoteDelivery` (the transmission queue's way out,
-messages from other brokers in), `EndpointLookup`, `RouteLookup`, `PeerCatalog` (the
-certificates and remote service bindings it trusts) and `CatalogStatements`.
+of the core and nothing else: `remote.RemoteDelivery` (the transmission queue's way out,
+messages from other brokers in: a part of its own, so no Protocol repeats it here),
+`EndpointLookup`, `RouteLookup`, `PeerCatalog` (the certificates and remote service
+bindings it trusts) and `CatalogStatements`.
 
 Rows are plain tuples in the column order of the store's tables; `Row` names them.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from .catalog import Certificate, RemoteServiceBinding, Route
 from .conversations import Endpoint
@@ -266,68 +267,6 @@ class NoTransport:
 
 
 # ---- what the core offers the broker-to-broker transport ------------------------------
-
-_Box = TypeVar("_Box")
-_Entry = TypeVar("_Entry")
-
-
-class RemoteDelivery(Protocol[_Box, _Entry]):
-    """Messages to and from other brokers (implemented by `delivery.Delivery`: `_Box` is
-    its `DialogOutbox`, the waiting entries of one dialog direction, `_Entry` its
-    `Outbound`, one entry)."""
-
-    def remote_outboxes(self) -> list[_Box]: ...
-
-    def outbox(self, direction: tuple[uuid.UUID, bool]) -> _Box | None: ...
-
-    def is_current(self, box: _Box) -> bool: ...
-
-    def pull(self, box: _Box, limit: int, max_bytes: int) -> list[_Entry]: ...
-
-    def remote_acknowledged(
-        self,
-        conversation_id: uuid.UUID,
-        from_initiator: bool,
-        first: int,
-        last: int,
-        message_type: str = "",
-    ) -> None: ...
-
-    def accepts(
-        self,
-        conversation_id: uuid.UUID,
-        from_initiator: bool,
-        to_service: str,
-        pending: Callable[[], tuple[int, int]] | None = None,
-        arriving: int = 1,
-    ) -> str | None: ...
-
-    def deliver_remote(
-        self,
-        conversation_id: uuid.UUID,
-        from_initiator: bool,
-        seq: int,
-        message_type: str,
-        body: bytes,
-        from_service: str,
-        to_service: str,
-        contract: str,
-        from_broker: str,
-        refusal: str = "",
-    ) -> None: ...
-
-    def deliver_remote_many(
-        self,
-        conversation_id: uuid.UUID,
-        from_initiator: bool,
-        seq: int,
-        message_type: str,
-        bodies: list[bytes],
-        from_service: str,
-        to_service: str,
-        contract: str,
-        from_broker: str,
-    ) -> None: ...
 
 
 class EndpointLookup(Protocol):

@@ -45,8 +45,8 @@ from ssb.protocol import (
     pack,
 )
 
-from .._core.delivery import DialogOutbox, Outbound
-from .._core.ports import EndpointLookup, RemoteDelivery, Row
+from .._core.ports import EndpointLookup, Row
+from .._core.remote import RemoteDelivery
 from .applying import Applying, Arrivals, DirectionId
 from .forwarding import Forwarder
 from .link import Frames, Link, Peer
@@ -72,7 +72,7 @@ class Reception:
 
     def __init__(
         self,
-        delivery: RemoteDelivery[DialogOutbox, Outbound],
+        delivery: RemoteDelivery,
         endpoints: EndpointLookup,
         store: RemoteDialogStore,
         clock: Clock,

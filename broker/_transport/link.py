@@ -42,8 +42,8 @@ from ssb.protocol import (
 )
 
 from .._config import ClientLimits
-from .._core.delivery import DialogOutbox, DirectionKey
 from .._core.ports import Cancellable
+from .._core.transmission import DialogOutbox, DirectionKey
 from .._tls import Door
 from .ports import Clock, Connector
 from .refusals import REFUSAL_LOG_EVERY

@@ -42,8 +42,10 @@ from ssb.protocol import (
 )
 
 from .._core.conversations import Endpoint
-from .._core.delivery import SYSTEM_TYPES, DialogOutbox, DirectionKey, Outbound
-from .._core.ports import EndpointLookup, RemoteDelivery, RouteLookup
+from .._core.delivery import SYSTEM_TYPES
+from .._core.ports import EndpointLookup, RouteLookup
+from .._core.remote import RemoteDelivery
+from .._core.transmission import DialogOutbox, DirectionKey, Outbound
 from .applying import Applying, DirectionId
 from .link import Link, Links, Peer
 from .peers import Peers, route_address
@@ -78,7 +80,7 @@ class Transmission:
     def __init__(
         self,
         instance: uuid.UUID,
-        delivery: RemoteDelivery[DialogOutbox, Outbound],
+        delivery: RemoteDelivery,
         endpoints: EndpointLookup,
         routes: RouteLookup,
         store: RemoteDialogStore,

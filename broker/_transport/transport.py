@@ -37,14 +37,14 @@ from typing import Any
 from ssb.protocol import Direction, Envelope, HandshakeCompleted, Role, unpack
 
 from .._core.conversations import Endpoint
-from .._core.delivery import DialogOutbox, Outbound
 from .._core.ports import (
     CatalogStatements,
     EndpointLookup,
     PeerCatalog,
-    RemoteDelivery,
     RouteLookup,
 )
+from .._core.remote import RemoteDelivery
+from .._core.transmission import DialogOutbox, Outbound
 from .forwarding import Forwarder
 from .inbound import Reception
 from .link import Frames, Link, Links, Peer
@@ -68,7 +68,7 @@ class Transport:
         self,
         *,
         instance: str,
-        delivery: RemoteDelivery[DialogOutbox, Outbound],
+        delivery: RemoteDelivery,
         endpoints: EndpointLookup,
         routes: RouteLookup,
         catalog: PeerCatalog,

@@ -39,9 +39,9 @@ from ssb.protocol import (
 )
 
 from .._core import catalog as cat
-from .._core.delivery import DialogOutbox, Outbound
 from .._core.ports import CatalogStatements, EndpointLookup, PeerCatalog
 from .._core.transactions import Session
+from .._core.transmission import DialogOutbox, Outbound
 from .._errors import BrokerError, bad_argument
 from .._tls import fingerprint
 from .identity import Identity, IdentityFiles

@@ -4,7 +4,7 @@ order (core only: in-memory store, fake clock)."""
 
 from __future__ import annotations
 
-from ssb.broker._core.delivery import DialogOutbox
+from ssb.broker._core.transmission import DialogOutbox
 
 from .core_harness import BODY, SEQ, Core
 
@@ -25,7 +25,7 @@ def test_a_remote_backlog_spills_and_is_pulled_back_in_sequence_order() -> None:
     for n in range(20):
         core.op("send", handle, "DEFAULT", [b"%04d" % (n * 10 + i) + b"x" * KIB for i in range(10)])
         core.flush()
-    delivery = core.engine.delivery
+    delivery = core.engine.remote
     (box,) = delivery.remote_outboxes()
     assert box.count == 200 and box.spilled > 150
     assert core.engine.cache.resident <= 16 * KIB
@@ -46,7 +46,7 @@ def test_only_durable_entries_are_pulled() -> None:
     handle = core.op("begin_dialog", "InitiatorService", "FarService", broker_instance=PEER)
     core.flush()
     core.op("send", handle, "DEFAULT", [b"a", b"b"])
-    delivery = core.engine.delivery
+    delivery = core.engine.remote
     (box,) = delivery.remote_outboxes()
     assert isinstance(box, DialogOutbox)
     assert delivery.pull(box, 10, 1 << 20) == []  # not durable: could be lost in a crash
@@ -60,15 +60,15 @@ def test_a_restart_resumes_a_remote_backlog_from_the_store() -> None:
     handle = core.op("begin_dialog", "InitiatorService", "FarService", broker_instance=PEER)
     core.op("send", handle, "DEFAULT", [b"%03d" % n for n in range(50)])
     core.flush()
-    box = core.engine.delivery.remote_outboxes()[0]
-    first = core.engine.delivery.pull(box, 5, 1 << 20)  # in flight, not acknowledged
+    box = core.engine.remote.remote_outboxes()[0]
+    first = core.engine.remote.pull(box, 5, 1 << 20)  # in flight, not acknowledged
     assert [o.seq for o in first] == [0, 1, 2, 3, 4]
-    core.engine.delivery.remote_acknowledged(box.conversation_id, True, 1, 1, "DEFAULT")
+    core.engine.remote.remote_acknowledged(box.conversation_id, True, 1, 1, "DEFAULT")
     core.flush()
     again = core.restart(message_cache_bytes=8 * KIB)
-    (box,) = again.engine.delivery.remote_outboxes()
+    (box,) = again.engine.remote.remote_outboxes()
     assert box.count == 49 and box.first_key() == 0  # 1 was acknowledged; the rest remain
-    pulled = again.engine.delivery.pull(box, 100, 1 << 20)
+    pulled = again.engine.remote.pull(box, 100, 1 << 20)
     assert [o.seq for o in pulled] == [0, *range(2, 50)]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ssb.broker._core.delivery import Outbound
+from ssb.broker._core.transmission import Outbound
 from ssb.broker._transport import outbound
 
 from .core_harness import BODY
@@ -43,7 +43,7 @@ async def test_entries_are_placed_once_durable_and_fed_within_the_in_flight_budg
     assert len(peer.in_flight) == 4  # the budget; the rest waits in the transmission queue
     assert a.transmission_queue() == 10
     assert [address for address, _ in world.network.attempts] == [b.address]
-    (box,) = a.core.engine.delivery.remote_outboxes()
+    (box,) = a.core.engine.remote.remote_outboxes()
     assert box.count == 6
     (row,) = a.core.store.read_transmission(box.conversation_id, True, 0, None, 1, 1 << 20)
     assert a.transport.describe(Outbound.from_row(row)) == f"connection refused by {b.address}"
@@ -71,7 +71,7 @@ async def test_a_direction_waits_with_its_reason_until_a_route_and_a_certificate
     a.op("drop", "route", "to_b")
     a.op("send", handle, "DEFAULT", [b"hello"])
     await world.settle()
-    (box,) = a.core.engine.delivery.remote_outboxes()
+    (box,) = a.core.engine.remote.remote_outboxes()
     assert box.status == "no route to service 'TargetService'"
     a.op("create_route", "to_b", "TargetService", f"tcp://{b.address}", broker_instance=B_ID)
     await world.settle()

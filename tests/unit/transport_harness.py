@@ -175,7 +175,7 @@ class Broker:
         engine = self.core.engine
         transport = Transport(
             instance=self.instance,
-            delivery=engine.delivery,
+            delivery=engine.remote,
             endpoints=engine.endpoints,
             routes=engine.routes,
             catalog=engine.catalog,
