@@ -8,7 +8,9 @@ reaches the world through these ports, which the daemon fills in:
   together (group commit); `watermark()` names the batch that must be durable before
   an answer that depends on the writes so far may leave. Reads return committed
   state only, so the core never evicts an object from memory before the write that
-  made it current is durable (see `backlog` and `endpoints`).
+  made it current is durable (see `backlog` and `endpoints`). It is made of one
+  Protocol per family of tables, each with its contract; the store's port
+  (`_store.port`) extends each family with what the rest of the broker asks.
 - `Clock`: wall-clock time and timers, so tests drive time by hand.
 - `QueueListener`: the queue monitors (activation) hear what happens to queues.
 - `OutboundSink`: the broker-to-broker transport hears of transmission-queue work.
@@ -51,40 +53,86 @@ class Clock(Protocol):
     def create_future(self) -> asyncio.Future[Any]: ...
 
 
-class Journal(Protocol):
-    """The durable store, as the core uses it (a part of the store's port, `_store.Store`)."""
+class Batches(Protocol):
+    """Batches and durability: every write joins the open batch (see the store's port,
+    `_store.port`, for the rules of batches and reads)."""
 
-    # ---- batches and durability
-    def watermark(self) -> int: ...
+    def watermark(self) -> int:
+        """The number of the newest batch holding a write: the batch that must be durable
+        before an answer that depends on the writes made so far may leave. With nothing
+        written since the last batch was taken for commit, the number of that batch (0
+        before the first)."""
+        ...
 
     @property
-    def durable(self) -> int: ...
+    def durable(self) -> int:
+        """The number of the newest batch on disk; every batch up to it is durable (0
+        before the first commit)."""
+        ...
 
-    def when_durable(self, batch: int, callback: Callable[[], None]) -> None: ...
+    def when_durable(self, batch: int, callback: Callable[[], None]) -> None:
+        """Call `callback` (on the event loop) once batch `batch` is durable: at once,
+        before returning, if it is already. Callbacks run in the order they were given,
+        none before its batch is durable; one that writes, writes into the open batch."""
+        ...
 
     def defer(self, writer: Callable[[], None]) -> None:
-        """Call `writer` once just before the open batch is committed (it writes then)."""
+        """Call `writer` once, just before the open batch is taken for commit; what it
+        writes goes into that batch. From now on the open batch counts as holding a
+        write (`watermark()` names it)."""
+        ...
 
-    # ---- catalog
-    def put_catalog(self, kind: str, name: str, body: str) -> None: ...
 
-    def delete_catalog(self, kind: str, name: str) -> None: ...
+class CatalogJournal(Protocol):
+    """The catalog of objects and the broker's meta values, as the core writes them."""
 
-    # ---- endpoints
-    def insert_endpoint(self, row: Row) -> None: ...
+    def put_meta(self, key: str, value: str) -> None:
+        """Set a meta value, replacing the key's old one."""
+        ...
 
-    def update_endpoint(self, row: Row) -> None: ...
+    def put_catalog(self, kind: str, name: str, body: str) -> None:
+        """Store an object's definition, replacing one of the same kind and name."""
+        ...
+
+    def delete_catalog(self, kind: str, name: str) -> None:
+        """Forget an object (nothing happens if there is none)."""
+        ...
+
+
+class EndpointJournal(Protocol):
+    """Conversation endpoints (the store's ENDPOINT_COLUMNS), keyed by handle, and by
+    conversation id and side (is_initiator) as well."""
+
+    def insert_endpoint(self, row: Row) -> None:
+        """Store a new endpoint (its handle, and its conversation and side, are new)."""
+        ...
+
+    def update_endpoint(self, row: Row) -> None:
+        """Write an endpoint's whole state (the endpoint of the row's conversation and
+        side). After `insert_endpoint` in the same batch, the endpoint is inserted with
+        this state instead, where the insert was among the batch's writes; after another
+        `update_endpoint`, only this one is written."""
+        ...
 
     def update_endpoint_hot(self, row: Row) -> None:
-        """Only columns no index holds changed: `Endpoint.hot_row()`."""
+        """Write only the columns of HOT_ENDPOINT_COLUMNS, the row being those values then
+        the conversation id and is_initiator (`Endpoint.hot_row()`); it takes effect after
+        every earlier write of the endpoint in the batch."""
+        ...
 
-    def delete_endpoint(self, handle: uuid.UUID) -> None: ...
+    def delete_endpoint(self, handle: uuid.UUID) -> None:
+        """Forget an endpoint. One inserted in the open batch is then never written."""
+        ...
 
-    def read_endpoint(self, handle: uuid.UUID) -> Row | None: ...
+    def read_endpoint(self, handle: uuid.UUID) -> Row | None:
+        """The endpoint with this handle (None: there is none)."""
+        ...
 
     def read_endpoint_by_conversation(
         self, conversation_id: uuid.UUID, is_initiator: bool
-    ) -> Row | None: ...
+    ) -> Row | None:
+        """The endpoint of a conversation's side (None: there is none)."""
+        ...
 
     def read_endpoints(
         self,
@@ -94,24 +142,51 @@ class Journal(Protocol):
         contract: str | None = None,
         after: uuid.UUID | None = None,
         limit: int,
-    ) -> list[Row]: ...
+    ) -> list[Row]:
+        """The endpoints that match every filter given (None: no filter), with a handle
+        greater than `after` (bytewise), by handle, at most `limit`."""
+        ...
 
-    def read_due_endpoints(self, after: float | None, until: float) -> list[Row]: ...
+    def read_due_endpoints(self, after: float | None, until: float) -> list[Row]:
+        """(handle, timer_at, lifetime_expiry) of each endpoint whose conversation timer
+        or lifetime falls in (`after`, `until`] (None: no lower bound); one row for each
+        of the two that does, in no particular order."""
+        ...
 
-    # ---- messages
-    def insert_message(self, row: Row) -> None: ...
 
-    def delete_message(self, queuing_order: int) -> None: ...
+class MessageJournal(Protocol):
+    """Messages in queues (the store's MESSAGE_COLUMNS), keyed by queuing order. `size` is
+    the body's length, what byte budgets count."""
 
-    def delete_messages(self, orders: Iterable[int]) -> None: ...
+    def insert_message(self, row: Row) -> None:
+        """Store a new message (its queuing order is larger than any stored)."""
+        ...
 
-    def delete_conversation_messages(self, queue: str, handle: uuid.UUID) -> None: ...
+    def delete_message(self, queuing_order: int) -> None:
+        """Forget a message (nothing happens if there is none). One whose insert is still
+        in the open batch is never written, and counted in `cancelled`."""
+        ...
 
-    def set_message_status(self, queuing_order: int, status: int) -> None: ...
+    def delete_messages(self, orders: Iterable[int]) -> None:
+        """`delete_message` of each of `orders` (distinct), in one go."""
+        ...
 
-    def set_delivery_count(self, queuing_order: int, count: int) -> None: ...
+    def delete_conversation_messages(self, queue: str, handle: uuid.UUID) -> None:
+        """Forget every retained, ready, parked or requeued message of the conversation
+        `handle` in `queue`, as of this point in the batch."""
+        ...
 
-    def set_message_extra(self, queuing_order: int, extra: bytes | None) -> None: ...
+    def set_message_status(self, queuing_order: int, status: int) -> None:
+        """Change a message's status."""
+        ...
+
+    def set_delivery_count(self, queuing_order: int, count: int) -> None:
+        """Change a message's delivery count."""
+        ...
+
+    def set_message_extra(self, queuing_order: int, extra: bytes | None) -> None:
+        """Change a message's extra column (the core's packed attributes)."""
+        ...
 
     def read_ready_messages(
         self,
@@ -121,36 +196,72 @@ class Journal(Protocol):
         before: int | None,
         limit: int,
         max_bytes: int,
-    ) -> list[Row]: ...
+    ) -> list[Row]:
+        """Ready messages of conversation `handle` in `queue` with `first` <= queuing
+        order < `before` (None: no upper bound), in queuing order: at most `limit`, and no
+        more once their sizes add up to `max_bytes` (the one that reaches it is
+        included)."""
+        ...
 
     def next_ready_order(
         self, queue: str, handle: uuid.UUID, after: int, before: int | None
-    ) -> int | None: ...
+    ) -> int | None:
+        """The smallest queuing order of a ready message of the conversation in `queue`
+        between `after` and `before` (both excluded; None: no upper bound), or None."""
+        ...
 
-    def read_message_bodies(self, orders: Sequence[int]) -> dict[int, bytes]: ...
+    def read_message_bodies(self, orders: Sequence[int]) -> dict[int, bytes]:
+        """The bodies of the messages of `orders` that are stored, by queuing order."""
+        ...
 
-    def read_message(self, queuing_order: int) -> Row | None: ...
+    def read_message(self, queuing_order: int) -> Row | None:
+        """A message, whatever its status (None: there is none)."""
+        ...
 
     def read_queue_messages(
         self, queue: str, after: int | None, limit: int, max_bytes: int
-    ) -> list[Row]: ...
+    ) -> list[Row]:
+        """Retained, ready and requeued messages of `queue` with a queuing order greater
+        than `after` (None: all), in queuing order: at most `limit`, at least one if there
+        is any, and then no more than fit in `max_bytes` counting each message's size
+        plus `ssb.protocol.ROW_OVERHEAD`."""
+        ...
 
-    def message_summary(self, statuses: Iterable[int]) -> list[Row]: ...
+    def message_summary(self, statuses: Iterable[int]) -> list[Row]:
+        """Per (status, queue, conversation handle) among messages of `statuses`: (status,
+        queue, handle, count, bytes (sum of sizes), smallest queuing order, and the
+        service, group id, priority and contract of the endpoint with that handle: four
+        Nones without one), in no particular order (start-up read)."""
+        ...
 
-    def read_messages_with_status(self, statuses: Iterable[int]) -> list[Row]: ...
+    def read_messages_with_status(self, statuses: Iterable[int]) -> list[Row]:
+        """Every message of `statuses`, in no particular order (start-up read)."""
+        ...
 
-    # ---- transmission queue
-    def insert_transmission(self, row: Row) -> None: ...
 
-    def delete_transmission(self, ident: int) -> None: ...
+class TransmissionJournal(Protocol):
+    """The transmission queue (the store's TRANSMISSION_COLUMNS): messages on their way to
+    another service, keyed by id, and ordered by seq within a dialog direction (a
+    conversation id and side)."""
+
+    def insert_transmission(self, row: Row) -> None:
+        """Store a new entry (its id is larger than any stored, its seq larger than any of
+        its direction)."""
+        ...
+
+    def delete_transmission(self, ident: int) -> None:
+        """Forget an entry (nothing happens if there is none)."""
+        ...
 
     def delete_transmission_seqs(
         self, conversation_id: uuid.UUID, is_initiator: bool, first: int, last: int
-    ) -> None: ...
+    ) -> None:
+        """Forget a direction's entries with `first` <= seq <= `last`."""
+        ...
 
-    def delete_transmission_direction(
-        self, conversation_id: uuid.UUID, is_initiator: bool
-    ) -> None: ...
+    def delete_transmission_direction(self, conversation_id: uuid.UUID, is_initiator: bool) -> None:
+        """Forget every entry of a direction, as of this point in the batch."""
+        ...
 
     def read_transmission(
         self,
@@ -160,35 +271,85 @@ class Journal(Protocol):
         before: int | None,
         limit: int,
         max_bytes: int,
-    ) -> list[Row]: ...
+    ) -> list[Row]:
+        """A direction's entries with `first` <= seq < `before` (None: no upper bound), by
+        seq: at most `limit`, at least one if there is any, and then no more than fit in
+        `max_bytes` counting their bodies' lengths."""
+        ...
 
     def next_transmission_seq(
         self, conversation_id: uuid.UUID, is_initiator: bool, after: int, before: int | None
-    ) -> int | None: ...
+    ) -> int | None:
+        """The smallest seq of a direction's entries between `after` and `before` (both
+        excluded; None: no upper bound), or None."""
+        ...
 
-    def transmission_summary(self) -> list[Row]: ...
+    def transmission_summary(self) -> list[Row]:
+        """(conversation id, is_initiator, count, smallest seq) per direction with entries,
+        in no particular order (start-up read)."""
+        ...
 
-    def read_transmission_page(self, after: int | None, limit: int) -> list[Row]: ...
+    def read_transmission_page(self, after: int | None, limit: int) -> list[Row]:
+        """Entries with an id greater than `after` (None: all), by id, at most `limit`."""
+        ...
 
-    # ---- poison incidents
-    def insert_poison(self, row: Row) -> None: ...
 
-    def read_poison(self, limit: int) -> list[Row]: ...
+class PoisonJournal(Protocol):
+    """Poison incidents (the store's POISON_COLUMNS), kept for people to read."""
 
-    # ---- transaction outcomes (one record per batch, numbered in commit order)
-    def put_meta(self, key: str, value: str) -> None: ...
+    def insert_poison(self, row: Row) -> None:
+        """Store a new incident (its id is larger than any stored)."""
+        ...
 
-    def insert_outcomes(self, seq: int, at: float, count: int, ids: bytes) -> None: ...
+    def read_poison(self, limit: int) -> list[Row]:
+        """The newest `limit` incidents, oldest first, without the body column."""
+        ...
 
-    def delete_outcomes_upto(self, seq: int) -> None: ...
 
-    def read_outcome_batches(self, first: int) -> Iterable[tuple[int, float, bytes]]: ...
+class OutcomeJournal(Protocol):
+    """Ids of committed transactions, for clients resolving a commit whose answer was
+    lost (see `outcomes`): one record per batch, numbered, pruned oldest first."""
 
-    def outcome_batch_heads(self, first: int, limit: int) -> list[tuple[int, float, int]]: ...
+    def insert_outcomes(self, seq: int, at: float, count: int, ids: bytes) -> None:
+        """Store record `seq` (a new number): its commit time, how many ids, the ids."""
+        ...
 
-    def outcome_at(self, seq: int) -> float | None: ...
+    def delete_outcomes_upto(self, seq: int) -> None:
+        """Forget every record numbered `seq` or less."""
+        ...
 
-    def outcome_span(self) -> tuple[int, int, int] | None: ...
+    def read_outcome_batches(self, first: int) -> Iterable[tuple[int, float, bytes]]:
+        """(number, time, ids) of every record from number `first` on, newest first; to
+        be consumed at once."""
+        ...
+
+    def outcome_batch_heads(self, first: int, limit: int) -> list[tuple[int, float, int]]:
+        """(number, time, count) of the oldest `limit` records from number `first` on,
+        oldest first."""
+        ...
+
+    def outcome_at(self, seq: int) -> float | None:
+        """The commit time of record `seq` (None: it is not kept)."""
+        ...
+
+    def outcome_span(self) -> tuple[int, int, int] | None:
+        """(the first number, the last, how many ids in all) of the records kept (None:
+        there are none)."""
+        ...
+
+
+class Journal(
+    Batches,
+    CatalogJournal,
+    EndpointJournal,
+    MessageJournal,
+    TransmissionJournal,
+    PoisonJournal,
+    OutcomeJournal,
+    Protocol,
+):
+    """The durable store, as the core uses it: a part of the store's port (`_store.Store`),
+    whose families extend these."""
 
 
 async def durable(journal: Journal, clock: Clock) -> None:

@@ -5,7 +5,11 @@ endpoints, messages, the transmission queue, the transport's dialog state, login
 permissions, transaction outcomes, poison incidents and the scheduler's log. `Store`
 is the one interface the rest of the broker uses; it is made of one Protocol per family
 of tables, and `SQLiteStore` and `PostgresStore` implement it; both pass the shared
-tests (`tests/store/`).
+tests (`tests/store/`). The families the core writes through are the core's own
+(`_core.ports`, whose `Journal` they make up), with their contracts; each family here
+extends its core family with what the rest of the broker asks besides (the start-up
+reads, the store's life, the transport's and the security tables), so a store is a
+Journal by construction.
 
 Batches. Every write joins the *open batch* and returns at once; it never fails at the
 call (a failure shows when the batch is committed). Batches are numbered from 1 in each
@@ -41,13 +45,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Final, Protocol
+from collections.abc import Callable
+from typing import Final, Protocol
 
-from .._core.ports import Row
-
-if TYPE_CHECKING:
-    from .._core.ports import Journal
+from .._core.ports import (
+    Batches,
+    CatalogJournal,
+    EndpointJournal,
+    MessageJournal,
+    OutcomeJournal,
+    PoisonJournal,
+    Row,
+    TransmissionJournal,
+)
 
 ENDPOINT_COLUMNS: Final = (
     "handle",
@@ -160,33 +170,8 @@ POISON_COLUMNS: Final = (
 COUNTED_TABLES: Final = ("endpoints", "transmission_queue", "messages")
 
 
-class Commits(Protocol):
-    """Batches, durability, and the store's life from open to close."""
-
-    def watermark(self) -> int:
-        """The number of the newest batch holding a write: the batch that must be durable
-        before an answer that depends on the writes made so far may leave. With nothing
-        written since the last batch was taken for commit, the number of that batch (0
-        before the first)."""
-        ...
-
-    @property
-    def durable(self) -> int:
-        """The number of the newest batch on disk; every batch up to it is durable (0
-        before the first commit)."""
-        ...
-
-    def when_durable(self, batch: int, callback: Callable[[], None]) -> None:
-        """Call `callback` (on the event loop) once batch `batch` is durable: at once,
-        before returning, if it is already. Callbacks run in the order they were given,
-        none before its batch is durable; one that writes, writes into the open batch."""
-        ...
-
-    def defer(self, writer: Callable[[], None]) -> None:
-        """Call `writer` once, just before the open batch is taken for commit; what it
-        writes goes into that batch. From now on the open batch counts as holding a
-        write (`watermark()` names it)."""
-        ...
+class Commits(Batches, Protocol):
+    """The core's batches and durability, and the store's life from open to close."""
 
     def attach(
         self,
@@ -284,28 +269,17 @@ class Space(Protocol):
         ...
 
 
-class CatalogRows(Protocol):
-    """The catalog of objects, the broker's meta values, and figures over whole tables."""
+class CatalogRows(CatalogJournal, Protocol):
+    """The core's catalog and meta values, with their start-up reads, and figures over
+    whole tables."""
 
     def load_meta(self) -> dict[str, str]:
         """Every meta value by key (start-up read)."""
         ...
 
-    def put_meta(self, key: str, value: str) -> None:
-        """Set a meta value, replacing the key's old one."""
-        ...
-
     def load_catalog(self) -> list[tuple[str, str, str]]:
         """(kind, name, body) of every catalog object, in no particular order (start-up
         read)."""
-        ...
-
-    def put_catalog(self, kind: str, name: str, body: str) -> None:
-        """Store an object's definition, replacing one of the same kind and name."""
-        ...
-
-    def delete_catalog(self, kind: str, name: str) -> None:
-        """Forget an object (nothing happens if there is none)."""
         ...
 
     def max_ids(self) -> tuple[int, int, int]:
@@ -323,59 +297,8 @@ class CatalogRows(Protocol):
         ...
 
 
-class EndpointRows(Protocol):
-    """Conversation endpoints (ENDPOINT_COLUMNS), keyed by handle, and by conversation id
-    and side (is_initiator) as well."""
-
-    def insert_endpoint(self, row: Row) -> None:
-        """Store a new endpoint (its handle, and its conversation and side, are new)."""
-        ...
-
-    def update_endpoint(self, row: Row) -> None:
-        """Write an endpoint's whole state (the endpoint of the row's conversation and
-        side). After `insert_endpoint` in the same batch, the endpoint is inserted with
-        this state instead, where the insert was among the batch's writes; after another
-        `update_endpoint`, only this one is written."""
-        ...
-
-    def update_endpoint_hot(self, row: Row) -> None:
-        """Write only the columns of HOT_ENDPOINT_COLUMNS, the row being those values then
-        the conversation id and is_initiator (`Endpoint.hot_row()`); it takes effect after
-        every earlier write of the endpoint in the batch."""
-        ...
-
-    def delete_endpoint(self, handle: uuid.UUID) -> None:
-        """Forget an endpoint. One inserted in the open batch is then never written."""
-        ...
-
-    def read_endpoint(self, handle: uuid.UUID) -> Row | None:
-        """The endpoint with this handle (None: there is none)."""
-        ...
-
-    def read_endpoint_by_conversation(
-        self, conversation_id: uuid.UUID, is_initiator: bool
-    ) -> Row | None:
-        """The endpoint of a conversation's side (None: there is none)."""
-        ...
-
-    def read_endpoints(
-        self,
-        *,
-        group_id: uuid.UUID | None = None,
-        service: str | None = None,
-        contract: str | None = None,
-        after: uuid.UUID | None = None,
-        limit: int,
-    ) -> list[Row]:
-        """The endpoints that match every filter given (None: no filter), with a handle
-        greater than `after` (bytewise), by handle, at most `limit`."""
-        ...
-
-    def read_due_endpoints(self, after: float | None, until: float) -> list[Row]:
-        """(handle, timer_at, lifetime_expiry) of each endpoint whose conversation timer
-        or lifetime falls in (`after`, `until`] (None: no lower bound); one row for each
-        of the two that does, in no particular order."""
-        ...
+class EndpointRows(EndpointJournal, Protocol):
+    """The core's conversation endpoints (ENDPOINT_COLUMNS), and their groups for views."""
 
     def read_groups(self, limit: int) -> list[Row]:
         """(group id, the smallest service name among its endpoints, how many endpoints)
@@ -383,69 +306,8 @@ class EndpointRows(Protocol):
         ...
 
 
-class MessageRows(Protocol):
-    """Messages in queues (MESSAGE_COLUMNS), keyed by queuing order. `size` is the body's
-    length, what byte budgets count."""
-
-    def insert_message(self, row: Row) -> None:
-        """Store a new message (its queuing order is larger than any stored)."""
-        ...
-
-    def delete_message(self, queuing_order: int) -> None:
-        """Forget a message (nothing happens if there is none). One whose insert is still
-        in the open batch is never written, and counted in `cancelled`."""
-        ...
-
-    def delete_messages(self, orders: Iterable[int]) -> None:
-        """`delete_message` of each of `orders` (distinct), in one go."""
-        ...
-
-    def delete_conversation_messages(self, queue: str, handle: uuid.UUID) -> None:
-        """Forget every retained, ready, parked or requeued message of the conversation
-        `handle` in `queue`, as of this point in the batch."""
-        ...
-
-    def set_message_status(self, queuing_order: int, status: int) -> None:
-        """Change a message's status."""
-        ...
-
-    def set_delivery_count(self, queuing_order: int, count: int) -> None:
-        """Change a message's delivery count."""
-        ...
-
-    def set_message_extra(self, queuing_order: int, extra: bytes | None) -> None:
-        """Change a message's extra column (the core's packed attributes)."""
-        ...
-
-    def read_ready_messages(
-        self,
-        queue: str,
-        handle: uuid.UUID,
-        first: int,
-        before: int | None,
-        limit: int,
-        max_bytes: int,
-    ) -> list[Row]:
-        """Ready messages of conversation `handle` in `queue` with `first` <= queuing
-        order < `before` (None: no upper bound), in queuing order: at most `limit`, and no
-        more once their sizes add up to `max_bytes` (the one that reaches it is
-        included)."""
-        ...
-
-    def next_ready_order(
-        self, queue: str, handle: uuid.UUID, after: int, before: int | None
-    ) -> int | None:
-        """The smallest queuing order of a ready message of the conversation in `queue`
-        between `after` and `before` (both excluded; None: no upper bound), or None."""
-        ...
-
-    def read_message_bodies(self, orders: Sequence[int]) -> dict[int, bytes]:
-        """The bodies of the messages of `orders` that are stored, by queuing order."""
-        ...
-
-    def read_message(self, queuing_order: int) -> Row | None:
-        """A message, whatever its status (None: there is none)."""
-        ...
+class MessageRows(MessageJournal, Protocol):
+    """The core's messages in queues (MESSAGE_COLUMNS), and when one was enqueued."""
 
     def message_enqueue_time(self, queuing_order: int) -> float | None:
         """When a message was enqueued (None: there is no such message).
@@ -455,80 +317,9 @@ class MessageRows(Protocol):
         """
         ...
 
-    def read_queue_messages(
-        self, queue: str, after: int | None, limit: int, max_bytes: int
-    ) -> list[Row]:
-        """Retained, ready and requeued messages of `queue` with a queuing order greater
-        than `after` (None: all), in queuing order: at most `limit`, at least one if there
-        is any, and then no more than fit in `max_bytes` counting each message's size
-        plus `ssb.protocol.ROW_OVERHEAD`."""
-        ...
 
-    def message_summary(self, statuses: Iterable[int]) -> list[Row]:
-        """Per (status, queue, conversation handle) among messages of `statuses`: (status,
-        queue, handle, count, bytes (sum of sizes), smallest queuing order, and the
-        service, group id, priority and contract of the endpoint with that handle: four
-        Nones without one), in no particular order (start-up read)."""
-        ...
-
-    def read_messages_with_status(self, statuses: Iterable[int]) -> list[Row]:
-        """Every message of `statuses`, in no particular order (start-up read)."""
-        ...
-
-
-class TransmissionRows(Protocol):
-    """The transmission queue (TRANSMISSION_COLUMNS): messages on their way to another
-    service, keyed by id, and ordered by seq within a dialog direction (a conversation id
-    and side)."""
-
-    def insert_transmission(self, row: Row) -> None:
-        """Store a new entry (its id is larger than any stored, its seq larger than any of
-        its direction)."""
-        ...
-
-    def delete_transmission(self, ident: int) -> None:
-        """Forget an entry (nothing happens if there is none)."""
-        ...
-
-    def delete_transmission_seqs(
-        self, conversation_id: uuid.UUID, is_initiator: bool, first: int, last: int
-    ) -> None:
-        """Forget a direction's entries with `first` <= seq <= `last`."""
-        ...
-
-    def delete_transmission_direction(self, conversation_id: uuid.UUID, is_initiator: bool) -> None:
-        """Forget every entry of a direction, as of this point in the batch."""
-        ...
-
-    def read_transmission(
-        self,
-        conversation_id: uuid.UUID,
-        is_initiator: bool,
-        first: int,
-        before: int | None,
-        limit: int,
-        max_bytes: int,
-    ) -> list[Row]:
-        """A direction's entries with `first` <= seq < `before` (None: no upper bound), by
-        seq: at most `limit`, at least one if there is any, and then no more than fit in
-        `max_bytes` counting their bodies' lengths."""
-        ...
-
-    def next_transmission_seq(
-        self, conversation_id: uuid.UUID, is_initiator: bool, after: int, before: int | None
-    ) -> int | None:
-        """The smallest seq of a direction's entries between `after` and `before` (both
-        excluded; None: no upper bound), or None."""
-        ...
-
-    def transmission_summary(self) -> list[Row]:
-        """(conversation id, is_initiator, count, smallest seq) per direction with entries,
-        in no particular order (start-up read)."""
-        ...
-
-    def read_transmission_page(self, after: int | None, limit: int) -> list[Row]:
-        """Entries with an id greater than `after` (None: all), by id, at most `limit`."""
-        ...
+class TransmissionRows(TransmissionJournal, Protocol):
+    """The core's transmission queue (TRANSMISSION_COLUMNS), as the core uses it."""
 
 
 class RemoteRows(Protocol):
@@ -611,49 +402,13 @@ class SecurityRows(Protocol):
         ...
 
 
-class OutcomeRows(Protocol):
-    """Ids of committed transactions, for clients resolving a commit whose answer was
-    lost (see `_core.outcomes`): one record per batch, numbered, pruned oldest first."""
-
-    def insert_outcomes(self, seq: int, at: float, count: int, ids: bytes) -> None:
-        """Store record `seq` (a new number): its commit time, how many ids, the ids."""
-        ...
-
-    def delete_outcomes_upto(self, seq: int) -> None:
-        """Forget every record numbered `seq` or less."""
-        ...
-
-    def read_outcome_batches(self, first: int) -> Iterable[tuple[int, float, bytes]]:
-        """(number, time, ids) of every record from number `first` on, newest first; to
-        be consumed at once."""
-        ...
-
-    def outcome_batch_heads(self, first: int, limit: int) -> list[tuple[int, float, int]]:
-        """(number, time, count) of the oldest `limit` records from number `first` on,
-        oldest first."""
-        ...
-
-    def outcome_at(self, seq: int) -> float | None:
-        """The commit time of record `seq` (None: it is not kept)."""
-        ...
-
-    def outcome_span(self) -> tuple[int, int, int] | None:
-        """(the first number, the last, how many ids in all) of the records kept (None:
-        there are none)."""
-        ...
+class OutcomeRows(OutcomeJournal, Protocol):
+    """The core's committed transaction ids (see `_core.outcomes`), as the core uses them."""
 
 
-class LogRows(Protocol):
-    """Records kept for people to read: poison incidents (POISON_COLUMNS) and the seed-000
-    scheduler's execution log (EXECUTION_LOG_COLUMNS)."""
-
-    def insert_poison(self, row: Row) -> None:
-        """Store a new incident (its id is larger than any stored)."""
-        ...
-
-    def read_poison(self, limit: int) -> list[Row]:
-        """The newest `limit` incidents, oldest first, without the body column."""
-        ...
+class LogRows(PoisonJournal, Protocol):
+    """Records kept for people to read: the core's poison incidents (POISON_COLUMNS) and
+    the seed-000 scheduler's execution log (EXECUTION_LOG_COLUMNS)."""
 
     def put_execution_log(self, row: Row) -> None:
         """Store a log row, replacing the one of the same log_id."""
@@ -703,10 +458,3 @@ class ManualCommits(Protocol):
 
 class ManualStore(Store, ManualCommits, Protocol):
     """A store that tests drive by hand."""
-
-
-if TYPE_CHECKING:
-
-    def _a_store_is_a_journal(store: Store) -> Journal:
-        """The core's Journal is a part of the port (mypy checks this assignment)."""
-        return store
