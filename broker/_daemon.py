@@ -46,7 +46,7 @@ from ._activation.monitors import Monitors
 from ._activation.workers import WorkerPool
 from ._config import Config, ConfigError
 from ._core.engine import Engine, StoredState
-from ._core.ports import Cancellable
+from ._core.ports import Cancellable, OutboundRelay
 from ._logins import Logins, ThrottleSettings
 from ._operations import Operations
 from ._permissions import Permissions
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 
     from ._dashboard import Dashboard
     from ._http import HttpServer
+    from ._metrics import CommitHistograms
 
 log = logging.getLogger("ssb.daemon")
 
@@ -151,12 +152,17 @@ class Broker:
         # activation's queue monitors come first: the core tells them what happens to
         # queues, and activation, built after the core, acts on what they heard
         monitors = Monitors()
+        # so does the relay to the transport: the core tells the transport of its work
+        # through it at once, and the transport, built after the core on its parts,
+        # connects to it at its own construction
+        relay = OutboundRelay()
         procedures = ProcedurePolicy(config.procedures)
         self.engine = engine = Engine(
             store,
             clock,
             instance,
             listener=monitors,
+            sink=relay,
             check_procedure=functools.partial(procedures.check, what="activation procedure"),
             lock_timeout=config.lock_timeout,
             max_locks=limits.locks_per_transaction,
@@ -182,7 +188,17 @@ class Broker:
         if created is not None:
             print(f"ssb: created the login 'admin'; its password is in {created}", flush=True)
             log.info("created the login 'admin'; its password is in %s", created)
-        store.attach(loop, self._store_failed, self._store_trouble)
+        commits: CommitHistograms | None = None
+        if config.http_port is not None:
+            from ._metrics import CommitHistograms  # the HTTP stack only with its port on
+
+            commits = CommitHistograms()  # hears of every commit from the first
+        store.attach(
+            loop,
+            self._store_failed,
+            self._store_trouble,
+            None if commits is None else commits.observe,
+        )
         engine.start()
         log.info(
             "store loaded in %.2f s: %d queue(s), %d ready message(s), %d transmission-queue"
@@ -239,9 +255,9 @@ class Broker:
             wall_clock=clock.time,
             data_dir=self.data_dir,
             settings=transport_settings,
+            relay=relay,
         )
         self.broker_address = await transport.start(config.host, config.broker_port)
-        engine.set_sink(transport)
         operations.merge("the transport", transport.operations())
         self._closers.append(transport.close)
 
@@ -299,8 +315,9 @@ class Broker:
         self._closers.append(manager.close)
 
         if config.http_port is not None:
+            assert commits is not None
             await self._start_http(
-                config.http_port, operations, logins, permissions, monitors, context, clock
+                config.http_port, operations, logins, permissions, monitors, context, clock, commits
             )
 
         self._own(self._watch_space())
@@ -333,6 +350,7 @@ class Broker:
         monitors: Monitors,
         context: ssl.SSLContext,
         clock: LoopClock,
+        commits: CommitHistograms,
     ) -> None:
         """/metrics, /healthz and the dashboard on the HTTP port. The HTTP stack is
         imported only when the port is on: otherwise its many modules would only be more
@@ -355,7 +373,7 @@ class Broker:
             tasks=monitors.tasks,
         )
         self.http = http = HttpServer(
-            Metrics(collector, store),
+            Metrics(collector, commits),
             self._not_ready,
             logins.check,
             lambda user: permissions.has(user, "VIEW"),

@@ -275,29 +275,37 @@ class BrokerCollector(Collector):
         )
 
 
-class Metrics:
-    """The broker's registry: the collector plus the commit histograms."""
+class CommitHistograms:
+    """The store's commits as they happen: rows and seconds of each group commit. Made
+    before the store is attached, which tells it of every commit (`observe`)."""
 
-    def __init__(self, collector: BrokerCollector, store: Store) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(collector)
-        self.commit_rows = Histogram(
+    def __init__(self) -> None:
+        self.rows = Histogram(
             "ssb_store_commit_rows",
             "Rows written by one group commit",
             buckets=COMMIT_ROWS_BUCKETS,
-            registry=self.registry,
+            registry=None,
         )
-        self.commit_seconds = Histogram(
+        self.seconds = Histogram(
             "ssb_store_commit_seconds",
             "Duration of one group commit (write and, with durability fsync, the fsync)",
             buckets=COMMIT_SECONDS_BUCKETS,
-            registry=self.registry,
+            registry=None,
         )
-        store.commit_observer = self.observe_commit
 
-    def observe_commit(self, rows: int, seconds: float) -> None:
-        self.commit_rows.observe(rows)
-        self.commit_seconds.observe(seconds)
+    def observe(self, rows: int, seconds: float) -> None:
+        self.rows.observe(rows)
+        self.seconds.observe(seconds)
+
+
+class Metrics:
+    """The broker's registry: the collector plus the commit histograms."""
+
+    def __init__(self, collector: BrokerCollector, commits: CommitHistograms) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self.registry.register(commits.rows)
+        self.registry.register(commits.seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

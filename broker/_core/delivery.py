@@ -30,7 +30,7 @@ from .backlog import LOAD_BYTES
 from .capacity import Capacity
 from .conversations import CAN_SEND, Endpoint, Event, State
 from .endpoints import Endpoints
-from .ports import Clock, Journal, NoTransport, OutboundSink, QueueListener
+from .ports import Clock, Journal, OutboundSink, QueueListener
 from .priorities import assign_level
 from .queues import Message, Queue
 from .routes import Routes
@@ -65,6 +65,7 @@ class Delivery:
         capacity: Capacity,
         instance_id: str,
         listener: QueueListener,
+        sink: OutboundSink,
     ) -> None:
         self.journal = journal
         self.clock = clock
@@ -78,7 +79,7 @@ class Delivery:
         self.capacity = capacity
         self.instance_id = instance_id
         self.listener = listener
-        self.sink: OutboundSink = NoTransport()
+        self.sink = sink
         self.kick: Callable[[Queue], None] = lambda queue: None
         self.conversation_removed: Callable[[Endpoint], None] = lambda ep: None
         self.timer_set: Callable[[Endpoint], None] = lambda ep: None

@@ -48,7 +48,7 @@ from .endpoints import Endpoints
 from .events import Events
 from .outcomes import DEFAULT_WINDOW_COUNT, DEFAULT_WINDOW_SECONDS, PRUNED_THROUGH, Outcomes
 from .poison import Poison
-from .ports import Clock, Journal, NoListener, OutboundSink, QueueListener, Row
+from .ports import Clock, Journal, NoListener, NoTransport, OutboundSink, QueueListener, Row
 from .queues import Conversation, Queue, Status, dead_letter_identity
 from .receive import Receiving
 from .remote import RemoteDelivery
@@ -93,6 +93,7 @@ class Engine:
         instance_id: str,
         *,
         listener: QueueListener | None = None,
+        sink: OutboundSink | None = None,
         check_procedure: Callable[[str], None] = lambda procedure: None,
         lock_timeout: float = 30.0,
         max_locks: int = DEFAULT_MAX_LOCKS,
@@ -108,6 +109,8 @@ class Engine:
         Args:
             listener: hears what happens to queues (activation's queue monitors);
                 default: nobody.
+            sink: hears of transmission-queue work (the broker-to-broker transport,
+                through an `OutboundRelay`); default: none (messages wait, with a reason).
             check_procedure: refuses (raises) an activation procedure the broker may not
                 run, at CREATE / ALTER QUEUE; default: any.
             lock_timeout, max_locks, max_detached: the transactions' bounds.
@@ -141,6 +144,7 @@ class Engine:
             self.capacity,
             instance_id,
             self.listener,
+            NoTransport() if sink is None else sink,
         )
         self.remote = RemoteDelivery(
             journal,
@@ -199,11 +203,6 @@ class Engine:
         self.delivery.kick = self.receiving.kick
         self.delivery.conversation_removed = self._conversation_removed
         self.poison.disable_queue = self.ddl.disable_queue
-
-    # ---- wiring from outside the core -----------------------------------------------
-
-    def set_sink(self, sink: OutboundSink) -> None:
-        self.delivery.sink = sink
 
     def _conversation_removed(self, ep: Endpoint) -> None:
         self.poison.forget_conversation(ep.handle)

@@ -13,7 +13,8 @@ reaches the world through these ports, which the daemon fills in:
   (`_store.port`) extends each family with what the rest of the broker asks.
 - `Clock`: wall-clock time and timers, so tests drive time by hand.
 - `QueueListener`: the queue monitors (activation) hear what happens to queues.
-- `OutboundSink`: the broker-to-broker transport hears of transmission-queue work.
+- `OutboundSink`: the broker-to-broker transport hears of transmission-queue work
+  (through an `OutboundRelay`, as the transport is built after the core).
 
 And what the core offers the broker-to-broker transport, which is handed these parts
 of the core and nothing else: `remote.RemoteDelivery` (the transmission queue's way out,
@@ -425,6 +426,46 @@ class NoTransport:
 
     def describe(self, direction: Any) -> str:
         return "this broker has no broker-to-broker transport running"
+
+
+class OutboundRelay:
+    """The core's OutboundSink when the transport is built after the core.
+
+    The core and the transport call each other at once: the transport reads and changes
+    the core's parts as frames arrive, and the core tells the transport of an ended
+    conversation, whose dialog rows must leave in the batch that removes its endpoint
+    (so the call cannot wait for a later turn of the loop, as activation's queue
+    monitors do). The relay cuts the cycle: made first and needing nothing, the core
+    takes it at construction, and the transport, built after the core on its parts,
+    connects to it at its own construction, once. Until then it answers as NoTransport
+    (messages wait, with a reason). It holds the transport's own bound methods, so the
+    core's calls go straight to them.
+    """
+
+    outbound: Callable[[Any], None]
+    endpoint_removed: Callable[[Any], None]
+    routes_changed: Callable[[], None]
+    describe: Callable[[Any], str]
+
+    def __init__(self) -> None:
+        self.connected = False
+        self._take(NoTransport())
+
+    def connect(self, transport: OutboundSink) -> None:
+        """From now on the core's calls go to `transport`.
+
+        Raises: RuntimeError: a transport is connected already.
+        """
+        if self.connected:
+            raise RuntimeError("a transport is connected to this relay already")
+        self.connected = True
+        self._take(transport)
+
+    def _take(self, sink: OutboundSink) -> None:
+        self.outbound = sink.outbound
+        self.endpoint_removed = sink.endpoint_removed
+        self.routes_changed = sink.routes_changed
+        self.describe = sink.describe
 
 
 # ---- what the core offers the broker-to-broker transport ------------------------------

@@ -259,14 +259,13 @@ class Committer(Tables):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_failure: Callable[[BaseException], None] | None = None
         self._on_trouble: Callable[[str | None], None] | None = None
+        self._on_commit: Callable[[int, float], None] | None = None
         self.failed: BaseException | None = None
         self.trouble: str | None = None
         self.fail_next: BaseException | None = None  # tests: the next commit raises this
         self.commits = 0
         self.rows_written = 0
         self.cancelled = 0  # message rows never written (deleted before their batch ran)
-        # told (on the event loop) the rows and seconds of each commit that succeeded
-        self.commit_observer: Callable[[int, float], None] | None = None
         self._last_commit = (0, 0.0)
 
     # ---- what an implementation supplies ----------------------------------------------
@@ -317,10 +316,12 @@ class Committer(Tables):
         loop: asyncio.AbstractEventLoop,
         on_failure: Callable[[BaseException], None],
         on_trouble: Callable[[str | None], None] | None = None,
+        on_commit: Callable[[int, float], None] | None = None,
     ) -> None:
         self._loop = loop
         self._on_failure = on_failure
         self._on_trouble = on_trouble
+        self._on_commit = on_commit
         self._wake = self._threaded
         if self._wake and (self._open.rows or self._deferred):
             self._schedule()
@@ -510,5 +511,5 @@ class Committer(Tables):
             if self._on_trouble is not None:
                 self._on_trouble(None)
         self._durable = batches[-1].number
-        if self.commit_observer is not None:
-            self.commit_observer(*self._last_commit)
+        if self._on_commit is not None:
+            self._on_commit(*self._last_commit)

@@ -178,6 +178,7 @@ class Commits(Batches, Protocol):
         loop: asyncio.AbstractEventLoop,
         on_failure: Callable[[BaseException], None],
         on_trouble: Callable[[str | None], None] | None = None,
+        on_commit: Callable[[int, float], None] | None = None,
     ) -> None:
         """Commit in the background from now on, on `loop`: every write is committed
         soon without being asked, and what waited for it runs on the loop.
@@ -192,6 +193,8 @@ class Commits(Batches, Protocol):
                 with None once they succeed again. Meanwhile writes collect, the failed
                 batches are tried again every second or so, and nothing waiting for them
                 runs.
+            on_commit: told (on the loop) the rows written and the seconds taken by each
+                commit that succeeds.
         """
         ...
 
@@ -237,10 +240,6 @@ class Commits(Batches, Protocol):
         """Message rows never written: deleted while their insert was still in the open
         batch."""
         ...
-
-    # told (on the event loop) the rows written and the seconds taken by each commit that
-    # succeeded; None: nobody listens
-    commit_observer: Callable[[int, float], None] | None
 
 
 class Space(Protocol):

@@ -40,6 +40,7 @@ from .._core.conversations import Endpoint
 from .._core.ports import (
     CatalogStatements,
     EndpointLookup,
+    OutboundRelay,
     PeerCatalog,
     RouteLookup,
 )
@@ -79,10 +80,13 @@ class Transport:
         wall_clock: Callable[[], float],
         data_dir: Path,
         settings: TransportSettings,
+        relay: OutboundRelay,
     ) -> None:
         """Args:
         instance: this broker's instance id.
         delivery, endpoints, routes, catalog, statements: the core's parts, as ports.
+        relay: the core's sink; the transport connects to it (the core tells it of
+            transmission-queue work, ended conversations, changed routes).
         store: the store's remote-dialog tables and batches.
         clock: monotonic time and timers (the event loop).
         connector: opens connections to other brokers (the event loop).
@@ -144,6 +148,7 @@ class Transport:
         # the busiest calls go straight to the part that answers them
         self.outbound: Callable[[DialogOutbox], None] = self.transmission.outbound
         self.frames: Callable[[Link, Frames], None] = self.reception.frames
+        relay.connect(self)
 
     @property
     def peers(self) -> dict[uuid.UUID, Peer]:

@@ -109,7 +109,7 @@ def test_a_commit_that_fails_for_a_passing_cause_is_tried_again(storage: ManualS
     assert storage.load_meta() == {"first": "1", "second": "2"}
 
 
-def test_commits_are_counted(storage: ManualStore) -> None:
+async def test_commits_are_counted(storage: ManualStore) -> None:
     before = storage.commits, storage.rows_written
     storage.put_meta("a", "1")
     storage.put_meta("b", "1")
@@ -117,7 +117,12 @@ def test_commits_are_counted(storage: ManualStore) -> None:
     assert storage.commits == before[0] + 1
     assert storage.rows_written == before[1] + 2
     seen: list[tuple[int, float]] = []
-    storage.commit_observer = lambda rows, seconds: seen.append((rows, seconds))
+    failures: list[BaseException] = []
+    storage.attach(
+        asyncio.get_running_loop(),
+        failures.append,
+        on_commit=lambda rows, seconds: seen.append((rows, seconds)),
+    )
     storage.put_meta("c", "1")
     storage.flush()
     assert len(seen) == 1 and seen[0][0] == 1 and seen[0][1] >= 0

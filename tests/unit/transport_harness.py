@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ssb.broker._core.ports import OutboundRelay
 from ssb.broker._transport import Transport, TransportSettings
 from ssb.broker._transport.identity import CERT_FILE, KEY_FILE
 from ssb.broker._transport.link import Link, Links, Peer
@@ -168,7 +169,8 @@ class Broker:
         with os.fdopen(fd, "wb") as f:
             f.write(key_pem)
         (self.data_dir / CERT_FILE).write_bytes(cert_pem)
-        self.core = Core(clock=world.clock, instance=instance)
+        self.relay = OutboundRelay()
+        self.core = Core(clock=world.clock, instance=instance, sink=self.relay)
         self.transport = self._start()
 
     def _start(self) -> Transport:
@@ -186,8 +188,8 @@ class Broker:
             wall_clock=self.world.clock.time,
             data_dir=self.data_dir,
             settings=self.world.settings,
+            relay=self.relay,
         )
-        engine.set_sink(transport)
         transport.restore()
         self.world.network.listeners[self.address] = transport.links
         transport.resume()
@@ -231,7 +233,8 @@ class Broker:
     async def restart(self) -> None:
         """Crash, then start again from what is durable."""
         await self.crash()
-        self.core = Core(self.core.store, self.world.clock, self.instance)
+        self.relay = OutboundRelay()
+        self.core = Core(self.core.store, self.world.clock, self.instance, sink=self.relay)
         self.transport = self._start()
 
 
