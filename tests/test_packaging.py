@@ -75,31 +75,21 @@ def test_a_wheel_installs_every_package_and_it_runs(tmp_path: Path) -> None:
         check=True,
         timeout=240,
     )
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    (Path(site) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    imported = subprocess.run(
-        [str(python), "-c", IMPORTS],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+
+    def installed(*argv: str) -> subprocess.CompletedProcess[str]:
+        """Run `argv` in the fresh environment, away from the sources."""
+        return subprocess.run(
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    site = installed(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    (Path(site.stdout.strip()) / "dependencies.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n"
     )
+    imported = installed(str(python), "-c", IMPORTS)
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.startswith(str(venv))  # the installed copy, not the source
-    served = subprocess.run(
-        [str(venv / "bin" / "ssb"), "serve", "--help"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    served = installed(str(venv / "bin" / "ssb"), "serve", "--help")
     assert served.returncode == 0, served.stderr
     assert served.stdout.startswith("usage: ssb serve")

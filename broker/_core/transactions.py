@@ -406,16 +406,14 @@ class Transactions:
 
     # ---- detached transactions ---------------------------------------------------------------------
 
-    def _detached(self, transaction_id: object) -> Transaction:
+    def _detached(
+        self, transaction_id: object, gone: str = "it was committed, rolled back, or expired"
+    ) -> Transaction:
+        """The detached transaction `transaction_id`; `gone`: why it may not be found."""
         ident = as_uuid(transaction_id, "transaction_id")
         txn = self.detached.get(ident)
         if txn is None:
-            raise not_found(
-                ErrorCode.NO_TRANSACTION,
-                "transaction",
-                ident,
-                "it was committed, rolled back, or expired",
-            )
+            raise not_found(ErrorCode.NO_TRANSACTION, "transaction", ident, gone)
         return txn
 
     def _forget_detached(self, txn: Transaction) -> None:
@@ -467,15 +465,10 @@ class Transactions:
 
     def transaction_messages(self, session: Session, transaction_id: object) -> list[Message]:
         """What a detached transaction received, in receive order (it changes nothing)."""
-        ident = as_uuid(transaction_id, "transaction_id")
-        txn = self.detached.get(ident)
-        if txn is None:
-            raise not_found(
-                ErrorCode.NO_TRANSACTION,
-                "transaction",
-                ident,
-                "it was committed, rolled back, or expired (its messages went back to their queue)",
-            )
+        txn = self._detached(
+            transaction_id,
+            "it was committed, rolled back, or expired (its messages went back to their queue)",
+        )
         return txn.received_messages()
 
     def _expire(self, ident: uuid.UUID) -> None:
