@@ -146,17 +146,7 @@ class Engine:
             self.listener,
             NoTransport() if sink is None else sink,
         )
-        self.remote = RemoteDelivery(
-            journal,
-            clock,
-            self.catalog,
-            self.queues,
-            self.endpoints,
-            self.capacity,
-            instance_id,
-            self.delivery,
-            self.transmission,
-        )
+        self.remote = RemoteDelivery(self.delivery, self.transmission)
         self.receiving = Receiving(
             clock,
             journal,

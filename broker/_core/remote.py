@@ -24,12 +24,8 @@ from typing import Final
 
 from .._errors import BrokerError
 from . import catalog as cat
-from .capacity import Capacity
 from .conversations import Endpoint, State
 from .delivery import SYSTEM_TYPES, Delivery
-from .endpoints import Endpoints
-from .ports import Clock, Journal
-from .queues import Queue
 from .transmission import Outbound, TransmissionQueue
 from .validation import validate_body
 
@@ -43,26 +39,16 @@ REFUSED_REMOTE_ERROR: Final = -8496
 class RemoteDelivery:
     """Messages to and from other brokers: all the transport asks of delivery."""
 
-    def __init__(
-        self,
-        journal: Journal,
-        clock: Clock,
-        catalog: cat.Catalog,
-        queues: dict[str, Queue],
-        endpoints: Endpoints,
-        capacity: Capacity,
-        instance_id: str,
-        delivery: Delivery,
-        transmission: TransmissionQueue,
-    ) -> None:
-        self.journal = journal
-        self.clock = clock
-        self.catalog = catalog
-        self.queues = queues
-        self.endpoints = endpoints
-        self.capacity = capacity
-        self.instance_id = instance_id
+    def __init__(self, delivery: Delivery, transmission: TransmissionQueue) -> None:
         self.delivery = delivery
+        # the parts delivery works on, read as messages arrive
+        self.journal = delivery.journal
+        self.clock = delivery.clock
+        self.catalog = delivery.catalog
+        self.queues = delivery.queues
+        self.endpoints = delivery.endpoints
+        self.capacity = delivery.capacity
+        self.instance_id = delivery.instance_id
         self.outboxes = transmission.outboxes  # read here; the transmission queue owns it
         self.target_queue = transmission.target_queue
         # the transmission queue's way out, as it is
