@@ -325,6 +325,50 @@ async def pipelined(calls: Iterable[Callable[[], Awaitable[Any]]], in_flight: in
         await asyncio.gather(*pending, return_exceptions=True)
 
 
+async def produce(
+    conn: client.Connection,
+    handles: list[uuid.UUID],
+    per_dialog: int,
+    batch: int,
+    body: Callable[[int, int], bytes],
+) -> None:
+    """Send `per_dialog` requests on every dialog of `handles`, `batch` to a send_many,
+    `body(dialog, number)` each, the dialogs taking turns (six calls in flight)."""
+
+    def call(dialog: int, first: int) -> Callable[[], Awaitable[None]]:
+        bodies = [body(dialog, n) for n in range(first, first + batch)]
+        return lambda: conn.send_many(handles[dialog], REQUEST, bodies)
+
+    await pipelined(
+        (call(d, first) for first in range(0, per_dialog, batch) for d in range(len(handles))), 6
+    )
+
+
+async def serve(
+    conn: client.Connection,
+    queue: str,
+    got: list[client.Message],
+    total: int,
+    reply: Callable[[bytes], bytes],
+) -> None:
+    """Receive `total` requests in transactions, replying to each (`reply(body)`) in the
+    same transaction; `got` collects them."""
+    while len(got) < total:
+        async with conn.transaction():
+            messages = await conn.receive(queue, top=50, timeout=1.0)
+            for h, group in by_conversation(messages).items():
+                await conn.send_many(h, REPLY, [reply(m.message_body) for m in group])
+        got += messages
+
+
+async def collect(
+    conn: client.Connection, queue: str, got: list[client.Message], total: int
+) -> None:
+    """Receive until `got` holds `total` messages."""
+    while len(got) < total:
+        got += await conn.receive(queue, top=500, timeout=1.0)
+
+
 async def receive_count(
     conn: client.Connection,
     queue: str,

@@ -17,7 +17,6 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +33,15 @@ from federation_setup import (
     Federation,
     Node,
     assert_eoio,
-    by_conversation,
+    collect,
     dialog_services,
     forwarding_trio,
-    pipelined,
+    produce,
     receive_count,
     route,
     route_chain,
     run_together,
+    serve,
     wait_quiet,
 )
 
@@ -157,35 +157,13 @@ class Hop:
         return [*self.to_y.stats.events, *self.to_x.stats.events]
 
 
-async def _produce(conn: client.Connection, handles: list[uuid.UUID]) -> None:
-    def call(dialog: int, first: int) -> Callable[[], Awaitable[None]]:
-        bodies = [fault_body(dialog, n) for n in range(first, first + BATCH)]
-        return lambda: conn.send_many(handles[dialog], REQUEST, bodies)
-
-    await pipelined(
-        (call(d, first) for first in range(0, PER_DIALOG, BATCH) for d in range(len(handles))), 6
-    )
-
-
 def _numbers(body: bytes) -> tuple[int, int]:
     dialog, number = body.split(b":", 2)[:2]
     return int(dialog), int(number)
 
 
-async def _serve(conn: client.Connection, queue: str, got: list[client.Message]) -> None:
-    """Receive all requests in transactions, replying to each in the same transaction."""
-    while len(got) < DIALOGS * PER_DIALOG:
-        async with conn.transaction():
-            messages = await conn.receive(queue, top=50, timeout=1.0)
-            for h, group in by_conversation(messages).items():
-                replies = [reply_body(*_numbers(m.message_body)) for m in group]
-                await conn.send_many(h, REPLY, replies)
-        got += messages
-
-
-async def _collect(conn: client.Connection, queue: str, got: list[client.Message]) -> None:
-    while len(got) < DIALOGS * PER_DIALOG:
-        got += await conn.receive(queue, top=500, timeout=1.0)
+def _reply(request: bytes) -> bytes:
+    return reply_body(*_numbers(request))
 
 
 @pytest.mark.timeout(90)
@@ -212,9 +190,9 @@ async def test_every_message_arrives_once_in_order_through_a_forwarder_on_a_faul
             started = time.monotonic()
             try:
                 await run_together(
-                    _produce(await fed.session("A"), handles),
-                    _serve(await fed.session("B"), target_q, served),
-                    _collect(await fed.session("A"), init_q, replies),
+                    produce(await fed.session("A"), handles, PER_DIALOG, BATCH, fault_body),
+                    serve(await fed.session("B"), target_q, served, DIALOGS * PER_DIALOG, _reply),
+                    collect(await fed.session("A"), init_q, replies, DIALOGS * PER_DIALOG),
                     timeout=60,
                 )
             except TimeoutError:

@@ -16,19 +16,21 @@ from ssb.tools import wait_until
 SHADOWS = ("client", "protocol", "broker", "spark_bridge")
 
 
-def _plant_shadows(where: Path) -> None:
+def _shadowed_workdir(tmp_path: Path) -> Path:
+    """A working directory holding a user file of each of the packages' names."""
+    work = tmp_path / "work"
+    work.mkdir()
     for name in SHADOWS:
-        (where / f"{name}.py").write_text(
+        (work / f"{name}.py").write_text(
             f"raise RuntimeError('the user file {name}.py was imported')\n"
         )
+    return work
 
 
 def test_a_program_named_client_py_talks_to_the_broker(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "data").start()
     try:
-        work = tmp_path / "work"
-        work.mkdir()
-        _plant_shadows(work)
+        work = _shadowed_workdir(tmp_path)
         # the README's example, saved under the name a newcomer would pick
         (work / "client.py").write_text(
             "import asyncio\n"
@@ -49,9 +51,7 @@ def test_a_program_named_client_py_talks_to_the_broker(tmp_path: Path) -> None:
 
 
 async def test_activated_procedures_ignore_the_daemons_working_directory(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    _plant_shadows(work)
+    work = _shadowed_workdir(tmp_path)
     (work / "myprocs.py").write_text(
         "def drain(conn, task):\n"
         "    while conn.receive(task.queue, top=10, timeout=1.0):\n"
