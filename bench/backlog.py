@@ -79,6 +79,7 @@ from ._common import (
     options_from,
     parse_args,
     rate,
+    receive_in_one_round_trip,
     run,
 )
 from ._memory import (
@@ -269,17 +270,6 @@ async def fill(
         return time.monotonic() - started
 
 
-async def _receive_batch(conn: client.Connection, top: int) -> list[client.Message]:
-    # BEGIN, RECEIVE and COMMIT leave together; the broker runs them in order
-    begin = asyncio.ensure_future(conn.begin_transaction())
-    received = asyncio.ensure_future(conn.receive(CATALOG.target_queue, top=top, timeout=1.0))
-    commit = asyncio.ensure_future(conn.commit())
-    await begin
-    messages: list[client.Message] = await received
-    await commit
-    return messages
-
-
 async def drain(
     url: str,
     counts: list[int],
@@ -315,7 +305,9 @@ async def drain(
                     f"{label}: no message for {opts.idle_timeout:g} s with {count} of {total} "
                     "received (messages lost or stuck in the queue)"
                 )
-            messages = await _receive_batch(conn, opts.receive_top)
+            messages = await receive_in_one_round_trip(
+                conn, CATALOG.target_queue, opts.receive_top, 1.0
+            )
             if not messages:
                 continue
             last_message = time.monotonic()

@@ -68,6 +68,8 @@ from ._common import (
     percentile,
     print_header,
     rate,
+    reap,
+    receive_in_one_round_trip,
     run,
 )
 
@@ -181,16 +183,7 @@ async def _send_batch(
 
 async def _receive_batch(conn: client.Connection, opts: Options) -> list[client.Message]:
     if opts.consumer == "pipelined":
-        # the three requests leave together; the broker runs them in order
-        begin = asyncio.ensure_future(conn.begin_transaction())
-        received = asyncio.ensure_future(
-            conn.receive(CATALOG.target_queue, top=opts.batch, timeout=1.0)
-        )
-        commit = asyncio.ensure_future(conn.commit())
-        await begin
-        messages = await received
-        await commit
-        return messages
+        return await receive_in_one_round_trip(conn, CATALOG.target_queue, opts.batch, 1.0)
     async with conn.transaction():
         return await conn.receive(CATALOG.target_queue, top=opts.batch, timeout=1.0)
 
@@ -309,11 +302,7 @@ def run_processes(
                 raise BenchFailure(f"{role} failed:\n{outcome['error']}")
             outcomes[role] = outcome
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+        reap(procs)
     return go_time, outcomes
 
 

@@ -53,6 +53,7 @@ from ._common import (
     parse_args,
     print_header,
     rate,
+    receive_in_one_round_trip,
     run,
 )
 
@@ -154,13 +155,7 @@ async def setup(url: str, levels: list[int], opts: Options) -> int:
 
 async def _one_receive(conn: client.Connection, opts: Options) -> list[client.Message]:
     if opts.mode == "txn":
-        begin = asyncio.ensure_future(conn.begin_transaction())
-        received = asyncio.ensure_future(conn.receive(TARGET_QUEUE, top=opts.top, timeout=0))
-        commit = asyncio.ensure_future(conn.commit())
-        await begin
-        messages = await received
-        await commit
-        return messages
+        return await receive_in_one_round_trip(conn, TARGET_QUEUE, opts.top, 0)
     return await conn.receive(TARGET_QUEUE, top=opts.top, timeout=0)
 
 

@@ -61,6 +61,7 @@ from ._common import (
     parse_args,
     print_header,
     rate,
+    reap,
     run,
 )
 from ._memory import MB, BrokerProcess, daemon_peak, daemon_rss, mb, rss_bytes, store_size
@@ -311,11 +312,7 @@ def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Op
                 monitor(d, procs, results, started + opts.seconds + 120, opts.interval)
             )
         finally:
-            for p in procs:
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=5)
+            reap(procs)
         r.rss_end = daemon_rss(d)
         hwm_end = daemon_peak(d)
         r.rss_peak = max([*rss, r.rss_end, hwm_end if hwm_end > hwm_start else 0])
