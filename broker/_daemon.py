@@ -1,14 +1,18 @@
 """Starting and stopping the daemon: the one place that builds and wires everything.
 
 Start, in this order: lock the data directory (one daemon per directory); open the
-store (migrating an older one); make activation's queue monitors and build the core
-from the store with them as its listener (the core tells them what happens to queues;
-activation, built later, acts on what they heard); logins, permissions and the
-operations each part offers (a name offered twice fails start); listen on the client
-port; start the broker-to-broker transport; the views; activation and the scheduler's
-execution log; write `broker.json` (ports, pid, broker instance) and print one
-`ssb ready ...` line. Each part is handed at construction what it uses (the core's
-parts or callables, never the whole core); nothing registers itself at import.
+store (migrating an older one); make activation's queue monitors and the relay to the
+transport, and build the core from the store with them as its listener and its sink
+(the core tells them what happens to queues and what waits for other brokers;
+activation and the transport, built later, take them at their own construction); the
+store's commit histograms, when the HTTP port is on, before the store commits by
+itself; logins, permissions and the operations each part offers (a name offered twice
+fails start); listen on the client port; start the broker-to-broker transport; the
+views; activation and the scheduler's execution log; write `broker.json` (ports, pid,
+broker instance) and print one `ssb ready ...` line. Each part is handed at
+construction what it uses (the core's parts or callables, never the whole core);
+nothing is attached to a part after it is built, and nothing registers itself at
+import.
 
 While running, every SPACE_CHECK seconds the daemon measures the free space for the
 store (the file system's plus the store's own free space) and tells the core, which
