@@ -5,11 +5,12 @@ endpoints, messages, the transmission queue, the transport's dialog state, login
 permissions, transaction outcomes, poison incidents and the scheduler's log. `Store`
 is the one interface the rest of the broker uses; it is made of one Protocol per family
 of tables, and `SQLiteStore` and `PostgresStore` implement it; both pass the shared
-tests (`tests/store/`). The families the core writes through are the core's own
-(`_core.ports`, whose `Journal` they make up), with their contracts; each family here
-extends its core family with what the rest of the broker asks besides (the start-up
-reads, the store's life, the transport's and the security tables), so a store is a
-Journal by construction.
+tests (`tests/store/`).
+
+The families the core writes through are the core's own (`_core.ports`, whose `Journal`
+they make up), with their contracts; each family here extends its core family with what
+the rest of the broker asks besides (the start-up reads, the store's life, the
+transport's and the security tables), so a store is a Journal by construction.
 
 Batches. Every write joins the *open batch* and returns at once; it never fails at the
 call (a failure shows when the batch is committed). Batches are numbered from 1 in each
