@@ -16,19 +16,8 @@ from ssb.tsql import (
     split_batches,
 )
 
-
-def _scripts() -> Path | None:
-    """Microsoft's published Service Broker tutorials, in the shared folder beside the
-    clone (or beside the folder of worktrees)."""
-    root = Path(__file__).resolve().parents[2]
-    for base in (root.parent, root.parent.parent):
-        found = base / "shared" / "sb-scripts"
-        if found.is_dir():
-            return found
-    return None
-
-
-SCRIPTS = _scripts()
+# Microsoft's published Service Broker tutorials, byte for byte (see SOURCES.md there)
+SCRIPTS = Path(__file__).resolve().parent / "sb-scripts"
 
 
 class MemoryProcedures:

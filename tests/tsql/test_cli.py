@@ -88,20 +88,16 @@ def test_parse_only_needs_no_broker(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.skipif(SCRIPTS is None, reason="the published tutorials are not beside the clone")
 def test_parse_only_accepts_all_eleven_tutorial_files_unchanged() -> None:
-    assert SCRIPTS is not None
     files = sorted(str(p) for p in SCRIPTS.glob("*/*.sql"))
     assert len(files) == 11
     done = run_ssb("sql", "--parse-only", *files)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
 
-@pytest.mark.skipif(SCRIPTS is None, reason="the published tutorials are not beside the clone")
 async def test_the_single_database_tutorial_runs_all_but_its_database_lines(
     broker: BrokerProcess,
 ) -> None:
-    assert SCRIPTS is not None
     files = [str(p) for p in sorted((SCRIPTS / "ms-single-database").glob("*.sql"))]
     done = run_ssb("sql", "--url", broker.url, *files)
     # until the broker has databases, exactly the USE and ALTER DATABASE batches fail
