@@ -24,6 +24,8 @@ MIB: Final = 1024 * 1024
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_CHART_SECONDS: Final = 5.0  # the dashboard's depth samples, by default
 DEFAULT_MIN_FREE_DISK: Final = 1024 * MIB
+DEFAULT_FAILOVER: Final = 10.0
+MIN_FAILOVER: Final = 1.0  # seconds: a shorter lease would be lost to a slow round trip
 
 
 class ConfigError(ValueError):
@@ -110,7 +112,12 @@ class Config:
     """where the store, the broker's keys, admin.password and broker.json live"""
     store: str | None = None
     """the PostgreSQL database that keeps the broker's state, a postgresql:// URL (unset:
-    the SQLite file in data_dir; see PostgreSQL in the documentation)"""
+    the SQLite file in data_dir; see PostgreSQL in the documentation). Daemons given the
+    same database are one broker: one serves, the others wait as standbys"""
+    failover_timeout: float = DEFAULT_FAILOVER
+    """with a PostgreSQL store: seconds within which a standby takes over when the active
+    daemon dies or loses the database (its lease lasts half of this; the broker's state
+    must be recovered in less than the rest)"""
     host: str = "127.0.0.1"
     """the address the client port and the broker port listen on"""
     client_port: int = 4021
@@ -175,12 +182,23 @@ class Config:
                     "store must be a PostgreSQL URL (postgresql://USER@HOST:PORT/DATABASE);"
                     " leave it unset for the SQLite store in data_dir"
                 )
+            timeout = self.failover_timeout
+            if not _seconds(timeout) or not MIN_FAILOVER <= timeout <= 3600:
+                raise ConfigError(
+                    f"failover_timeout must be seconds from {MIN_FAILOVER:g} to 3600, not"
+                    f" {timeout!r}"
+                )
             if self.min_free_disk not in (0, DEFAULT_MIN_FREE_DISK):
                 raise ConfigError(
                     "min_free_disk does not apply to a PostgreSQL store (its disk is the"
                     " database server's, which the broker cannot see): remove it, and watch"
                     " the server's disk there"
                 )
+        elif self.failover_timeout != DEFAULT_FAILOVER:
+            raise ConfigError(
+                "failover_timeout applies to daemons sharing a PostgreSQL store (one serves,"
+                " the others stand by): set store too, or remove failover_timeout"
+            )
         for name in ("client_port", "broker_port"):
             port = getattr(self, name)
             if not isinstance(port, int) or not 0 <= port <= 65535:

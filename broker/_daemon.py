@@ -1,9 +1,13 @@
 """Starting and stopping the daemon: the one place that builds and wires everything.
 
-Start, in this order: lock the data directory (one daemon per directory); open the
-store (migrating an older one); make activation's queue monitors and the relay to the
-transport, and build the core from the store with them as its listener and its sink
-(the core tells them what happens to queues and what waits for other brokers;
+Start, in this order: lock the data directory (one daemon per directory); with a
+PostgreSQL store, join the broker's lease and wait as a standby until this daemon takes
+it (see `_standby`; several daemons given one database are one broker, and one of them
+serves), then keep renewing it; open the store (migrating an older one) and make the
+data directory's files of the broker the store's (see `_broker_files`: a standby with
+an empty data directory is the same broker); make activation's queue monitors and the
+relay to the transport, and build the core from the store with them as its listener and
+its sink (the core tells them what happens to queues and what waits for other brokers;
 activation and the transport, built later, take them at their own construction); the
 store's commit histograms, when the HTTP port is on, before the store commits by
 itself; logins, permissions and the operations each part offers (a name offered twice
@@ -22,7 +26,11 @@ one that fails for any other reason stops the daemon with exit code 3 (memory wo
 be ahead of disk; a restart rebuilds from what is durable).
 
 Stop (SIGTERM or SIGINT): stop accepting, roll back every open transaction, let the
-last batch reach the disk, close.
+last batch reach the disk, close, and give the lease up (a standby takes over at once).
+A daemon that may have lost its lease (its own clock says so, a renewal finds another
+holder, or the database refuses a commit) closes every client connection at once,
+writes nothing more and exits with code 4 (a service manager starts it again: as a
+standby).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from ._activation.execution_log import ExecutionLog
 from ._activation.manager import ActivationManager, ActivationSettings, loopback
 from ._activation.monitors import Monitors
 from ._activation.workers import WorkerPool
+from ._broker_files import BrokerFiles
 from ._config import Config, ConfigError
 from ._core.engine import Engine, StoredState
 from ._core.ports import Cancellable, OutboundRelay
@@ -56,7 +65,14 @@ from ._operations import Operations
 from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
 from ._server import SERVER_NAME, ClientConnection
-from ._store import Store, StoreError, StoreUnavailable, describe_failure, open_store
+from ._store import (
+    Store,
+    StoreError,
+    StoreUnavailable,
+    describe_failure,
+    lease_lost,
+    open_store,
+)
 from ._tls import Door, server_context
 from ._transport import Transport, TransportSettings
 from ._views import Views
@@ -66,12 +82,14 @@ if TYPE_CHECKING:
 
     from ._dashboard import Dashboard
     from ._http import HttpServer
+    from ._lease import LeaseKeeper
     from ._metrics import CommitHistograms
 
 log = logging.getLogger("ssb.daemon")
 
 EXIT_STORE_FAILURE: Final = 3
 EXIT_CANNOT_START: Final = 2
+EXIT_LEASE_LOST: Final = 4
 SPACE_CHECK: Final = 1.0  # seconds between free-space measurements
 CHECKPOINT_IDLE: Final = 10.0  # seconds without commits before the store's idle upkeep
 
@@ -107,11 +125,14 @@ class Broker:
         self.exit_code = 0
         self.connections: set[ClientConnection] = set()
         self.client_address: tuple[str, int] = (config.host, 0)
+        self.http_port = config.http_port  # (a standby's, bound again once active)
         self.broker_address: tuple[str, int] | None = None
         self.door: Door | None = None
         self._closers: list[Callable[[], Any]] = []
         self._jobs: set[asyncio.Task[Any]] = set()
         self._lock_file: Any = None
+        self.keeper: LeaseKeeper | None = None  # the lease, with a PostgreSQL store
+        self.files: BrokerFiles
         self.store: Store
         self.engine: Engine
         self.transport: Transport | None = None
@@ -123,7 +144,7 @@ class Broker:
 
     # ---- start ------------------------------------------------------------------------
 
-    def _open_store(self) -> Store:
+    def _lock_data_dir(self) -> None:
         data_dir = self.data_dir
         if data_dir.exists() and not data_dir.is_dir():
             raise StoreUnavailable(f"--data-dir {data_dir} is a file, not a directory")
@@ -142,12 +163,30 @@ class Broker:
             raise DataDirLocked(
                 f"another ssb daemon is using {data_dir}; stop it or pick another --data-dir"
             ) from None
-        return open_store(data_dir, self.config.durability, self.config.store)
+
+    async def _take_lease(self) -> bool:
+        """Join the database's lease and wait as a standby until this daemon holds it
+        (False: it was told to stop first); renew it from then on."""
+        from ._standby import open_lease, stand_by
+
+        self.keeper = keeper = await open_lease(self.config)
+        taken, self.http_port = await stand_by(self.config, keeper, self.stopped)
+        if taken:
+            keeper.start(self._lease_lost)
+        return taken
 
     async def start(self) -> None:
+        """Start (returns early, having started nothing, when told to stop while it
+        waits as a standby)."""
         config, limits = self.config, self.config.limits
         loop = asyncio.get_running_loop()
-        self.store = store = self._open_store()
+        self._lock_data_dir()
+        if config.store is not None and not await self._take_lease():
+            return
+        self.store = store = open_store(self.data_dir, config.durability, config.store, self.keeper)
+        # the store's copy of the broker's files first: everything below reads them
+        self.files = BrokerFiles(self.data_dir, store, own_tls=config.tls_cert_file is None)
+        self.files.restore()
         instance = store.load_meta()["broker_instance"]
         clock = LoopClock(loop)
         started = time.monotonic()
@@ -193,7 +232,7 @@ class Broker:
             print(f"ssb: created the login 'admin'; its password is in {created}", flush=True)
             log.info("created the login 'admin'; its password is in %s", created)
         commits: CommitHistograms | None = None
-        if config.http_port is not None:
+        if self.http_port is not None:
             from ._metrics import CommitHistograms  # the HTTP stack only with its port on
 
             commits = CommitHistograms()  # hears of every commit from the first
@@ -234,9 +273,17 @@ class Broker:
         )
         connections = self.connections
         welcome = Welcome(WIRE_VERSION, instance, SERVER_NAME, engine.capacity.max_message_size)
+        serving = None if self.keeper is None else self.keeper.held
         self.door = door = Door(
             lambda: ClientConnection(
-                engine.transactions, welcome, store, operations, login, connections, limits
+                engine.transactions,
+                welcome,
+                store,
+                operations,
+                login,
+                connections,
+                limits,
+                serving,
             ),
             context,
             config.allow_plain,
@@ -260,6 +307,7 @@ class Broker:
             data_dir=self.data_dir,
             settings=transport_settings,
             relay=relay,
+            identity_changed=self.files.save,
         )
         self.broker_address = await transport.start(config.host, config.broker_port)
         operations.merge("the transport", transport.operations())
@@ -284,6 +332,7 @@ class Broker:
         views.merge(permissions.views())
         views.merge(logins.views())
         views.merge(transport.views())
+        views.merge({"broker_nodes": self._nodes_view})
 
         settings = ActivationSettings.from_section(config.sections.get("activation", {}))
         pool = WorkerPool(
@@ -318,11 +367,15 @@ class Broker:
         pool.prestart(settings.prestart_workers)
         self._closers.append(manager.close)
 
-        if config.http_port is not None:
+        if self.http_port is not None:
             assert commits is not None
             await self._start_http(
-                config.http_port, operations, logins, permissions, monitors, context, clock, commits
+                self.http_port, operations, logins, permissions, monitors, context, clock, commits
             )
+        # what this start made (a first start: keys, certificates, admin.password) is
+        # kept in the store before anyone can learn of it
+        self.files.save()
+        await self._durable()
 
         self._own(self._watch_space())
         info = {
@@ -333,6 +386,8 @@ class Broker:
             "broker_port": self.broker_address[1],
             "durability": config.durability,
             "store": "sqlite" if config.store is None else "postgresql",
+            "role": "active",
+            "node": None if self.keeper is None else self.keeper.node,
             "tls_fingerprint": fingerprint,
             "http_port": self.http.address[1] if self.http and self.http.address else None,
         }
@@ -340,10 +395,17 @@ class Broker:
         print(
             f"ssb ready client={self.client_address[0]}:{self.client_address[1]}"
             f" broker=127.0.0.1:{self.broker_address[1]} instance={instance}"
-            f" data={self.data_dir} tls={fingerprint}{self._http_text()}",
+            f" data={self.data_dir} tls={fingerprint}{self._http_text()}"
+            + ("" if self.keeper is None else f" node={self.keeper.node}"),
             flush=True,
         )
         _systemd.notify(f"READY=1\nSTATUS=serving clients on port {self.client_address[1]}")
+
+    async def _durable(self) -> None:
+        """Wait until everything written so far is durable."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.store.when_durable(self.store.watermark(), lambda: done.set_result(None))
+        await done
 
     async def _start_http(
         self,
@@ -375,6 +437,7 @@ class Broker:
             sessions=connections,
             transport=transport,
             tasks=monitors.tasks,
+            keeper=self.keeper,
         )
         self.http = http = HttpServer(
             Metrics(collector, commits),
@@ -382,6 +445,7 @@ class Broker:
             logins.check,
             lambda user: permissions.has(user, "VIEW"),
             config.http_token,
+            role=self._role,
         )
         dashboard = Dashboard(
             operations,
@@ -411,9 +475,50 @@ class Broker:
         """Why the broker is not ready to take new work (None: it is)."""
         if self.stopped.is_set():
             return "the broker is stopping"
+        if self.keeper is not None and not self.keeper.held():
+            return f"this daemon lost the broker's lease: {self.keeper.reason}"
         if self.store.failed is not None:
             return f"the store failed: {describe_failure(self.store.failed)}"
         return self.engine.capacity.refusal
+
+    def _role(self) -> str:
+        if self.keeper is None:
+            return "active"
+        return "active" if self.keeper.held() else "stopping"
+
+    def _nodes_view(self) -> list[dict[str, Any]]:
+        """The daemons of this broker (one, with a SQLite store): which serves, which wait."""
+        keeper = self.keeper
+        if keeper is None:
+            host, port = self.client_address
+            return [
+                {
+                    "node": None,
+                    "name": f"{os.uname().nodename} pid {os.getpid()}",
+                    "role": "active",
+                    "address": f"{host}:{port}",
+                    "seen_seconds_ago": 0.0,
+                    "this_daemon": True,
+                    "lease_epoch": None,
+                    "lease_age_seconds": None,
+                }
+            ]
+        rows = []
+        for node in keeper.lease.nodes():
+            mine = node.node == keeper.node
+            rows.append(
+                {
+                    "node": node.node,
+                    "name": node.name,
+                    "role": self._role() if mine else node.role,
+                    "address": node.address,
+                    "seen_seconds_ago": 0.0 if mine else round(node.seen_age, 3),
+                    "this_daemon": mine,
+                    "lease_epoch": keeper.epoch if mine else None,
+                    "lease_age_seconds": keeper.lease_age() if mine else None,
+                }
+            )
+        return rows
 
     def _login_changed(self, name: str) -> None:
         """A login's password changed or it was dropped: its dashboard sessions end. A
@@ -462,7 +567,24 @@ class Broker:
                     idle_since = now + 3600.0  # done for this idle spell
             await asyncio.sleep(SPACE_CHECK)
 
+    def _lease_lost(self, reason: str) -> None:
+        """This daemon may no longer hold the lease: answer nothing more, and stop."""
+        self.exit_code = EXIT_LEASE_LOST
+        if self.door is not None:
+            self.door.close()
+        for connection in list(self.connections):
+            connection.close()
+        log.critical("stopping at once, writing nothing more: %s", reason)
+        self.stopped.set()
+
     def _store_failed(self, exc: BaseException) -> None:
+        if lease_lost(exc):
+            reason = f"the store refused to commit: {describe_failure(exc)}"
+            if self.keeper is not None:
+                self.keeper.lost(reason)  # (tells _lease_lost)
+            else:
+                self._lease_lost(reason)
+            return
         log.critical(
             "a store commit failed and cannot be retried (%s); stopping: restart the daemon,"
             " it rebuilds from what is durable",
@@ -498,7 +620,14 @@ class Broker:
             try:
                 await self.store.close()
             except (StoreError, OSError) as exc:
-                log.error("the last batch could not be written (%s); it was not acknowledged", exc)
+                if self.exit_code == EXIT_LEASE_LOST:
+                    log.info("the last batch was not written (this daemon lost its lease)")
+                else:
+                    log.error(
+                        "the last batch could not be written (%s); it was not acknowledged", exc
+                    )
+        if self.keeper is not None:
+            await self.keeper.close()  # gives the lease up, if it is still held
         if self._lock_file is not None:  # only the daemon holding the lock wrote broker.json
             (self.data_dir / "broker.json").unlink(missing_ok=True)
             self._lock_file.close()

@@ -16,7 +16,10 @@ attacker points at 127.0.0.1 (DNS rebinding) cannot use the trust loopback calle
 
 /healthz answers 200 while the broker is live and ready, 503 with the reason while it
 is live but not ready (the store cannot write, or new messages are refused for want
-of disk); `/healthz/live` answers 200 whenever the event loop runs at all.
+of disk, or the daemon is a standby, or it has lost the broker's lease and is
+stopping); `/healthz/live` answers 200 whenever the event loop runs at all. Each answer
+names the daemon's role ("active", "standby", "stopping"): an orchestrator that routes
+clients to the pods whose /healthz/ready answers 200 routes them to the active daemon.
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ import hmac
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, Protocol
 
 from aiohttp import web
 
 from ._logins import LoginCheck
-from ._metrics import CONTENT_TYPE, Metrics
+from ._metrics import CONTENT_TYPE
 from ._tls import is_loopback
 
 log = logging.getLogger("ssb.http")
@@ -40,19 +43,27 @@ REALM: Final = 'Basic realm="ssb", charset="UTF-8"'
 MAX_REQUEST_BYTES: Final = 64 * 1024  # the dashboard's forms are small
 
 
+class Rendered(Protocol):
+    """What /metrics shows: the text format of a registry."""
+
+    def render(self) -> bytes: ...
+
+
 class HttpServer:
     """The aiohttp application and its listener."""
 
     def __init__(
         self,
-        metrics: Metrics,
+        metrics: Rendered,
         readiness: Callable[[], str | None],
         authenticate: LoginCheck,
         may_view: Callable[[str], bool],
         token: str | None,
+        role: Callable[[], str] = lambda: "active",
     ) -> None:
         """Args:
         readiness: None when ready, else why not.
+        role: the daemon's role, named in every /healthz answer.
         authenticate: a broker login check: None when the password is right.
         may_view: whether a login may read the broker's views (and so /metrics).
         token: the bearer token that also opens /metrics (None: none).
@@ -62,6 +73,7 @@ class HttpServer:
         self.authenticate = authenticate
         self.may_view = may_view
         self.token = token
+        self.role = role
         self.hosts: set[str] = {"localhost", "127.0.0.1", "[::1]"}
         self.app = web.Application(
             client_max_size=MAX_REQUEST_BYTES, middlewares=[self._known_host]
@@ -165,9 +177,11 @@ class HttpServer:
 
     async def _ready(self, request: web.Request) -> web.StreamResponse:
         reason = self.readiness()
+        role = self.role()
         if reason is None:
-            return web.json_response({"live": True, "ready": True})
-        return web.json_response({"live": True, "ready": False, "reason": reason}, status=503)
+            return web.json_response({"live": True, "ready": True, "role": role})
+        answer = {"live": True, "ready": False, "role": role, "reason": reason}
+        return web.json_response(answer, status=503)
 
     async def _live(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response({"live": True})
+        return web.json_response({"live": True, "role": self.role()})

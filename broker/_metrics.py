@@ -6,7 +6,10 @@ queues keep as plain integers (enqueued, received, put back by a rollback), read
 waiting, activated tasks, the transmission queue by destination, broker links,
 sessions and transactions. The hot paths pay nothing for them. Only the store's
 commits are observed as they happen, once per group commit (not per message): their
-size in rows and their duration, as histograms.
+size in rows and their duration, as histograms. `ssb_daemon_role` says whether the
+daemon is the one serving ("active"), waiting ("standby") or stopping; with a
+PostgreSQL store `ssb_lease_age_seconds` says how long ago it last renewed the broker's
+lease (an active daemon's; see `_lease`), and a standby's /metrics has only these.
 
 The registry is the broker's own (not the library's process-wide default), so two
 brokers in one process, as in tests, never mix their figures. The text format is
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -29,6 +32,9 @@ from ._core.delivery import Delivery
 from ._core.queues import Queue
 from ._core.transactions import Transactions
 from ._store import Store, StoreError
+
+if TYPE_CHECKING:
+    from ._lease import LeaseKeeper
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 COMMIT_ROWS_BUCKETS: Final = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -101,6 +107,43 @@ QUEUE_FIGURES: Final[tuple[tuple[str, str, str, Callable[[Queue], float] | None]
 )
 
 
+ROLES: Final = ("active", "standby", "stopping")
+
+
+def role_figures(keeper: LeaseKeeper | None) -> Iterator[Metric]:
+    """The daemon's role (one gauge per role, 1 for its own) and its lease's age."""
+    from ._lease import Role
+
+    if keeper is None:
+        role = "active"
+    elif keeper.role is Role.STANDBY:
+        role = "standby"
+    else:
+        role = "active" if keeper.held() else "stopping"
+    family = GaugeMetricFamily(
+        "ssb_daemon_role",
+        "1 for this daemon's role: active (it serves the broker), standby (it waits to"
+        " take over) or stopping",
+        labels=["role"],
+    )
+    for name in ROLES:
+        family.add_metric([name], 1 if name == role else 0)
+    yield family
+    if keeper is not None:
+        age = keeper.lease_age()
+        yield GaugeMetricFamily(
+            "ssb_lease_age_seconds",
+            "Seconds since this daemon last took or renewed the broker's lease (-1: it"
+            " does not hold it)",
+            value=-1.0 if age is None else age,
+        )
+        yield GaugeMetricFamily(
+            "ssb_lease_epoch",
+            "The epoch of the lease this daemon holds (0: none); each takeover adds one",
+            value=keeper.epoch if keeper.role is not Role.STANDBY else 0,
+        )
+
+
 class _Task(Protocol):
     """An activated task, as metrics count them."""
 
@@ -122,9 +165,11 @@ class BrokerCollector(Collector):
         sessions: Collection[object],
         transport: Any = None,
         tasks: Mapping[int, _Task] | None = None,
+        keeper: LeaseKeeper | None = None,
     ) -> None:
         """What a scrape reads: the core's parts, the store, the client connections
-        (`sessions`), the transport (its links and peers) and the activated tasks."""
+        (`sessions`), the transport (its links and peers), the activated tasks and the
+        broker's lease (`keeper`, with a PostgreSQL store)."""
         self.queues = queues
         self.delivery = delivery
         self.transactions = transactions
@@ -134,6 +179,7 @@ class BrokerCollector(Collector):
         self.sessions = sessions
         self.transport = transport
         self.tasks: Mapping[int, _Task] = {} if tasks is None else tasks
+        self.keeper = keeper
 
     def collect(self) -> Iterator[Metric]:
         yield from self._queues()
@@ -141,6 +187,7 @@ class BrokerCollector(Collector):
         yield from self._links()
         yield from self._forwarding()
         yield from self._broker()
+        yield from role_figures(self.keeper)
 
     def _queues(self) -> Iterator[Metric]:
         tasks: dict[str, int] = {}
@@ -296,6 +343,17 @@ class CommitHistograms:
     def observe(self, rows: int, seconds: float) -> None:
         self.rows.observe(rows)
         self.seconds.observe(seconds)
+
+
+class StandbyMetrics:
+    """A standby's registry: its role and lease figures only."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
 
 
 class Metrics:

@@ -14,7 +14,10 @@ transaction (its rows' store batches: under load the messages it takes were most
 stored long before, and nothing is written until COMMIT) and, while the store cannot
 write, an observation (ping, a view), so that clients hear why while the disk is full.
 Reading pauses while too many requests are queued and processing pauses while the
-socket's write buffer is full.
+socket's write buffer is full. On a broker whose daemons share a database, nothing
+leaves a connection unless this daemon holds the broker's lease by its own clock
+(`serving`): a daemon that was frozen past its lease answers nothing when it runs again,
+whatever its event loop runs first; the connection is closed instead.
 A malformed frame gets a protocol error and the connection is closed; whatever the
 session had open is rolled back. Other sessions are not affected.
 
@@ -75,6 +78,7 @@ class ClientConnection(asyncio.Protocol):
         login: Login,
         connections: set[ClientConnection],
         limits: ClientLimits,
+        serving: Callable[[], bool] | None = None,
     ) -> None:
         """One client's connection.
 
@@ -86,6 +90,8 @@ class ClientConnection(asyncio.Protocol):
             login: checks a Hello's login.
             connections: the open connections (this one joins while it is open).
             limits: the [limits] a client is held to.
+            serving: whether this daemon may answer (it holds the broker's lease; None:
+                always).
         """
         self.transactions = transactions
         self.welcome = welcome
@@ -94,6 +100,7 @@ class ClientConnection(asyncio.Protocol):
         self.login = login
         self.connections = connections
         self.limits = limits
+        self.serving = serving
         self.decoder = FrameDecoder(limits.hello_frame_size)
         self.greeted = False  # a Hello arrived; its login may still be running
         self.login_timer: asyncio.TimerHandle | None = None
@@ -229,8 +236,15 @@ class ClientConnection(asyncio.Protocol):
         self.close()
 
     def _send_now(self, frame: object) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is not None and not self.transport.is_closing() and self._may_answer():
             self.transport.write(encode_frame(frame))
+
+    def _may_answer(self) -> bool:
+        """Whether this daemon may answer; if not, the connection is closed unanswered."""
+        if self.serving is None or self.serving():
+            return True
+        self.abort("this daemon does not hold the broker's lease: it answers nothing")
+        return False
 
     def close(self) -> None:
         self.closed = True
@@ -340,6 +354,8 @@ class ClientConnection(asyncio.Protocol):
         while replies and replies[0][0] <= durable:
             out.append(replies.popleft()[1])
         if out and self.transport is not None and not self.transport.is_closing():
+            if not self._may_answer():
+                return
             self.transport.writelines(out)
         if replies and self.waiting_for != replies[0][0]:
             self.waiting_for = replies[0][0]

@@ -421,13 +421,17 @@ def _failure(exc: Exception, url: str, source: str) -> str:
     from ssb import client
 
     parts = urlsplit(url)
-    address = f"{parts.hostname}:{parts.port or 4021}"
+    try:
+        addresses = client.url_addresses(url)
+    except ValueError:
+        addresses = [parts.netloc.rpartition("@")[2]]
     if isinstance(exc, client.ConnectionLostError) and isinstance(
         exc.__cause__, ConnectionRefusedError
     ):
+        ports = ", ".join(sorted({a.rpartition(":")[2] for a in addresses}))
         return (
-            f"no broker answers at {address} ({source}; connection refused): is it running"
-            f" (`ssb serve`), and is {parts.port or 4021} its client port? --url or $SSB_URL"
+            f"no broker answers at {','.join(addresses)} ({source}; connection refused): is"
+            f" it running (`ssb serve`), and is {ports} its client port? --url or $SSB_URL"
             f" names the broker and the login: {URL_FORM}"
         )
     if isinstance(exc, client.LoginFailedError) and not parts.username:

@@ -50,7 +50,7 @@ from ._scheduler import (
     TaskOutcome,
 )
 from ._sync import SyncConnection, connect_sync
-from ._url import local_url
+from ._url import local_url, url_addresses
 
 __all__ = [
     "DIALOG_TIMER",
@@ -95,4 +95,5 @@ __all__ = [
     "function_name",
     "load_function",
     "local_url",
+    "url_addresses",
 ]

@@ -49,6 +49,7 @@ from ._recovery import (
     Settling,
     Tracker,
     check_deadline,
+    none_answered,
     unsettled_text,
 )
 from ._scheduler import get_scheduler, install_scheduler
@@ -119,8 +120,11 @@ class _Lost(Exception):
 class Connection(Operations):
     """An async session with the broker; make one with `client.connect(url)`."""
 
-    def __init__(self, wire: _Wire, welcome: Welcome, url: str, options: Options) -> None:
+    def __init__(
+        self, wire: _Wire, welcome: Welcome, url: str, options: Options, at: int = 0
+    ) -> None:
         self._wire = wire
+        self._at = at  # which of the URL's addresses answered last
         self._pending: dict[int, tuple[asyncio.Future[Any], Sent]] = {}
         self._next_id = 1
         self.broker_instance_id = welcome.broker_instance
@@ -230,7 +234,9 @@ class Connection(Operations):
         redial = Redial(self.url, self._options, reason, time.monotonic())
         while True:
             try:
-                wire, welcome = await _open(redial.target, self._options.timeout)
+                wire, welcome, self._at = await _open(
+                    redial.target, self._options.timeout, self._at
+                )
             except (TLSError, LoginFailedError, ProtocolViolationError):
                 raise
             except ConnectionLostError as exc:
@@ -369,8 +375,22 @@ def _peer_certificate(ssl_object: Any) -> bytes | None:
     return None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
 
 
-async def _open(target: Target, timeout: float) -> tuple[_Wire, Welcome]:
-    """Connect, TLS where the URL asks for it, and log in."""
+async def _open(target: Target, timeout: float, first: int = 0) -> tuple[_Wire, Welcome, int]:
+    """Connect to the first of the URL's addresses that lets this client log in, trying
+    them in turn from the one numbered `first`; returns which one it was."""
+    failures: list[ConnectionLostError] = []
+    for candidate in target.in_turn(first):
+        try:
+            wire, welcome = await _open_one(candidate, timeout)
+        except ConnectionLostError as exc:
+            failures.append(exc)
+            continue
+        return wire, welcome, target.index(candidate)
+    raise none_answered(target, failures)
+
+
+async def _open_one(target: Target, timeout: float) -> tuple[_Wire, Welcome]:
+    """Connect to one address, TLS where the URL asks for it, and log in."""
     loop = asyncio.get_running_loop()
     context = target.tls_context()
     try:
@@ -424,11 +444,13 @@ async def connect(
     reconnect: bool = True,
     reconnect_deadline: float = RECONNECT_DEADLINE,
 ) -> Connection:
-    """Open a session with the broker at `url` (ssb://user:password@host:port).
+    """Open a session with the broker at `url` (ssb://user:password@host:port; several
+    addresses of one broker, host1:port1,host2:port2, are tried in turn).
 
     Args:
         reconnect: when the connection drops, connect again by itself (with backoff, to
-            the same broker) and settle what was in flight (see `run_transaction`).
+            the same broker, at any of the URL's addresses) and settle what was in
+            flight (see `run_transaction`).
         reconnect_deadline: seconds to keep trying before calls fail with
             `ConnectionLostError`.
 
@@ -437,5 +459,5 @@ async def connect(
         LoginFailedError: the broker refused the login.
     """
     options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
-    wire, welcome = await _open(parse_url(url), timeout)
-    return Connection(wire, welcome, url, options)
+    wire, welcome, at = await _open(parse_url(url), timeout)
+    return Connection(wire, welcome, url, options, at)

@@ -50,7 +50,7 @@ from ._errors import (
     OutcomeUnknownError,
     TransactionRolledBackError,
 )
-from ._url import parse_url
+from ._url import Target, parse_url
 
 log = logging.getLogger("ssb.client")
 
@@ -132,19 +132,14 @@ class Redial:
         self.options = options
         self.started = now
         self.delay = RECONNECT_FIRST_DELAY
-        log.info(
-            "connection to %s:%d lost (%s); reconnecting",
-            self.target.host,
-            self.target.port,
-            reason,
-        )
+        log.info("connection to %s lost (%s); reconnecting", self.target.where, reason)
 
     def pause(self, failure: ConnectionLostError, now: float) -> float:
         """Seconds to wait before the next try after `failure`; raises past the deadline."""
         delay = self.delay
         if now + delay > self.started + self.options.reconnect_deadline:
             raise ConnectionLostError(
-                f"could not reconnect to the broker at {self.target.host}:{self.target.port}"
+                f"could not reconnect to the broker at {self.target.where}"
                 f" within {self.options.reconnect_deadline:g} s (reconnect_deadline): {failure}"
             ) from failure
         self.delay = min(delay * 2, RECONNECT_MAX_DELAY)
@@ -157,12 +152,17 @@ class Redial:
                 f"reconnected to a different broker (instance {instance}, not {expected}):"
                 " what was in flight cannot be settled there"
             )
-        log.info(
-            "reconnected to %s:%d after %.2f s",
-            self.target.host,
-            self.target.port,
-            now - self.started,
-        )
+        log.info("reconnected to %s after %.2f s", self.target.where, now - self.started)
+
+
+def none_answered(target: Target, failures: list[ConnectionLostError]) -> ConnectionLostError:
+    """The error of a URL none of whose addresses let the client in: each one's failure."""
+    if len(failures) == 1:
+        return failures[0]
+    text = "; ".join(str(f) for f in failures)
+    error = ConnectionLostError(f"none of the broker's addresses answered ({text})")
+    error.__cause__ = failures[-1].__cause__
+    return error
 
 
 def check_deadline(value: object) -> float:

@@ -48,6 +48,7 @@ from ._recovery import (
     Settling,
     Tracker,
     check_deadline,
+    none_answered,
     unsettled_text,
 )
 from ._scheduler import get_scheduler_sync, install_scheduler_sync
@@ -73,8 +74,10 @@ class SyncConnection(Operations):
         decoder: FrameDecoder,
         url: str,
         options: Options,
+        at: int = 0,
     ):
         self._sock = sock
+        self._at = at  # which of the URL's addresses answered last
         self._decoder = decoder
         self._next_id = 1
         self.broker_instance_id = welcome.broker_instance
@@ -180,7 +183,9 @@ class SyncConnection(Operations):
         redial = Redial(self.url, self._options, self._lost, time.monotonic())
         while True:
             try:
-                sock, welcome, decoder = _open(redial.target, self._options.timeout)
+                sock, welcome, decoder, self._at = _open(
+                    redial.target, self._options.timeout, self._at
+                )
             except (TLSError, LoginFailedError, ProtocolViolationError):
                 raise
             except ConnectionLostError as exc:
@@ -264,8 +269,24 @@ def _read_frame(sock: socket.socket, decoder: FrameDecoder) -> Any:
         decoder.receive_data(data)
 
 
-def _open(target: Target, timeout: float) -> tuple[socket.socket, Welcome, FrameDecoder]:
-    """Connect, TLS where the URL asks for it, and log in."""
+def _open(
+    target: Target, timeout: float, first: int = 0
+) -> tuple[socket.socket, Welcome, FrameDecoder, int]:
+    """Connect to the first of the URL's addresses that lets this client log in, trying
+    them in turn from the one numbered `first`; returns which one it was."""
+    failures: list[ConnectionLostError] = []
+    for candidate in target.in_turn(first):
+        try:
+            sock, welcome, decoder = _open_one(candidate, timeout)
+        except ConnectionLostError as exc:
+            failures.append(exc)
+            continue
+        return sock, welcome, decoder, target.index(candidate)
+    raise none_answered(target, failures)
+
+
+def _open_one(target: Target, timeout: float) -> tuple[socket.socket, Welcome, FrameDecoder]:
+    """Connect to one address, TLS where the URL asks for it, and log in."""
     try:
         sock = socket.create_connection((target.host, target.port), timeout=timeout)
     except OSError as exc:
@@ -308,14 +329,16 @@ def connect_sync(
     reconnect: bool = True,
     reconnect_deadline: float = RECONNECT_DEADLINE,
 ) -> SyncConnection:
-    """Open a blocking session with the broker at `url` (ssb://user:password@host:port).
+    """Open a blocking session with the broker at `url` (ssb://user:password@host:port;
+    several addresses of one broker, host1:port1,host2:port2, are tried in turn).
 
     Args:
         reconnect: when the connection drops, connect again by itself (with backoff, to
-            the same broker) and settle what was in flight (see `run_transaction`).
+            the same broker, at any of the URL's addresses) and settle what was in
+            flight (see `run_transaction`).
         reconnect_deadline: seconds to keep trying before calls fail with
             `ConnectionLostError`.
     """
     options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
-    sock, welcome, decoder = _open(parse_url(url), timeout)
-    return SyncConnection(sock, welcome, decoder, url, options)
+    sock, welcome, decoder, at = _open(parse_url(url), timeout)
+    return SyncConnection(sock, welcome, decoder, url, options, at)

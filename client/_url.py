@@ -4,6 +4,11 @@
 `?ca=FILE` (a CA or the broker's own certificate, and the host name) or with
 `?fingerprint=SHA256HEX` (the SHA-256 of the broker's certificate, as its ready line and
 `broker.json` print it), or with the system's CAs when neither is given.
+
+A URL may name several addresses of one broker, `ssb://user:password@host1:4021,host2:4021`
+(its daemons sharing a PostgreSQL database: one serves, the others stand by with their
+ports closed): a client tries them in turn, starting with the one that answered last
+(`Target.in_turn`), and takes the first that lets it log in.
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ import hashlib
 import hmac
 import json
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 DEFAULT_PORT: Final = 4021
+MAX_ADDRESSES: Final = 16  # addresses one URL may name
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,29 @@ class Target:
     tls: bool = False
     ca: str | None = None
     fingerprint: str | None = None
+    # every address the URL names, (host, port), the first being `host` and `port`
+    addresses: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def where(self) -> str:
+        """The addresses, as a person reads them: host:port[,host:port...]."""
+        return ",".join(
+            _shown(host, port) for host, port in self.addresses or [(self.host, self.port)]
+        )
+
+    def in_turn(self, first: int = 0) -> list[Target]:
+        """One target per address, starting with the address numbered `first`."""
+        addresses = self.addresses or ((self.host, self.port),)
+        start = first % len(addresses)
+        ordered = addresses[start:] + addresses[:start]
+        return [replace(self, host=host, port=port) for host, port in ordered]
+
+    def index(self, target: Target) -> int:
+        """Which of this URL's addresses `target` is (0 if none)."""
+        try:
+            return self.addresses.index((target.host, target.port))
+        except ValueError:
+            return 0
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The client side of TLS for this URL (None for ssb://)."""
@@ -55,6 +84,27 @@ class Target:
             )
 
 
+def _shown(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _addresses(url: str, hosts: str) -> tuple[tuple[str, int], ...]:
+    """The (host, port) of each address in a URL's comma-separated host list."""
+    found: list[tuple[str, int]] = []
+    for item in hosts.split(","):
+        parts = urlsplit(f"//{item}")  # one host[:port], parsed as a URL's netloc
+        if not item or not parts.hostname:
+            raise ValueError(f"broker URL {url!r} names no host in {item!r}")
+        try:
+            port = parts.port or DEFAULT_PORT
+        except ValueError:
+            raise ValueError(f"broker URL {url!r} has a bad port in {item!r}") from None
+        found.append((parts.hostname, port))
+    if len(found) > MAX_ADDRESSES:
+        raise ValueError(f"broker URL {url!r} names more than {MAX_ADDRESSES} addresses")
+    return tuple(found)
+
+
 def parse_url(url: str) -> Target:
     """Split a broker URL; raise ValueError saying what is wrong with it."""
     parts = urlsplit(url)
@@ -62,12 +112,11 @@ def parse_url(url: str) -> Target:
         raise ValueError(
             f"broker URL must start with ssb:// (plain TCP) or ssbs:// (TLS), got {url!r}"
         )
-    if not parts.hostname:
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    if not hosts:
         raise ValueError(f"broker URL {url!r} names no host")
-    try:
-        port = parts.port or DEFAULT_PORT
-    except ValueError:
-        raise ValueError(f"broker URL {url!r} has a bad port") from None
+    addresses = _addresses(url, hosts)
+    user, _, password = userinfo.partition(":")
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     unknown = set(query) - {"ca", "fingerprint"}
     if unknown:
@@ -79,15 +128,27 @@ def parse_url(url: str) -> Target:
         fingerprint = fingerprint.replace(":", "").lower()
         if len(fingerprint) != 64 or any(c not in "0123456789abcdef" for c in fingerprint):
             raise ValueError(f"broker URL {url!r}: fingerprint must be 64 hex digits (SHA-256)")
+    host, port = addresses[0]
     return Target(
-        parts.hostname,
+        host,
         port,
-        unquote(parts.username or ""),
-        unquote(parts.password or ""),
+        unquote(user),
+        unquote(password),
         parts.scheme == "ssbs",
         query.get("ca"),
         fingerprint,
+        addresses,
     )
+
+
+def url_addresses(url: str) -> list[str]:
+    """The addresses a broker URL names, "host:port" each, in its order (never its login).
+
+    Raises:
+        ValueError: the URL is malformed (the message says how).
+    """
+    target = parse_url(url)
+    return [_shown(host, port) for host, port in target.addresses]
 
 
 def local_url(data_dir: str | Path = "ssb-data") -> str | None:

@@ -103,7 +103,7 @@ async def test_metrics_match_the_views(observed: BrokerProcess) -> None:
         samples = await scrape(observed.http_url)
         assert of_queue(samples, "ssb_queue_enabled", "Orders") == 0
 
-    assert await health(observed.http_url) == (200, {"live": True, "ready": True})
+    assert await health(observed.http_url) == (200, {"live": True, "ready": True, "role": "active"})
     assert (await health(observed.http_url, "/healthz/live"))[0] == 200
 
 

@@ -8,6 +8,11 @@ and start it again on the same data directory and the same ports, so clients can
 Its URL carries the admin login with the password the first start wrote into the data
 directory. The daemon's stderr goes to a log file beside the data directory.
 
+Daemons given one PostgreSQL database (`store`) are one broker: the first to take its
+lease serves, the others wait as standbys and print `ssb standby ...` instead; `start`
+takes either line, `role` says which came, and `wait_active` waits for a standby's
+ready line once it has taken over.
+
 `read_ready_line` is the wait for such a line, for any command that prints one.
 """
 
@@ -27,8 +32,11 @@ from urllib.parse import quote
 READY_TIMEOUT: Final = 30.0
 
 
-def read_ready_line(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> str | None:
-    """Read `proc`'s stdout until a line that starts with `prefix`, and return that line;
+def read_ready_line(
+    proc: subprocess.Popen[bytes], prefix: str | tuple[str, ...], timeout: float
+) -> str | None:
+    """Read `proc`'s stdout until a line that starts with `prefix` (or one of several),
+    and return that line;
     None when the process closes its stdout or exits first, or after `timeout` seconds.
 
     Earlier lines (such as where the first start wrote the admin password) are passed over.
@@ -93,6 +101,8 @@ class BrokerProcess:
         self.client_port = 0
         self.broker_port: int | None = None
         self.instance = ""
+        self.node = ""
+        self.role = ""  # "active" or "standby", as the daemon's last line said
         self.tls_fingerprint = ""
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
 
@@ -169,18 +179,49 @@ class BrokerProcess:
             args, stdout=subprocess.PIPE, stderr=log, cwd=self.cwd, env=env
         )
         log.close()
-        line = read_ready_line(self.proc, "ssb ready", READY_TIMEOUT)
+        line = read_ready_line(self.proc, ("ssb ready", "ssb standby"), READY_TIMEOUT)
         if line is None:
             self.kill()
             raise RuntimeError(f"broker did not start; log:\n{self.log_text()[-4000:]}")
+        self._took(line)
+        return self
+
+    def wait_active(self, timeout: float = READY_TIMEOUT) -> Self:
+        """Wait until this standby has taken over and prints its ready line (RuntimeError,
+        with the log's tail, when it does not within `timeout` seconds)."""
+        assert self.proc is not None
+        if self.role == "active":
+            return self
+        line = read_ready_line(self.proc, "ssb ready", timeout)
+        if line is None:
+            raise RuntimeError(f"the standby did not take over; log:\n{self.log_text()[-4000:]}")
+        self._took(line)
+        return self
+
+    def _took(self, line: str) -> None:
+        """What a ready or standby line says."""
         fields = dict(part.split("=", 1) for part in line.split()[2:])
+        self.instance = fields["instance"]
+        self.node = fields.get("node", "")
+        self.http_url = fields.get("http", "")
+        if line.startswith("ssb standby"):
+            self.role = "standby"
+            return
+        self.role = "active"
         self.client_port = int(fields["client"].rsplit(":", 1)[1])
         if "broker" in fields:
             self.broker_port = int(fields["broker"].rsplit(":", 1)[1])
-        self.instance = fields["instance"]
         self.tls_fingerprint = fields.get("tls", "")
-        self.http_url = fields.get("http", "")
-        return self
+
+    def freeze(self) -> None:
+        """SIGSTOP: the process stops where it is, its connections left open."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT: a frozen process runs again."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
 
     def kill(self) -> None:
         """kill -9: no clean shutdown at all."""

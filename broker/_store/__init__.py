@@ -12,7 +12,14 @@ database's own exceptions.
 
 from __future__ import annotations
 
-from .errors import StoreError, StoreFailure, StoreUnavailable, describe_failure
+from .errors import (
+    LeaseLost,
+    StoreError,
+    StoreFailure,
+    StoreUnavailable,
+    describe_failure,
+    lease_lost,
+)
 from .port import (
     ENDPOINT_COLUMNS,
     EXECUTION_LOG_COLUMNS,
@@ -35,6 +42,7 @@ __all__ = [
     "STORE_FILE",
     "STORE_FILES",
     "TRANSMISSION_COLUMNS",
+    "LeaseLost",
     "ManualStore",
     "SQLiteStore",
     "Store",
@@ -44,5 +52,6 @@ __all__ = [
     "copy_store",
     "describe_failure",
     "is_database_url",
+    "lease_lost",
     "open_store",
 ]

@@ -257,6 +257,7 @@ class Committer(Tables):
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssb-store") if threaded else None
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._ended: list[asyncio.Future[None]] = []  # `close` waiting for a commit to end
         self._on_failure: Callable[[BaseException], None] | None = None
         self._on_trouble: Callable[[str | None], None] | None = None
         self._on_commit: Callable[[int, float], None] | None = None
@@ -360,10 +361,10 @@ class Committer(Tables):
         self._endpoint_rows = {}
 
     async def close(self) -> None:
-        if self._committing and self.failed is None and self._loop is not None:
-            done: asyncio.Future[None] = self._loop.create_future()
-            self.when_durable(self._open.number - 1, lambda: done.set_result(None))
-            await done
+        while self._committing and self.failed is None and self._loop is not None:
+            ended: asyncio.Future[None] = self._loop.create_future()
+            self._ended.append(ended)  # a commit that fails for good ends the wait too
+            await ended
         self._wake = False
         try:
             if self.failed is None and self.trouble is None:
@@ -468,6 +469,9 @@ class Committer(Tables):
         (after an inline commit, it starts from the event loop's next turn, so that
         commits never nest)."""
         self._committing = False
+        ended, self._ended = self._ended, []
+        for waiter in ended:
+            waiter.set_result(None)
         self._settle(batches, exc)
         if self.failed is not None:
             return

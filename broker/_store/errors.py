@@ -25,6 +25,21 @@ class StoreFailure(StoreError):
     """A batch cannot be committed and retrying will not help; memory is ahead of disk."""
 
 
+class LeaseLost(StoreFailure):
+    """This daemon no longer holds the broker's lease on its database (another has taken
+    it over, or it may have lapsed): it may commit nothing more."""
+
+
+# the SQLSTATE of the database's refusal of a commit whose lease has passed to another
+# daemon (raised by the function `ssb_fence`, see `postgres_schema`)
+LEASE_LOST_STATE: Final = "SSB01"
+
+
+def lease_lost(exc: BaseException) -> bool:
+    """Whether a failed commit failed because this daemon no longer holds the lease."""
+    return isinstance(exc, LeaseLost) or getattr(exc, "sqlstate", None) == LEASE_LOST_STATE
+
+
 # what a read on one of the store's connections raises when the database fails: SQLite's
 # own errors, or a StoreError (the PostgreSQL session translates its driver's)
 READ_ERRORS: Final = (sqlite3.Error, StoreError)

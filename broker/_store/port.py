@@ -277,6 +277,19 @@ class CatalogRows(CatalogJournal, Protocol):
         """Every meta value by key (start-up read)."""
         ...
 
+    def load_broker_files(self) -> dict[str, str]:
+        """The text of every file of the broker kept in the store, by file name (read at
+        start, before `attach`)."""
+        ...
+
+    def put_broker_file(self, name: str, body: str) -> None:
+        """Keep a file of the broker (its name and text), replacing one of that name."""
+        ...
+
+    def delete_broker_file(self, name: str) -> None:
+        """Forget a file of the broker (nothing happens if there is none)."""
+        ...
+
     def load_catalog(self) -> list[tuple[str, str, str]]:
         """(kind, name, body) of every catalog object, in no particular order (start-up
         read)."""

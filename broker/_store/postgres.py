@@ -18,10 +18,12 @@ standby's too under synchronous replication); with "os" the writer sets
 `synchronous_commit = off`, and an acknowledged message survives a daemon crash but
 perhaps not a crash of the database server.
 
-One daemon uses a database: its writer session holds an advisory lock for as long as it
-lives, and another daemon's store is refused (`DatabaseInUse`), at its start or, should
-it get to the database while this one's connection was lost, when this one reconnects
-(then its commits fail for good and the daemon stops).
+Several daemons may share a database, one of them serving: the one that holds the
+broker's lease (see `lease`). The store is opened only by the holder, and is *fenced* by
+it: every commit's transaction begins with `ssb_fence(epoch)`, which fails once the
+lease has passed to another daemon, and the store commits nothing (and acknowledges
+nothing) while the holder's own clock says that its lease may have lapsed (`Fence`).
+Either is `LeaseLost`, which no retry helps: the daemon stops.
 
 A lost connection is a failure that may pass: the batches are tried again (see
 `commit`) on a new connection, which libpq makes to whichever host of the URL accepts
@@ -49,8 +51,8 @@ import os
 import struct
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import psycopg
 from psycopg.adapt import Dumper
@@ -59,8 +61,7 @@ from psycopg.pq import Format
 
 from . import postgres_schema
 from .commit import Batch, Committer, Cursor, apply_statements
-from .errors import StoreError, StoreUnavailable, describe_failure
-from .port import Store
+from .errors import LeaseLost, StoreError, StoreUnavailable, describe_failure, lease_lost
 from .tables import ROW_COUNTS, AllTables
 
 if TYPE_CHECKING:
@@ -69,8 +70,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ssb.store")
 
 CONNECT_TIMEOUT: Final = 10  # seconds a connection attempt waits, unless the URL says
-LOCK_WAIT: Final = 10.0  # seconds the writer waits for the broker's lock (a late session)
 SESSION_END_TIMEOUT: Final = 30.0  # seconds to wait for a lost session to end on the server
+_FENCE: Final = "SELECT ssb_fence(?)"
 _MARK: Final = "UPDATE commit_marks SET token = ? WHERE id = 1"
 _READ_MARK: Final = "SELECT token FROM commit_marks WHERE id = 1"
 _BACKEND: Final = "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
@@ -129,35 +130,54 @@ def describe_url(url: str) -> str:
 
 
 class DatabaseInUse(StoreUnavailable):
-    """Another daemon's writer session holds the broker's lock on the database."""
+    """Another daemon holds the broker's lease on the database."""
+
+
+class Fence(Protocol):
+    """The lease a store commits under (see `lease`): its epoch, the node holding it, and
+    whether the holder's own clock says it still holds it (called on the store thread)."""
+
+    epoch: int
+    node: str
+
+    def held(self) -> bool: ...
 
 
 class Session:
     """One connection to the database that speaks the families' SQL, in autocommit mode;
-    `reconnect` replaces a lost one and remembers which server session it was. With
-    `lock`, the session holds that advisory lock from its start (waiting LOCK_WAIT for
-    it: a session of a daemon that has just died may not have ended yet)."""
+    `reconnect` replaces a lost one and remembers which server session it was. Its
+    `role` names it on the server (application_name "ssb ROLE"); with `keepalive`, a
+    connection whose server stops answering is found lost within about that many
+    seconds (TCP keepalives and user timeout), not the system's two hours."""
 
     def __init__(
-        self, url: str, role: str, settings: Sequence[str] = (), lock: int | None = None
+        self,
+        url: str,
+        role: str,
+        settings: Sequence[str] = (),
+        keepalive: float | None = None,
     ) -> None:
         self.url = url
         self.role = role
         self.settings = settings
-        self.lock = lock
+        self.keepalive = keepalive
         self.lost: tuple[int, Any] | None = None  # (pid, start) of a session lost unended
         self.conn, self.backend = self._connect()
-        if lock is not None:
-            try:
-                self._take_lock(lock)
-            except BaseException:
-                self.conn.close()
-                raise
 
     def _connect(self) -> tuple[psycopg.Connection[Any], tuple[int, Any]]:
         options: dict[str, Any] = {"application_name": f"ssb {self.role}"}
-        if "connect_timeout" not in conninfo_to_dict(self.url):
+        given = conninfo_to_dict(self.url)
+        if "connect_timeout" not in given:
             options["connect_timeout"] = CONNECT_TIMEOUT
+        if self.keepalive is not None:
+            seconds = max(1, int(self.keepalive))
+            for key, value in (
+                ("keepalives_idle", max(1, seconds // 3)),
+                ("keepalives_interval", max(1, seconds // 6)),
+                ("keepalives_count", 3),
+                ("tcp_user_timeout", seconds * 1000),
+            ):
+                options.setdefault(key, given.get(key, value))
         conn = psycopg.connect(self.url, autocommit=True, **options)
         try:
             conn.adapters.register_dumper(uuid.UUID, _UUIDAsBytes)
@@ -172,20 +192,6 @@ class Session:
         assert row is not None
         return conn, (int(row[0]), row[1])
 
-    def _take_lock(self, lock: int) -> None:
-        deadline = time.monotonic() + LOCK_WAIT
-        while True:
-            taken = self.conn.execute("SELECT pg_try_advisory_lock(%s)", (lock,)).fetchone()
-            if taken is not None and taken[0]:
-                return
-            if time.monotonic() > deadline:
-                raise DatabaseInUse(
-                    f"another ssb daemon is using the store {describe_url(self.url)} (its"
-                    " session holds the broker's lock); stop it, or give this daemon"
-                    " another database"
-                )
-            time.sleep(0.1)
-
     @property
     def broken(self) -> bool:
         """Whether the connection is lost (or closed)."""
@@ -193,21 +199,13 @@ class Session:
 
     def reconnect(self) -> None:
         """A new connection in place of a lost one (the lost session is remembered in
-        `lost` until `end_lost`; a session that holds a lock ends it first, then takes
-        the lock again).
-
-        Raises:
-            DatabaseInUse: another daemon holds the lock now.
-        """
+        `lost` until `end_lost`)."""
         with contextlib.suppress(psycopg.Error):
             self.conn.close()
         self.conn, backend = self._connect()
         if self.lost is None:
             self.lost = self.backend
         self.backend = backend
-        if self.lock is not None:
-            self.end_lost()
-            self._take_lock(self.lock)
 
     def end_lost(self) -> None:
         """Make sure the session lost before the last reconnect has ended on the server:
@@ -263,7 +261,10 @@ class ReadSession(Session):
 
 def _transient(exc: BaseException) -> bool:
     """Whether a failed commit may succeed later: a lost connection, a server shutting
-    down or out of space, a lock or a conflict, a server that is a standby for now."""
+    down or out of space, a lock or a conflict, a server that is a standby for now (but
+    never a lease that has passed to another daemon)."""
+    if lease_lost(exc):
+        return False
     if isinstance(exc, (OSError, psycopg.OperationalError, psycopg.InterfaceError)):
         return True
     return getattr(exc, "sqlstate", None) == "25006"  # read-only: not the primary (yet)
@@ -272,26 +273,28 @@ def _transient(exc: BaseException) -> bool:
 class PostgresStore(AllTables, Committer):
     """The storage port on a PostgreSQL database (see the module's comment).
 
-    `PostgresStore(url, durability, threaded=True)`: `url` is libpq's (a URL or a
-    key=value string); `threaded=False` makes a store that commits only in `flush()`
-    (tests).
+    `PostgresStore(url, durability, fence, threaded=True)`: `url` is libpq's (a URL or a
+    key=value string); `fence` the lease its commits are made under; `threaded=False`
+    makes a store that commits only in `flush()` (tests).
     """
 
     # no multi-row inserts: a pipelined executemany of a prepared INSERT costs less here
     row_counts = ROW_COUNTS
     _reader: ReadSession
 
-    def __init__(self, url: str, durability: str = "fsync", *, threaded: bool = True) -> None:
+    def __init__(self, url: str, durability: str, fence: Fence, *, threaded: bool = True) -> None:
         super().__init__(durability, threaded=threaded)
         self.where = describe_url(url)
+        self.fence = fence
         synchronous = ("SET synchronous_commit = off",) if durability == "os" else ()
-        self._writer = Session(url, "writer", synchronous, postgres_schema.BROKER_LOCK)
+        self._writer = Session(url, f"writer {fence.node}", synchronous)
         try:
             postgres_schema.create(self._writer.conn, self.where)
-            self._reader = self._db = ReadSession(url, "reader")
+            self._reader = self._db = ReadSession(url, f"reader {fence.node}")
         except BaseException:
             self._writer.close()
             raise
+        self.on_release: Callable[[], None] | None = None  # run when the store closes
         # the token of a commit whose outcome was not seen, and its last batch's number
         self._unseen: tuple[bytes, int] | None = None
 
@@ -303,6 +306,8 @@ class PostgresStore(AllTables, Committer):
     def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
         self._injected_failure()
         started = time.perf_counter()
+        fence = self.fence
+        self._check_lease()
         writer = self._writer
         if writer.broken:
             writer.reconnect()
@@ -315,6 +320,7 @@ class PostgresStore(AllTables, Committer):
             try:
                 with conn.pipeline():
                     conn.execute("BEGIN")
+                    writer.execute(_FENCE, (fence.epoch,))  # first: see `lease`
                     rows = apply_statements(writer, batches, {}, self.row_counts)
                     writer.execute(_MARK, (token,))
                     conn.execute("COMMIT")
@@ -332,7 +338,15 @@ class PostgresStore(AllTables, Committer):
                 if left:
                     raise
             self._unseen = None
+        self._check_lease()  # committed, but acknowledged only by a daemon that holds it
         self._committed(rows, started)
+
+    def _check_lease(self) -> None:
+        if not self.fence.held():
+            raise LeaseLost(
+                "this daemon's lease on the database may have lapsed (its own clock says so):"
+                " it commits and acknowledges nothing more"
+            )
 
     def _settle_unseen(self, batches: list[Batch]) -> list[Batch]:
         """`batches` without those a commit whose outcome was not seen wrote (on the
@@ -353,6 +367,8 @@ class PostgresStore(AllTables, Committer):
     def _release(self) -> None:
         self._reader.close()
         self._writer.close()
+        if self.on_release is not None:
+            self.on_release()
 
     # ---- space ----------------------------------------------------------------------------
 
@@ -365,34 +381,27 @@ class PostgresStore(AllTables, Committer):
         return 0
 
 
-def open_postgres_store(url: str, durability: str) -> Store:
-    """The store in the PostgreSQL database of `url`, its schema and the broker's identity
-    (a new instance id in its meta value `broker_instance`) made if need be, not yet
-    attached.
+def open_postgres_store(url: str, durability: str, fence: Fence) -> PostgresStore:
+    """The store in the PostgreSQL database of `url`, committing under `fence` (the lease
+    the caller holds), not yet attached.
 
     Args:
         url: libpq's connection URL (several hosts and `target_session_attrs` are
             libpq's).
         durability: "fsync" (the server's synchronous_commit) or "os" (off).
+        fence: the lease (see `lease`): its schema and identity are made already.
 
     Raises:
         StoreUnavailable: the store cannot be opened; the message says why and what to
             do, in one line, without the URL's password.
     """
-    where = describe_url(url)
     try:
-        store = PostgresStore(url, durability)
-        try:
-            postgres_schema.make_identity(store._writer.conn)
-        except BaseException:
-            store._release()
-            raise
-        return store
+        return PostgresStore(url, durability, fence)
     except psycopg.Error as exc:
-        raise StoreUnavailable(_cannot_open(where, exc)) from None
+        raise StoreUnavailable(cannot_open(describe_url(url), exc)) from None
 
 
-def _cannot_open(where: str, exc: psycopg.Error) -> str:
+def cannot_open(where: str, exc: psycopg.Error) -> str:
     """One line for a database that cannot be opened: what the server said, and what to
     do where that is clear."""
     primary = exc.diag.message_primary  # the server's words, without the statement

@@ -7,16 +7,21 @@ bytewise as SQLite compares blobs), a time `double precision`, a boolean a `smal
 the database's locale. A message's and an outcome record's count of bytes or ids is an
 `integer`, so that their sums are `bigint`s, which the driver reads as ints.
 
-Beside them: `ssb_schema` holds the schema version (1 is this layout; a database written
-by a newer ssb is refused, left as it is), and `commit_marks` one row whose token every
-commit rewrites in its own transaction, so that a commit whose answer was lost with the
-connection can be settled afterwards by reading the token back (see `postgres`).
+Beside them: `ssb_schema` holds the schema version (1 was the first layout, 2 adds the
+lease; a database written by a newer ssb is refused, left as it is), and `commit_marks`
+one row whose token every commit rewrites in its own transaction, so that a commit whose
+answer was lost with the connection can be settled afterwards by reading the token back
+(see `postgres`). `broker_lease` is one row, the lease that says which of the daemons
+sharing the database serves, `broker_nodes` one row per daemon that has used it, and
+the function `ssb_fence(epoch)`, the first statement of every commit, fails the commit
+of a daemon whose lease has passed to another (see `lease`).
 
 `create` makes what is missing in one transaction, under an advisory lock, so that
-daemons started together on a new database make one schema; `make_identity` gives the
-broker its instance id (in `meta`) unless it has one. The identity lives in the
-database, not in the data directory, so that every daemon given the same database is
-the same broker.
+daemons started together on a new database make one schema (an older schema is brought
+up to date there); `make_identity` gives the broker its instance id (in `meta`) unless it
+has one. The identity lives in the database, not in the data directory (the instance id
+here, the files a first start makes in `broker_files`), so that every daemon given the
+same database is the same broker.
 """
 
 from __future__ import annotations
@@ -25,15 +30,15 @@ import uuid
 from typing import TYPE_CHECKING, Any, Final
 
 from . import sql
-from .errors import StoreUnavailable
+from .errors import LEASE_LOST_STATE, StoreUnavailable
 
 if TYPE_CHECKING:
     import psycopg
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 BROKER_INSTANCE: Final = "broker_instance"  # the meta key of the broker's instance id
 # the advisory locks (64-bit keys): held while the schema is made or upgraded, and by
-# the writer session of the one daemon that uses the database
+# the lease session of the daemon that serves (see `lease`)
 SCHEMA_LOCK: Final = 0x5353_4253_4348_454D  # "SSBSCHEM"
 BROKER_LOCK: Final = 0x5353_4242_524F_4B52  # "SSBBROKR"
 
@@ -97,6 +102,30 @@ TABLES: Final = (
     "CREATE TABLE IF NOT EXISTS outcome_batches ("
     f" seq bigint PRIMARY KEY, time {_TIME} NOT NULL, count integer NOT NULL,"
     " ids bytea NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS broker_files (name {_TEXT} PRIMARY KEY, body text NOT NULL)",
+    # the lease: times are the server's (every daemon judges them by one clock)
+    "CREATE TABLE IF NOT EXISTS broker_lease ("
+    " id integer PRIMARY KEY CHECK (id = 1), epoch bigint NOT NULL,"
+    f" holder {_TEXT} NOT NULL, expires timestamptz NOT NULL,"
+    " renewed timestamptz NOT NULL, taken timestamptz NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS broker_nodes ("
+    f" node {_TEXT} PRIMARY KEY, name text NOT NULL, role {_TEXT} NOT NULL,"
+    " pid integer NOT NULL, address text NOT NULL, started timestamptz NOT NULL,"
+    " seen timestamptz NOT NULL)",
+)
+# made with the schema and with each upgrade (a daemon that only uses the database need
+# not own them)
+FUNCTIONS: Final = (
+    # the first statement of every commit: it holds the lease row (KEY SHARE, which a
+    # takeover's FOR UPDATE waits for) and fails unless the lease is still `held`
+    "CREATE OR REPLACE FUNCTION ssb_fence(held bigint) RETURNS void LANGUAGE plpgsql AS $$"
+    " BEGIN"
+    " PERFORM 1 FROM broker_lease WHERE id = 1 AND epoch = held FOR KEY SHARE;"
+    " IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = '" + LEASE_LOST_STATE + "',"
+    " MESSAGE = 'the broker lease has passed to another daemon: this daemon may not"
+    " commit';"
+    " END IF;"
+    " END $$",
 )
 INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS messages_by_conversation"
@@ -126,10 +155,20 @@ def create(db: psycopg.Connection[Any], where: str) -> None:
             )
         for statement in (*TABLES[1:], *INDEXES):
             db.execute(statement)
+        if version is None or int(str(version)) < SCHEMA_VERSION:
+            for statement in FUNCTIONS:
+                db.execute(statement)
         if version is None:
             db.execute("INSERT INTO ssb_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+        elif int(str(version)) < SCHEMA_VERSION:  # what it lacked was made just now
+            db.execute("UPDATE ssb_schema SET version = %s", (SCHEMA_VERSION,))
         db.execute(
             "INSERT INTO commit_marks (id, token) VALUES (1, '') ON CONFLICT (id) DO NOTHING"
+        )
+        db.execute(
+            "INSERT INTO broker_lease (id, epoch, holder, expires, renewed, taken)"
+            " VALUES (1, 0, '', '-infinity', '-infinity', '-infinity')"
+            " ON CONFLICT (id) DO NOTHING"
         )
 
 

@@ -100,6 +100,9 @@ TABLES: Final = (
     # (see _core/outcomes.py): one row per store batch, numbered, pruned oldest first
     "CREATE TABLE IF NOT EXISTS outcome_batches ("
     " seq INTEGER PRIMARY KEY, time REAL NOT NULL, count INTEGER NOT NULL, ids BLOB NOT NULL)",
+    # what the broker's first start made in its data directory (its keys and
+    # certificates, admin.password): a copy of the data directory is not the broker
+    "CREATE TABLE IF NOT EXISTS broker_files (name TEXT PRIMARY KEY, body TEXT NOT NULL)",
 )
 INDEXES: Final = (
     # a conversation's messages in order, by status; covering for the start-up summary

@@ -16,13 +16,16 @@ moment in which a peer cannot reach this broker:
    dialog is lost. Peers drop the old certificate once every link shows the new one.
 
 `rotate()` moves files with `os.replace`, key first; `load()` finishes a rotation that a
-crash interrupted between the two moves, so the key and certificate always match.
+crash interrupted between the two moves, so the key and certificate always match. The
+store keeps a copy of these files (see `broker/_broker_files.py`): `changed` is told
+after each change (a first start, a staged pair, a rotation), to save them there.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -40,6 +43,14 @@ NEXT_CERT_FILE: Final = "broker-cert.next.pem"
 PREVIOUS_KEY_PATTERN: Final = "broker-key.previous-*.pem"
 _PREVIOUS_PREFIX, _, _PREVIOUS_SUFFIX = PREVIOUS_KEY_PATTERN.partition("*")
 KEPT_PREVIOUS_KEYS: Final = 2
+# every file of the identity, as fnmatch patterns
+IDENTITY_PATTERNS: Final = (
+    KEY_FILE,
+    CERT_FILE,
+    NEXT_KEY_FILE,
+    NEXT_CERT_FILE,
+    PREVIOUS_KEY_PATTERN,
+)
 
 
 @dataclass(frozen=True)
@@ -59,9 +70,12 @@ class Identity:
 class IdentityFiles:
     """The identity files of one data directory."""
 
-    def __init__(self, data_dir: Path, instance_id: str) -> None:
+    def __init__(
+        self, data_dir: Path, instance_id: str, changed: Callable[[], None] = lambda: None
+    ) -> None:
         self.data_dir = data_dir
         self.instance = uuid.UUID(instance_id)
+        self.changed = changed
         self.key_path = data_dir / KEY_FILE
         self.cert_path = data_dir / CERT_FILE
         self._next_key = data_dir / NEXT_KEY_FILE
@@ -75,6 +89,7 @@ class IdentityFiles:
             key_pem, cert_pem = generate_broker_identity(self.instance)
             write_secret_file(self.key_path, key_pem.decode("ascii"))
             self.cert_path.write_bytes(cert_pem)
+            self.changed()
         previous = [load_private_key(p.read_bytes()) for p in self._previous_paths()]
         return Identity(
             self.cert_path.read_bytes(),
@@ -88,6 +103,7 @@ class IdentityFiles:
             key_pem, cert_pem = generate_broker_identity(self.instance)
             write_secret_file(self._next_key, key_pem.decode("ascii"))
             self._next_cert.write_bytes(cert_pem)
+            self.changed()
         return self._next_cert.read_bytes()
 
     def has_next(self) -> bool:
@@ -108,6 +124,7 @@ class IdentityFiles:
         os.replace(self._next_cert, self.cert_path)
         for old in self._previous_paths()[KEPT_PREVIOUS_KEYS:]:
             old.unlink(missing_ok=True)
+        self.changed()
         return self.load()
 
     def _previous_paths(self) -> list[Path]:

@@ -81,6 +81,7 @@ class Transport:
         data_dir: Path,
         settings: TransportSettings,
         relay: OutboundRelay,
+        identity_changed: Callable[[], None] = lambda: None,
     ) -> None:
         """Args:
         instance: this broker's instance id.
@@ -92,13 +93,16 @@ class Transport:
         connector: opens connections to other brokers (the event loop).
         wall_clock: seconds since the epoch, for views.
         data_dir: where this broker's identity files are.
+        identity_changed: told when they change (to keep them in the store).
         """
         self.instance_id = instance
         self.settings = settings
         self.store = store
         self.clock = clock
         me = uuid.UUID(instance)
-        self.trust = Trust(me, data_dir, catalog, statements, endpoints, settings, self)
+        self.trust = Trust(
+            me, data_dir, catalog, statements, endpoints, settings, self, identity_changed
+        )
         self.links = Links(self, self.trust, clock, connector, settings)
         refusals = RefusalLog(clock)
         self.registry = registry = Peers(me, self.trust, routes, self.links, refusals, settings)

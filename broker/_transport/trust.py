@@ -75,14 +75,17 @@ class Trust:
         endpoints: EndpointLookup,
         settings: TransportSettings,
         listener: TrustListener,
+        identity_changed: Callable[[], None] = lambda: None,
     ) -> None:
+        """`identity_changed` is told when this broker's identity files change (made,
+        staged, rotated), to keep them in the store."""
         self.instance = instance
         self.catalog = catalog
         self.statements = statements
         self.endpoints = endpoints
         self.settings = settings
         self.listener = listener
-        self.files = IdentityFiles(data_dir, str(instance))
+        self.files = IdentityFiles(data_dir, str(instance), identity_changed)
         self.identity: Identity = self.files.load()
         self.store = self._trust_store()
         self.tls_server, self.tls_client = self._tls_contexts()

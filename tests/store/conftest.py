@@ -19,6 +19,8 @@ from pg_server import PostgresServer, fresh_database
 
 from ssb.broker._store import ManualStore, SQLiteStore, Store, open_store
 
+from .rows import FirstLease
+
 
 class Place:
     """Where one test's stores live: `data_dir`, and `database`, the URL of a database
@@ -40,7 +42,7 @@ class Place:
 def _postgres_store(place: Place) -> ManualStore:
     from ssb.broker._store.postgres import PostgresStore
 
-    return PostgresStore(place.database, "os", threaded=False)
+    return PostgresStore(place.database, "os", FirstLease(), threaded=False)
 
 
 # name -> a store in an empty place, committing only in flush()

@@ -92,3 +92,14 @@ def stored(row: Row) -> Row:
     return tuple(
         v.bytes if isinstance(v, uuid.UUID) else int(v) if isinstance(v, bool) else v for v in row
     )
+
+
+class FirstLease:
+    """The fence of a PostgreSQL store that tests make by hand in a new database: the
+    lease's first epoch, which no daemon has taken (see `_store/lease.py`)."""
+
+    epoch = 0
+    node = "tests"
+
+    def held(self) -> bool:
+        return True

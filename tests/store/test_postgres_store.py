@@ -18,11 +18,11 @@ from pg_server import PostgresServer, fresh_database
 from setup_objects import seed000
 
 from ssb import client
-from ssb.broker._store import StoreUnavailable, open_store, postgres
-from ssb.broker._store.postgres import PostgresStore
+from ssb.broker._store import StoreUnavailable, open_store
+from ssb.broker._store.postgres import DatabaseInUse, PostgresStore
 from ssb.broker._store.postgres_schema import SCHEMA_VERSION
 
-from .rows import message
+from .rows import FirstLease, message
 
 CHUNK = 65536
 
@@ -36,7 +36,7 @@ def _sessions(database: str, role: str) -> list[int]:
     """The server pids of the store's sessions of `role` ("reader" or "writer")."""
     with psycopg.connect(database, autocommit=True) as db:
         rows = db.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"ssb {role}",)
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s", (f"ssb {role} %",)
         ).fetchall()
     return [int(row[0]) for row in rows]
 
@@ -62,16 +62,13 @@ def test_a_database_written_by_a_newer_ssb_is_refused_and_left_alone(database: s
         assert made.fetchone() == (0,)
 
 
-async def test_one_daemon_uses_a_database_and_its_identity_stays(
-    database: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(postgres, "LOCK_WAIT", 0.5)
+async def test_one_store_commits_to_a_database_and_its_identity_stays(database: str) -> None:
     first = open_store(Path("unused"), "fsync", database)
     instance = first.load_meta()["broker_instance"]
     uuid.UUID(instance)
     try:
-        with pytest.raises(StoreUnavailable, match="another ssb daemon is using the store"):
-            open_store(Path("unused"), "fsync", database)  # a second daemon, same database
+        with pytest.raises(DatabaseInUse, match="another ssb daemon is serving the store"):
+            open_store(Path("unused"), "fsync", database)  # a second one, same database
     finally:
         await first.close()
     second = open_store(Path("unused"), "fsync", database)
@@ -132,7 +129,7 @@ def test_ssb_backup_of_a_broker_on_postgresql_points_to_postgresqls_tools(
 
 def test_durability_os_commits_without_waiting_for_the_servers_disk(database: str) -> None:
     for durability, expected in (("os", "off"), ("fsync", "on")):
-        store = PostgresStore(database, durability, threaded=False)
+        store = PostgresStore(database, durability, FirstLease(), threaded=False)
         try:
             shown = store._writer.execute("SHOW synchronous_commit").fetchone()
             assert shown == (expected,)
@@ -141,7 +138,7 @@ def test_durability_os_commits_without_waiting_for_the_servers_disk(database: st
 
 
 def test_a_commit_on_a_lost_connection_is_tried_again_on_a_new_one(database: str) -> None:
-    store = PostgresStore(database, "fsync", threaded=False)
+    store = PostgresStore(database, "fsync", FirstLease(), threaded=False)
     try:
         handle = uuid.uuid4()
         store.insert_message(message(1, handle))
@@ -161,7 +158,7 @@ def test_a_commit_on_a_lost_connection_is_tried_again_on_a_new_one(database: str
 
 
 def test_a_read_on_a_lost_connection_is_made_again_on_a_new_one(database: str) -> None:
-    store = PostgresStore(database, "fsync", threaded=False)
+    store = PostgresStore(database, "fsync", FirstLease(), threaded=False)
     try:
         store.insert_message(message(1, uuid.uuid4()))
         store.flush()
@@ -237,7 +234,7 @@ def test_a_commit_whose_answer_was_lost_is_settled_and_not_written_twice(
     postgres_server: PostgresServer, database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with AnswerCutter(postgres_server.port) as proxy:
-        store = PostgresStore(proxy.url(database), "fsync", threaded=False)
+        store = PostgresStore(proxy.url(database), "fsync", FirstLease(), threaded=False)
         try:
             handle = uuid.uuid4()
             store.insert_message(message(1, handle))

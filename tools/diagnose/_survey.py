@@ -96,13 +96,12 @@ class Broker:
 
 
 def label_of(url: str) -> str:
-    """host:port of a broker URL (never its password)."""
-    parts = urlsplit(url)
+    """host:port of a broker URL, or its addresses host:port,host:port (never its
+    password)."""
     try:
-        port = parts.port or 4021
+        return ",".join(client.url_addresses(url))
     except ValueError:
-        port = 0
-    return f"{parts.hostname or '?'}:{port}"
+        return f"{urlsplit(url).netloc.rpartition('@')[2] or '?'}"
 
 
 async def survey(url: str, timeout: float = CONNECT_TIMEOUT) -> Broker:

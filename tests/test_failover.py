@@ -1,0 +1,194 @@
+"""Active and standby: daemons given one PostgreSQL database are one broker, one serving.
+
+On the session's real PostgreSQL server: a standby started with an empty data directory
+is the same broker (instance, keys, certificates, admin password) and keeps its ports
+closed; it takes over when the active daemon is killed; a daemon frozen (SIGSTOP) until
+a standby has taken over serves nothing when it runs again, says why and stops; clients
+that name both addresses follow, and what they committed is neither lost nor repeated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from daemon import BrokerProcess
+from pg_server import PostgresServer, fresh_database
+from setup_objects import seed000
+
+from ssb import client, tools
+
+FAILOVER = 3.0  # seconds: failover_timeout of the tests' pairs
+
+
+@pytest.fixture
+def database(postgres_server: PostgresServer) -> str:
+    return fresh_database(postgres_server.url)
+
+
+def _daemon(data_dir: Path) -> BrokerProcess:
+    return BrokerProcess(data_dir, config={"failover_timeout": FAILOVER, "http_port": 0})
+
+
+@pytest.fixture
+def pair(tmp_path: Path, database: str) -> Iterator[tools.DaemonPair]:
+    daemons = tools.DaemonPair(tmp_path, database, _daemon).start()
+    yield daemons
+    daemons.stop()
+
+
+def _healthz(daemon: BrokerProcess, path: str = "/healthz") -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"{daemon.http_url}{path}", timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def _metric(daemon: BrokerProcess, name: str) -> dict[str, float]:
+    """The samples of one metric family: labels text -> value."""
+    with urllib.request.urlopen(f"{daemon.http_url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            found[key[len(name) :]] = float(value)
+    return found
+
+
+async def test_a_standby_with_an_empty_data_directory_is_the_same_broker(
+    pair: tools.DaemonPair,
+) -> None:
+    active, standby = pair.active, pair.standby
+    assert standby.instance == active.instance
+    assert [p.name for p in standby.data_dir.iterdir()] == ["LOCK"]  # nothing copied
+    # the standby waits: ports closed, /healthz says so, /metrics its role
+    assert _refused(standby.client_port) and _refused(standby.broker_port or 0)
+    status, body = _healthz(standby)
+    assert status == 503 and body["role"] == "standby" and not body["ready"]
+    assert "standby" in body["reason"]
+    assert _healthz(standby, "/healthz/live") == (200, {"live": True, "role": "standby"})
+    assert _metric(standby, "ssb_daemon_role") == {
+        '{role="active"}': 0.0,
+        '{role="standby"}': 1.0,
+        '{role="stopping"}': 0.0,
+    }
+    status, body = _healthz(active)
+    assert status == 200 and body["role"] == "active"
+    assert _metric(active, "ssb_daemon_role")['{role="active"}'] == 1.0
+    assert 0 <= _metric(active, "ssb_lease_age_seconds")[""] < FAILOVER
+    assert "standby" in standby.log_text() and "ports stay closed" in standby.log_text()
+
+    async with await client.connect(pair.url) as conn:
+        _, _, _, target_q = await seed000(conn)
+        certificate = await conn.broker_certificate()
+        nodes = await conn.view("broker_nodes")
+        assert sorted(n["role"] for n in nodes) == ["active", "standby"]
+        assert [n["node"] for n in nodes if n["this_daemon"]] == [active.node]
+    password = active.admin_password()
+
+    took = pair.fail_over("kill")
+    assert took < FAILOVER + 5, f"took over in {took:.1f} s"
+    assert standby.role == "active" and standby.instance == active.instance
+    # the first start's files, written from the store into the empty data directory
+    assert standby.admin_password() == password
+    assert standby.tls_fingerprint == active.tls_fingerprint
+    async with await client.connect(pair.url) as conn:
+        assert await conn.broker_certificate() == certificate
+        assert await conn.receive(target_q, top=1, timeout=0) == []
+        assert "took the broker's lease" in standby.log_text()
+
+
+async def test_a_frozen_active_daemon_serves_nothing_once_it_runs_again(
+    pair: tools.DaemonPair, database: str
+) -> None:
+    """SIGSTOP the active daemon with a client's SEND on its way to it, until the standby
+    has taken over; once it runs again, that SEND gets no answer and is not stored, the
+    daemon says why in its log and stops (exit code 4), and the broker serves on."""
+    frozen, standby = pair.active, pair.standby
+    async with await client.connect(pair.url) as conn:
+        init_svc, target_svc, _, target_q = await seed000(conn)
+        handle = await conn.begin_dialog(init_svc, target_svc, contract="AsyncContract")
+        await conn.send(handle, "AsyncSent", b"before")
+    old = await client.connect(frozen.url, reconnect=False)
+    try:
+        pair.fail_over("freeze")
+        assert standby.role == "active"
+        # sent to the frozen daemon after the takeover: it may never be acknowledged
+        late = asyncio.ensure_future(old.send(handle, "AsyncSent", b"late"))
+        await asyncio.sleep(0)
+        frozen.thaw()
+        with pytest.raises(client.ConnectionLostError):
+            await asyncio.wait_for(late, 30)
+        assert frozen.proc is not None
+        assert await asyncio.to_thread(frozen.proc.wait, 30) == 4
+    finally:
+        await old.close()
+    log = frozen.log_text()
+    assert "lost the broker's lease" in log, log[-3000:]
+    async with await client.connect(pair.url) as conn:
+        async with conn.transaction():
+            got = await conn.receive(target_q, top=10, timeout=1)
+        assert [m.message_body for m in got] == [b"before"]
+        await conn.send(handle, "AsyncSent", b"after")  # the broker serves on
+    with psycopg.connect(database, autocommit=True) as db:
+        holder = db.execute("SELECT holder, epoch FROM broker_lease").fetchone()
+    assert holder is not None and holder[0] == standby.node and holder[1] >= 2
+
+
+async def test_a_client_naming_both_daemons_follows_the_takeover(
+    pair: tools.DaemonPair,
+) -> None:
+    """run_transaction across a kill -9 of the active daemon: every message once."""
+    async with await client.connect(pair.url, reconnect_deadline=60) as conn:
+        init_svc, target_svc, _, target_q = await seed000(conn)
+        handle = await conn.begin_dialog(init_svc, target_svc, contract="AsyncContract")
+
+        async def send(i: int) -> None:
+            async def work(c: client.Connection) -> None:
+                await c.send(handle, "AsyncSent", str(i).encode())
+
+            await conn.run_transaction(work)
+
+        for i in range(20):
+            await send(i)
+        kill = asyncio.get_running_loop().run_in_executor(None, pair.fail_over, "kill")
+        for i in range(20, 60):
+            await send(i)
+        await kill
+        received: list[bytes] = []
+        for _ in range(100):  # bounded
+            async with conn.transaction():
+                got = await conn.receive(target_q, top=50, timeout=1)
+            received += [m.message_body for m in got]
+            if len(received) >= 60:
+                break
+        assert received == [str(i).encode() for i in range(60)]
+        assert conn.reconnects >= 1
+
+
+def test_failover_timeout_needs_a_postgresql_store(tmp_path: Path) -> None:
+    from daemon import one_error_line, serve_once
+
+    config = tmp_path / "ssb.toml"
+    config.write_text("failover_timeout = 5\n")
+    line = one_error_line(serve_once(tmp_path / "data", "--config", str(config)))
+    assert "failover_timeout applies to daemons sharing a PostgreSQL store" in line
+
