@@ -408,6 +408,7 @@ class Views:
                 "remote_service_name": r.service_name,
                 "broker_instance": r.broker_instance,
                 "address": r.address,
+                "mirror_address": r.mirror_address,
                 "lifetime": iso_time(r.expires),
             }
             for r in self.catalog.routes.values()

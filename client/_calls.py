@@ -205,8 +205,11 @@ def create_route(
     address: str,
     broker_instance: str | None = None,
     lifetime: float | None = None,
+    mirror_address: str | None = None,
 ) -> Call[None]:
-    """CREATE ROUTE: address is 'tcp://host:port', 'LOCAL' or 'TRANSPORT'."""
+    """CREATE ROUTE: address is 'tcp://host:port', 'LOCAL' or 'TRANSPORT'; mirror_address
+    ('tcp://host:port', with broker_instance) is another address of the same broker,
+    tried when the first does not answer."""
     return Call(
         "create_route",
         _some(
@@ -215,6 +218,7 @@ def create_route(
             address=address,
             broker_instance=broker_instance,
             lifetime=lifetime,
+            mirror_address=mirror_address,
         ),
         _none,
     )

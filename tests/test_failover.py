@@ -14,6 +14,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,3 +193,75 @@ def test_failover_timeout_needs_a_postgresql_store(tmp_path: Path) -> None:
     line = one_error_line(serve_once(tmp_path / "data", "--config", str(config)))
     assert "failover_timeout applies to daemons sharing a PostgreSQL store" in line
 
+
+async def test_another_broker_follows_a_takeover_through_a_routes_mirror_address(
+    tmp_path: Path, database: str
+) -> None:
+    """A route to the pair names the active daemon's broker port as its ADDRESS and the
+    standby's as its MIRROR_ADDRESS: messages sent before and after a kill -9 of the
+    active daemon all arrive, once, in order."""
+    transport = {"idle_timeout": 1.0, "retry_initial": 0.2, "retry_max": 1.0}
+
+    def daemon(data_dir: Path) -> BrokerProcess:
+        return BrokerProcess(
+            data_dir, config={"failover_timeout": FAILOVER, "transport": transport}
+        )
+
+    pair = tools.DaemonPair(tmp_path / "pair", database, daemon).start()
+    sender = BrokerProcess(tmp_path / "sender", config={"transport": transport}).start()
+    try:
+        first, second = pair.daemons
+        async with (
+            await client.connect(pair.url, reconnect_deadline=60) as far,
+            await client.connect(sender.url) as near,
+        ):
+            _, target_svc, _, target_q = await seed000(far)
+            init_svc, _, _, _ = await seed000(near)
+            await far.create_certificate("Sender", await near.broker_certificate())
+            await near.create_certificate("Pair", await far.broker_certificate())
+            await near.create_route(
+                "ToPair",
+                target_svc,
+                f"tcp://127.0.0.1:{first.broker_port}",
+                broker_instance=first.instance,
+                mirror_address=f"tcp://127.0.0.1:{second.broker_port}",
+            )
+            await far.create_route("ToSender", init_svc, f"tcp://127.0.0.1:{sender.broker_port}")
+            (route,) = [r for r in await near.view("routes") if r["name"] == "ToPair"]
+            assert route["mirror_address"] == f"tcp://127.0.0.1:{second.broker_port}"
+            handle = await near.begin_dialog(init_svc, target_svc, contract="AsyncContract")
+            for i in range(5):
+                await near.send(handle, "AsyncSent", str(i).encode())
+            received: list[bytes] = []
+
+            async def take(count: int) -> None:
+                for _ in range(200):  # bounded
+                    async with far.transaction():
+                        got = await far.receive(target_q, top=10, timeout=0.5)
+                    received.extend(m.message_body for m in got)
+                    if len(received) >= count:
+                        return
+
+            await take(5)
+            pair.fail_over("kill")
+            for i in range(5, 10):
+                await near.send(handle, "AsyncSent", str(i).encode())
+            await take(10)
+            assert received == [str(i).encode() for i in range(10)]
+        assert "answers at" in sender.log_text()
+    finally:
+        sender.kill()
+        pair.stop()
+
+
+async def test_a_mirror_address_needs_the_broker_instance(conn: client.Connection) -> None:
+    with pytest.raises(client.InvalidArgumentError, match="broker_instance"):
+        await conn.create_route("R", "S", "tcp://127.0.0.1:1", mirror_address="tcp://127.0.0.1:2")
+    with pytest.raises(client.InvalidArgumentError, match="mirror"):
+        await conn.create_route(
+            "R",
+            "S",
+            "LOCAL",
+            broker_instance=str(uuid.uuid4()),
+            mirror_address="tcp://127.0.0.1:2",
+        )

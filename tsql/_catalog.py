@@ -209,7 +209,7 @@ def _routes(f: Fetch, db: str) -> list[Any]:
             r["broker_instance"],
             r["lifetime"],
             r["address"],
-            None,
+            r.get("mirror_address"),
         )
         for r in f["routes"]
     ]

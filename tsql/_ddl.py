@@ -161,6 +161,7 @@ async def _create_route(session: Session, s: ast.Ddl, frame: Frame) -> None:
     options = s.options
     service = await _text(session, options.get("service_name"), frame)
     address = await _text(session, options.get("address"), frame)
+    mirror = await _text(session, options.get("mirror_address"), frame)
     if address is None:
         raise SqlError(102, "Incorrect syntax: CREATE ROUTE needs ADDRESS.", level=15)
     if service is None:
@@ -179,6 +180,7 @@ async def _create_route(session: Session, s: ast.Ddl, frame: Frame) -> None:
             _address(address),
             broker_instance=await _text(session, options.get("broker_instance"), frame),
             lifetime=lifetime,
+            mirror_address=None if mirror is None else _address(mirror),
         )
     )
 

@@ -354,11 +354,6 @@ class BrokerParser(ExpressionParser):
             options[option.lower()] = self.expression()
             if not self.take_op(","):
                 break
-        if "mirror_address" in options:
-            raise NotSupported(
-                "CREATE ROUTE ... MIRROR_ADDRESS",
-                "ssb has no database mirroring; give the one ADDRESS that serves the service",
-            ).at(line)
         return ast.Ddl(line, action, "route", name, options)
 
     def broker_priority(self, line: int, action: str) -> ast.Statement:

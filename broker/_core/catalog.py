@@ -95,6 +95,9 @@ class Route:
     address: str
     broker_instance: str | None = None
     expires: float | None = None
+    # MIRROR_ADDRESS: another address of the same broker, tried when `address` does not
+    # answer (its daemons share a database: one serves, the other stands by)
+    mirror_address: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,6 +564,7 @@ class Catalog:
         address: object,
         broker_instance: object,
         expires: float | None,
+        mirror_address: object = None,
     ) -> Route:
         name = check_name("route", name)
         self._absent("route", name)
@@ -578,7 +582,23 @@ class Catalog:
                 broker_instance = str(uuid.UUID(broker_instance))
             except ValueError:
                 raise bad_argument(f"broker_instance {broker_instance!r} is not a UUID") from None
-        return Route(name, service_name, address, broker_instance, expires)
+        if mirror_address is not None:
+            if not isinstance(mirror_address, str) or not mirror_address.startswith("tcp://"):
+                raise bad_argument(
+                    f"mirror_address must be 'tcp://host:port', got {mirror_address!r}"
+                )
+            if not address.startswith("tcp://"):
+                raise bad_argument(
+                    f"a route to {address} has no mirror address: only a tcp:// address has one"
+                )
+            if broker_instance is None:
+                raise bad_argument(
+                    "a route with a mirror_address names the broker_instance both addresses"
+                    " serve (as Service Broker's MIRROR_ADDRESS needs BROKER_INSTANCE)"
+                )
+            if mirror_address == address:
+                raise bad_argument("mirror_address is the route's own address")
+        return Route(name, service_name, address, broker_instance, expires, mirror_address)
 
     def new_priority(
         self,

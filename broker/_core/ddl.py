@@ -179,12 +179,14 @@ class Ddl:
         address: object,
         broker_instance: object = None,
         lifetime: object = None,
+        mirror_address: object = None,
     ) -> None:
         seconds = as_seconds(lifetime, "lifetime", allow_none=True)
         expires = None if seconds is None else self.clock.time() + seconds
-        self.persist(
-            "route", self.catalog.new_route(name, service_name, address, broker_instance, expires)
+        route = self.catalog.new_route(
+            name, service_name, address, broker_instance, expires, mirror_address
         )
+        self.persist("route", route)
         self.routes.changed()
         self.delivery.sink.routes_changed()
 

@@ -490,6 +490,11 @@ class RouteLookup(Protocol):
 
     def find(self, service: str, broker_instance: object) -> Route | None: ...
 
+    def mirrors(self) -> dict[str, str]:
+        """Address -> mirror address (tcp://host:port each) of the live routes that
+        have a mirror."""
+        ...
+
 
 class PeerCatalog(Protocol):
     """The catalog objects the transport trusts other brokers by (`catalog.Catalog`)."""

@@ -3,7 +3,9 @@
 The most specific live route wins: one naming the service and the broker instance,
 then one naming the service, then a TRANSPORT route. A service of this broker with no
 route, or with a LOCAL one, is local. Answers are cached until a route changes or the
-next route lifetime ends, so a SEND pays for a dictionary lookup, not a scan.
+next route lifetime ends, so a SEND pays for a dictionary lookup, not a scan. A route
+may carry a mirror address (Service Broker's MIRROR_ADDRESS): `mirrors` maps each live
+route's address to it, for the transport to try when the address does not answer.
 """
 
 from __future__ import annotations
@@ -56,6 +58,15 @@ class Routes:
             self._cache.clear()
         self._cache[key] = (best, valid_until)
         return best
+
+    def mirrors(self) -> dict[str, str]:
+        """The mirror address of each address of a live route that has one."""
+        now = self.clock.time()
+        return {
+            route.address: route.mirror_address
+            for route in self.catalog.routes.values()
+            if route.mirror_address is not None and (route.expires is None or route.expires > now)
+        }
 
     def is_local(self, service: str, broker_instance: object) -> bool:
         if broker_instance is not None and broker_instance != self.instance_id:

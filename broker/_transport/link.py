@@ -10,7 +10,10 @@ established link.
 
 `Links` owns every link. It dials an address on demand, one attempt at a time per
 address, after the backoff its last failure earned (retry_initial, doubling up to
-retry_max); it accepts incoming connections at most `accept_rate` a second (a token
+retry_max); an address whose route has a mirror address (MIRROR_ADDRESS: another
+address of the same broker, whose daemons share a database and only one of which
+listens) is one attempt at both, the one that answered last first, and the link is
+known by the route's address whichever answered; it accepts incoming connections at most `accept_rate` a second (a token
 bucket: each may cost an RSA signature before its sender has proved anything), and it
 closes a link that was quiet for `idle_timeout` while nothing waits to go on it. Time
 comes from the `Clock` port and connections from the `Connector` port, so that tests
@@ -23,6 +26,7 @@ import asyncio
 import logging
 import ssl
 import uuid
+from collections.abc import Callable
 from typing import Protocol, cast
 
 from ssb.protocol import (
@@ -269,8 +273,12 @@ class Links:
         clock: Clock,
         connector: Connector,
         settings: TransportSettings,
+        mirror: Callable[[str], str | None] = lambda address: None,
     ) -> None:
+        """`mirror`: the mirror address (host:port) of a route's address, if it has one."""
         self.events = events
+        self.mirror = mirror
+        self.answered: dict[str, str] = {}  # a mirrored address -> which of the two answered
         self.trust = trust
         self.clock = clock
         self.connector = connector
@@ -356,32 +364,51 @@ class Links:
 
     async def _open(self, address: str) -> None:
         try:
-            host, _, port = address.rpartition(":")
-            try:
-                await asyncio.wait_for(
-                    self.connector.create_connection(
-                        lambda: Link(self, Role.INITIATOR, address),
-                        host,
-                        int(port),
-                        ssl=self.trust.tls_client,
-                    ),
-                    self.settings.connect_timeout,
-                )
-            except (TimeoutError, OSError, ValueError) as exc:
-                if isinstance(exc, ssl.SSLError):
-                    text = f"TLS with {address} failed: {exc.reason or exc}; both brokers must trust each other's certificate"
-                elif isinstance(exc, ConnectionRefusedError):
-                    text = f"connection refused by {address}"
-                elif isinstance(exc, asyncio.TimeoutError):
-                    text = f"connection to {address} timed out"
-                else:
-                    text = f"cannot connect to {address}: {exc}"
-                if self.connect_errors.get(address) != text:
-                    log.warning("cannot reach broker at %s: %s", address, text)
-                self.connect_errors[address] = text
-                self.clock.call_later(self.backoff(address), self.events.retry, address)
+            mirror = self.mirror(address)
+            endpoints = [address] if mirror is None else [address, mirror]
+            if self.answered.get(address) == mirror:
+                endpoints.reverse()
+            failures = []
+            for endpoint in endpoints:
+                text = await self._dial_one(address, endpoint)
+                if text is None:
+                    if mirror is not None:
+                        if self.answered.get(address, address) != endpoint:
+                            log.info("broker of route address %s answers at %s", address, endpoint)
+                        self.answered[address] = endpoint
+                    return
+                failures.append(text)
+            text = "; ".join(failures)
+            if self.connect_errors.get(address) != text:
+                log.warning("cannot reach broker at %s: %s", address, text)
+            self.connect_errors[address] = text
+            self.clock.call_later(self.backoff(address), self.events.retry, address)
         finally:
             self.connecting.discard(address)
+
+    async def _dial_one(self, address: str, endpoint: str) -> str | None:
+        """Connect to `endpoint` for the route address `address` (the link's name); None
+        when connected, else why not."""
+        host, _, port = endpoint.rpartition(":")
+        try:
+            await asyncio.wait_for(
+                self.connector.create_connection(
+                    lambda: Link(self, Role.INITIATOR, address),
+                    host,
+                    int(port),
+                    ssl=self.trust.tls_client,
+                ),
+                self.settings.connect_timeout,
+            )
+        except (TimeoutError, OSError, ValueError) as exc:
+            if isinstance(exc, ssl.SSLError):
+                return f"TLS with {endpoint} failed: {exc.reason or exc}; both brokers must trust each other's certificate"
+            if isinstance(exc, ConnectionRefusedError):
+                return f"connection refused by {endpoint}"
+            if isinstance(exc, asyncio.TimeoutError):
+                return f"connection to {endpoint} timed out"
+            return f"cannot connect to {endpoint}: {exc}"
+        return None
 
     def backoff(self, address: str) -> float:
         """The next attempt at `address` waits this long, and the one after twice that."""

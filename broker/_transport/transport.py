@@ -50,7 +50,7 @@ from .forwarding import Forwarder
 from .inbound import Reception
 from .link import Frames, Link, Links, Peer
 from .outbound import Transmission
-from .peers import Peers
+from .peers import Peers, route_address
 from .ports import Clock, Connector, RemoteDialogStore
 from .pump import Pump
 from .receivers import HeldPartial, Receivers
@@ -103,7 +103,8 @@ class Transport:
         self.trust = Trust(
             me, data_dir, catalog, statements, endpoints, settings, self, identity_changed
         )
-        self.links = Links(self, self.trust, clock, connector, settings)
+        self.links = Links(self, self.trust, clock, connector, settings, self._mirror)
+        self.routes = routes
         refusals = RefusalLog(clock)
         self.registry = registry = Peers(me, self.trust, routes, self.links, refusals, settings)
         self.forwarder = (
@@ -153,6 +154,13 @@ class Transport:
         self.outbound: Callable[[DialogOutbox], None] = self.transmission.outbound
         self.frames: Callable[[Link, Frames], None] = self.reception.frames
         relay.connect(self)
+
+    def _mirror(self, address: str) -> str | None:
+        """The mirror address (host:port) of a route whose address is `address`."""
+        for principal, mirror in self.routes.mirrors().items():
+            if route_address(principal, "") == address:
+                return route_address(mirror, "")
+        return None
 
     @property
     def peers(self) -> dict[uuid.UUID, Peer]:
