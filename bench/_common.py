@@ -192,6 +192,23 @@ def broker(
             shutil.rmtree(root, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def postgres_databases() -> Iterator[Callable[[], str]]:
+    """A PostgreSQL server for this run (on 127.0.0.1, in a temp dir, as the tests start
+    theirs: tests/pg_server.py), stopped and removed on exit; yields the function that
+    makes a new database on it and returns its URL."""
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from pg_server import PostgresServer, fresh_database
+
+    root = Path(tempfile.mkdtemp(prefix="ssb-bench-postgres-"))
+    server = PostgresServer(root).start()
+    try:
+        yield lambda: fresh_database(server.url)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def percentile(sorted_values: list[float], fraction: float) -> float:
     """Nearest-rank percentile of an already sorted list."""
     if not sorted_values:

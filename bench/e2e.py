@@ -41,10 +41,8 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
-import shutil
 import struct
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -52,7 +50,6 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ssb import client
@@ -66,6 +63,7 @@ from ._common import (
     options_from,
     parse_args,
     percentile,
+    postgres_databases,
     print_header,
     rate,
     reap,
@@ -425,15 +423,8 @@ def databases(stores: list[str]) -> Iterator[Callable[[], str | None]]:
     if "postgresql" not in stores:
         yield lambda: None
         return
-    from pg_server import PostgresServer, fresh_database
-
-    root = Path(tempfile.mkdtemp(prefix="ssb-bench-postgres-"))
-    server = PostgresServer(root).start()
-    try:
-        yield lambda: fresh_database(server.url)
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    with postgres_databases() as database:
+        yield database
 
 
 class Scraper:

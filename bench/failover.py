@@ -1,0 +1,284 @@
+"""Failover under load: kill -9 of the active daemon, again and again, while work flows.
+
+Two daemons of one broker share a PostgreSQL database (a server this run starts on
+127.0.0.1): one serves, the other stands by. A producer process and a consumer process,
+both connected with the URL that names both daemons, run every transaction through
+`run_transaction`: the producer sends batches of numbered 1 KiB messages over a few
+conversations, the consumer receives them in transactions. Meanwhile this process kills
+(kill -9) whichever daemon is active, `--kills` times, each once the consumer has made
+progress since the last takeover, and starts the killed one again as a standby.
+
+Figures: each kill's takeover time (from the kill until the standby prints its ready
+line: it serves), their median and worst, and the run's messages per second. Checks
+(the run fails loudly otherwise): every message sent is received exactly once, each
+conversation's in order, the queue empty at the end. All traffic stays on 127.0.0.1;
+every loop is bounded in count and time.
+
+Run from the repository root:
+
+    python -m bench.failover                  # 10 kills, 20,000 messages
+    python -m bench.failover --kills 3 --messages 5000 --json out.json
+    python -m bench.failover --smoke           # tiny sizes, seconds: does it still run?
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import queue
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ssb import client, tools
+
+from ._common import (
+    BenchFailure,
+    BrokerProcess,
+    Catalog,
+    conclude,
+    options_from,
+    parse_args,
+    postgres_databases,
+    rate,
+    run,
+)
+
+CATALOG = Catalog("Failover")
+TAG = struct.Struct(">IQ")  # (conversation, its message number) at the start of a body
+SMOKE = {"messages": 300, "kills": 2, "batch": 20, "failover_timeout": 2.0}
+TARGET_SECONDS = "failover_timeout"  # every takeover within it
+
+
+@dataclass
+class Options:
+    messages: int = 20_000
+    kills: int = 10
+    batch: int = 50
+    conversations: int = 4
+    body_size: int = 1024
+    failover_timeout: float = 5.0
+    durability: str = "fsync"
+    timeout: float = 900.0  # seconds the whole run may take
+
+
+@dataclass
+class Result:
+    messages: int
+    kills: int
+    takeover_seconds: list[float] = field(default_factory=list)
+    takeover_median: float = 0.0
+    takeover_worst: float = 0.0
+    seconds: float = 0.0
+    msgs_s: float = 0.0
+    lost: int = 0
+    duplicated: int = 0
+    out_of_order: int = 0
+    target_met: bool = False
+
+
+# ---- the producer and the consumer (each in its own process) -----------------------------
+
+
+async def produce(url: str, opts: Options, sent: Any) -> dict[str, Any]:
+    """Send opts.messages bodies, batch by batch, each batch one run_transaction."""
+    async with await client.connect(url, reconnect_deadline=opts.timeout) as conn:
+
+        async def begin(c: client.Connection) -> Any:
+            return await CATALOG.begin_dialog(c)
+
+        handles = [await conn.run_transaction(begin) for _ in range(opts.conversations)]
+        pad = b"p" * max(0, opts.body_size - TAG.size)
+        numbers = [0] * opts.conversations
+        done = 0
+        turn = 0
+        while done < opts.messages:
+            which = turn % opts.conversations
+            turn += 1
+            count = min(opts.batch, opts.messages - done)
+            first = numbers[which]
+            bodies = [TAG.pack(which, first + i) + pad for i in range(count)]
+
+            async def send(c: client.Connection, h: Any = handles[which], b: Any = bodies) -> None:
+                await c.send_many(h, CATALOG.message_type, b)
+
+            await conn.run_transaction(send, retries=1000)
+            numbers[which] += count
+            done += count
+            sent.value = done
+    return {"sent": done, "per_conversation": numbers}
+
+
+async def consume(url: str, opts: Options, received: Any) -> dict[str, Any]:
+    """Receive until opts.messages have come, each in a run_transaction; check each."""
+    expected = [0] * opts.conversations
+    seen: set[tuple[int, int]] = set()
+    duplicated = out_of_order = 0
+    count = 0
+    deadline = time.monotonic() + opts.timeout
+    async with await client.connect(url, reconnect_deadline=opts.timeout) as conn:
+
+        async def take(c: client.Connection) -> list[client.Message]:
+            return await c.receive(CATALOG.target_queue, top=opts.batch, timeout=1.0)
+
+        while count < opts.messages:
+            if time.monotonic() > deadline:
+                raise BenchFailure(f"consumer: {count} of {opts.messages} in time")
+            for m in await conn.run_transaction(take, retries=1000):
+                which, number = TAG.unpack_from(m.message_body)
+                if (which, number) in seen:
+                    duplicated += 1
+                    continue
+                seen.add((which, number))
+                if number != expected[which]:
+                    out_of_order += 1
+                expected[which] = number + 1
+                count += 1
+                received.value = count
+        left = await conn.receive(CATALOG.target_queue, top=1, timeout=0)
+    return {
+        "received": count,
+        "duplicated": duplicated,
+        "out_of_order": out_of_order,
+        "left": len(left),
+    }
+
+
+def _child(role: str, url: str, opts: Options, counter: Any, results: Any) -> None:
+    try:
+        worker = produce if role == "producer" else consume
+        results.put((role, run(worker(url, opts, counter))))
+    except BaseException:
+        results.put((role, {"error": traceback.format_exc()}))
+
+
+# ---- the run -------------------------------------------------------------------------------
+
+
+def _daemon(opts: Options) -> Any:
+    def make(data_dir: Path) -> BrokerProcess:
+        config = {"failover_timeout": opts.failover_timeout}
+        return BrokerProcess(data_dir, durability=opts.durability, config=config)
+
+    return make
+
+
+def _wait_for(counter: Any, at_least: int, procs: list[Any], deadline: float) -> None:
+    """Until the consumer has received `at_least` messages (bounded; fails if a child
+    died)."""
+    while counter.value < at_least:
+        if any(p.exitcode not in (None, 0) for p in procs):
+            raise BenchFailure("a producer or consumer process died")
+        if time.monotonic() > deadline:
+            raise BenchFailure(f"no progress: {counter.value} of {at_least} received")
+        time.sleep(0.05)
+
+
+def bench(opts: Options, database: str) -> Result:
+    result = Result(messages=opts.messages, kills=opts.kills)
+    root = Path(tempfile.mkdtemp(prefix="ssb-bench-failover-"))
+    pair = tools.DaemonPair(root, database, _daemon(opts))
+    try:
+        pair.start()
+        run(CATALOG.create(pair.url))
+        url = pair.url
+        ctx = mp.get_context("spawn")
+        sent, received = ctx.Value("q", 0), ctx.Value("q", 0)
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(target=_child, args=("consumer", url, opts, received, results)),
+            ctx.Process(target=_child, args=("producer", url, opts, sent, results)),
+        ]
+        started = time.monotonic()
+        deadline = started + opts.timeout
+        for p in procs:
+            p.start()
+        step = max(1, opts.messages // (opts.kills + 2))
+        for kill in range(opts.kills):
+            _wait_for(received, min(opts.messages - 1, (kill + 1) * step), procs, deadline)
+            took = pair.fail_over("kill")
+            result.takeover_seconds.append(took)
+            print(f"kill {kill + 1}: the standby served after {took:.2f} s", flush=True)
+            pair.restart()
+        outcomes: dict[str, dict[str, Any]] = {}
+        while len(outcomes) < 2:
+            try:
+                role, outcome = results.get(timeout=max(1.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise BenchFailure("timed out waiting for the producer and consumer") from None
+            if "error" in outcome:
+                raise BenchFailure(f"{role} failed:\n{outcome['error']}")
+            outcomes[role] = outcome
+        result.seconds = time.monotonic() - started
+        for p in procs:
+            p.join(timeout=10)
+    except BaseException:
+        for daemon in pair.daemons:
+            print(
+                f"--- log of {daemon.data_dir.name}:\n{daemon.log_text()[-3000:]}", file=sys.stderr
+            )
+        raise
+    finally:
+        pair.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    got = outcomes["consumer"]
+    result.duplicated = got["duplicated"]
+    result.out_of_order = got["out_of_order"]
+    result.lost = outcomes["producer"]["sent"] - got["received"] + got["left"]
+    result.msgs_s = rate(got["received"], result.seconds)
+    takes = result.takeover_seconds
+    if takes:
+        result.takeover_median = statistics.median(takes)
+        result.takeover_worst = max(takes)
+    result.target_met = result.takeover_worst <= opts.failover_timeout
+    if result.lost or result.duplicated or result.out_of_order or got["left"]:
+        raise BenchFailure(
+            f"lost {result.lost}, duplicated {result.duplicated}, out of order"
+            f" {result.out_of_order}, left in the queue {got['left']}"
+        )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.failover", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--messages", type=int, default=Options.messages)
+    parser.add_argument("--kills", type=int, default=Options.kills)
+    parser.add_argument("--batch", type=int, default=Options.batch)
+    parser.add_argument("--conversations", type=int, default=Options.conversations)
+    parser.add_argument("--failover-timeout", type=float, default=Options.failover_timeout)
+    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parse_args(parser, argv, SMOKE)
+    if min(args.messages, args.batch, args.conversations) < 1 or args.kills < 0:
+        parser.error("--messages, --batch and --conversations must be >= 1, --kills >= 0")
+    opts = options_from(Options, args)
+    with postgres_databases() as database:
+        result = bench(opts, database())
+    print()
+    print(
+        f"{result.messages} messages, {result.kills} kills (kill -9 of the active daemon),"
+        f" failover_timeout {opts.failover_timeout:g} s, durability {opts.durability}"
+    )
+    print(
+        f"takeover s: median {result.takeover_median:.2f}, worst {result.takeover_worst:.2f}"
+        f" (target <= {opts.failover_timeout:g}: {'met' if result.target_met else 'NOT met'})"
+    )
+    print(f"all: {', '.join(f'{t:.2f}' for t in result.takeover_seconds)}")
+    print(
+        f"{result.msgs_s:,.0f} msgs/s end to end through the kills; lost {result.lost},"
+        f" duplicated {result.duplicated}, out of order {result.out_of_order}"
+    )
+    return conclude(args, "failover", opts, result.target_met, result=asdict(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
