@@ -181,6 +181,9 @@ async def test_every_page_loads_without_console_errors(
     assert "cannot parse <order>" in await page.inner_text("main")
     await page.goto(f"{broker.http_url}/dashboard/transmission")
     assert "disabled" in await page.inner_text("table")  # why the message to Held waits
+    await page.goto(f"{broker.http_url}/dashboard/connections")
+    daemons = await page.inner_text("table")  # this broker's one daemon serves
+    assert "active" in daemons and "standby" not in daemons
     await page.goto(f"{broker.http_url}/dashboard/conversations?handle={handle}")
     assert str(handle) in await page.inner_text("table")
     assert watched.errors == []

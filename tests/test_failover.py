@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from daemon import BrokerProcess
+from daemon import BrokerProcess, run_ssb
 from pg_server import PostgresServer, fresh_database
 from setup_objects import seed000
 
@@ -105,6 +105,10 @@ async def test_a_standby_with_an_empty_data_directory_is_the_same_broker(
         nodes = await conn.view("broker_nodes")
         assert sorted(n["role"] for n in nodes) == ["active", "standby"]
         assert [n["node"] for n in nodes if n["this_daemon"]] == [active.node]
+    diagnosed = run_ssb("diagnose", pair.url)
+    assert f"daemon {active.node} " in diagnosed.stdout, diagnosed.stdout
+    assert ": active (answered this diagnosis, lease renewed" in diagnosed.stdout
+    assert f"daemon {standby.node} " in diagnosed.stdout and ": standby, seen" in diagnosed.stdout
     password = active.admin_password()
 
     took = pair.fail_over("kill")

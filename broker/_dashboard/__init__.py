@@ -550,7 +550,12 @@ class Dashboard:
         return title, body
 
     async def _connections(self, request: web.Request, session: WebSession) -> tuple[str, str]:
-        return "Broker connections", await self._plain_view(request, session, "broker_connections")
+        """The daemons of this broker (which one serves: this page's; which stand by), then
+        the connections to other brokers."""
+        daemons = await self._plain_view(request, session, "broker_nodes")
+        links = await self._plain_view(request, session, "broker_connections")
+        body = f"<h2>Daemons of this broker</h2>{daemons}<h2>Links to other brokers</h2>{links}"
+        return "Broker connections", body
 
     async def _tasks(self, request: web.Request, session: WebSession) -> tuple[str, str]:
         return "Activated tasks", await self._plain_view(request, session, "activated_tasks")

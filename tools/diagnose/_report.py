@@ -119,8 +119,12 @@ def examine(
 
 
 def format_report(report: Report) -> str:
-    """The report for people: one problem per entry with its fix, then a summary line."""
-    lines = [f"broker {b.label}: instance {b.instance}, login '{b.login}'" for b in report.brokers]
+    """The report for people: each broker and its daemons (which one serves), one problem
+    per entry with its fix, then a summary line."""
+    lines = []
+    for b in report.brokers:
+        lines.append(f"broker {b.label}: instance {b.instance}, login '{b.login}'")
+        lines += daemon_lines(b)
     for p in report.problems:
         lines.append(f"PROBLEM [{p.kind}] {p.text}")
         lines.append(f"    fix: {p.fix}")
@@ -132,6 +136,25 @@ def format_report(report: Report) -> str:
     else:
         lines.append(f"{len(report.problems)} problem(s) found")
     return "\n".join(lines)
+
+
+def daemon_lines(broker: Broker) -> list[str]:
+    """One line per daemon of a broker whose daemons share a database: which serves (the
+    one that answered), which stand by, when each was last seen."""
+    rows = broker.views.get("broker_nodes") or []
+    if len(rows) < 2 and not any(r.get("node") for r in rows):
+        return []  # one daemon, on its own store: nothing to tell
+    lines = []
+    for row in rows:
+        role = row["role"]
+        if row.get("this_daemon"):
+            age = row.get("lease_age_seconds")
+            when = "" if age is None else f", lease renewed {age:.1f} s ago"
+            state = f"{role} (answered this diagnosis{when})"
+        else:
+            state = f"{role}, seen {row['seen_seconds_ago']:.1f} s ago"
+        lines.append(f"    daemon {row['node']} ({row['name']}) at {row['address']}: {state}")
+    return lines
 
 
 def _counts(report: Report) -> str:

@@ -34,7 +34,7 @@ VIEWS: Final = (
     "logins",
 )
 # views a broker may not have (older versions): their checks fall back or are skipped
-OPTIONAL_VIEWS: Final = ("certificates",)
+OPTIONAL_VIEWS: Final = ("certificates", "broker_nodes")
 VIEW_ROWS: Final = 100_000  # rows read of each view (the broker's most)
 # the scheduler's reader, which the broker always allows: refused only when the login
 # lacks EXECUTE
