@@ -23,7 +23,8 @@ returns, and never overwrites: the target must be new or empty. A backup that fa
 removes what it wrote.
 
 A broker whose store is a PostgreSQL database is not copied: its database is backed up
-with PostgreSQL's own tools, which copy a live database consistently (`backup` says so).
+with PostgreSQL's own tools, which copy a live database consistently (`backup` says so);
+it holds the files of the data directory too (see `_broker_files`).
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ ON_POSTGRESQL: Final = (
     "this broker keeps its state in a PostgreSQL database, which `ssb backup` does not"
     " copy: back the database up with PostgreSQL's own tools (pg_dump for a copy of it,"
     " pg_basebackup with WAL archiving for the whole server and recovery to a point in"
-    " time), and keep a copy of the data directory's files beside it (the broker's keys"
-    " and certificates, admin.password)"
+    " time); the database holds the whole broker, its keys, certificates and"
+    " admin.password included"
 )
 
 

@@ -13,7 +13,10 @@ that another daemon has served is the same broker as that one: the same instance
 copied from elsewhere cannot make a broker another one.
 
 A file name read from the store is written only if it is one of the kept names (`KEPT`):
-the store cannot write elsewhere. Every file is written private (0600).
+the store cannot write elsewhere. Every file is written private (0600). `forget` stops
+keeping a file (admin.password, once admin's password has changed: the first start's
+is no secret worth keeping then): the store keeps an empty body for it, which neither
+`restore` nor `save` touches again, and the file in the data directory is left alone.
 """
 
 from __future__ import annotations
@@ -87,11 +90,12 @@ class BrokerFiles:
         present = self._present()
         written = 0
         for name, body in kept.items():
-            if present.get(name) != body:
+            if body and present.get(name) != body:
                 write_secret_file(self.data_dir / name, body)
                 written += 1
         for name in present.keys() - kept.keys():
-            (self.data_dir / name).unlink(missing_ok=True)
+            if any(fnmatch.fnmatchcase(name, p) for p in IDENTITY_PATTERNS):
+                (self.data_dir / name).unlink(missing_ok=True)  # a pair staged or rotated away
         if written:
             log.info(
                 "wrote %d of the broker's files from its store into %s", written, self.data_dir
@@ -103,9 +107,18 @@ class BrokerFiles:
         store = self.store
         assert isinstance(store, FileRows), "restore only: the source cannot keep files"
         present = self._present()
+        forgotten = {name for name, body in self.kept.items() if not body}
         for name, body in present.items():
-            if self.kept.get(name) != body:
+            if name not in forgotten and self.kept.get(name) != body:
                 store.put_broker_file(name, body)
-        for name in self.kept.keys() - present.keys():
+        for name in self.kept.keys() - present.keys() - forgotten:
             store.delete_broker_file(name)
-        self.kept = present
+        self.kept = {**present, **dict.fromkeys(forgotten, "")}
+
+    def forget(self, name: str) -> None:
+        """Keep `name` no more (see the module's comment)."""
+        store = self.store
+        assert isinstance(store, FileRows), "the source cannot keep files"
+        if self.kept.get(name, None) != "":
+            store.put_broker_file(name, "")
+            self.kept[name] = ""

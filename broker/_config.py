@@ -176,17 +176,16 @@ class Config:
     def check(self) -> None:
         if self.durability not in ("fsync", "os"):
             raise ConfigError(f"durability must be 'fsync' or 'os', not {self.durability!r}")
+        timeout = self.failover_timeout
+        if not _seconds(timeout) or not MIN_FAILOVER <= timeout <= 3600:
+            raise ConfigError(
+                f"failover_timeout must be seconds from {MIN_FAILOVER:g} to 3600, not {timeout!r}"
+            )
         if self.store is not None:
             if not isinstance(self.store, str) or not is_database_url(self.store):
                 raise ConfigError(
                     "store must be a PostgreSQL URL (postgresql://USER@HOST:PORT/DATABASE);"
                     " leave it unset for the SQLite store in data_dir"
-                )
-            timeout = self.failover_timeout
-            if not _seconds(timeout) or not MIN_FAILOVER <= timeout <= 3600:
-                raise ConfigError(
-                    f"failover_timeout must be seconds from {MIN_FAILOVER:g} to 3600, not"
-                    f" {timeout!r}"
                 )
             if self.min_free_disk not in (0, DEFAULT_MIN_FREE_DISK):
                 raise ConfigError(

@@ -60,7 +60,7 @@ from ._broker_files import BrokerFiles
 from ._config import Config, ConfigError
 from ._core.engine import Engine, StoredState
 from ._core.ports import Cancellable, OutboundRelay
-from ._logins import Logins, ThrottleSettings
+from ._logins import ADMIN, PASSWORD_FILE, Logins, ThrottleSettings
 from ._operations import Operations
 from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
@@ -126,6 +126,7 @@ class Broker:
         self.connections: set[ClientConnection] = set()
         self.client_address: tuple[str, int] = (config.host, 0)
         self.http_port = config.http_port  # (a standby's, bound again once active)
+        self._serving = False  # started: what changes from now on is an operation's
         self.broker_address: tuple[str, int] | None = None
         self.door: Door | None = None
         self._closers: list[Callable[[], Any]] = []
@@ -392,6 +393,7 @@ class Broker:
             "http_port": self.http.address[1] if self.http and self.http.address else None,
         }
         (self.data_dir / "broker.json").write_text(json.dumps(info, indent=2))
+        self._serving = True
         print(
             f"ssb ready client={self.client_address[0]}:{self.client_address[1]}"
             f" broker=127.0.0.1:{self.broker_address[1]} instance={instance}"
@@ -523,7 +525,10 @@ class Broker:
     def _login_changed(self, name: str) -> None:
         """A login's password changed or it was dropped: its dashboard sessions end. A
         dropped login also loses its grants and its open sessions (their transactions
-        roll back); a changed password leaves open sessions alone."""
+        roll back); a changed password leaves open sessions alone. Once admin's password
+        has changed, the store no longer keeps the first start's admin.password."""
+        if name == ADMIN and self._serving:
+            self.files.forget(PASSWORD_FILE)
         if self.dashboard is not None:
             self.dashboard.login_changed(name)
         if name in self.logins:
