@@ -28,6 +28,7 @@ from pg_server import PostgresServer, fresh_database
 from setup_objects import seed000
 
 from ssb import client, tools
+from ssb.client._recovery import uuid7
 
 FAILOVER = 3.0  # seconds: failover_timeout of the tests' pairs
 
@@ -176,6 +177,10 @@ async def test_a_client_naming_both_daemons_follows_the_takeover(
 
         for i in range(20):
             await send(i)
+        committed, never = uuid7(), uuid7()  # a transaction committed, one never begun
+        await conn.begin_transaction(txn_id=committed)
+        await conn.send(handle, "AsyncSent", b"named")
+        await conn.commit()
         kill = asyncio.get_running_loop().run_in_executor(None, pair.fail_over, "kill")
         for i in range(20, 60):
             await send(i)
@@ -185,10 +190,17 @@ async def test_a_client_naming_both_daemons_follows_the_takeover(
             async with conn.transaction():
                 got = await conn.receive(target_q, top=50, timeout=1)
             received += [m.message_body for m in got]
-            if len(received) >= 60:
+            if len(received) >= 61:
                 break
-        assert received == [str(i).encode() for i in range(60)]
+        assert received == [
+            *(str(i).encode() for i in range(20)),
+            b"named",
+            *(str(i).encode() for i in range(20, 60)),
+        ]
         assert conn.reconnects >= 1
+        # the new active daemon reads the window of outcomes the old one committed
+        assert await conn.transaction_outcome(committed) == "committed"
+        assert await conn.transaction_outcome(never) == "rolled_back"
 
 
 def test_failover_timeout_needs_a_postgresql_store(tmp_path: Path) -> None:
