@@ -8,7 +8,9 @@ broker ports stay closed, it says so on one line of its standard output
 status "standby"), and, when the config gives an HTTP port, it answers there:
 `/healthz` (and `/healthz/ready`) 503 with the role "standby" (an orchestrator routes
 no client to it), `/healthz/live` 200 (it is alive: nothing to restart), `/metrics` the
-role and who holds the lease. Nothing of the broker's state is read. Once the lease is
+role and who holds the lease, to loopback callers only (the port speaks plain HTTP,
+the client port's certificate being the active daemon's: no login or token crosses
+it). Nothing of the broker's state is read. Once the lease is
 taken this port closes, and the daemon starts as any other does, on the same HTTP port.
 """
 
@@ -111,12 +113,14 @@ async def _standby_http(config: Config, keeper: LeaseKeeper) -> HttpServer:
         served = f" by daemon {holder.node}" if holder is not None and holder.node else ""
         return f"standby: the broker is served{served}; this daemon waits to take over"
 
+    # plain HTTP (the client port's certificate is the active daemon's): the bearer token
+    # would cross in clear, so /metrics answers loopback callers only
     http = HttpServer(
         StandbyMetrics(StandbyFigures(keeper)),
         readiness,
         no_login,
         lambda user: False,
-        config.http_token,
+        None,
         role=lambda: keeper.role.value if keeper.role is not Role.LOST else "stopping",
     )
     await http.start(config.http_host, config.http_port or 0, None)

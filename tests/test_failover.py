@@ -137,7 +137,9 @@ async def test_a_frozen_active_daemon_serves_nothing_once_it_runs_again(
         await conn.send(handle, "AsyncSent", b"before")
     old = await client.connect(frozen.url, reconnect=False)
     try:
-        pair.fail_over("freeze")
+        took = pair.fail_over("freeze")
+        print(f"takeover after SIGSTOP: {took:.2f} s (failover_timeout {FAILOVER:g} s)")
+        assert took < FAILOVER + 5
         assert standby.role == "active"
         # sent to the frozen daemon after the takeover: it may never be acknowledged
         late = asyncio.ensure_future(old.send(handle, "AsyncSent", b"late"))
@@ -201,6 +203,20 @@ async def test_a_client_naming_both_daemons_follows_the_takeover(
         # the new active daemon reads the window of outcomes the old one committed
         assert await conn.transaction_outcome(committed) == "committed"
         assert await conn.transaction_outcome(never) == "rolled_back"
+
+
+def test_a_stopped_active_daemon_gives_the_lease_up_and_a_standby_stops_at_once(
+    pair: tools.DaemonPair,
+) -> None:
+    """SIGTERM: the active daemon gives its lease up, so the standby takes over at its next
+    try, well before the lease would run out; a standby told to stop stops."""
+    first, second = pair.active, pair.standby
+    assert first.stop() == 0
+    second.wait_active(FAILOVER / 2)
+    third = pair.restart()
+    assert third.role == "standby"
+    assert third.stop() == 0
+    assert "standby" in third.log_text()
 
 
 def test_failover_timeout_needs_a_postgresql_store(tmp_path: Path) -> None:

@@ -228,6 +228,7 @@ class BrokerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
+        self.role = ""
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM and wait; returns the exit code (SIGKILL, and TimeoutExpired raised,
@@ -242,6 +243,7 @@ class BrokerProcess:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
                 raise
+        self.role = ""
         return self.proc.returncode
 
     def restart(self) -> Self:
