@@ -31,3 +31,18 @@ async def seed000(conn: client.Connection, suffix: str = "") -> tuple[str, str, 
         "QueueAsyncInitiator" + suffix,
         "QueueAsyncTarget" + suffix,
     )
+
+
+async def receive_bodies(
+    conn: client.Connection, queue: str, count: int, rounds: int = 200
+) -> list[bytes]:
+    """The bodies of `queue`'s messages, received in transactions until `count` have come
+    (at most `rounds` RECEIVEs of a second each: bounded)."""
+    received: list[bytes] = []
+    for _ in range(rounds):
+        async with conn.transaction():
+            batch = await conn.receive(queue, top=50, timeout=1.0)
+        received += [m.message_body for m in batch]
+        if len(received) >= count:
+            break
+    return received

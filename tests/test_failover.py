@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from daemon import BrokerProcess, run_ssb
 from pg_server import PostgresServer, fresh_database
-from setup_objects import seed000
+from setup_objects import receive_bodies, seed000
 
 from ssb import client, tools
 from ssb.client._recovery import uuid7
@@ -187,13 +187,7 @@ async def test_a_client_naming_both_daemons_follows_the_takeover(
         for i in range(20, 60):
             await send(i)
         await kill
-        received: list[bytes] = []
-        for _ in range(100):  # bounded
-            async with conn.transaction():
-                got = await conn.receive(target_q, top=50, timeout=1)
-            received += [m.message_body for m in got]
-            if len(received) >= 61:
-                break
+        received = await receive_bodies(conn, target_q, 61)
         assert received == [
             *(str(i).encode() for i in range(20)),
             b"named",
@@ -266,21 +260,11 @@ async def test_another_broker_follows_a_takeover_through_a_routes_mirror_address
             handle = await near.begin_dialog(init_svc, target_svc, contract="AsyncContract")
             for i in range(5):
                 await near.send(handle, "AsyncSent", str(i).encode())
-            received: list[bytes] = []
-
-            async def take(count: int) -> None:
-                for _ in range(200):  # bounded
-                    async with far.transaction():
-                        got = await far.receive(target_q, top=10, timeout=0.5)
-                    received.extend(m.message_body for m in got)
-                    if len(received) >= count:
-                        return
-
-            await take(5)
+            received = await receive_bodies(far, target_q, 5)
             pair.fail_over("kill")
             for i in range(5, 10):
                 await near.send(handle, "AsyncSent", str(i).encode())
-            await take(10)
+            received += await receive_bodies(far, target_q, 5)
             assert received == [str(i).encode() for i in range(10)]
         assert "answers at" in sender.log_text()
     finally:

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from daemon import BrokerProcess, one_error_line, run_ssb, serve_once
 from pg_server import PostgresServer, fresh_database
-from setup_objects import seed000
+from setup_objects import receive_bodies, seed000
 
 from ssb import client
 from ssb.broker._store import StoreUnavailable, open_store
@@ -287,13 +287,7 @@ async def test_a_broker_whose_database_sessions_are_lost_loses_and_repeats_nothi
                     _end_sessions(database, "writer")
                     _end_sessions(database, "reader")
                 await _send_through_trouble(conn, handle, str(i).encode())
-            received: list[bytes] = []
-            for _ in range(200):  # bounded
-                async with conn.transaction():
-                    batch = await conn.receive(target_q, top=50, timeout=1.0)
-                received += [m.message_body for m in batch]
-                if len(received) >= 100:
-                    break
+            received = await receive_bodies(conn, target_q, 100)
             assert received == [str(i).encode() for i in range(100)]
             assert await conn.receive(target_q, top=1, timeout=0) == []
         assert len(_sessions(database, "writer")) == 1  # a new one, the old one ended
