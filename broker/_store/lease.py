@@ -14,7 +14,8 @@ Two things tell a standby that the holder is gone, and both are needed:
 - the deadline: a holder that is frozen (SIGSTOP, a paused virtual machine) or cut off
   from the database keeps its TCP connection open in the kernel, and with it the lock;
   once its deadline has passed the standby ends the holder's sessions on the server
-  (`pg_terminate_backend`), which frees the lock.
+  (`pg_terminate_backend`), and whichever session holds the lock (a standby may have
+  taken the lock and frozen before it took the lease), which frees the lock.
 
 A takeover (`take`) happens only on the lock: with it, the standby ends what is left of
 the old holder's sessions and bumps the epoch with `SELECT ... FOR UPDATE` then
@@ -79,6 +80,14 @@ _END_NODE: Final = (
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
     " WHERE datname = current_database() AND pid <> pg_backend_pid()"
     " AND application_name LIKE 'ssb %' AND split_part(application_name, ' ', 3) = ?"
+)
+# whoever holds BROKER_LOCK (a holder whose deadline has passed, or a standby that took
+# the lock and froze before it took the lease): the lock's key is split in two oids
+_END_LOCKER: Final = (
+    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND classid::bigint = ? AND objid::bigint = ? AND objsubid = 1"
+    " AND pid <> pg_backend_pid()"
 )
 _SEEN: Final = (
     "INSERT INTO broker_nodes (node, name, role, pid, address, started, seen)"
@@ -194,8 +203,11 @@ class DatabaseLease:
         with self.guard:
             if not self._lock():
                 holder = self._holder()
-                if not holder.live and holder.node and holder.node != self.node:
-                    self._end_node(holder.node)
+                if not holder.live and holder.node != self.node:
+                    if holder.node:
+                        self._end_node(holder.node)
+                    key = postgres_schema.BROKER_LOCK
+                    self._connected().execute(_END_LOCKER, (key >> 32, key & 0xFFFF_FFFF))
                 return holder
             session = self._connected()
             holder = self._holder()
