@@ -61,6 +61,7 @@ from ._config import Config, ConfigError
 from ._core.engine import Engine, StoredState
 from ._core.ports import Cancellable, OutboundRelay
 from ._logins import ADMIN, PASSWORD_FILE, Logins, ThrottleSettings
+from ._namespaces import Namespaces
 from ._operations import Operations
 from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
@@ -253,10 +254,15 @@ class Broker:
             len(engine.delivery.outboxes),
         )
         self.permissions = permissions = Permissions(
-            store, engine.catalog, engine.endpoints, engine.transactions, logins
+            store,
+            engine.catalog,
+            engine.endpoints,
+            engine.transactions,
+            logins,
+            engine.routes.local_target,
         )
         permissions.load()
-        operations = Operations(permissions, engine.transactions)
+        operations = Operations(permissions, engine.transactions, Namespaces(engine.catalog))
         operations.merge("the core", engine.operations())
         operations.merge("the daemon", {"ping": _ping}, observing=True)
         operations.merge("logins", logins.operations())
@@ -330,6 +336,7 @@ class Broker:
             partials=transport.partials,
         )
         operations.merge("views", views.operations(), observing=True)
+        views.merge({"databases": engine.databases.rows})
         views.merge(permissions.views())
         views.merge(logins.views())
         views.merge(transport.views())
@@ -359,6 +366,7 @@ class Broker:
             procedures=procedures,
             queue_owner=lambda queue: permissions.owner("queue", queue),
             task_ended=execution_log.task_ended,
+            stored_procedure=lambda key: engine.catalog.find_procedure(key) is not None,
         )
         operations.merge("activation", manager.operations())
         views.merge(manager.views())

@@ -7,7 +7,8 @@ A part may offer operations as observations (views, ping): they change nothing, 
 the server may answer them while the store cannot write (see `_server`).
 A call checks the request's argument names against the operation's parameters first
 (sets taken from its signature once, at merge), so a wrong argument is a clear error
-rather than a traceback.
+rather than a traceback; then the names it gives are qualified with the session's
+database (`Scope`, see `_namespaces`).
 
 A request outside a transaction may carry `txn`, the id its client gave the statement:
 `Statements` (the core's transactions) refuses an id already resolved and records the id
@@ -38,6 +39,14 @@ class Guard(Protocol):
 
     # the operations whose success `succeeded` must hear of
     tracked: frozenset[str]
+
+
+class Scope(Protocol):
+    """Which database a session's names are in (see `_namespaces`)."""
+
+    def qualify(self, session: Any, operation: str, arguments: dict[str, Any]) -> None: ...
+
+    def shown(self, session: Any, message: str) -> str: ...
 
 
 class Statements(Protocol):
@@ -81,11 +90,17 @@ class _Parameters:
 
 
 class Operations:
-    def __init__(self, guard: Guard | None = None, statements: Statements | None = None) -> None:
+    def __init__(
+        self,
+        guard: Guard | None = None,
+        statements: Statements | None = None,
+        scope: Scope | None = None,
+    ) -> None:
         self._table: dict[str, tuple[Operation, _Parameters, str]] = {}
         self._observations: set[str] = set()
         self.guard = guard
         self.statements = statements
+        self.scope = scope
 
     def merge(
         self, owner: str, operations: Mapping[str, Operation], *, observing: bool = False
@@ -104,6 +119,10 @@ class Operations:
 
     def names(self) -> list[str]:
         return sorted(self._table)
+
+    def shown(self, session: Any, message: str) -> str:
+        """An error's words as `session` sees them (names in its database's terms)."""
+        return message if self.scope is None else self.scope.shown(session, message)
 
     def call(self, session: Any, request: Request) -> Any:
         statements = self.statements
@@ -143,6 +162,8 @@ class Operations:
         problem = parameters.problem(request.arguments)
         if problem is not None:
             raise BrokerError(ErrorCode.BAD_ARGUMENT, f"{request.operation}: {problem}")
+        if self.scope is not None:
+            self.scope.qualify(session, request.operation, request.arguments)
         guard = self.guard
         if guard is None:
             return fn(session, **request.arguments)

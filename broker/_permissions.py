@@ -2,9 +2,13 @@
 
 Theory of operation. Permissions are CONTROL, CREATE, ALTER, DROP, SEND, RECEIVE, VIEW
 and EXECUTE, held on the broker itself (everything of the kind) or on one object: SEND
-on a service, RECEIVE and EXECUTE on a queue, ALTER / DROP / CONTROL on any catalog
-object. The login that creates an object owns it and holds every permission on it;
-`admin` holds CONTROL of the broker and cannot lose it. Grants and owners live in the
+on a service, RECEIVE and EXECUTE on a queue, EXECUTE on a procedure, ALTER / DROP /
+CONTROL on any catalog object or database. The login that creates an object owns it and
+holds every permission on it; the owner of a database (its creator) holds every
+permission on every object in it; `admin` holds CONTROL of the broker and cannot lose
+it. CREATE on the broker covers CREATE DATABASE, as it covers every other CREATE. Any
+login may USE any database: what it may do there is what its permissions on the
+objects say (ssb has no database users). Grants and owners live in the
 store (owned here) and are changed by `grant` / `revoke`, which CONTROL of the broker or
 of the object (its owner) may call.
 
@@ -28,8 +32,10 @@ from typing import Any, Final
 
 from ssb.protocol import ErrorCode
 
-from ._core.catalog import Catalog
+from ._core.catalog import IN_DATABASE, Catalog
 from ._core.endpoints import Endpoints
+from ._core.names import database_of
+from ._core.queue_options import is_python
 from ._core.transactions import Session, Transactions
 from ._errors import BrokerError, bad_argument
 from ._logins import ADMIN
@@ -38,6 +44,8 @@ from ._store import Store
 log = logging.getLogger("ssb.permissions")
 
 KINDS: Final = (
+    "database",
+    "procedure",
     "message_type",
     "contract",
     "queue",
@@ -58,7 +66,7 @@ GRANTABLE: Final[Mapping[str, frozenset[str]]] = {
     "SEND": frozenset({"", "service"}),
     "RECEIVE": frozenset({"", "queue"}),
     "VIEW": frozenset({""}),
-    "EXECUTE": frozenset({"", "queue"}),
+    "EXECUTE": frozenset({"", "queue", "procedure"}),
 }
 # operations that create an object of a kind (the creator becomes its owner)
 CREATES: Final = {
@@ -71,6 +79,8 @@ CREATES: Final = {
     "create_event_notification": "event_notification",
     "create_certificate": "certificate",
     "create_remote_service_binding": "remote_service_binding",
+    "create_procedure": "procedure",
+    "create_database": "database",
 }
 # operations anyone logged in may call: they touch only the caller's own session,
 # its own activated task or its own scheduler log, or read this broker's identity
@@ -89,6 +99,9 @@ OPEN: Final = frozenset(
         "log_task",
         "log_task_start",
         "log_task_end",
+        "use",  # any login may use any database; its objects have their own permissions
+        "save_transaction",
+        "rollback_to_savepoint",
     }
 )
 
@@ -97,7 +110,7 @@ DROPS: Final = {
     "drop_certificate": "certificate",
     "drop_remote_service_binding": "remote_service_binding",
 }
-_TRACKED: Final = frozenset({*CREATES, "drop", *DROPS})
+_TRACKED: Final = frozenset({*CREATES, "drop", *DROPS, "drop_database"})
 Need = tuple[str, str, str]  # (permission, kind, name): kind "" for the broker
 
 
@@ -111,10 +124,14 @@ class Permissions:
         endpoints: Endpoints,
         transactions: Transactions,
         logins: Container[str],
+        local_target: Callable[[str, object, str], str | None] = lambda s, b, d: None,
     ) -> None:
         """Grants and owners in `store`; the core's objects, endpoints and detached
-        transactions, to resolve what an operation touches; the logins that exist."""
+        transactions, to resolve what an operation touches; the logins that exist;
+        `local_target`: the key of this broker's service a dialog to (service, broker
+        instance) from a database reaches (the routes')."""
         self.store = store
+        self.local_target = local_target
         self.catalog = catalog
         self.endpoints = endpoints
         self.transactions = transactions
@@ -128,7 +145,12 @@ class Permissions:
             "create_service": self._create_service,
             "alter_broker_priority": lambda s, a: [("ALTER", "broker_priority", _name(a))],
             "alter_message_type": lambda s, a: [("ALTER", "message_type", _name(a))],
-            "alter_service": lambda s, a: [("ALTER", "service", _name(a))],
+            "alter_service": self._alter_service,
+            "alter_route": lambda s, a: [("CONTROL", "", "")],
+            "alter_procedure": lambda s, a: [("ALTER", "procedure", _name(a))],
+            "procedure": lambda s, a: [("EXECUTE", "procedure", _name(a))],
+            "alter_database": lambda s, a: [("ALTER", "database", self._database(a))],
+            "drop_database": lambda s, a: [("DROP", "database", self._database(a))],
             "drop": self._drop,
             "begin_dialog": self._begin_dialog,
             "send": lambda s, a: self._endpoints(a.get("handles")),
@@ -172,10 +194,24 @@ class Permissions:
             return True
         if not kind:
             return False
-        return (
+        if (
             self.owners.get((kind, name)) == user
             or (user, permission, kind, name) in grants
             or (user, "CONTROL", kind, name) in grants
+        ):
+            return True
+        if kind not in IN_DATABASE:
+            return False
+        database = database_of(name)  # its database's owner, or CONTROL of its database
+        return (
+            self.owners.get(("database", database)) == user
+            or (
+                user,
+                "CONTROL",
+                "database",
+                database,
+            )
+            in grants
         )
 
     def owner(self, kind: str, name: str) -> str | None:
@@ -223,6 +259,19 @@ class Permissions:
             self.forget(kind, name)
         elif operation in DROPS:
             self.forget(DROPS[operation], str(arguments.get("name")))
+        elif operation == "drop_database":
+            self.database_dropped(self._database(arguments))
+
+    def database_dropped(self, database: str) -> None:
+        """Forget the owners of, and grants on, a dropped database and all it held."""
+        gone = {
+            (kind, name)
+            for kind, name in [*self.owners, *((g[2], g[3]) for g in self.grants)]
+            if (kind == "database" and name == database)
+            or (kind in IN_DATABASE and database_of(name) == database)
+        }
+        for kind, name in gone:
+            self.forget(kind, name)
 
     def forget(self, kind: str, name: str) -> None:
         self.owners.pop((kind, name), None)
@@ -244,16 +293,30 @@ class Permissions:
         return [("ALTER", "queue", name), *self._activation(session, args.get("activation"))]
 
     def _activation(self, session: Session, activation: object) -> list[Need]:
-        """Setting a procedure needs EXECUTE; running it as another login needs CONTROL."""
+        """Setting a procedure needs EXECUTE (on a T-SQL procedure, or of the broker for a
+        Python one); running it as another login needs CONTROL."""
         if not isinstance(activation, dict) or not activation:
             return []
         needs: list[Need] = []
-        if activation.get("procedure"):
+        procedure = activation.get("procedure")
+        if isinstance(procedure, str) and procedure and not is_python(procedure):
+            needs.append(("EXECUTE", "procedure", procedure))
+        elif procedure:
             needs.append(("EXECUTE", "", ""))
         execute_as = activation.get("execute_as")
         if isinstance(execute_as, str) and execute_as and execute_as != session.user:
             needs.append(("CONTROL", "", ""))
         return needs
+
+    def _alter_service(self, session: Session, args: dict[str, Any]) -> list[Need]:
+        queue = args.get("queue")
+        on_queue: list[Need] = [("ALTER", "queue", queue)] if isinstance(queue, str) else []
+        return [("ALTER", "service", _name(args)), *on_queue]
+
+    def _database(self, args: dict[str, Any]) -> str:
+        """The canonical name of the database an operation names (as given if none)."""
+        found = self.catalog.find_database(_name(args))
+        return _name(args) if found is None else found.name
 
     def _create_service(self, session: Session, args: dict[str, Any]) -> list[Need]:
         queue = args.get("queue")
@@ -279,7 +342,8 @@ class Permissions:
             needs.append(("RECEIVE", "queue", queue))
         target = args.get("to_service")
         if isinstance(target, str):
-            needs.append(("SEND", "service", target))
+            local = self.local_target(target, args.get("broker_instance"), session.database)
+            needs.append(("SEND", "service", target if local is None else local))
         related = args.get("related_conversation")
         if related is not None:
             needs += self._endpoints([related])
@@ -349,6 +413,9 @@ class Permissions:
             raise bad_argument(f"{permission} can be granted on {on}, not on {kind}")
         if not isinstance(login, str) or not login:
             raise bad_argument("grant and revoke need the login to change")
+        if kind == "database":
+            found = self.catalog.find_database(name)
+            name = found.name if found is not None else name
         if kind and self.catalog.table(kind).get(name) is None:
             raise BrokerError(
                 ErrorCode.BAD_ARGUMENT, f"there is no {kind.replace('_', ' ')} '{name}'"

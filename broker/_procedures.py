@@ -1,6 +1,6 @@
 """Which Python functions the broker's workers may run: the operator's list, nothing else.
 
-Activation procedures and scheduler tasks are named `package.module:function` by
+Python activation procedures and scheduler tasks are named `package.module:function` by
 whoever creates the queue or queues the task, and run inside the broker's worker
 processes with the daemon's OS user. So the broker runs only what the operator lists
 in the config (`procedures = ["myapp.tasks.*", "reports:daily"]`, fnmatch patterns):
@@ -28,6 +28,10 @@ log = logging.getLogger("ssb.procedures")
 
 # the scheduler's reader: broker code that runs only checked tasks
 BUILT_IN: Final = ("ssb.client._scheduler:run_tasks",)
+# what a worker runs for an activation procedure written in T-SQL: the interpreter,
+# given the procedure's name (a T-SQL procedure runs no code outside it, so it needs no
+# place in the operator's list)
+TSQL_ENTRY: Final = "ssb.tsql._activation:run"
 
 
 class ProcedurePolicy:

@@ -31,6 +31,7 @@ Every refusal is logged with the peer's address, never with a secret.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 from collections import deque
@@ -203,12 +204,24 @@ class ClientConnection(asyncio.Protocol):
         if self.login_timer is not None:
             self.login_timer.cancel()
             self.login_timer = None
-        self.session = self.transactions.open_session(hello.user, self.peer)
-        self.session.abort = self.abort
+        self.session = session = self.transactions.open_session(hello.user, self.peer)
+        session.abort = self.abort
+        if hello.database:
+            try:  # as the session's USE: its permissions and its errors
+                self.operations.call(session, Request(0, "use", {"database": hello.database}))
+            except BrokerError as exc:
+                self._send_now(encode_error(0, exc.code, f"cannot open the database: {exc}"))
+                self.close()
+                self.transactions.close_session(session)
+                return
         log.info(
-            "client %s logged in as %r (session %d)", self.peer, hello.user, self.session.ident
+            "client %s logged in as %r (session %d, database %s)",
+            self.peer,
+            hello.user,
+            session.ident,
+            session.database,
         )
-        self._send_now(self.welcome.encode())
+        self._send_now(dataclasses.replace(self.welcome, database=session.database).encode())
         self.decoder.max_frame_size = MAX_FRAME_SIZE
         self.decoder.nesting = False  # Request.decode checks each request's arguments
         assert self.transport is not None
@@ -321,7 +334,8 @@ class ClientConnection(asyncio.Protocol):
         if exc.code == ErrorCode.TRANSACTION_RESOLVED:  # what follows it must not run
             self.abort(exc.message)
             return
-        self._answer(encode_error(request.request_id, exc.code, exc.message), after=0)
+        text = self.operations.shown(self.session, exc.message)
+        self._answer(encode_error(request.request_id, exc.code, text), after=0)
 
     def _failed(self, request: Request, exc: Exception) -> None:
         """An operation failed by a bug: logged, and the client told so."""

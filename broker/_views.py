@@ -2,6 +2,8 @@
 
 Names follow Service Broker's catalog views and DMVs without the `sys.` prefix.
 `queue:NAME` reads a queue's messages without receiving them, like SELECT on a queue.
+Rows of a database's objects carry its `database` beside their plain names; the
+broker's own objects (routes, certificates, bindings) and its DMVs show every database.
 
 Theory of operation. A view first waits until everything applied before it is durable
 (so a session always sees its own writes), then reads the core's memory and the store.
@@ -26,6 +28,7 @@ from ._core.backlog import MessageCache
 from ._core.capacity import Capacity
 from ._core.delivery import Delivery
 from ._core.endpoints import ConversationTimers, Endpoints
+from ._core.names import database_of, plain
 from ._core.ports import Clock, durable
 from ._core.queues import Conversation, Queue
 from ._core.transactions import Session, Transactions
@@ -100,6 +103,7 @@ class Views:
             "routes": self._catalog(self.routes),
             "conversation_priorities": self._catalog(self.conversation_priorities),
             "event_notifications": self._catalog(self.event_notifications),
+            "procedures": self._catalog(self.procedures),
             "poison_messages": self.poison_messages,
             "open_transactions": self._catalog(self.open_transactions),
             "broker_resources": self._catalog(self.broker_resources),
@@ -136,7 +140,7 @@ class Views:
         if name.startswith("queue:"):
             queue = name[len("queue:") :]
             if queue not in self.queues:
-                raise BrokerError(ErrorCode.UNKNOWN_QUEUE, f"queue '{queue}' does not exist")
+                raise BrokerError(ErrorCode.UNKNOWN_QUEUE, f"queue '{plain(queue)}' does not exist")
             view = lambda lim, aft: self.queue_contents(queue, lim, aft)  # noqa: E731
         else:
             found = self.table.get(name)
@@ -164,12 +168,13 @@ class Views:
                 "conversation_handle": ep.handle,
                 "conversation_id": ep.conversation_id,
                 "is_initiator": ep.is_initiator,
-                "service_name": ep.service,
+                "database": database_of(ep.service),
+                "service_name": plain(ep.service),
                 "far_service": ep.far_service,
                 "far_broker_instance": ep.far_broker_instance,
-                "service_contract_name": ep.contract,
+                "service_contract_name": plain(ep.contract),
                 "conversation_group_id": ep.group_id,
-                "queue_name": ep.queue,
+                "queue_name": plain(ep.queue),
                 "state": ep.state.name,
                 "state_desc": ep.state.value,
                 "priority": ep.priority,
@@ -193,7 +198,8 @@ class Views:
             rows.append(
                 {
                     "conversation_group_id": group_id,
-                    "queue_name": queue.name if queue else None,
+                    "database": database_of(service),
+                    "queue_name": plain(queue.name) if queue else None,
                     "conversations": conversations,
                     "messages": group.message_count() if group else 0,
                     "is_locked": group is not None and group.owner is not None,
@@ -212,11 +218,13 @@ class Views:
                 status = delivery.local_block(out.to_service) or box.status
             else:
                 status = delivery.sink.describe(out)
+            sender = self.endpoints.get(out.handle)
             rows.append(
                 {
                     "id": out.id,
+                    "database": database_of(sender.service if sender else out.to_service),
                     "conversation_handle": out.handle,
-                    "to_service_name": out.to_service,
+                    "to_service_name": plain(out.to_service),
                     "to_broker_instance": out.to_broker_instance,
                     "from_service_name": out.from_service,
                     "service_contract_name": out.contract,
@@ -251,10 +259,10 @@ class Views:
         return {
             "id": None,
             "conversation_handle": p.handle,
-            "to_service_name": p.service,
+            "to_service_name": plain(p.service),
             "to_broker_instance": None,
             "from_service_name": p.from_service,
-            "service_contract_name": p.contract,
+            "service_contract_name": plain(p.contract),
             "message_sequence_number": m.seq,
             "message_type_name": m.message_type,
             "priority": p.priority,
@@ -275,8 +283,8 @@ class Views:
             conversation_group_id=p.group_id,
             conversation_handle=p.handle,
             message_sequence_number=m.seq,
-            service_name=p.service,
-            service_contract_name=p.contract,
+            service_name=plain(p.service),
+            service_contract_name=plain(p.contract),
             message_type_name=m.message_type,
             validation=cat.VALIDATIONS[known.validation] if known else "N",
             message_body=b"",
@@ -289,8 +297,8 @@ class Views:
             {
                 "conversation_id": p.conversation_id,
                 "conversation_handle": p.handle,
-                "queue_name": p.queue,
-                "service_name": p.service,
+                "queue_name": plain(p.queue) if p.queue else None,
+                "service_name": plain(p.service),
                 "from_broker_instance": p.from_broker,
                 "message_sequence_number": p.message.seq,
                 "message_type_name": p.message.message_type,
@@ -340,12 +348,13 @@ class Views:
             d = queue.definition
             rows.append(
                 {
-                    "name": d.name,
+                    "database": database_of(d.name),
+                    "name": plain(d.name),
                     "is_receive_enabled": d.status,
                     "is_enqueue_enabled": d.status,
                     "is_retention_enabled": d.retention,
                     "is_activation_enabled": d.activation.status,
-                    "activation_procedure": d.activation.procedure or None,
+                    "activation_procedure": plain(d.activation.procedure) or None,
                     "max_readers": d.activation.max_queue_readers,
                     "execute_as": d.activation.execute_as or None,
                     "is_poison_message_handling_enabled": d.poison_message_handling,
@@ -371,7 +380,8 @@ class Views:
             rows.append(
                 {
                     "id": ident,
-                    "queue": queue,
+                    "database": database_of(queue),
+                    "queue": plain(queue),
                     "conversation_handle": None if handle is None else uuid.UUID(bytes=handle),
                     "queuing_order": order,
                     "delivery_count": count,
@@ -384,22 +394,42 @@ class Views:
 
     def services(self) -> list[dict[str, Any]]:
         return [
-            {"name": s.name, "queue_name": s.queue, "contracts": ", ".join(s.contracts)}
+            {
+                "database": database_of(s.name),
+                "name": plain(s.name),
+                "queue_name": plain(s.queue),
+                "contracts": ", ".join(plain(c) for c in s.contracts),
+            }
             for s in self.catalog.services.values()
         ]
 
     def service_contracts(self) -> list[dict[str, Any]]:
+        system = self._system("contract")
         return [
-            {"name": name, "message_type_name": mtype, "sent_by": sent_by}
+            {
+                "database": database_of(name) if name not in system else None,
+                "name": plain(name),
+                "message_type_name": plain(mtype),
+                "sent_by": sent_by,
+            }
             for name, contract in self.catalog.contracts.items()
             for mtype, sent_by in contract.messages.items()
         ]
 
     def message_types(self) -> list[dict[str, Any]]:
+        system = self._system("message_type")
         return [
-            {"name": m.name, "validation": m.validation}
+            {
+                "database": database_of(m.name) if m.name not in system else None,
+                "name": plain(m.name),
+                "validation": m.validation,
+            }
             for m in self.catalog.message_types.values()
         ]
+
+    def _system(self, kind: str) -> frozenset[str]:
+        """The names of the system objects of `kind` (in every database)."""
+        return frozenset(n for k, n in self.catalog.system_names if k == kind)
 
     def routes(self) -> list[dict[str, Any]]:
         return [
@@ -417,9 +447,10 @@ class Views:
     def conversation_priorities(self) -> list[dict[str, Any]]:
         return [
             {
-                "name": p.name,
-                "service_contract_name": p.contract or "ANY",
-                "local_service_name": p.local_service or "ANY",
+                "database": database_of(p.name),
+                "name": plain(p.name),
+                "service_contract_name": plain(p.contract) if p.contract else "ANY",
+                "local_service_name": plain(p.local_service) if p.local_service else "ANY",
                 "remote_service_name": p.remote_service or "ANY",
                 "priority": p.level,
             }
@@ -429,13 +460,25 @@ class Views:
     def event_notifications(self) -> list[dict[str, Any]]:
         return [
             {
-                "name": n.name,
+                "database": database_of(n.name),
+                "name": plain(n.name),
                 "event": n.event,
-                "queue_name": n.queue,
+                "queue_name": plain(n.queue),
                 "service_name": n.service,
                 "broker_instance": n.broker_instance,
             }
             for n in self.catalog.notifications.values()
+        ]
+
+    def procedures(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "database": database_of(p.name),
+                "name": plain(p.name),
+                "create_date": iso_time(p.created),
+                "modify_date": iso_time(p.modified),
+            }
+            for p in self.catalog.procedures.values()
         ]
 
     def open_transactions(self) -> list[dict[str, Any]]:

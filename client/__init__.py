@@ -50,6 +50,7 @@ from ._scheduler import (
     TaskOutcome,
 )
 from ._sync import SyncConnection, connect_sync
+from ._task import ProcedureFailed, TaskContext
 from ._url import local_url, url_addresses
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "NotFoundError",
     "OutcomeUnknownError",
     "PermissionDeniedError",
+    "ProcedureFailed",
     "ProtocolViolationError",
     "QueueDisabledError",
     "QueueFullError",
@@ -86,6 +88,7 @@ __all__ = [
     "SyncConnection",
     "SyncScheduler",
     "TLSError",
+    "TaskContext",
     "TaskOutcome",
     "TransactionError",
     "TransactionRolledBackError",

@@ -144,8 +144,9 @@ def create_queue(
     Args:
         status: "ON" or "OFF" (an OFF queue holds arrivals back and refuses RECEIVE).
         retention: "ON" keeps received messages (status 0) until their conversation ends.
-        activation: {"status", "procedure": "package.module:function",
-            "max_queue_readers", "execute_as"}.
+        activation: {"status", "procedure", "max_queue_readers", "execute_as"}; the
+            procedure is a Python "package.module:function" or the name of a T-SQL
+            stored procedure of the queue's database (see create_procedure).
         poison_message_handling: {"status": "ON" | "OFF"}: disable the queue after
             five rollbacks in a row (default ON).
         poison_policy: {"threshold", "action": "dead_letter" | "end_conversation" |
@@ -184,17 +185,22 @@ def create_service(name: str, queue: str, contracts: Iterable[str] = ()) -> Call
 
 
 def alter_service(
-    name: str, add_contracts: Iterable[str] = (), drop_contracts: Iterable[str] = ()
+    name: str,
+    add_contracts: Iterable[str] = (),
+    drop_contracts: Iterable[str] = (),
+    queue: str | None = None,
 ) -> Call[None]:
-    """ALTER SERVICE (ADD CONTRACT ..., DROP CONTRACT ...): the contracts it accepts as a
-    target from now on (conversations already begun keep theirs)."""
+    """ALTER SERVICE [ON QUEUE q] (ADD CONTRACT ..., DROP CONTRACT ...): the contracts it
+    accepts as a target from now on (conversations already begun keep theirs); `queue`
+    moves it to another queue, while it has no open conversation."""
     return Call(
         "alter_service",
-        {
-            "name": name,
-            "add_contracts": list(add_contracts),
-            "drop_contracts": list(drop_contracts),
-        },
+        _some(
+            name=name,
+            add_contracts=list(add_contracts),
+            drop_contracts=list(drop_contracts),
+            queue=queue,
+        ),
         _none,
     )
 
@@ -222,6 +228,12 @@ def create_route(
         ),
         _none,
     )
+
+
+def alter_route(name: str, **changes: Any) -> Call[None]:
+    """ALTER ROUTE: any of service_name, address, broker_instance, lifetime (seconds from
+    now; None: for ever); what is not given stays."""
+    return Call("alter_route", {"name": name, **changes}, _none)
 
 
 def create_broker_priority(
@@ -493,6 +505,18 @@ def rollback(error: str | None = None) -> Call[None]:
             dead-letter reason) so whoever looks at a poison message knows why.
     """
     return Call("rollback", _some(error=error), _none)
+
+
+def save_transaction(name: str) -> Call[None]:
+    """SAVE TRANSACTION: a savepoint of the open transaction, to roll back to."""
+    return Call("save_transaction", {"name": name}, _none)
+
+
+def rollback_to_savepoint(name: str) -> Call[None]:
+    """ROLLBACK TRANSACTION savepoint: what the transaction did after its latest savepoint
+    of that name is undone (received messages go back, later sends, dialogs, ends, timers
+    and moves are discarded); the transaction and every lock it holds stay."""
+    return Call("rollback_to_savepoint", {"name": name}, _none)
 
 
 def requeue_dead_letter(queue: str, queuing_order: int) -> Call[None]:

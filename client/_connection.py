@@ -50,6 +50,7 @@ from ._recovery import (
     Tracker,
     check_deadline,
     none_answered,
+    opened_database,
     unsettled_text,
 )
 from ._scheduler import get_scheduler, install_scheduler
@@ -121,7 +122,13 @@ class Connection(Operations):
     """An async session with the broker; make one with `client.connect(url)`."""
 
     def __init__(
-        self, wire: _Wire, welcome: Welcome, url: str, options: Options, at: int = 0
+        self,
+        wire: _Wire,
+        welcome: Welcome,
+        url: str,
+        options: Options,
+        at: int = 0,
+        database: str = "",
     ) -> None:
         self._wire = wire
         self._at = at  # which of the URL's addresses answered last
@@ -133,7 +140,7 @@ class Connection(Operations):
         self.url = url
         self._options = options
         self._closed = False
-        self._tracker = Tracker()
+        self._tracker = Tracker(opened_database(welcome, database))
         self._redialing: asyncio.Future[None] | None = None
         self._unsettled = 0  # requests whose answers were lost, not yet settled
         self._reconnecting = False  # on_reconnect hooks run (their calls go first)
@@ -234,8 +241,9 @@ class Connection(Operations):
         redial = Redial(self.url, self._options, reason, time.monotonic())
         while True:
             try:
+                database = self._tracker.database
                 wire, welcome, self._at = await _open(
-                    redial.target, self._options.timeout, self._at
+                    redial.target, self._options.timeout, self._at, database
                 )
             except (TLSError, LoginFailedError, ProtocolViolationError):
                 raise
@@ -244,7 +252,8 @@ class Connection(Operations):
                 continue
             try:
                 redial.accept(welcome.broker_instance, self.broker_instance_id, time.monotonic())
-            except ConnectionLostError:
+                opened_database(welcome, database)
+            except (ConnectionLostError, ProtocolViolationError):
                 assert wire.transport is not None
                 wire.transport.close()
                 raise
@@ -375,13 +384,15 @@ def _peer_certificate(ssl_object: Any) -> bytes | None:
     return None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
 
 
-async def _open(target: Target, timeout: float, first: int = 0) -> tuple[_Wire, Welcome, int]:
+async def _open(
+    target: Target, timeout: float, first: int = 0, database: str = ""
+) -> tuple[_Wire, Welcome, int]:
     """Connect to the first of the URL's addresses that lets this client log in, trying
     them in turn from the one numbered `first`; returns which one it was."""
     failures: list[ConnectionLostError] = []
     for candidate in target.in_turn(first):
         try:
-            wire, welcome = await _open_one(candidate, timeout)
+            wire, welcome = await _open_one(candidate, timeout, database)
         except ConnectionLostError as exc:
             failures.append(exc)
             continue
@@ -389,7 +400,7 @@ async def _open(target: Target, timeout: float, first: int = 0) -> tuple[_Wire, 
     raise none_answered(target, failures)
 
 
-async def _open_one(target: Target, timeout: float) -> tuple[_Wire, Welcome]:
+async def _open_one(target: Target, timeout: float, database: str = "") -> tuple[_Wire, Welcome]:
     """Connect to one address, TLS where the URL asks for it, and log in."""
     loop = asyncio.get_running_loop()
     context = target.tls_context()
@@ -419,7 +430,8 @@ async def _open_one(target: Target, timeout: float) -> tuple[_Wire, Welcome]:
         transport.close()
         raise TLSError(str(exc)) from exc
     assert wire.transport is not None
-    wire.transport.write(encode_frame(Hello(WIRE_VERSION, target.user, target.password).encode()))
+    hello = Hello(WIRE_VERSION, target.user, target.password, database)
+    wire.transport.write(encode_frame(hello.encode()))
     try:
         frame = await asyncio.wait_for(wire.frames.get(), timeout)
         if isinstance(frame, BaseException):
@@ -443,6 +455,7 @@ async def connect(
     *,
     reconnect: bool = True,
     reconnect_deadline: float = RECONNECT_DEADLINE,
+    database: str | None = None,
 ) -> Connection:
     """Open a session with the broker at `url` (ssb://user:password@host:port; several
     addresses of one broker, host1:port1,host2:port2, are tried in turn).
@@ -453,11 +466,19 @@ async def connect(
             flight (see `run_transaction`).
         reconnect_deadline: seconds to keep trying before calls fail with
             `ConnectionLostError`.
+        database: the database the session starts in (default: master, where everything
+            made without naming a database lives); `use` moves it.
 
     Raises:
         ConnectionLostError: the broker cannot be reached.
         LoginFailedError: the broker refused the login.
+        NotFoundError: there is no such database.
     """
     options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
-    wire, welcome, at = await _open(parse_url(url), timeout)
-    return Connection(wire, welcome, url, options, at)
+    wire, welcome, at = await _open(parse_url(url), timeout, 0, database or "")
+    try:
+        return Connection(wire, welcome, url, options, at, database or "")
+    except ProtocolViolationError:
+        assert wire.transport is not None
+        wire.transport.close()
+        raise

@@ -136,6 +136,7 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
     ErrorCode.TOO_MANY_LOCKS: TransactionError,
     ErrorCode.TOO_MANY_TRANSACTIONS: TransactionError,
     ErrorCode.TRANSACTION_RESOLVED: TransactionRolledBackError,
+    ErrorCode.UNKNOWN_SAVEPOINT: TransactionError,
     ErrorCode.LOGIN_FAILED: LoginFailedError,
     ErrorCode.PERMISSION_DENIED: PermissionDeniedError,
     ErrorCode.MESSAGE_TOO_LARGE: MessageTooLargeError,

@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from . import _calls as calls
+from . import _calls_databases as databases
 from ._calls import Call
 from ._recovery import DEFAULT_RETRIES, Tracker
 
@@ -107,6 +108,11 @@ class Operations:
         return dict(self._tracker.settled)
 
     @property
+    def database(self) -> str:
+        """The session's current database (`use` changes it; a reconnect keeps it)."""
+        return self._tracker.database
+
+    @property
     def transaction_id(self) -> uuid.UUID | None:
         """The id of this connection's open transaction (None outside one)."""
         txn = self._tracker.txn
@@ -160,6 +166,7 @@ class Operations:
     create_service = operation(calls.create_service)
     alter_service = operation(calls.alter_service)
     create_route = operation(calls.create_route)
+    alter_route = operation(calls.alter_route)
     create_broker_priority = operation(calls.create_broker_priority)
     alter_broker_priority = operation(calls.alter_broker_priority)
     create_event_notification = operation(calls.create_event_notification)
@@ -181,6 +188,8 @@ class Operations:
     begin_transaction = operation(calls.begin_transaction)
     commit = operation(calls.commit)
     rollback = operation(calls.rollback)
+    save_transaction = operation(calls.save_transaction)
+    rollback_to_savepoint = operation(calls.rollback_to_savepoint)
     detach_transaction = operation(calls.detach_transaction)
     attach_transaction = operation(calls.attach_transaction)
     commit_transaction = operation(calls.commit_transaction)
@@ -212,3 +221,11 @@ class Operations:
     request_stop = operation(calls.request_stop)
     label_job = operation(calls.label_job)
     transaction_messages = operation(calls.transaction_messages)
+    use = operation(databases.use)
+    create_database = operation(databases.create_database)
+    drop_database = operation(databases.drop_database)
+    alter_database = operation(databases.alter_database)
+    create_procedure = operation(databases.create_procedure)
+    alter_procedure = operation(databases.alter_procedure)
+    procedure = operation(databases.procedure)
+    drop_procedure = operation(databases.drop_procedure)

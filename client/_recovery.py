@@ -41,6 +41,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ssb.protocol import Welcome
+
 from . import _calls as calls
 from ._errors import (
     AnswerLostError,
@@ -48,15 +50,18 @@ from ._errors import (
     ConnectionLostError,
     LockTimeoutError,
     OutcomeUnknownError,
+    ProtocolViolationError,
     TransactionRolledBackError,
 )
 from ._url import Target, parse_url
 
 log = logging.getLogger("ssb.client")
 
-# requests that change nothing: a lost one is simply asked again
+# requests that change nothing in the store: a lost one is simply asked again (a USE
+# asked again puts the session where it was)
 OBSERVATIONS: Final = frozenset(
     {
+        "use",
         "view",
         "peek",
         "ping",
@@ -165,6 +170,17 @@ def none_answered(target: Target, failures: list[ConnectionLostError]) -> Connec
     return error
 
 
+def opened_database(welcome: Welcome, wanted: str) -> str:
+    """The database the broker opened the session in (`wanted`: the one asked for, ""
+    for the broker's default). Raises when the broker knows no databases."""
+    if wanted and not welcome.database:
+        raise ProtocolViolationError(
+            f"the broker ({welcome.server}) does not know databases, so it cannot open"
+            f" '{wanted}': it is older than this client; connect without database="
+        )
+    return welcome.database
+
+
 def check_deadline(value: object) -> float:
     """A reconnect deadline from a caller: a finite number of seconds, 0..1 day."""
     if (
@@ -227,8 +243,9 @@ class Sent:
 class Tracker:
     """The session's transaction, and the rules for requests whose answers were lost."""
 
-    def __init__(self) -> None:
+    def __init__(self, database: str = "") -> None:
         self.txn: Txn | None = None
+        self.database = database  # the session's database: a reconnect opens it again
         self.sent_times: dict[uuid.UUID, float] = {}  # recent commits/statements -> when
         # "operation outcome" -> how many lost answers were settled so (for logs and tests)
         self.settled: Counter[str] = Counter()
@@ -287,6 +304,8 @@ class Tracker:
             self.txn = sent.txn  # it stays this connection's transaction
         elif op == "attach_transaction" and ok:
             self.txn = Txn(sent.call.arguments["transaction_id"], detached=True)
+        elif op == "use" and ok:
+            self.database = result
 
     def _remember(self, name: uuid.UUID, now: float) -> None:
         times = self.sent_times

@@ -49,6 +49,7 @@ from ._recovery import (
     Tracker,
     check_deadline,
     none_answered,
+    opened_database,
     unsettled_text,
 )
 from ._scheduler import get_scheduler_sync, install_scheduler_sync
@@ -75,6 +76,7 @@ class SyncConnection(Operations):
         url: str,
         options: Options,
         at: int = 0,
+        database: str = "",
     ):
         self._sock = sock
         self._at = at  # which of the URL's addresses answered last
@@ -87,7 +89,7 @@ class SyncConnection(Operations):
         self._options = options
         self._lost: str | None = None
         self._closed = False
-        self._tracker = Tracker()
+        self._tracker = Tracker(opened_database(welcome, database))
         self.reconnects = 0
         # functions run after each reconnect, before anything in flight is settled
         self.on_reconnect: list[Callable[[SyncConnection], object]] = []
@@ -183,8 +185,9 @@ class SyncConnection(Operations):
         redial = Redial(self.url, self._options, self._lost, time.monotonic())
         while True:
             try:
+                database = self._tracker.database
                 sock, welcome, decoder, self._at = _open(
-                    redial.target, self._options.timeout, self._at
+                    redial.target, self._options.timeout, self._at, database
                 )
             except (TLSError, LoginFailedError, ProtocolViolationError):
                 raise
@@ -193,7 +196,8 @@ class SyncConnection(Operations):
                 continue
             try:
                 redial.accept(welcome.broker_instance, self.broker_instance_id, time.monotonic())
-            except ConnectionLostError:
+                opened_database(welcome, database)
+            except (ConnectionLostError, ProtocolViolationError):
                 sock.close()
                 raise
             self._sock, self._decoder, self._lost = sock, decoder, None
@@ -270,14 +274,14 @@ def _read_frame(sock: socket.socket, decoder: FrameDecoder) -> Any:
 
 
 def _open(
-    target: Target, timeout: float, first: int = 0
+    target: Target, timeout: float, first: int = 0, database: str = ""
 ) -> tuple[socket.socket, Welcome, FrameDecoder, int]:
     """Connect to the first of the URL's addresses that lets this client log in, trying
     them in turn from the one numbered `first`; returns which one it was."""
     failures: list[ConnectionLostError] = []
     for candidate in target.in_turn(first):
         try:
-            sock, welcome, decoder = _open_one(candidate, timeout)
+            sock, welcome, decoder = _open_one(candidate, timeout, database)
         except ConnectionLostError as exc:
             failures.append(exc)
             continue
@@ -285,7 +289,9 @@ def _open(
     raise none_answered(target, failures)
 
 
-def _open_one(target: Target, timeout: float) -> tuple[socket.socket, Welcome, FrameDecoder]:
+def _open_one(
+    target: Target, timeout: float, database: str = ""
+) -> tuple[socket.socket, Welcome, FrameDecoder]:
     """Connect to one address, TLS where the URL asks for it, and log in."""
     try:
         sock = socket.create_connection((target.host, target.port), timeout=timeout)
@@ -310,7 +316,8 @@ def _open_one(target: Target, timeout: float) -> tuple[socket.socket, Welcome, F
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     decoder = FrameDecoder(nesting=False)  # answers of the broker it chose
     try:
-        sock.sendall(encode_frame(Hello(WIRE_VERSION, target.user, target.password).encode()))
+        hello = Hello(WIRE_VERSION, target.user, target.password, database)
+        sock.sendall(encode_frame(hello.encode()))
         welcome = Welcome.decode(_read_frame(sock, decoder))
     except ProtocolError as exc:
         sock.close()
@@ -328,6 +335,7 @@ def connect_sync(
     *,
     reconnect: bool = True,
     reconnect_deadline: float = RECONNECT_DEADLINE,
+    database: str | None = None,
 ) -> SyncConnection:
     """Open a blocking session with the broker at `url` (ssb://user:password@host:port;
     several addresses of one broker, host1:port1,host2:port2, are tried in turn).
@@ -338,7 +346,12 @@ def connect_sync(
             flight (see `run_transaction`).
         reconnect_deadline: seconds to keep trying before calls fail with
             `ConnectionLostError`.
+        database: the database the session starts in (default: master); `use` moves it.
     """
     options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
-    sock, welcome, decoder, at = _open(parse_url(url), timeout)
-    return SyncConnection(sock, welcome, decoder, url, options, at)
+    sock, welcome, decoder, at = _open(parse_url(url), timeout, 0, database or "")
+    try:
+        return SyncConnection(sock, welcome, decoder, url, options, at, database or "")
+    except ProtocolViolationError:
+        sock.close()
+        raise

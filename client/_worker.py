@@ -10,12 +10,14 @@ when the channel closes (the daemon stopped, crashed or retired this worker) the
 process exits at once, even in the middle of a procedure: nobody is left to report
 to, and the broker has already rolled back the procedure's connection.
 
-Each command runs one procedure, `package.module:function`, imported once per
-worker. A plain function gets a blocking `client.SyncConnection`, an `async def`
-gets an async `client.Connection` on a fresh event loop. The connection logs in as
-the EXECUTE AS user with the task's one-time token and attaches itself to the task
-before the procedure sees it. A procedure that accepts a second argument also gets
-a `TaskContext` (its queue, task id, procedure and user). Whatever it raises is
+Each command runs one function, its `entry` (`package.module:function`), imported
+once per worker: the activation procedure itself, or for one written in T-SQL the
+interpreter's entry point, which runs the stored procedure the context names. A plain
+function gets a blocking `client.SyncConnection`, an `async def` gets an async
+`client.Connection` on a fresh event loop. The connection logs in as the EXECUTE AS
+user with the task's one-time token, in the queue's database, and attaches itself to
+the task before the procedure sees it. A procedure that accepts a second argument also
+gets a `TaskContext` (its queue, task id, procedure, user and database). Whatever it raises is
 reported back as the task's error; the connection is closed afterwards, which rolls
 back anything it left open. The connection does not reconnect: its token logs in once,
 and a dropped connection ends the task (the queue monitor starts another reader while
@@ -33,23 +35,13 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, BinaryIO, Final
 from urllib.parse import quote
 
 from ._functions import load_function
+from ._task import ProcedureFailed, TaskContext
 
 MAX_ERROR_TEXT: Final = 4000
-
-
-@dataclass(frozen=True, slots=True)
-class TaskContext:
-    """What an activated procedure may want to know about its own run."""
-
-    queue: str
-    task_id: int
-    procedure: str
-    execute_as: str
 
 
 WHERE: Final = (
@@ -74,7 +66,8 @@ def _url(run: dict[str, Any]) -> str:
 def _run_sync(fn: Callable[..., Any], run: dict[str, Any], context: TaskContext) -> None:
     from ssb import client
 
-    conn = client.connect_sync(_url(run), reconnect=False)  # the task ends with it
+    # the task ends with its connection: no reconnect
+    conn = client.connect_sync(_url(run), reconnect=False, database=context.database)
     try:
         conn.attach_task(run["token"])
         if _wants_context(fn):
@@ -88,7 +81,8 @@ def _run_sync(fn: Callable[..., Any], run: dict[str, Any], context: TaskContext)
 async def _run_async(fn: Callable[..., Any], run: dict[str, Any], context: TaskContext) -> None:
     from ssb import client
 
-    conn = await client.connect(_url(run), reconnect=False)  # the task ends with it
+    # the task ends with its connection: no reconnect
+    conn = await client.connect(_url(run), reconnect=False, database=context.database)
     try:
         await conn.attach_task(run["token"])
         if _wants_context(fn):
@@ -102,14 +96,20 @@ async def _run_async(fn: Callable[..., Any], run: dict[str, Any], context: TaskC
 def run_task(run: dict[str, Any]) -> str | None:
     """Run one procedure to its end; returns the error text, or None."""
     try:
-        fn = load_function(str(run["procedure"]), WHERE)
+        fn = load_function(str(run.get("entry") or run["procedure"]), WHERE)
         context = TaskContext(
-            str(run["queue"]), int(run["task_id"]), str(run["procedure"]), str(run["user"])
+            str(run["queue"]),
+            int(run["task_id"]),
+            str(run["procedure"]),
+            str(run["user"]),
+            str(run.get("database") or "master"),
         )
         if inspect.iscoroutinefunction(fn):
             asyncio.run(_run_async(fn, run, context))
         else:
             _run_sync(fn, run, context)
+    except ProcedureFailed as exc:
+        return str(exc)[:MAX_ERROR_TEXT] or "the procedure failed"
     except BaseException as exc:  # a procedure's failure ends its task, not the worker
         traceback.print_exc(file=sys.stderr)
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -1,8 +1,9 @@
 """The client wire: how a client session talks to the broker on the client port.
 
 Both directions are frames of `_framing`. The client speaks first with a `Hello`
-(protocol version, user, password); the broker answers with a `Welcome` naming its
-broker instance, or with an error frame and closes. After that the client sends
+(protocol version, user, password, and the database to start in if not the default);
+the broker answers with a `Welcome` naming its broker instance and the session's
+database, or with an error frame and closes. After that the client sends
 requests `[request_id, operation, arguments]` and the broker answers each, in
 request order, with `[request_id, 0, result]` or `[request_id, 1, [code, text]]`.
 Requests of one session are executed one after another, like statements of a SQL
@@ -27,6 +28,7 @@ from ._framing import (
 )
 
 WIRE_VERSION: Final = 1
+MAX_DATABASE_NAME: Final = 128
 REPLY_OK: Final = 0
 REPLY_ERROR: Final = 1
 
@@ -53,9 +55,17 @@ class Hello:
     version: int
     user: str
     password: str
+    database: str = ""  # the database the session starts in ("": the broker's default)
 
     def encode(self) -> dict[str, Any]:
-        return {"hello": self.version, "user": self.user, "password": self.password}
+        frame: dict[str, Any] = {
+            "hello": self.version,
+            "user": self.user,
+            "password": self.password,
+        }
+        if self.database:
+            frame["database"] = self.database
+        return frame
 
     @classmethod
     def decode(cls, frame: Any) -> Hello:
@@ -65,11 +75,17 @@ class Hello:
                 ErrorCode.HANDSHAKE_FAILED,
             )
         user, password = frame.get("user", ""), frame.get("password", "")
+        database = frame.get("database", "")
         if not isinstance(user, str) or not isinstance(password, str):
             raise RemoteProtocolError(
                 "hello user and password must be strings", ErrorCode.HANDSHAKE_FAILED
             )
-        return cls(frame["hello"], user, password)
+        if not isinstance(database, str) or len(database) > MAX_DATABASE_NAME:
+            raise RemoteProtocolError(
+                f"hello database must be a name of at most {MAX_DATABASE_NAME} characters",
+                ErrorCode.HANDSHAKE_FAILED,
+            )
+        return cls(frame["hello"], user, password, database)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +94,18 @@ class Welcome:
     broker_instance: str
     server: str
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE  # the broker's limit on a body
+    database: str = ""  # the database the session is in ("": a broker without databases)
 
     def encode(self) -> dict[str, Any]:
-        return {
+        frame = {
             "welcome": self.version,
             "broker_instance": self.broker_instance,
             "server": self.server,
             "max_message_size": self.max_message_size,
         }
+        if self.database:
+            frame["database"] = self.database
+        return frame
 
     @classmethod
     def decode(cls, frame: Any) -> Welcome:
@@ -107,8 +127,13 @@ class Welcome:
             raise RemoteProtocolError(
                 f"the broker announced a max_message_size of {limit!r}", ErrorCode.HANDSHAKE_FAILED
             )
+        database = frame.get("database", "")
         return cls(
-            frame["welcome"], str(frame.get("broker_instance")), str(frame.get("server")), limit
+            frame["welcome"],
+            str(frame.get("broker_instance")),
+            str(frame.get("server")),
+            limit,
+            database if isinstance(database, str) else "",
         )
 
 

@@ -36,6 +36,8 @@ class ErrorCode(IntEnum):
     UNKNOWN_CERTIFICATE = 2014
     UNKNOWN_LOGIN = 2015
     UNKNOWN_REMOTE_SERVICE_BINDING = 2016
+    UNKNOWN_DATABASE = 2017
+    UNKNOWN_PROCEDURE = 2018
     # conversations
     UNKNOWN_CONVERSATION = 3001
     CONVERSATION_ENDED = 3002
@@ -55,6 +57,7 @@ class ErrorCode(IntEnum):
     TOO_MANY_LOCKS = 5004
     TOO_MANY_TRANSACTIONS = 5005
     TRANSACTION_RESOLVED = 5006  # its outcome was given to a reconnecting client: never again
+    UNKNOWN_SAVEPOINT = 5007
     # security
     LOGIN_FAILED = 6001
     PERMISSION_DENIED = 6002

@@ -10,11 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import uuid
 
 from ssb import client
 
-from ._interfaces import SingleDatabase
 from ._interpreter import Session
 from ._output import TextOutput
 from ._runner import client_login, run_files
@@ -28,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-d",
         "--database",
-        help="the database to USE first (the broker has one until databases come)",
+        help="the database to USE first (default: master)",
     )
     parser.add_argument(
         "-b",
@@ -73,8 +71,7 @@ async def _interactive(url: str, database: str | None, parse_only: bool) -> int:
         return await shell(session)
     conn = await client.connect(url)
     try:
-        instance = uuid.UUID(await conn.broker_instance())
-        session = Session(conn, output, databases=SingleDatabase(instance), login=client_login(url))
+        session = Session(conn, output, login=client_login(url))
         if database is not None and not await session.run_batch(
             Batch(f"USE [{database.replace(']', ']]')}]", 0)
         ):

@@ -1,8 +1,7 @@
 """Service Broker's DDL, logins and permissions, each mapped to its client call.
 
 What Service Broker has and ssb does not is refused with what to do instead (see
-docs/tsql.md for the whole table): an activation procedure written in T-SQL (until the
-broker runs T-SQL procedures), ALTER of what the broker cannot alter yet, a remote
+docs/tsql.md for the whole table): ALTER of what the broker cannot alter, a remote
 service binding to a database user.
 """
 
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ssb import client
 
 from . import _ast as ast
+from ._broker import procedure_name
 from ._errors import NotSupported, SqlError, from_broker
 
 if TYPE_CHECKING:
@@ -48,7 +48,6 @@ async def ddl(session: Session, statement: ast.Ddl, frame: Frame) -> None:
 
 
 _NOT_YET: Final = {
-    "route": "drop the route and create it anew",
     "remote_service_binding": "drop the binding and create it anew",
     "contract": "Service Broker has no ALTER CONTRACT either; drop it and create it anew",
 }
@@ -68,16 +67,13 @@ async def _alter_message_type(session: Session, s: ast.Ddl, frame: Frame) -> Non
 
 async def _alter_service(session: Session, s: ast.Ddl, frame: Frame) -> None:
     options = s.options
-    if "queue" in options:
-        raise NotSupported(
-            "ALTER SERVICE ... ON QUEUE",
-            "moving a service's messages to another queue needs a broker operation that comes"
-            " later; drop the service and create it on the other queue",
-            yet=True,
-        )
+    queue = options.get("queue")
     await session.broker(
         session.connection().alter_service(
-            s.name, options.get("add_contracts", []), options.get("drop_contracts", [])
+            s.name,
+            options.get("add_contracts", []),
+            options.get("drop_contracts", []),
+            queue=None if queue is None else str(queue).rsplit(".", 1)[-1],
         )
     )
 
@@ -95,14 +91,10 @@ def _activation(session: Session, given: dict[str, Any]) -> dict[str, Any]:
     if "status" in given:
         activation["status"] = given["status"]
     if "procedure" in given:
-        if given.get("tsql_procedure"):
-            raise NotSupported(
-                f"PROCEDURE_NAME = {given['procedure']}: activation by a T-SQL procedure",
-                "the broker runs T-SQL activation procedures from the next version on; until"
-                " then name a Python procedure as a string, PROCEDURE_NAME = 'package.module:function'",
-                yet=True,
-            )
-        activation["procedure"] = given["procedure"]
+        procedure = str(given["procedure"])
+        if given.get("tsql_procedure"):  # a stored procedure of the queue's database
+            procedure = procedure_name(procedure, session.connection().database)
+        activation["procedure"] = procedure
     if "max_queue_readers" in given:
         activation["max_queue_readers"] = given["max_queue_readers"]
     if "execute_as" in given:
@@ -157,32 +149,38 @@ def _address(text: str) -> str:
     )
 
 
-async def _create_route(session: Session, s: ast.Ddl, frame: Frame) -> None:
+async def _route_parts(session: Session, s: ast.Ddl, frame: Frame) -> dict[str, Any]:
+    """The parts of a route a CREATE / ALTER ROUTE gives, as the broker takes them."""
     options = s.options
-    service = await _text(session, options.get("service_name"), frame)
-    address = await _text(session, options.get("address"), frame)
-    mirror = await _text(session, options.get("mirror_address"), frame)
-    if address is None:
+    parts: dict[str, Any] = {}
+    for option in ("service_name", "broker_instance", "address", "mirror_address"):
+        if option in options:
+            parts[option] = await _text(session, options[option], frame)
+    for option in ("address", "mirror_address"):
+        if parts.get(option) is not None:
+            parts[option] = _address(parts[option])
+    if "lifetime" in options:
+        seconds = (await session.value(options["lifetime"], frame)).data
+        parts["lifetime"] = None if seconds is None else float(seconds)  # type: ignore[arg-type]
+    return parts
+
+
+async def _alter_route(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    parts = await _route_parts(session, s, frame)
+    await session.broker(session.connection().alter_route(s.name, **parts))
+
+
+async def _create_route(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    parts = await _route_parts(session, s, frame)
+    if parts.get("address") is None:
         raise SqlError(102, "Incorrect syntax: CREATE ROUTE needs ADDRESS.", level=15)
-    if service is None:
+    if parts.get("service_name") is None:
         raise NotSupported(
             "CREATE ROUTE without SERVICE_NAME",
             "ssb's routes name the service they lead to: add SERVICE_NAME = '...'",
         )
-    lifetime = None
-    if options.get("lifetime") is not None:
-        seconds = (await session.value(options["lifetime"], frame)).data
-        lifetime = None if seconds is None else float(seconds)  # type: ignore[arg-type]
-    await session.broker(
-        session.connection().create_route(
-            s.name,
-            service,
-            _address(address),
-            broker_instance=await _text(session, options.get("broker_instance"), frame),
-            lifetime=lifetime,
-            mirror_address=None if mirror is None else _address(mirror),
-        )
-    )
+    name, service, address = s.name, parts.pop("service_name"), parts.pop("address")
+    await session.broker(session.connection().create_route(name, service, address, **parts))
 
 
 async def _priority_options(session: Session, s: ast.Ddl, frame: Frame) -> dict[str, Any]:
@@ -285,6 +283,7 @@ _CLASSES: Final = {
     "EVENT NOTIFICATION": "event_notification",
     "CERTIFICATE": "certificate",
     "REMOTE SERVICE BINDING": "remote_service_binding",
+    "DATABASE": "database",
 }
 _PERMISSIONS: Final = frozenset(
     ("CONTROL", "CREATE", "ALTER", "DROP", "SEND", "RECEIVE", "VIEW", "EXECUTE")
@@ -306,7 +305,13 @@ async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
             )
         kind = _CLASSES[cls]
         if kind is None:
-            kind = "queue" if permissions == ["RECEIVE"] else None
+            kind = (
+                "queue"
+                if permissions == ["RECEIVE"]
+                else "procedure"
+                if permissions == ["EXECUTE"]
+                else None
+            )
             if kind is None:
                 raise NotSupported(
                     f"{s.action} {', '.join(permissions)} ON {name}",
@@ -321,11 +326,7 @@ async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
                 " SEND, RECEIVE, VIEW and EXECUTE",
             )
         if permission == "EXECUTE" and kind is None and name is not None:
-            raise NotSupported(
-                "GRANT EXECUTE on a procedure",
-                "procedures come with the broker's procedure catalog in the next version",
-                yet=True,
-            )
+            kind = "procedure"  # EXECUTE ON [OBJECT::]procedure
         call = session.connection().grant if s.action == "GRANT" else session.connection().revoke
         await session.broker(call(permission, options["login"], kind, name))
 
@@ -370,6 +371,7 @@ _HANDLERS: Final[dict[tuple[str, str], Handler]] = {
     ("ALTER", "queue"): _alter_queue,
     ("CREATE", "service"): _create_service,
     ("CREATE", "route"): _create_route,
+    ("ALTER", "route"): _alter_route,
     ("CREATE", "broker_priority"): _create_priority,
     ("ALTER", "broker_priority"): _alter_priority,
     ("CREATE", "event_notification"): _create_notification,

@@ -1,13 +1,10 @@
-"""What the interpreter asks of the broker beyond the client API: the databases it
-names and the stored procedures it keeps.
+"""What the interpreter asks of the broker beyond the statements it sends: the databases
+it names and the stored procedures it keeps.
 
-Theory of operation. Until the broker has databases and a procedure catalog, `ssb sql`
-runs with `SingleDatabase` (the broker is one database, `DEFAULT_DATABASE`) and
-`NoProcedures` (none can be created: CREATE PROCEDURE and EXECUTE of a T-SQL procedure
-are refused as not supported yet; listing finds none, which is the truth). The broker's
-implementations will answer the same protocols; the interpreter's side (parsing,
-parameters, OUTPUT, RETURN, nesting) is complete and tested against an in-process
-catalog.
+Theory of operation. A session on a broker connection uses the broker's own
+(`_broker.BrokerDatabases`, `_broker.BrokerProcedures`); a session without a broker
+(`--parse-only`) has `SingleDatabase` (one database, `DEFAULT_DATABASE`) and
+`NoProcedures` (none can be created). Tests may stand an in-process catalog in.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from typing import Final, Protocol
 
 from ._errors import NotSupported, SqlError
 
-DEFAULT_DATABASE: Final = "ssb"
+DEFAULT_DATABASE: Final = "master"  # the broker's default database
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,17 +79,15 @@ class Databases(Protocol):
 
 
 class NoProcedures:
-    """The broker has no procedure catalog yet: creating or running one is refused."""
+    """No broker, no procedure catalog: creating or running one is refused."""
 
     async def get(self, name: str) -> StoredProcedure | None:
         return None
 
     async def create(self, procedure: StoredProcedure, *, replace: bool) -> None:
         raise NotSupported(
-            "CREATE PROCEDURE",
-            "stored procedures need the broker's procedure catalog, which comes in the next"
-            " version; until then write the statements in the script itself",
-            yet=True,
+            "CREATE PROCEDURE without a broker",
+            "stored procedures live in the broker's catalog: run the script with ssb sql --url",
         )
 
     async def drop(self, name: str) -> bool:
@@ -103,7 +98,7 @@ class NoProcedures:
 
 
 class SingleDatabase:
-    """The broker as one database until it has several: only DEFAULT_DATABASE exists."""
+    """No broker: one database, DEFAULT_DATABASE, and nothing to change about it."""
 
     def __init__(self, broker_instance: uuid.UUID | None = None) -> None:
         self.broker_instance = broker_instance
@@ -113,10 +108,7 @@ class SingleDatabase:
 
     def _refuse(self, what: str) -> SqlError:
         return NotSupported(
-            f"{what}",
-            f"the broker has one database, '{DEFAULT_DATABASE}', until databases come in the"
-            " next version; run the script's statements without USE and ALTER DATABASE",
-            yet=True,
+            f"{what} without a broker", "databases are the broker's: run ssb sql --url"
         )
 
     async def use(self, name: str) -> None:

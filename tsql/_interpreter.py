@@ -30,6 +30,7 @@ from ssb import client
 
 from . import _ast as ast
 from . import _types as t
+from ._broker import BrokerDatabases, BrokerProcedures
 from ._catalog import object_id
 from ._compile import Declared, check
 from ._errors import INFORMATIONAL, NotSupported, SqlError, from_broker
@@ -63,6 +64,21 @@ if TYPE_CHECKING:
     pass
 
 _KINDS: Final = column_kinds()
+# the broker's views of a database's objects: a query sees the current database's
+_PER_DATABASE: Final = frozenset(
+    {
+        "service_queues",
+        "services",
+        "service_contracts",
+        "message_types",
+        "conversation_endpoints",
+        "conversation_groups",
+        "transmission_queue",
+        "conversation_priorities",
+        "event_notifications",
+        "procedures",
+    }
+)
 
 
 class Session:
@@ -71,8 +87,10 @@ class Session:
     Args:
         conn: the async client connection the statements run on.
         output: where result sets, messages and errors go, in order.
-        procedures: the stored procedures' catalog (default: none can be created yet).
-        databases: the broker's databases (default: one, 'ssb').
+        procedures: the stored procedures' catalog (default: the broker's, or none without
+            a broker).
+        databases: the databases (default: the broker's, or one, 'master', without a
+            broker).
     """
 
     def __init__(
@@ -86,8 +104,12 @@ class Session:
     ) -> None:
         self.conn = conn
         self.output = output
-        self.procedures: ProcedureCatalog = procedures or NoProcedures()
-        self.databases: Databases = databases or SingleDatabase()
+        if procedures is None:
+            procedures = NoProcedures() if conn is None else BrokerProcedures(conn)
+        if databases is None:
+            databases = SingleDatabase() if conn is None else BrokerDatabases(conn)
+        self.procedures: ProcedureCatalog = procedures
+        self.databases: Databases = databases
         self.login = login
         self.evaluator = Evaluator(self)
         self.engine = Engine()
@@ -277,7 +299,7 @@ class Session:
                 view = SYS_VIEWS[source.name]
                 for name in view.sources:
                     if name not in fetched:
-                        fetched[name] = await self.broker(self.connection().view(name))
+                        fetched[name] = await self.view_rows(name)
                 if source.name == "sys.databases":
                     fetched["__databases__"] = [
                         (
@@ -312,6 +334,15 @@ class Session:
                 self.engine.load(
                     source, slot.table.columns, [[v.data for v in row] for row in slot.table.rows]
                 )
+
+    async def view_rows(self, name: str) -> list[dict[str, Any]]:
+        """A view of the broker; of a database's objects, those of the current database
+        (the broker's own objects, and the DMVs, are every database's)."""
+        rows: list[dict[str, Any]] = await self.broker(self.connection().view(name))
+        if name not in _PER_DATABASE:
+            return rows
+        current = self.databases.current()
+        return [r for r in rows if r.get("database", current) in (None, current)]
 
     async def _peek(self, name: str) -> list[dict[str, Any]]:
         try:
@@ -356,7 +387,7 @@ class Session:
             name = name[1:-1].replace("]]", "]")
         kind = t.to_text(args[1]).strip().upper() if len(args) == 2 and args[1].data else None
         if kind in (None, "SQ"):
-            queues = await self.broker(self.connection().view("service_queues"))
+            queues = await self.view_rows("service_queues")
             if any(q["name"].lower() == name.lower() for q in queues):
                 return Value(object_id("queue", name), t.INT)
         if kind in (None, "P"):

@@ -64,6 +64,8 @@ class Procedures:
 
     async def create(self, host: Host, statement: ast.CreateProcedure, frame: Frame) -> None:
         check(statement.body, statement.parameters)
+        if statement.alter and await self.catalog.get(statement.name) is None:
+            raise SqlError(208, f"Invalid object name '{statement.name}'.")
         await self.catalog.create(
             StoredProcedure(statement.name, statement.text, host.login or ""),
             replace=statement.alter or statement.or_alter,

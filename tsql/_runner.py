@@ -16,7 +16,6 @@ from typing import IO
 from ssb import client
 
 from ._errors import SqlError
-from ._interfaces import SingleDatabase
 from ._interpreter import Session
 from ._output import CsvOutput, JsonOutput, Output, TextOutput
 from ._source import Batch, SourceError, decode, split_batches
@@ -83,15 +82,7 @@ async def run_files(
     assert url is not None
     conn = await client.connect(url)
     try:
-        instance = await conn.broker_instance()
-        import uuid
-
-        session = Session(
-            conn,
-            output,
-            databases=SingleDatabase(uuid.UUID(instance)),
-            login=client_login(url),
-        )
+        session = Session(conn, output, login=client_login(url))
         use = Batch(f"USE [{(database or '').replace(']', ']]')}]", 0)
         if database is not None and not await session.run_batch(use):
             return 1

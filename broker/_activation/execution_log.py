@@ -36,6 +36,7 @@ from typing import Any
 
 from ssb.protocol import ErrorCode
 
+from .._core.names import plain
 from .._core.transactions import Session
 from .._errors import BrokerError, bad_argument
 from .._store import Store
@@ -295,7 +296,7 @@ class ExecutionLog:
                 entry = None if log_id is None else self.entries.get(log_id)
                 rows.append(
                     {
-                        "queue": task.queue,
+                        "queue": plain(task.queue),
                         "activated_task": task.task_id,
                         "pid": task.pid,
                         "session_id": task.session.ident if task.session else None,

@@ -18,6 +18,12 @@ A reader blocked because every message belongs to a group locked by another
 transaction is a waiting session, so one busy conversation group never gets more
 than one extra reader.
 
+A procedure is Python (`module:function`, which must be in the operator's `procedures`
+list) or a T-SQL stored procedure of the queue's database, which the worker runs with
+the T-SQL interpreter (`_procedures.TSQL_ENTRY`) in that database; a T-SQL procedure
+that does not exist when the monitor wants a reader fails that task as a Python one
+that cannot be imported does.
+
 Internal activation (activation STATUS = ON) starts another activated task while
 fewer than MAX_QUEUE_READERS run and no task it started is still on its way to its
 first RECEIVE (until it runs or waits in one, for at most `notification_timeout`):
@@ -59,11 +65,13 @@ from ssb.protocol import ErrorCode
 
 from .._config import ConfigError, checked_section
 from .._core.catalog import EventNotification
+from .._core.names import database_of, display, plain
+from .._core.queue_options import is_python
 from .._core.queues import Queue
 from .._core.transactions import Session
 from .._errors import BrokerError, bad_argument, not_found
 from .._logins import ADMIN
-from .._procedures import ProcedurePolicy
+from .._procedures import TSQL_ENTRY, ProcedurePolicy
 from .._views import iso_time
 from .monitor import (
     ExternalInput,
@@ -166,6 +174,7 @@ class ActivationManager:
         procedures: ProcedurePolicy,
         queue_owner: Callable[[str], str | None],
         task_ended: TaskEndHook,
+        stored_procedure: Callable[[str], bool] = lambda key: False,
     ) -> None:
         """The parts of the daemon activation uses, passed in.
 
@@ -179,6 +188,7 @@ class ActivationManager:
             logins, procedures, queue_owner: who an activated task runs as, and
                 whether it may run its procedure.
             task_ended: hears of every activated task that ended (with its error).
+            stored_procedure: whether a T-SQL stored procedure (its key) exists.
         """
         self.monitors = monitors
         self.settings = settings
@@ -192,6 +202,7 @@ class ActivationManager:
         self.procedures = procedures
         self.queue_owner = queue_owner
         self.task_ended = task_ended
+        self.stored_procedure = stored_procedure
         self.tasks = monitors.tasks
         self.tokens = monitors.tokens
         self.stopped_activators: dict[str, float] = {}  # request_stop(activator=) -> when
@@ -329,18 +340,30 @@ class ActivationManager:
         if user not in self.logins:
             self._failed(monitor, f"EXECUTE AS user '{user}' is not a login of this broker")
             return
-        try:
-            self.procedures.check(activation.procedure, "activation procedure", user)
-        except BrokerError as exc:
-            self._failed(monitor, exc.message)
-            return
+        procedure, entry = activation.procedure, ""
+        if not is_python(procedure):
+            entry = TSQL_ENTRY
+            if not self.stored_procedure(procedure):
+                self._failed(
+                    monitor,
+                    f"stored procedure '{plain(procedure)}' does not exist in database"
+                    f" '{database_of(procedure)}'",
+                )
+                return
+        else:
+            try:
+                self.procedures.check(procedure, "activation procedure", user)
+            except BrokerError as exc:
+                self._failed(monitor, exc.message)
+                return
         task = ActivatedTask(
             task_id=self._next_task,
             queue=queue.name,
-            procedure=activation.procedure,
+            procedure=procedure,
             execute_as=user,
             token=secrets.token_urlsafe(24),
             started=now,
+            entry=entry,
         )
         self._next_task += 1
         monitor.tasks[task.task_id] = task
@@ -352,8 +375,8 @@ class ActivationManager:
         log.info(
             "activated task %s started: %s on queue %s as %r",
             task.task_id,
-            task.procedure,
-            task.queue,
+            display(task.procedure),
+            display(task.queue),
             task.execute_as,
         )
         self.own(self._run(task))
@@ -365,7 +388,10 @@ class ActivationManager:
             raise
         except Exception as exc:
             log.warning(
-                "activated task %s of queue %s could not run: %r", task.task_id, task.queue, exc
+                "activated task %s of queue %s could not run: %r",
+                task.task_id,
+                display(task.queue),
+                exc,
             )
             error = f"the activated task could not be started: {exc!r}"
         self._ended(task, error)
@@ -382,16 +408,16 @@ class ActivationManager:
             log.warning(
                 "activated task %s (%s on queue %s) failed: %s",
                 task.task_id,
-                task.procedure,
-                task.queue,
+                display(task.procedure),
+                display(task.queue),
                 error,
             )
         else:
             log.info(
                 "activated task %s (%s on queue %s) ended after %.1f s",
                 task.task_id,
-                task.procedure,
-                task.queue,
+                display(task.procedure),
+                display(task.queue),
                 time.time() - task.started,
             )
         self.task_ended(task, error)
@@ -423,7 +449,11 @@ class ActivationManager:
             )
         task.session = session
         session.task = task
-        return {"task_id": task.task_id, "queue": task.queue, "procedure": task.procedure}
+        return {
+            "task_id": task.task_id,
+            "queue": plain(task.queue),
+            "procedure": plain(task.procedure),
+        }
 
     # ---- external readers: register, end, stop -----------------------------------------
 
@@ -495,7 +525,7 @@ class ActivationManager:
         self.tasks[task.task_id] = task
         monitor.tasks_started += 1
         session.task = task
-        return {"task_id": task.task_id, "queue": queue, "max_queue_readers": limit}
+        return {"task_id": task.task_id, "queue": plain(queue), "max_queue_readers": limit}
 
     def end_task(self, session: Session, error: object = None) -> None:
         """Operation `end_task`: the calling external reader is done (its session stays)."""
@@ -600,7 +630,8 @@ class ActivationManager:
             activation = queue.definition.activation if queue is not None else None
             rows.append(
                 {
-                    "queue": monitor.queue,
+                    "database": database_of(monitor.queue),
+                    "queue": plain(monitor.queue),
                     "state": monitor.state.name,
                     "activation": "INTERNAL" if activation and activation.status else "EXTERNAL",
                     "last_empty_rowset_time": iso_time(queue.last_empty_rowset if queue else None),
@@ -634,9 +665,10 @@ class ActivationManager:
                 group = next(iter(locks), None)
             rows.append(
                 {
-                    "queue": task.queue,
+                    "database": database_of(task.queue),
+                    "queue": plain(task.queue),
                     "task_id": task.task_id,
-                    "procedure": task.procedure,
+                    "procedure": plain(task.procedure),
                     "execute_as": task.execute_as,
                     "started": iso_time(task.started),
                     "pid": task.pid,
@@ -659,7 +691,7 @@ class ActivationManager:
                 "pid": worker.pid,
                 "state": state,
                 "task_id": worker.task.task_id if worker.task else None,
-                "queue": worker.task.queue if worker.task else None,
+                "queue": plain(worker.task.queue) if worker.task else None,
                 "tasks_run": worker.tasks_run,
                 "started": iso_time(worker.started),
             }

@@ -7,12 +7,16 @@ cannot stall the broker's event loop or other queues. A worker runs one task at 
 time and talks to the daemon over its stdin/stdout, one JSON object per line:
 
     worker -> daemon   {"ready": pid}                  once, when it can take work
-    daemon -> worker   {"run": {task_id, queue, procedure, user, token, host, port}}
+    daemon -> worker   {"run": {task_id, queue, database, procedure, entry, user, token,
+                                host, port}}
     worker -> daemon   {"done": task_id, "error": text | null}
 
 The procedure itself uses an ordinary client connection to the client port, logged
-in as the EXECUTE AS user with the task's one-time token, and calls `attach_task`
-first, so the broker knows which session is which activated task. A worker whose
+in as the EXECUTE AS user with the task's one-time token in the queue's database, and
+calls `attach_task` first, so the broker knows which session is which activated task.
+`entry` is the function the worker runs: the procedure itself for a Python one, the
+T-SQL interpreter's entry point (given `procedure`, the stored procedure's name) for
+one written in T-SQL. A worker whose
 process ends before it says "done" (crash, `kill -9`) ends its task with an error;
 its connection drop has already rolled back whatever it had open.
 
@@ -41,6 +45,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .._core.names import database_of, plain
 from .._core.transactions import Session
 
 log = logging.getLogger("ssb.activation")
@@ -61,11 +66,12 @@ class ActivatedTask:
     """One activated procedure run, from the monitor's decision to its end."""
 
     task_id: int
-    queue: str
+    queue: str  # its key (see the core's `names`)
     procedure: str
     execute_as: str
     token: str
     started: float
+    entry: str = ""  # what the worker runs ("": `procedure`, a Python one)
     pid: int | None = None
     session: Session | None = None
     received: bool = False  # it has run its first RECEIVE on its queue
@@ -74,8 +80,10 @@ class ActivatedTask:
         return {
             "run": {
                 "task_id": self.task_id,
-                "queue": self.queue,
-                "procedure": self.procedure,
+                "queue": plain(self.queue),
+                "database": database_of(self.queue),
+                "procedure": plain(self.procedure),
+                "entry": self.entry or self.procedure,
                 "user": self.execute_as,
                 "token": self.token,
                 "host": host,

@@ -1,11 +1,16 @@
-"""The catalog: message types, contracts, queues, services, routes, broker priorities
-and event notifications, and the rules that keep them consistent.
+"""The catalog: databases, message types, contracts, queues, services, routes, broker
+priorities, event notifications, procedures, and the rules that keep them consistent.
 
 Catalog objects are small frozen records. Every change is checked completely before
 anything is touched, then applied to memory and written to the store as one JSON
 document per object, so a rejected change leaves nothing half-applied. System
 objects (the DEFAULT message type and contract, Service Broker's system message
-types, the event-notification contract) always exist and cannot be dropped.
+types, the event-notification contract) always exist, in every database, and cannot
+be dropped.
+
+Objects of a database are keyed by their qualified name (see `names`); routes,
+certificates and remote service bindings are the broker's own (one routing table and
+one identity per broker), keyed by their plain names.
 """
 
 from __future__ import annotations
@@ -18,6 +23,15 @@ from typing import Any, Final
 from ssb.protocol import ErrorCode
 
 from .._errors import BrokerError, bad_argument, not_found
+from .names import DEFAULT_DATABASE, database_of, plain, qualify
+from .queue_options import (
+    Activation,
+    PoisonPolicy,
+    parse_activation,
+    parse_poison_policy,
+    parse_quota,
+    parse_switch,
+)
 
 END_DIALOG: Final = "http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog"
 ERROR: Final = "http://schemas.microsoft.com/SQL/ServiceBroker/Error"
@@ -50,31 +64,11 @@ class Contract:
 
 
 @dataclass(frozen=True, slots=True)
-class Activation:
-    status: bool = False
-    procedure: str = ""
-    max_queue_readers: int = 1
-    execute_as: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PoisonPolicy:
-    threshold: int
-    action: str  # dead_letter | end_conversation | park | record
-    dead_letter_queue: str | None = None
-    delay: float = 60.0
-    max_parks: int = 3
-    notify_service: str | None = None
-    error_code: int = 500
-    description: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class QueueDef:
     name: str
     status: bool = True
     retention: bool = False
-    activation: Activation = Activation()
+    activation: Activation = field(default_factory=Activation)
     poison_message_handling: bool = True
     poison_policy: PoisonPolicy | None = None
     max_messages: int | None = None  # quota: messages stored in the queue
@@ -138,7 +132,29 @@ class RemoteServiceBinding:
     broker_instance: str
 
 
+@dataclass(frozen=True, slots=True)
+class Database:
+    """A database: a namespace of catalog objects, with Service Broker's options."""
+
+    name: str
+    database_id: int
+    service_broker_guid: str
+    is_broker_enabled: bool = True
+    is_trustworthy_on: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Procedure:
+    """A T-SQL stored procedure: the text of its CREATE, kept as written."""
+
+    name: str
+    text: str
+    created: float = 0.0
+    modified: float = 0.0
+
+
 _KINDS: Final[dict[str, type[Any]]] = {
+    "database": Database,
     "message_type": MessageType,
     "contract": Contract,
     "queue": QueueDef,
@@ -148,7 +164,20 @@ _KINDS: Final[dict[str, type[Any]]] = {
     "event_notification": EventNotification,
     "certificate": Certificate,
     "remote_service_binding": RemoteServiceBinding,
+    "procedure": Procedure,
 }
+# the kinds a database holds (the others are the broker's own)
+IN_DATABASE: Final = frozenset(
+    {
+        "message_type",
+        "contract",
+        "queue",
+        "service",
+        "broker_priority",
+        "event_notification",
+        "procedure",
+    }
+)
 
 
 def encode(obj: object) -> str:
@@ -167,104 +196,26 @@ def decode(kind: str, body: str) -> Any:
 
 
 def check_name(kind: str, name: object) -> str:
-    if not isinstance(name, str) or not name.strip():
+    """`name` (a key: its database's part was checked where it was qualified), if its
+    plain name is one a client may give."""
+    if not isinstance(name, str) or not plain(name).strip():
         raise bad_argument(f"a {kind} name must be a non-empty string, got {name!r}")
-    if len(name) > MAX_NAME:
+    if len(plain(name)) > MAX_NAME:
         raise bad_argument(f"a {kind} name may have at most {MAX_NAME} characters")
+    if has_control(plain(name)):
+        raise bad_argument(f"a {kind} name may not hold control characters, got {name!r}")
     return name
 
 
-MAX_QUOTA: Final = 1 << 62
-
-
-def parse_quota(what: str, value: object) -> int | None:
-    """A queue quota: None (no limit) or an integer 1..2**62."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_QUOTA:
-        raise bad_argument(
-            f"{what} must be a whole number >= 1, or None for no limit; got {value!r}"
-        )
-    return value
-
-
-def parse_switch(what: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.upper() in ("ON", "OFF"):
-        return value.upper() == "ON"
-    raise bad_argument(f"{what} must be 'ON' or 'OFF', got {value!r}")
-
-
-def parse_activation(value: object, current: Activation = Activation()) -> Activation:
-    if value is None:
-        return current
-    if not isinstance(value, dict):
-        raise bad_argument("activation must be a map with status, procedure, max_queue_readers")
-    unknown = set(value) - {"status", "procedure", "max_queue_readers", "execute_as"}
-    if unknown:
-        raise bad_argument(f"unknown activation option(s): {', '.join(sorted(unknown))}")
-    status = parse_switch("activation status", value.get("status", current.status))
-    procedure = value.get("procedure", current.procedure)
-    if not isinstance(procedure, str):
-        raise bad_argument("activation procedure must be 'package.module:function'")
-    if procedure and (":" not in procedure or procedure.startswith(":")):
-        raise bad_argument(
-            f"activation procedure {procedure!r} must be written 'package.module:function'"
-        )
-    if status and not procedure:
-        raise bad_argument("activation STATUS = ON needs a procedure ('package.module:function')")
-    readers = value.get("max_queue_readers", current.max_queue_readers)
-    if not isinstance(readers, int) or isinstance(readers, bool) or not 0 <= readers <= 32767:
-        raise bad_argument(f"max_queue_readers must be an integer 0..32767, got {readers!r}")
-    execute_as = value.get("execute_as", current.execute_as)
-    if not isinstance(execute_as, str):
-        raise bad_argument("activation execute_as must be a user name")
-    return Activation(status, procedure, readers, execute_as)
-
-
-_POISON_ACTIONS: Final = ("dead_letter", "end_conversation", "park", "record")
-
-
-def parse_poison_policy(value: object) -> PoisonPolicy | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise bad_argument("poison_policy must be a map with threshold and action")
-    known = {f for f in PoisonPolicy.__dataclass_fields__}
-    unknown = set(value) - known
-    if unknown:
-        raise bad_argument(f"unknown poison_policy option(s): {', '.join(sorted(unknown))}")
-    threshold = value.get("threshold")
-    if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 1:
-        raise bad_argument("poison_policy threshold must be an integer >= 1")
-    action = value.get("action")
-    if action not in _POISON_ACTIONS:
-        raise bad_argument(f"poison_policy action must be one of {', '.join(_POISON_ACTIONS)}")
-    if action == "dead_letter" and not isinstance(value.get("dead_letter_queue"), str):
-        raise bad_argument("poison_policy action 'dead_letter' needs dead_letter_queue")
-    delay = value.get("delay", 60.0)
-    if not isinstance(delay, (int, float)) or delay < 0:
-        raise bad_argument("poison_policy delay must be a number of seconds >= 0")
-    max_parks = value.get("max_parks", 3)
-    if not isinstance(max_parks, int) or max_parks < 0:
-        raise bad_argument("poison_policy max_parks must be an integer >= 0")
-    return PoisonPolicy(
-        threshold=threshold,
-        action=action,
-        dead_letter_queue=value.get("dead_letter_queue"),
-        delay=float(delay),
-        max_parks=max_parks,
-        notify_service=value.get("notify_service"),
-        error_code=int(value.get("error_code", 500)),
-        description=str(value.get("description", "")),
-    )
+def has_control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
 class Catalog:
     """All catalog objects of one broker, with their consistency rules."""
 
     def __init__(self) -> None:
+        self.databases: dict[str, Database] = {}
         self.message_types: dict[str, MessageType] = {}
         self.contracts: dict[str, Contract] = {}
         self.queues: dict[str, QueueDef] = {}
@@ -274,6 +225,7 @@ class Catalog:
         self.notifications: dict[str, EventNotification] = {}
         self.certificates: dict[str, Certificate] = {}
         self.bindings: dict[str, RemoteServiceBinding] = {}
+        self.procedures: dict[str, Procedure] = {}
         for name, validation in (
             (DEFAULT, "NONE"),
             (END_DIALOG, "EMPTY"),
@@ -292,6 +244,7 @@ class Catalog:
 
     def table(self, kind: str) -> dict[str, Any]:
         tables: dict[str, dict[str, Any]] = {
+            "database": self.databases,
             "message_type": self.message_types,
             "contract": self.contracts,
             "queue": self.queues,
@@ -301,6 +254,7 @@ class Catalog:
             "event_notification": self.notifications,
             "certificate": self.certificates,
             "remote_service_binding": self.bindings,
+            "procedure": self.procedures,
         }
         return tables[kind]
 
@@ -310,6 +264,62 @@ class Catalog:
 
     def exists(self, kind: str, name: str) -> bool:
         return name in self.table(kind)
+
+    def is_system(self, kind: str, name: str) -> bool:
+        """Whether (kind, name) is a system object (in every database, never qualified)."""
+        return (kind, name) in self.system_names
+
+    def key_in(self, kind: str, name: str, database: str) -> str:
+        """The key `name` (a plain name, or another database's key) has among the objects
+        of `kind` in `database`; a system object keeps its name."""
+        name = plain(name)
+        return name if (kind, name) in self.system_names else qualify(database, name)
+
+    def in_database(self, kind: str, database: str) -> list[Any]:
+        """The objects of `kind` in `database`."""
+        return [obj for key, obj in self.table(kind).items() if database_of(key) == database]
+
+    # ---- databases ------------------------------------------------------------------------
+
+    def find_database(self, name: str) -> Database | None:
+        """The database named `name`, without case (None: no such database)."""
+        found = self.databases.get(name)
+        if found is not None:
+            return found
+        folded = name.casefold()
+        return next((d for d in self.databases.values() if d.name.casefold() == folded), None)
+
+    def database(self, name: object) -> Database:
+        found = self.find_database(name) if isinstance(name, str) else None
+        if found is None:
+            raise not_found(
+                ErrorCode.UNKNOWN_DATABASE,
+                "database",
+                name,
+                "CREATE DATABASE makes one; the view 'databases' lists them",
+            )
+        return found
+
+    def database_by_guid(self, guid: object) -> Database | None:
+        """The database whose service_broker_guid is `guid` (None: not one of ours)."""
+        if guid is None:
+            return None
+        text = str(guid).lower()
+        return next((d for d in self.databases.values() if d.service_broker_guid == text), None)
+
+    def default_database(self, instance_id: str) -> Database:
+        """`master`: the broker's first database, named by the broker instance id."""
+        return Database(DEFAULT_DATABASE, 1, instance_id.lower())
+
+    # ---- procedures -----------------------------------------------------------------------
+
+    def find_procedure(self, key: str) -> Procedure | None:
+        """The procedure of `key`, its plain name without case (None: none)."""
+        found = self.procedures.get(key)
+        if found is not None:
+            return found
+        folded = key.casefold()
+        return next((p for k, p in self.procedures.items() if k.casefold() == folded), None)
 
     # ---- what the broker-to-broker transport reads ------------------------
 
@@ -568,6 +578,20 @@ class Catalog:
     ) -> Route:
         name = check_name("route", name)
         self._absent("route", name)
+        return self.checked_route(
+            name, service_name, address, broker_instance, expires, mirror_address
+        )
+
+    def checked_route(
+        self,
+        name: str,
+        service_name: object,
+        address: object,
+        broker_instance: object,
+        expires: float | None,
+        mirror_address: object = None,
+    ) -> Route:
+        """A route of these parts, each checked (CREATE ROUTE, ALTER ROUTE)."""
         service_name = check_name("service", service_name)
         if not isinstance(address, str) or not (
             address in ("LOCAL", "TRANSPORT") or address.startswith("tcp://")
@@ -664,9 +688,11 @@ class Catalog:
 
     def check_drop(self, kind: str, name: str) -> None:
         """Raise unless dropping (kind, name) leaves the catalog consistent."""
-        if kind not in _KINDS:
+        if kind not in _KINDS or kind == "database":
             raise bad_argument(f"unknown object kind {kind!r}")
         self._not_system(kind, name)
+        if kind == "procedure" and self.find_procedure(name) is not None:
+            return
         if name not in self.table(kind):
             code = {
                 "message_type": ErrorCode.UNKNOWN_MESSAGE_TYPE,
@@ -678,6 +704,7 @@ class Catalog:
                 "event_notification": ErrorCode.UNKNOWN_EVENT_NOTIFICATION,
                 "certificate": ErrorCode.UNKNOWN_CERTIFICATE,
                 "remote_service_binding": ErrorCode.UNKNOWN_REMOTE_SERVICE_BINDING,
+                "procedure": ErrorCode.UNKNOWN_PROCEDURE,
             }[kind]
             raise not_found(code, kind.replace("_", " "), name)
         users: list[str] = []
@@ -685,6 +712,13 @@ class Catalog:
             users = [c.name for c in self.contracts.values() if name in c.messages]
         elif kind == "contract":
             users = [s.name for s in self.services.values() if name in s.contracts]
+        elif kind == "service":
+            # Service Broker: no service a conversation priority refers to is dropped
+            users = [
+                f"broker priority {p.name}"
+                for p in self.priorities.values()
+                if p.local_service == name
+            ]
         elif kind == "queue":
             users = [f"service {s.name}" for s in self.services.values() if s.queue == name]
             users += [

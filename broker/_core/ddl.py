@@ -1,21 +1,30 @@
 """Catalog statements: CREATE / ALTER / DROP of message types, contracts, queues, services,
-routes, broker priorities, event notifications and certificates.
+routes, broker priorities, event notifications, certificates and procedures.
 
 Theory of operation. The catalog (`catalog.Catalog`) checks every change completely
 before anything is touched; this module then applies it to memory, writes the object
 to the store as one document, and tells whoever depends on it: a queue turned ON gets
 its held messages released and its waiting readers kicked; a queue turned OFF fails its
-waiting readers; routes changing clear the route cache and wake the transport; queue
-monitors hear of every queue change. A drop is refused while something still uses the
-object (open conversations, stored messages, a receiving transaction).
+waiting readers; routes or services changing clear the route cache and wake the
+transport; queue monitors hear of every queue change.
+
+Drops follow Service Broker. DROP SERVICE waits for the conversation groups of its
+conversations that other transactions hold, then ends every conversation of the service
+with an error to the far side (`DROPPED_SERVICE_ERROR`; none to a far side that has
+already ended) and deletes the service's messages from its queue. DROP QUEUE is refused
+while a service uses the queue (or an event notification, or a poison policy as its
+dead-letter queue), deletes whatever messages the queue still holds, and ends the waits
+of RECEIVEs on it empty, as if their timeouts had passed (SQL Server's DROP waits for
+them instead). A contract is not dropped while conversations use it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from ssb.protocol import ErrorCode
 
@@ -23,14 +32,22 @@ from .._errors import BrokerError, bad_argument, not_found
 from . import catalog as cat
 from .backlog import MessageCache
 from .capacity import Capacity
+from .conversations import Endpoint
 from .delivery import Delivery
 from .endpoints import Endpoints
 from .events import Events
+from .names import database_of, display, plain
 from .ports import Clock, Journal, QueueListener
+from .queue_options import is_python
 from .queues import Queue
 from .receive import Receiving
 from .routes import Routes
-from .transactions import Session, as_seconds
+from .transactions import MaybeAwaitable, Session, Transactions, as_seconds
+
+# the error a dropped service's conversations end with: SQL Server's 8490, "Cannot find
+# the remote service ... because it does not exist", negated as Service Broker does
+DROPPED_SERVICE_ERROR: Final = -8490
+MAX_PROCEDURE_TEXT: Final = 1 << 20
 
 log = logging.getLogger("ssb.core")
 
@@ -51,6 +68,8 @@ class Ddl:
         events: Events,
         listener: QueueListener,
         check_procedure: Callable[[str], None],
+        transactions: Transactions,
+        end_conversation: Callable[[Endpoint, int, str], None],
     ) -> None:
         self.journal = journal
         self.clock = clock
@@ -66,12 +85,17 @@ class Ddl:
         self.listener = listener
         # refuses an activation procedure the broker may not run (the daemon's policy)
         self.check_procedure = check_procedure
+        self.transactions = transactions
+        # ends a conversation at once with an error to the far side (the dialogs')
+        self.end_conversation = end_conversation
 
     def persist(self, kind: str, obj: Any) -> None:
         self.catalog.table(kind)[obj.name] = obj
         self.journal.put_catalog(kind, obj.name, cat.encode(obj))
         if kind == "queue":
             self.count_quotas()
+        elif kind in ("service", "route", "database"):
+            self.routes.changed()
 
     def count_quotas(self) -> None:
         """Tell capacity how many queues carry a quota (none: SEND need not look)."""
@@ -120,8 +144,7 @@ class Ddl:
             max_messages,
             max_bytes,
         )
-        if definition.activation.procedure:
-            self.check_procedure(definition.activation.procedure)
+        self._check_activation(definition.activation.procedure)
         self.persist("queue", definition)
         self.listener.altered(self.add_queue(definition))
 
@@ -130,9 +153,24 @@ class Ddl:
             raise bad_argument("alter_queue needs a queue name")
         updated = self.catalog.altered_queue(name, changes)
         procedure = updated.activation.procedure
-        if procedure and procedure != self.catalog.queues[name].activation.procedure:
-            self.check_procedure(procedure)
+        if procedure != self.catalog.queues[name].activation.procedure:
+            self._check_activation(procedure)
         self.set_queue(updated)
+
+    def _check_activation(self, procedure: str) -> None:
+        """A Python procedure must be one the broker may run; a T-SQL one must exist."""
+        if not procedure:
+            return
+        if is_python(procedure):
+            self.check_procedure(procedure)
+        elif self.catalog.find_procedure(procedure) is None:
+            raise not_found(
+                ErrorCode.UNKNOWN_PROCEDURE,
+                "stored procedure",
+                plain(procedure),
+                f"CREATE PROCEDURE it in database '{database_of(procedure)}' first (a Python"
+                " procedure is written 'package.module:function')",
+            )
 
     def set_queue(self, updated: cat.QueueDef, reason: str = "") -> None:
         queue = self.queues[updated.name]
@@ -141,7 +179,9 @@ class Ddl:
         self.persist("queue", updated)
         if updated.status and not was_on:
             log.info(
-                "queue %s enabled (it was off: %s)", updated.name, queue.disabled_reason or "set so"
+                "queue %s enabled (it was off: %s)",
+                display(updated.name),
+                queue.disabled_reason or "set so",
             )
             queue.rollback_streak = 0
             queue.disabled_reason = ""
@@ -149,7 +189,9 @@ class Ddl:
             self.receiving.kick(queue)
         elif not updated.status:
             if was_on:
-                log.info("queue %s disabled: %s", updated.name, reason or "status set to OFF")
+                log.info(
+                    "queue %s disabled: %s", display(updated.name), reason or "status set to OFF"
+                )
             queue.disabled_reason = reason
             self.receiving.fail_waiters(queue)
         self.listener.altered(queue)
@@ -168,8 +210,23 @@ class Ddl:
         name: object,
         add_contracts: object = None,
         drop_contracts: object = None,
+        queue: object = None,
     ) -> None:
-        self.persist("service", self.catalog.altered_service(name, add_contracts, drop_contracts))
+        altered = self.catalog.altered_service(name, add_contracts, drop_contracts)
+        if queue is not None:
+            if not isinstance(queue, str):
+                raise bad_argument("queue must be a queue name")
+            self.catalog.queue(queue)
+            if queue != altered.queue and self.endpoints.count_using(service=altered.name):
+                raise BrokerError(
+                    ErrorCode.IN_USE,
+                    f"service '{plain(altered.name)}' has open conversations: ssb moves a"
+                    " service to another queue only while it has none (SQL Server would move"
+                    " their messages); end them, or drop the service and create it on the"
+                    " other queue",
+                )
+            altered = replace(altered, queue=queue)
+        self.persist("service", altered)
 
     def create_route(
         self,
@@ -185,6 +242,36 @@ class Ddl:
         expires = None if seconds is None else self.clock.time() + seconds
         route = self.catalog.new_route(
             name, service_name, address, broker_instance, expires, mirror_address
+        )
+        self.persist("route", route)
+        self.routes.changed()
+        self.delivery.sink.routes_changed()
+
+    def alter_route(self, session: Session, name: object, **changes: object) -> None:
+        """ALTER ROUTE: the parts given change, the others stay."""
+        if not isinstance(name, str) or name not in self.catalog.routes:
+            raise not_found(ErrorCode.UNKNOWN_ROUTE, "route", name)
+        unknown = set(changes) - {
+            "service_name",
+            "address",
+            "broker_instance",
+            "lifetime",
+            "mirror_address",
+        }
+        if unknown:
+            raise bad_argument(f"alter_route does not know {', '.join(sorted(unknown))}")
+        current = self.catalog.routes[name]
+        expires = current.expires
+        if "lifetime" in changes:
+            seconds = as_seconds(changes["lifetime"], "lifetime", allow_none=True)
+            expires = None if seconds is None else self.clock.time() + seconds
+        route = self.catalog.checked_route(
+            name,
+            changes.get("service_name", current.service_name),
+            changes.get("address", current.address),
+            changes.get("broker_instance", current.broker_instance),
+            expires,
+            changes.get("mirror_address", current.mirror_address),
         )
         self.persist("route", route)
         self.routes.changed()
@@ -233,18 +320,56 @@ class Ddl:
         self.persist("event_notification", note)
         self.listener.altered(self.queues[note.queue])
 
-    def drop(self, session: Session, kind: object, name: object) -> None:
+    # ---- procedures -----------------------------------------------------------------------
+
+    def create_procedure(
+        self, session: Session, name: object, text: object, replace: object = False
+    ) -> None:
+        """CREATE PROCEDURE (`replace`: CREATE OR ALTER) keeps the procedure's text."""
+        name = cat.check_name("procedure", name)
+        if not isinstance(text, str) or not text.strip() or len(text) > MAX_PROCEDURE_TEXT:
+            raise bad_argument(
+                f"a procedure's text is its CREATE PROCEDURE statement, at most"
+                f" {MAX_PROCEDURE_TEXT} characters"
+            )
+        if not isinstance(replace, bool):
+            raise bad_argument("replace must be True or False")
+        current = self.catalog.find_procedure(name)
+        if current is not None and not replace:
+            raise BrokerError(
+                ErrorCode.ALREADY_EXISTS,
+                f"procedure '{plain(current.name)}' already exists; ALTER PROCEDURE changes it",
+            )
+        now = time.time()
+        if current is None:
+            self.persist("procedure", cat.Procedure(name, text, now, now))
+        else:
+            self.persist("procedure", cat.Procedure(current.name, text, current.created, now))
+
+    def alter_procedure(self, session: Session, name: object, text: object) -> None:
+        if not isinstance(name, str) or self.catalog.find_procedure(name) is None:
+            raise not_found(ErrorCode.UNKNOWN_PROCEDURE, "procedure", plain(str(name)))
+        self.create_procedure(session, name, text, replace=True)
+
+    def procedure(self, session: Session, name: object) -> dict[str, Any]:
+        """A procedure's name and text (what running it needs)."""
+        found = self.catalog.find_procedure(name) if isinstance(name, str) else None
+        if found is None:
+            raise not_found(ErrorCode.UNKNOWN_PROCEDURE, "procedure", plain(str(name)))
+        return {"name": plain(found.name), "text": found.text}
+
+    # ---- drops ---------------------------------------------------------------------------------
+
+    def drop(self, session: Session, kind: object, name: object) -> MaybeAwaitable[None]:
         if not isinstance(kind, str) or not isinstance(name, str):
             raise bad_argument("drop needs an object kind and a name")
         self.catalog.check_drop(kind, name)
         if kind == "service":
-            open_ = self.endpoints.count_using(service=name)
-            if open_:
-                raise BrokerError(
-                    ErrorCode.IN_USE,
-                    f"cannot drop service '{name}': it has {open_} open conversation(s); "
-                    "end them first",
-                )
+            return self._drop_service(session, name)
+        if kind == "procedure":
+            found = self.catalog.find_procedure(name)
+            assert found is not None
+            name = found.name
         if kind == "contract" and self.endpoints.count_using(contract=name):
             raise BrokerError(
                 ErrorCode.IN_USE,
@@ -258,22 +383,45 @@ class Ddl:
                     f"cannot drop queue '{name}': a transaction is receiving from it; "
                     "let it commit or roll it back first",
                 )
-            held = queue.messages + queue.held
-            if held:
-                raise BrokerError(
-                    ErrorCode.IN_USE,
-                    f"cannot drop queue '{name}': it still holds {held} message(s); "
-                    "receive them first",
-                )
+        self.forget(kind, name)
+        return None
+
+    def forget(self, kind: str, name: str) -> None:
+        """Remove object `name` of `kind`, checked already, with what depends on it: a
+        queue's messages and waiting readers, a notification's dialog, cached routes."""
         del self.catalog.table(kind)[name]
         self.journal.delete_catalog(kind, name)
         if kind == "queue":
             self.count_quotas()
             queue = self.queues.pop(name)
-            self.receiving.fail_waiters(queue)
+            if queue.messages:
+                queue.drop_all()
+                self.journal.delete_queue_messages(name)
+            self.receiving.end_waiters(queue)
             self.listener.altered(queue)
-        if kind == "event_notification":
+        elif kind == "event_notification":
             self.events.dropped(name)
-        if kind == "route":
+        elif kind in ("route", "service", "database"):
             self.routes.changed()
-            self.delivery.sink.routes_changed()
+            if kind == "route":
+                self.delivery.sink.routes_changed()
+
+    def _drop_service(self, session: Session, name: str) -> MaybeAwaitable[None]:
+        """DROP SERVICE, once no other transaction holds a group of its conversations."""
+        queue = self.queues[self.catalog.services[name].queue]
+        txn = self.transactions.current(session)
+        busy = {
+            ep.group_id
+            for ep in self.endpoints.of_service(name)
+            if not self.transactions.lockable(txn, queue, ep.group_id)
+        }
+
+        def act() -> None:
+            if name in self.catalog.services:
+                self.forget("service", name)
+                description = f"The service '{plain(name)}' was dropped."
+                for ep in self.endpoints.of_service(name):
+                    self.end_conversation(ep, DROPPED_SERVICE_ERROR, description)
+            self.transactions.finish(txn)
+
+        return self.transactions.locked(txn, [(queue, group) for group in busy], act)

@@ -30,6 +30,7 @@ from .backlog import LOAD_BYTES
 from .capacity import Capacity
 from .conversations import CAN_SEND, Endpoint, Event, State
 from .endpoints import Endpoints
+from .names import database_of, plain
 from .ports import Clock, Journal, OutboundSink, QueueListener
 from .priorities import assign_level
 from .queues import Message, Queue
@@ -146,15 +147,19 @@ class Delivery:
         """Send `bodies` as `ep`'s next sequenced messages (numbers assigned here)."""
         first = ep.send_seq
         ep.send_seq += len(bodies)
+        target = self.routes.local_target(
+            ep.far_service, ep.far_broker_instance, database_of(ep.service)
+        )
+        from_service, contract = plain(ep.service), plain(ep.contract)
         outs = [
             Outbound(
                 0,
                 ep.handle,
                 ep.conversation_id,
-                ep.far_service,
+                ep.far_service if target is None else target,
                 ep.far_broker_instance,
-                ep.service,
-                ep.contract,
+                from_service,
+                contract,
                 ep.is_initiator,
                 first + i,
                 mtype,
@@ -165,7 +170,7 @@ class Delivery:
             )
             for i, body in enumerate(bodies)
         ]
-        if not self.routes.is_local(ep.far_service, ep.far_broker_instance):
+        if target is None:
             found = self.routes.find(ep.far_service, ep.far_broker_instance)
             status = "" if found is not None else f"no route to service '{ep.far_service}'"
             for out in outs:
@@ -173,7 +178,7 @@ class Delivery:
                 box = self._hold(out, local=False)
             self.sink.outbound(box)
             return
-        reason = self.local_block(ep.far_service)
+        reason = self.local_block(target)
         if (ep.conversation_id, ep.is_initiator) in self.outboxes or reason:
             for out in outs:
                 out.status = reason or "waiting behind earlier messages of this conversation"
@@ -197,10 +202,11 @@ class Delivery:
         self.endpoints.update(far)
 
     def local_block(self, service_name: str) -> str:
-        """Why a message for this broker's service cannot go into its queue now, if so."""
+        """Why a message for this broker's service (its key) cannot go into its queue now,
+        if so."""
         service = self.catalog.services.get(service_name)
         if service is None:
-            return f"service '{service_name}' does not exist"
+            return f"service '{plain(service_name)}' does not exist"
         queue = self.queues.get(service.queue)
         if queue is None:
             return f"queue '{service.queue}' of service '{service_name}' does not exist"
@@ -274,21 +280,31 @@ class Delivery:
             self.remove_endpoint(sender)
 
     def create_target(self, out: Outbound, now: float) -> Endpoint:
-        service = self.catalog.services[out.to_service]
+        catalog = self.catalog
+        service = catalog.services[out.to_service]
+        database = database_of(service.name)
+        contract = catalog.key_in("contract", out.contract, database)
         initiator = self.endpoints.by_conversation(out.conversation_id, True)
+        far_broker = out.from_broker_instance
+        if far_broker is None:  # a dialog within this broker: the initiator's database
+            sender = catalog.databases.get(database_of(initiator.service)) if initiator else None
+            far_broker = self.instance_id if sender is None else sender.service_broker_guid
         far = Endpoint(
             handle=uuid.uuid4(),
             conversation_id=out.conversation_id,
             is_initiator=False,
             service=service.name,
             far_service=out.from_service,
-            far_broker_instance=out.from_broker_instance or self.instance_id,
-            contract=out.contract,
+            far_broker_instance=far_broker,
+            contract=contract,
             group_id=uuid.uuid4(),
             queue=service.queue,
             state=State.SI,
             priority=assign_level(
-                self.catalog.priorities.values(), out.contract, service.name, out.from_service
+                catalog.in_database("broker_priority", database),
+                contract,
+                service.name,
+                out.from_service,
             ),
             lifetime_expiry=initiator.lifetime_expiry if initiator else None,
             far_handle=None if out.from_broker_instance else out.handle,
@@ -297,6 +313,9 @@ class Delivery:
         self.endpoints.insert(far)
         if initiator is not None:
             initiator.far_handle = far.handle
+            if initiator.far_broker_instance is None:  # later messages go to this database
+                owner = catalog.databases.get(database)
+                initiator.far_broker_instance = owner.service_broker_guid if owner else None
             self.endpoints.update(initiator)
         if far.lifetime_expiry is not None:
             self.timer_set(far)
@@ -326,7 +345,7 @@ class Delivery:
         """A target whose local initiator no longer exists has nobody to tell."""
         return (
             not ep.is_initiator
-            and ep.far_broker_instance == self.instance_id
+            and self.catalog.database_by_guid(ep.far_broker_instance) is not None
             and self.endpoints.by_conversation(ep.conversation_id, True) is None
         )
 

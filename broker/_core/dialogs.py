@@ -31,6 +31,7 @@ from .capacity import Capacity
 from .conversations import CAN_SEND, ENDED_BY_FAR_SIDE, Endpoint, Event, State
 from .delivery import Delivery, error_body
 from .endpoints import ConversationTimers, Endpoints
+from .names import database_of, plain
 from .ports import Clock
 from .priorities import assign_level
 from .queues import Queue
@@ -122,7 +123,8 @@ class Dialogs:
             raise bad_argument("broker_instance must be a broker instance id string")
         service = self.catalog.service(from_service)
         contract_def = self.catalog.contract(contract)
-        local = self._check_target(to_service, broker_instance, contract_def.name)
+        database = database_of(service.name)
+        local = self._check_target(to_service, broker_instance, contract_def.name, database)
         if encryption and not local:
             self.catalog.binding_for(to_service)  # raises: nothing to encrypt for
         seconds = as_seconds(lifetime, "lifetime", allow_none=True)
@@ -167,7 +169,10 @@ class Dialogs:
                 queue=queue.name,
                 state=State.SO,
                 priority=assign_level(
-                    self.catalog.priorities.values(), contract_def.name, service.name, to_service
+                    self.catalog.in_database("broker_priority", database),
+                    contract_def.name,
+                    service.name,
+                    to_service,
                 ),
                 lifetime_expiry=None if seconds is None else now + seconds,
                 created=now,
@@ -180,15 +185,20 @@ class Dialogs:
 
         return self.transactions.locked(txn, [(queue, group_id)], act)
 
-    def _check_target(self, to_service: str, broker_instance: object, contract: str) -> bool:
+    def _check_target(
+        self, to_service: str, broker_instance: object, contract: str, database: str
+    ) -> bool:
         """Whether the target is on this broker; raises if it cannot be reached."""
-        if self.routes.is_local(to_service, broker_instance):
-            target = self.catalog.services[to_service]
-            if contract not in target.contracts:
+        key = self.routes.local_target(to_service, broker_instance, database)
+        if key is not None:
+            target = self.catalog.services[key]
+            wanted = self.catalog.key_in("contract", contract, database_of(key))
+            if wanted not in target.contracts:
+                accepted = ", ".join(plain(c) for c in target.contracts)
                 raise BrokerError(
                     ErrorCode.CONTRACT_NOT_ACCEPTED,
-                    f"service '{to_service}' does not accept contract '{contract}'; "
-                    f"it accepts {', '.join(target.contracts) or 'no contract (initiator only)'}",
+                    f"service '{to_service}' does not accept contract '{plain(contract)}'; "
+                    f"it accepts {accepted or 'no contract (initiator only)'}",
                 )
             return True
         if self.routes.find(to_service, broker_instance) is None:
@@ -205,8 +215,10 @@ class Dialogs:
         """The endpoint of `handle` as this session may see it (a clear error if none)."""
         handle = as_uuid(handle, "conversation handle")
         ep = self.endpoints.get(handle)
-        if ep is None or (
-            not ep.committed and (session.txn is None or ep not in session.txn.new_endpoints)
+        if (
+            ep is None
+            or (not ep.committed and (session.txn is None or ep not in session.txn.new_endpoints))
+            or database_of(ep.service) != session.database
         ):
             raise not_found(
                 ErrorCode.UNKNOWN_CONVERSATION,
@@ -279,7 +291,7 @@ class Dialogs:
         if capacity.refusal is not None:
             capacity.check_space("SEND")
         letter = cat.VALIDATIONS[mtype.validation]
-        actions = [Send(ep, mtype.name, letter, body_list) for ep in endpoints]
+        actions = [Send(ep, plain(mtype.name), letter, body_list) for ep in endpoints]
         if capacity.queue_quotas:
             self._check_quotas(txn, actions, "SEND")
         targets = [(self.queues[ep.queue], ep.group_id) for ep in endpoints]
@@ -292,11 +304,12 @@ class Dialogs:
 
     def _quota_target(self, ep: Endpoint) -> Queue | None:
         """The local queue with a quota that `ep`'s messages go to, if any."""
-        service = self.catalog.services.get(ep.far_service)
+        key = self.routes.local_target(
+            ep.far_service, ep.far_broker_instance, database_of(ep.service)
+        )
+        service = None if key is None else self.catalog.services.get(key)
         queue = None if service is None else self.queues.get(service.queue)
-        if queue is None or not queue.has_quota:
-            return None
-        return queue if self.routes.is_local(ep.far_service, ep.far_broker_instance) else None
+        return queue if queue is not None and queue.has_quota else None
 
     def _check_quotas(self, txn: Transaction, new: list[Send], what: str) -> None:
         """Raise QUEUE_FULL if the sends of `txn` and `new` would break a local queue's quota."""
@@ -437,9 +450,11 @@ class Dialogs:
             else:
                 self._apply_move(action)
 
-    def undo(self, txn: Transaction) -> None:
-        for ep in txn.new_endpoints:
+    def undo(self, txn: Transaction, first: int = 0) -> None:
+        """Forget the endpoints `txn` began (from its `first` BEGIN DIALOG on)."""
+        for ep in txn.new_endpoints[first:]:
             self.delivery.forget_endpoint(ep)
+        del txn.new_endpoints[first:]
 
     def _apply_send(self, action: Send, now: float) -> None:
         ep = action.endpoint
@@ -451,13 +466,30 @@ class Dialogs:
             ep.apply(Event.SENT)
         self.endpoints.update(ep)
 
+    def end_now(self, ep: Endpoint, error: int, description: str) -> None:
+        """End `ep` at once, outside any transaction, with an error to the far side when it
+        still listens (DROP SERVICE, DROP DATABASE): nothing of it is left here but, until
+        another broker acknowledges that error, its endpoint in DO."""
+        if not ep.committed or ep.state in (State.DO, State.CD):
+            self.remove_now(ep)
+        else:
+            self._apply_end(End(ep, error, description), self.clock.time())
+
+    def remove_now(self, ep: Endpoint) -> None:
+        """Remove `ep` at once, its messages and what it still has to send, telling nobody
+        (NEW_BROKER, WITH CLEANUP)."""
+        if not ep.committed:
+            self.delivery.forget_endpoint(ep)
+            return
+        self.transmission.drop(ep.conversation_id, ep.is_initiator)
+        self.delivery.remove_endpoint(ep)
+
     def _apply_end(self, action: End, now: float) -> None:
         ep = action.endpoint
         if not self.endpoints.known(ep):
             return
         if action.cleanup:
-            self.transmission.drop(ep.conversation_id, ep.is_initiator)
-            self.delivery.remove_endpoint(ep)
+            self.remove_now(ep)
             return
         self.delivery.drop_messages(ep)
         if action.error is not None:

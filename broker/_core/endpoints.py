@@ -298,6 +298,20 @@ class Endpoints:
                 seen.add(ep.handle)
         return len(seen)
 
+    def of_service(self, service: str, page: int = 1000) -> list[Endpoint]:
+        """Every endpoint of `service`, begun in an open transaction or stored."""
+        found = {ep.handle: ep for ep in self._fresh() if ep.service == service and not ep.gone}
+        after: uuid.UUID | None = None
+        while True:
+            rows = self.journal.read_endpoints(service=service, after=after, limit=page)
+            for row in rows:
+                ep = self.get(uuid.UUID(bytes=row[0]))  # in the identity map: changes stick
+                if ep is not None and ep.service == service:
+                    found.setdefault(ep.handle, ep)
+            if len(rows) < page:
+                return list(found.values())
+            after = uuid.UUID(bytes=rows[-1][0])
+
     def page(self, after: uuid.UUID | None, limit: int) -> list[Endpoint]:
         """Committed endpoints in handle order after `after` (for views)."""
         rows = self.journal.read_endpoints(after=after, limit=limit)

@@ -8,7 +8,7 @@ a lock another transaction holds) return a coroutine instead of a value.
 
 Parts, each owning its state (imports run one way, top to bottom):
 
-    catalog, routes      the objects, and where services live
+    catalog, routes      the objects, and where services live (across databases)
     queues, backlog      groups, conversations, the message cache
     endpoints            conversation endpoints over the store, timers
     outcomes             committed transaction ids, for reconnecting clients
@@ -18,6 +18,7 @@ Parts, each owning its state (imports run one way, top to bottom):
     receive              RECEIVE, GET CONVERSATION GROUP, waiters
     dialogs              BEGIN DIALOG, SEND, END, timers, MOVE; effects at commit
     events, poison, ddl  notifications, poison rules, catalog statements
+    databases            CREATE / ALTER / DROP DATABASE, USE
 
 The engine implements `TransactionHooks` by delegating: commit applies the dialog
 actions then settles received messages; rollback puts received messages back and
@@ -41,6 +42,7 @@ from . import catalog as cat
 from .backlog import DEFAULT_CACHE_BYTES, MessageCache
 from .capacity import Capacity
 from .conversations import Endpoint
+from .databases import Databases
 from .ddl import Ddl
 from .delivery import Delivery
 from .dialogs import Dialogs
@@ -56,6 +58,7 @@ from .routes import Routes
 from .transactions import (
     DEFAULT_MAX_DETACHED,
     DEFAULT_MAX_LOCKS,
+    Savepoint,
     Session,
     Transaction,
     Transactions,
@@ -187,6 +190,17 @@ class Engine:
             self.events,
             self.listener,
             check_procedure,
+            self.transactions,
+            self.dialogs.end_now,
+        )
+        self.databases = Databases(
+            self.catalog,
+            self.ddl,
+            self.transactions,
+            self.endpoints,
+            self.dialogs.end_now,
+            self.dialogs.remove_now,
+            instance_id,
         )
         # the parts' own cycles, closed here: delivery wakes readers and forgets
         # conversations, poison disables queues
@@ -212,6 +226,12 @@ class Engine:
         txn.restored = self.receiving.restore_received(txn, error)
         self.dialogs.undo(txn)
 
+    def undo_to(self, txn: Transaction, savepoint: Savepoint) -> None:
+        # messages go back with their delivery counted; the poison rules count only
+        # transactions that roll back whole, as Service Broker's do
+        self.receiving.restore_received(txn, "", savepoint.received)
+        self.dialogs.undo(txn, savepoint.new_endpoints)
+
     def after_rollback(self, txn: Transaction, error: str) -> None:
         for queue, messages in txn.restored:
             if messages:
@@ -231,6 +251,7 @@ class Engine:
         """Rebuild memory from the store: the catalog, and a summary of the backlog."""
         for kind, _name, body in state.catalog:
             self.catalog.load(kind, body)
+        self.databases.ensure_default()
         for definition in self.catalog.queues.values():
             self.ddl.add_queue(definition)
         self.ddl.count_quotas()
@@ -374,6 +395,10 @@ class Engine:
             "create_broker_priority": ddl.create_broker_priority,
             "alter_broker_priority": ddl.alter_broker_priority,
             "create_event_notification": ddl.create_event_notification,
+            "alter_route": ddl.alter_route,
+            "create_procedure": ddl.create_procedure,
+            "alter_procedure": ddl.alter_procedure,
+            "procedure": ddl.procedure,
             "drop": ddl.drop,
             "begin_dialog": d.begin_dialog,
             "send": d.send,
@@ -385,6 +410,8 @@ class Engine:
             "begin_transaction": t.begin_transaction,
             "commit": t.commit,
             "rollback": t.rollback,
+            "save_transaction": t.save_transaction,
+            "rollback_to_savepoint": t.rollback_to_savepoint,
             "detach_transaction": t.detach_transaction,
             "attach_transaction": t.attach_transaction,
             "commit_transaction": t.commit_transaction,
@@ -393,6 +420,7 @@ class Engine:
             "transaction_messages": self.transaction_messages,
             "requeue_dead_letter": self.requeue_dead_letter,
             "broker_instance": self.broker_instance,
+            **self.databases.operations(),
         }
 
     def transaction_messages(self, session: Session, transaction_id: object) -> list[list[Any]]:

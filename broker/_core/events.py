@@ -20,6 +20,7 @@ from . import catalog as cat
 from .conversations import CAN_SEND
 from .delivery import Delivery
 from .endpoints import Endpoints
+from .names import database_of, plain
 from .ports import Clock
 from .routes import Routes
 from .transmission import Outbound
@@ -61,7 +62,7 @@ class Events:
         return (
             f"<EVENT_INSTANCE><EventType>{event}</EventType><PostTime>{stamp}Z</PostTime>"
             f"<BrokerInstance>{self.instance_id}</BrokerInstance>"
-            f"<ObjectName>{escape(queue_name)}</ObjectName><ObjectType>QUEUE</ObjectType>"
+            f"<ObjectName>{escape(plain(queue_name))}</ObjectName><ObjectType>QUEUE</ObjectType>"
             f"{details}</EVENT_INSTANCE>"
         ).encode()
 
@@ -70,10 +71,12 @@ class Events:
         now = self.clock.time()
         handle = self.dialogs.get(note.name)
         ep = self.endpoints.get(handle) if handle else None
-        reason = self.delivery.local_block(note.service)
+        service = self.routes.local_target(
+            note.service, note.broker_instance, database_of(note.queue)
+        )
+        reason = self.delivery.local_block(service or note.service)
         if ep is None or ep.state not in CAN_SEND:
-            service = self.catalog.services.get(note.service)
-            if service is None or not self.routes.is_local(note.service, note.broker_instance):
+            if service is None:
                 log.warning(
                     "event notification %s: service %s is not on this broker; event dropped",
                     note.name,
@@ -88,9 +91,9 @@ class Events:
                 0,
                 uuid.uuid4(),
                 conversation_id,
-                note.service,
+                service,
                 note.broker_instance,
-                note.name,
+                plain(note.name),
                 cat.POST_EVENT_NOTIFICATION,
                 True,
                 0,

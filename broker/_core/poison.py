@@ -45,6 +45,7 @@ from .delivery import Delivery
 from .endpoints import Endpoints
 from .events import Events
 from .ports import Cancellable, Clock, Journal, Row
+from .queue_options import PoisonPolicy
 from .queues import Message, Queue, Status
 
 log = logging.getLogger("ssb.core")
@@ -233,7 +234,7 @@ class Poison:
                     queue.uncounted(message)
                 self._record(queue_name, message, "discarded: conversation ended while parked")
 
-    def _end_conversation(self, queue: Queue, message: Message, policy: cat.PoisonPolicy) -> None:
+    def _end_conversation(self, queue: Queue, message: Message, policy: PoisonPolicy) -> None:
         ep = self.endpoints.get(message.conversation_handle)
         self.delivery.delete(queue, message)
         if ep is None:

@@ -177,6 +177,11 @@ class MessageJournal(Protocol):
         `handle` in `queue`, as of this point in the batch."""
         ...
 
+    def delete_queue_messages(self, queue: str) -> None:
+        """Forget every message of `queue`, whatever its status, as of this point in the
+        batch (DROP QUEUE)."""
+        ...
+
     def set_message_status(self, queuing_order: int, status: int) -> None:
         """Change a message's status."""
         ...
@@ -517,4 +522,5 @@ class CatalogStatements(Protocol):
 
     def persist(self, kind: str, obj: Any) -> None: ...
 
-    def drop(self, session: Any, kind: object, name: object) -> None: ...
+    def drop(self, session: Any, kind: object, name: object) -> object:
+        """None, or an awaitable when it waits for locks (a service's conversations)."""

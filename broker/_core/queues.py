@@ -41,6 +41,7 @@ from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, ROW_OVERHEAD, pack, unpack
 
 from .backlog import ITEM_OVERHEAD, Backlog, MessageCache
 from .catalog import QueueDef
+from .names import plain
 from .ports import Journal, Row
 
 
@@ -378,11 +379,19 @@ class Queue:
     def conversation(
         self, group: Group, handle: uuid.UUID, priority: int, service: str, contract: str
     ) -> Conversation:
-        """The conversation's backlog in `group`, made if it has none."""
+        """The conversation's backlog in `group`, made if it has none (`service` and
+        `contract` are keys; it keeps the plain names RECEIVE shows)."""
         conv = group.conversations.get(handle)
         if conv is None:
             conv = Conversation(
-                self.cache, self.journal, self.name, group, handle, priority, service, contract
+                self.cache,
+                self.journal,
+                self.name,
+                group,
+                handle,
+                priority,
+                plain(service),
+                plain(contract),
             )
             group.conversations[handle] = conv
         return conv
@@ -399,8 +408,8 @@ class Queue:
             Group(group_id),
             handle,
             priority,
-            service,
-            contract,
+            plain(service),
+            plain(contract),
         )
 
     # ---- quotas ---------------------------------------------------------------------
@@ -577,6 +586,18 @@ class Queue:
         self.messages -= count
         self.bytes -= nbytes
         return count
+
+    def drop_all(self) -> None:
+        """Forget every message of this queue (DROP QUEUE; the caller deletes the rows)."""
+        for group in list(self.groups.values()):
+            for conv in group.conversations.values():
+                conv.clear()
+            group.conversations.clear()
+        self.groups.clear()
+        self._idle.clear()
+        self._heap.clear()
+        self.retained.clear()
+        self.ready = self.messages = self.bytes = 0
 
     def retain(self, message: Message) -> None:
         kept = self.retained.setdefault(message.conversation.handle, [0, 0])

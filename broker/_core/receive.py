@@ -358,6 +358,13 @@ class Receiving:
                 waiter.future.set_exception(error)
         queue.waiters = deque()
 
+    def end_waiters(self, queue: Queue) -> None:
+        """Every RECEIVE waiting on `queue` returns nothing now, as if its timeout passed
+        (the queue was dropped)."""
+        for waiter in queue.waiters:
+            _resolve(waiter.future, None)
+        queue.waiters = deque()
+
     @staticmethod
     def waiting_sessions(queue: Queue) -> int:
         """Sessions blocked in RECEIVE or GET CONVERSATION GROUP without WHERE."""
@@ -390,10 +397,13 @@ class Receiving:
                 queue.bytes -= nbytes
             queue.rollback_streak = 0
 
-    def restore_received(self, txn: Transaction, error: str) -> list[tuple[Queue, list[Message]]]:
-        """Put received messages back, a delivery counted; returns them by queue."""
+    def restore_received(
+        self, txn: Transaction, error: str, first: int = 0
+    ) -> list[tuple[Queue, list[Message]]]:
+        """Put received messages back, a delivery counted; returns them by queue. `first`:
+        only those of RECEIVEs from that one on (a rollback to a savepoint)."""
         by_queue: dict[str, tuple[Queue, list[Message]]] = {}
-        for queue, messages in reversed(txn.received):
+        for queue, messages in reversed(txn.received[first:]):
             alive = self._still_conversing(queue, messages)
             queue.restore(alive)
             queue.rolled_back += len(alive)
@@ -408,7 +418,7 @@ class Receiving:
                 m.batch = batch
             by_queue.setdefault(queue.name, (queue, []))[1].extend(alive)
             self.kick(queue)
-        txn.received.clear()
+        del txn.received[first:]
         return list(by_queue.values())
 
     def give_back(self, txn: Transaction) -> None:

@@ -26,6 +26,7 @@ from .._errors import BrokerError
 from . import catalog as cat
 from .conversations import Endpoint, State
 from .delivery import SYSTEM_TYPES, Delivery
+from .names import database_of, plain
 from .transmission import Outbound, TransmissionQueue
 from .validation import validate_body
 
@@ -45,6 +46,7 @@ class RemoteDelivery:
         self.journal = delivery.journal
         self.clock = delivery.clock
         self.catalog = delivery.catalog
+        self.routes = delivery.routes
         self.queues = delivery.queues
         self.endpoints = delivery.endpoints
         self.capacity = delivery.capacity
@@ -74,7 +76,10 @@ class RemoteDelivery:
         if reason is not None:
             return reason
         far = self.endpoints.by_conversation(conversation_id, not from_initiator)
-        queue = self.queues.get(far.queue) if far is not None else self.target_queue(to_service)
+        if far is not None:
+            queue = self.queues.get(far.queue)
+        else:
+            queue = self.target_queue(self.routes.local_target(to_service, None) or to_service)
         if queue is None or not queue.has_quota:
             return None
         count, nbytes = (0, 0) if pending is None else pending()
@@ -129,7 +134,7 @@ class RemoteDelivery:
             and far.state is State.CO
             and (far.conversation_id, from_initiator) not in self.outboxes
             and message_type not in SYSTEM_TYPES
-            and not self.delivery.local_block(to_service)
+            and not self.delivery.local_block(far.service)
             and all(
                 len(body) <= limit
                 and self.remote_violation(far.contract, from_initiator, message_type, body) is None
@@ -137,8 +142,7 @@ class RemoteDelivery:
             )
         ):
             return False
-        known = self.catalog.message_types.get(message_type)
-        letter = cat.VALIDATIONS[known.validation] if known else "N"
+        letter = self._letter(message_type, far.contract)
         far.receive_seq = seq + len(bodies)
         self.delivery.enqueue_many(far, seq, message_type, letter, bodies, self.clock.time())
         self.endpoints.update(far)
@@ -168,18 +172,22 @@ class RemoteDelivery:
         ):
             return
         now = self.clock.time()
-        known = self.catalog.message_types.get(message_type)
-        letter = cat.VALIDATIONS[known.validation] if known else "N"
+        if far is not None:
+            target, contract_key = far.service, far.contract
+        else:  # a service of this broker, found by name from master (the local route)
+            target = self.routes.local_target(to_service, None) or to_service
+            contract_key = self.catalog.key_in("contract", contract, database_of(target))
+        letter = self._letter(message_type, contract_key)
         key = (conversation_id, from_initiator)
         too_large = len(body) > self.capacity.max_message_size
         violation = refusal or self.remote_violation(
-            far.contract if far is not None else contract, from_initiator, message_type, body
+            contract_key, from_initiator, message_type, body
         )
         out = Outbound(
             0,
             conversation_id,
             conversation_id,
-            to_service,
+            target,
             self.instance_id,
             from_service,
             contract,
@@ -193,7 +201,7 @@ class RemoteDelivery:
             extra=from_broker.encode(),
         )
         if too_large or violation is not None:
-            if far is None and from_initiator and to_service in self.catalog.services:
+            if far is None and from_initiator and target in self.catalog.services:
                 far = self.delivery.create_target(out, now)
             if too_large:
                 self._refuse_too_large(
@@ -202,12 +210,19 @@ class RemoteDelivery:
             else:
                 self._refuse_remote(far, conversation_id, seq, str(violation), from_broker)
             return
-        reason = self.delivery.local_block(to_service)
+        reason = self.delivery.local_block(target)
         if key in self.outboxes or reason:
             out.status = reason or "waiting behind earlier messages of this conversation"
             self._hold(out, local=True)
             return
         self.delivery.deliver_local(out, now)
+
+    def _letter(self, message_type: str, contract: str) -> str:
+        """The validation letter of a message type arriving on `contract` (a key): the
+        message type of the contract's database decides."""
+        key = self.catalog.key_in("message_type", message_type, database_of(contract))
+        known = self.catalog.message_types.get(key)
+        return cat.VALIDATIONS[known.validation] if known else "N"
 
     def _refuse_too_large(
         self,
@@ -234,15 +249,18 @@ class RemoteDelivery:
         would (its type, its contract and direction, its validation); None when it does not."""
         if message_type in SYSTEM_TYPES:
             return None
-        mtype = self.catalog.message_types.get(message_type)
+        catalog = self.catalog
+        mtype = catalog.message_types.get(
+            catalog.key_in("message_type", message_type, database_of(contract_name))
+        )
         if mtype is None:
             return f"message type '{message_type}' does not exist on broker {self.instance_id}"
-        contract = self.catalog.contracts.get(contract_name)
+        contract = catalog.contracts.get(contract_name)
         if contract is None:
-            return f"contract '{contract_name}' does not exist on broker {self.instance_id}"
-        sent_by = contract.sent_by(message_type)
+            return f"contract '{plain(contract_name)}' does not exist on broker {self.instance_id}"
+        sent_by = contract.sent_by(mtype.name)
         if sent_by is None:
-            return f"message type '{message_type}' is not part of contract '{contract_name}'"
+            return f"message type '{message_type}' is not part of contract '{plain(contract_name)}'"
         side = "INITIATOR" if from_initiator else "TARGET"
         if sent_by not in ("ANY", side):
             return (

@@ -48,6 +48,7 @@ from ssb.protocol import ErrorCode
 
 from .._errors import BrokerError, bad_argument, not_found
 from .conversations import Endpoint
+from .names import DEFAULT_DATABASE
 from .outcomes import Outcome, Outcomes
 from .ports import Cancellable, Clock, durable
 from .queues import Group, Message, Queue
@@ -94,6 +95,19 @@ class Move:
 
 
 Action = Send | End | Timer | Move
+MAX_SAVEPOINT_NAME: Final = 32  # SQL Server's limit on a savepoint's name
+MAX_SAVEPOINTS: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Savepoint:
+    """SAVE TRANSACTION: how much of its transaction came before it."""
+
+    name: str
+    received: int  # RECEIVEs (entries of `received`)
+    new_endpoints: int
+    actions: int
+    ended: frozenset[uuid.UUID]
 
 
 @dataclass(slots=True, eq=False)
@@ -113,6 +127,7 @@ class Transaction:
     # the id its commit is recorded under (the client's, or the detached id) and whose
     txn_id: uuid.UUID | None = None
     login: str = ""
+    savepoints: list[Savepoint] = field(default_factory=list)
 
     def received_messages(self) -> list[Message]:
         return [m for _, messages in self.received for m in messages]
@@ -122,6 +137,7 @@ class Transaction:
 class Session:
     user: str = ""
     peer: str = ""
+    database: str = DEFAULT_DATABASE  # the current database (USE), its canonical name
     ident: int = field(default_factory=lambda: next(_session_ids))
     txn: Transaction | None = None
     closed: bool = False
@@ -142,6 +158,9 @@ class TransactionHooks(Protocol):
     def apply_commit(self, txn: Transaction) -> None: ...
 
     def undo(self, txn: Transaction, error: str) -> None: ...
+
+    def undo_to(self, txn: Transaction, savepoint: Savepoint) -> None:
+        """Undo what `txn` did after `savepoint` (its locks stay)."""
 
     def after_rollback(self, txn: Transaction, error: str) -> None: ...
 
@@ -323,6 +342,51 @@ class Transactions:
                 f"there is no open transaction to {verb}; call begin_transaction() first",
             )
         return session.txn
+
+    # ---- savepoints ------------------------------------------------------------------------------
+
+    def save_transaction(self, session: Session, name: object) -> None:
+        """SAVE TRANSACTION: a point of the open transaction to roll back to."""
+        txn = self._explicit(session, "save")
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_SAVEPOINT_NAME:
+            raise bad_argument(
+                f"a savepoint's name has 1 to {MAX_SAVEPOINT_NAME} characters, got {name!r}"
+            )
+        if len(txn.savepoints) >= MAX_SAVEPOINTS:
+            raise bad_argument(
+                f"this transaction already has {MAX_SAVEPOINTS} savepoints; commit it and go"
+                " on in a new one"
+            )
+        txn.savepoints.append(
+            Savepoint(
+                name,
+                len(txn.received),
+                len(txn.new_endpoints),
+                len(txn.actions),
+                frozenset(txn.ended),
+            )
+        )
+
+    def rollback_to_savepoint(self, session: Session, name: object) -> None:
+        """ROLLBACK TRANSACTION savepoint: undo what the transaction did since its latest
+        savepoint of that name, which stays (later ones go); the transaction, and every
+        lock it holds, stay."""
+        txn = self._explicit(session, "roll back to a savepoint")
+        found = next(
+            (i for i in range(len(txn.savepoints) - 1, -1, -1) if txn.savepoints[i].name == name),
+            None,
+        )
+        if found is None:
+            raise BrokerError(
+                ErrorCode.UNKNOWN_SAVEPOINT,
+                f"there is no savepoint {name!r} in this transaction; save_transaction(name)"
+                " makes one",
+            )
+        savepoint = txn.savepoints[found]
+        del txn.savepoints[found + 1 :]
+        self.hooks.undo_to(txn, savepoint)
+        del txn.actions[savepoint.actions :]
+        txn.ended = set(savepoint.ended)
 
     # ---- outcomes --------------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ _DELETE_RANGE: Final = "DELETE FROM messages WHERE queuing_order BETWEEN ? AND ?
 _DELETE_CONVERSATION: Final = (
     "DELETE FROM messages WHERE status IN (0, 1, 6, 7) AND queue = ? AND handle = ?"
 )
+_DELETE_QUEUE: Final = "DELETE FROM messages WHERE queue = ?"
 _SET_STATUS: Final = "UPDATE messages SET status = ? WHERE queuing_order = ?"
 _SET_DELIVERY_COUNT: Final = "UPDATE messages SET delivery_count = ? WHERE queuing_order = ?"
 _SET_EXTRA: Final = "UPDATE messages SET extra = ? WHERE queuing_order = ?"
@@ -133,6 +134,9 @@ class MessageTables(Tables):
 
     def delete_conversation_messages(self, queue: str, handle: uuid.UUID) -> None:
         self._add(_DELETE_CONVERSATION, (queue, handle), UNKNOWN_ROWS)
+
+    def delete_queue_messages(self, queue: str) -> None:
+        self._add(_DELETE_QUEUE, (queue,), UNKNOWN_ROWS)
 
     def set_message_status(self, queuing_order: int, status: int) -> None:
         self._add(_SET_STATUS, (status, queuing_order))

@@ -134,6 +134,21 @@ def test_a_conversations_messages_are_deleted_by_queue(storage: ManualStore) -> 
     assert [storage.read_message(o) is None for o in range(1, 7)] == [True] * 4 + [False] * 2
 
 
+def test_a_queues_messages_are_deleted_whatever_their_status(storage: ManualStore) -> None:
+    handle, other = uuid.uuid4(), uuid.uuid4()
+    for order, status in enumerate((READY, RETAINED, PARKED, REQUEUED), start=1):
+        storage.insert_message(message(order, handle, status=status))
+    storage.insert_message(message(5, other))
+    storage.insert_message(message(6, handle, queue="other"))
+    storage.flush()
+    storage.insert_message(message(7, other))  # in the same batch as the delete
+    storage.delete_queue_messages("q")
+    storage.insert_message(message(8, other))  # after it in the batch: kept
+    storage.flush()
+    gone = [storage.read_message(o) is None for o in range(1, 9)]
+    assert gone == [True] * 5 + [False, True, False]
+
+
 def test_a_batch_of_any_size_writes_each_of_its_messages_once(storage: ManualStore) -> None:
     """Every count of rows in a batch lands whole and in order (inserts may be grouped
     many to a statement: around each group size too)."""

@@ -89,16 +89,23 @@ async def test_the_ddl_reaches_the_catalog(
 async def test_what_ssb_lacks_is_refused_never_ignored(tsql: tuple[Session, Collect]) -> None:
     session, out = tsql
     for text in (
-        "ALTER QUEUE TargetQueue WITH ACTIVATION (STATUS = ON, PROCEDURE_NAME = TargetProc,"
-        " MAX_QUEUE_READERS = 1, EXECUTE AS SELF)",
-        "ALTER SERVICE [//t/Target] ON QUEUE InitiatorQueue",
         "CREATE MASTER KEY ENCRYPTION BY PASSWORD = 'x'",
         "CREATE USER u WITHOUT LOGIN",
         "CREATE REMOTE SERVICE BINDING b TO SERVICE '//far' WITH USER = u",
+        "ALTER DATABASE master SET DISABLE_BROKER",
+        "ALTER DATABASE master SET RECOVERY SIMPLE",
     ):
         assert not await run(session, text)
     assert [e.number for e in out.errors] == [40517] * 5
-    assert "T-SQL procedure is not supported yet by ssb" in out.errors[0].text
+    assert "is not supported by ssb" in out.errors[3].text
+    # an activation procedure in T-SQL must exist (in the queue's database)
+    assert not await run(
+        session,
+        "ALTER QUEUE TargetQueue WITH ACTIVATION (STATUS = ON, PROCEDURE_NAME = TargetProc,"
+        " MAX_QUEUE_READERS = 1, EXECUTE AS SELF)",
+    )
+    assert out.errors[-1].number == 2812
+    assert "stored procedure 'TargetProc' does not exist" in out.errors[-1].text
 
 
 async def test_alter_message_type_and_service(
@@ -278,7 +285,7 @@ async def test_queries_over_the_catalog_views_and_queues(
     assert table(counted) == [[2, 1]]
     assert table(bodies) == [["//t/Request", "a"], ["//t/Request", "b"]]
     assert table(endpoint) == [["CONVERSING", 1]]
-    assert table(databases) == [["ssb", 1]]
+    assert table(databases) == [["master", 1]]
     assert table(objects) == [[1]]
 
 

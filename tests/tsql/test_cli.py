@@ -95,36 +95,6 @@ def test_parse_only_accepts_all_eleven_tutorial_files_unchanged() -> None:
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
 
-async def test_the_single_database_tutorial_runs_all_but_its_database_lines(
-    broker: BrokerProcess,
-) -> None:
-    files = [str(p) for p in sorted((SCRIPTS / "ms-single-database").glob("*.sql"))]
-    done = run_ssb("sql", "--url", broker.url, *files)
-    # until the broker has databases, exactly the USE and ALTER DATABASE batches fail
-    errors = [line for line in done.stderr.splitlines() if line.startswith("Msg ")]
-    assert errors == [
-        "Msg 40517, Level 16, State 1, Line 1",
-        "Msg 40517, Level 16, State 1, Line 3",
-        "Msg 40517, Level 16, State 1, Line 6",
-        "Msg 40517, Level 16, State 1, Line 1",
-        "Msg 40517, Level 16, State 1, Line 1",
-    ], done.stderr
-    blocks = [b.split("\n") for b in done.stdout.strip().split("\n\n") if "----" in b]
-    shown = {block[0]: block[2] for block in blocks}
-    assert shown == {
-        "SentRequestMsg": "<RequestMsg>Message for Target service.</RequestMsg>",
-        "ReceivedRequestMsg": "<RequestMsg>Message for Target service.</RequestMsg>",
-        "SentReplyMsg": "<ReplyMsg>Message for Initiator service.</ReplyMsg>",
-        "ReceivedReplyMsg": "<ReplyMsg>Message for Initiator service.</ReplyMsg>",
-    }
-    async with await client.connect(broker.url) as conn:  # the drop lesson leaves nothing
-        assert await conn.view("conversation_endpoints") == []
-        assert await conn.view("services") == []
-        assert await conn.view("service_queues") == []
-        names = {m["name"] for m in await conn.view("message_types")}
-        assert not any(name.startswith("//AWDB") for name in names)
-
-
 async def test_the_shell_runs_a_batch_at_go(
     broker: BrokerProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -140,8 +110,8 @@ async def test_the_shell_runs_a_batch_at_go(
 def test_d_uses_a_database_first(broker: BrokerProcess, tmp_path: Path) -> None:
     script = tmp_path / "s.sql"
     script.write_text("SELECT DB_NAME() AS db\n")
-    done = run_ssb("sql", "-d", "ssb", "--format", "csv", "--url", broker.url, str(script))
-    assert (done.returncode, done.stdout) == (0, "db\nssb\n\n")
+    done = run_ssb("sql", "-d", "master", "--format", "csv", "--url", broker.url, str(script))
+    assert (done.returncode, done.stdout) == (0, "db\nmaster\n\n")
     done = run_ssb("sql", "-d", "Sales", "--url", broker.url, str(script))
     assert done.returncode == 1
-    assert "USE Sales is not supported yet by ssb" in done.stderr
+    assert "Msg 911, Level 16" in done.stderr and "Database 'Sales' does not exist" in done.stderr

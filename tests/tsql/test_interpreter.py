@@ -139,7 +139,7 @@ async def test_expressions_and_functions() -> None:
     assert row[:9] == [3, "bcd", "X", 5, "c", "b", "three", "ab", 1]
     assert row[9:11] == ["4142", 0]
     assert str(row[11]) == "2024-02-29 00:00:00"
-    assert row[12:] == ["ssb", 3, "aba"]
+    assert row[12:] == ["master", 3, "aba"]
 
 
 async def test_stored_procedures_with_defaults_output_return_and_nesting() -> None:
@@ -205,14 +205,14 @@ async def test_alter_drop_and_unbalanced_transactions_in_procedures() -> None:
     assert out.errors[-1].number == 3701
 
 
-async def test_procedures_and_databases_are_refused_until_the_broker_has_them() -> None:
+async def test_without_a_broker_procedures_and_databases_are_refused() -> None:
     session, out = new_session()
     assert not await run(session, "CREATE PROCEDURE p AS PRINT 1")
     assert not await run(session, "USE AdventureWorks2008R2")
     assert not await run(session, "ALTER DATABASE AdventureWorks2008R2 SET ENABLE_BROKER")
     assert [e.number for e in out.errors] == [40517] * 3
-    assert all("is not supported yet by ssb" in e.text for e in out.errors)
-    assert await run(session, "USE ssb")
+    assert all("without a broker is not supported by ssb" in e.text for e in out.errors)
+    assert await run(session, "USE master")
 
 
 async def test_parse_only_runs_nothing() -> None:
