@@ -241,22 +241,29 @@ async def receive(session: Session, statement: ast.Receive, frame: Frame) -> Non
     where: dict[str, uuid.UUID] = {}
     if statement.where_value is not None and statement.where_column is not None:
         where[statement.where_column] = await _handle(session, statement.where_value, frame)
-    risky = session.trancount == 0 and _may_fail(statement, frame)
-    if risky:
+    # a column list that can fail after the messages were taken: outside a transaction the
+    # RECEIVE runs in one of its own, inside one after a savepoint, so that a failure puts
+    # its messages back and leaves the rest of the transaction as it was
+    risky = _may_fail(statement, frame)
+    alone = risky and session.trancount == 0
+    if alone:
         await session.broker(conn.begin_transaction())
+    elif risky:
+        await session.broker(conn.save_transaction(STATEMENT_SAVEPOINT))
     try:
         messages = await session.broker(conn.receive(queue, top, timeout, **where))
         await _deliver(session, statement, frame, messages)
     except SqlError:
-        if risky:
+        if alone:
             await session.broker(conn.rollback())
-        elif session.trancount:
-            session.doomed = True
+        elif risky:
+            await session.broker(conn.rollback_to_savepoint(STATEMENT_SAVEPOINT))
         raise
-    if risky:
+    if alone:
         await session.broker(conn.commit())
 
 
+STATEMENT_SAVEPOINT: Final = "ssb: a RECEIVE"  # the savepoint a risky RECEIVE takes
 _SAFE_COLUMNS: Final = frozenset(
     (
         "conversation_handle",

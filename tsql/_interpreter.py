@@ -520,12 +520,15 @@ class Session:
             self.transaction_names.append(statement.name)
             return
         if action == "SAVE":
-            raise NotSupported(
-                "SAVE TRANSACTION",
-                "rolling back to a savepoint needs savepoints in the broker, which come in"
-                " the next version; commit or roll back the whole transaction",
-                yet=True,
-            )
+            if self.trancount == 0:
+                raise SqlError(
+                    628, "Cannot issue SAVE TRANSACTION when there is no active transaction."
+                )
+            name = await self._transaction_name(statement.name, frame)
+            if name is None:
+                raise SqlError(102, "Incorrect syntax: SAVE TRANSACTION needs a name.", level=15)
+            await self.broker(self.connection().save_transaction(name))
+            return
         if action == "COMMIT":
             if self.trancount == 0:
                 raise SqlError(
@@ -550,19 +553,32 @@ class Session:
             raise SqlError(
                 3903, "The ROLLBACK TRANSACTION request has no corresponding BEGIN TRANSACTION."
             )
-        name = statement.name
-        if name is not None and self.transaction_names and name != self.transaction_names[0]:
-            if name.startswith("@"):
-                slot = frame.variables.get(name)
-                named = None if slot is None or slot.value.data is None else t.to_text(slot.value)
-                if named == self.transaction_names[0]:
-                    await self._rollback_all()
-                    return
-            raise SqlError(
-                6401,
-                f"Cannot roll back {name}. No transaction or savepoint of that name was found.",
-            )
+        name = await self._transaction_name(statement.name, frame)
+        if name is not None and name != self.transaction_names[0]:
+            if self.doomed:
+                raise SqlError(
+                    3931,
+                    "The current transaction cannot be committed and cannot be rolled back to"
+                    " a savepoint. Roll back the entire transaction.",
+                )
+            try:
+                await self.connection().rollback_to_savepoint(name)
+            except client.TransactionError:
+                raise SqlError(
+                    6401,
+                    f"Cannot roll back {name}. No transaction or savepoint of that name was found.",
+                ) from None
+            except client.BrokerError as exc:
+                raise from_broker(exc) from None
+            return
         await self._rollback_all()
+
+    async def _transaction_name(self, name: str | None, frame: Frame) -> str | None:
+        """A transaction or savepoint name as written, or a variable's value."""
+        if name is None or not name.startswith("@"):
+            return name
+        slot = frame.variables.get(name)
+        return None if slot is None or slot.value.data is None else t.to_text(slot.value)
 
     async def _rollback_all(self) -> None:
         self.trancount = 0

@@ -357,15 +357,14 @@ class Transactions:
                 f"this transaction already has {MAX_SAVEPOINTS} savepoints; commit it and go"
                 " on in a new one"
             )
-        txn.savepoints.append(
-            Savepoint(
-                name,
-                len(txn.received),
-                len(txn.new_endpoints),
-                len(txn.actions),
-                frozenset(txn.ended),
-            )
+        savepoint = Savepoint(
+            name, len(txn.received), len(txn.new_endpoints), len(txn.actions), frozenset(txn.ended)
         )
+        if txn.savepoints and txn.savepoints[-1].name == name:
+            # the one it hides could never be rolled back to again: it goes
+            txn.savepoints[-1] = savepoint
+        else:
+            txn.savepoints.append(savepoint)
 
     def rollback_to_savepoint(self, session: Session, name: object) -> None:
         """ROLLBACK TRANSACTION savepoint: undo what the transaction did since its latest

@@ -244,11 +244,47 @@ async def test_a_receive_whose_columns_fail_gives_its_messages_back(
     assert not await run(session, script)  # outside a transaction: back in the queue
     assert out.errors[-1].number == 245
     assert len(await conn.peek("TargetQueue")) == 1
-    assert not await run(session, "BEGIN TRANSACTION\n" + script)
-    assert not await run(session, "SELECT XACT_STATE() AS state\nCOMMIT")
-    assert table(out.results[-1]) == [[-1]] and out.errors[-1].number == 3930
-    assert await run(session, "ROLLBACK")
-    assert len(await conn.peek("TargetQueue")) == 1
+    # inside one, a savepoint undoes that RECEIVE alone: what came before it commits
+    before = (
+        f"BEGIN TRANSACTION\nSEND ON CONVERSATION '{handle}' MESSAGE TYPE [//t/Request]"
+        " (CAST(N'<before/>' AS XML))\nGO\n"
+    )
+    assert not await run(session, before + script)
+    assert out.errors[-1].number == 245
+    assert await run(session, "SELECT XACT_STATE() AS state\nCOMMIT"), out.errors
+    assert table(out.results[-1]) == [[1]]
+    waiting = await conn.peek("TargetQueue")
+    assert [m.message_body for m in waiting] == [b"<ok/>", "<before/>".encode("utf-16")]
+
+
+async def test_save_transaction_and_rollback_to_it(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    session, out = tsql
+    handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
+    await conn.send_many(handle, "//t/Request", [b"<one/>", b"<two/>"])
+    script = f"""
+DECLARE @body VARBINARY(MAX), @h UNIQUEIDENTIFIER = '{handle}', @g UNIQUEIDENTIFIER
+BEGIN TRANSACTION outer_work
+RECEIVE TOP (1) @body = message_body FROM TargetQueue
+SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (CAST(N'<kept/>' AS XML))
+SAVE TRANSACTION after_first
+RECEIVE TOP (1) @body = message_body FROM TargetQueue
+SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (CAST(N'<undone/>' AS XML))
+BEGIN DIALOG @g FROM SERVICE [//t/Initiator] TO SERVICE '//t/Target' ON CONTRACT [//t/Contract]
+ROLLBACK TRANSACTION after_first
+PRINT CAST(@@TRANCOUNT AS NVARCHAR(4))
+ROLLBACK TRANSACTION nothing_of_that_name
+"""
+    assert not await run(session, script)
+    assert out.messages[-1] == "1"  # the transaction goes on
+    assert out.errors[-1].number == 6401
+    assert await run(session, "COMMIT"), out.errors
+    waiting = [m.message_body for m in await conn.peek("TargetQueue")]
+    # the first RECEIVE and SEND stand; the second RECEIVE's message is back, in its place
+    assert waiting == [b"<two/>", "<kept/>".encode("utf-16")]
+    endpoints = await conn.view("conversation_endpoints")
+    assert len(endpoints) == 2  # the dialog begun after the savepoint never was
 
 
 async def test_queries_over_the_catalog_views_and_queues(
