@@ -34,7 +34,7 @@ from ssb.protocol import ErrorCode
 
 from ._core.catalog import IN_DATABASE, Catalog
 from ._core.endpoints import Endpoints
-from ._core.names import database_of
+from ._core.names import database_of, plain
 from ._core.queue_options import is_python
 from ._core.transactions import Session, Transactions
 from ._errors import BrokerError, bad_argument
@@ -203,16 +203,8 @@ class Permissions:
         if kind not in IN_DATABASE:
             return False
         database = database_of(name)  # its database's owner, or CONTROL of its database
-        return (
-            self.owners.get(("database", database)) == user
-            or (
-                user,
-                "CONTROL",
-                "database",
-                database,
-            )
-            in grants
-        )
+        control = (user, "CONTROL", "database", database)
+        return self.owners.get(("database", database)) == user or control in grants
 
     def owner(self, kind: str, name: str) -> str | None:
         return self.owners.get((kind, name))
@@ -264,11 +256,12 @@ class Permissions:
 
     def database_dropped(self, database: str) -> None:
         """Forget the owners of, and grants on, a dropped database and all it held."""
+        folded = database.casefold()
         gone = {
             (kind, name)
             for kind, name in [*self.owners, *((g[2], g[3]) for g in self.grants)]
-            if (kind == "database" and name == database)
-            or (kind in IN_DATABASE and database_of(name) == database)
+            if (kind == "database" and name.casefold() == folded)
+            or (kind in IN_DATABASE and database_of(name).casefold() == folded)
         }
         for kind, name in gone:
             self.forget(kind, name)
@@ -457,14 +450,24 @@ class Permissions:
 
     def rows(self) -> list[dict[str, Any]]:
         rows = [
-            {"login": login, "permission": p, "kind": k or None, "name": n or None, "owner": False}
+            {"login": login, "permission": p, **_object(k, n), "owner": False}
             for login, p, k, n in sorted(self.grants)
         ]
         rows += [
-            {"login": login, "permission": "CONTROL", "kind": k, "name": n, "owner": True}
+            {"login": login, "permission": "CONTROL", **_object(k, n), "owner": True}
             for (k, n), login in sorted(self.owners.items())
         ]
         return rows
+
+
+def _object(kind: str, name: str) -> dict[str, str | None]:
+    """A view's columns for an object: its kind, database (for a database's objects) and
+    plain name; all None for the broker itself."""
+    return {
+        "kind": kind or None,
+        "database": database_of(name) if kind in IN_DATABASE else None,
+        "name": plain(name) if name else None,
+    }
 
 
 def _name(args: dict[str, Any]) -> str:

@@ -61,6 +61,6 @@ else
         # (every daemon test: python -m pytest --store postgresql tests)
         python -m pytest -q -p no:cacheprovider --store postgresql tests/test_smoke.py \
             tests/test_transactions.py tests/test_durability.py tests/test_reconnect.py \
-            tests/test_poison.py tests/test_activation.py
+            tests/test_poison.py tests/test_activation.py tests/tsql/test_tutorials.py
     fi
 fi

@@ -318,6 +318,7 @@ class CreateProcedure(Statement):
     text: str
     alter: bool = False
     or_alter: bool = False
+    execute_as: str | None = None  # WITH EXECUTE AS: CALLER, SELF, OWNER or a user
 
 
 @dataclass(slots=True)

@@ -420,18 +420,21 @@ class Parser(BrokerParser):
                     break
         if parenthesised:
             self.expect_op(")")
+        execute_as: str | None = None
         if self.take("WITH"):
             while True:
                 option = self.expect("EXECUTE", "RECOMPILE", "ENCRYPTION").upper
                 if option == "EXECUTE":
                     self.expect("AS")
-                    self.advance()
+                    who = self.advance()
+                    execute_as = who.upper if who.kind is Kind.NAME else str(who.value)
                 if not self.take_op(","):
                     break
         self.expect("AS")
         body = self.statements()
+        text = self.text[start.start :]
         return ast.CreateProcedure(
-            line, name, parameters, body, self.text[start.start :], action == "ALTER", or_alter
+            line, name, parameters, body, text, action == "ALTER", or_alter, execute_as
         )
 
     def _drop_procedure(self, line: int) -> ast.Statement:

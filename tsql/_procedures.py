@@ -20,6 +20,7 @@ from ._compile import Declared, check
 from ._errors import SqlError
 from ._frame import Frame, Return, Slot, TableVariable
 from ._interfaces import ProcedureCatalog, StoredProcedure
+from ._output import Output
 from ._parser import parse_batch
 from ._types import Value
 
@@ -32,6 +33,7 @@ class Host(Protocol):
     login: str | None
     nesting: int
     trancount: int
+    output: Output
 
     def block(self, statements: list[ast.Statement], frame: Frame) -> Awaitable[None]: ...
 
@@ -70,6 +72,12 @@ class Procedures:
             StoredProcedure(statement.name, statement.text, host.login or ""),
             replace=statement.alter or statement.or_alter,
         )
+        if statement.execute_as not in (None, "CALLER"):
+            host.output.message(
+                f"ssb runs procedure {statement.name} with the permissions of the login that"
+                f" executes it (ssb has no database users): WITH EXECUTE AS"
+                f" {statement.execute_as} does what EXECUTE AS CALLER does."
+            )
 
     async def drop(self, host: Host, statement: ast.DropProcedure, frame: Frame) -> None:
         for name in statement.names:

@@ -224,6 +224,14 @@ async def test_parse_only_runs_nothing() -> None:
     assert not await run(session, "SET PARSEONLY ON\nGO\nSELECT FROM")
 
 
+async def test_execute_as_of_a_procedure_is_said_to_do_nothing_more() -> None:
+    session, out = new_session(procedures=MemoryProcedures())
+    assert await run(session, "CREATE PROCEDURE p WITH EXECUTE AS OWNER AS PRINT 1")
+    assert await run(session, "CREATE PROCEDURE q WITH EXECUTE AS CALLER AS PRINT 1")
+    (said,) = out.messages
+    assert "WITH EXECUTE AS OWNER does what EXECUTE AS CALLER does" in said
+
+
 async def test_save_transaction_needs_a_transaction() -> None:
     session, out = new_session()
     assert not await run(session, "SAVE TRANSACTION s")
