@@ -85,6 +85,7 @@ class BrokerDatabases:
 
     def __init__(self, conn: client.Connection) -> None:
         self.conn = conn
+        self._known: list[DatabaseInfo] = []
 
     def current(self) -> str:
         return self.conn.database
@@ -150,9 +151,12 @@ class BrokerDatabases:
         except client.BrokerError as exc:
             raise from_broker(exc) from None
 
+    def known(self) -> list[DatabaseInfo]:
+        return self._known
+
     async def list(self) -> list[DatabaseInfo]:
         rows = await self.conn.view("databases")
-        return [
+        self._known = [
             DatabaseInfo(
                 str(r["name"]),
                 int(r["database_id"]),
@@ -162,6 +166,7 @@ class BrokerDatabases:
             )
             for r in rows
         ]
+        return self._known
 
 
 def _no_database(name: str) -> SqlError:

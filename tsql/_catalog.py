@@ -276,10 +276,15 @@ def _certificates(f: Fetch, db: str) -> list[Any]:
     return rows
 
 
+def _database_ids(f: Fetch) -> dict[str, int]:
+    return {str(d["name"]): int(d["database_id"]) for d in f["databases"]}
+
+
 def _monitors(f: Fetch, db: str) -> list[Any]:
+    ids = _database_ids(f)
     return [
         (
-            1,
+            ids.get(m.get("database", db), 1),
             object_id("queue", m.get("queue")),
             m.get("state"),
             m.get("last_empty_rowset_time"),
@@ -291,10 +296,11 @@ def _monitors(f: Fetch, db: str) -> list[Any]:
 
 
 def _tasks(f: Fetch, db: str) -> list[Any]:
+    ids = _database_ids(f)
     return [
         (
             a.get("session_id"),
-            1,
+            ids.get(a.get("database", db), 1),
             object_id("queue", a.get("queue")),
             a.get("procedure"),
             a.get("execute_as"),
@@ -652,13 +658,13 @@ _VIEWS: Final = [
             "database_id queue_id state last_empty_rowset_time last_activated_time tasks_waiting",
             {**_KINDS, "state": _N},
         ),
-        ("queue_monitors",),
+        ("queue_monitors", "databases"),
         _monitors,
     ),
     SysView(
         "sys.dm_broker_activated_tasks",
         _cols("spid database_id queue_id procedure_name execute_as", _KINDS),
-        ("activated_tasks",),
+        ("activated_tasks", "databases"),
         _tasks,
     ),
     SysView(

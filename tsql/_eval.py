@@ -265,7 +265,7 @@ class Evaluator:
 
 _COMPARISONS: Final = frozenset(("=", "<>", "!=", "<", ">", "<=", ">=", "!<", "!>"))
 # functions whose answer the broker gives: run before the expression, as subqueries are
-ASKS_THE_BROKER: Final = frozenset(("OBJECT_ID",))
+ASKS_THE_BROKER: Final = frozenset(("OBJECT_ID", "DB_ID", "DB_NAME"))
 
 
 def _truth(truth: bool | None, negated: bool) -> Value:

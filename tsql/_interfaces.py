@@ -75,6 +75,10 @@ class Databases(Protocol):
 
     async def alter(self, name: str, options: dict[str, str]) -> None: ...
 
+    def known(self) -> list[DatabaseInfo]:
+        """The databases as `list` last found them (DB_ID and DB_NAME in a query)."""
+        ...
+
     async def list(self) -> list[DatabaseInfo]: ...
 
 
@@ -124,5 +128,8 @@ class SingleDatabase:
     async def alter(self, name: str, options: dict[str, str]) -> None:
         raise self._refuse(f"ALTER DATABASE {name}")
 
-    async def list(self) -> list[DatabaseInfo]:
+    def known(self) -> list[DatabaseInfo]:
         return [DatabaseInfo(DEFAULT_DATABASE, 1, True, self.broker_instance, False)]
+
+    async def list(self) -> list[DatabaseInfo]:
+        return self.known()

@@ -112,7 +112,7 @@ class Session:
         self.databases: Databases = databases
         self.login = login
         self.evaluator = Evaluator(self)
-        self.engine = Engine()
+        self.engine = Engine(self.session_function)
         self.trancount = 0
         self.transaction_names: list[str | None] = []
         self.doomed = False
@@ -263,6 +263,8 @@ class Session:
         if select.sql is None:
             select.sql = translate(select)
         translation = select.sql
+        if "tsql_db_" in translation.sql:
+            await self.databases.list()  # what DB_ID and DB_NAME read
         await self._load(translation, frame)
         return self.engine.run(translation, frame_parameters(translation, frame), _KINDS)
 
@@ -355,9 +357,13 @@ class Session:
 
     async def subquery(self, node: ast.Expr, frame: Frame) -> Any:
         """The answer of a subquery: EXISTS -> bool, scalar -> Value, IN -> values; and of
-        a function the broker answers (OBJECT_ID)."""
+        a function the broker answers (OBJECT_ID, DB_ID, DB_NAME)."""
         if isinstance(node, ast.Call):
-            return await self._object_id([self.sync(arg, frame) for arg in node.args])
+            args = [self.sync(arg, frame) for arg in node.args]
+            if node.name == "OBJECT_ID":
+                return await self._object_id(args)
+            await self.databases.list()  # what DB_ID and DB_NAME read
+            return self.session_function(node.name, args)
         assert isinstance(node, (ast.Exists, ast.Subquery, ast.InQuery))
         select = node.query
         if not select.has_from:
@@ -682,6 +688,10 @@ class Session:
         if statement.action == "CREATE":
             await self.databases.create(statement.name)
         elif statement.action == "DROP":
+            if statement.if_exists:
+                folded = statement.name.casefold()
+                if all(d.name.casefold() != folded for d in await self.databases.list()):
+                    return
             await self.databases.drop(statement.name)
         else:
             await self.databases.alter(statement.name, statement.options)

@@ -169,7 +169,7 @@ def translate_text(text: str) -> Translation:
             raise _refuse(f"the xml {method.lower()}() method")
         if isinstance(node, exp.Anonymous):
             name = node.name.upper()
-            if name in SCALARS:
+            if name in SCALARS or name in SESSION_IN_QUERIES:
                 args = [deep(arg) for arg in node.expressions]
                 if name in DATE_PART_FUNCTIONS and args and isinstance(args[0], exp.Column):
                     args[0] = exp.Literal.string(args[0].name)
@@ -299,15 +299,23 @@ def _collate(a: str, b: str) -> int:
     return (x > y) - (x < y)
 
 
-class Engine:
-    """One session's SQLite database and its T-SQL functions."""
+# the session's functions a query may call (the session answers them)
+SESSION_IN_QUERIES: Final = ("DB_ID", "DB_NAME")
 
-    def __init__(self) -> None:
+
+class Engine:
+    """One session's SQLite database and its T-SQL functions; `session` answers the
+    session's own (DB_ID, DB_NAME)."""
+
+    def __init__(self, session: Callable[[str, list[Value]], Value] | None = None) -> None:
         self.db = sqlite3.connect(":memory:", isolation_level=None)
         self.db.create_collation("tsql", _collate)
         self.failure: SqlError | None = None
         for name, function in SCALARS.items():
             self._register(f"tsql_{name.lower()}", function)
+        if session is not None:
+            for name in SESSION_IN_QUERIES:
+                self._register(f"tsql_{name.lower()}", lambda *a, name=name: session(name, list(a)))
         self._register("tsql_add", lambda a, b: arithmetic("+", a, b))
         self.db.create_function("tsql_cast", 3, self._guard(self._cast), deterministic=True)
         self.db.create_function("tsql_try_cast", 3, self._guard(self._try_cast), deterministic=True)

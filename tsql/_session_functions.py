@@ -9,7 +9,7 @@ from typing import Any, Final, Protocol
 
 from . import _types as t
 from ._errors import NotSupported, SqlError
-from ._interfaces import Databases
+from ._interfaces import DEFAULT_DATABASE, Databases
 from ._types import Value
 
 
@@ -69,17 +69,20 @@ def session_function(self: State, name: str, args: list[Value]) -> Value:
     if name == "XACT_STATE":
         return Value(0 if not self.trancount else (-1 if self.doomed else 1), t.SqlType("SMALLINT"))
     if name == "DB_NAME":
-        if args and args[0].data not in (None, 1):
-            return Value(None, t.SYSNAME)
-        return Value(self.databases.current(), t.SYSNAME)
+        if not args or args[0].data is None:
+            return Value(self.databases.current(), t.SYSNAME)
+        number = t.as_int(args[0])
+        named = next((d.name for d in self.databases.known() if d.database_id == number), None)
+        return Value(named, t.SYSNAME)
     if name == "DB_ID":
-        if (
-            args
-            and args[0].data is not None
-            and t.to_text(args[0]).lower() != self.databases.current().lower()
-        ):
-            return Value(None, t.INT)
-        return Value(1, t.INT)
+        wanted = self.databases.current() if not args or args[0].data is None else None
+        if wanted is None:
+            wanted = t.to_text(args[0])
+        folded = wanted.casefold()
+        ids = [d.database_id for d in self.databases.known() if d.name.casefold() == folded]
+        if not ids and folded == DEFAULT_DATABASE:
+            ids = [1]
+        return Value(ids[0] if ids else None, t.INT)
     if name in (
         "SUSER_SNAME",
         "SUSER_NAME",

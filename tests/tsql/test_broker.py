@@ -387,3 +387,27 @@ async def test_timers_groups_errors_and_cleanup(
     assert table(grouped) == [[3]]
     assert table(timer) == [["http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer"]]
     assert table(last) == [["http://schemas.microsoft.com/SQL/ServiceBroker/Error", 31472]]
+
+
+async def test_databases_in_t_sql(tsql: tuple[Session, Collect], conn: client.Connection) -> None:
+    session, out = tsql
+    assert await run(
+        session,
+        "CREATE DATABASE Sales\nGO\nUSE Sales\nGO\n"
+        "CREATE QUEUE TargetQueue\n"  # the same name as master's, in another database
+        "SELECT DB_ID() AS id, DB_NAME() AS name, DB_NAME(1) AS first\n"
+        "SELECT name FROM sys.databases WHERE database_id = DB_ID()\n"
+        "SELECT name FROM sys.service_queues\n",
+    ), out.errors
+    ids, named, queues = out.results[-3:]
+    assert table(ids) == [[5, "Sales", "master"]]
+    assert table(named) == [["Sales"]]
+    assert table(queues) == [["TargetQueue"]]  # Sales's only
+    assert not await run(session, "DROP DATABASE Sales")
+    assert out.errors[-1].number == 3702  # this session uses it
+    assert not await run(session, "USE Nowhere")
+    assert out.errors[-1].number == 911
+    assert not await run(session, "CREATE DATABASE sales")
+    assert out.errors[-1].number == 1801
+    assert await run(session, "USE master\nGO\nDROP DATABASE Sales\nDROP DATABASE IF EXISTS Sales")
+    assert [d["name"] for d in await conn.view("databases")] == ["master"]

@@ -12,6 +12,7 @@ side stays open (DISCONNECTED_INBOUND) until lesson 4 drops its service, as on S
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon import BrokerProcess, run_ssb
@@ -47,6 +48,12 @@ CROSS JOIN (SELECT COUNT(*) AS messages FROM TargetQueueIntAct) AS q
 WHERE s.name = N'//AWDB/InternalAct/TargetService';
 GO
 """
+
+
+@pytest.fixture
+def broker_settings() -> dict[str, Any]:
+    # a warm worker for the activated procedure: lesson 3 waits 5 s for its reply
+    return {"config": {"activation": {"prestart_workers": 2}}}
 
 
 def _files(tutorial: str) -> list[Path]:
