@@ -59,6 +59,7 @@ from ._activation.workers import WorkerPool
 from ._broker_files import BrokerFiles
 from ._config import Config, ConfigError
 from ._core.engine import Engine, StoredState
+from ._core.names import display
 from ._core.ports import Cancellable, OutboundRelay
 from ._logins import ADMIN, PASSWORD_FILE, Logins, ThrottleSettings
 from ._namespaces import Namespaces
@@ -463,7 +464,7 @@ class Broker:
             store,
             clock,
             logins.check,
-            lambda: {name: queue.ready for name, queue in engine.queues.items()},
+            lambda: {display(name): queue.ready for name, queue in engine.queues.items()},
             lambda: dead_letter_queues(engine.catalog.queues),
             config.chart_sample_seconds,
         )

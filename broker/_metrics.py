@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 from ._core.backlog import MessageCache
 from ._core.capacity import Capacity
 from ._core.delivery import Delivery
+from ._core.names import display
 from ._core.queues import Queue
 from ._core.transactions import Transactions
 from ._store import Store, StoreError
@@ -205,7 +206,7 @@ class BrokerCollector(Collector):
             )
             value = read or computed[name]
             for queue in queues:
-                family.add_metric([queue.name], value(queue))
+                family.add_metric([display(queue.name)], value(queue))
             yield family
 
     def _oldest_age(self, queue: Queue, now: float) -> float:

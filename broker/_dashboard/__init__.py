@@ -49,6 +49,7 @@ from multidict import MultiDictProxy
 from ssb.protocol import ErrorCode, Request
 
 from .._core.catalog import QueueDef
+from .._core.names import DEFAULT_DATABASE, database_of
 from .._core.ports import Clock, Journal, durable
 from .._core.transactions import Transactions
 from .._errors import BrokerError
@@ -100,12 +101,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def dead_letter_queues(queues: Mapping[str, QueueDef]) -> list[str]:
-    """The queues some poison policy moves dead letters to."""
+    """The queues of master some poison policy moves dead letters to (the dashboard's
+    session is in master)."""
     return sorted(
         {
             q.poison_policy.dead_letter_queue
             for q in queues.values()
-            if q.poison_policy is not None and q.poison_policy.dead_letter_queue
+            if q.poison_policy is not None
+            and q.poison_policy.dead_letter_queue
+            and database_of(q.poison_policy.dead_letter_queue) == DEFAULT_DATABASE
         }
     )
 
@@ -380,13 +384,17 @@ class Dashboard:
         monitors, monitor_refusal = await self._view(
             request, session, "queue_monitors", limit=LOOKUP_LIMIT
         )
-        by_queue = {m.get("queue"): m for m in monitors}
+        by_queue = {(m.get("database"), m.get("queue")): m for m in monitors}
         # queues that are off or disabled first: beyond the row limit they would be lost
         queues.sort(key=lambda q: bool(q.get("is_receive_enabled")))
         shown, note = capped(queues)
-        rows = [self._queue_row(q, by_queue.get(q.get("name")), session) for q in shown]
+        rows = [
+            self._queue_row(q, by_queue.get((q.get("database"), q.get("name"))), session)
+            for q in shown
+        ]
         headings = (
             "queue",
+            "database",
             "status",
             "why",
             "max messages",
@@ -407,10 +415,14 @@ class Dashboard:
         queue: Mapping[str, Any], monitor: Mapping[str, Any] | None, session: WebSession
     ) -> list[str]:
         name = queue.get("name")
+        database = queue.get("database", DEFAULT_DATABASE)
         status, reason = queue_status(queue)
-        enable = enable_button(status, name, session)
+        # the dashboard's session is in master: it shows, and acts on, master's queues
+        mine = database == DEFAULT_DATABASE
+        enable = enable_button(status, name, session) if mine else ""
         return [
-            link("queue", name, name=name),
+            link("queue", name, name=name) if mine else esc(name),
+            esc(database),
             f'<span class="status-{esc(status)}">{esc(status)}</span>',
             esc(reason),
             esc(queue.get("max_messages")),
@@ -428,7 +440,11 @@ class Dashboard:
         queues, refused = await self._view(request, session, "service_queues", limit=LOOKUP_LIMIT)
         if refused is not None:
             return title, refusal(refused)
-        found = [q for q in queues if q.get("name") == name]
+        found = [
+            q
+            for q in queues
+            if q.get("name") == name and q.get("database", DEFAULT_DATABASE) == DEFAULT_DATABASE
+        ]
         if not found:
             return title, refusal(f"queue '{name}' does not exist")
         row = found[0]
