@@ -58,6 +58,7 @@ from ._query import (
 )
 from ._session_functions import format_message, session_function, small_int, system_function
 from ._source import Batch
+from ._transactions import rollback_all
 from ._types import Value
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ class Session:
         self.stored = Procedures(self.procedures)
         from ._conversation import CONVERSATION_STATEMENTS
         from ._ddl import DDL_STATEMENTS
+        from ._transactions import TRANSACTION_STATEMENTS
 
         self._dispatch: dict[type, Callable[[Any, Frame], Awaitable[None]]] = {
             ast.Declare: self._declare,
@@ -138,7 +140,6 @@ class Session:
             ast.Break: self._break,
             ast.Continue: self._continue,
             ast.TryCatch: self._try_catch,
-            ast.Transaction: self._transaction,
             ast.Print: self._print,
             ast.RaiseError: self._raiserror,
             ast.Throw: self._throw,
@@ -152,7 +153,8 @@ class Session:
             ast.Refused: self._refused,
             ast.TableChange: self._table_change,
         }
-        for kind, handler in {**CONVERSATION_STATEMENTS, **DDL_STATEMENTS}.items():
+        statements = {**CONVERSATION_STATEMENTS, **DDL_STATEMENTS, **TRANSACTION_STATEMENTS}
+        for kind, handler in statements.items():
             self._dispatch[kind] = _bind(handler, self)
 
     # ---- batches ----------------------------------------------------------------------------
@@ -193,7 +195,7 @@ class Session:
 
     async def _batch_failed(self, exc: SqlError) -> None:
         if self.trancount and (self.xact_abort or exc.level >= 20):
-            await self._rollback_all()
+            await rollback_all(self)
         self.output.error(exc)
 
     def new_frame(self, declared: list[Declared], procedure: str | None = None) -> Frame:
@@ -514,83 +516,6 @@ class Session:
                 await self.block(statement.handler, frame)
             finally:
                 self.caught.pop()
-
-    async def _transaction(self, statement: ast.Transaction, frame: Frame) -> None:
-        action = statement.action
-        self.rowcount = 0
-        if action == "BEGIN":
-            if self.trancount == 0:
-                await self.broker(self.connection().begin_transaction())
-                self.doomed = False
-            self.trancount += 1
-            self.transaction_names.append(statement.name)
-            return
-        if action == "SAVE":
-            if self.trancount == 0:
-                raise SqlError(
-                    628, "Cannot issue SAVE TRANSACTION when there is no active transaction."
-                )
-            name = await self._transaction_name(statement.name, frame)
-            if name is None:
-                raise SqlError(102, "Incorrect syntax: SAVE TRANSACTION needs a name.", level=15)
-            await self.broker(self.connection().save_transaction(name))
-            return
-        if action == "COMMIT":
-            if self.trancount == 0:
-                raise SqlError(
-                    3902, "The COMMIT TRANSACTION request has no corresponding BEGIN TRANSACTION."
-                )
-            if self.doomed:
-                raise SqlError(
-                    3930,
-                    "The current transaction cannot be committed and cannot support operations"
-                    " that write to the log file. Roll back the transaction.",
-                )
-            if self.trancount == 1:
-                self.trancount = 0
-                self.transaction_names.clear()
-                await self.broker(self.connection().commit())
-            else:
-                self.trancount -= 1
-                self.transaction_names.pop()
-            return
-        # ROLLBACK
-        if self.trancount == 0:
-            raise SqlError(
-                3903, "The ROLLBACK TRANSACTION request has no corresponding BEGIN TRANSACTION."
-            )
-        name = await self._transaction_name(statement.name, frame)
-        if name is not None and name != self.transaction_names[0]:
-            if self.doomed:
-                raise SqlError(
-                    3931,
-                    "The current transaction cannot be committed and cannot be rolled back to"
-                    " a savepoint. Roll back the entire transaction.",
-                )
-            try:
-                await self.connection().rollback_to_savepoint(name)
-            except client.TransactionError:
-                raise SqlError(
-                    6401,
-                    f"Cannot roll back {name}. No transaction or savepoint of that name was found.",
-                ) from None
-            except client.BrokerError as exc:
-                raise from_broker(exc) from None
-            return
-        await self._rollback_all()
-
-    async def _transaction_name(self, name: str | None, frame: Frame) -> str | None:
-        """A transaction or savepoint name as written, or a variable's value."""
-        if name is None or not name.startswith("@"):
-            return name
-        slot = frame.variables.get(name)
-        return None if slot is None or slot.value.data is None else t.to_text(slot.value)
-
-    async def _rollback_all(self) -> None:
-        self.trancount = 0
-        self.transaction_names.clear()
-        self.doomed = False
-        await self.broker(self.connection().rollback())
 
     async def _print(self, statement: ast.Print, frame: Frame) -> None:
         value = await self.value(statement.expr, frame)
