@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from ._core.catalog import IN_DATABASE, Catalog
-from ._core.names import DEFAULT_DATABASE, SEPARATOR
+from ._core.names import DEFAULT_DATABASE, SEPARATOR, qualify
 from ._core.queue_options import is_python
 from ._core.transactions import Session
 from ._errors import bad_argument
@@ -127,13 +127,11 @@ class Namespaces:
         if not isinstance(value, str):
             return value  # the operation says what is wrong with it
         _check(value)
-        catalog = self.catalog
-        key = catalog.key_in(kind, value, database) if kind != "procedure" else None
-        if key is None:
-            key = value if database == DEFAULT_DATABASE else f"{database}{SEPARATOR}{value}"
-            found = catalog.find_procedure(key)
+        if kind == "procedure":  # named without case: the spelling it was created with
+            key = qualify(database, value)
+            found = self.catalog.find_procedure(key)
             return key if found is None else found.name
-        return key
+        return self.catalog.key_in(kind, value, database)
 
     @staticmethod
     def shown(session: Session | None, message: str) -> str:
