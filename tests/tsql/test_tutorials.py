@@ -21,10 +21,6 @@ from ssb import client
 
 from .helpers import SCRIPTS
 
-pytestmark = pytest.mark.skipif(
-    SCRIPTS is None, reason="the published tutorials are not beside the clone"
-)
-
 REQUEST = "<RequestMsg>Message for Target service.</RequestMsg>"
 REPLY = "<ReplyMsg>Message for Initiator service.</ReplyMsg>"
 
@@ -57,7 +53,6 @@ def broker_settings() -> dict[str, Any]:
 
 
 def _files(tutorial: str) -> list[Path]:
-    assert SCRIPTS is not None
     return sorted((SCRIPTS / tutorial).glob("*.sql"))
 
 
