@@ -1,4 +1,5 @@
-"""The HTTP port: /metrics for Prometheus, /healthz for supervisors (and the dashboard).
+"""The HTTP port: /metrics for Prometheus, /healthz for supervisors, and the dashboard
+(its root, `/`, leads there).
 
 Theory of operation. One aiohttp application on `http_port`, off unless configured,
 listening on the broker's own host. On loopback it speaks plain HTTP; on any other

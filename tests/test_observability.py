@@ -107,6 +107,18 @@ async def test_metrics_match_the_views(observed: BrokerProcess) -> None:
     assert (await health(observed.http_url, "/healthz/live"))[0] == 200
 
 
+async def test_the_http_ports_root_leads_to_the_dashboard(observed: BrokerProcess) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{observed.http_url}/", allow_redirects=False) as r:
+            assert r.status == 303 and r.headers["Location"] == "/dashboard/queues"
+        async with http.get(f"{observed.http_url}/") as r:  # followed: the login form
+            assert r.status == 200 and r.url.path == "/dashboard/login", r.url
+        async with http.get(f"{observed.http_url}/healthz") as r:
+            assert r.status == 200
+        async with http.get(f"{observed.http_url}/metrics") as r:
+            assert r.status == 200
+
+
 async def receive_waiting(url: str, queue: str) -> None:
     async with await client.connect(url) as other, other.transaction():
         await other.receive(queue, top=1, timeout=30)

@@ -162,6 +162,7 @@ class Dashboard:
     def add_routes(self, app: web.Application) -> None:
         """Add the dashboard to `app` (before it starts)."""
         router = app.router
+        router.add_get("/", self._home)  # the HTTP port's root: the dashboard
         router.add_get(ROOT, self._home)
         router.add_get(f"{ROOT}/", self._home)
         router.add_get(f"{ROOT}/static/dashboard.css", self._style)
