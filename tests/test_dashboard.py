@@ -156,6 +156,8 @@ async def test_every_page_loads_without_console_errors(
     await conn.create_service("HeldService", queue="Held", contracts=["DEFAULT"])
     await conn.alter_queue("Held", status="OFF")
     await conn.send(await conn.begin_dialog("Buyer", "HeldService"), body="waits")
+    # a service no route leads to yet: its message waits, saying so
+    await conn.send(await conn.begin_dialog("Buyer", "RoutedLater"), body="waits too")
     watched = await admin_page(browser, broker)
     page = watched.page
     paths = {
@@ -180,7 +182,9 @@ async def test_every_page_loads_without_console_errors(
     assert await page.inner_text("pre.body") == HOSTILE
     assert "cannot parse <order>" in await page.inner_text("main")
     await page.goto(f"{broker.http_url}/dashboard/transmission")
-    assert "disabled" in await page.inner_text("table")  # why the message to Held waits
+    shown = await page.inner_text("table")
+    assert "disabled" in shown  # why the message to Held waits
+    assert "no route to service 'RoutedLater'" in shown
     await page.goto(f"{broker.http_url}/dashboard/connections")
     daemons = await page.inner_text("table")  # this broker's one daemon serves
     assert "active" in daemons and "standby" not in daemons

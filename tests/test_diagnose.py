@@ -251,6 +251,39 @@ async def _healthy(a: Node, b: Node) -> bool:
     return (await diagnose(urls(a, b))).healthy
 
 
+async def test_a_dialog_begun_before_its_route_waits_and_is_found(tmp_path: Path) -> None:
+    """BEGIN DIALOG to a service no route leads to succeeds (deployment scripts create
+    routes afterwards); its messages wait saying so, diagnose names the missing route, the
+    broker logs it once, and they go as soon as the route exists."""
+    async with Federation(tmp_path, ["A", "B"]) as fed:
+        a, b = fed["A"], fed["B"]
+        await dialog_services(a, b)
+        await route(b, "Initiator", a)
+        handles = [
+            await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT) for _ in range(2)
+        ]
+        for n, h in enumerate(handles):
+            await a.conn.send(h, REQUEST, b"early %d" % n)
+        await wait_until(lambda: status_of(a, "TargetB"), "the messages waiting on A", 15)
+        assert await status_of(a, "TargetB") == " / ".join(["no route to service 'TargetB'"] * 2)
+
+        code, out, _ = await ssb_diagnose(*urls(a, b))
+        assert code == 1, out
+        assert (
+            f"2 message(s) for service 'TargetB' wait in the transmission queue of {label(a)}:"
+            " no route to service 'TargetB'" in out
+        )
+        assert f"broker {label(a)} has no route to service 'TargetB' on broker {label(b)}" in out
+        assert f"fix: on {label(a)}: create_route('to_TargetB', 'TargetB', 'tcp://" in out
+        said = "messages for service 'TargetB' wait in the transmission queue: no route"
+        assert a.process.log_text().count(said) == 1
+
+        await route(a, "TargetB", b)
+        got = await receive_count(b.conn, TARGET_QUEUE, 2)
+        assert sorted(m.message_body for m in got) == [b"early 0", b"early 1"]
+        await wait_until(lambda: _healthy(a, b), "diagnose to find nothing", 15)
+
+
 async def test_a_message_held_for_a_service_the_far_broker_lacks_is_found(
     tmp_path: Path,
 ) -> None:

@@ -15,8 +15,15 @@ async def test_unknown_objects(conn: client.Connection) -> None:
     assert info.value.code == ErrorCode.UNKNOWN_SERVICE
     assert "service 'Nope' does not exist" in info.value.message
     await seed000(conn)
-    with pytest.raises(client.NotFoundError, match="no route leads to it"):
-        await conn.begin_dialog("ServiceAsyncInitiator", "Typo", contract="AsyncContract")
+    # a target no route leads to is not refused (Service Broker's way): its messages wait,
+    # saying why
+    typo = await conn.begin_dialog("ServiceAsyncInitiator", "Typo", contract="AsyncContract")
+    await conn.send(typo, "AsyncSent", b"waits")
+    (row,) = await conn.view("transmission_queue")
+    assert row["to_service_name"] == "Typo"
+    assert row["transmission_status"] == "no route to service 'Typo'"
+    await conn.end_conversation(typo, cleanup=True)
+    assert await conn.view("transmission_queue") == []
     with pytest.raises(client.NotFoundError, match="contract 'Nope'"):
         await conn.begin_dialog("ServiceAsyncInitiator", "ServiceAsyncTarget", contract="Nope")
     with pytest.raises(client.NotFoundError) as info:

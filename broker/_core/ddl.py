@@ -202,7 +202,9 @@ class Ddl:
     def create_service(
         self, session: Session, name: object, queue: object, contracts: object = None
     ) -> None:
-        self.persist("service", self.catalog.new_service(name, queue, contracts))
+        service = self.catalog.new_service(name, queue, contracts)
+        self.persist("service", service)
+        self.delivery.service_created(service.name)
 
     def alter_service(
         self,

@@ -223,6 +223,17 @@ class Delivery:
             if target is not None and target.name == queue_name:
                 self._release(box)
 
+    def service_created(self, name: str) -> None:
+        """A service of this broker was created: what waited in the transmission queue for
+        a service of that name that no route led to (never sent anywhere) is delivered."""
+        for box in [b for b in self.outboxes.values() if not b.local and b.to_service == name]:
+            ep = self.endpoints.by_conversation(box.conversation_id, box.is_initiator)
+            if (ep is None or ep.far_broker_instance is None) and self.routes.is_local(
+                name, box.to_broker_instance
+            ):
+                self.transmission.make_local(box)
+                self._release(box)
+
     def _release(self, box: DialogOutbox) -> None:
         box.releasing = False
         now = self.clock.time()

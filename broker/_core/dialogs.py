@@ -188,7 +188,10 @@ class Dialogs:
     def _check_target(
         self, to_service: str, broker_instance: object, contract: str, database: str
     ) -> bool:
-        """Whether the target is on this broker; raises if it cannot be reached."""
+        """Whether the target is on this broker (then it must accept the contract). A
+        target no route leads to yet is not refused, as in Service Broker: its messages
+        wait in the transmission queue, saying why, and go once a route (or the service
+        here) exists."""
         key = self.routes.local_target(to_service, broker_instance, database)
         if key is not None:
             target = self.catalog.services[key]
@@ -201,14 +204,6 @@ class Dialogs:
                     f"it accepts {accepted or 'no contract (initiator only)'}",
                 )
             return True
-        if self.routes.find(to_service, broker_instance) is None:
-            raise not_found(
-                ErrorCode.UNKNOWN_SERVICE,
-                "service",
-                to_service,
-                "it is not on this broker and no route leads to it (create_route for a remote"
-                " service)",
-            )
         return False
 
     def endpoint(self, session: Session, handle: object) -> Endpoint:

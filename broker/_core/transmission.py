@@ -210,6 +210,15 @@ class TransmissionQueue:
                 target.held += count
         return box
 
+    def make_local(self, box: DialogOutbox) -> None:
+        """`box`, never sent anywhere, turns out to wait for a queue of this broker (its
+        service was created here): its queue counts its entries from now on."""
+        box.local, box.status = True, ""
+        target = self.target_queue(box.to_service)
+        if target is not None:
+            target.held += box.count
+            target.held_bytes += box.bytes
+
     def unhold(self, out: Outbound) -> None:
         """A local entry taken from its outbox to be delivered: its queue no longer
         counts it."""

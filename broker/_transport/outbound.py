@@ -7,6 +7,7 @@ the transport (`outbound`). Once the store batch holding the entries is durable,
 one its route's address turned out to be) or records why it waits: no route, no
 trusted certificate, an encrypted dialog whose binding names another broker (all in
 `unrouted`), or an address not yet known as a broker (`waiting` for its connection).
+A missing route or certificate is logged once, until a direction finds it.
 
 `feed` pulls durable entries into each direction's `DialogSender` (opened on first use
 with a fresh session key, wrapped for the peer's or the binding's certificate, signed by
@@ -63,6 +64,7 @@ IN_FLIGHT_BYTES: Final = 64 * 1024 * 1024  # their bodies
 RESERVE_MESSAGES: Final = 1024
 RESERVE_BYTES: Final = 16 * 1024 * 1024
 FEED_CHUNK: Final = 256  # messages pulled from one direction per turn
+MAX_SAID: Final = 10_000  # reasons for waiting remembered as logged
 
 
 @functools.lru_cache(maxsize=1024)
@@ -112,6 +114,7 @@ class Transmission:
         # told of, to place once durable: by the store batch their entries are in, in the
         # order they were told of (a dict as an ordered set)
         self._fresh: dict[int, dict[DialogOutbox, None]] = {}
+        self._said: set[str] = set()  # why directions wait, logged once each until resolved
 
     # ---- placing ---------------------------------------------------------------------
 
@@ -145,7 +148,7 @@ class Transmission:
 
     def place(self, box: DialogOutbox) -> None:
         """Find the peer of a direction's entries and feed it, or record why they wait."""
-        if self.links.closing or not self.delivery.is_current(box):
+        if self.links.closing or box.local or not self.delivery.is_current(box):
             return
         key = box.direction
         route = self.routes.find(box.to_service, box.to_broker_instance)
@@ -153,8 +156,15 @@ class Transmission:
         if route is None or address is None:
             box.status = f"no route to service '{box.to_service}'"
             self.unrouted[key] = box
+            self._say(
+                f"route:{box.to_service}",
+                "messages for service '%s' wait in the transmission queue: no route leads to"
+                " it; they go once one does (create_route)",
+                box.to_service,
+            )
             return
         self.unrouted.pop(key, None)
+        self._said.discard(f"route:{box.to_service}")
         box.status = ""
         named = box.to_broker_instance or route.broker_instance
         instance = _instance_id(named) if named else self.peers.address_peer.get(address)
@@ -164,10 +174,17 @@ class Transmission:
                 f"no certificate of broker {named} is trusted here: create_certificate with"
                 " its broker_certificate()"
             )
+            self._say(
+                f"certificate:{named}",
+                "messages for service '%s' wait in the transmission queue: %s",
+                box.to_service,
+                box.status,
+            )
         if peer is None:
             self.waiting.setdefault(address, {})[key] = box
             self.links.connect(address)
             return
+        self._said.discard(f"certificate:{peer.instance}")
         opened = peer.dialog.sender(key[0], _direction(key[1])) is not None
         refusal = None if opened else self.trust.encryption_refusal(box, peer.instance)
         if refusal is not None:
@@ -181,6 +198,14 @@ class Transmission:
         peer.boxes[key] = box
         self.feed(peer)
         self._feed_first(peer, key, box)
+
+    def _say(self, topic: str, text: str, *args: object) -> None:
+        """Log why directions wait, once per `topic` until it is resolved."""
+        if topic not in self._said:
+            if len(self._said) >= MAX_SAID:
+                self._said.clear()
+            self._said.add(topic)
+            log.warning(text, *args)
 
     def replace_all(self) -> None:
         """Routes or trust changed: place again every direction that waits."""

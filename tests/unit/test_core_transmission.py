@@ -92,3 +92,30 @@ def test_a_long_hold_for_a_queue_that_is_off_spills_and_is_released_in_order() -
     assert [r[SEQ] for r in rows] == list(range(3000))
     assert [r[BODY][:4] for r in rows] == [b"%04d" % n for n in range(3000)]
     assert queue.held == 0
+
+
+def test_a_dialog_to_a_service_no_route_leads_to_waits_until_the_service_is_created() -> None:
+    """As in Service Broker, BEGIN DIALOG does not refuse a target no route leads to: its
+    messages wait in the transmission queue, in order (a long wait spills), and go into
+    the service's queue once it exists here."""
+    core = Core(message_cache_bytes=16 * KIB)
+    core.op("create_queue", "Initiator")
+    core.op("create_service", "InitiatorService", "Initiator")
+    handle = core.op("begin_dialog", "InitiatorService", "LaterService")
+    for n in range(4):
+        core.op("send", handle, "DEFAULT", [b"%02d" % (n * 10 + i) + b"x" * KIB for i in range(10)])
+        core.flush()
+    delivery = core.engine.transmission
+    (box,) = delivery.remote_outboxes()
+    assert box.count == 40 and box.spilled and box.status == "no route to service 'LaterService'"
+    core.op("create_queue", "Later", status=False)
+    core.op("create_service", "LaterService", "Later", ["DEFAULT"])
+    assert delivery.remote_outboxes() == [] and box.local  # waits for the queue now
+    assert core.engine.queues["Later"].held == 40
+    core.op("alter_queue", "Later", status=True)
+    core.flush()
+    got = core.receive_all("Later")
+    assert [row[BODY][:2] for row in got] == [b"%02d" % n for n in range(40)]
+    assert [row[SEQ] for row in got] == list(range(40))
+    assert not delivery.outboxes and core.engine.queues["Later"].held == 0
+    assert core.store.transmission_summary() == []

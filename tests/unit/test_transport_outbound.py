@@ -5,6 +5,7 @@ transport_harness)."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 
@@ -80,6 +81,36 @@ async def test_a_direction_waits_with_its_reason_until_a_route_and_a_certificate
     await world.advance(world.settings.retry_initial)  # the handshake failed before
     assert b.queue("Target") == 1
     assert a.transmission_queue() == 0
+
+
+async def test_a_dialog_begun_before_its_route_exists_waits_saying_so_then_goes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """BEGIN DIALOG to a service no route leads to succeeds (deployment scripts create
+    routes later); the wait is logged once for the service, and the messages go as soon
+    as a route exists."""
+    world = World(tmp_path)
+    a, b = world.pair()
+    a.op("drop", "route", "to_b")
+    first = a.op("begin_dialog", "InitiatorService", "TargetService")
+    second = a.op("begin_dialog", "InitiatorService", "TargetService")
+    with caplog.at_level(logging.WARNING, "ssb.transport"):
+        a.op("send", first, "DEFAULT", [b"1"])
+        await world.settle()
+        a.op("send", second, "DEFAULT", [b"2"])
+        await world.settle()
+    said = [r.getMessage() for r in caplog.records if "no route leads to it" in r.getMessage()]
+    assert said == [
+        "messages for service 'TargetService' wait in the transmission queue: no route leads"
+        " to it; they go once one does (create_route)"
+    ]
+    rows = a.core.store.read_transmission_page(None, 10)
+    assert [a.transport.describe(Outbound.from_row(row)) for row in rows] == [
+        "no route to service 'TargetService'"
+    ] * 2
+    a.op("create_route", "to_b", "TargetService", f"tcp://{b.address}")
+    await world.settle()
+    assert b.queue("Target") == 2 and a.transmission_queue() == 0
 
 
 async def test_a_later_direction_of_higher_priority_overtakes_a_backlog_from_the_reserve(
