@@ -19,7 +19,10 @@ Scheduling: retransmissions that fall due go first, then fresh fragments one at 
 round-robin across dialogs within the highest priority level, so small messages overtake
 the fragments of a large one. Starvation is prevented: with a `starvation_bound`, a
 dialog that has waited that many seconds goes next whatever its level; without one,
-every `STARVATION_EVERY`-th pick goes to the longest-waiting dialog of any level. Acks
+every `STARVATION_EVERY`-th pick goes to the longest-waiting dialog of any level. Each
+frame is chosen when the writer asks for it, and a writer may bound what one call
+returns by payload bytes (`max_bytes`): asking for what its socket takes now keeps
+priorities and the bound where the bytes leave, not where they enter a buffer. Acks
 ride on fragments of the reverse direction of the same conversation; an ack with no ride
 goes alone `ack_delay` seconds after it became pending. Timers are heaps with lazy
 deletion; nothing scans all dialogs.
@@ -196,8 +199,11 @@ class DialogPeer:
         next_seq: int = 0,
         pending: Iterable[PendingMessage] = (),
         priority: int = DEFAULT_PRIORITY,
+        now: float | None = None,
     ) -> DialogSender:
         """Start (or, with `pending`, resume after a restart) sending one dialog direction.
+
+        `now`: the time, from which its pending messages wait (see `queue_message`).
 
         Raises: LocalProtocolError: already open, no way to wrap the session key, or a
             bad argument (see DialogSender).
@@ -226,6 +232,7 @@ class DialogPeer:
             window=self._window,
         )
         self._senders[key] = sender
+        self._clock(now)
         self._make_ready(sender)
         return sender
 
@@ -297,8 +304,12 @@ class DialogPeer:
         seq: int,
         message_type: str,
         body: bytes,
+        now: float | None = None,
     ) -> None:
         """Put the next sequenced message of an open sender on the transmission queue.
+
+        `now`: the time; a dialog's wait for the starvation bound counts from the time of
+        the call that made it ready (else from the last time this peer was told).
 
         Raises: LocalProtocolError: no such sender, wrong `seq`, or too large.
         """
@@ -308,7 +319,12 @@ class DialogPeer:
                 f"no sender for {conversation_id}/{direction.name}", ErrorCode.UNKNOWN_CONVERSATION
             )
         sender.queue_message(seq, message_type, body)
+        self._clock(now)
         self._make_ready(sender)
+
+    def _clock(self, now: float | None) -> None:
+        if now is not None and now > self._now:
+            self._now = now
 
     def _make_ready(self, sender: DialogSender) -> None:
         if not sender._in_ready and not sender.closed and sender.has_unsent():
@@ -318,10 +334,18 @@ class DialogPeer:
             self._ready[sender.priority].append(sender)
             self._ready_count += 1
 
-    def _pick_fresh(self) -> tuple[DialogSender, _OutMessage, int] | None:
+    def _pick_fresh(self, room: int | None = None) -> tuple[DialogSender, _OutMessage, int] | None:
+        """The next fresh fragment by priority and starvation; None when none waits, or
+        (with `room`) when the one that is next has more payload bytes than `room` (it
+        stays next, and nothing is taken)."""
         while self._ready_count:
             self._picks += 1
+            checked = self._starvation_checked
             queue = self._choose_ready_queue()
+            if room is not None and queue[0].unsent_size() > room:
+                self._picks -= 1
+                self._starvation_checked = checked  # the check is still to be made
+                return None
             sender = queue.popleft()
             self._ready_count -= 1
             picked = None if sender.closed else sender.next_unsent()
@@ -382,13 +406,16 @@ class DialogPeer:
         return bool(self._retry_ready) or self._ready_count > 0
 
     def frames_to_send(
-        self, now: float, limit: int = DEFAULT_SEND_BATCH
+        self, now: float, limit: int = DEFAULT_SEND_BATCH, max_bytes: int | None = None
     ) -> list[FragmentFrame | BundleFrame | AckFrame]:
-        """Frames to write now: due retransmissions, then up to `limit` fragments in all,
-        then standalone acks whose delay expired and found no ride.
+        """Frames to write now: due retransmissions, then up to `limit` fragments in all
+        and (with `max_bytes`) at most that many bytes of their payloads, though always
+        one, then standalone acks whose delay expired and found no ride.
 
-        Call again while `wants_to_send` (the writer's buffer permitting), and at
-        `get_timer()`.
+        Every frame is chosen when it is asked for: a writer that asks for what its
+        socket takes now (`max_bytes`) keeps priorities and the starvation bound where
+        the bytes leave. Call again while `wants_to_send` (the writer's buffer
+        permitting), and at `get_timer()`.
         """
         self._now = max(self._now, now)
         self.handle_timer(now)
@@ -397,14 +424,19 @@ class DialogPeer:
         receivers = self._receivers
         retry = self._retry
         delays = self._retry_delays
+        room = max_bytes  # payload bytes left (None: no limit); the first frame goes anyway
         while len(frames) < limit:
             if self._retry_ready:
-                sender, message, index, transmissions = self._retry_ready.popleft()
+                sender, message, index, transmissions = self._retry_ready[0]
                 if not sender.is_outstanding(message, index):
+                    self._retry_ready.popleft()
                     continue
+                if room is not None and frames and len(message.payload(index)) > room:
+                    break
+                self._retry_ready.popleft()
                 counters.retransmissions += 1
             else:
-                picked = self._pick_fresh()
+                picked = self._pick_fresh(room if frames else None)
                 if picked is None:
                     break
                 sender, message, index = picked
@@ -415,7 +447,7 @@ class DialogPeer:
                 ack = self._take_ack(receiver, now)
                 counters.piggybacked_acks += 1
             bundle = (
-                sender.take_bundle(message)
+                sender.take_bundle(message, room)
                 if transmissions == 0 and self.bundling and sender.confirmed
                 else None
             )
@@ -428,9 +460,14 @@ class DialogPeer:
                 due = now + delays[1]
                 for member in bundle:
                     self._retry_later((due, next(self._tick), sender, member, 0, 1))
+                if room is not None:
+                    room -= sum(len(member.body) for member in bundle)
                 continue
             # a retransmission carries the routing header again (see `_sender`)
-            frames.append(sender.build_fragment(message, index, ack, transmissions > 0))
+            fragment = sender.build_fragment(message, index, ack, transmissions > 0)
+            frames.append(fragment)
+            if room is not None:
+                room -= len(fragment.payload)
             counters.fragments_sent += 1
             transmissions += 1
             delay = (

@@ -264,6 +264,14 @@ class DialogSender:
         """Whether a never-sent fragment is waiting inside the window."""
         return self._unsent_head() is not None
 
+    def unsent_size(self) -> int:
+        """Payload bytes of the fragment `next_unsent` would take (at most: the last
+        fragment of a message may be shorter), 0 when none waits."""
+        message = self._unsent_head()
+        if message is None:
+            return 0
+        return len(message.body) if message.count == 1 else message.stride
+
     def next_unsent(self) -> tuple[_OutMessage, int] | None:
         """Take the next never-sent fragment inside the window, in sequence order."""
         while (message := self._unsent_head()) is not None:
@@ -311,15 +319,16 @@ class DialogSender:
             ack,
         )
 
-    def take_bundle(self, first: _OutMessage) -> list[_OutMessage]:
+    def take_bundle(self, first: _OutMessage, max_bytes: int | None = None) -> list[_OutMessage]:
         """The never-sent messages that follow `first` (just taken by `next_unsent`) and
         may travel with it in one bundle: whole (one fragment), of its type, consecutive,
         inside the window; at most MAX_BUNDLE_MESSAGES in all and together no larger than
-        one fragment. They are taken (marked sent)."""
+        one fragment (nor than `max_bytes`). They are taken (marked sent)."""
         taken: list[_OutMessage] = []
         if first.count != 1:
             return taken
-        room = self._fragment_size - len(first.body)
+        size = self._fragment_size if max_bytes is None else min(max_bytes, self._fragment_size)
+        room = size - len(first.body)
         expected = first.seq + 1
         end = min(self._acked_floor + self._window, first.seq + MAX_BUNDLE_MESSAGES)
         mtype = first.message_type

@@ -37,6 +37,10 @@ async def test_a_low_message_committed_with_a_high_backlog_waits_at_most_the_bou
         await route(a, "TargetB", b)
         await a.conn.create_broker_priority("hi", CONTRACT, "High", level=10)
         await a.conn.create_broker_priority("lo", CONTRACT, "Low", level=1)
+        # B receives the low dialog's group first once it has a message (priorities are each
+        # endpoint's own): what B hands out before it is what arrived before it, not the
+        # high groups that merely began earlier
+        await b.conn.create_broker_priority("lo_first", CONTRACT, "TargetB", "Low", level=10)
         highs = [
             await a.conn.begin_dialog("High", "TargetB", contract=CONTRACT)
             for _ in range(HIGH_DIALOGS)

@@ -4,7 +4,9 @@ Theory of operation. A `Link` is one TCP connection (mutual TLS between brokers 
 [transport] tls = false) driven by protocol's sans-IO `LinkConnection`: bytes in, events
 out. It hands its owner (`LinkEvents`: the transport) the frames of each read together,
 in order with the handshake and closing events around them, and tells it when its
-socket takes writes again. A `Peer` is a broker this broker holds dialogs with; it
+socket takes writes again: it pauses as soon as the socket does not take a write
+whole (`WRITE_BUFFER_HIGH`), so that what waits in its buffer is at most one write of the
+pump's (see `pump`). A `Peer` is a broker this broker holds dialogs with; it
 outlives connections (its `DialogPeer` is sans-IO) and is the peer of at most one
 established link.
 
@@ -27,7 +29,7 @@ import logging
 import ssl
 import uuid
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 from ssb.protocol import (
     NEED_DATA,
@@ -57,6 +59,10 @@ from .trust import Trust
 log = logging.getLogger("ssb.transport")
 
 Frames = list[FragmentFrame | BundleFrame | AckFrame]
+
+# bytes the connection's write buffer may hold before the link pauses (`Link.paused`):
+# one write's worth at most waits there, every later frame is chosen when it can go
+WRITE_BUFFER_HIGH: Final = 1
 
 
 class Peer:
@@ -150,6 +156,9 @@ class Link(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        # pause as soon as the socket does not take a write whole, resume once it took
+        # all: frames are chosen when the socket takes bytes (see pump), not queued here
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=0)
         peer = self.transport.get_extra_info("peername")
         if self.role is Role.ACCEPTOR and isinstance(peer, tuple):
             self.address = f"{peer[0]}:{peer[1]}"

@@ -245,6 +245,7 @@ class Transmission:
         """Pull durable entries into the peer's senders while its budget allows."""
         delivery = self.delivery
         boxes = peer.boxes
+        now = self.clock.time()
         for key, box in list(boxes.items()):
             room = IN_FLIGHT_MESSAGES - len(peer.in_flight)
             room_bytes = IN_FLIGHT_BYTES - peer.in_flight_bytes
@@ -255,7 +256,7 @@ class Transmission:
                 continue
             entries = delivery.pull(box, min(room, FEED_CHUNK), room_bytes)
             for out in entries:
-                self._queue(peer, out)
+                self._queue(peer, out, now)
             if not delivery.is_current(box):
                 del boxes[key]  # all pulled: a later entry makes a new outbox
             elif entries:
@@ -278,13 +279,14 @@ class Transmission:
             or peer.in_flight_bytes >= IN_FLIGHT_BYTES + RESERVE_BYTES
         ):
             return
+        now = self.clock.time()
         for out in self.delivery.pull(box, 1, RESERVE_BYTES):
-            self._queue(peer, out)
+            self._queue(peer, out, now)
         if not self.delivery.is_current(box):
             del peer.boxes[key]
         self.pump.soon(peer)
 
-    def _queue(self, peer: Peer, out: Outbound) -> None:
+    def _queue(self, peer: Peer, out: Outbound, now: float) -> None:
         direction = _direction(out.is_initiator)
         dialog = peer.dialog
         peer.services.add(out.to_service)
@@ -297,7 +299,9 @@ class Transmission:
             return  # already on its way (a duplicate pull cannot happen; kept safe)
         if out.seq > sender.next_seq:
             sender.skip_to(out.seq)  # acknowledged out of order before a restart
-        dialog.queue_message(out.conversation_id, direction, out.seq, out.message_type, out.body)
+        dialog.queue_message(
+            out.conversation_id, direction, out.seq, out.message_type, out.body, now
+        )
         peer.in_flight[(out.conversation_id, direction, out.seq)] = (out.size, out.message_type)
         peer.in_flight_bytes += out.size
 
@@ -326,6 +330,7 @@ class Transmission:
             wrapped_session_key=wrapped,
             next_seq=out.seq,
             priority=self._priority(out.priority),
+            now=self.clock.time(),
         )
         self.store.put_remote_dialog(
             (
@@ -411,6 +416,7 @@ class Transmission:
             wrapped_session_key=wrapped_key,
             next_seq=resume,
             priority=self._priority(box.priority if box is not None else 5),
+            now=self.clock.time(),
         )
         peer.services.add(envelope.to_service)
 

@@ -3,9 +3,14 @@
 Theory of operation. The dialog layer decides what goes next (due retransmissions, then
 fresh fragments round robin by priority with the starvation bound, acks riding along;
 see protocol's `DialogPeer`). `pump` asks it for frames while the link's socket takes
-writes (`Link.paused`: the connection's write buffer is above its high-water mark) and
-writes each batch of up to SEND_BATCH frames as one write; `writable` pumps again when
-the buffer drains. This is the one place frames are chosen and written. A peer whose
+every write whole (`Link.paused`: something is left in the connection's write buffer)
+and writes each batch, up to SEND_BATCH frames and one fragment's worth of payload
+(`write_bytes`), as one write; `writable` pumps again once the buffer is empty. So the
+buffer holds at most one write, and every other frame is chosen when the socket can take
+it: a low-priority message whose wait reaches the starvation bound goes within one
+fragment's transfer time, whatever was queued before it. A socket that takes every
+write still gets several frames per write. This is the one place frames are chosen and
+written. A peer whose
 link is down gets a connection on demand (see `link`). Each peer has one timer, at the
 dialog layer's next retry or ack deadline. `soon` pumps once at the end of the loop's
 iteration, so that many messages queued in one go leave in one write.
@@ -30,12 +35,19 @@ class Pump:
     """Writes peers' frames, now, soon, or when their timer fires."""
 
     def __init__(
-        self, peers: Peers, links: Links, clock: Clock, forwarder: Forwarder | None
+        self,
+        peers: Peers,
+        links: Links,
+        clock: Clock,
+        forwarder: Forwarder | None,
+        write_bytes: int,
     ) -> None:
+        """`write_bytes`: payload bytes one write carries at most (one frame always)."""
         self.peers = peers
         self.links = links
         self.clock = clock
         self.forwarder = forwarder
+        self.write_bytes = write_bytes
 
     def soon(self, peer: Peer) -> None:
         """Pump once at the end of this loop iteration (many messages, one write)."""
@@ -63,8 +75,9 @@ class Pump:
         dialog = peer.dialog
         # bundles go only on a connection of the peer's own (a forwarder relays fragments)
         dialog.bundling = link.peer is peer
+        write_bytes = self.write_bytes
         while not link.paused:
-            frames = dialog.frames_to_send(now, SEND_BATCH)
+            frames = dialog.frames_to_send(now, SEND_BATCH, write_bytes)
             if not frames:
                 break
             send = link.connection.send

@@ -118,7 +118,7 @@ class Transport:
             if settings.forwarding
             else None
         )
-        self.pump = Pump(registry, self.links, clock, self.forwarder)
+        self.pump = Pump(registry, self.links, clock, self.forwarder, settings.fragment_size)
         self.receivers = Receivers(
             me, endpoints, catalog, store, clock, self.trust, registry, refusals, settings
         )

@@ -17,6 +17,7 @@ import heapq
 import itertools
 import os
 import uuid
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from ssb.protocol import generate_broker_identity
 from .core_harness import Core, FakeClock
 
 A_ID = "aaaaaaaa-0000-4000-8000-000000000001"
+RATE_CHUNK = 4096  # bytes a throttled socket takes (and the other end gets) at a time
 B_ID = "bbbbbbbb-0000-4000-8000-000000000002"
 
 
@@ -54,23 +56,69 @@ class FakeLoop(FakeClock):
 
 
 class Pipe(asyncio.Transport):
-    """One end of an in-memory connection: what it writes waits until the network moves it."""
+    """One end of an in-memory connection: what it writes waits until the network moves it.
 
-    def __init__(self, protocol: asyncio.Protocol, peername: tuple[str, int]) -> None:
+    Its socket takes every write at once, or (`rate`) that many bytes a second: a write
+    then waits in the write buffer until its last byte went, and the protocol is paused
+    and resumed at the buffer's limits as asyncio's transports do.
+    """
+
+    def __init__(self, protocol: asyncio.Protocol, peername: tuple[str, int], clock: FakeLoop):
         super().__init__()
         self.protocol = protocol
         self.peername = peername
+        self.clock = clock
         self.other: Pipe = self
         self.sent: list[bytes] = []
         self.closing = False
         self.lost = False
+        self.rate: float | None = None  # bytes a second the socket takes (None: all at once)
+        self.buffer: deque[tuple[float, bytes]] = deque()  # (when its last byte goes, chunk)
+        self.buffered = 0
+        self.busy_until = 0.0
+        self.high, self.low = 64 * 1024, 16 * 1024  # asyncio's defaults
+        self.paused = False
+        self.largest_buffer = 0  # the most bytes the write buffer ever held
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.peername if name == "peername" else default
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is None:
+            high = 4 * low if low is not None else 64 * 1024
+        self.high, self.low = high, high // 4 if low is None else low
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self.lost:
+        if self.lost:
+            return
+        if self.rate is None:
             self.sent.append(bytes(data))
+            return
+        data = bytes(data)
+        for start in range(0, len(data), RATE_CHUNK):  # bytes go in order, a chunk at a time
+            chunk = data[start : start + RATE_CHUNK]
+            self.busy_until = max(self.clock.now, self.busy_until) + len(chunk) / self.rate
+            self.buffer.append((self.busy_until, chunk))
+            self.clock.call_at(self.busy_until, self._taken)
+        self.buffered += len(data)
+        self.largest_buffer = max(self.largest_buffer, self.buffered)
+        if not self.paused and self.buffered > self.high:
+            self.paused = True
+            self.protocol.pause_writing()
+
+    def _taken(self) -> None:
+        """Chunks whose last byte went leave the buffer for the other end."""
+        while self.buffer and self.buffer[0][0] <= self.clock.now:
+            data = self.buffer.popleft()[1]
+            self.buffered -= len(data)
+            if not self.lost:
+                self.sent.append(data)
+        if self.paused and self.buffered <= self.low and not self.lost:
+            self.paused = False
+            self.protocol.resume_writing()
 
     def is_closing(self) -> bool:
         return self.closing
@@ -87,7 +135,15 @@ class Network:
         self.listeners: dict[str, Links] = {}
         self.pipes: list[Pipe] = []
         self.attempts: list[tuple[str, float]] = []  # every address dialled, and when
+        self.rates: dict[Links, float] = {}  # bytes a second the sockets of a broker take
         self._ports = itertools.count(40000)
+
+    def throttle(self, links: Links, rate: float) -> None:
+        """The sockets `links` writes to take `rate` bytes a second, from now on."""
+        self.rates[links] = rate
+        for pipe in self.pipes:
+            if _links_of(pipe) is links:
+                pipe.rate = rate
 
     async def create_connection(
         self,
@@ -105,8 +161,11 @@ class Network:
         caller = ("127.0.0.1", next(self._ports))
         assert links.admit(f"{caller[0]}:{caller[1]}")
         client, server = protocol_factory(), links.accepted()
-        near, far = Pipe(client, (host, port)), Pipe(server, caller)
+        near, far = Pipe(client, (host, port), self.clock), Pipe(server, caller, self.clock)
         near.other, far.other = far, near
+        for pipe in (near, far):
+            owner = _links_of(pipe)
+            pipe.rate = None if owner is None else self.rates.get(owner)
         self.pipes += [near, far]
         client.connection_made(near)
         server.connection_made(far)
