@@ -149,6 +149,9 @@ async def federate(a: BrokerProcess, b: BrokerProcess, f: BrokerProcess | None =
             queue=e2e.CATALOG.target_queue,
             contracts=[e2e.CATALOG.contract],
         )
+        # other brokers' messages act as PUBLIC (their certificates name no login)
+        await ca.grant("SEND", "public", "service", e2e.CATALOG.initiator_service)
+        await cb.grant("SEND", "public", "service", e2e.CATALOG.target_service)
         if f is None:
             await ca.create_route("bench_to_b", e2e.CATALOG.target_service, _address(b))
             await cb.create_route("bench_to_a", e2e.CATALOG.initiator_service, _address(a))

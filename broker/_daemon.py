@@ -315,6 +315,7 @@ class Broker:
             data_dir=self.data_dir,
             settings=transport_settings,
             relay=relay,
+            permission=permissions,
             identity_changed=self.files.save,
         )
         self.broker_address = await transport.start(config.host, config.broker_port)

@@ -255,6 +255,10 @@ class Logins:
 
     async def add(self, name: str, password: str) -> None:
         check_name(name)
+        if name.lower() == "public":
+            raise BrokerError(
+                ErrorCode.BAD_ARGUMENT, "'public' is every login (PUBLIC), not a login of its own"
+            )
         check_password(password)
         if name in self._hashes:
             raise BrokerError(

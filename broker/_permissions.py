@@ -12,6 +12,12 @@ objects say (ssb has no database users). Grants and owners live in the
 store (owned here) and are changed by `grant` / `revoke`, which CONTROL of the broker or
 of the object (its owner) may call.
 
+PUBLIC (`public`) is every login and every broker whose certificate names no login:
+what is granted to it, each of them holds. A message from another broker acts as the
+login its certificate names (`create_certificate(..., login=...)`), else as PUBLIC, and
+needs SEND on the service it is for (`may_send`, asked by the transport), as Service
+Broker maps a remote broker's certificate to a user.
+
 Every client operation passes `check` before it runs (`Operations.call`): a table names,
 per operation, what it needs, resolved from its arguments (a conversation handle leads
 to its endpoint's service and that service's queue). An operation missing from the
@@ -57,6 +63,7 @@ KINDS: Final = (
     "remote_service_binding",
 )
 _TRUST: Final = frozenset({"route", "certificate", "remote_service_binding"})
+PUBLIC: Final = "public"  # every login, and every broker whose certificate names none
 # which kinds of object each permission can be granted on ("" is the broker itself)
 GRANTABLE: Final[Mapping[str, frozenset[str]]] = {
     "CONTROL": frozenset({"", *KINDS}),
@@ -187,8 +194,15 @@ class Permissions:
     # ---- the question ---------------------------------------------------------------
 
     def has(self, user: str, permission: str, kind: str = "", name: str = "") -> bool:
+        """Whether `user` holds `permission` on the object (or the broker), itself or
+        through PUBLIC."""
         if user == ADMIN:
             return True
+        if self._holds(user, permission, kind, name):
+            return True
+        return user != PUBLIC and self._holds(PUBLIC, permission, kind, name)
+
+    def _holds(self, user: str, permission: str, kind: str, name: str) -> bool:
         grants = self.grants
         if (user, "CONTROL", "", "") in grants or (user, permission, "", "") in grants:
             return True
@@ -205,6 +219,14 @@ class Permissions:
         database = database_of(name)  # its database's owner, or CONTROL of its database
         control = (user, "CONTROL", "database", database)
         return self.owners.get(("database", database)) == user or control in grants
+
+    # ---- messages from other brokers (the transport's SendPermission) ---------------
+
+    def is_principal(self, name: str) -> bool:
+        return name == PUBLIC or name in self.logins
+
+    def may_send(self, login: str | None, service: str) -> bool:
+        return self.has(PUBLIC if login is None else login, "SEND", "service", service)
 
     def owner(self, kind: str, name: str) -> str | None:
         return self.owners.get((kind, name))
@@ -409,6 +431,8 @@ class Permissions:
         if kind == "database":
             found = self.catalog.find_database(name)
             name = found.name if found is not None else name
+        if login.lower() == PUBLIC:
+            login = PUBLIC  # T-SQL's PUBLIC
         if kind and self.catalog.table(kind).get(name) is None:
             raise BrokerError(
                 ErrorCode.BAD_ARGUMENT, f"there is no {kind.replace('_', ' ')} '{name}'"
@@ -427,8 +451,10 @@ class Permissions:
         name: object = None,
     ) -> None:
         row = self._parse(session, permission, kind, name, login)
-        if row[0] not in self.logins:
-            raise BrokerError(ErrorCode.UNKNOWN_LOGIN, f"there is no login '{row[0]}'")
+        if not self.is_principal(row[0]):
+            raise BrokerError(
+                ErrorCode.UNKNOWN_LOGIN, f"there is no login '{row[0]}' (nor is it PUBLIC)"
+            )
         self.grants.add(row)
         self.store.put_grant(row)
         log.info("%r granted %s on %s to %r", session.user, row[1], row[2] or "the broker", row[0])

@@ -557,9 +557,11 @@ def broker_certificate() -> Call[str]:
     return Call("broker_certificate", {}, str)
 
 
-def create_certificate(name: str, pem: str) -> Call[None]:
-    """CREATE CERTIFICATE: trust a peer broker's certificate (from its broker_certificate())."""
-    return Call("create_certificate", {"name": name, "pem": pem}, _none)
+def create_certificate(name: str, pem: str, login: str | None = None) -> Call[None]:
+    """CREATE CERTIFICATE: trust a peer broker's certificate (from its broker_certificate()).
+    Its broker's messages act as `login` (None: PUBLIC) and need SEND on the service they
+    are for (grant("SEND", login, "service", NAME))."""
+    return Call("create_certificate", _some(name=name, pem=pem, login=login), _none)
 
 
 def drop_certificate(name: str) -> Call[None]:

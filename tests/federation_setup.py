@@ -220,18 +220,23 @@ async def create_contract(conn: client.Connection) -> None:
 
 
 async def create_initiator(node: Node, service: str, queue: str | None = None) -> str:
+    """A service that begins dialogs; other brokers may answer it (SEND to PUBLIC, whom
+    their certificates map to)."""
     queue = queue or f"{service}Queue"
     await node.conn.create_queue(queue)
     await node.conn.create_service(service, queue=queue)
+    await node.conn.grant("SEND", "public", "service", service)
     return queue
 
 
 async def create_target(
     node: Node, service: str, queue: str | None = None, status: str = "ON"
 ) -> str:
+    """A service on CONTRACT that other brokers may send to (SEND to PUBLIC)."""
     queue = queue or f"{service}Queue"
     await node.conn.create_queue(queue, status=status)
     await node.conn.create_service(service, queue=queue, contracts=[CONTRACT])
+    await node.conn.grant("SEND", "public", "service", service)
     return queue
 
 

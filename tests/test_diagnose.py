@@ -288,6 +288,7 @@ async def test_a_message_held_for_a_service_the_far_broker_lacks_is_found(
     tmp_path: Path,
 ) -> None:
     async with pair(tmp_path) as (a, b):
+        await b.conn.grant("SEND", "public")  # on every service, even one not there yet
         await route(a, "Ghost", b)
         h = await a.conn.begin_dialog("Initiator", "Ghost", contract=CONTRACT)
         await a.conn.send(h, REQUEST, b"for nobody")

@@ -247,6 +247,8 @@ async def test_another_broker_follows_a_takeover_through_a_routes_mirror_address
             init_svc, _, _, _ = await seed000(near)
             await far.create_certificate("Sender", await near.broker_certificate())
             await near.create_certificate("Pair", await far.broker_certificate())
+            await far.grant("SEND", "public", "service", target_svc)  # the other broker's
+            await near.grant("SEND", "public", "service", init_svc)  # its answers
             await near.create_route(
                 "ToPair",
                 target_svc,

@@ -694,6 +694,36 @@ async def test_a_peer_is_refused_until_its_certificate_is_trusted(tmp_path: Path
             await sampler.stop()
 
 
+async def test_another_brokers_login_needs_send_on_the_service(tmp_path: Path) -> None:
+    """A's certificate maps A to a login of B (PUBLIC when it names none), which needs
+    SEND on B's service: without it the dialog ends with Service Broker's error 11215 on
+    both sides, and B logs the refusal with A's id."""
+    async with Federation(tmp_path, ["A", "B"], trust=False) as fed:
+        a, b, init_q, target_q = await two_brokers_with_a_dialog_pair(fed)
+        await trust(a, b)
+        await b.conn.revoke("SEND", "public", "service", "TargetB")  # create_target's grant
+        await b.conn.create_login("shop", "a-long-password")
+        await b.conn.create_certificate("cert_A", a.certificate, login="shop")
+        assert [r["login"] for r in await b.view("certificates")] == ["shop"]
+
+        h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        await a.conn.send(h, REQUEST, b"not allowed")
+        (error,) = await receive_count(a.conn, init_q, 1, timeout=20)
+        assert error.message_type_name == client.ERROR
+        assert b"<Code>-11215</Code>" in error.message_body
+        assert b"does not have permission to send to the service" in error.message_body
+        (at_b,) = await receive_count(b.conn, target_q, 1)
+        assert at_b.message_type_name == client.ERROR  # the body never reached B's queue
+        said = f"from broker {a.instance} refused: its certificate's login 'shop' lacks SEND"
+        assert said in b.process.log_text()
+
+        await b.conn.grant("SEND", "shop", "service", "TargetB")
+        h2 = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        await a.conn.send(h2, REQUEST, b"allowed")
+        (m,) = await receive_count(b.conn, target_q, 1, timeout=20)
+        assert m.message_body == b"allowed"
+
+
 async def _seen_failed_login(sampler: ConnectionSampler, a: Node, b: Node) -> bool:
     await sampler.sample()
     rows = sampler.rows[a.name] + sampler.rows[b.name]

@@ -158,3 +158,17 @@ async def test_dropping_an_object_forgets_its_owner_and_grants(
     await admin.create_queue("AppQueue")  # a new object of the same name is admin's
     with pytest.raises(client.PermissionDeniedError):
         await app.drop_queue("AppQueue")
+
+
+async def test_public_is_every_login(logins: dict[str, client.Connection]) -> None:
+    other, admin = logins["other"], logins["admin"]
+    with pytest.raises(client.PermissionDeniedError, match="SEND on service 'AppService'"):
+        await admin.grant("RECEIVE", "other", "queue", "AppQueue")
+        await other.begin_dialog("AppService", "AppService")
+    await admin.grant("SEND", "PUBLIC", "service", "AppService")  # T-SQL's spelling too
+    assert await other.begin_dialog("AppService", "AppService")
+    assert {"login": "public", "permission": "SEND", "kind": "service"}.items() <= next(
+        r for r in await admin.view("permissions") if r["login"] == "public"
+    ).items()
+    with pytest.raises(client.BrokerError, match="'public' is every login"):
+        await admin.create_login("Public", PASSWORD)

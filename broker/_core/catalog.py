@@ -114,11 +114,14 @@ class EventNotification:
 
 @dataclass(frozen=True, slots=True)
 class Certificate:
-    """A peer broker's certificate that this broker trusts (CREATE CERTIFICATE)."""
+    """A peer broker's certificate that this broker trusts (CREATE CERTIFICATE), and the
+    login its broker's messages act as (None: PUBLIC), as Service Broker maps a remote
+    broker's certificate to the user that owns it."""
 
     name: str
     pem: str
     broker_instance: str
+    login: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,8 @@ log = logging.getLogger("ssb.core")
 TOO_LARGE_ERROR: Final = -8497
 # ssb's code for a message from another broker that breaks this broker's rules
 REFUSED_REMOTE_ERROR: Final = -8496
+# Service Broker's (11215): the sending broker's login may not SEND to the service
+NO_SEND_PERMISSION_ERROR: Final = -11215
 
 
 class RemoteDelivery:
@@ -160,11 +162,13 @@ class RemoteDelivery:
         contract: str,
         from_broker: str,
         refusal: str = "",
+        code: int = REFUSED_REMOTE_ERROR,
     ) -> None:
         """A message of a dialog with another broker arrived complete and in order.
 
-        `refusal`: why the dialog layer could not accept it (a body that does not
-        decrypt); it ends the dialog with that error like a contract violation.
+        `refusal`: why it may not be accepted (a body that does not decrypt, a sender
+        without SEND permission); it ends the dialog with that error (`code`) like a
+        contract violation.
         """
         far = self.endpoints.by_conversation(conversation_id, not from_initiator)
         if not refusal and self._deliver_plain(
@@ -208,7 +212,7 @@ class RemoteDelivery:
                     far, conversation_id, from_initiator, seq, len(body), from_broker
                 )
             else:
-                self._refuse_remote(far, conversation_id, seq, str(violation), from_broker)
+                self._refuse_remote(far, conversation_id, seq, str(violation), from_broker, code)
             return
         reason = self.delivery.local_block(target)
         if key in self.outboxes or reason:
@@ -281,6 +285,7 @@ class RemoteDelivery:
         seq: int,
         text: str,
         from_broker: str,
+        code: int = REFUSED_REMOTE_ERROR,
     ) -> None:
         """A message another broker should not have sent: the dialog ends with an error to
         both sides (never delivered, never silently dropped)."""
@@ -294,7 +299,7 @@ class RemoteDelivery:
         if far is not None:
             far.receive_seq = seq + 1
             self.delivery.fail_conversation(
-                far, REFUSED_REMOTE_ERROR, f"refused by broker {self.instance_id}: {text}"
+                far, code, f"refused by broker {self.instance_id}: {text}"
             )
 
     def remote_acknowledged(

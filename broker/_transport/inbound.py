@@ -8,6 +8,11 @@ full queue, or while the disk is full, is dropped unacknowledged and the sender 
 with its usual backoff (the read's messages not yet delivered count as if they were in
 their queues).
 
+A message for a service of this broker needs SEND permission on it for the login its
+sending broker's certificate names (PUBLIC when none), as in Service Broker: without it
+the dialog ends with Service Broker's error 11215 (`_permitted`), and the rest of the
+direction is acknowledged and dropped. EndDialog and Error always pass.
+
 The dialog layer turns frames into events, and `apply` hands each event to its handler
 (the table in `Reception.__init__`; an unknown event raises). A `MessageReceived` goes to
 the core, consecutive ones of a direction and type in one delivery (the core creates the
@@ -45,8 +50,9 @@ from ssb.protocol import (
     pack,
 )
 
+from .._core.delivery import SYSTEM_TYPES
 from .._core.ports import EndpointLookup, Row
-from .._core.remote import RemoteDelivery
+from .._core.remote import NO_SEND_PERMISSION_ERROR, RemoteDelivery
 from .applying import Applying, Arrivals, DirectionId
 from .forwarding import Forwarder
 from .link import Frames, Link, Peer
@@ -82,7 +88,11 @@ class Reception:
         pump: Pump,
         forwarder: Forwarder | None,
         refusals: RefusalLog,
+        login_of: Callable[[uuid.UUID], str | None],
+        may_send: Callable[[str | None, str], bool],
     ) -> None:
+        """`login_of`: the login a broker's messages act as (None: PUBLIC); `may_send`:
+        whether a login may SEND to a service of this broker."""
         self.delivery = delivery
         self.endpoints = endpoints
         self.store = store
@@ -93,6 +103,8 @@ class Reception:
         self.pump = pump
         self.forwarder = forwarder
         self.refusals = refusals
+        self.login_of = login_of
+        self.may_send = may_send
         # read on every message; the receivers keep them
         self.envelopes = receivers.envelopes
         self.discarding = receivers.discarding
@@ -359,6 +371,8 @@ class Reception:
         for key in keys:
             group = arrivals.pop(key)
             envelope = group.envelope
+            if not self._permitted(key, group):
+                continue
             deliver(
                 key[0],
                 key[1] is Direction.FROM_INITIATOR,
@@ -372,6 +386,46 @@ class Reception:
             )
             if envelope.encrypted:
                 self._mark_encrypted(key)
+
+    def _permitted(self, key: DirectionId, group: Arrivals) -> bool:
+        """Whether the sending broker's login may SEND to the service these messages are
+        for; if not, the dialog ends with Service Broker's error and the direction's
+        later messages are acknowledged and dropped."""
+        envelope = group.envelope
+        if group.message_type in SYSTEM_TYPES:
+            return True
+        login = self.login_of(envelope.from_broker_id)
+        if self.may_send(login, envelope.to_service):
+            return True
+        who = login or "public"
+        self.refusals(
+            key,
+            "conversation %s from broker %s refused: its certificate's login %r lacks SEND on"
+            " service %r (grant('SEND', %r, 'service', %r) lets it send)",
+            key[0],
+            envelope.from_broker_id,
+            who,
+            envelope.to_service,
+            who,
+            envelope.to_service,
+        )
+        self.discarding.add(key)
+        self.delivery.deliver_remote(
+            key[0],
+            key[1] is Direction.FROM_INITIATOR,
+            group.seq,
+            group.message_type,
+            group.bodies[0],
+            envelope.from_service,
+            envelope.to_service,
+            envelope.contract,
+            _instance_text(envelope.from_broker_id),
+            "This message could not be delivered because the login of broker"
+            f" {envelope.from_broker_id} does not have permission to send to the service."
+            f" Service name: '{envelope.to_service}'.",
+            NO_SEND_PERMISSION_ERROR,
+        )
+        return False
 
     def _applied(self, peer: Peer, applying: Applying) -> None:
         """A read's events were applied: deliver its messages, persist next sequence

@@ -8,6 +8,8 @@
   `create_connection`; an in-memory network in tests).
 - `RemoteDialogStore`: the store's tables of dialog directions to other brokers and of
   held fragments, and the batches the transport waits on before it acknowledges.
+- `SendPermission`: whether the login another broker's certificate maps to may SEND to
+  a service of this broker (the broker's permissions).
 """
 
 from __future__ import annotations
@@ -46,6 +48,16 @@ class Connector(Protocol):
         *,
         ssl: ssl.SSLContext | None = None,
     ) -> Awaitable[object]: ...
+
+
+class SendPermission(Protocol):
+    """The broker's permissions, as messages from other brokers meet them."""
+
+    def is_principal(self, name: str) -> bool:
+        """Whether a certificate may name `name`: a login, or PUBLIC."""
+
+    def may_send(self, login: str | None, service: str) -> bool:
+        """Whether `login` (None: PUBLIC) holds SEND on this broker's service `service`."""
 
 
 class RemoteDialogStore(Protocol):

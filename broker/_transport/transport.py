@@ -51,7 +51,7 @@ from .inbound import Reception
 from .link import Frames, Link, Links, Peer
 from .outbound import Transmission
 from .peers import Peers, route_address
-from .ports import Clock, Connector, RemoteDialogStore
+from .ports import Clock, Connector, RemoteDialogStore, SendPermission
 from .pump import Pump
 from .receivers import HeldPartial, Receivers
 from .refusals import RefusalLog
@@ -81,6 +81,7 @@ class Transport:
         data_dir: Path,
         settings: TransportSettings,
         relay: OutboundRelay,
+        permission: SendPermission,
         identity_changed: Callable[[], None] = lambda: None,
     ) -> None:
         """Args:
@@ -88,6 +89,7 @@ class Transport:
         delivery, endpoints, routes, catalog, statements: the core's parts, as ports.
         relay: the core's sink; the transport connects to it (the core tells it of
             transmission-queue work, ended conversations, changed routes).
+        permission: whether another broker's messages may go to a service here.
         store: the store's remote-dialog tables and batches.
         clock: monotonic time and timers (the event loop).
         connector: opens connections to other brokers (the event loop).
@@ -101,7 +103,15 @@ class Transport:
         self.clock = clock
         me = uuid.UUID(instance)
         self.trust = Trust(
-            me, data_dir, catalog, statements, endpoints, settings, self, identity_changed
+            me,
+            data_dir,
+            catalog,
+            statements,
+            endpoints,
+            settings,
+            self,
+            permission.is_principal,
+            identity_changed,
         )
         self.links = Links(self, self.trust, clock, connector, settings, self._mirror)
         self.routes = routes
@@ -148,6 +158,8 @@ class Transport:
             self.pump,
             self.forwarder,
             refusals,
+            self.trust.login_of,
+            permission.may_send,
         )
         self.views_ = TransportViews(self.links, registry, self.forwarder, clock, wall_clock)
         # the busiest calls go straight to the part that answers them

@@ -8,6 +8,10 @@ trust anchor and the broker id, not a host name, is checked (`tls_matches`: the 
 is the broker of the handshake, no relay in between). A change of trust rebuilds the
 trust store and the TLS contexts; new connections use them.
 
+Each trusted certificate names the login its broker's messages act as (`login_of`;
+none: PUBLIC), as Service Broker maps a remote broker's certificate to a user: a
+message for a service of this broker needs that login's SEND permission on it.
+
 A remote service binding names the broker that hosts a service: an encrypted dialog
 (ENCRYPTION = ON) has its session keys wrapped for that broker's certificate, end to
 end, and its messages go only to that broker (`encryption_refusal`, `recipient`).
@@ -75,9 +79,11 @@ class Trust:
         endpoints: EndpointLookup,
         settings: TransportSettings,
         listener: TrustListener,
+        is_principal: Callable[[str], bool],
         identity_changed: Callable[[], None] = lambda: None,
     ) -> None:
-        """`identity_changed` is told when this broker's identity files change (made,
+        """`is_principal`: whether a certificate may name that login (or PUBLIC).
+        `identity_changed` is told when this broker's identity files change (made,
         staged, rotated), to keep them in the store."""
         self.instance = instance
         self.catalog = catalog
@@ -85,10 +91,12 @@ class Trust:
         self.endpoints = endpoints
         self.settings = settings
         self.listener = listener
+        self.is_principal = is_principal
         self.files = IdentityFiles(data_dir, str(instance), identity_changed)
         self.identity: Identity = self.files.load()
         self.store = self._trust_store()
         self.tls_server, self.tls_client = self._tls_contexts()
+        self.logins = self._logins()
 
     # ---- the handshake and TLS -----------------------------------------------------
 
@@ -115,6 +123,7 @@ class Trust:
         return contexts[0], contexts[1]
 
     def _changed(self) -> None:
+        self.logins = self._logins()
         self.store = self._trust_store()
         self.tls_server, self.tls_client = self._tls_contexts()
         self.listener.tls_changed()
@@ -130,6 +139,17 @@ class Trust:
             return bool(der) and der == ssl.PEM_cert_to_DER_cert(certificate_pem.decode())
         except ValueError:
             return False
+
+    def _logins(self) -> dict[uuid.UUID, str | None]:
+        """The login each trusted broker's messages act as (its first certificate's)."""
+        logins: dict[uuid.UUID, str | None] = {}
+        for cert in self.catalog.peer_certificates():
+            logins.setdefault(uuid.UUID(cert.broker_instance), cert.login)
+        return logins
+
+    def login_of(self, instance: uuid.UUID) -> str | None:
+        """The login broker `instance`'s messages act as (None: PUBLIC)."""
+        return self.logins.get(instance)
 
     def trusted_certificate(self, instance: uuid.UUID) -> bytes | None:
         for cert in self.catalog.peer_certificates():
@@ -221,10 +241,21 @@ class Trust:
             raise bad_argument("that is this broker's own certificate")
         return name, str(instance)
 
-    def op_create_certificate(self, session: Session, name: object, pem: object) -> None:
+    def op_create_certificate(
+        self, session: Session, name: object, pem: object, login: object = None
+    ) -> None:
         name, instance = self._peer_certificate("certificate", name, pem)
         assert isinstance(pem, str)
-        self.statements.persist("certificate", cat.Certificate(name, pem, instance))
+        principal = None if isinstance(login, str) and login.lower() == "public" else login
+        if principal is not None and (
+            not isinstance(principal, str) or not self.is_principal(principal)
+        ):
+            raise BrokerError(
+                ErrorCode.UNKNOWN_LOGIN,
+                f"there is no login {login!r} for the certificate's broker to act as: create"
+                " it first, or leave login out (the broker's messages then act as PUBLIC)",
+            )
+        self.statements.persist("certificate", cat.Certificate(name, pem, instance, principal))
         self._changed()
         self.listener.trust_added()
 
@@ -278,6 +309,7 @@ class Trust:
                 "name": c.name,
                 "broker_instance": c.broker_instance,
                 "fingerprint": fingerprint(c.pem),
+                "login": c.login or "public",
             }
             for c in sorted(self.catalog.peer_certificates(), key=lambda c: c.name)
         ]

@@ -1,8 +1,9 @@
 """Brokers' transports without a daemon: an in-memory network and one fake clock.
 
 Each `Broker` is a core (`core_harness.Core`: the real Store on an in-memory SQLite
-database, durable only when flushed) with the real `Transport` wired to it as the daemon
-wires it, but on a `FakeLoop` (the fake clock, with the timer calls the transport makes)
+database, durable only when flushed) with the real `Transport` and `Permissions` wired to
+it as the daemon wires them (PUBLIC holds SEND on the broker unless a test says
+otherwise, so other brokers may send to every service), but on a `FakeLoop` (the fake clock, with the timer calls the transport makes)
 and a `Network` of in-memory connections instead of the event loop and TCP. Time moves
 only by `World.advance()`; bytes move only in `World.settle()`, which also runs what
 was scheduled, waits for connection attempts under way, and (unless told not to)
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ssb.broker._core.ports import OutboundRelay
+from ssb.broker._permissions import Permissions
 from ssb.broker._transport import Transport, TransportSettings
 from ssb.broker._transport.identity import CERT_FILE, KEY_FILE
 from ssb.broker._transport.link import Link, Links, Peer
@@ -216,8 +218,11 @@ def _identity(instance: str) -> tuple[bytes, bytes]:
 class Broker:
     """A core and its transport, on the world's network and clock."""
 
-    def __init__(self, world: World, name: str, instance: str, address: str) -> None:
+    def __init__(
+        self, world: World, name: str, instance: str, address: str, public_send: bool = True
+    ) -> None:
         self.world = world
+        self.public_send = public_send
         self.name = name
         self.instance = instance
         self.address = address
@@ -234,6 +239,13 @@ class Broker:
 
     def _start(self) -> Transport:
         engine = self.core.engine
+        self.logins: set[str] = set()
+        self.permissions = Permissions(
+            self.core.store, engine.catalog, engine.endpoints, engine.transactions, self.logins
+        )
+        self.permissions.load()
+        if self.public_send and ("public", "SEND", "", "") not in self.permissions.grants:
+            self.op("grant", "SEND", "public")
         transport = Transport(
             instance=self.instance,
             delivery=engine.remote,
@@ -248,6 +260,7 @@ class Broker:
             data_dir=self.data_dir,
             settings=self.world.settings,
             relay=self.relay,
+            permission=self.permissions,
         )
         transport.restore()
         self.world.network.listeners[self.address] = transport.links
@@ -259,10 +272,12 @@ class Broker:
         return self.transport.trust.identity.certificate_pem.decode()
 
     def op(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """A client operation of the core, or of the transport."""
-        ops = self.transport.operations()
+        """A client operation of the core, the permissions or the transport (as admin)."""
+        ops = {**self.permissions.operations()}
+        if hasattr(self, "transport"):
+            ops |= self.transport.operations()
         if name in ops:
-            return ops[name](self.core.session, *args, **kwargs)
+            return ops[name](self.core.new_session("admin"), *args, **kwargs)
         return self.core.op(name, *args, **kwargs)
 
     def peer(self, other: Broker) -> Peer:
@@ -308,8 +323,8 @@ class World:
         self.settings = TransportSettings(**{"tls": False, "ack_delay": 0.0, **settings})
         self.brokers: list[Broker] = []
 
-    def broker(self, name: str, instance: str, address: str) -> Broker:
-        broker = Broker(self, name, instance, address)
+    def broker(self, name: str, instance: str, address: str, public_send: bool = True) -> Broker:
+        broker = Broker(self, name, instance, address, public_send)
         self.brokers.append(broker)
         return broker
 

@@ -1,0 +1,94 @@
+"""Messages from another broker pass a SEND permission check, without a daemon: the login
+the sending broker's certificate names (PUBLIC when none) must hold SEND on the service;
+otherwise the dialog ends with Service Broker's error 11215 on both sides, the refusal is
+logged with the broker's id, and the rest of the direction is acknowledged and dropped
+(two brokers on an in-memory network, one fake clock; see transport_harness)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from ssb.broker._core.catalog import ERROR
+
+from .core_harness import BODY, MTYPE
+from .transport_harness import A_ID, B_ID, World
+
+REFUSED = b"<Code>-11215</Code>"
+
+
+def _brokers(tmp_path: Path) -> tuple[World, object, object]:
+    world = World(tmp_path)
+    a = world.broker("a", A_ID, "127.0.0.1:7001")
+    b = world.broker("b", B_ID, "127.0.0.1:7002", public_send=False)
+    a.op("create_certificate", "b", b.certificate)
+    a.op("create_queue", "Initiator")
+    a.op("create_service", "InitiatorService", "Initiator")
+    b.op("create_queue", "Target")
+    b.op("create_service", "TargetService", "Target", ["DEFAULT"])
+    a.op("create_route", "to_b", "TargetService", f"tcp://{b.address}")
+    b.op("create_route", "to_a", "InitiatorService", f"tcp://{a.address}")
+    return world, a, b
+
+
+async def test_a_broker_whose_login_may_not_send_gets_service_brokers_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    world, a, b = _brokers(tmp_path)
+    b.op("create_certificate", "a", a.certificate)  # no login: its messages act as PUBLIC
+    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
+    with caplog.at_level(logging.WARNING):
+        a.op("send", handle, "DEFAULT", [b"1", b"2"])
+        a.core.flush()
+        await world.settle(flush=False)  # refused at B, nothing of it durable there yet
+        a.op("send", handle, "DEFAULT", [b"3"])  # a later read: dropped at B
+        await world.settle()
+    (error,) = a.core.receive_all("Initiator")
+    assert error[MTYPE] == ERROR and REFUSED in error[BODY]
+    assert (
+        b"This message could not be delivered because the login of broker"
+        b" aaaaaaaa-0000-4000-8000-000000000001 does not have permission to send to the"
+        b" service. Service name: 'TargetService'." in error[BODY]
+    )
+    assert [row[MTYPE] for row in b.core.receive_all("Target")] == [ERROR]  # never a body
+    assert a.transmission_queue() == 0  # acknowledged: the sender does not retry
+    said = [r.getMessage() for r in caplog.records if "lacks SEND" in r.getMessage()]
+    assert said == [
+        f"conversation {a.core.engine.endpoints.get(handle).conversation_id} from broker"
+        f" {A_ID} refused: its certificate's login 'public' lacks SEND on service"
+        " 'TargetService' (grant('SEND', 'public', 'service', 'TargetService') lets it send)"
+    ]
+
+    b.op("grant", "SEND", "public", "service", "TargetService")
+    again = a.op("begin_dialog", "InitiatorService", "TargetService")
+    a.op("send", again, "DEFAULT", [b"granted"])
+    await world.settle()
+    assert [row[BODY] for row in b.core.receive_all("Target")] == [b"granted"]
+
+
+async def test_a_certificate_maps_its_broker_to_a_login_and_its_grants(tmp_path: Path) -> None:
+    world, a, b = _brokers(tmp_path)
+    b.op("grant", "SEND", "public", "service", "TargetService")
+    with pytest.raises(Exception, match="there is no login 'shop'"):
+        b.op("create_certificate", "a", a.certificate, login="shop")
+    b.logins.add("shop")
+    b.op("create_certificate", "a", a.certificate, login="shop")
+    assert [r["login"] for r in b.transport.trust.certificates_view()] == ["shop"]
+    first = a.op("begin_dialog", "InitiatorService", "TargetService")
+    a.op("send", first, "DEFAULT", [b"as shop, through PUBLIC"])
+    await world.settle()
+    assert [row[BODY] for row in b.core.receive_all("Target")] == [b"as shop, through PUBLIC"]
+
+    b.op("revoke", "SEND", "public", "service", "TargetService")
+    refused = a.op("begin_dialog", "InitiatorService", "TargetService")
+    a.op("send", refused, "DEFAULT", [b"no grant left"])
+    await world.settle()
+    assert [row[MTYPE] for row in b.core.receive_all("Target")] == [ERROR]
+
+    b.op("grant", "SEND", "shop", "service", "TargetService")
+    granted = a.op("begin_dialog", "InitiatorService", "TargetService")
+    a.op("send", granted, "DEFAULT", [b"as shop"])
+    await world.settle()
+    assert [row[BODY] for row in b.core.receive_all("Target")] == [b"as shop"]
