@@ -63,7 +63,9 @@ from ._integrity import (
     generate_broker_identity,
     load_private_key,
     new_session_key,
+    sign_location,
     sign_origin,
+    verify_location,
     verify_origin,
     wrap_session_key,
 )
@@ -76,11 +78,15 @@ from ._link import (
     ProtocolErrorFrame,
     Role,
 )
+from ._locate import LOCATE_TOKEN_SIZE, LOCATE_VERSION, MAX_LOCATE_HOPS, LocatedFrame, LocateFrame
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
     "FRAME_HEADROOM",
+    "LOCATE_TOKEN_SIZE",
+    "LOCATE_VERSION",
     "MAX_FRAME_SIZE",
+    "MAX_LOCATE_HOPS",
     "MAX_MESSAGE_SIZE_LIMIT",
     "MESSAGE_COLUMNS",
     "NEED_DATA",
@@ -106,6 +112,8 @@ __all__ = [
     "LinkConnection",
     "LinkState",
     "LocalProtocolError",
+    "LocateFrame",
+    "LocatedFrame",
     "MessageAcked",
     "MessageReceived",
     "PartialMessage",
@@ -130,8 +138,10 @@ __all__ = [
     "load_private_key",
     "new_session_key",
     "pack",
+    "sign_location",
     "sign_origin",
     "unpack",
+    "verify_location",
     "verify_origin",
     "wrap_session_key",
 ]

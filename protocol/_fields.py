@@ -37,6 +37,8 @@ class FrameKind(IntEnum):
     ERROR = 6
     CLOSE = 7
     BUNDLE = 8
+    LOCATE = 9
+    LOCATED = 10
 
 
 def malformed(what: str) -> RemoteProtocolError:

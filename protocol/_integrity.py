@@ -52,6 +52,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import NameOID
 
 from ._errors import ErrorCode, IntegrityError, LocalProtocolError, RemoteProtocolError
+from ._framing import pack
 
 SESSION_KEY_SIZE: Final = 16
 SIGNATURE_SIZE: Final = 16
@@ -66,6 +67,7 @@ MAX_CERTIFICATE_SIZE: Final = 16 * 1024
 
 _PROOF_LABEL: Final = b"ssb-link-proof-v1\x00"
 _ORIGIN_LABEL: Final = b"ssb-origin-proof-v1\x00"
+_LOCATION_LABEL: Final = b"ssb-location-proof-v1\x00"
 _BODY_KEY_LABEL: Final = b"ssb-dialog-body-v1"
 # Self-signed broker certificates are pinned, not chained, so their validity window
 # carries no meaning; fixed dates keep generation free of clock reads.
@@ -466,6 +468,47 @@ def sign_origin(private_key: rsa.RSAPrivateKey, transcript: bytes) -> bytes:
     """The origin broker's signature over a dialog direction's `transcript` (see
     `Envelope.origin_transcript`)."""
     return private_key.sign(_ORIGIN_LABEL + transcript, _PSS, hashes.SHA256())
+
+
+def _location_transcript(
+    token: bytes, service: str, broker_id: uuid.UUID, origin: uuid.UUID
+) -> bytes:
+    return _LOCATION_LABEL + pack([token, service, broker_id.bytes, origin.bytes])
+
+
+def sign_location(
+    private_key: rsa.RSAPrivateKey,
+    token: bytes,
+    service: str,
+    broker_id: uuid.UUID,
+    origin: uuid.UUID,
+) -> bytes:
+    """A broker's proof that it hosts `service`, for the lookup `token` that `origin`
+    asked (see `_link.LocatedFrame`)."""
+    transcript = _location_transcript(token, service, broker_id, origin)
+    return private_key.sign(transcript, _PSS, hashes.SHA256())
+
+
+def verify_location(
+    certificate_pem: bytes,
+    token: bytes,
+    service: str,
+    broker_id: uuid.UUID,
+    origin: uuid.UUID,
+    proof: bytes,
+) -> None:
+    """Check a location proof with the certificate of the broker that claims `service`.
+
+    Raises: IntegrityError: the proof is too long or does not verify.
+    """
+    if len(proof) > MAX_PROOF_SIZE:
+        raise IntegrityError("location proof is too long")
+    transcript = _location_transcript(token, service, broker_id, origin)
+    try:
+        public_key = certificate_public_key(certificate_pem)
+        public_key.verify(bytes(proof), transcript, _PSS, hashes.SHA256())
+    except (InvalidSignature, ValueError, RemoteProtocolError) as exc:
+        raise IntegrityError(f"broker {broker_id}'s location proof does not verify") from exc
 
 
 def verify_origin(certificate_pem: bytes, transcript: bytes, proof: bytes) -> None:

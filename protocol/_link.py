@@ -26,7 +26,8 @@ broker id. The connection produces and consumes handshake frames itself: the she
 After the handshake both sides exchange `FragmentFrame`s, `BundleFrame`s (several whole
 messages of one dialog direction in one frame) and standalone `AckFrame`s (the dialog
 layer gives them meaning) until either sends `CloseFrame` or `ProtocolErrorFrame`, or the
-byte stream ends. Any frame that the table does not allow in the current state, or any
+byte stream ends. Brokers of protocol version 3 also ask each other which broker hosts a
+service (`_locate`); a version 2 peer is accepted and is never sent those frames. Any frame that the table does not allow in the current state, or any
 malformed frame, raises `RemoteProtocolError`, moves the connection to CLOSED and queues a
 `ProtocolErrorFrame` in `data_to_send()` so the peer learns why. Decoding never raises
 anything but `ProtocolError` subclasses.
@@ -71,8 +72,10 @@ from ._integrity import (
     sign_handshake_proof,
     verify_handshake_proof,
 )
+from ._locate import LOCATE_VERSION, LocatedFrame, LocateFrame
 
-PROTOCOL_VERSION: Final = 2  # 2: bundles (several whole messages in one frame)
+PROTOCOL_VERSION: Final = 3  # 2: bundles (several whole messages in one frame); 3: locate
+MIN_PROTOCOL_VERSION: Final = 2  # the oldest a peer may speak (it is never sent what it lacks)
 
 
 # --------------------------------------------------------------------------- the link's own frames
@@ -201,6 +204,8 @@ LinkFrame = (
     | AckFrame
     | ProtocolErrorFrame
     | CloseFrame
+    | LocateFrame
+    | LocatedFrame
 )
 
 _DECODERS: Final[dict[int, Any]] = {
@@ -212,6 +217,8 @@ _DECODERS: Final[dict[int, Any]] = {
     FrameKind.ACK: AckFrame.decode,
     FrameKind.ERROR: ProtocolErrorFrame.decode,
     FrameKind.CLOSE: CloseFrame.decode,
+    FrameKind.LOCATE: LocateFrame.decode,
+    FrameKind.LOCATED: LocatedFrame.decode,
 }
 
 
@@ -264,11 +271,13 @@ class LinkInput(Enum):
     RECV_PROOF = "recv proof"
     RECV_FRAGMENT = "recv fragment"
     RECV_ACK = "recv ack"
+    RECV_LOCATE = "recv locate"  # a question or an answer
     RECV_ERROR = "recv error"
     RECV_CLOSE = "recv close"
     RECV_EOF = "recv eof"
     SEND_FRAGMENT = "send fragment"
     SEND_ACK = "send ack"
+    SEND_LOCATE = "send locate"
     SEND_ERROR = "send error"
     SEND_CLOSE = "send close"
 
@@ -283,6 +292,8 @@ _TRANSITIONS: Final[dict[tuple[LinkState, LinkInput], LinkState]] = {
     (_S.ESTABLISHED, _I.RECV_ACK): _S.ESTABLISHED,
     (_S.ESTABLISHED, _I.SEND_FRAGMENT): _S.ESTABLISHED,
     (_S.ESTABLISHED, _I.SEND_ACK): _S.ESTABLISHED,
+    (_S.ESTABLISHED, _I.RECV_LOCATE): _S.ESTABLISHED,
+    (_S.ESTABLISHED, _I.SEND_LOCATE): _S.ESTABLISHED,
 }
 for _state in (_S.AWAITING_HELLO, _S.AWAITING_ACCEPT, _S.AWAITING_PROOF, _S.ESTABLISHED):
     for _input in (_I.RECV_ERROR, _I.RECV_CLOSE, _I.RECV_EOF, _I.SEND_ERROR, _I.SEND_CLOSE):
@@ -296,6 +307,8 @@ _RECV_INPUT: Final[dict[type, LinkInput]] = {
     FragmentFrame: _I.RECV_FRAGMENT,
     BundleFrame: _I.RECV_FRAGMENT,
     AckFrame: _I.RECV_ACK,
+    LocateFrame: _I.RECV_LOCATE,
+    LocatedFrame: _I.RECV_LOCATE,
     ProtocolErrorFrame: _I.RECV_ERROR,
     CloseFrame: _I.RECV_CLOSE,
 }
@@ -303,6 +316,8 @@ _SEND_INPUT: Final[dict[type, LinkInput]] = {
     FragmentFrame: _I.SEND_FRAGMENT,
     BundleFrame: _I.SEND_FRAGMENT,
     AckFrame: _I.SEND_ACK,
+    LocateFrame: _I.SEND_LOCATE,
+    LocatedFrame: _I.SEND_LOCATE,
     ProtocolErrorFrame: _I.SEND_ERROR,
     CloseFrame: _I.SEND_CLOSE,
 }
@@ -340,6 +355,8 @@ LinkEvent = (
     | FragmentFrame
     | BundleFrame
     | AckFrame
+    | LocateFrame
+    | LocatedFrame
     | ProtocolErrorFrame
     | CloseFrame
     | ConnectionClosed
@@ -420,6 +437,8 @@ class LinkConnection:
         self._outgoing = bytearray()
         self._eof = False
         self._peer: _PeerInfo | None = None
+        self.peer_version = PROTOCOL_VERSION
+        """The protocol version the peer speaks (known once its Hello or HelloAccept came)."""
         self.error: ProtocolError | None = None
         if role is Role.INITIATOR:
             self._state = LinkState.AWAITING_ACCEPT
@@ -508,6 +527,13 @@ class LinkConnection:
             return frame
         if isinstance(frame, (ProtocolErrorFrame, CloseFrame)):
             return frame
+        if isinstance(frame, (LocateFrame, LocatedFrame)):
+            if self.peer_version < LOCATE_VERSION:
+                raise RemoteProtocolError(
+                    f"a peer of protocol version {self.peer_version} sent a locate frame",
+                    ErrorCode.UNEXPECTED_FRAME,
+                )
+            return frame
         if isinstance(frame, Hello):
             self._on_hello(frame)
             return None
@@ -517,11 +543,13 @@ class LinkConnection:
         return self._on_proof(frame)
 
     def _check_peer(self, version: int, broker_id: uuid.UUID, certificate_pem: bytes) -> None:
-        if version != PROTOCOL_VERSION:
+        if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
             raise RemoteProtocolError(
-                f"peer speaks protocol version {version}, we speak {PROTOCOL_VERSION}",
+                f"peer speaks protocol version {version}, we speak"
+                f" {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}",
                 ErrorCode.HANDSHAKE_FAILED,
             )
+        self.peer_version = version
         if broker_id == self._broker_id:
             raise RemoteProtocolError(
                 "peer announced our own broker id", ErrorCode.HANDSHAKE_FAILED
@@ -611,16 +639,29 @@ class LinkConnection:
         return data
 
     def send(
-        self, frame: FragmentFrame | BundleFrame | AckFrame | ProtocolErrorFrame | CloseFrame
+        self,
+        frame: FragmentFrame
+        | BundleFrame
+        | AckFrame
+        | LocateFrame
+        | LocatedFrame
+        | ProtocolErrorFrame
+        | CloseFrame,
     ) -> bytes:
         """Encode one frame for the wire.
 
-        Fragments and acks are allowed only when ESTABLISHED; an error or close frame
-        from any open state, after which the connection is CLOSED.
+        Fragments, acks and locate frames are allowed only when ESTABLISHED (locate frames
+        only to a peer of LOCATE_VERSION); an error or close frame from any open state,
+        after which the connection is CLOSED.
 
         Raises: LocalProtocolError: the frame is not allowed in the current state.
         """
         kind = type(frame)
+        if kind in (LocateFrame, LocatedFrame) and self.peer_version < LOCATE_VERSION:
+            raise LocalProtocolError(
+                f"the peer speaks protocol version {self.peer_version}: no locate frames",
+                ErrorCode.UNEXPECTED_FRAME,
+            )
         if not (self._state is LinkState.ESTABLISHED and kind in _SEND_KEEPS_ESTABLISHED):
             event = _SEND_INPUT.get(kind)
             if event is None:

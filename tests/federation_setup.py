@@ -282,15 +282,18 @@ async def link(
     await route(target, initiator_service, back or initiator)
 
 
-async def route_chain(a: Node, hops: Sequence[Node], b: Node) -> None:
+async def route_chain(a: Node, hops: Sequence[Node], b: Node, named: bool = True) -> None:
     """Routes for Initiator (on `a`) and TargetB (on `b`) along a -> hops... -> b and back,
-    each naming the far broker (a route through a forwarder must)."""
+    each naming the far broker unless `named` is false (as Service Broker allows: the
+    origin then asks along the route which broker hosts the service)."""
     chain = [a, *hops, b]
     for i, node in enumerate(chain):
         if i + 1 < len(chain):
-            await route(node, "TargetB", chain[i + 1].address, broker_instance=b.instance)
+            far = b.instance if named else None
+            await route(node, "TargetB", chain[i + 1].address, broker_instance=far)
         if i > 0:
-            await route(node, "Initiator", chain[i - 1].address, broker_instance=a.instance)
+            far = a.instance if named else None
+            await route(node, "Initiator", chain[i - 1].address, broker_instance=far)
 
 
 # ---- waiting -------------------------------------------------------------------------------

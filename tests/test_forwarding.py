@@ -32,6 +32,7 @@ from federation_setup import (
 
 from ssb import client
 from ssb.tools import wait_until
+from ssb.tools.diagnose import diagnose, format_report
 
 BIG = 300 * 1024  # five fragments of 64 KiB
 
@@ -86,6 +87,78 @@ async def test_a_dialog_through_a_forwarder_is_delivered_exactly_once_in_order_b
         assert end[0].message_type_name == client.END_DIALOG
         await b.conn.end_conversation(far)
         await wait_quiet([a, b])
+
+
+@pytest.mark.timeout(90)
+async def test_a_route_through_a_forwarder_needs_no_broker_instance(tmp_path: Path) -> None:
+    """As in Service Broker, the routes name addresses only: A asks along its route which
+    broker hosts TargetB, B proves it, and the dialog runs end to end between A and B,
+    F relaying it without being party to it."""
+    async with forwarding_trio(tmp_path) as (_, a, f, b):
+        init_q, target_q = await dialog_services(a, b)
+        await route_chain(a, [f], b, named=False)
+        h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        big = bytes(range(256)) * (BIG // 256)
+        await a.conn.send_many(h, REQUEST, [b"first", big, b"last"])
+        got = await receive_count(b.conn, target_q, 3)
+        assert [m.message_body for m in got] == [b"first", big, b"last"]
+        await b.conn.send(got[0].conversation_handle, REPLY, b"answer")
+        (reply,) = await receive_count(a.conn, init_q, 1)
+        assert reply.message_body == b"answer"
+        await _acknowledged(a)
+        await _acknowledged(b)
+
+        assert await endpoints(f) == []
+        (row,) = await f.view("forwarded_conversations")
+        assert row["initiator_broker"] == a.instance and row["target_broker"] == b.instance
+        (mine,) = await endpoints(a)
+        assert mine["far_broker_instance"] == b.instance
+        a_rows = {r["peer"]: r for r in await a.view("broker_connections")}
+        assert a_rows[b.instance]["via"] == f.instance, a_rows
+        report = await diagnose([n.process.url for n in (a, f, b)])
+        assert report.problems == [], format_report(report)
+
+
+@pytest.mark.timeout(90)
+async def test_a_forwarder_without_a_route_on_says_what_to_do(tmp_path: Path) -> None:
+    """Without a broker instance in A's route, a forwarder that has no route on for the
+    service tells A so when asked: A's transmission status says what to do, F logs it
+    once, ssb diagnose names it; with the route on F, the message goes."""
+    from test_diagnose import ssb_diagnose, urls
+
+    async with forwarding_trio(tmp_path) as (_, a, f, b):
+        _, target_q = await dialog_services(a, b)
+        await route(a, "TargetB", f)
+        await route(b, "Initiator", f)
+        await route(f, "Initiator", a)
+        h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        await a.conn.send(h, REQUEST, b"stuck at F")
+        said = (
+            f"broker {f.instance} forwards, but no route there leads to service 'TargetB':"
+            f" create_route for it on broker {f.instance}"
+        )
+
+        async def status() -> str:
+            rows = await a.view("transmission_queue")
+            return str(rows[0]["transmission_status"]) if rows else ""
+
+        await wait_until(lambda: _equals(status(), said), "A's status to say why", timeout=20)
+        code, out, _ = await ssb_diagnose(*urls(a, f, b))
+        assert code == 1, out
+        assert said in out
+        f_label = f.process.url.split("@")[1]
+        assert f"fix: on {f_label}: create_route('to_TargetB', 'TargetB', 'tcp://" in out
+        assert await endpoints(f) == [] and await b.conn.receive(target_q, timeout=0) == []
+        # asked again meanwhile (every second at most), said once
+        assert f.process.log_text().count(said) == 1
+
+        await route(f, "TargetB", b)
+        (m,) = await receive_count(b.conn, target_q, 1)
+        assert m.message_body == b"stuck at F"
+
+
+async def _equals(value: Any, expected: str) -> bool:
+    return await value == expected
 
 
 @pytest.mark.timeout(90)

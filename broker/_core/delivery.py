@@ -225,14 +225,17 @@ class Delivery:
 
     def service_created(self, name: str) -> None:
         """A service of this broker was created: what waited in the transmission queue for
-        a service of that name that no route led to (never sent anywhere) is delivered."""
-        for box in [b for b in self.outboxes.values() if not b.local and b.to_service == name]:
-            ep = self.endpoints.by_conversation(box.conversation_id, box.is_initiator)
-            if (ep is None or ep.far_broker_instance is None) and self.routes.is_local(
-                name, box.to_broker_instance
-            ):
+        a service of that name (held here, or one no route led to and never sent
+        anywhere) is delivered."""
+        for box in [b for b in self.outboxes.values() if b.to_service == name]:
+            if not box.local:
+                ep = self.endpoints.by_conversation(box.conversation_id, box.is_initiator)
+                if ep is not None and ep.far_broker_instance is not None:
+                    continue
+                if not self.routes.is_local(name, box.to_broker_instance):
+                    continue
                 self.transmission.make_local(box)
-                self._release(box)
+            self._release(box)
 
     def _release(self, box: DialogOutbox) -> None:
         box.releasing = False

@@ -495,6 +495,8 @@ class RouteLookup(Protocol):
 
     def find(self, service: str, broker_instance: object) -> Route | None: ...
 
+    def is_local(self, service: str, broker_instance: object) -> bool: ...
+
     def mirrors(self) -> dict[str, str]:
         """Address -> mirror address (tcp://host:port each) of the live routes that
         have a mirror."""

@@ -42,6 +42,8 @@ from ssb.protocol import (
     FragmentFrame,
     HandshakeCompleted,
     LinkState,
+    LocatedFrame,
+    LocateFrame,
     ProtocolError,
     ProtocolErrorFrame,
     Role,
@@ -126,6 +128,9 @@ class LinkEvents(Protocol):
     def lost(self, link: Link) -> None:
         """The connection is gone (after `Links` forgot it)."""
 
+    def locate(self, link: Link, frame: LocateFrame | LocatedFrame) -> None:
+        """A question about where a service is, or an answer (see `locator`)."""
+
     def writable(self, peer: Peer) -> None:
         """The link of `peer` takes writes again."""
 
@@ -202,6 +207,9 @@ class Link(asyncio.Protocol):
                     self.login_state = "AUTHENTICATED"
                     self._flush()  # our proof goes before any fragment
                     self.events.established(self, event)
+                elif isinstance(event, (LocateFrame, LocatedFrame)):
+                    if self.peer is not None:
+                        self.events.locate(self, event)
                 elif isinstance(event, ProtocolErrorFrame):
                     log.warning("peer %s reported a protocol error: %s", self.address, event)
                     if self.peer is None:

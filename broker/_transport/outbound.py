@@ -3,9 +3,10 @@
 Theory of operation. The core keeps messages for other brokers in its durable
 transmission queue, one outbox per dialog direction (see `_core.delivery`), and tells
 the transport (`outbound`). Once the store batch holding the entries is durable,
-`place` finds the direction's peer (the broker its route or conversation names, or the
-one its route's address turned out to be) or records why it waits: no route, no
-trusted certificate, an encrypted dialog whose binding names another broker (all in
+`place` finds the direction's peer (the broker its route or conversation names, or, for
+a route that names none, the one that hosts the service along the route, see `locator`)
+or records why it waits: no route, no trusted certificate, an encrypted dialog whose
+binding names another broker, no answer yet about where the service is (all in
 `unrouted`), or an address not yet known as a broker (`waiting` for its connection).
 A missing route or certificate is logged once, until a direction finds it.
 
@@ -49,6 +50,7 @@ from .._core.remote import RemoteDelivery
 from .._core.transmission import DialogOutbox, DirectionKey, Outbound
 from .applying import Applying, DirectionId
 from .link import Link, Links, Peer
+from .locator import Locator
 from .peers import Peers, route_address
 from .ports import Clock, RemoteDialogStore
 from .pump import Pump
@@ -94,6 +96,7 @@ class Transmission:
         refusals: RefusalLog,
         settings: TransportSettings,
         incoming: Callable[[DirectionId], Envelope | None],
+        locator: Locator,
     ) -> None:
         self.instance = instance
         self.delivery = delivery
@@ -108,6 +111,7 @@ class Transmission:
         self.refusals = refusals
         self.settings = settings
         self.incoming = incoming  # the envelope of a direction from another broker
+        self.locator = locator
         # outboxes waiting to learn which broker an address is
         self.waiting: dict[str, dict[DirectionKey, DialogOutbox]] = {}
         self.unrouted: dict[DirectionKey, DialogOutbox] = {}  # no route (yet), or refused
@@ -115,6 +119,8 @@ class Transmission:
         # order they were told of (a dict as an ordered set)
         self._fresh: dict[int, dict[DialogOutbox, None]] = {}
         self._said: set[str] = set()  # why directions wait, logged once each until resolved
+        # directions waiting in `unrouted` for the answer of a lookup (service, address)
+        self.locating: dict[tuple[str, str], set[DirectionKey]] = {}
 
     # ---- placing ---------------------------------------------------------------------
 
@@ -166,9 +172,15 @@ class Transmission:
         self.unrouted.pop(key, None)
         self._said.discard(f"route:{box.to_service}")
         box.status = ""
-        named = box.to_broker_instance or route.broker_instance
-        instance = _instance_id(named) if named else self.peers.address_peer.get(address)
-        peer = self.peers.get(instance) if instance else None
+        named = box.to_broker_instance or route.broker_instance or self._far_broker(key)
+        if named:
+            instance = _instance_id(named)
+        else:
+            found = self._located(box, address)
+            if found is None:
+                return
+            instance = found
+        peer = self.peers.get(instance)
         if peer is None and named:
             box.status = (
                 f"no certificate of broker {named} is trusted here: create_certificate with"
@@ -199,6 +211,36 @@ class Transmission:
         self.feed(peer)
         self._feed_first(peer, key, box)
 
+    def _far_broker(self, key: DirectionKey) -> str | None:
+        """The broker a direction's conversation is with, once that is known."""
+        ep = self.endpoints.by_conversation(key[0], key[1])
+        return None if ep is None else ep.far_broker_instance
+
+    def _located(self, box: DialogOutbox, address: str) -> uuid.UUID | None:
+        """The broker that hosts the service of `box` along its route to `address` (which
+        names none), once the broker there said so (see `locator`); None: the box waits
+        for the connection to `address` or for the answer."""
+        key = box.direction
+        adjacent = self.peers.address_peer.get(address)
+        peer = None if adjacent is None else self.peers.all.get(adjacent)
+        if peer is None or peer.link is None or not peer.link.established:
+            self.waiting.setdefault(address, {})[key] = box
+            self.links.connect(address)
+            return None
+        found = self.locator.far_broker(box.to_service, address, peer)
+        if found is None:
+            box.status = self.locator.status(box.to_service, address)
+            self.unrouted[key] = box
+            self.locating.setdefault((box.to_service, address), set()).add(key)
+        return found
+
+    def located(self, service: str, address: str) -> None:
+        """The lookup of `service` along `address` was answered: place what waited."""
+        for key in self.locating.pop((service, address), ()):
+            box = self.unrouted.pop(key, None)
+            if box is not None:
+                self.place(box)
+
     def _say(self, topic: str, text: str, *args: object) -> None:
         """Log why directions wait, once per `topic` until it is resolved."""
         if topic not in self._said:
@@ -214,6 +256,7 @@ class Transmission:
             boxes += waiting.values()
         self.unrouted.clear()
         self.waiting.clear()
+        self.locating.clear()
         for box in boxes:
             self.place(box)
 

@@ -11,6 +11,7 @@ outlives TCP connections. The parts, each owning its state:
     outbound    transmission-queue work placed on peers and fed within a budget; acks
     receivers   incoming directions opened (who may), restored, closed
     inbound     frames to events, one handler per event; acks only once durable
+    locator     which broker hosts a service a route without a broker instance leads to
     forwarding  other brokers' dialogs relayed along this broker's routes (optional)
     views       broker_connections, forwarded_conversations
 
@@ -34,7 +35,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ssb.protocol import Direction, Envelope, HandshakeCompleted, Role, unpack
+from ssb.protocol import (
+    Direction,
+    Envelope,
+    HandshakeCompleted,
+    LocatedFrame,
+    LocateFrame,
+    Role,
+    unpack,
+)
 
 from .._core.conversations import Endpoint
 from .._core.ports import (
@@ -49,6 +58,7 @@ from .._core.transmission import DialogOutbox, Outbound
 from .forwarding import Forwarder
 from .inbound import Reception
 from .link import Frames, Link, Links, Peer
+from .locator import Locator
 from .outbound import Transmission
 from .peers import Peers, route_address
 from .ports import Clock, Connector, RemoteDialogStore, SendPermission
@@ -129,6 +139,17 @@ class Transport:
             else None
         )
         self.pump = Pump(registry, self.links, clock, self.forwarder, settings.fragment_size)
+        self.locator = Locator(
+            me,
+            self.trust,
+            routes,
+            lambda service: routes.is_local(service, None),
+            registry,
+            self.links,
+            clock,
+            settings,
+            self._located,
+        )
         self.receivers = Receivers(
             me, endpoints, catalog, store, clock, self.trust, registry, refusals, settings
         )
@@ -146,6 +167,7 @@ class Transport:
             refusals,
             settings,
             self.receivers.envelopes.get,
+            self.locator,
         )
         self.reception = Reception(
             delivery,
@@ -236,6 +258,7 @@ class Transport:
 
     def routes_changed(self) -> None:
         """A route was created or dropped: messages may now have somewhere to go."""
+        self.locator.forget()
         self.transmission.replace_all()
         for peer in self.registry.all.values():
             if peer.link is None and peer.has_work():
@@ -267,6 +290,7 @@ class Transport:
             return
         if link.role is Role.INITIATOR:
             self.links.reached(link.address)
+            self.locator.link_up(link.address, link)
             self.transmission.address_known(link.address)
         now = self.clock.time()
         for routed in [peer, *self.registry.routed_via(peer)]:
@@ -294,6 +318,12 @@ class Transport:
     def writable(self, peer: Peer) -> None:
         self.pump.writable(peer)
 
+    def locate(self, link: Link, frame: LocateFrame | LocatedFrame) -> None:
+        self.locator.received(link, frame)
+
+    def _located(self, service: str, address: str) -> None:
+        self.transmission.located(service, address)
+
     def retry(self, address: str) -> None:
         """Try again: routes may have changed (expired, dropped, added) meanwhile."""
         if self.links.closing:
@@ -316,6 +346,7 @@ class Transport:
         self.links.tls_changed()
 
     def trust_added(self) -> None:
+        self.locator.forget()
         self.transmission.replace_all()
 
     def rotated(self) -> None:

@@ -151,6 +151,13 @@ class Trust:
         """The login broker `instance`'s messages act as (None: PUBLIC)."""
         return self.logins.get(instance)
 
+    def trusted_certificates(self, instance: uuid.UUID) -> list[bytes]:
+        """Every certificate of broker `instance` trusted here (two while it rotates)."""
+        wanted = str(instance)
+        return [
+            c.pem.encode() for c in self.catalog.peer_certificates() if c.broker_instance == wanted
+        ]
+
     def trusted_certificate(self, instance: uuid.UUID) -> bytes | None:
         for cert in self.catalog.peer_certificates():
             if cert.broker_instance == str(instance):

@@ -283,3 +283,25 @@ def test_handshake_proof_of_garbage_only_raises_protocol_errors(proof: bytes) ->
             peer_nonce=bytes(32),
             trusted=[BOB_CERT],
         )
+
+
+def test_a_location_proof_verifies_only_for_its_own_question() -> None:
+    from ssb.protocol import sign_location, verify_location, verify_origin
+
+    host, origin = uuid.uuid4(), uuid.uuid4()
+    key_pem, cert = generate_broker_identity(host)
+    proof = sign_location(load_private_key(key_pem), bytes(16), "Orders", host, origin)
+    verify_location(cert, bytes(16), "Orders", host, origin, proof)
+    for token, service, broker, asker in (
+        (bytes([1]) * 16, "Orders", host, origin),  # another question
+        (bytes(16), "Order", host, origin),  # another service
+        (bytes(16), "Orders", origin, origin),  # another broker claiming it
+        (bytes(16), "Orders", host, host),  # asked by another broker
+    ):
+        with pytest.raises(IntegrityError):
+            verify_location(cert, token, service, broker, asker, proof)
+    _, other = generate_broker_identity(host)  # an impostor's certificate for the same id
+    with pytest.raises(IntegrityError):
+        verify_location(other, bytes(16), "Orders", host, origin, proof)
+    with pytest.raises(IntegrityError):  # never taken for an origin proof either
+        verify_origin(cert, bytes(16), proof)

@@ -53,6 +53,7 @@ from ssb.protocol._link import (
     decode_link_frame,
     encode_link_frame,
 )
+from ssb.protocol._locate import LocatedFrame, LocateFrame
 
 A_ID = uuid.UUID("aaaaaaaa-0000-4000-8000-000000000001")
 B_ID = uuid.UUID("bbbbbbbb-0000-4000-8000-000000000002")
@@ -89,6 +90,9 @@ SAMPLE_FRAMES: list[LinkFrame] = [
     ProtocolErrorFrame(int(ErrorCode.MALFORMED_FRAME), "bad frame ✗"),
     CloseFrame("idle"),
     CloseFrame(),
+    LocateFrame(bytes(range(16)), "//shop/Orders", A_ID, 3),
+    LocatedFrame(bytes(16), "Orders", B_ID, b"p" * 256),
+    LocatedFrame(bytes(16), "Orders", None, None, "broker x does not forward ✗"),
 ]
 
 
@@ -255,8 +259,62 @@ def test_new_fragment_frame_equals_the_dataclass_constructor() -> None:
 
 def test_established_fast_path_keeps_the_table_authoritative() -> None:
     """Only inputs the table maps ESTABLISHED -> ESTABLISHED skip the lookup."""
-    assert {FragmentFrame, BundleFrame, AckFrame} == _RECV_KEEPS_ESTABLISHED
-    assert {FragmentFrame, BundleFrame, AckFrame} == _SEND_KEEPS_ESTABLISHED
+    steady = {FragmentFrame, BundleFrame, AckFrame, LocateFrame, LocatedFrame}
+    assert steady == _RECV_KEEPS_ESTABLISHED
+    assert steady == _SEND_KEEPS_ESTABLISHED
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [FrameKind.LOCATE, bytes(15), "S", A_ID, 0],
+        [FrameKind.LOCATE, bytes(16), "S", A_ID, 9],  # beyond MAX_LOCATE_HOPS
+        [FrameKind.LOCATE, bytes(16), "S", "not a uuid", 0],
+        [FrameKind.LOCATED, bytes(16), "S", B_ID, None, ""],  # found, but no proof
+        [FrameKind.LOCATED, bytes(16), "S", None, b"p", ""],  # a proof of nobody
+        [FrameKind.LOCATED, bytes(16), "S", None, None, "x" * 5000],
+    ],
+)
+def test_malformed_locate_frames(obj: list[Any]) -> None:
+    with pytest.raises(RemoteProtocolError):
+        decode_link_frame(obj)
+
+
+def _established_with(peer_version: int) -> tuple[LinkConnection, LinkConnection]:
+    """A (version 3) and B speaking `peer_version` (B's Hello says so)."""
+    a = link(Role.ACCEPTOR, me="a")
+    b = link(Role.INITIATOR, me="b")
+    hello = Hello(peer_version, B_ID, B_CERT, bytes(32))
+    b._outgoing.clear()
+    b._queue(hello)
+    b._nonce = bytes(32)
+    assert pump(b, a) == []
+    assert pump(a, b) == [HandshakeCompleted(A_ID, A_CERT)]
+    assert pump(b, a) == [HandshakeCompleted(B_ID, B_CERT)]
+    return a, b
+
+
+def test_a_version_2_peer_is_accepted_and_never_sent_locate_frames() -> None:
+    a, b = _established_with(2)
+    assert a.peer_version == 2 and a.state is LinkState.ESTABLISHED
+    with pytest.raises(LocalProtocolError, match="version 2"):
+        a.send(LocateFrame(bytes(16), "S", A_ID))
+    b.receive_data(a.send(SAMPLE_FRAMES[4]))  # dialog traffic as before
+    assert b.next_event() == SAMPLE_FRAMES[4]
+    # (a version 2 broker sends none; one that did would break its own protocol)
+    a.receive_data(encode_link_frame(LocateFrame(bytes(16), "S", B_ID)))
+    with pytest.raises(RemoteProtocolError, match="version 2 sent a locate frame"):
+        a.next_event()
+
+
+def test_locate_frames_flow_between_version_3_brokers() -> None:
+    a, b = established()
+    question = LocateFrame(bytes(16), "Orders", A_ID)
+    answer = LocatedFrame(bytes(16), "Orders", None, None, "not here")
+    b.receive_data(a.send(question))
+    assert b.next_event() == question
+    a.receive_data(b.send(answer))
+    assert a.next_event() == answer
 
 
 def test_direction_reverse() -> None:

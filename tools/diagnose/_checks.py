@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Final
 
-from ._paths import Path, broker_address, host_port, hosts, route_for
+from ._paths import Path, broker_address, host_port, hosts, leads_to, route_for
 from ._problem import Problem
 from ._survey import Broker, timestamp
 
@@ -125,8 +125,9 @@ def check_route(path: Path, brokers: Sequence[Broker]) -> list[Problem]:
             )
         ]
     met = near.peer_at(host_port(route["address"]))
-    # a route naming the far broker may lead through a forwarding broker
-    forwarded = route["broker_instance"] == far.instance
+    # a route may lead through forwarding brokers: one naming the far broker, or one whose
+    # next brokers' routes lead on to it (the origin asks along it, see the transport)
+    forwarded = route["broker_instance"] == far.instance or leads_to(brokers, met, service, far)
     if route["address"] != "TRANSPORT" and met not in (None, far.instance) and not forwarded:
         other = next((b.label for b in brokers if b.instance == met), f"instance {met}")
         return [
@@ -147,7 +148,7 @@ def check_replies(paths: Sequence[Path], brokers: Sequence[Broker]) -> list[Prob
     problems = []
     directions = {(p.near.instance, p.far.instance) for p in paths}
     for path in paths:
-        if path.origin != "route" or "routes" not in path.far.views:
+        if path.origin != "route" or path.relayed or "routes" not in path.far.views:
             continue
         if (path.far.instance, path.near.instance) in directions:
             continue  # a known path back is checked exactly by check_route
@@ -246,7 +247,7 @@ def check_contract(path: Path) -> list[Problem]:
     """The contracts of the path's dialogs are the same on both brokers: the same message
     types, each sent by the same side and validated the same way."""
     near, far, service = path.near, path.far, path.service
-    if not all(
+    if path.relayed or not all(
         v in b.views
         for b in (near, far)
         for v in ("services", "service_contracts", "message_types")
@@ -506,7 +507,23 @@ def check_transmission_queue(brokers: Sequence[Broker]) -> list[Problem]:
     return problems
 
 
+def _named_in(brokers: Sequence[Broker], status: str, besides: Broker) -> Broker | None:
+    """The broker (other than `besides`) whose instance id a status names, if surveyed."""
+    return next((b for b in brokers if b is not besides and b.instance in status), None)
+
+
 def _transmission_fix(broker: Broker, brokers: Sequence[Broker], service: str, status: str) -> str:
+    named = _named_in(brokers, status, broker)
+    where = named.label if named is not None else "that broker"
+    if "no route there leads to service" in status:
+        host = next((b for b in hosts(brokers, service) if b is not broker), None)
+        address = broker_address(brokers, host) if host else "tcp://HOST:BROKER_PORT"
+        return f"on {where}: create_route('to_{service}', '{service}', '{address}')"
+    if "whose certificate is not trusted here" in status:
+        return (
+            f"on {broker.label}: create_certificate('broker_{named.instance[:8] if named else ''}',"
+            f" PEM) with PEM = broker_certificate() of {where}"
+        )
     if status.startswith("no route to service"):
         far = next((b for b in hosts(brokers, service) if b is not broker), None)
         where = broker_address(brokers, far) if far else "tcp://HOST:BROKER_PORT"

@@ -33,6 +33,12 @@ class Path:
     to_target: bool = True  # `service` is the target side (its contracts are compared)
 
     @property
+    def relayed(self) -> bool:
+        """A route of a broker that hosts no service: it only forwards other brokers'
+        dialogs along it (no contract of its own to compare, no replies to route back)."""
+        return self.origin == "route" and "services" in self.near.views and not self.near.services
+
+    @property
     def strict(self) -> bool:
         """Every contract `service` accepts must exist on `near` (a route alone does not
         say which of them `near` uses)."""
@@ -223,6 +229,27 @@ def broker_address(brokers: Sequence[Broker], far: Broker) -> str:
             if route["broker_instance"] == far.instance and host_port(route["address"]):
                 return str(route["address"])
     return f"tcp://HOST:BROKER_PORT of {far.label}"
+
+
+def leads_to(
+    brokers: Sequence[Broker], at: str | None, service: str, far: Broker, hops: int = 8
+) -> bool:
+    """Whether the routes from broker `at` on lead `service` to broker `far` through
+    forwarders (each hop's route for it, as a route without a broker instance does); a hop
+    that was not surveyed (give its URL too) or whose routes were not read leads nowhere
+    known."""
+    by_instance = {b.instance: b for b in brokers}
+    for _ in range(hops):
+        if at == far.instance:
+            return True
+        broker = by_instance.get(at) if at is not None else None
+        if broker is None or "routes" not in broker.views:
+            return False
+        route, _ = route_for(broker, service, far.instance)
+        if route is None or route["address"] in ("LOCAL", "TRANSPORT"):
+            return False
+        at = broker.peer_at(host_port(route["address"]))
+    return False
 
 
 def route_for(

@@ -1,0 +1,165 @@
+"""Routes without a broker instance, without a daemon: the origin asks along the route which
+broker hosts the service, the host proves it, a forwarder relays the question and then the
+dialog end to end; what cannot work says what to do in the origin's transmission status
+and is logged once by the broker that cannot help (three brokers on an in-memory network,
+one fake clock; see transport_harness)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ssb.broker._core.delivery import Outbound
+
+from .core_harness import BODY
+from .transport_harness import A_ID, B_ID, Broker, World
+
+F_ID = "ffffffff-0000-4000-8000-000000000003"
+
+
+def _trio(world: World, trust_b_on_a: bool = True) -> tuple[Broker, Broker, Broker]:
+    """A (InitiatorService) -> F -> B (TargetService); every route names an address only."""
+    a = world.broker("a", A_ID, "127.0.0.1:7001")
+    f = world.broker("f", F_ID, "127.0.0.1:7003")
+    b = world.broker("b", B_ID, "127.0.0.1:7002")
+    for x, y in ((a, f), (f, b), (a, b)):
+        if x is a and y is b and not trust_b_on_a:
+            b.op("create_certificate", x.name, x.certificate)
+            continue
+        x.op("create_certificate", y.name, y.certificate)
+        y.op("create_certificate", x.name, x.certificate)
+    a.op("create_queue", "Initiator")
+    a.op("create_service", "InitiatorService", "Initiator")
+    b.op("create_queue", "Target")
+    b.op("create_service", "TargetService", "Target", ["DEFAULT"])
+    a.op("create_route", "to_b", "TargetService", f"tcp://{f.address}")
+    f.op("create_route", "to_b", "TargetService", f"tcp://{b.address}")
+    f.op("create_route", "to_a", "InitiatorService", f"tcp://{a.address}")
+    b.op("create_route", "to_a", "InitiatorService", f"tcp://{f.address}")
+    return a, f, b
+
+
+def _status(broker: Broker) -> list[str]:
+    rows = broker.core.store.read_transmission_page(None, 100)
+    return [broker.transport.describe(Outbound.from_row(row)) for row in rows]
+
+
+async def test_a_route_through_a_forwarder_needs_no_broker_instance(tmp_path: Path) -> None:
+    world = World(tmp_path, forwarding=True)
+    a, f, b = _trio(world)
+    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
+    a.op("send", handle, "DEFAULT", [b"m%d" % n for n in range(5)])
+    await world.settle()
+    got = b.core.receive_all()
+    assert [row[BODY] for row in got] == [b"m%d" % n for n in range(5)]
+    b.op("send", got[0][4], "DEFAULT", [b"reply"])
+    await world.settle()
+    assert [row[BODY] for row in a.core.receive_all("Initiator")] == [b"reply"]
+    assert a.transmission_queue() == 0 and b.transmission_queue() == 0
+    # the dialog is A's and B's, end to end; F only relays it
+    ep = a.core.engine.endpoints.get(handle)
+    assert ep is not None and ep.far_broker_instance == B_ID
+    assert f.core.engine.endpoints.count_using(service="TargetService") == 0
+    (relay,) = f.transport.views()["forwarded_conversations"]()
+    assert relay["initiator_broker"] == A_ID and relay["target_broker"] == B_ID
+    assert a.peer(b).link is None and a.link_to(f) is not None  # B reached through F
+    # the answer is kept: another dialog asks nothing more
+    questions = a.transport.locator.lookups
+    second = a.op("begin_dialog", "InitiatorService", "TargetService")
+    a.op("send", second, "DEFAULT", [b"again"])
+    await world.settle()
+    assert [row[BODY] for row in b.core.receive_all()] == [b"again"]
+    assert list(a.transport.locator.lookups) == list(questions) == [("TargetService", f.address)]
+
+
+async def test_a_forwarder_without_a_route_on_says_what_to_do_and_logs_it_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    world = World(tmp_path, forwarding=True, retry_initial=1.0, retry_max=2.0)
+    a, f, b = _trio(world)
+    f.op("drop", "route", "to_b")
+    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
+    with caplog.at_level(logging.WARNING):
+        a.op("send", handle, "DEFAULT", [b"waits"])
+        await world.advance(10.0)  # asked again and again
+    said = (
+        f"broker {F_ID} forwards, but no route there leads to service 'TargetService':"
+        f" create_route for it on broker {F_ID}"
+    )
+    assert _status(a) == [said]
+    refusals = [r for r in caplog.records if r.name == "ssb.transport" and said in r.getMessage()]
+    assert [r.getMessage().split(":")[0] for r in refusals] == [
+        "a broker asked where service 'TargetService' is",  # F, once
+        "messages for service 'TargetService' wait",  # A, once
+    ]
+    assert f.core.engine.endpoints.count_using(service="TargetService") == 0
+    assert b.queue("Target") == 0
+    # the route on F: A asks again (backoff at most retry_max) and the messages go
+    f.op("create_route", "to_b", "TargetService", f"tcp://{b.address}")
+    await world.advance(world.settings.retry_max)
+    assert b.queue("Target") == 1 and a.transmission_queue() == 0
+
+
+async def test_a_broker_that_does_not_forward_is_where_the_route_ends(tmp_path: Path) -> None:
+    """As before brokers could be asked: what a route leads to a non-forwarding broker is
+    that broker's, which holds a message for a service it lacks until it has it."""
+    world = World(tmp_path, forwarding=False)
+    a, f, _ = _trio(world)
+    f.op("grant", "SEND", "public")  # on every service, one that is not there yet too
+    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
+    a.op("send", handle, "DEFAULT", [b"for F"])
+    await world.settle()
+    assert a.transmission_queue() == 0 and f.transmission_queue() == 1
+    ep = a.core.engine.endpoints.get(handle)
+    assert ep is not None and ep.far_broker_instance == F_ID
+    f.op("create_queue", "Target")
+    f.op("create_service", "TargetService", "Target", ["DEFAULT"])
+    assert [row[BODY] for row in f.core.receive_all()] == [b"for F"]
+
+
+async def test_the_far_broker_is_trusted_only_by_its_own_certificate(tmp_path: Path) -> None:
+    world = World(tmp_path, forwarding=True)
+    a, f, b = _trio(world, trust_b_on_a=False)
+    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
+    a.op("send", handle, "DEFAULT", [b"for B only"])
+    await world.settle()
+    assert _status(a) == [
+        f"service 'TargetService' is at broker {B_ID} (found through {f.address}), whose"
+        " certificate is not trusted here: create_certificate with its broker_certificate()"
+    ]
+    assert b.queue("Target") == 0
+    a.op("create_certificate", "b", b.certificate)
+    await world.settle()
+    assert [row[BODY] for row in b.core.receive_all()] == [b"for B only"]
+
+
+async def test_an_answer_that_does_not_verify_is_not_believed(tmp_path: Path) -> None:
+    """A forwarder that answers for B (B's id, a signature of its own) is not believed."""
+    world = World(tmp_path, forwarding=True)
+    a, f, b = _trio(world)
+    locator = f.transport.locator
+    honest = locator._answer
+
+    def forge(frame, came_from):  # type: ignore[no-untyped-def]
+        from ssb.protocol import LocatedFrame, sign_location
+
+        key = f.transport.trust.identity.private_key  # F's key, not B's
+        proof = sign_location(key, frame.token, frame.service, uuid.UUID(B_ID), frame.origin)
+        locator._send(came_from, LocatedFrame(frame.token, frame.service, uuid.UUID(B_ID), proof))
+        return None
+
+    locator._answer = forge  # type: ignore[method-assign]
+    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
+    a.op("send", handle, "DEFAULT", [b"x"])
+    await world.settle()
+    assert _status(a) == [
+        f"broker {B_ID}'s answer that it hosts service 'TargetService' does not verify with"
+        " its certificate; asking again"
+    ]
+    assert b.queue("Target") == 0
+    locator._answer = honest  # type: ignore[method-assign]
+    await world.advance(world.settings.retry_initial)
+    assert b.queue("Target") == 1
