@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ._store import STORE_FILE, STORE_FILES, StoreError, copy_store
+from ._store import RESERVE_FILE, STORE_FILE, STORE_FILES, StoreError, copy_store
 
 # not copied as files: the store's own files (its copy reads through them) and a running
 # daemon's own files
-NOT_COPIED: Final = STORE_FILES | {"LOCK", "broker.json"}
+# (the disk reserve is room, not state: the restored broker makes its own)
+NOT_COPIED: Final = STORE_FILES | {"LOCK", "broker.json", RESERVE_FILE, f"{RESERVE_FILE}.new"}
 ON_POSTGRESQL: Final = (
     "this broker keeps its state in a PostgreSQL database, which `ssb backup` does not"
     " copy: back the database up with PostgreSQL's own tools (pg_dump for a copy of it,"

@@ -26,6 +26,7 @@ DEFAULT_CHART_SECONDS: Final = 5.0  # the dashboard's depth samples, by default
 DEFAULT_MIN_FREE_DISK: Final = 1024 * MIB
 DEFAULT_FAILOVER: Final = 10.0
 MIN_FAILOVER: Final = 1.0  # seconds: a shorter lease would be lost to a slow round trip
+DEFAULT_DISK_RESERVE: Final = 16 * MIB
 
 
 class ConfigError(ValueError):
@@ -153,6 +154,19 @@ class Config:
     min_free_disk: int = DEFAULT_MIN_FREE_DISK
     """bytes of free disk space below which SEND and BEGIN DIALOG are refused (the SQLite
     store's disk; with a PostgreSQL store the server's disk is the server's to watch)"""
+    disk_reserve: int = DEFAULT_DISK_RESERVE
+    """bytes of disk space the daemon holds in a file of its data directory
+    (disk-reserve) and gives up when the disk is full, so that the store still opens and
+    RECEIVE and END CONVERSATION still commit; made again once there is room for it twice
+    over, and meanwhile SEND and BEGIN DIALOG are refused (0: no reserve; the SQLite
+    store's disk only)"""
+    disk_full_timeout: float = 5.0
+    """seconds a commit that cannot be written (a full disk, failing I/O) is tried again
+    before it is rolled back: its clients are answered DiskFullError, nothing of it is
+    applied, and the broker starts again from what is durable (see A full disk). A
+    commit that failed for a lock held elsewhere or a lost connection to the PostgreSQL
+    server (its outcome unknown, the server perhaps restarting) is never rolled back so:
+    it waits"""
     outcome_window_seconds: float = 3600.0
     """seconds committed transaction ids are kept, so that a client that lost a commit's
     answer can learn its outcome (`transaction_outcome`)"""
@@ -198,6 +212,16 @@ class Config:
                 "failover_timeout applies to daemons sharing a PostgreSQL store (one serves,"
                 " the others stand by): set store too, or remove failover_timeout"
             )
+            for name, default in (
+                ("min_free_disk", DEFAULT_MIN_FREE_DISK),
+                ("disk_reserve", DEFAULT_DISK_RESERVE),
+            ):
+                if getattr(self, name) not in (0, default):
+                    raise ConfigError(
+                        f"{name} does not apply to a PostgreSQL store (its disk is the"
+                        " database server's, which the broker cannot see): remove it, and"
+                        " watch the server's disk there"
+                    )
         for name in ("client_port", "broker_port"):
             port = getattr(self, name)
             if not isinstance(port, int) or not 0 <= port <= 65535:
@@ -238,6 +262,12 @@ class Config:
         _whole("message_cache_bytes", self.message_cache_bytes, MIB, 1 << 40)
         _whole("max_message_size", self.max_message_size, 1, MAX_MESSAGE_SIZE_LIMIT)
         _whole("min_free_disk", self.min_free_disk, 0, 1 << 50)
+        _whole("disk_reserve", self.disk_reserve, 0, 1 << 40)
+        timeout = self.disk_full_timeout
+        if not _seconds(timeout) or not 0.5 <= timeout <= 3600:
+            raise ConfigError(
+                f"disk_full_timeout must be seconds from 0.5 to 3600, not {timeout!r}"
+            )
         window = self.outcome_window_seconds
         if not _seconds(window) or not 1 <= window <= 30 * 86400:
             raise ConfigError(

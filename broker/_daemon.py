@@ -18,12 +18,19 @@ construction what it uses (the core's parts or callables, never the whole core);
 nothing is attached to a part after it is built, and nothing registers itself at
 import.
 
-While running, every SPACE_CHECK seconds the daemon measures the free space for the
-store (the file system's plus the store's own free space) and tells the core, which
-refuses new messages below `min_free_disk`; when the store has been idle a while it
-runs the store's idle upkeep. A commit that fails for want of space is retried by the store;
-one that fails for any other reason stops the daemon with exit code 3 (memory would
-be ahead of disk; a restart rebuilds from what is durable).
+While running, every SPACE_CHECK seconds (and once at start, before it serves) the
+daemon measures the free space for the store (the file system's plus the store's own
+free space) and keeps the store's disk reserve in place when there is room, and tells
+the core, which refuses new messages below `min_free_disk` or while the reserve is
+given up; when the store has been idle a while it runs the store's idle upkeep. A
+commit that fails for want of space is retried by the store; one that fails for any
+other reason stops the daemon with exit code 3 (memory would be ahead of disk; a
+restart rebuilds from what is durable). One that still cannot be written after
+`disk_full_timeout` is abandoned by the store: every client whose answer waited for it
+is answered DiskFullError (nothing of it was applied), and the broker starts again in
+the same process, on the same ports, from what is durable, as after kill -9 (clients
+reconnect; open transactions were rolled back), refusing new messages while the disk
+is full.
 
 Stop (SIGTERM or SIGINT): stop accepting, roll back every open transaction, let the
 last batch reach the disk, close, and give the lease up (a standby takes over at once).
@@ -36,6 +43,7 @@ standby).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -144,6 +152,7 @@ class Broker:
         self.dashboard: Dashboard | None = None
         self.logins: Logins
         self.permissions: Permissions
+        self.restart: str | None = None  # why the broker starts again (a commit abandoned)
 
     # ---- start ------------------------------------------------------------------------
 
@@ -186,7 +195,9 @@ class Broker:
         self._lock_data_dir()
         if config.store is not None and not await self._take_lease():
             return
-        self.store = store = open_store(self.data_dir, config.durability, config.store, self.keeper)
+        self.store = store = open_store(
+            self.data_dir, config.durability, config.store, self.keeper, config.disk_reserve
+        )
         # the store's copy of the broker's files first: everything below reads them
         self.files = BrokerFiles(self.data_dir, store, own_tls=config.tls_cert_file is None)
         self.files.restore()
@@ -244,7 +255,10 @@ class Broker:
             self._store_failed,
             self._store_trouble,
             None if commits is None else commits.observe,
+            self._store_abandoned,
+            config.disk_full_timeout,
         )
+        self._measure_space()  # before anything is served: a full disk refuses at once
         engine.start()
         log.info(
             "store loaded in %.2f s: %d queue(s), %d ready message(s), %d transmission-queue"
@@ -555,17 +569,24 @@ class Broker:
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
 
-    async def _watch_space(self) -> None:
+    def _measure_space(self) -> None:
+        """Tell the core the free space for the store, and whether its disk reserve is in
+        place (made again when there is room)."""
         store, capacity = self.store, self.engine.capacity
+        try:
+            free = store.free_bytes()
+            if free is not None:  # (None: a database server's disk)
+                capacity.measured(free, str(self.data_dir))
+        except (OSError, StoreError) as exc:
+            log.warning("cannot measure free space for %s: %s", self.data_dir, exc)
+        capacity.reserve_kept(store.keep_reserve(), str(self.data_dir))
+
+    async def _watch_space(self) -> None:
+        store = self.store
         last_commits, idle_since = store.commits, time.monotonic()
         released = False  # memory given back in this idle spell
         while True:
-            try:
-                free = store.free_bytes()
-                if free is not None:  # (None: a database server's disk)
-                    capacity.measured(free, str(self.data_dir))
-            except (OSError, StoreError) as exc:
-                log.warning("cannot measure free space for %s: %s", self.data_dir, exc)
+            self._measure_space()
             now = time.monotonic()
             if store.commits != last_commits:
                 last_commits, idle_since, released = store.commits, now, False
@@ -614,6 +635,33 @@ class Broker:
         else:
             self.engine.capacity.commit_failed(reason)
 
+    def _store_abandoned(self, reason: str) -> None:
+        """The store gave up the batches it could not write: answer whoever waited for
+        them, and start again from what is durable (memory is ahead of it)."""
+        text = (
+            f"the commit could not be written for {self.config.disk_full_timeout:g} s"
+            f" (disk_full_timeout: {reason}); it was rolled back, nothing of it was applied;"
+            " the broker starts again from what is durable and refuses new messages until"
+            " the disk has room (RECEIVE and END CONVERSATION work)"
+        )
+        durable = self.store.durable
+        for connection in list(self.connections):
+            connection.abandon(durable, text)
+        log.error("starting again from what is durable: %s", reason)
+        self.restart = reason
+        self.stopped.set()
+
+    def same_ports(self) -> Config:
+        """The config of the broker that starts again in this one's place: the ports it
+        listened on (port 0 chose them)."""
+        http = self.http.address[1] if self.http and self.http.address else None
+        return dataclasses.replace(
+            self.config,
+            client_port=self.client_address[1],
+            broker_port=self.broker_address[1] if self.broker_address else 0,
+            http_port=http if http is not None else self.config.http_port,
+        )
+
     # ---- stop -----------------------------------------------------------------------------
 
     async def stop(self) -> None:
@@ -653,20 +701,30 @@ def _ping(session: Any) -> str:
 
 
 async def serve(config: Config) -> int:
-    broker = Broker(config)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, broker.stopped.set)
-    try:
-        await broker.start()
-    except BaseException:
+    signalled = asyncio.Event()
+    while True:
+        broker = Broker(config)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, _stop, broker, signalled)
+        try:
+            await broker.start()
+        except BaseException:
+            await broker.stop()
+            raise
+        await broker.stopped.wait()
+        again = broker.restart is not None and not signalled.is_set()
+        log.info("stopping" + (", to start again" if again else ""))
+        _systemd.notify("STATUS=starting again from what is durable" if again else "STOPPING=1")
         await broker.stop()
-        raise
-    await broker.stopped.wait()
-    log.info("stopping")
-    _systemd.notify("STOPPING=1")
-    await broker.stop()
-    return broker.exit_code
+        if not again:
+            return broker.exit_code
+        config = broker.same_ports()  # a commit was abandoned: again, from what is durable
+
+
+def _stop(broker: Broker, signalled: asyncio.Event) -> None:
+    signalled.set()
+    broker.stopped.set()
 
 
 def run(config: Config) -> int:

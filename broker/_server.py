@@ -111,7 +111,7 @@ class ClientConnection(asyncio.Protocol):
         self.host = ""
         self.inbox: deque[Request] = deque()
         self.busy: asyncio.Task[None] | None = None
-        self.replies: deque[tuple[int, bytes]] = deque()
+        self.replies: deque[tuple[int, bytes, int]] = deque()  # (after, data, request id)
         self.waiting_for: int | None = None
         self.write_paused = False
         self.read_paused = False
@@ -357,7 +357,7 @@ class ClientConnection(asyncio.Protocol):
             after = self.store.watermark()
         if self.replies:
             after = max(after, self.replies[-1][0])
-        self.replies.append((after, data))
+        self.replies.append((after, data, frame[0]))
 
     def _flush(self) -> None:
         """Write every answer whose effects are durable; wait for the rest."""
@@ -374,6 +374,22 @@ class ClientConnection(asyncio.Protocol):
         if replies and self.waiting_for != replies[0][0]:
             self.waiting_for = replies[0][0]
             store.when_durable(self.waiting_for, self._durable)
+
+    def abandon(self, durable: int, text: str) -> None:
+        """The store gave up every batch after `durable`: the answers that waited for one
+        are DiskFullError (`text`: nothing of it was applied), the others go as they are,
+        and the connection closes (the broker starts again)."""
+        out = [
+            data
+            if after <= durable
+            else encode_frame(encode_error(request_id, ErrorCode.DISK_FULL, text))
+            for after, data, request_id in self.replies
+        ]
+        self.replies.clear()
+        self.inbox.clear()
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(out)
+        self.close()
 
     def _durable(self) -> None:
         self.waiting_for = None

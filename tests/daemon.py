@@ -33,7 +33,13 @@ TEST_PROCEDURES = [
 class BrokerProcess(tools.BrokerProcess):
     """A broker daemon on free ports, with the tests' settings under the test's own."""
 
-    defaults: ClassVar[dict[str, Any]] = {"min_free_disk": 0, "procedures": TEST_PROCEDURES}
+    # no disk reserve (the full-disk tests set one): hundreds of test daemons would each
+    # hold one in the test run's directories
+    defaults: ClassVar[dict[str, Any]] = {
+        "min_free_disk": 0,
+        "disk_reserve": 0,
+        "procedures": TEST_PROCEDURES,
+    }
 
     def start(self) -> BrokerProcess:
         server = os.environ.get(DATABASE_ENV)

@@ -5,8 +5,12 @@ file. Below `min_free_disk` SEND and BEGIN DIALOG are refused with DiskFullError
 the setting, while RECEIVE and END CONVERSATION go on; with the disk truly full the store
 cannot commit, the daemon stays up, refuses new messages with SQLite's own reason and
 takes them again by itself once space returns, and every acknowledged message is
-received exactly once. A broker started on a full disk exits at once with one line
-that says so.
+received exactly once. A commit that still cannot be written after `disk_full_timeout`
+is answered DiskFullError within it and rolled back (nothing of it ever applied, its
+outcome "rolled_back"), and the broker starts again in its own process from what is
+durable. A broker with a store starts on a full disk (it gives up its disk reserve):
+new messages refused, RECEIVE, END CONVERSATION, the views and the dashboard working,
+until there is room again; one without a store yet exits at once with one line.
 
 Mounting needs root; without it these tests skip (tests/unit/test_core_capacity.py
 covers the core with a failing journal).
@@ -19,11 +23,13 @@ import contextlib
 import errno
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from daemon import BrokerProcess, one_error_line, serve_once
 
@@ -190,7 +196,9 @@ async def _two_dialogs(
     """A broker on the small disk (no free-space guard, a 1 MiB message cache), the test
     objects and two dialogs on one connection; killed on exit."""
     broker = BrokerProcess(
-        small_disk, config={"min_free_disk": 0, "message_cache_bytes": MIB}
+        small_disk,
+        # space comes back within the timeout here: the failed commits then succeed
+        config={"min_free_disk": 0, "message_cache_bytes": MIB, "disk_full_timeout": 120},
     ).start()
     try:
         conn = await client.connect(broker.url)
@@ -348,10 +356,15 @@ def test_starting_on_a_full_disk_exits_with_one_line(small_disk: Path) -> None:
     assert "full" in words, line
 
 
-async def test_restarting_on_a_full_disk_exits_with_one_line(small_disk: Path) -> None:
-    """A broker with a store (the common case: it stopped, the disk filled meanwhile)."""
+async def test_a_broker_with_a_store_starts_on_a_full_disk_and_drains_it(
+    small_disk: Path,
+) -> None:
+    """The disk filled while the broker was down: it starts (giving up its disk reserve),
+    refuses new messages, lets readers drain and END CONVERSATION, answers views and the
+    dashboard, and takes new messages again by itself once there is room."""
     data_dir = small_disk / "data"
-    broker = BrokerProcess(data_dir, config={"min_free_disk": 0}).start()
+    config = {"min_free_disk": 0, "disk_reserve": 4 * MIB, "http_port": 0}
+    broker = BrokerProcess(data_dir, config=config).start()
     try:
         conn = await client.connect(broker.url)
         await _objects(conn)
@@ -359,18 +372,99 @@ async def test_restarting_on_a_full_disk_exits_with_one_line(small_disk: Path) -
         await conn.send_many(h, "DEFAULT", [b"kept"] * 10)
         await conn.close()
         assert broker.stop() == 0
-    finally:
-        broker.kill()
-    fill(small_disk / "ballast")
-    line = _refused_start(data_dir)
-    (small_disk / "ballast").unlink()
-    broker.start()  # with space back, everything is there
-    try:
+        fill(small_disk / "ballast")
+        assert _free(small_disk) < 64 * 1024
+        broker.start()
         conn = await client.connect(broker.url)
-        got = await conn.receive("TargetQ", timeout=5)
+        row = await _resources(conn)
+        assert row["accepting_messages"] is False and "disk reserve" in row["refusal"]
+        with pytest.raises(client.DiskFullError, match="RECEIVE and END CONVERSATION"):
+            await conn.send(h, "DEFAULT", b"refused")
+        with pytest.raises(client.DiskFullError):
+            await conn.begin_dialog("InitSvc", "TargetSvc")
+        got = await conn.receive("TargetQ", top=100, timeout=5)
         assert [m.message_body for m in got] == [b"kept"] * 10
+        await conn.end_conversation(h)
+        assert await conn.view("conversation_endpoints") != []  # the target's side is open
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{broker.http_url}/dashboard/login") as page:
+                assert page.status == 200
+            async with http.get(f"{broker.http_url}/healthz") as health:
+                assert health.status == 503 and "disk" in (await health.json())["reason"]
+
+        (small_disk / "ballast").unlink()
+
+        async def accepting() -> bool:
+            return bool((await _resources(conn))["accepting_messages"])
+
+        await wait_until(accepting, "the broker to accept new messages again", timeout=15)
+        assert (data_dir / "disk-reserve").stat().st_size == 4 * MIB  # in place again
+        again = await conn.begin_dialog("InitSvc", "TargetSvc")
+        await conn.send(again, "DEFAULT", b"after")
+        (end, after) = await _drain(conn, "TargetQ", 2)
+        assert end.message_type_name == client.END_DIALOG and after.message_body == b"after"
         await conn.close()
     finally:
         broker.kill()
-    words = line.replace(str(data_dir), "DATA_DIR").lower()  # the path has "full" in it
-    assert "full" in words, f"the line does not say the disk is full: {line!r}"
+
+
+async def test_a_commit_that_cannot_be_written_is_rolled_back_within_disk_full_timeout(
+    small_disk: Path,
+) -> None:
+    """The disk is full and the commit is larger than the disk reserve: its client gets
+    DiskFullError within disk_full_timeout, nothing of it is ever applied (its outcome is
+    rolled_back), and the broker starts again in its own process from what is durable:
+    new messages refused, readers draining, new messages again once there is room."""
+    timeout = 2.0
+    config = {
+        "min_free_disk": 0,
+        "disk_reserve": 4 * MIB,
+        "disk_full_timeout": timeout,
+        "message_cache_bytes": MIB,
+    }
+    broker = BrokerProcess(small_disk, config=config).start()
+    ballast = small_disk / "ballast"
+    try:
+        conn = await client.connect(broker.url)
+        await _objects(conn)
+        h = await conn.begin_dialog("InitSvc", "TargetSvc")
+        await conn.send_many(h, "DEFAULT", [b"kept 0", b"kept 1"])
+        pid = broker.pid
+        fill(ballast)  # every byte, the disk reserve aside
+
+        committer = await client.connect(broker.url)
+        await committer.begin_transaction()
+        txn = committer.transaction_id
+        assert txn is not None
+        for n in range(3):  # 9 MiB: more than the reserve gives
+            await committer.send(h, "DEFAULT", bytes([n]) * (3 * MIB))
+        started = time.monotonic()
+        with pytest.raises(client.DiskFullError) as refused:
+            await committer.commit()
+        assert time.monotonic() - started <= timeout + 1.0
+        assert refused.value.code == ErrorCode.DISK_FULL
+        assert "rolled back, nothing of it was applied" in refused.value.message
+        assert await committer.transaction_outcome(txn) == "rolled_back"
+
+        # the same process, started again from what is durable, refusing new messages
+        await _log_says(broker, "starting again from what is durable", timeout=10)
+        assert broker.pid == pid and broker.proc is not None and broker.proc.poll() is None
+        with pytest.raises(client.DiskFullError, match="disk reserve"):
+            await conn.send(h, "DEFAULT", b"refused")
+        got = await conn.receive("TargetQ", top=10, timeout=5)
+        assert [m.message_body for m in got] == [b"kept 0", b"kept 1"]  # none of the 9 MiB
+
+        ballast.unlink()
+
+        async def accepting() -> bool:
+            return bool((await _resources(conn))["accepting_messages"])
+
+        await wait_until(accepting, "the broker to accept new messages again", timeout=15)
+        await conn.send(h, "DEFAULT", b"after")
+        (after,) = await _drain(conn, "TargetQ", 1)
+        assert after.message_body == b"after" and after.message_sequence_number == 2
+        await committer.close()
+        await conn.close()
+    finally:
+        broker.kill()
+        ballast.unlink(missing_ok=True)

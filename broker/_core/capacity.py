@@ -4,10 +4,10 @@ Theory of operation. Two kinds of limit. `max_message_size` bounds every body, a
 SEND and on arrival from another broker, and always fits a frame (see protocol's
 size limits). Free disk space is watched from outside the core (the daemon measures
 it; the store reports failed writes): while the free space is below `min_free_disk`,
-or while the store cannot write, statements that add data (SEND, BEGIN DIALOG, a
-message from another broker) are refused with the reason, and everything that frees
-space (RECEIVE, END CONVERSATION) goes on. The refusal lifts by itself when the space
-comes back. Queue quotas are the queues' own (see `queues.Queue.over_quota`).
+while the store cannot write, or while the store's disk reserve is given up (the disk
+filled, see the store), statements that add data (SEND, BEGIN DIALOG, a message from
+another broker) are refused with the reason, and everything that frees space (RECEIVE,
+END CONVERSATION) goes on. The refusal lifts by itself when the space comes back. Queue quotas are the queues' own (see `queues.Queue.over_quota`).
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ class Capacity:
         self.min_free_disk = min_free_disk
         self.low_space: str | None = None  # why free space is too low, while it is
         self.store_failure: str | None = None  # why the last commit failed, until one succeeds
+        self.no_reserve: str | None = None  # the store's disk reserve is given up, while it is
         self.refusal: str | None = None  # why new messages are refused now, if they are
         self.refusals = 0
         self.queue_quotas = 0  # queues with a quota (none: SEND need not look)
 
     def _update(self) -> None:
-        self.refusal = self.store_failure or self.low_space
+        self.refusal = self.store_failure or self.low_space or self.no_reserve
 
     def check_body(self, size: int) -> None:
         if size > self.max_message_size:
@@ -79,6 +80,19 @@ class Capacity:
                 "free disk space for %s is %s again: accepting new messages", where, _mib(free)
             )
             self.low_space = None
+        self._update()
+
+    def reserve_kept(self, in_place: bool, where: str) -> None:
+        """Whether the store's disk reserve is in place (given up: the disk filled)."""
+        if not in_place and self.no_reserve is None:
+            log.warning("the disk holding %s is full: refusing new messages", where)
+            self.no_reserve = (
+                "the disk is full: the store gave up its disk reserve to write; free space"
+                " on the disk"
+            )
+        elif in_place and self.no_reserve is not None:
+            log.warning("the disk holding %s has room again: accepting new messages", where)
+            self.no_reserve = None
         self._update()
 
     def commit_failed(self, reason: str) -> None:

@@ -30,7 +30,7 @@ from .port import (
     ManualStore,
     Store,
 )
-from .sqlite import STORE_FILE, STORE_FILES, SQLiteStore, copy_store
+from .sqlite import RESERVE_FILE, STORE_FILE, STORE_FILES, SQLiteStore, copy_store
 from .stores import is_database_url, open_store
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "HOT_ENDPOINT_COLUMNS",
     "MESSAGE_COLUMNS",
     "POISON_COLUMNS",
+    "RESERVE_FILE",
     "STORE_FILE",
     "STORE_FILES",
     "TRANSMISSION_COLUMNS",

@@ -24,10 +24,17 @@ store thread writes it while the loop answers.
 
 A commit that fails for a cause that may pass (no space, an I/O error, a lost
 connection) is not the end: the batches stay, merged with the writes that follow, and
-are tried again after `RETRY_DELAY`; meanwhile `on_trouble` tells the daemon (which
-refuses new messages with the real cause) and answers wait. Any other failure (a
-constraint broken: a bug) is fatal: memory would stay ahead of disk, so the daemon stops
-and a restart rebuilds from what is durable.
+are tried again after `RETRY_DELAY` (at once when the implementation could make room,
+`_make_room`: SQLite gives up its disk reserve); meanwhile `on_trouble` tells the daemon
+(which refuses new messages with the real cause) and answers wait. When commits have
+failed for `abandon_after` seconds and the last failure is one the database answered
+and that surely committed nothing (`_abandonable`: no space or an I/O error, not a lock
+held elsewhere nor a lost connection, after which a PostgreSQL commit may have happened
+and the server may just be restarting), the batches are *abandoned*: rolled back, never to be written, and so is everything written
+since; the store commits nothing more and `on_abandon` tells the daemon, which answers
+the clients that waited and starts again from what is durable (memory was ahead of it).
+Any other failure (a constraint broken: a bug) is fatal: memory would stay ahead of disk,
+so the daemon stops and a restart rebuilds from what is durable.
 """
 
 from __future__ import annotations
@@ -263,6 +270,11 @@ class Committer(Tables):
         self._on_commit: Callable[[int, float], None] | None = None
         self.failed: BaseException | None = None
         self.trouble: str | None = None
+        self.abandoned: str | None = None  # why the batches not yet durable were given up
+        self._trouble_since: float | None = None  # monotonic time of the first failure
+        self._last_failure: BaseException | None = None
+        self._on_abandon: Callable[[str], None] | None = None
+        self._abandon_after: float | None = None
         self.fail_next: BaseException | None = None  # tests: the next commit raises this
         self.commits = 0
         self.rows_written = 0
@@ -298,6 +310,16 @@ class Committer(Tables):
         """Plan.LOOP's second half, on the store thread."""
         raise NotImplementedError
 
+    def _abandonable(self, exc: BaseException) -> bool:
+        """Whether the failed commit (it failed with `exc`) may be given up: the database
+        answered that it cannot write it, and it surely committed nothing."""
+        return True
+
+    def _make_room(self) -> bool:
+        """After a failed commit: make room for the next attempt if the implementation can
+        (then it is tried at once)."""
+        return False
+
     def _injected_failure(self) -> None:
         """Raise the failure a test asked the next commit to have (`fail_next`)."""
         if self.fail_next is not None:
@@ -318,11 +340,15 @@ class Committer(Tables):
         on_failure: Callable[[BaseException], None],
         on_trouble: Callable[[str | None], None] | None = None,
         on_commit: Callable[[int, float], None] | None = None,
+        on_abandon: Callable[[str], None] | None = None,
+        abandon_after: float | None = None,
     ) -> None:
         self._loop = loop
         self._on_failure = on_failure
         self._on_trouble = on_trouble
         self._on_commit = on_commit
+        self._on_abandon = on_abandon
+        self._abandon_after = abandon_after
         self._wake = self._threaded
         if self._wake and (self._open.rows or self._deferred):
             self._schedule()
@@ -330,7 +356,7 @@ class Committer(Tables):
     def write_now(self) -> None:
         """Commit what is pending, synchronously (start-up, shutdown); StoreFailure when
         it cannot."""
-        if self._open.rows or self._retry or self._deferred:
+        if self.abandoned is None and (self._open.rows or self._retry or self._deferred):
             batches = self._pending()
             try:
                 self._commit(batches)
@@ -342,7 +368,7 @@ class Committer(Tables):
     def flush(self) -> None:
         """Commit what is pending now, as the store thread would (tests drive durability
         by hand with a store made with threaded=False)."""
-        if self._open.rows or self._retry or self._deferred:
+        if self.abandoned is None and (self._open.rows or self._retry or self._deferred):
             batches = self._pending()
             try:
                 self._commit(batches)
@@ -367,7 +393,7 @@ class Committer(Tables):
             await ended
         self._wake = False
         try:
-            if self.failed is None and self.trouble is None:
+            if self.failed is None and self.trouble is None and self.abandoned is None:
                 self.write_now()
         finally:
             if self._executor is not None:
@@ -433,7 +459,7 @@ class Committer(Tables):
         return batches
 
     def _start_flush(self) -> None:
-        if self._committing or self.failed is not None:
+        if self._committing or self.failed is not None or self.abandoned is not None:
             return
         if not (self._open.rows or self._retry or self._deferred):
             self._wake = True
@@ -477,7 +503,10 @@ class Committer(Tables):
             return
         assert self._loop is not None
         if self._retry:
-            self._loop.call_later(RETRY_DELAY, self._start_flush)
+            if self._abandon_due():
+                self.abandon()
+                return
+            self._loop.call_later(0.0 if self._make_room() else RETRY_DELAY, self._start_flush)
         elif self._open.rows or self._deferred:
             if not inline:
                 self._start_flush()
@@ -502,6 +531,9 @@ class Committer(Tables):
                     self._on_failure(exc)
                 return
             reason = describe_failure(exc)
+            self._last_failure = exc
+            if self._trouble_since is None:
+                self._trouble_since = time.monotonic()
             if self.trouble is None:
                 log.error("store commit failed (%s); retrying every %g s", reason, RETRY_DELAY)
             self.trouble = reason
@@ -509,6 +541,7 @@ class Committer(Tables):
                 self._on_trouble(reason)
             self._retry = batches
             return
+        self._trouble_since = None
         if self.trouble is not None:
             log.warning("store commits again after: %s", self.trouble)
             self.trouble = None
@@ -517,3 +550,37 @@ class Committer(Tables):
         self._durable = batches[-1].number
         if self._on_commit is not None:
             self._on_commit(*self._last_commit)
+
+    # ---- giving up ------------------------------------------------------------------------
+
+    def _abandon_due(self) -> bool:
+        """Whether commits have failed long enough to give the batches up (the next try
+        would come too late) and the last attempt surely committed nothing."""
+        since, after = self._trouble_since, self._abandon_after
+        return (
+            since is not None
+            and after is not None
+            and time.monotonic() + RETRY_DELAY >= since + after
+            and self._last_failure is not None
+            and self._abandonable(self._last_failure)
+        )
+
+    def abandon(self) -> None:
+        """Give up every batch not yet durable: none of it is ever written, what waits for
+        it never runs, and the store commits nothing more (memory is ahead of disk: the
+        daemon starts again from what is durable). `on_abandon` hears why."""
+        reason = self.trouble or "the store could not write"
+        self.abandoned = reason
+        self._retry = []
+        self._deferred = []
+        self._open = Batch(self._open.number + 1)
+        self._inserts = {}
+        self._endpoint_rows = {}
+        self._callbacks.clear()
+        log.error(
+            "store commits failed for %g s (%s): the batches not yet written are rolled back",
+            self._abandon_after or 0.0,
+            reason,
+        )
+        if self._on_abandon is not None:
+            self._on_abandon(reason)

@@ -180,6 +180,8 @@ class Commits(Batches, Protocol):
         on_failure: Callable[[BaseException], None],
         on_trouble: Callable[[str | None], None] | None = None,
         on_commit: Callable[[int, float], None] | None = None,
+        on_abandon: Callable[[str], None] | None = None,
+        abandon_after: float | None = None,
     ) -> None:
         """Commit in the background from now on, on `loop`: every write is committed
         soon without being asked, and what waited for it runs on the loop.
@@ -196,6 +198,11 @@ class Commits(Batches, Protocol):
                 runs.
             on_commit: told (on the loop) the rows written and the seconds taken by each
                 commit that succeeds.
+            on_abandon: called with the reason once commits have failed for
+                `abandon_after` seconds (None: never) and the last attempt surely wrote
+                nothing: every batch not yet durable is then given up (`abandoned` holds
+                why), none of it is ever written, what waited for it never runs, and the
+                store commits nothing more: memory is ahead of disk.
         """
         ...
 
@@ -227,6 +234,16 @@ class Commits(Batches, Protocol):
         ...
 
     @property
+    def abandoned(self) -> str | None:
+        """Why the batches not yet durable were given up (None: they were not)."""
+        ...
+
+    def abandon(self) -> None:
+        """Give up every batch not yet durable now (see `attach`'s `on_abandon`, which it
+        calls)."""
+        ...
+
+    @property
     def commits(self) -> int:
         """Commits that succeeded since the store was opened."""
         ...
@@ -254,6 +271,12 @@ class Space(Protocol):
         Raises:
             StoreError: the figure cannot be read.
         """
+        ...
+
+    def keep_reserve(self) -> bool:
+        """Keep in place the room the store holds for a full disk (its disk reserve),
+        making it again if there is space; whether it is in place (True for a store that
+        holds none). Never raises."""
         ...
 
     async def checkpoint(self) -> int | None:

@@ -37,9 +37,11 @@ connection is made once more on a new one (on the event loop, waiting at most
 `CONNECT_TIMEOUT`), and otherwise raises `StoreError`.
 
 Space is the database server's: `free_bytes` is None (the broker cannot see the server's
-disk, so `min_free_disk` does not apply; a full disk there fails commits, which are
-retried while new messages are refused) and `checkpoint` has nothing to do (the server's
-autovacuum returns the space of deleted rows).
+disk, so `min_free_disk` and `disk_reserve` do not apply; a full disk there fails
+commits, which are retried while new messages are refused, and abandoned after
+`disk_full_timeout` when the server answered that they failed: a commit whose answer was
+lost is never abandoned, it waits until its mark settles it) and `checkpoint` has
+nothing to do (the server's autovacuum returns the space of deleted rows).
 """
 
 from __future__ import annotations
@@ -303,6 +305,12 @@ class PostgresStore(AllTables, Committer):
     def _transient(self, exc: BaseException) -> bool:
         return _transient(exc)
 
+    def _abandonable(self, exc: BaseException) -> bool:
+        """Only a commit the server answered as failed (out of space, say) is given up: a
+        lost connection may have taken a commit's answer (the next attempt settles it by
+        its mark), or the server may be restarting."""
+        return self._unseen is None and not self._writer.broken
+
     def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
         self._injected_failure()
         started = time.perf_counter()
@@ -375,6 +383,10 @@ class PostgresStore(AllTables, Committer):
     def free_bytes(self) -> int | None:
         """None: the room is the database server's (see the module's comment)."""
         return None
+
+    def keep_reserve(self) -> bool:
+        """True: the room is the database server's, this store holds none."""
+        return True
 
     async def checkpoint(self) -> int | None:
         """Nothing to do: the server's autovacuum returns the space of deleted rows."""

@@ -30,7 +30,13 @@ thread, in the next commit there, and at most `INLINE_STREAK` light batches in a
 are committed inline.
 
 A commit that fails for want of space or an I/O error is retried (see `commit`) after a
-WAL checkpoint that lets it reuse the WAL file's space.
+WAL checkpoint that lets it reuse the WAL file's space. The *disk reserve* (`DiskReserve`,
+the daemon's `disk_reserve` setting) is a file beside the store that holds room for a
+full disk: when a commit fails it is given up and the commit tried again at once, and a
+store that cannot be opened for want of space is opened after giving it up (SQLite
+cannot even open its shared-memory index on a disk with no room at all), so that the
+daemon starts, RECEIVE and END CONVERSATION commit, and space can be freed; the daemon
+makes it again once there is room for it twice over (`keep_reserve`).
 
 Space: the file's free pages go back to the file system (`auto_vacuum = INCREMENTAL`),
 but only when the daemon is idle: while busy they are only reused by the next inserts
@@ -87,6 +93,8 @@ STORE_FILES: Final = frozenset(
 )
 BROKER_INSTANCE: Final = "broker_instance"  # the meta key of the broker's instance id
 NEARLY_FULL: Final = 1024 * 1024  # free bytes below which a store that cannot open blames the disk
+RESERVE_FILE: Final = "disk-reserve"  # the disk reserve's file in the data directory
+MIB: Final = 1024 * 1024
 BUSY_TIMEOUT: Final = 30.0  # seconds the online copy waits for the daemon's store (a checkpoint)
 KEEP_FREE_PAGES: Final = 2048  # free pages an idle store keeps for the next inserts
 IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
@@ -95,6 +103,11 @@ INLINE_STREAK: Final = 200  # light batches in a row committed inline, then one 
 LOOP_WEIGHT: Final = 4096  # a batch touching at most this many rows is applied on the loop
 AUTO_CHECKPOINT: Final = 1000  # WAL pages that make a threaded commit checkpoint (SQLite's)
 SUMMARY_THREADS: Final = 2  # connections (and threads) the start-up summary reads on
+
+
+_LOCK_CODES: Final = frozenset(
+    getattr(sqlite3, name) for name in ("SQLITE_BUSY", "SQLITE_LOCKED") if hasattr(sqlite3, name)
+)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -121,6 +134,54 @@ def _transient(exc: BaseException) -> bool:
     return False
 
 
+class DiskReserve:
+    """Room held for a full disk: a file of `size` bytes beside the store (see the
+    module's comment)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+
+    @property
+    def in_place(self) -> bool:
+        return self.size == 0 or self.path.exists()
+
+    def release(self) -> bool:
+        """Give the room back to the file system; whether there was any to give."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return False
+        log.warning(
+            "the disk is full: the store's reserve of %.1f MiB is given up to write",
+            self.size / MIB,
+        )
+        return True
+
+    def keep(self) -> bool:
+        """Make the reserve again if it is not in place and the disk has room for it twice
+        over; whether it is in place."""
+        if self.in_place:
+            return True
+        stat = os.statvfs(self.path.parent)
+        if stat.f_bavail * stat.f_frsize < 2 * self.size:
+            return False
+        partial = self.path.with_name(self.path.name + ".new")
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.size)  # blocks of its own, not a sparse file
+            finally:
+                os.close(fd)
+            os.replace(partial, self.path)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            log.info("the store's disk reserve cannot be made yet: %s", exc.strerror or exc)
+            return False
+        log.info("the store's disk reserve (%.1f MiB) is in place", self.size / MIB)
+        return True
+
+
 class SQLiteStore(AllTables, Committer):
     """The storage port on one SQLite file, with group commit on one background thread
     (see the module's comment)."""
@@ -131,14 +192,21 @@ class SQLiteStore(AllTables, Committer):
     _reader: sqlite3.Connection
 
     def __init__(
-        self, path: Path | str, durability: str = "fsync", *, threaded: bool = True
+        self,
+        path: Path | str,
+        durability: str = "fsync",
+        *,
+        threaded: bool = True,
+        reserve: DiskReserve | None = None,
     ) -> None:
         """Args:
         path: the database file (":memory:" for tests: one connection, no thread).
         durability: "fsync" or "os".
         threaded: commit on a store thread (the daemon); False commits only when
             `flush()` is called (tests drive durability by hand).
+        reserve: the disk reserve beside it (None: none).
         """
+        self.reserve = reserve
         memory = str(path) == MEMORY
         super().__init__(durability, threaded=threaded and not memory)
         self.path = path
@@ -168,6 +236,17 @@ class SQLiteStore(AllTables, Committer):
 
     def _transient(self, exc: BaseException) -> bool:
         return _transient(exc)
+
+    def _abandonable(self, exc: BaseException) -> bool:
+        """No space or an I/O error; not a lock another process holds (that passes)."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is None or code & 0xFF not in _LOCK_CODES
+
+    def _make_room(self) -> bool:
+        return self.reserve is not None and self.reserve.release()
+
+    def keep_reserve(self) -> bool:
+        return self.reserve is None or self.reserve.keep()
 
     def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
         self._finish(self._apply(batches, checkpoint))
@@ -295,28 +374,33 @@ class SQLiteStore(AllTables, Committer):
         return int(stat.f_bavail * stat.f_frsize + pages * size)
 
 
-def open_store(data_dir: Path, durability: str) -> Store:
+def open_store(data_dir: Path, durability: str, reserve: int = 0) -> Store:
     """The store of a data directory, created (with a new broker instance id in its meta
     value `broker_instance`) or migrated if need be, not yet attached.
 
     Args:
         data_dir: an existing directory that this process has locked for itself.
         durability: "fsync" (every commit synced) or "os" (left to the OS).
+        reserve: bytes of the disk reserve (0: none); given up if the store cannot be
+            opened without it.
 
     Raises:
         StoreUnavailable: the store cannot be opened; the message says why (a full disk
             by name) and what to do.
     """
-    try:
-        store = SQLiteStore(data_dir / STORE_FILE, durability)
-        if BROKER_INSTANCE not in store.load_meta():
-            store.put_meta(BROKER_INSTANCE, str(uuid.uuid4()))
-            store.write_now()
-    except StoreFailure as exc:
-        raise StoreUnavailable(_cannot_open(data_dir, exc.__cause__ or exc)) from None
-    except (sqlite3.Error, OSError) as exc:
-        raise StoreUnavailable(_cannot_open(data_dir, exc)) from None
-    return store
+    room = DiskReserve(data_dir / RESERVE_FILE, reserve) if reserve else None
+    for last in (room is None, True):
+        try:
+            store = SQLiteStore(data_dir / STORE_FILE, durability, reserve=room)
+            if BROKER_INSTANCE not in store.load_meta():
+                store.put_meta(BROKER_INSTANCE, str(uuid.uuid4()))
+                store.write_now()
+            return store
+        except (StoreFailure, sqlite3.Error, OSError) as exc:
+            if last or room is None or not room.release():
+                cause = exc.__cause__ if isinstance(exc, StoreFailure) else exc
+                raise StoreUnavailable(_cannot_open(data_dir, cause or exc)) from None
+    raise AssertionError("unreachable")
 
 
 def _cannot_open(data_dir: Path, exc: BaseException) -> str:

@@ -60,11 +60,16 @@ def check_driver() -> None:
 
 
 def open_store(
-    data_dir: Path, durability: str, url: str | None = None, fence: Fence | None = None
+    data_dir: Path,
+    durability: str,
+    url: str | None = None,
+    fence: Fence | None = None,
+    reserve: int = 0,
 ) -> Store:
     """The broker's store, not yet attached: the PostgreSQL database of `url`, committing
     under `fence` (None: the lease is taken now), or without a URL the SQLite store of
-    `data_dir` (see `sqlite.open_store` and `postgres.open_postgres_store`).
+    `data_dir` with a disk reserve of `reserve` bytes (see `sqlite.open_store` and
+    `postgres.open_postgres_store`).
 
     Raises:
         StoreUnavailable: the store cannot be opened (the message says why and what to
@@ -72,7 +77,7 @@ def open_store(
             holds the lease on the database.
     """
     if url is None:
-        return open_sqlite_store(data_dir, durability)
+        return open_sqlite_store(data_dir, durability, reserve)
     check_driver()
     from .lease import take_now
     from .postgres import open_postgres_store

@@ -6,6 +6,8 @@ import asyncio
 import uuid
 from collections.abc import Callable
 
+import pytest
+
 from ssb.broker._store import ManualStore, SQLiteStore, Store
 
 from .rows import message
@@ -159,5 +161,61 @@ async def test_an_attached_store_commits_by_itself_and_keeps_it(
     try:
         assert again.load_meta()["broker_instance"] == instance
         assert [r[0] for r in again.read_queue_messages("q", None, 10, 1 << 20)] == [1, 2]
+    finally:
+        await again.close()
+
+
+def test_batches_given_up_are_never_written(storage: ManualStore) -> None:
+    """Given up (the daemon's disk_full_timeout passed): the batches not yet durable and
+    everything written since are never written, what waited for them never runs, and the
+    store commits nothing more (the daemon starts again from what is durable)."""
+    storage.put_meta("kept", "1")
+    storage.flush()
+    ran: list[int] = []
+    storage.put_meta("failed", "1")
+    storage.when_durable(storage.watermark(), lambda: ran.append(1))
+    storage.fail_next = OSError(28, "No space left on device")
+    storage.flush()
+    assert storage.trouble is not None and storage.abandoned is None
+    storage.put_meta("later", "1")
+    storage.abandon()
+    assert storage.abandoned == storage.trouble
+    storage.put_meta("after", "1")
+    storage.flush()
+    storage.write_now()
+    assert ran == [] and storage.durable == 1
+    assert storage.load_meta() == {"kept": "1"}
+
+
+async def test_commits_that_keep_failing_are_given_up_after_the_time_given(
+    open_background: Callable[[], Store],
+) -> None:
+    store = open_background()
+    loop = asyncio.get_running_loop()
+    abandoned = loop.create_future()
+    troubles: list[str | None] = []
+    store.attach(
+        loop, pytest.fail, troubles.append, on_abandon=abandoned.set_result, abandon_after=0.5
+    )
+
+    def full() -> None:
+        raise OSError(28, "No space left on device")
+
+    store._injected_failure = full  # type: ignore[method-assign]  # every commit fails
+    try:
+        store.put_meta("lost", "1")
+        store.when_durable(store.watermark(), lambda: pytest.fail("ran"))
+        started = loop.time()
+        reason = await asyncio.wait_for(abandoned, 30)
+        assert "No space left on device" in reason and troubles and troubles[0] == reason
+        assert loop.time() - started <= 0.5 + 0.2  # within the time given, not after it
+        assert store.abandoned == reason
+        store.put_meta("after", "1")
+    finally:
+        await store.close()  # writes nothing: the batches were given up
+    again = open_background()
+    try:
+        meta = again.load_meta()
+        assert "lost" not in meta and "after" not in meta
     finally:
         await again.close()

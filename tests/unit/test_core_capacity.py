@@ -134,6 +134,40 @@ def test_low_disk_refuses_new_messages_keeps_receive_and_recovers() -> None:
     core.dialog()
 
 
+def test_a_disk_reserve_given_up_refuses_new_messages_until_it_is_back() -> None:
+    core = Core()
+    core.services()
+    handle = core.dialog()
+    capacity = core.engine.capacity
+    capacity.reserve_kept(False, "test")
+    with pytest.raises(BrokerError) as refused:
+        core.op("send", handle, "DEFAULT", [b"refused"])
+    assert _code(refused) == ErrorCode.DISK_FULL
+    assert "gave up its disk reserve" in refused.value.message
+    assert "RECEIVE and END CONVERSATION still work" in refused.value.message
+    core.op("end_conversation", handle)  # frees space: goes on
+    capacity.reserve_kept(True, "test")
+    core.op("send", core.dialog(), "DEFAULT", [b"after"])
+
+
+def test_batches_given_up_answer_nothing_and_leave_nothing() -> None:
+    """What a commit that could not be written wrote is never durable: a restart from the
+    store (what the daemon does) finds none of it, and finds what was durable before."""
+    core = Core()
+    core.services()
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"kept"])
+    core.flush()
+    core.op("send", handle, "DEFAULT", [b"lost"])
+    core.store.fail_next = sqlite3.OperationalError("database or disk is full")
+    core.flush()
+    core.op("send", handle, "DEFAULT", [b"lost too"])
+    core.store.abandon()
+    core.flush()
+    again = core.restart()
+    assert [r[BODY] for r in again.receive_all()] == [b"kept"]
+
+
 def test_a_failed_commit_is_retried_and_refuses_new_messages_meanwhile() -> None:
     core = Core()
     core.store.attach(None, lambda exc: None, _trouble(core))  # type: ignore[arg-type]
