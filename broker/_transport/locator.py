@@ -50,13 +50,13 @@ from .._core.ports import Cancellable, RouteLookup
 from .link import Link, Links, Peer
 from .peers import Peers, route_address
 from .ports import Clock
+from .refusals import SaidOnce
 from .settings import TransportSettings
 from .trust import Trust
 
 log = logging.getLogger("ssb.transport")
 
 MAX_RELAYED: Final = 10_000  # questions relayed and not yet answered, at most
-MAX_SAID: Final = 10_000  # topics logged once, remembered at most
 
 Place = tuple[str, str]  # (service, route address)
 
@@ -105,7 +105,7 @@ class Locator:
         self.relayed: dict[bytes, tuple[uuid.UUID, float]] = {}
         # questions to relay once the connection to their next hop's address is up
         self.held: dict[str, list[tuple[LocateFrame, uuid.UUID]]] = {}
-        self._said: set[str] = set()
+        self._say = SaidOnce()  # the origin asks again and again: one line is enough
 
     # ---- the origin's side ----------------------------------------------------------
 
@@ -306,11 +306,3 @@ class Locator:
         link = None if peer is None else peer.link
         if link is not None and link.established:
             link.write(link.connection.send(frame))
-
-    def _say(self, topic: str, text: str, *args: object) -> None:
-        """Log once per topic (the origin asks again and again: one line is enough)."""
-        if topic not in self._said:
-            if len(self._said) >= MAX_SAID:
-                self._said.clear()
-            self._said.add(topic)
-            log.warning(text, *args)

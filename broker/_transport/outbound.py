@@ -54,7 +54,7 @@ from .locator import Locator
 from .peers import Peers, route_address
 from .ports import Clock, RemoteDialogStore
 from .pump import Pump
-from .refusals import RefusalLog
+from .refusals import RefusalLog, SaidOnce
 from .settings import TransportSettings, transmission_priority
 from .trust import Trust
 
@@ -66,7 +66,6 @@ IN_FLIGHT_BYTES: Final = 64 * 1024 * 1024  # their bodies
 RESERVE_MESSAGES: Final = 1024
 RESERVE_BYTES: Final = 16 * 1024 * 1024
 FEED_CHUNK: Final = 256  # messages pulled from one direction per turn
-MAX_SAID: Final = 10_000  # reasons for waiting remembered as logged
 
 
 @functools.lru_cache(maxsize=1024)
@@ -118,7 +117,7 @@ class Transmission:
         # told of, to place once durable: by the store batch their entries are in, in the
         # order they were told of (a dict as an ordered set)
         self._fresh: dict[int, dict[DialogOutbox, None]] = {}
-        self._said: set[str] = set()  # why directions wait, logged once each until resolved
+        self._say = SaidOnce()  # why directions wait, logged once each until resolved
         # directions waiting in `unrouted` for the answer of a lookup (service, address)
         self.locating: dict[tuple[str, str], set[DirectionKey]] = {}
 
@@ -170,7 +169,7 @@ class Transmission:
             )
             return
         self.unrouted.pop(key, None)
-        self._said.discard(f"route:{box.to_service}")
+        self._say.resolved(f"route:{box.to_service}")
         box.status = ""
         named = box.to_broker_instance or route.broker_instance or self._far_broker(key)
         if named:
@@ -196,7 +195,7 @@ class Transmission:
             self.waiting.setdefault(address, {})[key] = box
             self.links.connect(address)
             return
-        self._said.discard(f"certificate:{peer.instance}")
+        self._say.resolved(f"certificate:{peer.instance}")
         opened = peer.dialog.sender(key[0], _direction(key[1])) is not None
         refusal = None if opened else self.trust.encryption_refusal(box, peer.instance)
         if refusal is not None:
@@ -240,14 +239,6 @@ class Transmission:
             box = self.unrouted.pop(key, None)
             if box is not None:
                 self.place(box)
-
-    def _say(self, topic: str, text: str, *args: object) -> None:
-        """Log why directions wait, once per `topic` until it is resolved."""
-        if topic not in self._said:
-            if len(self._said) >= MAX_SAID:
-                self._said.clear()
-            self._said.add(topic)
-            log.warning(text, *args)
 
     def replace_all(self) -> None:
         """Routes or trust changed: place again every direction that waits."""
