@@ -108,3 +108,25 @@ async def test_procedures_and_databases_outlive_a_restart(tmp_path: Path) -> Non
             assert (row["database"], row["name"]) == ("Kept", "P")
     finally:
         broker.kill()
+
+
+async def test_a_dialog_begun_before_its_service_exists_waits_in_its_database(
+    broker: BrokerProcess,
+) -> None:
+    """As in master: a service of another database created after BEGIN DIALOG gets what
+    waited for it, in order, across a restart."""
+    async with await client.connect(broker.url, reconnect=True) as conn:
+        await conn.create_database("Sales")
+        await conn.use("Sales")
+        await conn.create_queue("From")
+        await conn.create_service("Asker", queue="From")
+        handle = await conn.begin_dialog("Asker", "Later")
+        await conn.send(handle, "DEFAULT", b"one")
+        broker.restart()  # kill -9: what waits is read back from the store
+        await conn.send(handle, "DEFAULT", b"two")
+        waiting = await conn.view("transmission_queue")
+        assert [r["transmission_status"] for r in waiting] == ["no route to service 'Later'"] * 2
+        await conn.create_queue("Q")
+        await conn.create_service("Later", queue="Q", contracts=["DEFAULT"])
+        got = await conn.receive("Q", timeout=5)
+        assert [m.message_body for m in got] == [b"one", b"two"]

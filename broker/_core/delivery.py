@@ -30,7 +30,7 @@ from .backlog import LOAD_BYTES
 from .capacity import Capacity
 from .conversations import CAN_SEND, Endpoint, Event, State
 from .endpoints import Endpoints
-from .names import database_of, plain
+from .names import DEFAULT_DATABASE, database_of, plain
 from .ports import Clock, Journal, OutboundSink, QueueListener
 from .priorities import assign_level
 from .queues import Message, Queue
@@ -224,16 +224,18 @@ class Delivery:
                 self._release(box)
 
     def service_created(self, name: str) -> None:
-        """A service of this broker was created: what waited in the transmission queue for
-        a service of that name (held here, or one no route led to and never sent
-        anywhere) is delivered."""
-        for box in [b for b in self.outboxes.values() if b.to_service == name]:
+        """A service of this broker was created (`name`: its key): what waited in the
+        transmission queue for a service of that name (held here, or one no route led to
+        and never sent anywhere, named as BEGIN DIALOG named it) is delivered."""
+        for box in [b for b in self.outboxes.values() if b.to_service in (name, plain(name))]:
             if not box.local:
                 ep = self.endpoints.by_conversation(box.conversation_id, box.is_initiator)
                 if ep is not None and ep.far_broker_instance is not None:
                     continue
-                if not self.routes.is_local(name, box.to_broker_instance):
+                origin = DEFAULT_DATABASE if ep is None else database_of(ep.service)
+                if self.routes.local_target(box.to_service, box.to_broker_instance, origin) != name:
                     continue
+                box.to_service = name  # from now on it waits for that service, by its key
                 self.transmission.make_local(box)
             self._release(box)
 
@@ -243,6 +245,7 @@ class Delivery:
         budget = RELEASE_CHUNK
         while box.count and not self.local_block(box.to_service):
             for out in box.take(min(budget, box.count), LOAD_BYTES):
+                out.to_service = box.to_service  # (the key, for one sent before it existed)
                 self.journal.delete_transmission(out.id)
                 self.transmission.unhold(out)
                 self.deliver_local(out, now)
