@@ -40,7 +40,7 @@ from ssb.protocol import ErrorCode
 
 from ._core.catalog import IN_DATABASE, Catalog
 from ._core.endpoints import Endpoints
-from ._core.names import database_of, plain
+from ._core.names import DEFAULT_DATABASE, database_of, plain
 from ._core.queue_options import is_python
 from ._core.transactions import Session, Transactions
 from ._errors import BrokerError, bad_argument
@@ -226,7 +226,10 @@ class Permissions:
         return name == PUBLIC or name in self.logins
 
     def may_send(self, login: str | None, service: str) -> bool:
-        return self.has(PUBLIC if login is None else login, "SEND", "service", service)
+        """Whether `login` (None: PUBLIC) may SEND to the service of this broker that a
+        message from another broker for `service` reaches (in whichever database)."""
+        key = self.local_target(service, None, DEFAULT_DATABASE) or service
+        return self.has(PUBLIC if login is None else login, "SEND", "service", key)
 
     def owner(self, kind: str, name: str) -> str | None:
         return self.owners.get((kind, name))

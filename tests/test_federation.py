@@ -770,3 +770,31 @@ async def test_idle_connections_close_and_reopen_on_demand(tmp_path: Path) -> No
             ("inbound", "AUTHENTICATED")
         }
         assert all(r["last_activity"] for r in outbound + inbound)
+
+
+async def test_send_permission_is_checked_on_the_service_of_another_database(
+    tmp_path: Path,
+) -> None:
+    """A message from another broker for a service of a database other than master is
+    checked against that service's grants (and reaches it once granted)."""
+    async with Federation(tmp_path, ["A", "B"]) as fed:
+        a, b = fed["A"], fed["B"]
+        await create_contract(a.conn)
+        init_q = await create_initiator(a, "Initiator")
+        await b.conn.create_database("Shop")
+        await b.conn.use("Shop")
+        await create_contract(b.conn)
+        target_q = await create_target(b, "InShop")
+        await b.conn.revoke("SEND", "public", "service", "InShop")
+        await link(a, "Initiator", b, "InShop")
+
+        h = await a.conn.begin_dialog("Initiator", "InShop", contract=CONTRACT)
+        await a.conn.send(h, REQUEST, b"not allowed")
+        (error,) = await receive_count(a.conn, init_q, 1, timeout=20)
+        assert b"<Code>-11215</Code>" in error.message_body
+
+        await b.conn.grant("SEND", "public", "service", "InShop")
+        h2 = await a.conn.begin_dialog("Initiator", "InShop", contract=CONTRACT)
+        await a.conn.send(h2, REQUEST, b"allowed")
+        got = await receive_count(b.conn, target_q, 2, timeout=20)  # the Error, then it
+        assert [m.message_body for m in got][-1] == b"allowed"
