@@ -36,7 +36,7 @@ async def ddl(session: Session, statement: ast.Ddl, frame: Frame) -> None:
             _NOT_YET.get(statement.kind, "drop it and create it anew"),
             yet=True,
         )
-    if "authorization" in statement.options and statement.kind != "permission":
+    if "authorization" in statement.options and statement.kind not in _AUTHORIZATION_MAPS:
         owner = statement.options["authorization"]
         if session.login is not None and owner.lower() not in (session.login.lower(), "dbo"):
             raise NotSupported(
@@ -46,6 +46,10 @@ async def ddl(session: Session, statement: ast.Ddl, frame: Frame) -> None:
     await handler(session, statement, frame)
     session.rowcount = 0
 
+
+# where AUTHORIZATION names a principal the object maps to rather than its owner: a
+# certificate's login is whom another broker presenting it acts as
+_AUTHORIZATION_MAPS: Final = ("permission", "certificate")
 
 _NOT_YET: Final = {
     "remote_service_binding": "drop the binding and create it anew",
@@ -242,7 +246,8 @@ async def _create_certificate(session: Session, s: ast.Ddl, frame: Frame) -> Non
         raise SqlError(
             15208, f"The certificate file '{path}' cannot be read: {exc.strerror or exc}."
         ) from None
-    await session.broker(session.connection().create_certificate(s.name, pem))
+    login = s.options.get("authorization")  # whom that broker's messages act as
+    await session.broker(session.connection().create_certificate(s.name, pem, login=login))
 
 
 async def _create_binding(session: Session, s: ast.Ddl, frame: Frame) -> None:

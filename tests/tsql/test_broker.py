@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from ssb import client
+from ssb.protocol import generate_broker_identity
 from ssb.tsql import Collect, Session
 
 from .helpers import new_session, run, table
@@ -411,3 +413,27 @@ async def test_databases_in_t_sql(tsql: tuple[Session, Collect], conn: client.Co
     assert out.errors[-1].number == 1801
     assert await run(session, "USE master\nGO\nDROP DATABASE Sales\nDROP DATABASE IF EXISTS Sales")
     assert [d["name"] for d in await conn.view("databases")] == ["master"]
+
+
+async def test_a_certificates_authorization_is_the_login_its_broker_acts_as(
+    tsql: tuple[Session, Collect], conn: client.Connection, tmp_path: Path
+) -> None:
+    """CREATE CERTIFICATE ... AUTHORIZATION maps the peer broker presenting it to that
+    login, as Service Broker maps it to the certificate's owner; without it, PUBLIC."""
+    session, out = tsql
+    for name in ("peer", "other"):
+        pem = tmp_path / f"{name}.pem"
+        pem.write_text(_peer_certificate())
+    assert await run(
+        session,
+        "CREATE LOGIN shop WITH PASSWORD = 'shop-password-1'\n"
+        f"CREATE CERTIFICATE PeerCert AUTHORIZATION shop FROM FILE = '{tmp_path / 'peer.pem'}'\n"
+        f"CREATE CERTIFICATE OtherCert FROM FILE = '{tmp_path / 'other.pem'}'\n",
+    ), out.errors
+    logins = {r["name"]: r["login"] for r in await conn.view("certificates")}
+    assert logins == {"PeerCert": "shop", "OtherCert": "public"}
+
+
+def _peer_certificate() -> str:
+    """Another broker's certificate (its key is not needed to trust it)."""
+    return generate_broker_identity(uuid.uuid4())[1].decode()
