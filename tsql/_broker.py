@@ -27,6 +27,12 @@ _BROKER_OPTIONS: Final = (
 )
 
 
+def object_name(name: str) -> str:
+    """A schema-scoped object's own name (a queue's, a procedure's) from
+    `[database.][schema.]name`: ssb has no schemas, every object is dbo's."""
+    return name.rsplit(".", 1)[-1]
+
+
 def procedure_name(name: str, database: str) -> str:
     """A procedure's own name from `[database.][schema.]name` (brackets already gone);
     a procedure of another database is refused."""

@@ -19,6 +19,7 @@ from ssb import client
 
 from . import _ast as ast
 from . import _types as t
+from ._broker import object_name
 from ._errors import SqlError
 from ._output import ResultSet
 from ._types import Value
@@ -46,6 +47,8 @@ MESSAGE_COLUMNS: Final = (
     ("message_enqueue_time", t.DATETIME),
     ("delivery_count", t.INT),
 )
+# what `RECEIVE *` gives: Service Broker's columns (ssb's own two only when named)
+STAR_COLUMNS: Final = MESSAGE_COLUMNS[:-2]
 _TYPES: Final = dict(MESSAGE_COLUMNS)
 _MILLISECONDS: Final = 1000.0
 
@@ -210,10 +213,6 @@ async def move_conversation(
     await session.broker(session.connection().move_conversation(handle, group))
 
 
-def _queue_name(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
-
-
 async def _timeout(session: Session, statement: ast.Receive, frame: Frame) -> float | None:
     if not statement.waitfor:
         return 0.0
@@ -227,7 +226,7 @@ async def _timeout(session: Session, statement: ast.Receive, frame: Frame) -> fl
 
 async def receive(session: Session, statement: ast.Receive, frame: Frame) -> None:
     conn = session.connection()
-    queue = _queue_name(statement.queue)
+    queue = object_name(statement.queue)
     timeout = await _timeout(session, statement, frame)
     if statement.group_variable is not None:
         group = await session.broker(conn.get_conversation_group(queue, timeout))
@@ -326,8 +325,8 @@ async def _deliver(
     types: list[t.SqlType] = []
     for item in items:
         if isinstance(item.expr, ast.Star):
-            columns += [name for name, _ in MESSAGE_COLUMNS]
-            types += [kind for _, kind in MESSAGE_COLUMNS]
+            columns += [name for name, _ in STAR_COLUMNS]
+            types += [kind for _, kind in STAR_COLUMNS]
         else:
             columns.append(
                 item.alias or (item.expr.name if isinstance(item.expr, ast.Column) else "")
@@ -340,7 +339,7 @@ async def _deliver(
             values: list[Value] = []
             for item in items:
                 if isinstance(item.expr, ast.Star):
-                    values += [row[name] for name, _ in MESSAGE_COLUMNS]
+                    values += [row[name] for name, _ in STAR_COLUMNS]
                 else:
                     values.append(session.sync(item.expr, frame))
             rows.append(values)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ssb import client
 
 from . import _ast as ast
-from ._broker import procedure_name
+from ._broker import object_name, procedure_name
 from ._errors import NotSupported, SqlError, from_broker
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ async def _alter_service(session: Session, s: ast.Ddl, frame: Frame) -> None:
             s.name,
             options.get("add_contracts", []),
             options.get("drop_contracts", []),
-            queue=None if queue is None else str(queue).rsplit(".", 1)[-1],
+            queue=None if queue is None else object_name(str(queue)),
         )
     )
 
@@ -124,20 +124,20 @@ def _queue_options(session: Session, options: dict[str, Any]) -> dict[str, Any]:
 
 async def _create_queue(session: Session, s: ast.Ddl, frame: Frame) -> None:
     arguments = _queue_options(session, s.options)
-    await session.broker(session.connection().create_queue(s.name, **arguments))
+    await session.broker(session.connection().create_queue(object_name(s.name), **arguments))
 
 
 async def _alter_queue(session: Session, s: ast.Ddl, frame: Frame) -> None:
     changes = _queue_options(session, s.options)
     if not changes:
         raise SqlError(102, "Incorrect syntax near 'WITH': ALTER QUEUE needs an option.", level=15)
-    await session.broker(session.connection().alter_queue(s.name, **changes))
+    await session.broker(session.connection().alter_queue(object_name(s.name), **changes))
 
 
 async def _create_service(session: Session, s: ast.Ddl, frame: Frame) -> None:
     await session.broker(
         session.connection().create_service(
-            s.name, s.options["queue"].rsplit(".", 1)[-1], s.options.get("contracts", [])
+            s.name, object_name(s.options["queue"]), s.options.get("contracts", [])
         )
     )
 
@@ -229,7 +229,7 @@ async def _create_notification(session: Session, s: ast.Ddl, frame: Frame) -> No
         instance = None
     await session.broker(
         session.connection().create_event_notification(
-            s.name, options["event"], options["queue"].rsplit(".", 1)[-1], service, instance
+            s.name, options["event"], object_name(options["queue"]), service, instance
         )
     )
 
@@ -302,7 +302,7 @@ async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
     name: str | None = None
     if "kind" in options:
         cls = str(options["kind"]).upper()
-        name = str(options["object"]).rsplit(".", 1)[-1]
+        name = object_name(str(options["object"]))
         if cls not in _CLASSES:
             raise NotSupported(
                 f"{s.action} ... ON {cls}::",
@@ -339,7 +339,7 @@ async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
 def _drop(kind: str) -> Callable[[Session, ast.Ddl, Frame], Coroutine[Any, Any, None]]:
     async def drop(session: Session, s: ast.Ddl, frame: Frame) -> None:
         conn = session.connection()
-        name = s.name.rsplit(".", 1)[-1] if kind == "queue" else s.name
+        name = object_name(s.name) if kind == "queue" else s.name
         calls = {
             "message_type": conn.drop_message_type,
             "contract": conn.drop_contract,

@@ -268,7 +268,9 @@ class Session:
         if "tsql_db_" in translation.sql:
             await self.databases.list()  # what DB_ID and DB_NAME read
         await self._load(translation, frame)
-        return self.engine.run(translation, frame_parameters(translation, frame), _KINDS)
+        return self.engine.run(
+            translation, frame_parameters(translation, frame, self.system_function), _KINDS
+        )
 
     async def _table_change(self, statement: ast.TableChange, frame: Frame) -> None:
         """INSERT, UPDATE or DELETE of a table variable, on the SQL engine."""
@@ -280,7 +282,9 @@ class Session:
             raise SqlError(1087, f'Must declare the table variable "{statement.variable}".')
         target = next(s for s in translation.sources if s.name == statement.variable)
         await self._load(translation, frame)
-        count, rows = self.engine.modify(translation, frame_parameters(translation, frame), target)
+        count, rows = self.engine.modify(
+            translation, frame_parameters(translation, frame, self.system_function), target
+        )
         columns = slot.table.columns
         slot.table.rows = [
             [

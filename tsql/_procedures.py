@@ -34,6 +34,8 @@ class Host(Protocol):
     nesting: int
     trancount: int
     output: Output
+    nocount: bool
+    xact_abort: bool
 
     def block(self, statements: list[ast.Statement], frame: Frame) -> Awaitable[None]: ...
 
@@ -114,6 +116,7 @@ class Procedures:
         outputs = await self._bind(host, definition, statement.arguments, frame, callee)
         declare(callee, declared)
         trancount = host.trancount
+        options = host.nocount, host.xact_abort  # a procedure's SET lasts until it returns
         host.nesting += 1
         status = 0
         try:
@@ -122,6 +125,7 @@ class Procedures:
             status = returned.value or 0
         finally:
             host.nesting -= 1
+            host.nocount, host.xact_abort = options
         for target, parameter in outputs:
             host.assign(frame, target, callee.variables[parameter].value)
         if statement.result is not None:

@@ -134,7 +134,12 @@ def translate_text(text: str) -> Translation:
         if isinstance(node, exp.Table):
             return _table(node, sources, ctes, names)
         if isinstance(node, exp.Parameter):
-            key = "@" + node.name.upper()
+            inner = node.this  # @@NAME, a system function, is a parameter in a parameter
+            key = (
+                "@@" + inner.name.upper()
+                if isinstance(inner, exp.Parameter)
+                else "@" + node.name.upper()
+            )
             if key not in parameters:
                 parameters.append(key)
             return exp.Placeholder(this=f"p{parameters.index(key)}")
@@ -458,9 +463,15 @@ def column_kinds() -> dict[str, t.SqlType]:
     return kinds
 
 
-def frame_parameters(translation: Translation, frame: Frame) -> dict[str, object]:
+def frame_parameters(
+    translation: Translation, frame: Frame, system: Callable[[str], Value]
+) -> dict[str, object]:
+    """The statement's parameters: its variables' values, and its @@ functions' (`system`)."""
     values: dict[str, object] = {}
     for n, key in enumerate(translation.parameters):
+        if key.startswith("@@"):
+            values[f"p{n}"] = to_sqlite(system(key).data)
+            continue
         slot = frame.variables.get(key)
         if slot is None or slot.table is not None:
             raise SqlError(137, f'Must declare the scalar variable "{key}".', level=15)

@@ -437,3 +437,33 @@ async def test_a_certificates_authorization_is_the_login_its_broker_acts_as(
 def _peer_certificate() -> str:
     """Another broker's certificate (its key is not needed to trust it)."""
     return generate_broker_identity(uuid.uuid4())[1].decode()
+
+
+async def test_scripts_as_sql_server_reads_them(tsql: tuple[Session, Collect]) -> None:
+    """Schema-qualified queue names, RECEIVE * into a table variable declared with
+    Service Broker's columns, @@ROWCOUNT inside a query, and a procedure's SET NOCOUNT
+    that ends when the procedure returns."""
+    session, out = tsql
+    assert await run(
+        session,
+        "CREATE QUEUE dbo.Work\n"
+        "CREATE SERVICE WorkService ON QUEUE dbo.Work ([DEFAULT])\n"
+        "GO\n"
+        "CREATE PROCEDURE dbo.Quiet AS BEGIN SET NOCOUNT ON; SET XACT_ABORT ON; END\n"
+        "GO\n"
+        "DECLARE @t TABLE (status TINYINT, priority TINYINT, queuing_order BIGINT,"
+        " conversation_group_id UNIQUEIDENTIFIER, conversation_handle UNIQUEIDENTIFIER,"
+        " message_sequence_number BIGINT, service_name NVARCHAR(512), service_id INT,"
+        " service_contract_name NVARCHAR(256), service_contract_id INT,"
+        " message_type_name NVARCHAR(256), message_type_id INT, validation NCHAR(2),"
+        " message_body VARBINARY(MAX));\n"
+        "DECLARE @h UNIQUEIDENTIFIER;\n"
+        "BEGIN DIALOG @h FROM SERVICE [//t/Initiator] TO SERVICE 'WorkService'"
+        " WITH ENCRYPTION = OFF;\n"
+        "SEND ON CONVERSATION @h (0x0102);\n"
+        "WAITFOR (RECEIVE * FROM dbo.Work INTO @t), TIMEOUT 5000;\n"
+        "SELECT message_body, @@ROWCOUNT AS received FROM @t;\n"
+        "EXEC dbo.Quiet;\n",
+    ), out.errors
+    assert table(out.results[-1]) == [[b"\x01\x02", 1]]
+    assert (session.nocount, session.xact_abort) == (False, False)
