@@ -368,7 +368,8 @@ class ExpressionParser(Cursor):
             else:
                 self._select_core(self.token)
             query.has_from = True
-        self._order_and_options()
+        if self._order_and_options():
+            query.has_from = True  # FOR XML: built on the SQL engine, even without FROM
         query.text = self.span(start)
         query.offset = start.start
         return query
@@ -412,7 +413,8 @@ class ExpressionParser(Cursor):
             tuple(items), has_from, "", items_start, items_end, top, distinct, into, select.line
         )
 
-    def _order_and_options(self) -> None:
+    def _order_and_options(self) -> bool:
+        """ORDER BY, FOR and OPTION clauses; whether there was a FOR clause."""
         if self.at_seq("ORDER", "BY"):
             self.i += 2
             while True:
@@ -428,7 +430,8 @@ class ExpressionParser(Cursor):
                     self.expression()
                     self.expect("ROW", "ROWS")
                     self.expect("ONLY")
-        if self.at("FOR") and self.peek().upper in ("XML", "JSON", "BROWSE"):
+        has_for = self.at("FOR") and self.peek().upper in ("XML", "JSON", "BROWSE")
+        if has_for:
             self.advance()
             self.advance()
             while True:
@@ -456,6 +459,7 @@ class ExpressionParser(Cursor):
                     break
         if self.take("OPTION"):
             self._skip_parenthesised()
+        return has_for
 
     def _expressions(self) -> list[ast.Expr]:
         found = [self.expression()]

@@ -344,6 +344,7 @@ class Parser(BrokerParser):
     def _create(self, line: int) -> ast.Statement:
         if self.at("OR") and self.peek().upper == "ALTER":
             self.i += 2
+            self.expect("PROCEDURE", "PROC")
             return self._procedure(line, "CREATE", or_alter=True)
         return self._object(line, "CREATE")
 

@@ -33,6 +33,7 @@ from sqlglot.dialects.tsql import TSQL
 from sqlglot.errors import SqlglotError
 
 from . import _ast as ast
+from . import _for_xml as for_xml
 from . import _types as t
 from ._catalog import QUEUE_COLUMNS, SYS_VIEWS, queue_rows
 from ._errors import SqlError
@@ -131,6 +132,8 @@ def translate_text(text: str) -> Translation:
         return node.transform(rewrite, copy=False)
 
     def rewrite(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Select) and node.args.get("for_") is not None:
+            return for_xml.rewrite(node, deep)
         if isinstance(node, exp.Table):
             return _table(node, sources, ctes, names)
         if isinstance(node, exp.Parameter):
@@ -322,6 +325,7 @@ class Engine:
             for name in SESSION_IN_QUERIES:
                 self._register(f"tsql_{name.lower()}", lambda *a, name=name: session(name, list(a)))
         self._register("tsql_add", lambda a, b: arithmetic("+", a, b))
+        self.db.create_aggregate("tsql_for_xml", -1, self._for_xml)  # type: ignore[arg-type]
         self.db.create_function("tsql_cast", 3, self._guard(self._cast), deterministic=True)
         self.db.create_function("tsql_try_cast", 3, self._guard(self._try_cast), deterministic=True)
         self.db.create_function(
@@ -333,6 +337,12 @@ class Engine:
         self.db.create_function(
             "tsql_xml_exist", 2, self._guard(self._xml_exist), deterministic=True
         )
+
+    def _for_xml(self) -> for_xml.ForXml:
+        def failed(exc: SqlError) -> None:
+            self.failure = exc
+
+        return for_xml.ForXml(failed)
 
     def _guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:

@@ -293,3 +293,42 @@ async def test_go_with_a_count_runs_the_batch_again() -> None:
     session, out = new_session()
     assert await run(session, "DECLARE @n INT = 1\nPRINT CAST(@n AS NVARCHAR(5)) + N' run'\nGO 3\n")
     assert out.messages == ["1 run"] * 3
+
+
+async def test_for_xml_path_and_raw_build_what_sql_server_builds() -> None:
+    session, out = new_session()
+    assert await run(
+        session,
+        "DECLARE @items TABLE (id INT, name NVARCHAR(20), note NVARCHAR(20));\n"
+        "INSERT INTO @items VALUES (2, N'b&c', NULL), (1, N'a', N'x<y');\n"
+        "DECLARE @body XML = (SELECT 7 AS [@id], (SELECT id AS [@n], name AS [text()]"
+        " FROM @items ORDER BY id FOR XML PATH('item'), TYPE) FOR XML PATH('order'), TYPE);\n"
+        "SELECT @body AS body;\n"
+        "SELECT STUFF((SELECT ',' + name FROM @items ORDER BY id FOR XML PATH('')), 1, 1, '')"
+        " AS names;\n"
+        "SELECT id, note FROM @items ORDER BY id FOR XML RAW, ROOT('r');\n"
+        "SELECT id, note FROM @items ORDER BY id FOR XML RAW('x'), ELEMENTS;\n"
+        "SELECT id AS [a/@id], name AS [a/b], note AS [a/c] FROM @items WHERE id = 1"
+        " FOR XML PATH('row');\n"
+        "SELECT @body.value('(/order/item/@n)[2]', 'int') AS second;\n",
+    ), out.errors
+    [body], [names], [raw], [elements], [path], [second] = (table(r) for r in out.results)
+    assert str(body[0]) == ('<order id="7"><item n="1">a</item><item n="2">b&amp;c</item></order>')
+    assert names == ["a,b&amp;c"]  # text, escaped as SQL Server escapes it
+    assert raw == ['<r><row id="1" note="x&lt;y"/><row id="2"/></r>']  # NULL: left out
+    assert elements == ["<x><id>1</id><note>x&lt;y</note></x><x><id>2</id></x>"]
+    assert path == ['<row><a id="1"><b>a</b><c>x&lt;y</c></a></row>']
+    assert second == [2]
+    assert out.results[2].columns == ["XML_F52E2B61-18A1-11d1-B105-00805F49916B"]
+
+
+async def test_for_xml_that_ssb_does_not_build_is_refused() -> None:
+    session, out = new_session()
+    for text in (
+        "DECLARE @t TABLE (a INT); SELECT a FROM @t FOR XML AUTO",
+        "DECLARE @t TABLE (a INT); SELECT a FROM @t FOR XML EXPLICIT",
+        "DECLARE @t TABLE (a INT); SELECT * FROM @t FOR XML PATH('x')",
+        "DECLARE @t TABLE (a INT); SELECT a FROM @t FOR XML PATH, XMLSCHEMA",
+    ):
+        assert not await run(session, text)
+    assert [e.number for e in out.errors] == [40517] * 4

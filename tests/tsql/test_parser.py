@@ -136,6 +136,8 @@ def test_create_procedure_takes_the_rest_of_the_batch() -> None:
         ("@b", True, False),
     ]
     assert len(procedure.body) == 2
+    (replacing,) = parse_batch("CREATE OR ALTER PROC dbo.p AS PRINT 1")
+    assert isinstance(replacing, ast.CreateProcedure) and replacing.or_alter
 
 
 @pytest.mark.parametrize(
