@@ -226,9 +226,14 @@ class Permissions:
         return name == PUBLIC or name in self.logins
 
     def may_send(self, login: str | None, service: str) -> bool:
-        """Whether `login` (None: PUBLIC) may SEND to the service of this broker that a
-        message from another broker for `service` reaches (in whichever database)."""
-        key = self.local_target(service, None, DEFAULT_DATABASE) or service
+        """Whether `login` (None: PUBLIC) may SEND to `service`: the key of a service of
+        this broker, or the name a new dialog from another broker gives, which reaches a
+        service in whichever database. A name no service here has yet passes: its
+        messages wait until the service exists, as Service Broker's do."""
+        key = service if service in self.catalog.services else None
+        key = key or self.local_target(service, None, DEFAULT_DATABASE)
+        if key is None:
+            return True
         return self.has(PUBLIC if login is None else login, "SEND", "service", key)
 
     def owner(self, kind: str, name: str) -> str | None:

@@ -388,14 +388,18 @@ class Reception:
                 self._mark_encrypted(key)
 
     def _permitted(self, key: DirectionId, group: Arrivals) -> bool:
-        """Whether the sending broker's login may SEND to the service these messages are
-        for; if not, the dialog ends with Service Broker's error and the direction's
-        later messages are acknowledged and dropped."""
+        """Whether the sending broker's login may SEND to the service these messages
+        reach: the service of this broker's endpoint of the dialog (an initiator, for
+        answers), or for a new dialog the one its first message names; if not, the dialog
+        ends with Service Broker's error and the direction's later messages are
+        acknowledged and dropped. EndDialog and Error pass only on a dialog this broker
+        already has: one cannot open a dialog."""
         envelope = group.envelope
-        if group.message_type in SYSTEM_TYPES:
+        here = self.endpoints.by_conversation(key[0], key[1] is Direction.FROM_TARGET)
+        if here is not None and group.message_type in SYSTEM_TYPES:
             return True
         login = self.login_of(envelope.from_broker_id)
-        if self.may_send(login, envelope.to_service):
+        if self.may_send(login, envelope.to_service if here is None else here.service):
             return True
         who = login or "public"
         self.refusals(

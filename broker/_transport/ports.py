@@ -57,7 +57,9 @@ class SendPermission(Protocol):
         """Whether a certificate may name `name`: a login, or PUBLIC."""
 
     def may_send(self, login: str | None, service: str) -> bool:
-        """Whether `login` (None: PUBLIC) holds SEND on this broker's service `service`."""
+        """Whether `login` (None: PUBLIC) holds SEND on `service` (a service key of this
+        broker, or the name a new dialog from another broker gives; a name no service
+        here has yet passes: its messages wait for the service)."""
 
 
 class RemoteDialogStore(Protocol):

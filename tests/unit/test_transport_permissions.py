@@ -92,3 +92,35 @@ async def test_a_certificate_maps_its_broker_to_a_login_and_its_grants(tmp_path:
     a.op("send", granted, "DEFAULT", [b"as shop"])
     await world.settle()
     assert [row[BODY] for row in b.core.receive_all("Target")] == [b"as shop"]
+
+
+async def test_an_error_cannot_open_a_dialog_to_a_service_it_may_not_send_to(
+    tmp_path: Path,
+) -> None:
+    """EndDialog and Error pass without the check only on a dialog the receiving broker
+    already has: an Error as the first message of a new dialog is checked like any
+    other, and its body never reaches the service's queue."""
+    world, a, b = _brokers(tmp_path)
+    b.op("create_certificate", "a", a.certificate)
+    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
+    # A's side fails before it sent anything: its Error is the dialog's first message
+    engine = a.core.engine
+    engine.delivery.fail_conversation(engine.endpoints.get(handle), 50001, "planted")
+    a.core.flush()
+    await world.settle()
+    bodies = [row[BODY] for row in b.core.receive_all("Target")]
+    assert bodies and all(REFUSED in body and b"planted" not in body for body in bodies)
+
+
+async def test_a_message_for_a_service_not_created_yet_waits_for_it(tmp_path: Path) -> None:
+    world, a, b = _brokers(tmp_path)
+    b.op("create_certificate", "a", a.certificate)
+    a.op("create_route", "to_b_later", "LaterService", f"tcp://{b.address}")
+    handle = a.op("begin_dialog", "InitiatorService", "LaterService")
+    a.op("send", handle, "DEFAULT", [b"early"])
+    await world.settle()
+    assert a.transmission_queue() == 0  # B took it, and keeps it
+    b.op("create_queue", "Later")
+    b.op("create_service", "LaterService", "Later", ["DEFAULT"])
+    await world.settle()
+    assert [row[BODY] for row in b.core.receive_all("Later")] == [b"early"]
