@@ -717,7 +717,7 @@ async def serve(config: Config) -> int:
         log.info("stopping" + (", to start again" if again else ""))
         _systemd.notify("STATUS=starting again from what is durable" if again else "STOPPING=1")
         await broker.stop()
-        if not again:
+        if not again or signalled.is_set():  # (a signal while it stopped ends it all)
             return broker.exit_code
         config = broker.same_ports()  # a commit was abandoned: again, from what is durable
 

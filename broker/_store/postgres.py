@@ -306,10 +306,13 @@ class PostgresStore(AllTables, Committer):
         return _transient(exc)
 
     def _abandonable(self, exc: BaseException) -> bool:
-        """Only a commit the server answered as failed (out of space, say) is given up: a
-        lost connection may have taken a commit's answer (the next attempt settles it by
-        its mark), or the server may be restarting."""
-        return self._unseen is None and not self._writer.broken
+        """Only a commit the server answered as failed for want of resources (class 53:
+        out of disk, memory or connections) or for an I/O error (class 58) is given up:
+        a lost connection may have taken a commit's answer (the next attempt settles it
+        by its mark), the server may be restarting or a standby for now (25006), and a
+        lock or a conflict passes."""
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        return sqlstate[:2] in ("53", "58") and self._unseen is None and not self._writer.broken
 
     def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
         self._injected_failure()
