@@ -262,6 +262,13 @@ class Trust:
                 f"there is no login {login!r} for the certificate's broker to act as: create"
                 " it first, or leave login out (the broker's messages then act as PUBLIC)",
             )
+        for other in self.catalog.peer_certificates():
+            if other.broker_instance == instance and other.login != principal:
+                raise bad_argument(
+                    f"certificate '{other.name}' of the same broker maps it to login"
+                    f" {other.login or 'public'!r}; one broker acts as one login: give this"
+                    " certificate the same login, or drop the other first"
+                )
         self.statements.persist("certificate", cat.Certificate(name, pem, instance, principal))
         self._changed()
         self.listener.trust_added()

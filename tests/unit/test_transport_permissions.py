@@ -124,3 +124,16 @@ async def test_a_message_for_a_service_not_created_yet_waits_for_it(tmp_path: Pa
     b.op("create_service", "LaterService", "Later", ["DEFAULT"])
     await world.settle()
     assert [row[BODY] for row in b.core.receive_all("Later")] == [b"early"]
+
+
+async def test_one_broker_acts_as_one_login(tmp_path: Path) -> None:
+    """A broker's second certificate (the next one, while its keys rotate) must map it to
+    the login its first does: two logins for one broker would leave one unused."""
+    _, a, b = _brokers(tmp_path)
+    b.logins.add("shop")
+    b.op("create_certificate", "a", a.certificate, login="shop")
+    following = a.op("next_broker_certificate")
+    with pytest.raises(Exception, match="one broker acts as one login"):
+        b.op("create_certificate", "a_next", following)
+    b.op("create_certificate", "a_next", following, login="shop")
+    assert [r["login"] for r in b.transport.trust.certificates_view()] == ["shop", "shop"]
