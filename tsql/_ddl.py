@@ -247,6 +247,8 @@ async def _create_certificate(session: Session, s: ast.Ddl, frame: Frame) -> Non
             15208, f"The certificate file '{path}' cannot be read: {exc.strerror or exc}."
         ) from None
     login = s.options.get("authorization")  # whom that broker's messages act as
+    if isinstance(login, str) and login.lower() == "dbo":
+        login = session.login  # the database's owner: here, the login that creates it
     await session.broker(session.connection().create_certificate(s.name, pem, login=login))
 
 

@@ -53,6 +53,7 @@ def rewrite(select: exp.Select, deep: Any) -> exp.Expression:
     spec = _spec(clause, select.expressions)
     inner = select.copy()
     inner.set("for_", None)
+    _order_by_expressions(inner)
     inner.set(
         "expressions",
         [exp.alias_(_unaliased(e), f"c{i}") for i, e in enumerate(inner.expressions)],
@@ -70,6 +71,21 @@ def rewrite(select: exp.Select, deep: Any) -> exp.Expression:
             this=deep(inner), alias=exp.TableAlias(this=exp.to_identifier("tsql_xml_rows"))
         )
     )
+
+
+def _order_by_expressions(select: exp.Select) -> None:
+    """ORDER BY a column alias (which T-SQL allows) becomes ORDER BY its expression: the
+    projections are renamed c0, c1... for the aggregate."""
+    order = select.args.get("order")
+    if order is None:
+        return
+    aliases = {
+        e.alias.lower(): e.this for e in select.expressions if isinstance(e, exp.Alias) and e.alias
+    }
+    for ordered in order.expressions:
+        key = ordered.this
+        if isinstance(key, exp.Column) and not key.table and key.name.lower() in aliases:
+            ordered.set("this", aliases[key.name.lower()].copy())
 
 
 def _unaliased(e: exp.Expression) -> exp.Expression:
@@ -102,6 +118,9 @@ def _spec(clause: exp.Expression, projections: list[exp.Expression]) -> Spec:
             )
     if not mode:
         raise NotSupported("FOR XML without PATH or RAW", "use FOR XML PATH or RAW")
+    for name in (row if mode == "RAW" or row else None, root):
+        if name is not None:
+            _check_name(name, mode)
     del typed  # the text is the same (see the module's docstring)
     columns: list[tuple[str, bool]] = []
     for projection in projections:
@@ -164,6 +183,8 @@ def _raw_row(spec: Spec, values: tuple[object, ...]) -> str:
     pairs = [(n, v, x) for (n, x), v in zip(spec.columns, values, strict=True) if v is not None]
     for name, _, _ in pairs:
         _check_name(name or "", "RAW")
+    if not spec.elements:
+        _distinct([n for n, _, _ in pairs])
     if spec.elements:
         inner = "".join(f"<{n}>{_content(v, x)}</{n}>" for n, v, x in pairs)
         return f"<{spec.row}>{inner}</{spec.row}>"
@@ -191,8 +212,10 @@ def _path_row(spec: Spec, values: tuple[object, ...]) -> str:
                     f"Attribute-centric column '{name}' must not come after a non-attribute-"
                     "centric sibling in XML hierarchy in FOR XML PATH.",
                 )
+            _check_name(leaf[1:], "PATH")
             if value is not None:
                 attributes.append(f" {leaf[1:]}={quoteattr(_text(value))}")
+                _distinct([a.split("=", 1)[0].strip() for a in attributes])
             continue
         shared = 0
         while shared < min(len(open_path), len(parents)) and open_path[shared] == parents[shared]:
@@ -207,6 +230,7 @@ def _path_row(spec: Spec, values: tuple[object, ...]) -> str:
             out.append(f"<{element}>")
             open_path.append(element)
         if leaf.startswith("@"):  # an attribute of the element just opened
+            _check_name(leaf[1:], "PATH")
             if not out or not out[-1].startswith(f"<{parents[-1]}"):
                 raise SqlError(
                     6852,
@@ -229,6 +253,18 @@ def _path_row(spec: Spec, values: tuple[object, ...]) -> str:
 
 
 _NODE_TESTS: Final = ("", "text()", "data()", "node()", "*")
+
+
+def _distinct(attributes: list[str]) -> None:
+    seen: set[str] = set()
+    for name in attributes:
+        if name in seen:
+            raise SqlError(
+                6810,
+                f"Column name '{name}' is repeated. The same attribute cannot be generated"
+                " more than once on the same XML tag.",
+            )
+        seen.add(name)
 
 
 def _check_name(name: str, mode: str) -> None:

@@ -421,17 +421,18 @@ async def test_a_certificates_authorization_is_the_login_its_broker_acts_as(
     """CREATE CERTIFICATE ... AUTHORIZATION maps the peer broker presenting it to that
     login, as Service Broker maps it to the certificate's owner; without it, PUBLIC."""
     session, out = tsql
-    for name in ("peer", "other"):
+    for name in ("peer", "other", "own"):
         pem = tmp_path / f"{name}.pem"
         pem.write_text(_peer_certificate())
     assert await run(
         session,
         "CREATE LOGIN shop WITH PASSWORD = 'shop-password-1'\n"
         f"CREATE CERTIFICATE PeerCert AUTHORIZATION shop FROM FILE = '{tmp_path / 'peer.pem'}'\n"
-        f"CREATE CERTIFICATE OtherCert FROM FILE = '{tmp_path / 'other.pem'}'\n",
+        f"CREATE CERTIFICATE OtherCert FROM FILE = '{tmp_path / 'other.pem'}'\n"
+        f"CREATE CERTIFICATE OwnerCert AUTHORIZATION dbo FROM FILE = '{tmp_path / 'own.pem'}'\n",
     ), out.errors
     logins = {r["name"]: r["login"] for r in await conn.view("certificates")}
-    assert logins == {"PeerCert": "shop", "OtherCert": "public"}
+    assert logins == {"PeerCert": "shop", "OtherCert": "public", "OwnerCert": "admin"}
 
 
 def _peer_certificate() -> str:

@@ -332,3 +332,22 @@ async def test_for_xml_that_ssb_does_not_build_is_refused() -> None:
     ):
         assert not await run(session, text)
     assert [e.number for e in out.errors] == [40517] * 4
+
+
+async def test_for_xml_orders_by_aliases_and_refuses_what_is_not_xml() -> None:
+    session, out = new_session()
+    assert await run(
+        session,
+        "DECLARE @t TABLE (id INT, name NVARCHAR(20));\n"
+        "INSERT INTO @t VALUES (1, N'b'), (2, N'a');\n"
+        "SELECT name AS n FROM @t ORDER BY n FOR XML PATH('');\n",
+    ), out.errors
+    assert table(out.results[-1]) == [["<n>a</n><n>b</n>"]]
+    for text in (
+        "SELECT 1 AS x FOR XML PATH('a b')",
+        "SELECT 1 AS x FOR XML PATH('r'), ROOT('<z>')",
+        "SELECT 1 AS [@x y] FOR XML PATH('r')",
+        "SELECT 1 AS id, 2 AS id FOR XML RAW",
+    ):
+        assert not await run(session, text), text
+    assert [e.number for e in out.errors] == [6850, 6850, 6850, 6810]
