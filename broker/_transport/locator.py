@@ -57,6 +57,7 @@ from .trust import Trust
 log = logging.getLogger("ssb.transport")
 
 MAX_RELAYED: Final = 10_000  # questions relayed and not yet answered, at most
+MAX_REASON: Final = 300  # characters of a peer's reason kept in a transmission_status
 
 Place = tuple[str, str]  # (service, route address)
 
@@ -166,8 +167,10 @@ class Locator:
             return  # not this broker's question, or one forgotten since
         service, address = place
         broker = frame.broker_id
+        topic = f"lookup:{service}:{address}"  # one line a place (a reason is the peer's text)
         if broker is None:
-            lookup.status = frame.reason or f"no broker along {address} hosts service '{service}'"
+            reason = "".join(c for c in frame.reason[:MAX_REASON] if c.isprintable())
+            lookup.status = reason or f"no broker along {address} hosts service '{service}'"
         elif broker == self.instance:
             lookup.status = (
                 f"the route to {address} for service '{service}' leads back to this broker"
@@ -188,13 +191,14 @@ class Locator:
                     )
                 else:
                     lookup.found, lookup.status = broker, ""
+                    self._say.resolved(topic)
                     if lookup.timer is not None:
                         lookup.timer.cancel()
                         lookup.timer = None
                     log.info("service '%s' (route to %s) is at broker %s", service, address, broker)
         if lookup.status:
             self._say(
-                f"lookup:{service}:{lookup.status}",
+                topic,
                 "messages for service '%s' wait: %s",
                 service,
                 lookup.status,

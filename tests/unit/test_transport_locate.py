@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ssb.broker._core.delivery import Outbound
+from ssb.protocol import LocatedFrame
 
 from .core_harness import BODY
 from .transport_harness import A_ID, B_ID, Broker, World
@@ -163,3 +164,28 @@ async def test_an_answer_that_does_not_verify_is_not_believed(tmp_path: Path) ->
     locator._answer = honest  # type: ignore[method-assign]
     await world.advance(world.settings.retry_initial)
     assert b.queue("Target") == 1
+
+
+async def test_a_peers_reasons_are_one_line_a_place_and_clipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What an adjacent broker answers is its own text: a thousand answers that no
+    broker hosts the service, each with a new reason, make one warning, and the status
+    keeps a clipped, printable reason."""
+    world = World(tmp_path, forwarding=True)
+    a, _, _ = _trio(world)
+    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
+    a.op("send", handle, "DEFAULT", [b"waits"])
+    await world.settle()
+    locator = a.transport.locator
+    (lookup,) = locator.lookups.values()
+    with caplog.at_level(logging.WARNING):
+        for n in range(1000):
+            reason = f"nobody here, try {n}\x1b[2J" + "x" * 1000
+            locator._result(LocatedFrame(lookup.token, "TargetService", None, None, reason))
+    said = [
+        r for r in caplog.records if "messages for service 'TargetService' wait" in r.getMessage()
+    ]
+    assert len(said) == 1
+    assert lookup.status.startswith("nobody here, try 999") and "\x1b" not in lookup.status
+    assert len(lookup.status) <= 300
