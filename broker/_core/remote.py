@@ -24,8 +24,8 @@ from typing import Final
 
 from .._errors import BrokerError
 from . import catalog as cat
-from .conversations import Endpoint, State
-from .delivery import SYSTEM_TYPES, Delivery
+from .conversations import Endpoint, Event, State
+from .delivery import SYSTEM_TYPES, Delivery, error_body
 from .names import database_of, plain
 from .transmission import Outbound, TransmissionQueue
 from .validation import validate_body
@@ -205,12 +205,15 @@ class RemoteDelivery:
             extra=from_broker.encode(),
         )
         if too_large or violation is not None:
-            if far is None and from_initiator and target in self.catalog.services:
+            opened = far is None and from_initiator and target in self.catalog.services
+            if opened:
                 far = self.delivery.create_target(out, now)
             if too_large:
                 self._refuse_too_large(
                     far, conversation_id, from_initiator, seq, len(body), from_broker
                 )
+            elif opened and code == NO_SEND_PERMISSION_ERROR and far is not None:
+                self._refuse_unopened(far, seq, str(violation), from_broker, now)
             else:
                 self._refuse_remote(far, conversation_id, seq, str(violation), from_broker, code)
             return
@@ -301,6 +304,26 @@ class RemoteDelivery:
             self.delivery.fail_conversation(
                 far, code, f"refused by broker {self.instance_id}: {text}"
             )
+
+    def _refuse_unopened(
+        self, far: Endpoint, seq: int, text: str, from_broker: str, now: float
+    ) -> None:
+        """A new dialog from a broker without SEND on its service: the error goes back to
+        the initiator as if the service had ended the dialog with it, and nothing of it
+        reaches the service's queue; the endpoint goes once the far broker has it."""
+        log.warning(
+            "conversation %s from broker %s: message %d refused: %s",
+            far.conversation_id,
+            from_broker,
+            seq,
+            text,
+        )
+        far.receive_seq = seq + 1
+        far.apply(Event.END)
+        body = error_body(NO_SEND_PERMISSION_ERROR, f"refused by broker {self.instance_id}: {text}")
+        self.delivery.route(far, cat.ERROR, "X", [body], now)
+        if self.endpoints.known(far):
+            self.endpoints.update(far)
 
     def remote_acknowledged(
         self,
