@@ -97,7 +97,7 @@ def checked_section(
             or not math.isfinite(value)
             or not low <= value <= high
         ):
-            kind = "a whole number" if whole else "a number of seconds"
+            kind = "a whole number" if whole else "a number"  # (seconds, or a rate)
             raise ConfigError(
                 f"[{name}] {key} must be {kind} from {_shown(low)} to {_shown(high)}, not {value!r}"
             )
@@ -359,6 +359,8 @@ def load(path: Path | None, overrides: dict[str, Any]) -> Config:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         for key, value in data.items():
             if key in _SCALARS:
+                if key in _PATHS and not isinstance(value, str):
+                    raise ConfigError(f"{key} must be a path in quotes, not {value!r}")
                 setattr(config, key, Path(value) if key in _PATHS else value)
             elif key == "users":
                 raise ConfigError(PLAINTEXT_USERS)

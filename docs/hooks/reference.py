@@ -152,8 +152,7 @@ def _section_settings(section: str, cls: Any, docs: Mapping[str, str]) -> list[S
             allowed = _kind(f.type)
         except _config.ConfigError as exc:
             complaint = str(exc).removeprefix(f"[{section}] ")
-            # a section's numbers are checked alike, seconds or not (accept_rate is a rate)
-            allowed = _what_is_allowed(complaint, f.name).replace("number of seconds", "number")
+            allowed = _what_is_allowed(complaint, f.name)
         settings.append(Setting(f.name, _shown_default(f), allowed, docs[f.name]))
     return settings
 
