@@ -12,16 +12,20 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import math
+import random
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
+from importlib import metadata
 from typing import Final
 
 from . import _types as t
 from ._errors import SqlError
+from ._like import patindex
 from ._types import Value
 
 Function = Callable[..., Value]
+_DATE: Final = t.SqlType("DATE")
 
 _DATE_PARTS: Final = {
     "YEAR": "year",
@@ -496,6 +500,97 @@ def _hashbytes(algorithm: Value, data: Value) -> Value:
     return Value(hashlib.new(name, t.to_bytes(data)).digest(), t.SqlType("VARBINARY", 8000))
 
 
+def _choose(index: Value, *values: Value) -> Value:
+    n = _int(index)
+    if n is None or not 1 <= n <= len(values):
+        return Value(None, values[0].type if values else t.INT)
+    return values[n - 1]
+
+
+def _patindex(pattern: Value, value: Value) -> Value:
+    if pattern.data is None or value.data is None:
+        return Value(None, t.INT)
+    return Value(patindex(t.to_text(pattern), t.to_text(value)), t.INT)
+
+
+def _str(value: Value, length: Value | None = None, decimals: Value | None = None) -> Value:
+    if value.data is None:
+        return Value(None, t.VARCHAR)
+    width = 10 if length is None else _int(length) or 0
+    places = 0 if decimals is None else min(max(_int(decimals) or 0, 0), 16)
+    if not 1 <= width <= 8000:
+        return Value(None, t.VARCHAR)
+    text = f"{float(value.data):.{places}f}"  # type: ignore[arg-type]
+    if len(text) > width:  # the decimals give way first, then it does not fit
+        text = f"{float(value.data):.{max(0, places - (len(text) - width))}f}"  # type: ignore[arg-type]
+    return Value(text.rjust(width) if len(text) <= width else "*" * width, t.VARCHAR)
+
+
+def _rand(seed: Value | None = None) -> Value:
+    source = random.Random(_int(seed)) if seed is not None and seed.data is not None else random
+    return Value(source.random(), t.FLOAT)
+
+
+def _log(value: Value, base: Value | None = None) -> Value:
+    if value.data is None or (base is not None and base.data is None):
+        return Value(None, t.FLOAT)
+    number = float(value.data)  # type: ignore[arg-type]
+    radix = None if base is None else float(base.data)  # type: ignore[arg-type]
+    if number <= 0 or (radix is not None and (radix <= 0 or radix == 1)):
+        raise SqlError(3623, "An invalid floating point operation occurred.")
+    return Value(math.log(number) if radix is None else math.log(number, radix), t.FLOAT)
+
+
+def _log10(value: Value) -> Value:
+    result = _log(value)
+    return result if result.data is None else Value(math.log10(float(value.data)), t.FLOAT)  # type: ignore[arg-type]
+
+
+def _datefromparts(year: Value, month: Value, day: Value) -> Value:
+    parts = [_int(year), _int(month), _int(day)]
+    if None in parts:
+        return Value(None, _DATE)
+    try:
+        return Value(dt.date(*parts), _DATE)  # type: ignore[arg-type]
+    except ValueError:
+        raise SqlError(
+            289,
+            "Cannot construct data type date, some of the arguments have values which are not valid.",
+        ) from None
+
+
+def _eomonth(date: Value, months: Value | None = None) -> Value:
+    moment = _moment(date)
+    if moment is None:
+        return Value(None, _DATE)
+    shift = 0 if months is None else _int(months) or 0
+    index = moment.year * 12 + moment.month - 1 + shift
+    year, month = divmod(index, 12)
+    following = dt.date(year + (month + 1) // 12, (month + 1) % 12 + 1, 1)
+    return Value(following - dt.timedelta(days=1), _DATE)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("ssb-broker")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _serverproperty(name: Value) -> Value:
+    """What ssb can say of itself; NULL for what SQL Server knows and ssb has not, as
+    SQL Server answers a property it does not know."""
+    known = {
+        "PRODUCTVERSION": _version(),
+        "PRODUCTLEVEL": "RTM",
+        "EDITION": "ssb",
+        "SERVERNAME": "ssb",
+        "MACHINENAME": "ssb",
+        "COLLATION": "SQL_Latin1_General_CP1_CI_AS",
+    }.get(t.to_text(name).upper() if name.data is not None else "")
+    return Value(known, t.SqlType("NVARCHAR", 128))
+
+
 SCALARS: Final[dict[str, Function]] = {
     "LEN": _len,
     "DATALENGTH": _datalength,
@@ -546,6 +641,18 @@ SCALARS: Final[dict[str, Function]] = {
     "DAY": _date_field("day"),
     "ISNUMERIC": _isnumeric,
     "HASHBYTES": _hashbytes,
+    "CHOOSE": _choose,
+    "PATINDEX": _patindex,
+    "STR": _str,
+    "RAND": _rand,
+    "PI": lambda: Value(math.pi, t.FLOAT),
+    "EXP": _numeric(math.exp),
+    "LOG": _log,
+    "LOG10": _log10,
+    "SQUARE": _numeric(lambda x: x * x),
+    "DATEFROMPARTS": _datefromparts,
+    "EOMONTH": _eomonth,
+    "SERVERPROPERTY": _serverproperty,
 }
 # functions whose first argument is a date part written as a bare word (DATEADD(day, ...))
 DATE_PART_FUNCTIONS: Final = frozenset(("DATEADD", "DATEDIFF", "DATEPART", "DATENAME"))

@@ -1,4 +1,4 @@
-"""LIKE as SQL Server matches it: % and _, [abc] and [^abc] sets, an ESCAPE character,
+"""LIKE (and PATINDEX) as SQL Server matches it: % and _, [abc] and [^abc] sets, an ESCAPE character,
 without case (the default collation)."""
 
 from __future__ import annotations
@@ -11,6 +11,17 @@ def like(value: str, pattern: str, escape: str | None = None) -> bool:
     return _compile(pattern, escape).fullmatch(value.rstrip(" ")) is not None or (
         _compile(pattern, escape).fullmatch(value) is not None
     )
+
+
+def patindex(pattern: str, value: str) -> int:
+    """PATINDEX: where `pattern` (a LIKE pattern, usually `%...%`) first matches `value`,
+    from 1; 0 when it does not."""
+    leading = pattern.startswith("%")
+    compiled = _compile(pattern[1:] if leading else pattern, None)
+    for start in range(len(value) + 1) if leading else (0,):
+        if compiled.fullmatch(value, start) is not None:
+            return start + 1
+    return 0
 
 
 @lru_cache(maxsize=256)

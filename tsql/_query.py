@@ -36,7 +36,7 @@ from . import _ast as ast
 from . import _for_xml as for_xml
 from . import _types as t
 from ._catalog import QUEUE_COLUMNS, SYS_VIEWS, queue_rows
-from ._errors import SqlError
+from ._errors import NotSupported, SqlError
 from ._eval import typed_value
 from ._functions import DATE_PART_FUNCTIONS, SCALARS
 from ._operators import arithmetic
@@ -175,8 +175,19 @@ def translate_text(text: str) -> Translation:
                     expressions=[deep(node.this), *map(deep, node.expression.expressions)],
                 )
             raise _refuse(f"the xml {method.lower()}() method")
+        if isinstance(node, exp.WithinGroup):
+            raise NotSupported(
+                "STRING_AGG ... WITHIN GROUP (ORDER BY ...)",
+                "ssb's SQL engine has no ordered aggregates; build an ordered list with"
+                " STUFF((SELECT ',' + x ... ORDER BY ... FOR XML PATH('')), 1, 1, '')",
+            )
         if isinstance(node, exp.Anonymous):
             name = node.name.upper()
+            if name == "STRING_AGG":  # SQLite's group_concat: NULLs skipped, NULL of no rows
+                if len(node.expressions) != 2:
+                    raise SqlError(174, "The STRING_AGG function requires 2 argument(s).")
+                value, separator = (deep(arg) for arg in node.expressions)
+                return exp.GroupConcat(this=value, separator=separator)
             if name in SCALARS or name in SESSION_IN_QUERIES:
                 args = [deep(arg) for arg in node.expressions]
                 if name in DATE_PART_FUNCTIONS and args and isinstance(args[0], exp.Column):

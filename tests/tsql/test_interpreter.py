@@ -351,3 +351,32 @@ async def test_for_xml_orders_by_aliases_and_refuses_what_is_not_xml() -> None:
     ):
         assert not await run(session, text), text
     assert [e.number for e in out.errors] == [6850, 6850, 6850, 6810]
+
+
+async def test_more_of_sql_servers_scalar_functions_and_string_agg() -> None:
+    session, out = new_session()
+    assert await run(
+        session,
+        "SELECT CHOOSE(2, 'one', 'two') AS c, CHOOSE(3, 'one', 'two') AS none,"
+        " PATINDEX('%[0-9]%', 'ab3') AS p, PATINDEX('ab%', 'abc') AS p2,"
+        " PATINDEX('%z%', 'abc') AS p3, STR(12.5, 6, 1) AS s, STR(123456, 3) AS s2,"
+        " LOG(8, 2) AS l, LOG10(1000) AS l10, EXP(0) AS e, SQUARE(3) AS sq;\n"
+        "SELECT DATEFROMPARTS(2024, 2, 1) AS d, EOMONTH('2024-02-10') AS e,"
+        " EOMONTH('2024-12-10', 1) AS e2, SERVERPROPERTY('Edition') AS ed,"
+        " SERVERPROPERTY('nonsense') AS n;\n"
+        "DECLARE @t TABLE (name NVARCHAR(10));\n"
+        "INSERT INTO @t VALUES (N'a'), (NULL), (N'b');\n"
+        "SELECT STRING_AGG(name, N', ') AS names FROM @t;\n",
+    ), out.errors
+    numbers, dates, names = (table(r) for r in out.results)
+    assert numbers == [["two", None, 3, 1, 0, "  12.5", "***", 3.0, 3.0, 1.0, 9.0]]
+    assert [str(v) for v in dates[0][:3]] == ["2024-02-01", "2024-02-29", "2025-01-31"]
+    assert dates[0][3:] == ["ssb", None]
+    assert names == [["a, b"]]
+    assert not await run(session, "SELECT LOG(0) AS x")
+    assert out.errors[-1].number == 3623
+    assert not await run(
+        session,
+        "DECLARE @t TABLE (a INT); SELECT STRING_AGG(a, ',') WITHIN GROUP (ORDER BY a) FROM @t",
+    )
+    assert "FOR XML PATH('')" in out.errors[-1].text
