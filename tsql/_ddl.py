@@ -88,10 +88,8 @@ async def _create_contract(session: Session, s: ast.Ddl, frame: Frame) -> None:
 
 def _activation(session: Session, given: dict[str, Any]) -> dict[str, Any]:
     activation: dict[str, Any] = {}
-    if given.get("drop"):
-        raise NotSupported(
-            "ACTIVATION (DROP)", "turn activation off with ACTIVATION (STATUS = OFF)"
-        )
+    if given.get("drop"):  # the queue forgets its activation: off, no procedure
+        return {"status": False, "procedure": "", "max_queue_readers": 1, "execute_as": ""}
     if "status" in given:
         activation["status"] = given["status"]
     if "procedure" in given:

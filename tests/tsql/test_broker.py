@@ -468,3 +468,11 @@ async def test_scripts_as_sql_server_reads_them(tsql: tuple[Session, Collect]) -
     ), out.errors
     assert table(out.results[-1]) == [[b"\x01\x02", 1]]
     assert (session.nocount, session.xact_abort) == (False, False)
+    assert await run(
+        session,
+        "ALTER QUEUE dbo.Work WITH ACTIVATION (STATUS = OFF, PROCEDURE_NAME = dbo.Quiet,"
+        " MAX_QUEUE_READERS = 3)\n"
+        "ALTER QUEUE dbo.Work WITH ACTIVATION (DROP)\n"
+        "SELECT activation_procedure, max_readers FROM sys.service_queues WHERE name = 'Work'",
+    ), out.errors
+    assert table(out.results[-1]) == [[None, 1]]  # the procedure forgotten, as on SQL Server
