@@ -275,6 +275,7 @@ class Broker:
             engine.transactions,
             logins,
             engine.routes.local_target,
+            engine.delivery.service_created,
         )
         permissions.load()
         operations = Operations(permissions, engine.transactions, Namespaces(engine.catalog))

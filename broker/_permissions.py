@@ -132,13 +132,16 @@ class Permissions:
         transactions: Transactions,
         logins: Container[str],
         local_target: Callable[[str, object, str], str | None] = lambda s, b, d: None,
+        sendable: Callable[[str], None] = lambda service: None,
     ) -> None:
         """Grants and owners in `store`; the core's objects, endpoints and detached
         transactions, to resolve what an operation touches; the logins that exist;
         `local_target`: the key of this broker's service a dialog to (service, broker
-        instance) from a database reaches (the routes')."""
+        instance) from a database reaches (the routes'); `sendable(service)`: told after a
+        grant that may let another broker's waiting messages go to that service (its key)."""
         self.store = store
         self.local_target = local_target
+        self.sendable = sendable
         self.catalog = catalog
         self.endpoints = endpoints
         self.transactions = transactions
@@ -466,6 +469,10 @@ class Permissions:
         self.grants.add(row)
         self.store.put_grant(row)
         log.info("%r granted %s on %s to %r", session.user, row[1], row[2] or "the broker", row[0])
+        if row[1] in ("SEND", "CONTROL") and row[2] in ("service", "", "database"):
+            services = [row[3]] if row[2] == "service" else list(self.catalog.services)
+            for service in services:  # what another broker sent may wait for this grant
+                self.sendable(service)
 
     def _revoke(
         self,

@@ -41,6 +41,8 @@ log = logging.getLogger("ssb.core")
 
 RELEASE_CHUNK: Final = 1000  # held messages delivered per pass of the event loop
 SYSTEM_TYPES: Final = frozenset({cat.END_DIALOG, cat.ERROR})
+# Service Broker's (11215): the sending broker's login may not SEND to the service
+NO_SEND_PERMISSION_ERROR: Final = -11215
 
 
 def error_body(code: int, description: str) -> bytes:
@@ -237,7 +239,49 @@ class Delivery:
                     continue
                 box.to_service = name  # from now on it waits for that service, by its key
                 self.transmission.make_local(box)
+            elif not self._may_release(box, name):
+                continue
             self._release(box)
+
+    def _may_release(self, box: DialogOutbox, service: str) -> bool:
+        """Whether what another broker sent for a service not created yet may go to it
+        now that it exists: that broker's login needs SEND on it, as on arrival; until it
+        has that (a GRANT tells `service_created` again), the messages wait, saying so."""
+        taken = box.take(1, LOAD_BYTES)
+        if not taken:
+            return True
+        first = taken[0]
+        box.appendleft(first)
+        origin = first.from_broker_instance
+        if origin is None or self.sink.may_deliver(origin, service):
+            return True
+        status = (
+            f"waits for the login of broker {origin} to hold SEND on service '{plain(service)}'"
+        )
+        if box.status != status:
+            box.status = status
+            log.warning("messages of conversation %s %s", box.conversation_id, status)
+        return False
+
+    def refuse_unopened(
+        self, far: Endpoint, seq: int, text: str, from_broker: str, now: float
+    ) -> None:
+        """A new dialog from a broker without SEND on its service: the error goes back to
+        the initiator as if the service had ended the dialog with it, and nothing of it
+        reaches the service's queue; the endpoint goes once the far broker has it."""
+        log.warning(
+            "conversation %s from broker %s: message %d refused: %s",
+            far.conversation_id,
+            from_broker,
+            seq,
+            text,
+        )
+        far.receive_seq = seq + 1
+        far.apply(Event.END)
+        body = error_body(NO_SEND_PERMISSION_ERROR, f"refused by broker {self.instance_id}: {text}")
+        self.route(far, cat.ERROR, "X", [body], now)
+        if self.endpoints.known(far):
+            self.endpoints.update(far)
 
     def _release(self, box: DialogOutbox) -> None:
         box.releasing = False

@@ -407,6 +407,11 @@ class OutboundSink(Protocol):
         """Why a direction's messages wait, in words (empty when they are moving)."""
         ...
 
+    def may_deliver(self, from_broker: str, service: str) -> bool:
+        """Whether what broker `from_broker` sent may go to this broker's service (the
+        key `service`): its login holds SEND on it."""
+        ...
+
 
 class NoListener:
     """A QueueListener that hears nothing (no activation installed)."""
@@ -432,6 +437,9 @@ class NoTransport:
     def describe(self, direction: Any) -> str:
         return "this broker has no broker-to-broker transport running"
 
+    def may_deliver(self, from_broker: str, service: str) -> bool:
+        return False  # no certificates to map the broker to a login: nothing to allow
+
 
 class OutboundRelay:
     """The core's OutboundSink when the transport is built after the core.
@@ -451,6 +459,7 @@ class OutboundRelay:
     endpoint_removed: Callable[[Any], None]
     routes_changed: Callable[[], None]
     describe: Callable[[Any], str]
+    may_deliver: Callable[[str, str], bool]
 
     def __init__(self) -> None:
         self.connected = False
@@ -471,6 +480,7 @@ class OutboundRelay:
         self.endpoint_removed = sink.endpoint_removed
         self.routes_changed = sink.routes_changed
         self.describe = sink.describe
+        self.may_deliver = sink.may_deliver
 
 
 # ---- what the core offers the broker-to-broker transport ------------------------------

@@ -24,8 +24,8 @@ from typing import Final
 
 from .._errors import BrokerError
 from . import catalog as cat
-from .conversations import Endpoint, Event, State
-from .delivery import SYSTEM_TYPES, Delivery, error_body
+from .conversations import Endpoint, State
+from .delivery import NO_SEND_PERMISSION_ERROR, SYSTEM_TYPES, Delivery
 from .names import database_of, plain
 from .transmission import Outbound, TransmissionQueue
 from .validation import validate_body
@@ -35,8 +35,6 @@ log = logging.getLogger("ssb.core")
 TOO_LARGE_ERROR: Final = -8497
 # ssb's code for a message from another broker that breaks this broker's rules
 REFUSED_REMOTE_ERROR: Final = -8496
-# Service Broker's (11215): the sending broker's login may not SEND to the service
-NO_SEND_PERMISSION_ERROR: Final = -11215
 
 
 class RemoteDelivery:
@@ -213,7 +211,7 @@ class RemoteDelivery:
                     far, conversation_id, from_initiator, seq, len(body), from_broker
                 )
             elif opened and code == NO_SEND_PERMISSION_ERROR and far is not None:
-                self._refuse_unopened(far, seq, str(violation), from_broker, now)
+                self.delivery.refuse_unopened(far, seq, str(violation), from_broker, now)
             else:
                 self._refuse_remote(far, conversation_id, seq, str(violation), from_broker, code)
             return
@@ -304,26 +302,6 @@ class RemoteDelivery:
             self.delivery.fail_conversation(
                 far, code, f"refused by broker {self.instance_id}: {text}"
             )
-
-    def _refuse_unopened(
-        self, far: Endpoint, seq: int, text: str, from_broker: str, now: float
-    ) -> None:
-        """A new dialog from a broker without SEND on its service: the error goes back to
-        the initiator as if the service had ended the dialog with it, and nothing of it
-        reaches the service's queue; the endpoint goes once the far broker has it."""
-        log.warning(
-            "conversation %s from broker %s: message %d refused: %s",
-            far.conversation_id,
-            from_broker,
-            seq,
-            text,
-        )
-        far.receive_seq = seq + 1
-        far.apply(Event.END)
-        body = error_body(NO_SEND_PERMISSION_ERROR, f"refused by broker {self.instance_id}: {text}")
-        self.delivery.route(far, cat.ERROR, "X", [body], now)
-        if self.endpoints.known(far):
-            self.endpoints.update(far)
 
     def remote_acknowledged(
         self,

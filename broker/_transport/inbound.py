@@ -50,9 +50,9 @@ from ssb.protocol import (
     pack,
 )
 
-from .._core.delivery import SYSTEM_TYPES
+from .._core.delivery import NO_SEND_PERMISSION_ERROR, SYSTEM_TYPES
 from .._core.ports import EndpointLookup, Row
-from .._core.remote import NO_SEND_PERMISSION_ERROR, RemoteDelivery
+from .._core.remote import RemoteDelivery
 from .applying import Applying, Arrivals, DirectionId
 from .forwarding import Forwarder
 from .link import Frames, Link, Peer

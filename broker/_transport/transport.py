@@ -183,6 +183,7 @@ class Transport:
             self.trust.login_of,
             permission.may_send,
         )
+        self._may_send = permission.may_send
         self.views_ = TransportViews(self.links, registry, self.forwarder, clock, wall_clock)
         # the busiest calls go straight to the part that answers them
         self.outbound: Callable[[DialogOutbox], None] = self.transmission.outbound
@@ -263,6 +264,13 @@ class Transport:
         for peer in self.registry.all.values():
             if peer.link is None and peer.has_work():
                 self.pump.pump(peer)
+
+    def may_deliver(self, from_broker: str, service: str) -> bool:
+        try:
+            broker = uuid.UUID(from_broker)
+        except ValueError:
+            return False
+        return self._may_send(self.trust.login_of(broker), service)
 
     def describe(self, out: Outbound) -> str:
         return self.transmission.describe(out)

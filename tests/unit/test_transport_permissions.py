@@ -124,6 +124,7 @@ async def test_a_message_for_a_service_not_created_yet_waits_for_it(tmp_path: Pa
     assert a.transmission_queue() == 0  # B took it, and keeps it
     b.op("create_queue", "Later")
     b.op("create_service", "LaterService", "Later", ["DEFAULT"])
+    b.op("grant", "SEND", "public", "service", "LaterService")
     await world.settle()
     assert [row[BODY] for row in b.core.receive_all("Later")] == [b"early"]
 
@@ -139,3 +140,30 @@ async def test_one_broker_acts_as_one_login(tmp_path: Path) -> None:
         b.op("create_certificate", "a_next", following)
     b.op("create_certificate", "a_next", following, login="shop")
     assert [r["login"] for r in b.transport.trust.certificates_view()] == ["shop", "shop"]
+
+
+async def test_what_waited_for_a_service_is_checked_when_the_service_comes(
+    tmp_path: Path,
+) -> None:
+    """A message for a service not created yet waits for it; once it exists, the sending
+    broker's login needs SEND on it, as on arrival: it waits on, saying so, until a GRANT
+    lets it go."""
+    world, a, b = _brokers(tmp_path)
+    b.op("create_certificate", "a", a.certificate)
+    a.op("create_route", "to_b_later", "LaterService", f"tcp://{b.address}")
+    handle = a.op("begin_dialog", "InitiatorService", "LaterService")
+    a.op("send", handle, "DEFAULT", [b"early", b"also early"])
+    await world.settle()
+    assert a.transmission_queue() == 0  # B took them, and keeps them
+    b.op("create_queue", "Later")
+    b.op("create_service", "LaterService", "Later", ["DEFAULT"])  # no grant to PUBLIC
+    await world.settle()
+    assert b.core.receive_all("Later") == []
+    (box,) = b.core.engine.transmission.outboxes.values()
+    assert (
+        box.status == f"waits for the login of broker {A_ID} to hold SEND on service 'LaterService'"
+    )
+    b.op("grant", "SEND", "public", "service", "LaterService")
+    await world.settle()
+    assert [row[BODY] for row in b.core.receive_all("Later")] == [b"early", b"also early"]
+    assert a.core.receive_all("Initiator") == []  # nothing refused

@@ -240,8 +240,14 @@ class Broker:
     def _start(self) -> Transport:
         engine = self.core.engine
         self.logins: set[str] = set()
-        self.permissions = Permissions(
-            self.core.store, engine.catalog, engine.endpoints, engine.transactions, self.logins
+        self.permissions = Permissions(  # wired as the daemon wires it
+            self.core.store,
+            engine.catalog,
+            engine.endpoints,
+            engine.transactions,
+            self.logins,
+            engine.routes.local_target,
+            engine.delivery.service_created,
         )
         self.permissions.load()
         if self.public_send and ("public", "SEND", "", "") not in self.permissions.grants:
