@@ -199,7 +199,11 @@ async def test_commits_that_keep_failing_are_given_up_after_the_time_given(
     )
 
     def full() -> None:
-        raise OSError(28, "No space left on device")
+        if isinstance(store, SQLiteStore):
+            raise OSError(28, "No space left on device")
+        import psycopg  # a PostgreSQL server out of disk answers SQLSTATE 53100
+
+        raise psycopg.errors.DiskFull("could not extend file: No space left on device")
 
     store._injected_failure = full  # type: ignore[method-assign]  # every commit fails
     try:
