@@ -87,10 +87,12 @@ class Locator:
         clock: Clock,
         settings: TransportSettings,
         answered: Callable[[str, str], None],
+        wanted: Callable[[str, str], bool],
     ) -> None:
         """`is_local(service)`: whether this broker hosts the service; `answered(service,
         address)`: a lookup ended (found or not): the messages waiting for it are placed
-        again."""
+        again; `wanted(service, address)`: whether messages still wait for that lookup
+        (one nobody waits for any more is not asked again)."""
         self.instance = instance
         self.trust = trust
         self.routes = routes
@@ -100,6 +102,7 @@ class Locator:
         self.clock = clock
         self.settings = settings
         self.answered = answered
+        self.wanted = wanted
         self.lookups: dict[Place, Lookup] = {}
         self.tokens: dict[bytes, Place] = {}
         # relayed questions: token -> (the adjacent broker it came from, when)
@@ -157,7 +160,13 @@ class Locator:
 
     def _again(self, place: Place, lookup: Lookup) -> None:
         lookup.timer = None
-        if self.lookups.get(place) is lookup and lookup.found is None and not self.links.closing:
+        if self.lookups.get(place) is not lookup or lookup.found is not None:
+            return
+        if not self.wanted(*place):  # the dialogs that needed it have ended
+            del self.lookups[place]
+            self.tokens.pop(lookup.token, None)
+            self._say.resolved(f"lookup:{place[0]}:{place[1]}")
+        elif not self.links.closing:
             self._ask(place, lookup)
 
     def _result(self, frame: LocatedFrame) -> None:

@@ -240,6 +240,23 @@ class Transmission:
             if box is not None:
                 self.place(box)
 
+    def wants_location(self, service: str, address: str) -> bool:
+        """Whether a direction still waits for the lookup of `service` along `address`
+        (directions that ended meanwhile are forgotten here)."""
+        place = (service, address)
+        live = set()
+        for key in self.locating.get(place, ()):
+            box = self.unrouted.get(key)
+            if box is not None and self.delivery.is_current(box):
+                live.add(key)
+            else:
+                self.unrouted.pop(key, None)  # its dialog ended, or its entries went
+        if live:
+            self.locating[place] = live
+        else:
+            self.locating.pop(place, None)
+        return bool(live)
+
     def replace_all(self) -> None:
         """Routes or trust changed: place again every direction that waits."""
         boxes = list(self.unrouted.values())

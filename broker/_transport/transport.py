@@ -149,6 +149,7 @@ class Transport:
             clock,
             settings,
             self._located,
+            self._wants_location,
         )
         self.receivers = Receivers(
             me, endpoints, catalog, store, clock, self.trust, registry, refusals, settings
@@ -331,6 +332,9 @@ class Transport:
 
     def _located(self, service: str, address: str) -> None:
         self.transmission.located(service, address)
+
+    def _wants_location(self, service: str, address: str) -> bool:
+        return self.transmission.wants_location(service, address)
 
     def retry(self, address: str) -> None:
         """Try again: routes may have changed (expired, dropped, added) meanwhile."""

@@ -189,3 +189,20 @@ async def test_a_peers_reasons_are_one_line_a_place_and_clipped(
     assert len(said) == 1
     assert lookup.status.startswith("nobody here, try 999") and "\x1b" not in lookup.status
     assert len(lookup.status) <= 300
+
+
+async def test_a_lookup_nobody_waits_for_any_more_is_not_asked_again(tmp_path: Path) -> None:
+    world = World(tmp_path, forwarding=True)
+    a, f, _ = _trio(world)
+    a.op("create_route", "to_nowhere", "Nowhere", f"tcp://{f.address}")
+    handle = a.op("begin_dialog", "InitiatorService", "Nowhere")
+    a.op("send", handle, "DEFAULT", [b"for nobody"])
+    await world.settle()
+    lookups = a.transport.locator.lookups
+    assert ("Nowhere", f.address) in lookups  # asked, and asked again while it waits
+    await world.advance(30)
+    assert ("Nowhere", f.address) in lookups
+    a.op("end_conversation", handle, cleanup=True)
+    await world.advance(30)
+    assert ("Nowhere", f.address) not in lookups
+    assert list(lookups) == [] and a.transport.locator.tokens == {}
