@@ -27,20 +27,15 @@ _BROKER_OPTIONS: Final = (
 )
 
 
-def object_name(name: str) -> str:
+def object_name(name: str, database: str) -> str:
     """A schema-scoped object's own name (a queue's, a procedure's) from
-    `[database.][schema.]name`: ssb has no schemas, every object is dbo's."""
-    return name.rsplit(".", 1)[-1]
-
-
-def procedure_name(name: str, database: str) -> str:
-    """A procedure's own name from `[database.][schema.]name` (brackets already gone);
-    a procedure of another database is refused."""
+    `[database.][schema.]name`: ssb has no schemas, every object is dbo's; an object of
+    another database than the session's (`database`) is refused."""
     parts = name.split(".")
     if len(parts) >= 3 and parts[-3] and parts[-3].casefold() != database.casefold():
         raise NotSupported(
-            f"the procedure {name} of another database",
-            "USE that database first, or create the procedure in this one",
+            f"{name}, an object of another database",
+            "USE that database first, or name an object of this one",
         )
     return parts[-1]
 
@@ -53,7 +48,7 @@ class BrokerProcedures:
 
     async def get(self, name: str) -> StoredProcedure | None:
         try:
-            found = await self.conn.procedure(procedure_name(name, self.conn.database))
+            found = await self.conn.procedure(object_name(name, self.conn.database))
         except client.NotFoundError:
             return None
         except client.BrokerError as exc:
@@ -61,7 +56,7 @@ class BrokerProcedures:
         return StoredProcedure(found["name"], found["text"])
 
     async def create(self, procedure: StoredProcedure, *, replace: bool) -> None:
-        name = procedure_name(procedure.name, self.conn.database)
+        name = object_name(procedure.name, self.conn.database)
         try:
             await self.conn.create_procedure(name, procedure.text, replace)
         except client.AlreadyExistsError:
@@ -73,7 +68,7 @@ class BrokerProcedures:
 
     async def drop(self, name: str) -> bool:
         try:
-            await self.conn.drop_procedure(procedure_name(name, self.conn.database))
+            await self.conn.drop_procedure(object_name(name, self.conn.database))
         except client.NotFoundError:
             return False
         except client.BrokerError as exc:

@@ -226,7 +226,7 @@ async def _timeout(session: Session, statement: ast.Receive, frame: Frame) -> fl
 
 async def receive(session: Session, statement: ast.Receive, frame: Frame) -> None:
     conn = session.connection()
-    queue = object_name(statement.queue)
+    queue = object_name(statement.queue, conn.database)
     timeout = await _timeout(session, statement, frame)
     if statement.group_variable is not None:
         group = await session.broker(conn.get_conversation_group(queue, timeout))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ssb import client
 
 from . import _ast as ast
-from ._broker import object_name, procedure_name
+from ._broker import object_name
 from ._errors import NotSupported, SqlError, from_broker
 
 if TYPE_CHECKING:
@@ -26,6 +26,11 @@ async def _text(session: Session, value: object, frame: Frame) -> str | None:
     if isinstance(value, ast.Expr):
         return await session.text_value(value, frame)
     return None if value is None else str(value)
+
+
+def _own(session: Session, name: str) -> str:
+    """The name of an object of the session's database (see `object_name`)."""
+    return object_name(name, session.connection().database)
 
 
 async def ddl(session: Session, statement: ast.Ddl, frame: Frame) -> None:
@@ -77,7 +82,7 @@ async def _alter_service(session: Session, s: ast.Ddl, frame: Frame) -> None:
             s.name,
             options.get("add_contracts", []),
             options.get("drop_contracts", []),
-            queue=None if queue is None else object_name(str(queue)),
+            queue=None if queue is None else _own(session, str(queue)),
         )
     )
 
@@ -95,7 +100,7 @@ def _activation(session: Session, given: dict[str, Any]) -> dict[str, Any]:
     if "procedure" in given:
         procedure = str(given["procedure"])
         if given.get("tsql_procedure"):  # a stored procedure of the queue's database
-            procedure = procedure_name(procedure, session.connection().database)
+            procedure = _own(session, procedure)
         activation["procedure"] = procedure
     if "max_queue_readers" in given:
         activation["max_queue_readers"] = given["max_queue_readers"]
@@ -122,20 +127,22 @@ def _queue_options(session: Session, options: dict[str, Any]) -> dict[str, Any]:
 
 async def _create_queue(session: Session, s: ast.Ddl, frame: Frame) -> None:
     arguments = _queue_options(session, s.options)
-    await session.broker(session.connection().create_queue(object_name(s.name), **arguments))
+    await session.broker(session.connection().create_queue(_own(session, s.name), **arguments))
 
 
 async def _alter_queue(session: Session, s: ast.Ddl, frame: Frame) -> None:
     changes = _queue_options(session, s.options)
     if not changes:
         raise SqlError(102, "Incorrect syntax near 'WITH': ALTER QUEUE needs an option.", level=15)
-    await session.broker(session.connection().alter_queue(object_name(s.name), **changes))
+    await session.broker(session.connection().alter_queue(_own(session, s.name), **changes))
 
 
 async def _create_service(session: Session, s: ast.Ddl, frame: Frame) -> None:
     await session.broker(
         session.connection().create_service(
-            s.name, object_name(s.options["queue"]), s.options.get("contracts", [])
+            s.name,
+            _own(session, s.options["queue"]),
+            s.options.get("contracts", []),
         )
     )
 
@@ -227,7 +234,11 @@ async def _create_notification(session: Session, s: ast.Ddl, frame: Frame) -> No
         instance = None
     await session.broker(
         session.connection().create_event_notification(
-            s.name, options["event"], object_name(options["queue"]), service, instance
+            s.name,
+            options["event"],
+            _own(session, options["queue"]),
+            service,
+            instance,
         )
     )
 
@@ -302,7 +313,7 @@ async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
     name: str | None = None
     if "kind" in options:
         cls = str(options["kind"]).upper()
-        name = object_name(str(options["object"]))
+        name = _own(session, str(options["object"]))
         if cls not in _CLASSES:
             raise NotSupported(
                 f"{s.action} ... ON {cls}::",
@@ -339,7 +350,7 @@ async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
 def _drop(kind: str) -> Callable[[Session, ast.Ddl, Frame], Coroutine[Any, Any, None]]:
     async def drop(session: Session, s: ast.Ddl, frame: Frame) -> None:
         conn = session.connection()
-        name = object_name(s.name) if kind == "queue" else s.name
+        name = _own(session, s.name) if kind == "queue" else s.name
         calls = {
             "message_type": conn.drop_message_type,
             "contract": conn.drop_contract,

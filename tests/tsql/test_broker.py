@@ -405,6 +405,9 @@ async def test_databases_in_t_sql(tsql: tuple[Session, Collect], conn: client.Co
     assert table(ids) == [[5, "Sales", "master"]]
     assert table(named) == [["Sales"]]
     assert table(queues) == [["TargetQueue"]]  # Sales's only
+    assert await run(session, "RECEIVE * FROM Sales.dbo.TargetQueue")  # this database's
+    assert not await run(session, "RECEIVE * FROM master.dbo.TargetQueue")
+    assert "an object of another database" in out.errors[-1].text  # never this one's
     assert not await run(session, "DROP DATABASE Sales")
     assert out.errors[-1].number == 3702  # this session uses it
     assert not await run(session, "USE Nowhere")
