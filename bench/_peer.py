@@ -1,0 +1,134 @@
+"""What bench.peers' peers share: the options of a run, a running peer (`Target`), what a
+peer must offer (`Peer`), and the plumbing of another broker's workloads: its server
+started as a child process and waited for, its producer and consumer run as two
+processes released together."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import socket
+import subprocess
+import time
+import traceback
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from ._common import BenchFailure, reap, run
+
+START_TIMEOUT: Final = 90.0  # seconds a peer may take to start
+
+
+@dataclass
+class Options:
+    messages: int = 50_000
+    batch: int = 100
+    body_size: int = 1024
+    in_flight: int = 4  # batches (ssb) or windows of `batch` messages (others) in flight
+    durability: str = "both"  # ssb's: fsync, os, or each in turn
+    round_trips: int = 2_000
+    round_trip_warmup: int = 100
+    phase_timeout: float = 600.0
+
+
+@dataclass
+class Target:
+    """A running peer: where its clients connect, and its server processes."""
+
+    url: str
+    pids: list[int] = field(default_factory=list)
+
+
+class Peer(Protocol):
+    name: str
+
+    def missing(self) -> str | None: ...
+
+    def durabilities(self, opts: Options) -> list[str]:
+        """What the peer runs at: ssb at the run's durabilities, another broker at what
+        its acknowledgement means ("fsync": synced; "os": written, synced later)."""
+        ...
+
+    def running(
+        self, opts: Options, durability: str
+    ) -> contextlib.AbstractContextManager[Target]: ...
+
+    def end_to_end(self, target: Target, opts: Options) -> tuple[float, int]:
+        """(seconds, messages) of the end-to-end run."""
+        ...
+
+    def round_trip(self, target: Target, opts: Options) -> list[float] | None:
+        """One message at a time: sent (acknowledged once stored), received, acknowledged;
+        microseconds per round trip after the warm-up (None: not measured for this peer)."""
+        ...
+
+
+# a producer or consumer process's work: (role, url, opts, go, results) -> a coroutine whose
+# outcome is reported; it puts (role, "ready") on `results` before waiting for `go`
+Work = Callable[[str, str, Options, Any, Any], Coroutine[Any, Any, dict[str, Any]]]
+
+
+def _child(work: Work, role: str, url: str, opts: Options, go: Any, results: Any) -> None:
+    try:
+        results.put((role, run(work(role, url, opts, go, results))))
+    except BaseException:
+        results.put((role, {"error": traceback.format_exc()}))
+
+
+def two_processes(
+    name: str, work: Mapping[str, Work], url: str, opts: Options
+) -> tuple[float, int]:
+    """Run `work["consumer"]` and `work["producer"]` (module-level, so that a spawned
+    process can find them) in two processes released together; (seconds from the release
+    until the consumer took the last message, messages taken)."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    go = ctx.Event()
+    roles = ["consumer", "producer"]
+    procs = [
+        ctx.Process(target=_child, args=(work[role], role, url, opts, go, results))
+        for role in roles
+    ]
+    for p in procs:
+        p.start()
+    try:
+        outcomes: dict[str, dict[str, Any]] = {}
+        ready = 0
+        while ready < len(roles):
+            role, what = results.get(timeout=60)
+            if what != "ready":
+                raise BenchFailure(f"{name} {role} failed before the start: {what}")
+            ready += 1
+        started = time.monotonic()
+        go.set()
+        while len(outcomes) < len(roles):
+            role, outcome = results.get(timeout=opts.phase_timeout + 30)
+            if "error" in outcome:
+                raise BenchFailure(f"{name} {role} failed:\n{outcome['error']}")
+            outcomes[role] = outcome
+    finally:
+        reap(procs)
+    return outcomes["consumer"]["finished"] - started, int(outcomes["consumer"]["received"])
+
+
+def wait_for_port(
+    name: str, port: int, proc: subprocess.Popen[bytes], log: Path, ready: Callable[[], bool]
+) -> None:
+    """Until the server `proc` accepts connections on `port` and `ready()` holds; a server
+    that exits or takes longer than START_TIMEOUT fails the run with its log's end."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            text = log.read_text(errors="replace")[-3000:]
+            raise BenchFailure(f"{name} exited with {proc.returncode}:\n{text}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            if ready():
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise BenchFailure(f"{name} did not listen within {START_TIMEOUT:g} s")
+        time.sleep(0.2)
