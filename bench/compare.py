@@ -58,10 +58,10 @@ def _run(side: Path, module: str, args: list[str], timeout: float) -> list[dict[
 
 
 def _figures(results: list[dict[str, Any]]) -> dict[str, float]:
-    """Every numeric figure of a run, named by its durability (when it has one)."""
+    """Every numeric figure of a run, named by its peer and durability (when it has them)."""
     found: dict[str, float] = {}
     for result in results:
-        prefix = result.get("durability", "")
+        prefix = ".".join(str(result[k]) for k in ("peer", "durability") if result.get(k))
         for key, value in result.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 found[f"{prefix}.{key}" if prefix else key] = float(value)
