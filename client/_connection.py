@@ -143,6 +143,7 @@ class Connection(Operations):
         self._tracker = Tracker(opened_database(welcome, database))
         self._redialing: asyncio.Future[None] | None = None
         self._unsettled = 0  # requests whose answers were lost, not yet settled
+        self._corked: list[bytes] = []  # requests held to leave with the next one
         self._reconnecting = False  # on_reconnect hooks run (their calls go first)
         self._settled = asyncio.Event()
         self._settled.set()
@@ -166,9 +167,10 @@ class Connection(Operations):
         outcome, _ = await self.call(self._outcome_request(txn_id, time.monotonic()))
         return outcome
 
-    async def _run(self, sent: Sent) -> Any:
+    async def _run(self, sent: Sent, written: asyncio.Future[Any] | None = None) -> Any:
+        """`sent`'s answer (`written`: its answer's future, when it is already written)."""
         try:
-            return await self._send(sent)
+            return await (self._send(sent) if written is None else written)
         except _Lost:
             pass
         try:
@@ -205,6 +207,16 @@ class Connection(Operations):
     async def _send(self, sent: Sent) -> Any:
         """Write one request and wait for its answer; `_Lost` if the connection drops."""
         wire = self._wire
+        future = self._write(sent)
+        if not wire.writable.is_set():
+            await wire.writable.wait()
+        return await future
+
+    def _write(self, sent: Sent, cork: bool = False) -> asyncio.Future[Any]:
+        """Write one request now (`cork`: with the next request written, at the latest
+        at the event loop's next turn: one segment for both); the future of its answer.
+        `_Lost` if the connection has dropped."""
+        wire = self._wire
         if wire.lost is not None:
             self._unsettled += 1
             self._settled.clear()
@@ -219,10 +231,24 @@ class Connection(Operations):
             raise
         self._pending[request_id] = (future, sent)
         assert wire.transport is not None
-        wire.transport.write(frame)
-        if not wire.writable.is_set():
-            await wire.writable.wait()
-        return await future
+        corked = self._corked
+        if cork:
+            if not corked:
+                asyncio.get_running_loop().call_soon(self._uncork, wire)
+            corked.append(frame)
+        elif corked:
+            corked.append(frame)
+            self._uncork(wire)
+        else:
+            wire.transport.write(frame)
+        return future
+
+    def _uncork(self, wire: _Wire) -> None:
+        """Write the requests held back (none if the connection was lost meanwhile: they
+        are settled with the rest)."""
+        frames, self._corked = self._corked, []
+        if frames and wire is self._wire and wire.lost is None and wire.transport is not None:
+            wire.transport.writelines(frames)
 
     async def _connected(self) -> None:
         """Return once connected; reconnect first if the connection dropped."""
@@ -315,6 +341,7 @@ class Connection(Operations):
         if wire is not self._wire:
             return
         pending, self._pending = self._pending, {}
+        self._corked = []
         reason = str(exc) or type(exc).__name__
         if self._closed or not self._options.reconnect:
             error = (
@@ -352,15 +379,42 @@ class Connection(Operations):
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
-        await self.begin_transaction()
+        """BEGIN TRANSACTION, the block, then COMMIT (ROLLBACK if the block raises).
+
+        BEGIN leaves in one write with the block's first request, and its answer is taken
+        at the block's end rather than before it (a round trip fewer), when nothing can
+        make the broker refuse it: this session has no transaction open by its own
+        record, the connection is up, and nothing lost waits to be settled. A plain BEGIN
+        is refused only while a transaction is open, so whatever the block sent behind it
+        never runs by itself; the refusal is raised at the block's end, as it would have
+        been at its start, and nothing is rolled back.
+        """
+        begun = self._begin_at_once()
+        if begun is None:
+            await self.begin_transaction()
         try:
             yield self
         except BaseException as exc:
+            if begun is not None and not await _succeeded(begun.answer()):
+                raise  # the BEGIN was refused: no transaction of this block's to undo
             if not self.closed:
                 with contextlib.suppress(ConnectionLostError):
                     await self.rollback(error=f"{type(exc).__name__}: {exc}")
             raise
+        if begun is not None:
+            await begun.answer()
         await self.commit()
+
+    def _begin_at_once(self) -> _Begun | None:
+        """Write a BEGIN TRANSACTION to leave with the next request, when it cannot be
+        refused (see `transaction`). None: not written."""
+        if self._unsettled or self._closed or self._wire.lost is not None:
+            return None
+        if self._tracker.txn is not None:
+            return None
+        sent = self._tracker.prepare(calls.begin_transaction(), time.monotonic())
+        assert sent is not None  # (None answers a rollback)
+        return _Begun(self, sent, self._write(sent, cork=True))
 
     async def run_transaction(
         self, fn: Callable[[Connection], Awaitable[T]], retries: int = DEFAULT_RETRIES
@@ -378,6 +432,39 @@ class Connection(Operations):
 
     install_scheduler = install_scheduler
     get_scheduler = get_scheduler
+
+
+class _Begun:
+    """A BEGIN written ahead of its block's statements (see `Connection.transaction`):
+    its answer is heard at the block's end, but if the connection drops before anyone
+    waits for it, it is settled at once, as every other lost request is, so that
+    nothing else waits for it."""
+
+    def __init__(self, conn: Connection, sent: Sent, future: asyncio.Future[Any]) -> None:
+        self._conn, self._sent, self._future = conn, sent, future
+        self._settling: asyncio.Task[Any] | None = None
+        self._heard = False  # `answer` waits for it itself
+        future.add_done_callback(self._done)
+
+    def _done(self, future: asyncio.Future[Any]) -> None:
+        if not self._heard and not future.cancelled() and isinstance(future.exception(), _Lost):
+            self._settling = asyncio.ensure_future(self._conn._run(self._sent, future))
+
+    async def answer(self) -> Any:
+        """BEGIN's answer (its refusal raised)."""
+        if self._settling is not None:
+            return await self._settling
+        self._heard = True
+        return await self._conn._run(self._sent, self._future)
+
+
+async def _succeeded(answer: Awaitable[Any]) -> bool:
+    """Whether a request's answer, awaited, was a success."""
+    try:
+        await answer
+    except Exception:
+        return False
+    return True
 
 
 def _peer_certificate(ssl_object: Any) -> bytes | None:

@@ -14,6 +14,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from ssb.protocol import (
@@ -65,6 +66,18 @@ class _Lost(Exception):
     """The request's answer was lost with the connection."""
 
 
+@dataclass(eq=False)
+class _Ahead:
+    """A BEGIN TRANSACTION held back to leave with the next request (see
+    `SyncConnection.transaction`)."""
+
+    sent: Sent
+    written: bool = False
+    request_id: int = 0
+    answer: tuple[bool, Any] | None = None  # (ok, its result or the error to raise)
+    lost: bool = False  # written, and its answer lost with the connection
+
+
 class SyncConnection(Operations):
     """A blocking session with the broker; make one with `client.connect_sync(url)`."""
 
@@ -90,6 +103,7 @@ class SyncConnection(Operations):
         self._lost: str | None = None
         self._closed = False
         self._tracker = Tracker(opened_database(welcome, database))
+        self._ahead: _Ahead | None = None  # a BEGIN held back (see `transaction`)
         self.reconnects = 0
         # functions run after each reconnect, before anything in flight is settled
         self.on_reconnect: list[Callable[[SyncConnection], object]] = []
@@ -99,12 +113,19 @@ class SyncConnection(Operations):
         sent = self._tracker.prepare(request, time.monotonic())
         if sent is None:
             return cast(T, None)
+        return cast(T, self._run(sent))
+
+    def _run(self, sent: Sent) -> Any:
         try:
-            return cast(T, self._send(sent))
+            return self._send(sent)
         except _Lost:
             pass
+        return self._settle_lost(sent)
+
+    def _settle_lost(self, sent: Sent) -> Any:
+        """Settle a request whose answer was lost."""
         try:
-            return cast(T, self._settle(sent))
+            return self._settle(sent)
         except ConnectionLostError as exc:
             raise ConnectionLostError(unsettled_text(sent, exc)) from exc
 
@@ -129,45 +150,73 @@ class SyncConnection(Operations):
         return stepper.result
 
     def _send(self, sent: Sent) -> Any:
-        """Write one request and read until its answer; `_Lost` if the connection drops."""
-        tracker = self._tracker
+        """Write one request (behind a BEGIN held back for it, see `transaction`) and read
+        until its answer; `_Lost` if the connection drops."""
         if self._lost is not None:
             raise _Lost()
+        ahead = self._ahead if self._ahead is not None and not self._ahead.written else None
+        frames = []
+        if ahead is not None:
+            ahead.written = True
+            ahead.request_id = self._next_id
+            self._next_id += 1
+            frames.append(
+                calls.encode_request(ahead.request_id, ahead.sent.call, self.max_message_size)
+            )
         request_id = self._next_id
         self._next_id += 1
         try:
-            frame = calls.encode_request(request_id, sent.call, self.max_message_size)
+            frames.append(calls.encode_request(request_id, sent.call, self.max_message_size))
         except (TypeError, ValueError, BrokerError):
-            tracker.answered(sent, False, None)
+            self._tracker.answered(sent, False, None)
+            if ahead is not None:
+                ahead.written = False  # it leaves with the next request instead
             raise
         try:
-            self._sock.sendall(frame)
+            self._sock.sendall(b"".join(frames))
             while True:
                 reply = Reply.decode(_read_frame(self._sock, self._decoder))
+                if ahead is not None and reply.request_id == ahead.request_id:
+                    ahead.answer = self._outcome(ahead.sent, reply)
+                    continue
                 if reply.request_id == request_id:
                     break
                 if reply.request_id == 0 and not reply.ok and reply.code is not None:
                     raise ConnectionResetError(str(error_for(reply.code, reply.text)))
         except OSError as exc:
             self._drop(str(exc))
+            unanswered = [sent]
+            if ahead is not None and ahead.answer is None:
+                ahead.lost = True
+                unanswered.insert(0, ahead.sent)
             if not self._options.reconnect:
                 raise ConnectionLostError(f"connection to the broker lost: {exc}") from exc
-            tracker.lost(str(exc), [sent])
+            self._tracker.lost(str(exc), unanswered)
             raise _Lost() from exc
         except ProtocolError as exc:
             self._drop(str(exc))
             raise ProtocolViolationError(str(exc), exc.code) from exc
+        ok, result = self._outcome(sent, reply)
+        if not ok:
+            raise result
+        return result
+
+    def _outcome(self, sent: Sent, reply: Reply) -> tuple[bool, Any]:
+        """(True, the decoded result) of an answer, or (False, the error to raise)."""
+        tracker = self._tracker
         if not reply.ok:
             assert reply.code is not None
             tracker.answered(sent, False, None)
-            raise error_for(reply.code, reply.text)
+            return False, error_for(reply.code, reply.text)
         try:
             result = sent.call.decode(reply.result)
         except Exception as exc:
             tracker.answered(sent, False, None)
-            raise ProtocolViolationError(f"bad answer to {sent.call.operation}: {exc!r}") from exc
+            problem = ProtocolViolationError(f"bad answer to {sent.call.operation}: {exc!r}")
+            problem.__cause__ = exc
+            return False, problem
         tracker.answered(sent, True, result)
-        return result
+        return True, result
 
     def _drop(self, reason: str) -> None:
         self._lost = reason
@@ -234,15 +283,59 @@ class SyncConnection(Operations):
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[SyncConnection]:
-        self.begin_transaction()
+        """BEGIN TRANSACTION, the block, then COMMIT (ROLLBACK if the block raises).
+
+        BEGIN leaves in one write with the block's first request, and its answer is taken
+        at the block's end rather than before it (a round trip fewer), when nothing can
+        make the broker refuse it: this session has no transaction open by its own
+        record, the connection is up, and nothing lost waits to be settled. A plain BEGIN
+        is refused only while a transaction is open, so whatever the block sent behind it
+        never runs by itself; the refusal is raised at the block's end, as it would have
+        been at its start, and nothing is rolled back.
+        """
+        ahead = self._begin_ahead()
+        if ahead is None:
+            self.begin_transaction()
         try:
             yield self
         except BaseException as exc:
+            if ahead is not None and not self._begun(ahead, quietly=True):
+                raise  # the BEGIN was refused: no transaction of this block's to undo
             if not self.closed:
                 with contextlib.suppress(ConnectionLostError):
                     self.rollback(error=f"{type(exc).__name__}: {exc}")
             raise
+        if ahead is not None:
+            self._begun(ahead)
         self.commit()
+
+    def _begin_ahead(self) -> _Ahead | None:
+        """A BEGIN TRANSACTION held back to leave with the next request, when the broker
+        cannot refuse it; None: not held (then it is sent by itself)."""
+        if self._lost is not None or self._closed or self._tracker.txn is not None:
+            return None
+        sent = self._tracker.prepare(calls.begin_transaction(), time.monotonic())
+        assert sent is not None  # (None answers a rollback)
+        self._ahead = _Ahead(sent)
+        return self._ahead
+
+    def _begun(self, ahead: _Ahead, quietly: bool = False) -> bool:
+        """Whether the held-back BEGIN succeeded: sent by itself if no request took it,
+        settled if its answer was lost; its refusal raised (False if `quietly`)."""
+        if self._ahead is ahead:
+            self._ahead = None
+        try:
+            if not ahead.written:
+                self._run(ahead.sent)
+            elif ahead.lost:
+                self._settle_lost(ahead.sent)
+            elif ahead.answer is not None and not ahead.answer[0]:
+                raise ahead.answer[1]
+        except Exception:
+            if quietly:
+                return False
+            raise
+        return True
 
     def run_transaction(
         self, fn: Callable[[SyncConnection], T], retries: int = DEFAULT_RETRIES

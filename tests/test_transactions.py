@@ -148,6 +148,76 @@ async def test_rolled_back_begin_dialog_leaves_nothing(conn: client.Connection) 
         await conn.send(h, "AsyncSent", b"x")
 
 
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("block_raises", [False, True])
+async def test_a_refused_begin_lets_nothing_of_its_block_run_alone(
+    conn: client.Connection, block_raises: bool
+) -> None:
+    """`transaction()` writes BEGIN with the block's first statement and hears its answer
+    at the block's end. A transaction the connection is attaching (its answer not back
+    yet) makes the broker refuse that BEGIN: the block's SEND runs in the attached
+    transaction, never by itself; the refusal (or the block's own exception) is raised,
+    and nothing is rolled back."""
+    init_svc, target_svc, _, target_q = await seed000(conn)
+    h = await conn.begin_dialog(init_svc, target_svc, contract="AsyncContract")
+    other = await client.connect(conn.url)
+    try:
+        tid = await other.begin_transaction(detached=True)
+        await other.detach_transaction()
+        attaching = asyncio.ensure_future(conn.attach_transaction(tid))
+        await asyncio.sleep(0)  # the attach is written, its answer not yet read
+        expected = _Stop if block_raises else client.TransactionError
+        with pytest.raises(expected):
+            async with conn.transaction():
+                await conn.send(h, "AsyncSent", b"in the attached transaction")
+                if block_raises:
+                    raise _Stop()
+        await attaching
+        assert await other.peek(target_q) == []  # not committed by itself
+        await conn.commit()  # the attached transaction, still open, takes it
+        (m,) = await other.receive(target_q, timeout=5)
+        assert m.message_body == b"in the attached transaction"
+    finally:
+        await other.close()
+
+
+def _sync_blocks(url: str, handle: object) -> list[object]:
+    """The blocking client's transaction() in each way a block can end (its BEGIN leaves
+    with the block's first request, or by itself when there is none)."""
+    seen: list[object] = []
+    with client.connect_sync(url) as sync:
+        with sync.transaction():
+            pass  # the BEGIN leaves alone, at the block's end
+        with pytest.raises(_Stop), sync.transaction():
+            raise _Stop()  # before any request: BEGIN, then ROLLBACK
+        with pytest.raises(_Stop), sync.transaction():
+            sync.send(handle, "AsyncSent", b"rolled back")
+            raise _Stop()
+        with sync.transaction():
+            sync.send(handle, "AsyncSent", b"committed")
+            seen.append(sync.transaction_id)
+        seen.append(sync.transaction_id)
+        with pytest.raises(client.TransactionError, match="already open"):
+            sync.begin_transaction()
+            with sync.transaction():  # refused at its start: the transaction is open
+                pass
+        sync.rollback()
+    return seen
+
+
+async def test_the_blocking_client_s_transaction_blocks(conn: client.Connection) -> None:
+    init_svc, target_svc, _, target_q = await seed000(conn)
+    h = await conn.begin_dialog(init_svc, target_svc, contract="AsyncContract")
+    inside, after = await asyncio.get_running_loop().run_in_executor(
+        None, _sync_blocks, conn.url, h
+    )
+    assert inside is not None and after is None
+    assert [m.message_body for m in await conn.receive(target_q, timeout=5)] == [b"committed"]
+
+
 async def test_get_conversation_group_locks_without_taking(conn: client.Connection) -> None:
     target_q, _ = await _dialogs(conn, count=1, per=2)
     other = await client.connect(conn.url)
