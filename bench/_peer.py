@@ -29,7 +29,8 @@ class Options:
     in_flight: int = 4  # batches (ssb) or windows of `batch` messages (others) in flight
     durability: str = "both"  # ssb's: fsync, os, or each in turn
     round_trips: int = 2_000
-    round_trip_warmup: int = 100
+    round_trip_warmup: int = 20  # in each turn of round trips (see peers.measure)
+    rounds: int = 3  # end-to-end runs of each peer, taking turns (the median counts)
     phase_timeout: float = 600.0
 
 

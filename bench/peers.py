@@ -48,12 +48,13 @@ import contextlib
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
@@ -76,7 +77,8 @@ from ._common import (
 from ._jetstream import JetStream
 from ._peer import Options, Peer, Target, two_processes, wait_for_port
 
-SMOKE = {"messages": 400, "batch": 50, "round_trips": 20, "round_trip_warmup": 5}
+SMOKE = {"messages": 400, "batch": 50, "round_trips": 20, "round_trip_warmup": 5, "rounds": 1}
+ROUND_TRIP_TURN: Final = 200  # round trips of one peer before the next one's turn
 TARGET_OVER_RABBITMQ: Final = 2.0  # ssb on PostgreSQL / RabbitMQ persistent with confirms
 TARGET_OVER_SQLITE: Final = e2e.POSTGRESQL_TARGET
 TARGET_OVER_JETSTREAM: Final = 1.5  # ssb on SQLite end to end / JetStream (os)
@@ -320,32 +322,69 @@ PEERS: Final[dict[str, Peer]] = {
 }
 
 
-def measure(peer: Peer, opts: Options) -> list[Result]:
-    """The peer's figures at each of its durabilities (one result saying why, if skipped)."""
-    why = peer.missing()
-    if why is not None:
-        print(f"[{peer.name}] skipped: {why}", flush=True)
-        return [Result(peer=peer.name, skipped=why)]
-    results = []
-    for durability in peer.durabilities(opts):
-        result = Result(peer=peer.name, durability=durability)
-        label = f"{peer.name} {durability}"
-        print(f"[{label}] end to end: {opts.messages} messages ...", flush=True)
-        with peer.running(opts, durability) as target:
-            cpu = cpu_meter(*target.pids)
-            seconds, count = peer.end_to_end(target, opts)
-            result.daemon_cpu_us = cpu(count)
-            print(f"[{label}] round trip: {opts.round_trips} messages ...", flush=True)
-            samples = peer.round_trip(target, opts)
-        if count != opts.messages:
-            raise BenchFailure(f"{peer.name}: {count} of {opts.messages} messages arrived")
-        result.messages, result.seconds = count, seconds
-        result.msgs_s = rate(count, seconds)
-        if samples is not None:
-            samples.sort()
-            result.round_trip_p50_us = percentile(samples, 0.50)
-            result.round_trip_p99_us = percentile(samples, 0.99)
-        results.append(result)
+@dataclass
+class _Running:
+    """A peer running at one durability, and what it measured so far."""
+
+    peer: Peer
+    target: Target
+    result: Result
+    rates: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    samples: list[float] = field(default_factory=list)
+
+
+def measure(peers: list[Peer], opts: Options) -> list[Result]:
+    """Every peer's figures at each of its durabilities (one result saying why, for a
+    peer that is skipped). The peers run at once; the end-to-end runs take turns, peer
+    after peer, `rounds` times (the median counts), and the round trips are measured in
+    turns of ROUND_TRIP_TURN, so that a change of load on the machine weighs on every
+    peer alike and the ratios of one run hold."""
+    results: list[Result] = []
+    with contextlib.ExitStack() as stack:
+        running: list[_Running] = []
+        for peer in peers:
+            why = peer.missing()
+            if why is not None:
+                print(f"[{peer.name}] skipped: {why}", flush=True)
+                results.append(Result(peer=peer.name, skipped=why))
+                continue
+            for durability in peer.durabilities(opts):
+                print(f"[{peer.name} {durability}] starting ...", flush=True)
+                target = stack.enter_context(peer.running(opts, durability))
+                result = Result(peer=peer.name, durability=durability)
+                results.append(result)
+                running.append(_Running(peer, target, result))
+        for turn in range(opts.rounds):
+            for r in running:
+                label = f"{r.peer.name} {r.result.durability}"
+                print(f"[{label}] end to end {turn + 1}/{opts.rounds} ...", flush=True)
+                cpu = cpu_meter(*r.target.pids)
+                seconds, count = r.peer.end_to_end(r.target, opts)
+                if count != opts.messages:
+                    raise BenchFailure(f"{label}: {count} of {opts.messages} messages arrived")
+                r.rates.append(rate(count, seconds))
+                used = cpu(count)
+                if used is not None:
+                    r.cpu.append(used)
+        print(f"round trips: {opts.round_trips} per peer, in turns ...", flush=True)
+        done = 0
+        while done < opts.round_trips:
+            chunk = replace(opts, round_trips=min(ROUND_TRIP_TURN, opts.round_trips - done))
+            for r in running:
+                samples = r.peer.round_trip(r.target, chunk)
+                if samples is not None:
+                    r.samples += samples
+            done += chunk.round_trips
+    for r in running:
+        r.result.messages = opts.messages
+        r.result.msgs_s = statistics.median(r.rates)
+        r.result.seconds = opts.messages / r.result.msgs_s
+        r.result.daemon_cpu_us = statistics.median(r.cpu) if r.cpu else None
+        if r.samples:
+            r.samples.sort()
+            r.result.round_trip_p50_us = percentile(r.samples, 0.50)
+            r.result.round_trip_p99_us = percentile(r.samples, 0.99)
     return results
 
 
@@ -410,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--round-trips", type=int, default=Options.round_trips)
     parser.add_argument(
+        "--rounds", type=int, default=Options.rounds, help="end-to-end runs of each peer"
+    )
+    parser.add_argument(
         "--peers", default=",".join(PEERS), help=f"which, comma-separated: {', '.join(PEERS)}"
     )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -418,17 +460,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in PEERS]
     if unknown:
         parser.error(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(PEERS)}")
-    if min(args.messages, args.batch, args.in_flight, args.round_trips) < 1:
-        parser.error("--messages, --batch, --in-flight and --round-trips must be >= 1")
+    if min(args.messages, args.batch, args.in_flight, args.round_trips, args.rounds) < 1:
+        parser.error("--messages, --batch, --in-flight, --round-trips and --rounds must be >= 1")
     if args.body_size < e2e.TAG.size:
         parser.error(f"--body-size must be >= {e2e.TAG.size}")
     opts = options_from(Options, args)
-    results = [result for name in names for result in measure(PEERS[name], opts)]
+    results = measure([PEERS[name] for name in names], opts)
     print()
     print(
         f"{opts.messages} persistent messages of {opts.body_size} B end to end, batches of"
-        f" {opts.batch}, {opts.in_flight} in flight; {opts.round_trips} round trips one at a"
-        f" time; {os.cpu_count()} CPUs"
+        f" {opts.batch}, {opts.in_flight} in flight, median of {opts.rounds} runs;"
+        f" {opts.round_trips} round trips one at a time; {os.cpu_count()} CPUs"
     )
     print_header(
         f"{'peer':<16} {'durability':<10} {'msg/s':>10} {'cpu us/msg':>11}"
