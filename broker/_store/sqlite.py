@@ -22,12 +22,14 @@ nothing else uses it until the commit ends. For the same reason the hot tables' 
 go many rows to a statement (`commit.MULTI_ROW_INSERT`): one step per row would stretch
 a commit of a few hundred rows several times over.
 
-With `"os"`, a light batch (at most `INLINE_WEIGHT` rows touched) is committed whole on
-the event loop: that costs less than the hop to the store thread and back, which is
-most of a lone client's round trip. Such commits never run SQLite's automatic
+With `"os"`, COMMIT syncs nothing: it writes the WAL into the operating system's cache,
+which takes less than the hop to the store thread and back (most of a lone client's
+round trip, and a tenth of the daemon's time per message end to end). So a batch of at
+most `OS_INLINE_WEIGHT` rows touched (a few hundred messages sent or received) is
+committed whole on the event loop. Such commits never run SQLite's automatic
 checkpoint (it would sync files on the event loop); the checkpoint runs on the store
-thread, in the next commit there, and at most `INLINE_STREAK` light batches in a row
-are committed inline.
+thread, in the next commit there, and at most `INLINE_STREAK` batches, or
+`INLINE_ROWS` rows, in a row are committed inline.
 
 A commit that fails for want of space or an I/O error is retried (see `commit`) after a
 WAL checkpoint that lets it reuse the WAL file's space. The *disk reserve* (`DiskReserve`,
@@ -98,8 +100,10 @@ MIB: Final = 1024 * 1024
 BUSY_TIMEOUT: Final = 30.0  # seconds the online copy waits for the daemon's store (a checkpoint)
 KEEP_FREE_PAGES: Final = 2048  # free pages an idle store keeps for the next inserts
 IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
-INLINE_WEIGHT: Final = 8  # a batch touching at most this many rows may commit on the loop
-INLINE_STREAK: Final = 200  # light batches in a row committed inline, then one on the thread
+INLINE_WEIGHT: Final = 8  # a batch touching at most this many rows is light
+OS_INLINE_WEIGHT: Final = 256  # with "os", a batch of at most this many rows commits inline
+INLINE_STREAK: Final = 200  # batches in a row committed inline, then one on the thread
+INLINE_ROWS: Final = 4096  # rows committed inline since the last threaded commit, at most
 LOOP_WEIGHT: Final = 4096  # a batch touching at most this many rows is applied on the loop
 AUTO_CHECKPOINT: Final = 1000  # WAL pages that make a threaded commit checkpoint (SQLite's)
 SUMMARY_THREADS: Final = 2  # connections (and threads) the start-up summary reads on
@@ -215,7 +219,8 @@ class SQLiteStore(AllTables, Committer):
         self._db = connect(path, WRITER_CACHE_KIB, timeout=0.0)
         create(self._db, path, durability)
         self._reader = self._db if memory else connect(path, READER_CACHE_KIB)
-        self._streak = 0  # light batches committed inline since the last threaded commit
+        self._streak = 0  # batches committed inline since the last threaded commit
+        self._streak_rows = 0  # and the rows they touched
         self._auto_checkpoint = True  # SQLite's automatic checkpoint is on
 
     # ---- commits --------------------------------------------------------------------------
@@ -224,12 +229,14 @@ class SQLiteStore(AllTables, Committer):
         if (
             self.durability == "os"
             and self.trouble is None
+            and weight <= OS_INLINE_WEIGHT
             and self._streak < INLINE_STREAK
-            and weight <= INLINE_WEIGHT
+            and self._streak_rows + weight <= INLINE_ROWS
         ):
             self._streak += 1
+            self._streak_rows += weight
             return Plan.INLINE
-        self._streak = 0
+        self._streak = self._streak_rows = 0
         if self.trouble is not None or not INLINE_WEIGHT < weight <= LOOP_WEIGHT:
             return Plan.THREAD
         return Plan.LOOP

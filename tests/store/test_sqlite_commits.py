@@ -10,7 +10,8 @@ import threading
 from pathlib import Path
 
 from ssb.broker._store import SQLiteStore
-from ssb.broker._store.sqlite import INLINE_WEIGHT
+from ssb.broker._store.commit import Plan
+from ssb.broker._store.sqlite import INLINE_ROWS, INLINE_WEIGHT, OS_INLINE_WEIGHT
 
 
 async def test_the_next_commit_starts_before_the_last_ones_callbacks_run(
@@ -115,3 +116,25 @@ async def test_a_batch_the_loop_cannot_apply_is_retried_and_written_once(
     finally:
         other.close()
         await store.close()
+
+
+def test_with_os_a_batch_of_a_few_hundred_rows_commits_on_the_loop_until_a_checkpoint_is_due(
+    tmp_path: Path,
+) -> None:
+    """With "os" a COMMIT syncs nothing: a batch of up to OS_INLINE_WEIGHT rows commits
+    on the event loop, without SQLite's checkpoint, until INLINE_ROWS rows went so; the
+    next commit runs on the store thread, which checkpoints. With "fsync" every COMMIT
+    is the store thread's."""
+    store = SQLiteStore(tmp_path / "os.db", "os", threaded=False)
+    synced = SQLiteStore(tmp_path / "fsync.db", "fsync", threaded=False)
+    try:
+        assert store._plan(OS_INLINE_WEIGHT) is Plan.INLINE
+        assert store._plan(OS_INLINE_WEIGHT + 1) is Plan.LOOP  # heavier: the thread commits
+        rows = 100
+        plans = [store._plan(rows) for _ in range(INLINE_ROWS // rows + 1)]
+        assert plans == [Plan.INLINE] * (INLINE_ROWS // rows) + [Plan.LOOP]
+        assert store._plan(rows) is Plan.INLINE  # the streak starts again
+        assert synced._plan(1) is Plan.THREAD and synced._plan(rows) is Plan.LOOP
+    finally:
+        store._release()
+        synced._release()
