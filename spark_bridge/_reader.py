@@ -206,23 +206,29 @@ def _one_transaction(
     fn: Callable[[client.Message, client.SyncConnection], Any],
     top: int,
 ) -> list[client.Message]:
-    """RECEIVE, process, COMMIT; the messages once the commit is known to have happened."""
-    conn.begin_transaction()
-    # the broker's errors here (queue disabled, ...) end the reader
-    messages = conn.receive(spec.queue, top=top, timeout=spec.idle_timeout)
+    """RECEIVE, process, COMMIT; the messages once the commit is known to have happened.
+    BEGIN leaves with the RECEIVE (see `SyncConnection.transaction`); a failure of the
+    user's function rolls the transaction back with the function's error."""
+    messages: list[client.Message] = []
+    processing = False
     try:
-        for message in messages:
-            if message.is_end_dialog or message.is_error:
-                with contextlib.suppress(client.ConversationEndedError, client.NotFoundError):
-                    conn.end_conversation(message.conversation_handle)
-            else:
-                fn(message, conn)
+        with conn.transaction():
+            # the broker's errors here (queue disabled, ...) end the reader
+            messages = conn.receive(spec.queue, top=top, timeout=spec.idle_timeout)
+            processing = True
+            for message in messages:
+                if message.is_end_dialog or message.is_error:
+                    with contextlib.suppress(client.ConversationEndedError, client.NotFoundError):
+                        conn.end_conversation(message.conversation_handle)
+                else:
+                    fn(message, conn)
+            processing = False
     except (client.ConnectionLostError, client.TransactionRolledBackError):
         raise
-    except Exception as exc:  # the user's function failed: roll back, go on
-        conn.rollback(error=f"{type(exc).__name__}: {exc}")
-        raise _Failed(len(messages)) from exc
-    conn.commit()
+    except Exception as exc:
+        if processing:  # the user's function failed: rolled back, go on
+            raise _Failed(len(messages)) from exc
+        raise
     return messages
 
 
