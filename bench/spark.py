@@ -9,6 +9,12 @@ then a SparkActivator starts; readers call a trivial function, RECEIVE TOP(100) 
 transaction. Messages/s = messages / (first reader registered -> last commit), and
 also from bridge start. Every message is checked to be gone from the queue.
 
+The reference, on the same broker in the same run: what the broker gives one plain
+reader, bench.e2e's receive-only phase (a consumer process draining as many 1 KiB
+messages, sent beforehand, in transactions of TOP(100)). Targets: the Spark readers take
+at least 0.8 of that rate; activation (QUEUE_ACTIVATION -> first reader) within 50 ms
+warm and 1 s cold, at the median. Exit status 1 when one is missed (not in smoke mode).
+
 Activation latency: one message into an idle queue; from the bridge receiving the
 QUEUE_ACTIVATION event to the first reader registered with the broker (and from
 the SEND's commit). "Cold" is the first activation in a fresh SparkContext (the
@@ -23,15 +29,19 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from bench._common import broker, parse_args
+from bench import e2e
+from bench._common import broker, parse_args, rate, run
 from ssb import client
 from ssb.tools import wait_until_sync
 
 HERE = Path(__file__).resolve().parent
 FUNCTIONS = "bench.spark:trivial"
 SMOKE = {"messages": 200, "readers": 2, "master": "local[2]", "warm_samples": 2, "cold_samples": 1}
+TARGET_OF_RECEIVE: Final = 0.8  # the Spark readers' rate / one plain reader's
+TARGET_WARM_MS: Final = 50.0  # activation to the first reader, median
+TARGET_COLD_MS: Final = 1000.0
 
 
 def trivial(message: client.Message, conn: client.SyncConnection) -> None:
@@ -118,6 +128,16 @@ def throughput(spark: Any, url: str, args: argparse.Namespace) -> dict[str, floa
         }
 
 
+def receive_only(url: str, messages: int, batch: int) -> float:
+    """The reference: msgs/s of bench.e2e's receive-only phase on the broker at `url`."""
+    run(e2e.CATALOG.create(url))
+    opts = e2e.Options(messages=messages, batch=batch)
+    e2e.run_processes(url, e2e.PHASE_SEND, ["producer"], opts)
+    _, out = e2e.run_processes(url, e2e.PHASE_SEND, ["consumer"], opts)
+    got = out["consumer"]
+    return rate(got["received"], got["finished"] - got["started"])
+
+
 def latency(spark: Any, url: str, queue: str, samples: int) -> list[tuple[float, float]]:
     """(event -> first reader, send -> first reader) seconds, per sample."""
     from ssb.spark_bridge import QueueBinding, SparkActivator
@@ -178,21 +198,31 @@ def main(argv: list[str] | None = None) -> int:
             figures = throughput(spark, daemon_url, args)
         finally:
             spark.stop()
+        reference = receive_only(daemon_url, int(figures["messages"]), args.batch)
     print(
         f"throughput: {figures['messages']:.0f} messages, {figures['readers_max']:.0f} readers "
         f"(max_queue_readers {args.readers}, {args.master}, TOP {args.batch}, 1 KiB): "
         f"{figures['msgs_per_s']:,.0f} msgs/s while reading, "
         f"{figures['msgs_per_s_from_start']:,.0f} msgs/s from bridge start"
     )
-    for name, values in (("warm", warm), ("cold", cold)):
+    share = figures["msgs_per_s"] / reference
+    print(
+        f"one plain reader on the same broker (bench.e2e's receive-only, TOP {args.batch}):"
+        f" {reference:,.0f} msgs/s; the Spark readers take {share:.2f} of it"
+        f" (target >= {TARGET_OF_RECEIVE})"
+    )
+    met = share >= TARGET_OF_RECEIVE
+    for name, values, target in (("warm", warm, TARGET_WARM_MS), ("cold", cold, TARGET_COLD_MS)):
         event = [v[0] * 1000 for v in values]
         send = [v[1] * 1000 for v in values]
+        median = statistics.median(event)
+        met = met and median < target
         print(
             f"activation latency {name} ({len(values)} samples): QUEUE_ACTIVATION -> first reader "
-            f"median {statistics.median(event):.0f} ms, max {max(event):.0f} ms; "
+            f"median {median:.0f} ms (target < {target:g}), max {max(event):.0f} ms; "
             f"SEND -> first reader median {statistics.median(send):.0f} ms"
         )
-    return 0
+    return 0 if met or args.smoke else 1
 
 
 if __name__ == "__main__":
