@@ -28,7 +28,7 @@ from ssb import tools
 
 from . import e2e
 from ._common import BenchFailure, run
-from ._peer import Options, Target, two_processes, wait_for_port
+from ._peer import Options, Target, not_installed, two_processes, wait_for_port
 
 NATS_SERVER: Final = Path("/usr/sbin/nats-server")
 E2E_STREAM: Final = "E2E"
@@ -43,13 +43,7 @@ class JetStream:
     name = "jetstream"
 
     def missing(self) -> str | None:
-        if not NATS_SERVER.exists():
-            return "Debian's nats-server is not installed (apt-get install nats-server)"
-        try:
-            import nats  # noqa: F401
-        except ImportError:
-            return "its client nats-py is not installed (pip install -e '.[bench]')"
-        return None
+        return not_installed(NATS_SERVER, "nats-server", "nats", "nats-py")
 
     def durabilities(self, opts: Options) -> list[str]:
         return ["os"]

@@ -6,6 +6,7 @@ processes released together."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import multiprocessing as mp
 import socket
 import subprocess
@@ -112,6 +113,16 @@ def two_processes(
     finally:
         reap(procs)
     return outcomes["consumer"]["finished"] - started, int(outcomes["consumer"]["received"])
+
+
+def not_installed(server: Path, package: str, module: str, client: str) -> str | None:
+    """Why another broker cannot run here (its Debian package or its Python client is
+    missing), or None."""
+    if not server.exists():
+        return f"Debian's {package} is not installed (apt-get install {package})"
+    if importlib.util.find_spec(module) is None:
+        return f"its client {client} is not installed (pip install -e '.[bench]')"
+    return None
 
 
 def wait_for_port(

@@ -75,7 +75,7 @@ from ._common import (
     run,
 )
 from ._jetstream import JetStream
-from ._peer import Options, Peer, Target, two_processes, wait_for_port
+from ._peer import Options, Peer, Target, not_installed, two_processes, wait_for_port
 
 SMOKE = {"messages": 400, "batch": 50, "round_trips": 20, "round_trip_warmup": 5, "rounds": 1}
 ROUND_TRIP_TURN: Final = 200  # round trips of one peer before the next one's turn
@@ -162,13 +162,7 @@ class RabbitMQ:
     env_keys: ClassVar[tuple[str, ...]] = ()
 
     def missing(self) -> str | None:
-        if not RABBITMQ_SERVER.exists():
-            return "Debian's rabbitmq-server is not installed (apt-get install rabbitmq-server)"
-        try:
-            import aio_pika  # noqa: F401
-        except ImportError:
-            return "its client aio-pika is not installed (pip install -e '.[bench]')"
-        return None
+        return not_installed(RABBITMQ_SERVER, "rabbitmq-server", "aio_pika", "aio-pika")
 
     def durabilities(self, opts: Options) -> list[str]:
         return ["fsync"]  # a durable queue's confirm follows an fsync
