@@ -132,6 +132,9 @@ class Config:
     off"""
     lock_timeout: float = 30.0
     """seconds a statement waits for a conversation group another transaction locks"""
+    statement_timeout: float = 30.0
+    """seconds a table statement may wait for a table another transaction locks, and
+    then run"""
     log_level: str = "INFO"
     """DEBUG adds one line per statement"""
     log_format: str = "text"
@@ -258,6 +261,10 @@ class Config:
         if not _seconds(self.lock_timeout) or not 0 < self.lock_timeout <= 3600:
             raise ConfigError(
                 f"lock_timeout must be seconds in (0, 3600], not {self.lock_timeout!r}"
+            )
+        if not _seconds(self.statement_timeout) or not 0 < self.statement_timeout <= 3600:
+            raise ConfigError(
+                f"statement_timeout must be seconds in (0, 3600], not {self.statement_timeout!r}"
             )
         _whole("message_cache_bytes", self.message_cache_bytes, MIB, 1 << 40)
         _whole("max_message_size", self.max_message_size, 1, MAX_MESSAGE_SIZE_LIMIT)

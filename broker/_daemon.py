@@ -222,6 +222,7 @@ class Broker:
             sink=relay,
             check_procedure=functools.partial(procedures.check, what="activation procedure"),
             lock_timeout=config.lock_timeout,
+            statement_timeout=config.statement_timeout,
             max_locks=limits.locks_per_transaction,
             max_detached=limits.detached_per_login,
             message_cache_bytes=config.message_cache_bytes,
@@ -278,6 +279,10 @@ class Broker:
             engine.delivery.service_created,
         )
         permissions.load()
+        permissions.tables = engine.tables.names
+        engine.tables.authorize = permissions.check_table_statement
+        engine.tables.created = permissions.table_created
+        engine.tables.dropped = functools.partial(permissions.forget, "table")
         operations = Operations(permissions, engine.transactions, Namespaces(engine.catalog))
         operations.merge("the core", engine.operations())
         operations.merge("the daemon", {"ping": _ping}, observing=True)

@@ -40,7 +40,8 @@ from ssb.protocol import ErrorCode
 
 from ._core.catalog import IN_DATABASE, Catalog
 from ._core.endpoints import Endpoints
-from ._core.names import DEFAULT_DATABASE, database_of, plain
+from ._core.names import DEFAULT_DATABASE, database_of, plain, qualify
+from ._core.ports import TableStatement
 from ._core.queue_options import is_python
 from ._core.transactions import Session, Transactions
 from ._errors import BrokerError, bad_argument
@@ -61,19 +62,23 @@ KINDS: Final = (
     "event_notification",
     "certificate",
     "remote_service_binding",
+    "table",
 )
+# the permissions a table statement may need on its table, besides ALTER, DROP, CONTROL
+TABLE_PERMISSIONS: Final = ("SELECT", "INSERT", "UPDATE", "DELETE")
 _TRUST: Final = frozenset({"route", "certificate", "remote_service_binding"})
 PUBLIC: Final = "public"  # every login, and every broker whose certificate names none
 # which kinds of object each permission can be granted on ("" is the broker itself)
 GRANTABLE: Final[Mapping[str, frozenset[str]]] = {
     "CONTROL": frozenset({"", *KINDS}),
-    "CREATE": frozenset({""}),
+    "CREATE": frozenset({"", "database"}),  # on a database: CREATE TABLE in it
     "ALTER": frozenset({"", *KINDS}),
     "DROP": frozenset({"", *KINDS}),
     "SEND": frozenset({"", "service"}),
     "RECEIVE": frozenset({"", "queue"}),
     "VIEW": frozenset({""}),
     "EXECUTE": frozenset({"", "queue", "procedure"}),
+    **{permission: frozenset({"", "table"}) for permission in TABLE_PERMISSIONS},
 }
 # operations that create an object of a kind (the creator becomes its owner)
 CREATES: Final = {
@@ -109,6 +114,7 @@ OPEN: Final = frozenset(
         "use",  # any login may use any database; its objects have their own permissions
         "save_transaction",
         "rollback_to_savepoint",
+        "execute",  # each statement's own needs are checked by `check_table_statement`
     }
 )
 
@@ -147,6 +153,7 @@ class Permissions:
         self.transactions = transactions
         self.logins = logins
         self.tracked = _TRACKED
+        self.tables: Container[str] = frozenset()  # the tables that exist, by key
         self.grants: set[tuple[str, str, str, str]] = set()
         self.owners: dict[tuple[str, str], str] = {}
         self._rules: dict[str, Callable[[Session, dict[str, Any]], list[Need]]] = {
@@ -217,7 +224,7 @@ class Permissions:
             or (user, "CONTROL", kind, name) in grants
         ):
             return True
-        if kind not in IN_DATABASE:
+        if not _in_database(kind):
             return False
         database = database_of(name)  # its database's owner, or CONTROL of its database
         control = (user, "CONTROL", "database", database)
@@ -238,6 +245,32 @@ class Permissions:
         if key is None:
             return True
         return self.has(PUBLIC if login is None else login, "SEND", "service", key)
+
+    # ---- users' tables --------------------------------------------------------------
+
+    def check_table_statement(self, session: Session, statement: TableStatement) -> None:
+        """Raise PERMISSION_DENIED unless `session` may run the table statement: CREATE on
+        its database (or the broker) for CREATE TABLE, and on each table the permission
+        its use needs (SELECT to read it; INSERT, UPDATE, DELETE, ALTER or DROP)."""
+        if session.user == ADMIN:
+            return
+        for table, permission in statement.writes.items():
+            if permission == "CREATE":
+                if not self.has(session.user, "CREATE", "database", statement.database):
+                    self._refuse(session, "CREATE TABLE", "CREATE", "database", statement.database)
+                continue
+            key = qualify(statement.database, table)
+            if key in self.tables and not self.has(session.user, permission, "table", key):
+                self._refuse(session, f"{permission} of a table", permission, "table", key)
+        for table in statement.reads:
+            key = qualify(statement.database, table)
+            if key in self.tables and not self.has(session.user, "SELECT", "table", key):
+                self._refuse(session, "SELECT from a table", "SELECT", "table", key)
+
+    def table_created(self, key: str, login: str) -> None:
+        """A table's CREATE committed: its creator owns it."""
+        self.owners[("table", key)] = login
+        self.store.put_owner(("table", key, login))
 
     def owner(self, kind: str, name: str) -> str | None:
         return self.owners.get((kind, name))
@@ -294,7 +327,7 @@ class Permissions:
             (kind, name)
             for kind, name in [*self.owners, *((g[2], g[3]) for g in self.grants)]
             if (kind == "database" and name.casefold() == folded)
-            or (kind in IN_DATABASE and database_of(name).casefold() == folded)
+            or (_in_database(kind) and database_of(name).casefold() == folded)
         }
         for kind, name in gone:
             self.forget(kind, name)
@@ -444,7 +477,11 @@ class Permissions:
             name = found.name if found is not None else name
         if login.lower() == PUBLIC:
             login = PUBLIC  # T-SQL's PUBLIC
-        if kind and self.catalog.table(kind).get(name) is None:
+        if kind == "table":
+            name = qualify(session.database, name.lower())
+            if name not in self.tables:
+                raise BrokerError(ErrorCode.BAD_ARGUMENT, f"there is no table '{plain(name)}'")
+        elif kind and self.catalog.table(kind).get(name) is None:
             raise BrokerError(
                 ErrorCode.BAD_ARGUMENT, f"there is no {kind.replace('_', ' ')} '{name}'"
             )
@@ -506,9 +543,14 @@ def _object(kind: str, name: str) -> dict[str, str | None]:
     plain name; all None for the broker itself."""
     return {
         "kind": kind or None,
-        "database": database_of(name) if kind in IN_DATABASE else None,
+        "database": database_of(name) if _in_database(kind) else None,
         "name": plain(name) if name else None,
     }
+
+
+def _in_database(kind: str) -> bool:
+    """Whether objects of `kind` belong to a database (keys `names.qualify` made)."""
+    return kind in IN_DATABASE or kind == "table"
 
 
 def _name(args: dict[str, Any]) -> str:

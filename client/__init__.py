@@ -6,6 +6,7 @@ conn = client.connect_sync("ssb://127.0.0.1:4021")   # same methods, blocking
 
 from __future__ import annotations
 
+from ._calls_tables import Result
 from ._connection import Connection, connect
 from ._errors import (
     AlreadyExistsError,
@@ -27,6 +28,7 @@ from ._errors import (
     ProtocolViolationError,
     QueueDisabledError,
     QueueFullError,
+    SqlError,
     TLSError,
     TransactionError,
     TransactionRolledBackError,
@@ -83,8 +85,10 @@ __all__ = [
     "ProtocolViolationError",
     "QueueDisabledError",
     "QueueFullError",
+    "Result",
     "Scheduler",
     "SchedulerNames",
+    "SqlError",
     "SyncConnection",
     "SyncScheduler",
     "TLSError",

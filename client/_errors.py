@@ -56,6 +56,11 @@ class QueueDisabledError(BrokerError):
     """The queue is OFF (for example after poison message detection)."""
 
 
+class SqlError(InvalidArgumentError):
+    """A table statement was refused (not supported, not translatable) or failed (a
+    constraint, a missing table); nothing of it was applied."""
+
+
 class TransactionError(BrokerError):
     """Commit/rollback without a transaction, or begin inside one."""
 
@@ -139,6 +144,7 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
     ErrorCode.UNKNOWN_SAVEPOINT: TransactionError,
     ErrorCode.LOGIN_FAILED: LoginFailedError,
     ErrorCode.PERMISSION_DENIED: PermissionDeniedError,
+    ErrorCode.SQL_ERROR: SqlError,
     ErrorCode.MESSAGE_TOO_LARGE: MessageTooLargeError,
     ErrorCode.QUEUE_FULL: QueueFullError,
     ErrorCode.DISK_FULL: DiskFullError,

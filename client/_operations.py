@@ -26,6 +26,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from . import _calls as calls
 from . import _calls_databases as databases
+from . import _calls_tables as tables
 from ._calls import Call
 from ._recovery import DEFAULT_RETRIES, Tracker
 
@@ -229,3 +230,4 @@ class Operations:
     alter_procedure = operation(databases.alter_procedure)
     procedure = operation(databases.procedure)
     drop_procedure = operation(databases.drop_procedure)
+    execute = operation(tables.execute)

@@ -61,6 +61,8 @@ class ErrorCode(IntEnum):
     # security
     LOGIN_FAILED = 6001
     PERMISSION_DENIED = 6002
+    # users' tables
+    SQL_ERROR = 7001  # a table statement was refused or failed (its message says why)
     # broker faults
     INTERNAL_ERROR = 9001
     SHUTTING_DOWN = 9002

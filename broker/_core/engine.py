@@ -16,6 +16,7 @@ Parts, each owning its state (imports run one way, top to bottom):
     transmission         the transmission queue: what waits, by dialog direction
     delivery, remote     local delivery and enqueue; messages to and from other brokers
     receive              RECEIVE, GET CONVERSATION GROUP, waiters
+    tables               users' table statements, table locks; effects at commit
     dialogs              BEGIN DIALOG, SEND, END, timers, MOVE; effects at commit
     events, poison, ddl  notifications, poison rules, catalog statements
     databases            CREATE / ALTER / DROP DATABASE, USE
@@ -55,6 +56,7 @@ from .queues import Conversation, Queue, Status, dead_letter_identity
 from .receive import Receiving
 from .remote import RemoteDelivery
 from .routes import Routes
+from .tables import DEFAULT_STATEMENT_TIMEOUT, Tables
 from .transactions import (
     DEFAULT_MAX_DETACHED,
     DEFAULT_MAX_LOCKS,
@@ -106,6 +108,7 @@ class Engine:
         min_free_disk: int = DEFAULT_MIN_FREE_DISK,
         outcome_window_seconds: float = DEFAULT_WINDOW_SECONDS,
         outcome_window_count: int = DEFAULT_WINDOW_COUNT,
+        statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         """The core of one broker over `journal` and `clock`.
 
@@ -120,6 +123,8 @@ class Engine:
             message_cache_bytes, max_message_size, min_free_disk: memory and disk.
             outcome_window_seconds, outcome_window_count: how long committed
                 transaction ids are remembered for reconnecting clients.
+            statement_timeout: how long a table statement may wait for a table lock, and
+                run.
         """
         self.journal = journal
         self.clock = clock
@@ -135,6 +140,7 @@ class Engine:
         self.transactions = Transactions(
             clock, self, lock_timeout, self.outcomes, max_locks, max_detached
         )
+        self.tables = Tables(journal, clock, self.transactions, statement_timeout)
         self.transmission = TransmissionQueue(journal, self.cache, self.catalog, self.queues)
         self.delivery = Delivery(
             journal,
@@ -221,16 +227,19 @@ class Engine:
         self.dialogs.apply_commit(txn)
         if txn.received:
             self.receiving.commit_received(txn)
+        self.tables.apply_commit(txn)
 
     def undo(self, txn: Transaction, error: str) -> None:
         txn.restored = self.receiving.restore_received(txn, error)
         self.dialogs.undo(txn)
+        self.tables.undo(txn)
 
     def undo_to(self, txn: Transaction, savepoint: Savepoint) -> None:
         # messages go back with their delivery counted; the poison rules count only
         # transactions that roll back whole, as Service Broker's do
         self.receiving.restore_received(txn, "", savepoint.received)
         self.dialogs.undo(txn, savepoint.new_endpoints)
+        self.tables.undo_to(txn, savepoint.table_statements)
 
     def after_rollback(self, txn: Transaction, error: str) -> None:
         for queue, messages in txn.restored:
@@ -260,6 +269,7 @@ class Engine:
         self.transmission.restore_ids(max_outbound)
         self.poison.restore_ids(max_incident)
         self.outcomes.load(state.meta.get(PRUNED_THROUGH))
+        self.tables.load(self.journal.load_table_names())
         self._load_messages()
         self._load_transmission()
 
@@ -421,6 +431,7 @@ class Engine:
             "requeue_dead_letter": self.requeue_dead_letter,
             "broker_instance": self.broker_instance,
             **self.databases.operations(),
+            **self.tables.operations(),
         }
 
     def transaction_messages(self, session: Session, transaction_id: object) -> list[list[Any]]:

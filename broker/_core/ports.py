@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from .catalog import Certificate, RemoteServiceBinding, Route
@@ -344,6 +344,94 @@ class OutcomeJournal(Protocol):
         ...
 
 
+class TableError(Exception):
+    """A user's table statement that cannot run: refused before it ran, or failed (a
+    constraint, a missing table); the message says what was wrong, in the user's names."""
+
+
+class TableResult(Protocol):
+    """What a table statement answered: its rows (a SELECT, a change with OUTPUT) or the
+    rows it changed."""
+
+    @property
+    def columns(self) -> list[str]: ...
+
+    @property
+    def rows(self) -> list[tuple[Any, ...]]: ...
+
+    @property
+    def rowcount(self) -> int: ...
+
+
+class TableStatement(Protocol):
+    """A translated table statement (see `_store.user_sql.Statement`)."""
+
+    @property
+    def kind(self) -> str:
+        """ "query", "change" or "ddl"."""
+        ...
+
+    @property
+    def database(self) -> str: ...
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """The tables it reads."""
+        ...
+
+    @property
+    def writes(self) -> dict[str, str]:
+        """The tables it changes (or creates, alters, drops) -> the permission needed."""
+        ...
+
+    @property
+    def tables(self) -> frozenset[str]: ...
+
+
+class TableJournal(Protocol):
+    """Users' tables (see `_store.user_tables`): statements are translated, run
+    provisionally at once (their results are answered then), and run again, in order,
+    in the batch of their transaction's commit. Callers lock the tables so that the two
+    runs see the same rows."""
+
+    def load_table_names(self) -> list[tuple[str, str]]:
+        """(database, table) of every table (start-up read)."""
+        ...
+
+    def translate_table_statement(self, text: str, database: str) -> TableStatement:
+        """Raises:
+        TableError: it cannot be translated, or is not supported."""
+        ...
+
+    def run_table_statement(
+        self,
+        owner: object,
+        done: Sequence[tuple[TableStatement, dict[str, Any]]],
+        statement: TableStatement,
+        values: dict[str, Any],
+        timeout: float,
+    ) -> Awaitable[TableResult]:
+        """Run `statement` with `values` after `owner`'s earlier statements `done` (the
+        transaction's, which it ran before), changing nothing durable, for at most
+        `timeout` seconds; fills `values` with what the statement evaluates once
+        (GETDATE(), NEWID()).
+
+        Raises (from the awaitable):
+            TableError: it failed; nothing of it stays.
+        """
+        ...
+
+    def forget_table_statements(self, owner: object) -> None:
+        """`owner`'s provisional statements are void (a rollback): they are not kept."""
+        ...
+
+    def write_table_statements(
+        self, statements: Sequence[tuple[TableStatement, dict[str, Any]]]
+    ) -> None:
+        """A transaction's statements join the open batch, in order (its commit)."""
+        ...
+
+
 class Journal(
     Batches,
     CatalogJournal,
@@ -352,6 +440,7 @@ class Journal(
     TransmissionJournal,
     PoisonJournal,
     OutcomeJournal,
+    TableJournal,
     Protocol,
 ):
     """The durable store, as the core uses it: a part of the store's port (`_store.Store`),

@@ -108,6 +108,7 @@ class Savepoint:
     new_endpoints: int
     actions: int
     ended: frozenset[uuid.UUID]
+    table_statements: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -128,6 +129,8 @@ class Transaction:
     txn_id: uuid.UUID | None = None
     login: str = ""
     savepoints: list[Savepoint] = field(default_factory=list)
+    # its statements on users' tables, with their values (see `tables`)
+    table_statements: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
 
     def received_messages(self) -> list[Message]:
         return [m for _, messages in self.received for m in messages]
@@ -358,7 +361,12 @@ class Transactions:
                 " on in a new one"
             )
         savepoint = Savepoint(
-            name, len(txn.received), len(txn.new_endpoints), len(txn.actions), frozenset(txn.ended)
+            name,
+            len(txn.received),
+            len(txn.new_endpoints),
+            len(txn.actions),
+            frozenset(txn.ended),
+            len(txn.table_statements),
         )
         if txn.savepoints and txn.savepoints[-1].name == name:
             # the one it hides could never be rolled back to again: it goes

@@ -57,6 +57,7 @@ from .._core.ports import (
     OutcomeJournal,
     PoisonJournal,
     Row,
+    TableJournal,
     TransmissionJournal,
 )
 
@@ -459,6 +460,18 @@ class LogRows(PoisonJournal, Protocol):
         ...
 
 
+class TableRows(TableJournal, Protocol):
+    """Users' tables (see `user_tables`): the core's statements, and their sizes."""
+
+    def table_sizes(self) -> list[tuple[str, str, int]]:
+        """(database, table, rows) of every table, committed, by name.
+
+        Raises:
+            StoreError: the store cannot be read now.
+        """
+        ...
+
+
 class Store(
     Commits,
     Space,
@@ -470,6 +483,7 @@ class Store(
     SecurityRows,
     OutcomeRows,
     LogRows,
+    TableRows,
     Protocol,
 ):
     """The storage port: everything the broker asks of its store."""

@@ -65,6 +65,7 @@ from . import postgres_schema
 from .commit import Batch, Committer, Cursor, apply_statements
 from .errors import LeaseLost, StoreError, StoreUnavailable, describe_failure, lease_lost
 from .tables import ROW_COUNTS, AllTables
+from .user_tables import NoUserTables
 
 if TYPE_CHECKING:
     from .port import ManualStore
@@ -272,7 +273,7 @@ def _transient(exc: BaseException) -> bool:
     return getattr(exc, "sqlstate", None) == "25006"  # read-only: not the primary (yet)
 
 
-class PostgresStore(AllTables, Committer):
+class PostgresStore(AllTables, NoUserTables, Committer):
     """The storage port on a PostgreSQL database (see the module's comment).
 
     `PostgresStore(url, durability, fence, threaded=True)`: `url` is libpq's (a URL or a

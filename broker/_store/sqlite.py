@@ -76,11 +76,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core.ports import Row
-from .commit import Batch, Committer, Connection, Plan, apply_statements
+from .commit import Batch, Connection, Plan, apply_statements
 from .errors import StoreError, StoreFailure, StoreUnavailable, describe_failure
 from .port import Store
 from .schema import MEMORY, READER_CACHE_KIB, WRITER_CACHE_KIB, connect, create
 from .tables import MULTI_ROW, ROW_COUNTS, AllTables
+from .user_tables import UserTables
 
 if TYPE_CHECKING:
     from .port import ManualStore
@@ -186,7 +187,7 @@ class DiskReserve:
         return True
 
 
-class SQLiteStore(AllTables, Committer):
+class SQLiteStore(AllTables, UserTables):
     """The storage port on one SQLite file, with group commit on one background thread
     (see the module's comment)."""
 
@@ -226,6 +227,8 @@ class SQLiteStore(AllTables, Committer):
     # ---- commits --------------------------------------------------------------------------
 
     def _plan(self, weight: int) -> Plan:
+        if self._tables_busy():
+            return Plan.THREAD  # after the users' table statements (see `user_tables`)
         if (
             self.durability == "os"
             and self.trouble is None
@@ -264,6 +267,7 @@ class SQLiteStore(AllTables, Committer):
         checkpoint the WAL when they are committed. Returns the rows written and when
         this began (perf_counter), for `_finish`."""
         self._injected_failure()
+        self._end_provisional()
         db = self._db
         if checkpoint is not self._auto_checkpoint:
             db.execute(f"PRAGMA wal_autocheckpoint={AUTO_CHECKPOINT if checkpoint else 0}")
@@ -346,6 +350,7 @@ class SQLiteStore(AllTables, Committer):
         assert self._loop is not None
 
         def run() -> int:
+            self._end_provisional()
             surplus = self._free_pages() - KEEP_FREE_PAGES
             if surplus > 0:
                 self._vacuum(min(surplus, IDLE_VACUUM_PAGES))

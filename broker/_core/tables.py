@@ -1,0 +1,303 @@
+"""Users' tables: the `execute` operation, table locks, and table statements committed
+with their transaction.
+
+Theory of operation. A table statement (T-SQL: CREATE / ALTER / DROP TABLE, CREATE /
+DROP INDEX, INSERT, UPDATE, DELETE, SELECT) runs in the session's transaction, or in a
+transaction of its own outside one. The store translates it (refusing what it cannot
+run) and runs it at once, provisionally, for its answer; the transaction keeps it, and
+its commit writes it again in the commit's batch, with the RECEIVEs, SENDs and ENDs of
+the same transaction (see `_store.user_tables`). A rollback forgets it, a rollback to a
+savepoint forgets those after the savepoint.
+
+Isolation is serializable, by table locks: before it runs, a statement locks every
+table it names, shared to read, exclusive to change (a shared lock is upgraded when
+the same transaction changes the table later). Locks are held to the end of the
+transaction; a transaction that changed tables keeps its locks until its commit's
+batch is durable, so that the next statement on those tables, provisional or at
+commit, starts from exactly the rows that batch left (this is what makes the second
+run give the first run's results). A lock held by another transaction makes the
+statement wait, at most `statement_timeout` seconds (then a timeout error), and a wait
+that would close a cycle of waits is a deadlock: the statement fails at once. Either
+way the statement fails and the client decides (usually: roll back and try again).
+`statement_timeout` also bounds the statement's run on the store.
+
+Who may do what is asked of `authorize` (the daemon's permissions), with the translated
+statement; `created` and `dropped` hear of tables once their CREATE or DROP commits.
+`names` are the tables that exist, committed (by key, `names.qualify`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Final
+
+from ssb.protocol import ErrorCode
+
+from .._errors import BrokerError, bad_argument
+from .names import qualify
+from .ports import Clock, Journal, TableError, TableStatement
+from .transactions import Session, Transaction, Transactions
+
+MAX_PARAMETERS: Final = 2100  # SQL Server's limit on a statement's parameters
+DEFAULT_STATEMENT_TIMEOUT: Final = 30.0
+SHARED: Final = "S"
+EXCLUSIVE: Final = "X"
+_VALUE_TYPES: Final = (type(None), bool, int, float, str, bytes, uuid.UUID, Decimal)
+
+
+def table_error(exc: TableError) -> BrokerError:
+    return BrokerError(ErrorCode.SQL_ERROR, str(exc))
+
+
+@dataclass(slots=True, eq=False)
+class _Lock:
+    """One table's lock: who holds it and how, and who waits for it, in order."""
+
+    holders: dict[Transaction, str] = field(default_factory=dict)
+    waiters: deque[tuple[Transaction, str, asyncio.Future[None]]] = field(default_factory=deque)
+
+    def grantable(self, txn: Transaction, mode: str) -> bool:
+        others = [m for t, m in self.holders.items() if t is not txn]
+        if not others:
+            return not self.waiters or txn in self.holders
+        return mode == SHARED and EXCLUSIVE not in others and not self.waiters
+
+
+class TableLocks:
+    """Every table lock, by table key (see the module's comment)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._locks: dict[str, _Lock] = {}
+        self._held: dict[Transaction, set[str]] = {}
+        self._waiting: dict[Transaction, str] = {}  # the table each waiter waits for
+
+    def held(self, txn: Transaction) -> set[str]:
+        return self._held.get(txn, set())
+
+    async def acquire(self, txn: Transaction, table: str, mode: str, timeout: float) -> None:
+        lock = self._locks.setdefault(table, _Lock())
+        if lock.holders.get(txn) == EXCLUSIVE or lock.holders.get(txn) == mode:
+            return
+        if lock.grantable(txn, mode):
+            self._grant(lock, txn, table, mode)
+            return
+        if self._closes_cycle(txn, table):
+            raise BrokerError(
+                ErrorCode.LOCK_TIMEOUT,
+                f"deadlock: table {table} is locked by a transaction that waits for one this"
+                " transaction holds; roll back and try again",
+            )
+        future: asyncio.Future[None] = self.clock.create_future()
+        lock.waiters.append((txn, mode, future))
+        self._waiting[txn] = table
+
+        def expire() -> None:
+            if not future.done():
+                future.set_exception(
+                    BrokerError(
+                        ErrorCode.LOCK_TIMEOUT,
+                        f"table {table} stayed locked by another transaction for {timeout:g} s"
+                        " (statement_timeout); the statement did not run",
+                    )
+                )
+
+        timer = self.clock.call_at(self.clock.time() + timeout, expire)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._waiting.pop(txn, None)
+            if not future.done():
+                future.cancel()
+            lock.waiters = deque(w for w in lock.waiters if w[2] is not future)
+            self._wake(table)
+
+    def _grant(self, lock: _Lock, txn: Transaction, table: str, mode: str) -> None:
+        lock.holders[txn] = EXCLUSIVE if EXCLUSIVE in (mode, lock.holders.get(txn)) else mode
+        self._held.setdefault(txn, set()).add(table)
+
+    def _closes_cycle(self, txn: Transaction, table: str) -> bool:
+        """Whether `txn` waiting for `table` would wait, through others, for itself."""
+        seen: set[Transaction] = set()
+        pending = [t for t in self._locks[table].holders if t is not txn]
+        while pending:
+            other = pending.pop()
+            if other is txn:
+                return True
+            if other in seen:
+                continue
+            seen.add(other)
+            waits_for = self._waiting.get(other)
+            if waits_for is not None:
+                pending += [t for t in self._locks[waits_for].holders if t is not other]
+        return False
+
+    def release(self, txn: Transaction) -> None:
+        for table in self._held.pop(txn, set()):
+            lock = self._locks[table]
+            lock.holders.pop(txn, None)
+            self._wake(table)
+
+    def _wake(self, table: str) -> None:
+        lock = self._locks.get(table)
+        if lock is None:
+            return
+        while lock.waiters:
+            txn, mode, future = lock.waiters[0]
+            if future.done():
+                lock.waiters.popleft()
+                continue
+            others = [m for t, m in lock.holders.items() if t is not txn]
+            if others and not (mode == SHARED and EXCLUSIVE not in others):
+                break
+            lock.waiters.popleft()
+            self._grant(lock, txn, table, mode)
+            future.set_result(None)
+        if not lock.holders and not lock.waiters:
+            del self._locks[table]
+
+
+class Tables:
+    """The `execute` operation and its transactions' table statements."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        clock: Clock,
+        transactions: Transactions,
+        statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
+    ) -> None:
+        self.journal = journal
+        self.transactions = transactions
+        self.statement_timeout = statement_timeout
+        self.locks = TableLocks(clock)
+        self.names: set[str] = set()
+        # the daemon's permissions: raise PERMISSION_DENIED, or return
+        self.authorize: Callable[[Session, TableStatement], None] = lambda s, st: None
+        self.created: Callable[[str, str], None] = lambda key, login: None
+        self.dropped: Callable[[str], None] = lambda key: None
+
+    def load(self, names: list[tuple[str, str]]) -> None:
+        """The tables that exist, (database, table), at start."""
+        self.names = {qualify(database, table) for database, table in names}
+
+    def operations(self) -> dict[str, Callable[..., Any]]:
+        return {"execute": self.execute}
+
+    async def execute(
+        self, session: Session, sql: object, parameters: object = None
+    ) -> dict[str, Any]:
+        """Operation: run one table statement in the session's transaction (outside one,
+        in its own). `parameters`: a list (@p1, @p2, ...) or a dict by name (without @).
+
+        Returns:
+            {"columns": [...], "rows": [[...], ...], "rowcount": n}.
+        """
+        if not isinstance(sql, str) or not sql.strip():
+            raise bad_argument("sql must be the text of one table statement")
+        values = _values(parameters)
+        try:
+            statement = self.journal.translate_table_statement(sql, session.database)
+        except TableError as exc:
+            raise table_error(exc) from None
+        self.authorize(session, statement)
+        txn = self.transactions.current(session)
+        if not txn.login:
+            txn.login = session.user
+        try:
+            for table in sorted(statement.tables):
+                mode = EXCLUSIVE if table in statement.writes else SHARED
+                key = qualify(statement.database, table)
+                await self.locks.acquire(txn, key, mode, self.statement_timeout)
+            if txn.explicit and session.txn is not txn:
+                raise BrokerError(ErrorCode.NO_TRANSACTION, "the transaction ended meanwhile")
+            answer = await self.journal.run_table_statement(
+                txn, txn.table_statements, statement, values, self.statement_timeout
+            )
+        except TableError as exc:
+            self._failed(txn)
+            raise table_error(exc) from None
+        except BaseException:
+            self._failed(txn)
+            raise
+        txn.table_statements.append((statement, values))
+        if not txn.explicit:
+            self.transactions.finish(txn)
+        return {
+            "columns": list(answer.columns),
+            "rows": [list(row) for row in answer.rows],
+            "rowcount": answer.rowcount,
+        }
+
+    def _failed(self, txn: Transaction) -> None:
+        """A statement failed: a transaction of its own ends with it (its locks go)."""
+        if not txn.explicit:
+            self.undo(txn)
+
+    # ---- the transaction's end ----------------------------------------------------------
+
+    def apply_commit(self, txn: Transaction) -> None:
+        """Commit: the statements join the open batch; the locks go once it is durable
+        (at once when nothing was changed)."""
+        statements = txn.table_statements
+        if not statements:
+            self.locks.release(txn)
+            return
+        self.journal.write_table_statements(statements)
+        self.journal.forget_table_statements(txn)
+        for statement, _ in statements:
+            for table, permission in statement.writes.items():
+                key = qualify(statement.database, table)
+                if permission == "CREATE":
+                    self.names.add(key)
+                    self.created(key, txn.login or txn.session.user)
+                elif permission == "DROP":
+                    self.names.discard(key)
+                    self.dropped(key)
+        txn.table_statements = []
+        if any(statement.kind != "query" for statement, _ in statements):
+            self.journal.when_durable(self.journal.watermark(), lambda: self.locks.release(txn))
+        else:
+            self.locks.release(txn)
+
+    def undo(self, txn: Transaction) -> None:
+        """Rollback: the statements are forgotten, the locks go."""
+        txn.table_statements = []
+        self.journal.forget_table_statements(txn)
+        self.locks.release(txn)
+
+    def undo_to(self, txn: Transaction, statements: int) -> None:
+        """Rollback to a savepoint that came after `statements` statements (locks stay)."""
+        del txn.table_statements[statements:]
+        self.journal.forget_table_statements(txn)
+
+
+def _values(parameters: object) -> dict[str, Any]:
+    """A statement's values by parameter name (lower case, without @)."""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, (list, tuple)):
+        named = {f"p{i}": v for i, v in enumerate(parameters, 1)}
+    elif isinstance(parameters, dict):
+        named = {}
+        for key, value in parameters.items():
+            if not isinstance(key, str) or not key.lstrip("@"):
+                raise bad_argument(f"a parameter's name is a text, got {key!r}")
+            named[key.lstrip("@").lower()] = value
+    else:
+        raise bad_argument("parameters are a list (@p1, @p2, ...) or a dict by name")
+    if len(named) > MAX_PARAMETERS:
+        raise bad_argument(f"a statement takes at most {MAX_PARAMETERS} parameters")
+    for name, value in named.items():
+        if not isinstance(value, _VALUE_TYPES):
+            raise bad_argument(
+                f"parameter @{name} is a {type(value).__name__}; values are numbers, text,"
+                " bytes, UUIDs or None"
+            )
+    return named

@@ -1,0 +1,487 @@
+"""Users' table statements: T-SQL translated to the store's SQL, refused before anything
+runs when the translation does not know them.
+
+Theory of operation. `translate` reads one T-SQL statement with sqlglot (read="tsql"),
+checks every part of it against what the store can run as SQL Server would, rewrites
+it and writes it in the store's dialect (SQLite). What it accepts: CREATE / ALTER (ADD
+a column) / DROP TABLE, CREATE / DROP INDEX, INSERT (VALUES, SELECT, OUTPUT inserted.*),
+UPDATE (OUTPUT inserted.*), DELETE (OUTPUT deleted.*) and SELECT (joins, grouping, TOP,
+ORDER BY). Anything else is refused with a `TableError` saying so.
+
+Names. A user's table lives in the namespace of its broker database: table `t` of
+database `sales` is SQLite's `"u:sales:t"` (lower case: SQL Server names are without
+case), and its indexes `"u:sales:t:index"`. The store's own tables never hold a colon,
+so the two can never meet; a name must be a regular identifier (letters, digits, `_`,
+`@`, `#`, `$`, not starting with a digit), at most 128 characters, in schema `dbo` of
+the session's database. A table named without an alias keeps its own name as alias, so
+`t.col` still means its column.
+
+Values. Parameters are `@name` (`@p1`, `@g`: the client's named or positional values);
+GETDATE(), SYSDATETIME(), SYSUTCDATETIME(), GETUTCDATE() and NEWID() are evaluated once,
+when the statement runs, and bound as parameters: the statement then gives the same
+result when the store runs it again at commit (see `user_tables`). Columns keep their
+declared SQL Server type as SQLite's type name (it gives the column SQLite's matching
+affinity); `INT IDENTITY(1,1) PRIMARY KEY` becomes SQLite's INTEGER PRIMARY KEY
+AUTOINCREMENT, whose values never repeat either.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ErrorLevel, SqlglotError
+
+from .._core.ports import TableError
+
+MAX_NAME: Final = 128
+MAX_STATEMENT: Final = 256 * 1024  # characters of one statement's text
+PREFIX: Final = "u:"
+_NAME: Final = re.compile(r"[A-Za-z_@#$][A-Za-z0-9_@#$]*\Z")
+# functions whose value changes from one evaluation to the next: bound once per statement
+VOLATILE: Final = {
+    exp.CurrentTimestamp: "now",
+    exp.CurrentDatetime: "now",
+    exp.UtcTimestamp: "utcnow",
+    exp.Uuid: "newid",
+}
+_VOLATILE_NAMES: Final = {
+    "GETDATE": "now",
+    "SYSDATETIME": "now",
+    "CURRENT_TIMESTAMP": "now",
+    "GETUTCDATE": "utcnow",
+    "SYSUTCDATETIME": "utcnow",
+    "NEWID": "newid",
+}
+_STATEMENTS: Final = (exp.Select, exp.Union, exp.Insert, exp.Update, exp.Delete)
+_REFUSED: Final = {
+    exp.Merge: "MERGE",
+    exp.Into: "SELECT ... INTO",
+    exp.Lateral: "APPLY",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One translated statement.
+
+    Attributes:
+        kind: "query" (SELECT), "change" (INSERT / UPDATE / DELETE) or "ddl".
+        sql: the store's SQL, its parameters bound by position (`?1`...).
+        replay: the same without its OUTPUT, for the run at commit.
+        parameters: the names of the parameters it binds, in order (without @, lower
+            case; the volatile functions' own ones included).
+        volatile: (parameter, function) pairs to evaluate once when it runs ("now",
+            "utcnow", "newid").
+        reads: the tables it reads, by their names in the database (lower case).
+        writes: table -> the permission its change needs (INSERT, UPDATE, DELETE; ALTER
+            for an index or ALTER TABLE, DROP for a DROP, CREATE for a new table).
+        returns_rows: a SELECT, or a change with OUTPUT.
+        database: the broker database it runs in.
+    """
+
+    kind: str
+    sql: str
+    replay: str
+    parameters: tuple[str, ...]
+    volatile: tuple[tuple[str, str], ...]
+    reads: frozenset[str]
+    writes: dict[str, str] = field(hash=False)
+    returns_rows: bool
+    database: str
+
+    @property
+    def tables(self) -> frozenset[str]:
+        """Every table it touches."""
+        return self.reads | self.writes.keys()
+
+
+def refused(what: str, instead: str = "") -> TableError:
+    return TableError(f"{what} is not supported by ssb's tables{'; ' + instead if instead else ''}")
+
+
+def store_name(database: str, table: str) -> str:
+    """SQLite's name for `table` of `database`."""
+    return f"{PREFIX}{database}:{table.lower()}"
+
+
+def shown_name(name: str) -> tuple[str, str] | None:
+    """(database, table) of a SQLite name `store_name` made (None: not a user's table)."""
+    if not name.startswith(PREFIX) or name.count(":") != 2:
+        return None
+    database, table = name[len(PREFIX) :].split(":")
+    return database, table
+
+
+def _check_name(name: str, what: str) -> str:
+    if not name or len(name) > MAX_NAME or not _NAME.match(name):
+        raise TableError(
+            f"{what} {name[:MAX_NAME]!r} is not a regular identifier (letters, digits, _, @,"
+            f" # and $, not starting with a digit, at most {MAX_NAME} characters)"
+        )
+    if name.startswith("#"):
+        raise refused("a temporary table (#name)", "use a table variable in T-SQL")
+    return name.lower()
+
+
+def _table_name(table: exp.Table, database: str) -> str:
+    """The table's name in the database (lower case), after checking its parts."""
+    if table.catalog and table.catalog.lower() != database.lower():
+        raise refused(
+            f"naming another database's table ({table.catalog}.{table.db}.{table.name})",
+            f"USE {table.catalog} first",
+        )
+    if table.db and table.db.lower() != "dbo":
+        if table.db.lower() == "sys":
+            raise refused(f"joining tables with the catalog view sys.{table.name}")
+        raise TableError(f"schema {table.db!r} does not exist: tables are in schema dbo")
+    if not isinstance(table.this, exp.Identifier):
+        raise refused("a table-valued expression in FROM")
+    if table.this.args.get("temporary"):
+        raise refused("a temporary table (#name)", "use a table variable in T-SQL")
+    return _check_name(table.name, "table name")
+
+
+def _rename(table: exp.Table, database: str, *, alias: bool) -> str:
+    name = _table_name(table, database)
+    if alias and not table.alias:
+        table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=True)))
+    table.set("this", exp.to_identifier(store_name(database, name), quoted=True))
+    table.set("db", None)
+    table.set("catalog", None)
+    return name
+
+
+_TYPES: Final = {
+    "INT",
+    "INTEGER",
+    "BIGINT",
+    "SMALLINT",
+    "TINYINT",
+    "BIT",
+    "DECIMAL",
+    "NUMERIC",
+    "MONEY",
+    "SMALLMONEY",
+    "FLOAT",
+    "REAL",
+    "CHAR",
+    "VARCHAR",
+    "NCHAR",
+    "NVARCHAR",
+    "TEXT",
+    "NTEXT",
+    "XML",
+    "DATE",
+    "TIME",
+    "DATETIME",
+    "DATETIME2",
+    "SMALLDATETIME",
+    "DATETIMEOFFSET",
+    "UNIQUEIDENTIFIER",
+    "BINARY",
+    "VARBINARY",
+    "IMAGE",
+}
+
+
+def _column_type(kind: exp.DataType) -> exp.DataType:
+    """The column's SQL Server type, written as SQLite's type name."""
+    text = kind.sql("tsql").upper()
+    base = text.split("(")[0].strip()
+    if base not in _TYPES:
+        raise refused(f"the column type {text}")
+    return exp.DataType(this=exp.DataType.Type.USERDEFINED, kind=re.sub(r"\(\s*MAX\s*\)", "", text))
+
+
+def _column(column: exp.ColumnDef) -> None:
+    _check_name(column.name, "column name")
+    column.this.set("quoted", True)
+    kind = column.args.get("kind")
+    if not isinstance(kind, exp.DataType):
+        raise TableError(f"column {column.name} needs a type")
+    identity = None
+    primary = False
+    for constraint in column.constraints:
+        what = constraint.kind
+        if isinstance(what, exp.GeneratedAsIdentityColumnConstraint):
+            identity = what
+        elif isinstance(what, exp.PrimaryKeyColumnConstraint):
+            primary = True
+        elif not isinstance(
+            what,
+            exp.NotNullColumnConstraint
+            | exp.DefaultColumnConstraint
+            | exp.UniqueColumnConstraint
+            | exp.CheckColumnConstraint,
+        ):
+            raise refused(f"the column constraint {constraint.sql('tsql')}")
+    if identity is None:
+        column.set("kind", _column_type(kind))
+        return
+    seed, step = identity.args.get("start"), identity.args.get("increment")
+    if (
+        not primary
+        or kind.this not in (exp.DataType.Type.INT, exp.DataType.Type.BIGINT)
+        or any(v is not None and v.sql() != "1" for v in (seed, step))
+    ):
+        raise refused(
+            f"IDENTITY on column {column.name} as declared",
+            "declare it INT IDENTITY(1,1) PRIMARY KEY (or BIGINT)",
+        )
+    column.set("kind", exp.DataType.build("INTEGER"))
+    column.set(
+        "constraints",
+        [
+            exp.ColumnConstraint(kind=exp.PrimaryKeyColumnConstraint()),
+            exp.ColumnConstraint(kind=exp.AutoIncrementColumnConstraint()),
+            *(
+                c
+                for c in column.constraints
+                if not isinstance(
+                    c.kind, exp.GeneratedAsIdentityColumnConstraint | exp.PrimaryKeyColumnConstraint
+                )
+            ),
+        ],
+    )
+
+
+def _create(node: exp.Create, database: str, writes: dict[str, str]) -> None:
+    kind = node.args.get("kind", "").upper()
+    if kind == "TABLE":
+        schema = node.this
+        if not isinstance(schema, exp.Schema) or not isinstance(schema.this, exp.Table):
+            raise refused("CREATE TABLE without a column list (or AS SELECT)")
+        if node.expression is not None:
+            raise refused("CREATE TABLE ... AS SELECT")
+        name = _rename(schema.this, database, alias=False)
+        writes[name] = "CREATE"
+        for item in schema.expressions:
+            if isinstance(item, exp.ColumnDef):
+                _column(item)
+            elif not isinstance(item, exp.Constraint | exp.PrimaryKey | exp.UniqueColumnConstraint):
+                raise refused(f"{item.sql('tsql')} in CREATE TABLE")
+        return
+    if kind == "INDEX":
+        index = node.this
+        if not isinstance(index, exp.Index) or not isinstance(index.args.get("table"), exp.Table):
+            raise refused("this form of CREATE INDEX")
+        table = _rename(index.args["table"], database, alias=False)
+        index_name = _check_name(index.name, "index name")
+        index.set("this", exp.to_identifier(f"{store_name(database, table)}:{index_name}", True))
+        params = index.args.get("params")
+        for part, what in (("include", "INCLUDE"), ("with_storage", "WITH (options)")):
+            if params is not None and params.args.get(part):
+                raise refused(f"CREATE INDEX ... {what}")
+        writes[table] = "ALTER"
+        return
+    raise refused(f"CREATE {kind or 'this'}")
+
+
+def _drop(node: exp.Drop, database: str, writes: dict[str, str]) -> exp.Expression:
+    kind = node.args.get("kind", "").upper()
+    tables = node.args.get("tables") or []
+    if len(tables) != 1 or not isinstance(tables[0], exp.Table):
+        raise refused(f"this form of DROP {kind}", f"drop one {kind.lower()} per statement")
+    if kind == "TABLE":
+        writes[_rename(tables[0], database, alias=False)] = "DROP"
+        return node
+    if kind == "INDEX":
+        # T-SQL's DROP INDEX name ON table
+        cluster = node.args.get("cluster")
+        table = cluster.this if isinstance(cluster, exp.OnProperty) else None
+        if not isinstance(table, exp.Table):
+            raise refused("DROP INDEX without ON table", "write DROP INDEX name ON table")
+        table_name = _table_name(table, database)
+        index_name = _check_name(tables[0].name, "index name")
+        writes[table_name] = "ALTER"
+        full = f"{store_name(database, table_name)}:{index_name}"
+        exists = " IF EXISTS" if node.args.get("exists") else ""
+        return exp.Command(this="DROP", expression=f"INDEX{exists} {_quote(full)}")
+    raise refused(f"DROP {kind or 'this'}")
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _alter(node: exp.Alter, database: str, writes: dict[str, str]) -> None:
+    if node.args.get("kind", "").upper() != "TABLE" or not isinstance(node.this, exp.Table):
+        raise refused("this ALTER")
+    actions = node.args.get("actions") or []
+    if len(actions) != 1 or not isinstance(actions[0], exp.ColumnDef):
+        raise refused("this ALTER TABLE", "ALTER TABLE ... ADD one column per statement")
+    _column(actions[0])
+    writes[_rename(node.this, database, alias=False)] = "ALTER"
+
+
+def _output(node: exp.Expression, allowed: str) -> bool:
+    """OUTPUT inserted.* / deleted.* as RETURNING; True when there is one."""
+    returning = node.args.get("returning")
+    if returning is None:
+        return False
+    if returning.args.get("into"):
+        raise refused("OUTPUT ... INTO")
+    for column in returning.find_all(exp.Column):
+        table = column.table.lower()
+        if table and table != allowed:
+            raise refused(
+                f"OUTPUT {column.table}.{column.name} here", f"this statement outputs {allowed}.*"
+            )
+        column.set("table", None)
+    return True
+
+
+def _values(node: exp.Expression) -> tuple[list[str], list[tuple[str, str]]]:
+    """Parameters by name, and volatile functions replaced by parameters."""
+    volatile: list[tuple[str, str]] = []
+    for call in list(node.find_all(exp.Func)):
+        if call.find_ancestor(exp.DefaultColumnConstraint) is not None:
+            _default(call)
+            continue
+        function = VOLATILE.get(type(call))
+        if function is None and isinstance(call, exp.Anonymous):
+            function = _VOLATILE_NAMES.get(call.name.upper())
+        if function is None:
+            if isinstance(call, exp.Anonymous):
+                raise refused(f"the function {call.name.upper()}()")
+            continue
+        name = f"__v{len(volatile)}"
+        volatile.append((name, function))
+        call.replace(exp.Parameter(this=exp.Var(this=name)))
+    names: list[str] = []
+    for parameter in list(node.find_all(exp.Parameter)):
+        name = parameter.name.lower()
+        if name.startswith("@"):
+            raise refused(f"the system variable @{name}", "OUTPUT inserted.* gives new identities")
+        if name not in names:
+            names.append(name)
+        # SQLite's ?NNN: the statement binds its values by position, in `names` order
+        parameter.replace(exp.Var(this=f"?{names.index(name) + 1}"))
+    return names, volatile
+
+
+def _default(call: exp.Func) -> None:
+    """A function in a column's DEFAULT: a time is SQLite's CURRENT_TIMESTAMP (UTC, taken
+    when the row is written, on each run of the statement)."""
+    function = VOLATILE.get(type(call)) or _VOLATILE_NAMES.get(call.name.upper())
+    if function in ("now", "utcnow"):
+        call.replace(exp.CurrentTimestamp())
+    elif function is not None or isinstance(call, exp.Anonymous):
+        raise refused(f"the function {call.sql('tsql')} in a DEFAULT")
+
+
+def _sources(
+    node: exp.Expression, database: str, reads: set[str], target: exp.Table | None = None
+) -> None:
+    """Every table a statement reads (all but its `target`), renamed into the database's
+    namespace (CTEs by their own names are left alone)."""
+    ctes = {cte.alias.lower() for cte in node.find_all(exp.CTE)}
+    for table in list(node.find_all(exp.Table)):
+        if table is target:
+            continue
+        if not table.db and not table.catalog and table.name.lower() in ctes:
+            continue
+        reads.add(_rename(table, database, alias=True))
+
+
+def translate(text: str, database: str) -> Statement:
+    """One T-SQL statement of a session in `database`, in the store's SQL.
+
+    Raises:
+        TableError: it cannot be translated, or is not supported (nothing has run).
+    """
+    if len(text) > MAX_STATEMENT:
+        raise TableError(f"a statement has at most {MAX_STATEMENT} characters")
+    try:
+        parsed = [p for p in sqlglot.parse(text, read="tsql") if p is not None]
+    except SqlglotError as exc:
+        raise TableError(f"cannot read the statement: {str(exc).splitlines()[0]}") from None
+    if len(parsed) != 1:
+        raise TableError(f"one statement per call, got {len(parsed)}")
+    node = parsed[0]
+    for form, what in _REFUSED.items():
+        if isinstance(node, form) or node.find(form) is not None:
+            raise refused(what)
+    if isinstance(node, exp.Command):
+        raise refused(f"the statement {node.name.upper()}")
+    writes: dict[str, str] = {}
+    reads: set[str] = set()
+    returns_rows = False
+    if isinstance(node, exp.Create):
+        _create(node, database, writes)
+        kind = "ddl"
+    elif isinstance(node, exp.Drop):
+        node = _drop(node, database, writes)
+        kind = "ddl"
+    elif isinstance(node, exp.Alter):
+        _alter(node, database, writes)
+        kind = "ddl"
+    elif isinstance(node, _STATEMENTS):
+        kind, returns_rows = _dml(node, database, reads, writes)
+    else:
+        raise refused(f"the statement {node.key.upper()}")
+    names, volatile = _values(node)
+    sql = _written(node)
+    replay = sql
+    if node.args.get("returning") is not None:
+        node.set("returning", None)
+        replay = _written(node)
+    return Statement(
+        kind,
+        sql,
+        replay,
+        tuple(names),
+        tuple(volatile),
+        frozenset(reads - writes.keys()),
+        writes,
+        returns_rows,
+        database,
+    )
+
+
+def _written(node: exp.Expression) -> str:
+    if isinstance(node, exp.Command):
+        return f"{node.name} {node.expression}"
+    try:
+        return node.sql(dialect="sqlite", identify=True, unsupported_level=ErrorLevel.RAISE)
+    except SqlglotError as exc:
+        raise TableError(f"cannot translate the statement: {exc}") from None
+
+
+def _dml(
+    node: exp.Expression, database: str, reads: set[str], writes: dict[str, str]
+) -> tuple[str, bool]:
+    if isinstance(node, exp.Select | exp.Union):
+        for select in node.find_all(exp.Select):
+            if any(
+                isinstance(e, exp.EQ) and isinstance(e.this, exp.Parameter)
+                for e in select.expressions
+            ):
+                raise refused("SELECT @variable = ... on the broker", "the T-SQL session assigns")
+        _sources(node, database, reads)
+        return "query", True
+    target = node.this
+    if isinstance(target, exp.Schema):
+        target = target.this
+    if not isinstance(target, exp.Table):
+        raise refused(f"this form of {node.key.upper()}")
+    if isinstance(node, exp.Insert):
+        verb, output = "INSERT", "inserted"
+    elif isinstance(node, exp.Update):
+        verb, output = "UPDATE", "inserted"
+        if node.args.get("from"):
+            raise refused("UPDATE ... FROM", "use a subquery in SET or WHERE")
+    else:
+        verb, output = "DELETE", "deleted"
+        if node.args.get("using"):
+            raise refused("DELETE ... FROM a join", "use a subquery in WHERE")
+    name = _rename(target, database, alias=not isinstance(node, exp.Insert))
+    returns_rows = _output(node, output)
+    _sources(node, database, reads, target)
+    writes[name] = verb
+    reads.discard(name)
+    return "change", returns_rows

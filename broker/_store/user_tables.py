@@ -1,0 +1,288 @@
+"""Users' tables in the store: statements run at once for their answers, and again, in
+order, in the batch of their transaction's commit.
+
+Theory of operation. The store is write-behind with group commit (see `commit`): a
+transaction's writes join the open batch when it commits and reach the disk with other
+transactions' writes in one database transaction. A user's table statement cannot wait
+for that: its rows, row count, constraint errors and new identities are its answer. So
+each statement runs twice.
+
+1. At once, *provisionally*: on the store thread, on the writer connection, inside a
+   database transaction that is never committed. The transaction's earlier statements
+   are already applied in it, so the statement sees its own transaction's changes; its
+   result is captured and answered. That database transaction stays open while the
+   same transaction's statements follow one another (each costs one statement, not all
+   of them again) and is rolled back only when the connection is needed for anything
+   else: a commit, an idle checkpoint, another transaction's statement (which then
+   replays its own transaction's earlier statements first). While it is open, or a
+   statement is on its way to the thread, every commit runs on the store thread, after
+   it (the thread runs its work in order).
+2. At commit: the transaction's statements join the open batch, in order, with the same
+   values (GETDATE() and NEWID() were evaluated once and bound, see `user_sql`), and are
+   written atomically with the transaction's RECEIVE, SEND and END CONVERSATION.
+
+The second run gives the first run's results because the core locks the tables a
+transaction touches until its batch is durable (`_core.tables`): no other transaction's
+change to them can come between, and both runs start from the durable rows. A failure
+of the second run would be a bug, and is handled as any commit that fails for good.
+
+Only SQLite's store runs them; the PostgreSQL store refuses table statements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import re
+import sqlite3
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Final
+
+from .._core.ports import TableError, TableStatement
+from . import user_sql
+from .commit import Committer
+from .user_sql import Statement
+
+PROGRESS_STEPS: Final = 10_000  # SQLite steps between looks at a statement's deadline
+MAX_ANSWER_ROWS: Final = 100_000  # rows one statement may answer
+MAX_ANSWER_BYTES: Final = 32 * 1024 * 1024  # what they may weigh, about (half a frame)
+_STORE_NAME: Final = re.compile(r'"?u:[^:"\s]+:([^:"\s]+)(?::([^"\s]+))?"?')
+
+
+@dataclass(slots=True)
+class TableAnswer:
+    """A statement's answer: rows (with their column names) or a row count."""
+
+    columns: list[str] = field(default_factory=list)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    rowcount: int = 0
+
+
+def shown(text: str) -> str:
+    """A database message in the user's names (the store's names of tables and indexes
+    become theirs)."""
+    return _STORE_NAME.sub(lambda m: m.group(2) or m.group(1), text)
+
+
+def _bound(value: Any) -> Any:
+    """A client's value as SQLite binds it."""
+    if value is None or isinstance(value, (int, float, str, bytes)):
+        return int(value) if isinstance(value, bool) else value
+    if isinstance(value, uuid.UUID):
+        return str(value).upper()  # as SQL Server writes a uniqueidentifier
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat(sep=" ") if isinstance(value, dt.datetime) else value.isoformat()
+    raise TableError(
+        f"a parameter is a number, text, bytes, a UUID, a time or NULL, not {type(value).__name__}"
+    )
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _evaluate(function: str) -> Any:
+    if function == "newid":
+        return str(uuid.uuid4()).upper()
+    now = dt.datetime.now(dt.UTC if function == "utcnow" else None)
+    return now.replace(tzinfo=None).isoformat(sep=" ", timespec="milliseconds")
+
+
+def parameters(statement: Statement, values: dict[str, Any]) -> tuple[Any, ...]:
+    """The statement's positional parameters from the values by name.
+
+    Raises:
+        TableError: a value is missing, or of a type SQLite cannot hold.
+    """
+    bound = []
+    for name in statement.parameters:
+        if name not in values:
+            raise TableError(f"the statement uses @{name}, which was not given a value")
+        bound.append(_bound(values[name]))
+    return tuple(bound)
+
+
+class UserTables(Committer):
+    """The store's users' tables over the writer connection (see the module's comment)."""
+
+    # whose statements the writer holds in an open transaction, and how many of them
+    _provisional: tuple[object, int] | None = None
+    _table_jobs = 0  # statements on their way to the store thread (commits wait behind)
+
+    def translate_table_statement(self, text: str, database: str) -> Statement:
+        return user_sql.translate(text, database)
+
+    def load_table_names(self) -> list[tuple[str, str]]:
+        return [name for name, _ in self._table_names(self._db)]
+
+    def table_sizes(self) -> list[tuple[str, str, int]]:
+        """(database, table, rows) of every table, committed (a read on the loop)."""
+        return [
+            (*name, int(self._reader.execute(f"SELECT COUNT(*) FROM {_quote(raw)}").fetchone()[0]))
+            for name, raw in self._table_names(self._reader)
+        ]
+
+    @staticmethod
+    def _table_names(db: Any) -> list[tuple[tuple[str, str], str]]:
+        rows = db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'u:%' ORDER BY name"
+        ).fetchall()
+        return [(name, raw) for (raw,) in rows if (name := user_sql.shown_name(raw)) is not None]
+
+    async def run_table_statement(
+        self,
+        owner: object,
+        done: Sequence[tuple[TableStatement, dict[str, Any]]],
+        statement: TableStatement,
+        values: dict[str, Any],
+        timeout: float,
+    ) -> TableAnswer:
+        assert isinstance(statement, Statement)
+        for name, function in statement.volatile:
+            values[name] = _evaluate(function)
+        bound = parameters(statement, values)
+        if self._executor is None or self._loop is None:
+            return self._run(owner, done, statement, bound, timeout)
+        self._table_jobs += 1
+        try:
+            return await asyncio.wrap_future(
+                self._executor.submit(self._run, owner, done, statement, bound, timeout)
+            )
+        finally:
+            self._table_jobs -= 1
+
+    def forget_table_statements(self, owner: object) -> None:
+        # the writer's open transaction is rolled back when the connection is next used
+        if self._provisional is not None and self._provisional[0] is owner:
+            self._provisional = (None, 0)
+
+    def write_table_statements(
+        self, statements: Sequence[tuple[TableStatement, dict[str, Any]]]
+    ) -> None:
+        for statement, values in statements:
+            assert isinstance(statement, Statement)
+            # a statement object of its own: a batch shares one executemany between
+            # consecutive writes of the same object, which DDL cannot run
+            sql = statement.replay if statement.kind == "change" else statement.sql + " "
+            self._add(sql, parameters(statement, values))
+
+    def _tables_busy(self) -> bool:
+        """A provisional transaction is open or on its way: commits run on the thread."""
+        return self._table_jobs > 0 or self._provisional is not None
+
+    def _end_provisional(self) -> None:
+        """Roll the writer's provisional transaction back (store thread, or the loop
+        when nothing runs on the thread)."""
+        if self._provisional is not None:
+            self._provisional = None
+            db: Any = self._db
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+
+    def _run(
+        self,
+        owner: object,
+        done: Sequence[tuple[TableStatement, dict[str, Any]]],
+        statement: Statement,
+        bound: tuple[Any, ...],
+        timeout: float,
+    ) -> TableAnswer:
+        """Run `statement` in `owner`'s provisional transaction (store thread), for at
+        most `timeout` seconds (SQLite's progress handler interrupts it then)."""
+        db: Any = self._db
+        if self._provisional != (owner, len(done)):
+            self._end_provisional()
+            db.execute("BEGIN")
+            self._provisional = (owner, 0)
+            for earlier, values in done:
+                assert isinstance(earlier, Statement)
+                try:
+                    db.execute(earlier.sql, parameters(earlier, values)).fetchall()
+                except sqlite3.Error as exc:
+                    self._end_provisional()
+                    raise TableError(
+                        f"an earlier statement failed again: {shown(str(exc))}"
+                    ) from None
+            self._provisional = (owner, len(done))
+        db.execute("SAVEPOINT statement")
+        deadline = time.monotonic() + timeout
+        db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
+        try:
+            answer = _answer(db.execute(statement.sql, bound), statement)
+        except (sqlite3.Error, TableError) as exc:
+            db.execute("ROLLBACK TO statement")
+            db.execute("RELEASE statement")
+            if isinstance(exc, TableError):
+                raise
+            if time.monotonic() > deadline:
+                raise TableError(
+                    f"the statement ran longer than statement_timeout ({timeout:g} s) and was"
+                    " undone"
+                ) from None
+            raise TableError(shown(str(exc))) from None
+        finally:
+            db.set_progress_handler(None, 0)
+        db.execute("RELEASE statement")
+        self._provisional = (owner, len(done) + 1)
+        return answer
+
+
+def _answer(cursor: sqlite3.Cursor, statement: Statement) -> TableAnswer:
+    if not statement.returns_rows:
+        return TableAnswer(rowcount=max(cursor.rowcount, 0) if statement.kind == "change" else 0)
+    columns = [d[0] for d in cursor.description or ()]
+    rows: list[tuple[Any, ...]] = []
+    weight = 0
+    for row in cursor:
+        rows.append(row)
+        weight += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row) + 8
+        if len(rows) > MAX_ANSWER_ROWS or weight > MAX_ANSWER_BYTES:
+            raise TableError(
+                f"the answer is larger than {MAX_ANSWER_ROWS} rows or"
+                f" {MAX_ANSWER_BYTES // (1024 * 1024)} MiB; answers are not paged yet: ask"
+                " for fewer rows (TOP, WHERE) at a time"
+            )
+    return TableAnswer(columns, rows, len(rows))
+
+
+class NoUserTables:
+    """Users' tables on a store that does not hold them yet (PostgreSQL): every statement
+    is refused before it runs."""
+
+    def load_table_names(self) -> list[tuple[str, str]]:
+        return []
+
+    def table_sizes(self) -> list[tuple[str, str, int]]:
+        return []
+
+    def translate_table_statement(self, text: str, database: str) -> Statement:
+        raise TableError(
+            "tables are not supported on a PostgreSQL store yet; run them on a broker whose"
+            " store is SQLite"
+        )
+
+    async def run_table_statement(
+        self,
+        owner: object,
+        done: Sequence[tuple[TableStatement, dict[str, Any]]],
+        statement: TableStatement,
+        values: dict[str, Any],
+        timeout: float,
+    ) -> TableAnswer:
+        raise TableError("tables are not supported on a PostgreSQL store yet")
+
+    def forget_table_statements(self, owner: object) -> None:
+        pass
+
+    def write_table_statements(
+        self, statements: Sequence[tuple[TableStatement, dict[str, Any]]]
+    ) -> None:
+        assert not statements  # none could be translated

@@ -1,0 +1,76 @@
+"""The broker operation of users' tables, as a request builder.
+
+A table lives in a database of the broker, beside its queues; its statements are T-SQL
+(CREATE / ALTER / DROP TABLE, CREATE / DROP INDEX, INSERT, UPDATE, DELETE, SELECT) and
+run in the session's transaction, so they commit or roll back together with its
+RECEIVEs, SENDs and END CONVERSATIONs (see "Tables" in the documentation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ._calls import Call
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A table statement's answer.
+
+    Attributes:
+        columns: the names of the columns of `rows` (a SELECT, or a change with OUTPUT).
+        rows: the rows, as tuples.
+        rowcount: the rows the statement changed (INSERT, UPDATE, DELETE) or answered.
+    """
+
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+    rowcount: int
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def scalar(self) -> Any:
+        """The first column of the first row (None when there is no row)."""
+        return self.rows[0][0] if self.rows else None
+
+
+def _result(value: Any) -> Result:
+    return Result(
+        tuple(value.get("columns") or ()),
+        [tuple(row) for row in value.get("rows") or ()],
+        int(value.get("rowcount", 0)),
+    )
+
+
+def execute(sql: str, /, *parameters: Any, **named: Any) -> Call[Result]:
+    """Run one T-SQL table statement in the session's transaction (outside one, it
+    commits on its own).
+
+    Args:
+        sql: the statement; its parameters are @p1, @p2, ... (given in order) or @name
+            (given by name).
+        parameters: the values of @p1, @p2, ...
+        named: the values of @name parameters (not with positional ones).
+    Returns:
+        The statement's `Result`: rows and columns of a SELECT (or of OUTPUT), the
+        rows changed of an INSERT, UPDATE or DELETE.
+    Raises:
+        SqlError: the statement is not supported, cannot be translated or failed (a
+            constraint, a missing table): nothing of it was applied.
+    """
+    if not isinstance(sql, str):
+        raise TypeError(f"sql is a str, got {type(sql).__name__}")
+    if parameters and named:
+        raise TypeError("give the parameters in order (@p1, ...) or by name, not both")
+    arguments: dict[str, Any] = {"sql": sql}
+    if parameters:
+        arguments["parameters"] = list(parameters)
+    elif named:
+        arguments["parameters"] = dict(named)
+    return Call("execute", arguments, _result)

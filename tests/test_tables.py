@@ -1,0 +1,227 @@
+"""Users' tables on a live daemon, from Python: statements in the session's transaction,
+committed or rolled back with RECEIVE and SEND, isolation by table locks, permissions,
+and what outlives a kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+from daemon import BrokerProcess
+
+from ssb import client
+
+PASSWORD = "a-long-password"
+
+
+async def _queue_and_service(conn: client.Connection) -> None:
+    await conn.create_queue("Q")
+    await conn.create_service("S", queue="Q", contracts=["DEFAULT"])
+
+
+async def test_table_statements_answer_and_commit_with_the_messages(
+    broker: BrokerProcess,
+) -> None:
+    async with await client.connect(broker.url) as conn:
+        await _queue_and_service(conn)
+        await conn.execute(
+            "CREATE TABLE dbo.Orders (id INT IDENTITY(1,1) PRIMARY KEY,"
+            " conversation_group_id UNIQUEIDENTIFIER NOT NULL, body NVARCHAR(100) NOT NULL,"
+            " CONSTRAINT uq_body UNIQUE (body))"
+        )
+        handle = await conn.begin_dialog("S", "S")
+        await conn.send(handle, "DEFAULT", b"one")
+        async with conn.transaction():
+            [message] = await conn.receive("Q", timeout=5)
+            inserted = await conn.execute(
+                "INSERT INTO Orders (conversation_group_id, body) OUTPUT inserted.id"
+                " VALUES (@g, @body)",
+                g=message.conversation_group_id,
+                body=message.message_body.decode(),
+            )
+            assert inserted.columns == ("id",) and inserted.rows == [(1,)]
+            assert (await conn.execute("SELECT COUNT(*) FROM Orders")).scalar() == 1
+            await conn.send(message.conversation_handle, "DEFAULT", b"reply")
+        rows = await conn.execute("SELECT id, body FROM dbo.Orders ORDER BY id")
+        assert rows.rows == [(1, "one")] and rows.rowcount == 1
+        # a rollback takes the row back with the RECEIVE
+        await conn.send(handle, "DEFAULT", b"two")
+        await conn.begin_transaction()
+        got = await conn.receive("Q", timeout=5)
+        assert [m.message_body for m in got] == [b"reply"]  # the initiator's group
+        changed = await conn.execute(
+            "INSERT INTO Orders (conversation_group_id, body) VALUES (@p1, @p2), (@p1, @p3)",
+            got[0].conversation_group_id,
+            "two",
+            "three",
+        )
+        assert changed.rowcount == 2
+        await conn.rollback()
+        assert (await conn.execute("SELECT COUNT(*) FROM Orders")).scalar() == 1
+        again = await conn.receive("Q", timeout=5)
+        assert [m.message_body for m in again] == [b"reply"]  # it came back
+        # a failed statement changes nothing; the transaction goes on
+        await conn.begin_transaction()
+        await conn.execute("UPDATE Orders SET body = 'uno' WHERE id = 1")
+        with pytest.raises(client.SqlError, match="UNIQUE constraint failed"):
+            await conn.execute(
+                "INSERT INTO Orders (conversation_group_id, body) VALUES (NEWID(), 'uno')"
+            )
+        await conn.save_transaction("before")
+        await conn.execute("DELETE FROM Orders")
+        await conn.rollback_to_savepoint("before")
+        await conn.commit()
+        assert (await conn.execute("SELECT body FROM Orders")).rows == [("uno",)]
+        broker.restart()  # kill -9: what was acknowledged stays
+        assert (await conn.execute("SELECT body FROM Orders")).rows == [("uno",)]
+
+
+async def test_what_is_refused_is_refused_clearly(conn: client.Connection) -> None:
+    for sql, words in [
+        ("MERGE INTO t USING u ON t.a = u.a WHEN MATCHED THEN DELETE;", "MERGE is not supported"),
+        ("SELECT * FROM sys.tables", "catalog view sys.tables is not supported"),
+        ("SELECT * FROM #work", "temporary table"),
+        ("SELECT 1; SELECT 2", "one statement per call"),
+        ("SELECT MY_FUNCTION(a) FROM t", "the function MY_FUNCTION"),
+        ('CREATE TABLE "broker:x" (a INT)', "not a regular identifier"),
+        ("CREATE TABLE other.dbo.t (a INT)", "another database"),
+        ("SELECT * FROM nowhere", "no such table: nowhere"),
+        ("CREATE TABLE t (a GEOGRAPHY)", "GEOGRAPHY"),
+    ]:
+        with pytest.raises(client.SqlError, match=words):
+            await conn.execute(sql)
+    with pytest.raises(client.InvalidArgumentError, match="values are numbers"):
+        await conn.execute("SELECT @p1", [1])
+    with pytest.raises(client.SqlError, match="@p2, which was not given a value"):
+        await conn.execute("SELECT @p1 + @p2", 1)
+
+
+async def test_a_table_locked_by_a_transaction_waits_for_its_commit(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data", config={"statement_timeout": 1}).start()
+    try:
+        async with (
+            await client.connect(broker.url) as first,
+            await client.connect(broker.url) as second,
+        ):
+            await first.execute("CREATE TABLE Totals (id INT PRIMARY KEY, total INT NOT NULL)")
+            await first.execute("INSERT INTO Totals VALUES (1, 0)")
+            await first.begin_transaction()
+            await first.execute("UPDATE Totals SET total = total + 5 WHERE id = 1")
+            with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
+                await second.execute("SELECT total FROM Totals")
+            await first.commit()
+            assert (await second.execute("SELECT total FROM Totals")).scalar() == 5
+            # a reader's shared lock keeps writers out until it ends, not other readers
+            await second.begin_transaction()
+            assert (await second.execute("SELECT total FROM Totals")).scalar() == 5
+            assert (await first.execute("SELECT total FROM Totals")).scalar() == 5
+            with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
+                await first.execute("UPDATE Totals SET total = 0")
+            await second.commit()
+            await first.execute("UPDATE Totals SET total = 0")
+    finally:
+        broker.kill()
+
+
+async def test_transactions_waiting_for_each_other_end_in_a_deadlock_error(
+    broker: BrokerProcess,
+) -> None:
+    async with (
+        await client.connect(broker.url) as first,
+        await client.connect(broker.url) as second,
+    ):
+        await first.execute("CREATE TABLE A (x INT)")
+        await first.execute("CREATE TABLE B (x INT)")
+        await first.begin_transaction()
+        await second.begin_transaction()
+        await first.execute("INSERT INTO A VALUES (1)")
+        await second.execute("INSERT INTO B VALUES (2)")
+        # whichever comes second closes the cycle, and fails at once
+        statements = {
+            asyncio.ensure_future(first.execute("INSERT INTO B VALUES (1)")): first,
+            asyncio.ensure_future(second.execute("INSERT INTO A VALUES (2)")): second,
+        }
+        done, pending = await asyncio.wait(statements, return_when=asyncio.FIRST_COMPLETED)
+        [failed] = done
+        with pytest.raises(client.LockTimeoutError, match="deadlock"):
+            failed.result()
+        await statements[failed].rollback()
+        [winner] = pending
+        await winner
+        await statements[winner].commit()
+        rows = (await first.execute("SELECT x FROM A UNION ALL SELECT x FROM B")).rows
+        assert sorted(rows) == ([(1,), (1,)] if statements[winner] is first else [(2,), (2,)])
+
+
+async def test_who_may_create_and_use_a_table(broker: BrokerProcess) -> None:
+    async with await client.connect(broker.url) as admin:
+        for name in ("owner", "reader"):
+            await admin.create_login(name, PASSWORD)
+        owner = await client.connect(broker.url_for("owner", PASSWORD))
+        reader = await client.connect(broker.url_for("reader", PASSWORD))
+        try:
+            with pytest.raises(client.PermissionDeniedError, match="CREATE on database"):
+                await owner.execute("CREATE TABLE T (a INT)")
+            await admin.grant("CREATE", "owner", kind="database", name="master")
+            await owner.execute("CREATE TABLE T (a INT)")
+            await owner.execute("INSERT INTO T VALUES (1)")
+            with pytest.raises(client.PermissionDeniedError, match="SELECT on table"):
+                await reader.execute("SELECT a FROM T")
+            await owner.grant("SELECT", "reader", kind="table", name="T")
+            assert (await reader.execute("SELECT a FROM t")).rows == [(1,)]
+            with pytest.raises(client.PermissionDeniedError, match="INSERT on table"):
+                await reader.execute("INSERT INTO T VALUES (2)")
+            owners = [r for r in await admin.view("permissions") if r["kind"] == "table"]
+            assert {(r["login"], r["permission"], r["name"]) for r in owners} == {
+                ("owner", "CONTROL", "t"),
+                ("reader", "SELECT", "t"),
+            }
+        finally:
+            await owner.close()
+            await reader.close()
+
+
+async def test_tables_live_in_their_database(broker: BrokerProcess) -> None:
+    async with await client.connect(broker.url) as conn:
+        await conn.execute("CREATE TABLE T (a INT)")
+        await conn.execute("INSERT INTO T VALUES (1)")
+        await conn.create_database("Sales")
+        await conn.use("Sales")
+        with pytest.raises(client.SqlError, match="no such table: t"):
+            await conn.execute("SELECT a FROM T")
+        await conn.execute("CREATE TABLE T (b NVARCHAR(10))")
+        await conn.execute("INSERT INTO T VALUES ('x')")
+        assert (await conn.execute("SELECT * FROM T")).rows == [("x",)]
+        await conn.use("master")
+        assert (await conn.execute("SELECT * FROM T")).rows == [(1,)]
+
+
+def test_the_blocking_client_runs_table_statements(broker: BrokerProcess) -> None:
+    conn = client.connect_sync(broker.url)
+    try:
+        conn.execute("CREATE TABLE Kv (k UNIQUEIDENTIFIER PRIMARY KEY, v VARBINARY(MAX))")
+        key = uuid.uuid4()
+        assert conn.execute("INSERT INTO Kv VALUES (@p1, @p2)", key, b"\x00\x01").rowcount == 1
+        assert conn.execute("SELECT v FROM Kv WHERE k = @k", k=key).scalar() == b"\x00\x01"
+    finally:
+        conn.close()
+
+
+async def test_a_table_outlives_a_restart(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        async with await client.connect(broker.url) as conn:
+            await conn.execute("CREATE TABLE T (a INT)")
+            await conn.execute("CREATE INDEX ix_a ON T (a)")
+            await conn.execute("INSERT INTO T VALUES (1), (2)")
+        broker.restart()
+        async with await client.connect(broker.url) as conn:
+            assert (await conn.execute("SELECT SUM(a) FROM T")).scalar() == 3
+            await conn.execute("DROP INDEX ix_a ON T")
+            await conn.execute("DROP TABLE T")
+            with pytest.raises(client.SqlError, match="no such table"):
+                await conn.execute("SELECT a FROM T")
+    finally:
+        broker.kill()
