@@ -367,6 +367,16 @@ class TableChange(Statement):
 
 
 @dataclass(slots=True)
+class TableStatement(Statement):
+    """A statement on the broker's tables (CREATE / ALTER / DROP TABLE or INDEX, INSERT,
+    UPDATE, DELETE of a table): sent to the broker as written, with the values of the
+    variables it names."""
+
+    text: str
+    variables: tuple[str, ...]  # the keys of the variables it names
+
+
+@dataclass(slots=True)
 class Refused(Statement):
     """A statement ssb parses but does not run (CREATE MASTER KEY, CREATE ENDPOINT...):
     running it raises NotSupported with what to do instead."""

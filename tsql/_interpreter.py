@@ -58,6 +58,7 @@ from ._query import (
 )
 from ._session_functions import format_message, session_function, small_int, system_function
 from ._source import Batch
+from ._tables import table_query
 from ._transactions import rollback_all
 from ._types import Value
 
@@ -125,8 +126,10 @@ class Session:
         self.xact_abort = False
         self.nesting = 0
         self.stored = Procedures(self.procedures)
+        self.tables: set[str] = set()  # names a SELECT found to be the broker's tables
         from ._conversation import CONVERSATION_STATEMENTS
         from ._ddl import DDL_STATEMENTS
+        from ._tables import TABLE_STATEMENTS
         from ._transactions import TRANSACTION_STATEMENTS
 
         self._dispatch: dict[type, Callable[[Any, Frame], Awaitable[None]]] = {
@@ -153,7 +156,12 @@ class Session:
             ast.Refused: self._refused,
             ast.TableChange: self._table_change,
         }
-        statements = {**CONVERSATION_STATEMENTS, **DDL_STATEMENTS, **TRANSACTION_STATEMENTS}
+        statements = {
+            **CONVERSATION_STATEMENTS,
+            **DDL_STATEMENTS,
+            **TRANSACTION_STATEMENTS,
+            **TABLE_STATEMENTS,
+        }
         for kind, handler in statements.items():
             self._dispatch[kind] = _bind(handler, self)
 
@@ -265,9 +273,19 @@ class Session:
         if select.sql is None:
             select.sql = translate(select)
         translation = select.sql
+        names = {s.name.lower() for s in translation.sources if s.kind == "queue"}
+        if names and names <= self.tables:
+            return await table_query(self, select, frame)
         if "tsql_db_" in translation.sql:
             await self.databases.list()  # what DB_ID and DB_NAME read
-        await self._load(translation, frame)
+        try:
+            await self._load(translation, frame)
+        except SqlError as exc:  # not a queue: a table of the broker's, or nothing
+            if exc.number != 208 or len(names) != len(translation.sources):
+                raise
+            result = await table_query(self, select, frame)
+            self.tables |= names
+            return result
         return self.engine.run(
             translation, frame_parameters(translation, frame, self.system_function), _KINDS
         )
@@ -446,7 +464,9 @@ class Session:
     async def _select(self, statement: ast.SelectStatement, frame: Frame) -> None:
         select = statement.query
         if select.into is not None:
-            raise NotSupported("SELECT ... INTO", "tables come with a later version of ssb")
+            raise NotSupported(
+                "SELECT ... INTO", "CREATE TABLE first, then INSERT INTO table SELECT ..."
+            )
         if select.has_from:
             result = await self.query(select, frame)
             if select.assigns:

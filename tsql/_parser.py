@@ -15,8 +15,8 @@ from __future__ import annotations
 from . import _ast as ast
 from ._cursor import STATEMENT_WORDS
 from ._errors import NotSupported, SqlError
-from ._lexer import Kind, tokenize
-from ._parse_broker import BrokerParser
+from ._lexer import Kind, Token, tokenize
+from ._parse_tables import TABLE_OBJECTS, TableParser
 from ._types import SqlType
 
 _COMPOUND = ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=")
@@ -32,7 +32,7 @@ def parse_batch(text: str, first_line: int = 1) -> list[ast.Statement]:
     return parser.statements()
 
 
-class Parser(BrokerParser):
+class Parser(TableParser):
     def __init__(self, text: str, first_line: int = 1) -> None:
         super().__init__(tokenize(text, first_line), text)
         self.statement_start = self.token
@@ -355,6 +355,7 @@ class Parser(BrokerParser):
         return self._object(line, "DROP")
 
     def _object(self, line: int, action: str) -> ast.Statement:
+        start = self.statement_start
         kind = self.token
         if kind.kind is not Kind.NAME:
             self.fail()
@@ -386,6 +387,8 @@ class Parser(BrokerParser):
             return self._database(line, action)
         if word == "LOGIN":
             return self._login(line, action)
+        if word in TABLE_OBJECTS:
+            return self.table_object(line, start, action, word)
         refusal = _REFUSED.get(word)
         if refusal is not None:
             return self._refused_rest(line, f"{action} {refusal[0]}", refusal[1])
@@ -602,11 +605,10 @@ class Parser(BrokerParser):
     def _insert(self, line: int) -> ast.Statement:
         start = self.statement_start
         self.take("INTO")
-        target = self._table_variable(line, "INSERT")
-        if isinstance(target, ast.Statement):
-            return target
+        target = self._target()
         if self.at_op("("):
             self._skip_parenthesised()
+        self.table_output("VALUES", "SELECT", "DEFAULT", "WITH")
         if self.take("VALUES"):
             while True:
                 self.expect_op("(")
@@ -618,13 +620,11 @@ class Parser(BrokerParser):
             self.expect("VALUES")
         else:
             self.select()
-        return ast.TableChange(line, "INSERT", target, self.span(start))
+        return self._change(line, "INSERT", target, start)
 
     def _update(self, line: int) -> ast.Statement:
         start = self.statement_start
-        target = self._table_variable(line, "UPDATE")
-        if isinstance(target, ast.Statement):
-            return target
+        target = self._target()
         self.expect("SET")
         while True:
             self.name()
@@ -632,32 +632,33 @@ class Parser(BrokerParser):
             self.expression()
             if not self.take_op(","):
                 break
+        self.table_output("WHERE", *STATEMENT_WORDS)
         if self.take("WHERE"):
             self.expression()
-        return ast.TableChange(line, "UPDATE", target, self.span(start))
+        return self._change(line, "UPDATE", target, start)
 
     def _delete(self, line: int) -> ast.Statement:
         start = self.statement_start
         self.take("FROM")
-        target = self._table_variable(line, "DELETE")
-        if isinstance(target, ast.Statement):
-            return target
+        target = self._target()
+        self.table_output("WHERE", *STATEMENT_WORDS)
         if self.take("WHERE"):
             self.expression()
-        return ast.TableChange(line, "DELETE", target, self.span(start))
+        return self._change(line, "DELETE", target, start)
 
-    def _table_variable(self, line: int, action: str) -> str | ast.Statement:
-        """The table variable a statement changes, or the refusal of a table."""
+    def _target(self) -> str | None:
+        """The table variable a statement changes (its key), or None for a table."""
         token = self.token
         if token.kind is not Kind.VARIABLE:
-            return self._refused_rest(
-                line,
-                f"{action} of a table",
-                "tables come with a later version of ssb; a table variable"
-                " (DECLARE @t TABLE (...)) takes INSERT, UPDATE and DELETE",
-            )
+            self.table_name()
+            return None
         self.advance()
         return token.upper
+
+    def _change(self, line: int, action: str, target: str | None, start: Token) -> ast.Statement:
+        if target is None:
+            return self._table_statement(line, start)
+        return ast.TableChange(line, action, target, self.span(start))
 
     def _refused_statement(self, line: int) -> ast.Statement:
         word = self.tokens[self.i - 1].upper
@@ -697,11 +698,9 @@ _REFUSED = {
         "the broker port is ssb's own: ssb serve --broker-port N (4022 by default)",
     ),
     "SCHEMA": ("SCHEMA", "ssb's objects have no schemas; name them alone"),
-    "TABLE": ("TABLE", "tables come with a later version of ssb; use a table variable"),
     "VIEW": ("VIEW", "ssb has no user views; SELECT from the catalog views"),
     "FUNCTION": ("FUNCTION", "ssb has no user functions yet; use a procedure"),
     "TRIGGER": ("TRIGGER", "ssb has no triggers; use activation or event notifications"),
-    "INDEX": ("INDEX", "ssb has no tables yet"),
     "SYMMETRIC": (
         "SYMMETRIC KEY",
         "ssb keeps its keys; dialogs are encrypted with ENCRYPTION = ON",
@@ -715,8 +714,8 @@ _REFUSED = {
     "CREDENTIAL": ("CREDENTIAL", "ssb logs in with its own logins"),
 }
 _REFUSED_STATEMENTS = {
-    "MERGE": ("MERGE", "tables come with a later version of ssb"),
-    "TRUNCATE": ("TRUNCATE TABLE", "tables come with a later version of ssb"),
+    "MERGE": ("MERGE", "use INSERT, UPDATE and DELETE"),
+    "TRUNCATE": ("TRUNCATE TABLE", "use DELETE FROM the table"),
     "GOTO": ("GOTO", "use IF, WHILE, BREAK and CONTINUE"),
     "OPEN": ("cursors", "loop with WHILE"),
     "FETCH": ("cursors", "loop with WHILE"),

@@ -39,6 +39,7 @@ from ._catalog import QUEUE_COLUMNS, SYS_VIEWS, queue_rows
 from ._errors import NotSupported, SqlError
 from ._eval import typed_value
 from ._functions import DATE_PART_FUNCTIONS, SCALARS
+from ._lexer import Kind, tokenize
 from ._operators import arithmetic
 from ._output import ResultSet
 from ._types import Value
@@ -91,6 +92,25 @@ def _refuse(what: str) -> SqlError:
 
 def translate(select: ast.Select) -> Translation:
     """The query's SQLite form (made once per syntax node)."""
+    text, assigns = _without_assignments(select)
+    if select.into is not None:
+        raise _refuse("SELECT ... INTO")
+    translation = translate_text(text)
+    translation.assigns = assigns
+    return translation
+
+
+def plain_text(select: ast.Select) -> tuple[str, list[str]]:
+    """The query's T-SQL without its assignments, and the keys of the variables it
+    reads (for the broker, which runs queries of its tables)."""
+    text, _ = _without_assignments(select)
+    variables = dict.fromkeys(
+        token.upper for token in tokenize(text) if token.kind is Kind.VARIABLE
+    )
+    return text, list(variables)
+
+
+def _without_assignments(select: ast.Select) -> tuple[str, list[tuple[str, str | None, str]]]:
     text = select.text
     assigns: list[tuple[str, str | None, str]] = [
         (i.target, i.target_name, i.op) for i in select.items if i.target is not None
@@ -106,11 +126,7 @@ def translate(select: ast.Select) -> Translation:
             select.text[i.start - select.offset : i.end - select.offset] for i in select.items
         )
         text = text[: select.items_start] + items + text[select.items_end :]
-    if select.into is not None:
-        raise _refuse("SELECT ... INTO")
-    translation = translate_text(text)
-    translation.assigns = assigns
-    return translation
+    return text, assigns
 
 
 def translate_text(text: str) -> Translation:

@@ -15,6 +15,8 @@ from ssb.tsql import Collect, Session
 
 from .helpers import new_session, run, table
 
+STATE_TABLE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "state_table.sql"
+
 CATALOG = """
 CREATE MESSAGE TYPE [//t/Request] VALIDATION = WELL_FORMED_XML;
 CREATE MESSAGE TYPE [//t/Reply] VALIDATION = NONE;
@@ -479,3 +481,17 @@ async def test_scripts_as_sql_server_reads_them(tsql: tuple[Session, Collect]) -
         "SELECT activation_procedure, max_readers FROM sys.service_queues WHERE name = 'Work'",
     ), out.errors
     assert table(out.results[-1]) == [[None, 1]]  # the procedure forgotten, as on SQL Server
+
+
+async def test_a_state_table_keyed_by_conversation_group_with_receive_and_send(
+    conn: client.Connection,
+) -> None:
+    """The Service Broker pattern of a state table, written in the same transaction as
+    RECEIVE and SEND (the script `ssb sql` also runs, see test_cli)."""
+    session, out = new_session(conn, login="admin")
+    assert await run(session, STATE_TABLE_SCRIPT.read_text()), out.errors
+    assert table(out.results[-1]) == [[2, 42]]
+    replies = await conn.receive("ShopperQueue", timeout=5)
+    assert [m.message_body.decode("utf-16-le") for m in replies] == ["12", "42"]
+    # the rows are the broker's: Python reads the same table
+    assert (await conn.execute("SELECT items, total FROM OrderState")).rows == [(2, 42)]

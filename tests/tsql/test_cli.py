@@ -115,3 +115,20 @@ def test_d_uses_a_database_first(broker: BrokerProcess, tmp_path: Path) -> None:
     done = run_ssb("sql", "-d", "Sales", "--url", broker.url, str(script))
     assert done.returncode == 1
     assert "Msg 911, Level 16" in done.stderr and "Database 'Sales' does not exist" in done.stderr
+
+
+def test_a_script_keeping_its_state_in_a_table_runs_unchanged(broker: BrokerProcess) -> None:
+    script = Path(__file__).resolve().parent / "scripts" / "state_table.sql"
+    done = run_ssb("sql", "--url", broker.url, str(script))
+    assert done.returncode == 0, done.stderr
+    # the INSERT of the group's row and the UPDATE after each RECEIVE, then the SELECT
+    assert done.stdout.split("\n") == [
+        *["(1 row affected)"] * 3,
+        "items total",
+        "----- -----",
+        "2     42",
+        "",
+        "(1 row affected)",
+        "",
+        "",
+    ]

@@ -126,6 +126,33 @@ def test_statements_need_no_semicolons() -> None:
     ]
 
 
+def test_table_statements_end_where_they_should_and_name_their_variables() -> None:
+    statements = parse_batch(
+        "CREATE TABLE t (a INT PRIMARY KEY, b NVARCHAR(10) DEFAULT N'x')"
+        " ALTER TABLE t DROP COLUMN b"
+        " CREATE UNIQUE NONCLUSTERED INDEX ix ON dbo.t (a DESC);"
+        " INSERT INTO dbo.t (a) OUTPUT inserted.a VALUES (@a + 1)"
+        " INSERT t SELECT a FROM t WHERE a > @b"
+        " UPDATE t SET a = @a WHERE a = @b DELETE FROM t WHERE a = @A"
+        " DROP INDEX ix ON t DROP TABLE IF EXISTS t PRINT 'done'"
+    )
+    assert [type(s).__name__ for s in statements] == [*["TableStatement"] * 9, "Print"]
+    tables = [s for s in statements if isinstance(s, ast.TableStatement)]
+    assert [s.text for s in tables] == [
+        "CREATE TABLE t (a INT PRIMARY KEY, b NVARCHAR(10) DEFAULT N'x')",
+        "ALTER TABLE t DROP COLUMN b",
+        "CREATE UNIQUE NONCLUSTERED INDEX ix ON dbo.t (a DESC)",
+        "INSERT INTO dbo.t (a) OUTPUT inserted.a VALUES (@a + 1)",
+        "INSERT t SELECT a FROM t WHERE a > @b",
+        "UPDATE t SET a = @a WHERE a = @b",
+        "DELETE FROM t WHERE a = @A",
+        "DROP INDEX ix ON t",
+        "DROP TABLE IF EXISTS t",
+    ]
+    variables = [(), (), (), ("@A",), ("@B",), ("@A", "@B"), ("@A",), (), ()]
+    assert [s.variables for s in tables] == variables
+
+
 def test_create_procedure_takes_the_rest_of_the_batch() -> None:
     (procedure,) = parse_batch(
         "CREATE PROCEDURE dbo.p (@a INT = 5, @b NVARCHAR(10) OUTPUT) AS\nSET @b = N'x'\nRETURN @a"

@@ -1,0 +1,79 @@
+"""Statements on the broker's tables: run by the broker, in the session's transaction.
+
+Theory of operation. The broker holds the tables and reads T-SQL itself (see the
+broker's `execute`), so a statement on a table is sent as written, with the values of
+the variables it names as its parameters (`@name`). A SELECT is one too when it reads
+the broker's tables only: the session first runs it as a query over views, queues and
+table variables, and sends it to the broker when a name it reads is none of those (a
+SELECT that joins a table with a view, a queue or a table variable is refused by the
+broker: it cannot see them). A SELECT that assigns variables is sent without its
+assignments, and the session assigns them from the rows, the last row winning, as SQL
+Server does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from . import _ast as ast
+from . import _types as t
+from ._errors import SqlError
+from ._output import ResultSet
+from ._query import from_sqlite, plain_text, to_sqlite
+
+if TYPE_CHECKING:
+    from ssb import client
+
+    from ._context import Context as Session
+    from ._frame import Frame
+
+
+def _parameters(variables: Sequence[str], frame: Frame) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key in variables:
+        slot = frame.variables.get(key)
+        if slot is None or slot.table is not None:
+            raise SqlError(137, f'Must declare the scalar variable "{key}".', level=15)
+        values[key[1:].lower()] = to_sqlite(slot.value.data)
+    return values
+
+
+async def _run(
+    session: Session, text: str, variables: Sequence[str], frame: Frame
+) -> client.Result:
+    call = session.connection().execute(text, **_parameters(variables, frame))
+    result: client.Result = await session.broker(call)
+    return result
+
+
+def result_set(result: client.Result) -> ResultSet:
+    """The broker's rows as a result set (each column typed by its first value)."""
+    rows = [[from_sqlite(v) for v in row] for row in result.rows]
+    types = [
+        next((row[i].type for row in rows if row[i].data is not None), t.INT)
+        for i in range(len(result.columns))
+    ]
+    return ResultSet(list(result.columns), types, rows)
+
+
+async def table_statement(session: Session, statement: ast.TableStatement, frame: Frame) -> None:
+    result = await _run(session, statement.text, statement.variables, frame)
+    if result.columns:
+        session.output.result(result_set(result), session.nocount)
+    elif statement.text.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+        count = result.rowcount
+        if not session.nocount:
+            session.output.message(f"({count} row{'s' if count != 1 else ''} affected)")
+    session.rowcount = result.rowcount
+
+
+async def table_query(session: Session, select: ast.Select, frame: Frame) -> ResultSet:
+    """A SELECT of the broker's tables, run by the broker (assignments left out: the
+    caller makes them from the rows)."""
+    text, variables = plain_text(select)
+    return result_set(await _run(session, text, variables, frame))
+
+
+Handler = Callable[[Any, Any, Any], Coroutine[Any, Any, None]]
+TABLE_STATEMENTS: Final[dict[type, Handler]] = {ast.TableStatement: table_statement}
