@@ -354,9 +354,14 @@ def _values(node: exp.Expression) -> tuple[list[str], list[tuple[str, str]]]:
         call.replace(exp.Parameter(this=exp.Var(this=name)))
     names: list[str] = []
     for parameter in list(node.find_all(exp.Parameter)):
+        if isinstance(parameter.parent, exp.Parameter):
+            continue  # the inner part of @@name, refused with it
         name = parameter.name.lower()
-        if name.startswith("@"):
-            raise refused(f"the system variable @{name}", "OUTPUT inserted.* gives new identities")
+        if isinstance(parameter.this, exp.Parameter) or name.startswith("@"):
+            raise refused(
+                f"the system variable @@{name.lstrip('@').upper()}",
+                "OUTPUT inserted.* gives new identities",
+            )
         if name not in names:
             names.append(name)
         # SQLite's ?NNN: the statement binds its values by position, in `names` order
@@ -473,7 +478,7 @@ def _dml(
         verb, output = "INSERT", "inserted"
     elif isinstance(node, exp.Update):
         verb, output = "UPDATE", "inserted"
-        if node.args.get("from"):
+        if node.args.get("from") or node.args.get("from_"):
             raise refused("UPDATE ... FROM", "use a subquery in SET or WHERE")
     else:
         verb, output = "DELETE", "deleted"

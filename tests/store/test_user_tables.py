@@ -1,0 +1,198 @@
+"""Users' tables in the store, without a daemon: the translation and what it refuses, a
+statement run provisionally then again at commit with the same results, a transaction's
+statements kept applied while it goes on, and commits that meet provisional work on the
+store thread."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ssb.broker._core.ports import TableError
+from ssb.broker._store import ManualStore, SQLiteStore
+from ssb.broker._store.user_sql import translate
+
+Done = list[tuple[Any, dict[str, Any]]]
+
+
+async def _run(store: Any, owner: object, done: Done, sql: str, **values: Any) -> Any:
+    """Run a statement as the core does: provisionally, then kept for the commit."""
+    statement = store.translate_table_statement(sql, "master")
+    answer = await store.run_table_statement(owner, done, statement, values, 5.0)
+    done.append((statement, values))
+    return answer
+
+
+def _commit(store: ManualStore, done: Done) -> None:
+    store.write_table_statements(done)
+    store.forget_table_statements(object())
+    store.flush()
+    done.clear()
+
+
+@pytest.mark.parametrize(
+    ("sql", "words"),
+    [
+        ("MERGE INTO t USING u ON t.a = u.a WHEN MATCHED THEN DELETE;", "MERGE"),
+        ("SELECT * FROM sys.objects", "catalog view"),
+        ("SELECT * FROM #t", "temporary table"),
+        ("SELECT a INTO t2 FROM t", "SELECT ... INTO"),
+        ("SELECT NOPE(a) FROM t", "the function NOPE"),
+        ("SELECT @@IDENTITY", "system variable"),
+        ("UPDATE t SET a = 1 FROM t JOIN u ON t.a = u.a", "UPDATE ... FROM"),
+        ("CREATE TABLE t (a INT IDENTITY(5, 2) PRIMARY KEY)", "IDENTITY"),
+        ("CREATE TABLE t (a INT IDENTITY)", "IDENTITY"),
+        ("CREATE TABLE t (a SQL_VARIANT)", "SQL_VARIANT"),
+        ("CREATE TABLE t (a UNIQUEIDENTIFIER DEFAULT NEWID())", "in a DEFAULT"),
+        ("CREATE INDEX ix ON t (a) INCLUDE (b)", "INCLUDE"),
+        ("CREATE VIEW v AS SELECT 1", "CREATE VIEW"),
+        ("DROP TABLE a, b", "one table per statement"),
+        ("DROP INDEX t.ix", "ON table"),
+        ("ALTER TABLE t DROP COLUMN a", "ALTER TABLE"),
+        ("CREATE TABLE sales.dbo.t (a INT)", "another database"),
+        ("CREATE TABLE guest.t (a INT)", "schema 'guest'"),
+        ('CREATE TABLE "u:x:y" (a INT)', "regular identifier"),
+        ("SELECT 1; SELECT 2", "one statement"),
+        ("SELEC 1", "cannot read"),
+        ("OUTPUT x", "not supported"),
+    ],
+)
+def test_what_the_translation_refuses_before_anything_runs(sql: str, words: str) -> None:
+    with pytest.raises(TableError, match=words):
+        translate(sql, "master")
+
+
+def test_names_live_in_their_database_and_keep_their_alias() -> None:
+    statement = translate("SELECT t.a, o.b FROM dbo.T JOIN Other AS o ON t.a = o.a", "Sales")
+    assert statement.sql == (
+        'SELECT "t"."a", "o"."b" FROM "u:Sales:t" AS "T" JOIN "u:Sales:other" AS "o"'
+        ' ON "t"."a" = "o"."a"'
+    )
+    assert statement.reads == {"t", "other"} and statement.writes == {}
+    change = translate("UPDATE T SET a = a + @Step WHERE b IN (SELECT b FROM U)", "master")
+    assert change.writes == {"t": "UPDATE"} and change.reads == {"u"}
+    assert change.parameters == ("step",)
+    index = translate("CREATE INDEX ix ON T (a)", "master")
+    assert '"u:master:t:ix"' in index.sql and index.writes == {"t": "ALTER"}
+
+
+async def test_a_statement_answers_at_once_and_commits_with_the_same_result(
+    storage: ManualStore,
+) -> None:
+    if not isinstance(storage, SQLiteStore):
+        with pytest.raises(TableError, match="not supported on a PostgreSQL store"):
+            storage.translate_table_statement("SELECT 1", "master")
+        return
+    txn: Done = []
+    await _run(
+        storage,
+        txn,
+        txn,
+        "CREATE TABLE Orders (id INT IDENTITY(1,1) PRIMARY KEY, item NVARCHAR(20) UNIQUE,"
+        " at DATETIME2, amount DECIMAL(9,2) NOT NULL DEFAULT 0)",
+    )
+    first = await _run(
+        storage,
+        txn,
+        txn,
+        "INSERT INTO Orders (item, at) OUTPUT inserted.id, inserted.at VALUES (@p1, GETDATE())",
+        p1="apple",
+    )
+    second = await _run(
+        storage, txn, txn, "INSERT INTO Orders (item) OUTPUT inserted.id VALUES (@p1)", p1="pear"
+    )
+    assert [first.rows[0][0], second.rows[0][0]] == [1, 2]
+    # its own changes are what the transaction reads
+    seen = await _run(storage, txn, txn, "SELECT COUNT(*) FROM Orders")
+    assert seen.rows == [(2,)]
+    _commit(storage, txn)
+    assert storage.load_table_names() == [("master", "orders")]
+    assert storage.table_sizes() == [("master", "orders", 2)]
+    later: Done = []
+    rows = await _run(storage, later, later, "SELECT id, item, at FROM Orders ORDER BY id")
+    # the row committed is the row answered: the identity, and GETDATE() evaluated once
+    assert rows.rows == [(1, "apple", first.rows[0][1]), (2, "pear", None)]
+
+
+async def test_a_failed_statement_leaves_the_transaction_as_it_was(
+    storage: ManualStore,
+) -> None:
+    if not isinstance(storage, SQLiteStore):
+        return
+    txn: Done = []
+    await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
+    await _run(storage, txn, txn, "INSERT INTO T VALUES (1)")
+    with pytest.raises(TableError, match=r"UNIQUE constraint failed: t\.k"):
+        await _run(storage, txn, txn, "INSERT INTO T VALUES (2), (1)")
+    with pytest.raises(TableError, match="not given a value"):
+        await _run(storage, txn, txn, "INSERT INTO T VALUES (@p1)")
+    assert (await _run(storage, txn, txn, "SELECT COUNT(*) FROM T")).rows == [(1,)]
+    _commit(storage, txn)
+    check: Done = []
+    assert (await _run(storage, check, check, "SELECT k FROM T")).rows == [(1,)]
+
+
+async def test_another_transaction_and_a_rollback_start_from_the_durable_rows(
+    storage: ManualStore,
+) -> None:
+    if not isinstance(storage, SQLiteStore):
+        return
+    setup: Done = []
+    await _run(storage, setup, setup, "CREATE TABLE T (k INT PRIMARY KEY, v INT)")
+    await _run(storage, setup, setup, "INSERT INTO T VALUES (1, 10)")
+    _commit(storage, setup)
+    first: Done = []
+    second: Done = []
+    await _run(storage, first, first, "UPDATE T SET v = v + 1")
+    # another owner's statement rolls the first's back first, and finds the durable rows
+    assert (await _run(storage, second, second, "SELECT v FROM T")).rows == [(10,)]
+    # the first's next statement replays its earlier ones
+    await _run(storage, first, first, "UPDATE T SET v = v * 2")
+    assert (await _run(storage, first, first, "SELECT v FROM T")).rows == [(22,)]
+    storage.forget_table_statements(first)  # rolled back
+    assert (await _run(storage, second, second, "SELECT v FROM T")).rows == [(10,)]
+    # a rollback to a savepoint: the statements after it are dropped, the rest replayed
+    del first[1:]
+    assert (await _run(storage, first, first, "SELECT v FROM T")).rows == [(11,)]
+
+
+async def test_commits_wait_for_provisional_work_on_the_store_thread(tmp_path: Path) -> None:
+    """A store committing by itself: a commit that comes while a transaction's statement
+    is on the thread, or its provisional transaction is open, runs after it and rolls it
+    back first; what it commits is only what was written to the batch."""
+    path = tmp_path / "broker.db"
+    store = SQLiteStore(path, "os")
+    failures: list[BaseException] = []
+    store.attach(asyncio.get_running_loop(), failures.append)
+
+    async def durable() -> None:
+        done = asyncio.get_running_loop().create_future()
+        store.when_durable(store.watermark(), lambda: done.set_result(None))
+        await asyncio.wait_for(done, 30)
+
+    try:
+        setup: Done = []
+        await _run(store, setup, setup, "CREATE TABLE T (k INT PRIMARY KEY)")
+        store.write_table_statements(setup)
+        await durable()
+        txn: Done = []
+        for k in range(50):
+            running = asyncio.ensure_future(_run(store, txn, txn, "INSERT INTO T VALUES (@k)", k=k))
+            store.put_meta("beat", str(k))  # a commit meets the statement on its way
+            await running
+            await durable()
+        other = sqlite3.connect(path)
+        try:
+            assert other.execute('SELECT COUNT(*) FROM "u:master:t"').fetchone() == (0,)
+            store.write_table_statements(txn)
+            await durable()
+            assert other.execute('SELECT COUNT(*) FROM "u:master:t"').fetchone() == (50,)
+        finally:
+            other.close()
+        assert not failures
+    finally:
+        await store.close()

@@ -1,0 +1,98 @@
+"""Users' tables in the core, without a daemon (fake clock, in-memory store): statements
+in a transaction commit with its messages, table locks are held until the commit is
+durable, waits end at statement_timeout, and a savepoint takes its later statements
+back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ssb.broker._errors import BrokerError
+from ssb.protocol import ErrorCode
+
+from .core_harness import Core
+
+
+async def _execute(core: Core, sql: str, *params: object, session: object = None) -> dict:
+    result: dict = await core.aop("execute", sql, list(params) or None, session=session)
+    return result
+
+
+async def test_a_change_commits_with_the_receive_and_its_lock_holds_until_durable() -> None:
+    core = Core(statement_timeout=5.0)
+    core.services()
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"m"])
+    await _execute(core, "CREATE TABLE T (k INT PRIMARY KEY)")
+    core.flush()
+    core.op("begin_transaction")
+    [message] = core.op("receive", "Target")
+    await _execute(core, "INSERT INTO T VALUES (@p1)", 1)
+    core.op("commit")
+    other = core.new_session()
+    # the commit is not durable yet: the table is still locked, a reader waits
+    reading = asyncio.ensure_future(_execute(core, "SELECT k FROM T", session=other))
+    await asyncio.sleep(0)
+    assert not reading.done()
+    core.flush()  # durable: the lock goes, the reader runs on the committed rows
+    assert (await reading)["rows"] == [[1]]
+    assert message and core.op("receive", "Target") == []
+
+
+async def test_a_wait_ends_at_statement_timeout_and_a_cycle_at_once() -> None:
+    core = Core(statement_timeout=5.0)
+    await _execute(core, "CREATE TABLE A (x INT)")
+    await _execute(core, "CREATE TABLE B (x INT)")
+    core.flush()
+    first, second = core.session, core.new_session()
+    core.op("begin_transaction", session=first)
+    core.op("begin_transaction", session=second)
+    await _execute(core, "INSERT INTO A VALUES (1)", session=first)
+    await _execute(core, "INSERT INTO B VALUES (2)", session=second)
+    waiting = asyncio.ensure_future(_execute(core, "SELECT x FROM B", session=first))
+    await asyncio.sleep(0)
+    with pytest.raises(BrokerError, match="deadlock") as caught:
+        await _execute(core, "SELECT x FROM A", session=second)
+    assert caught.value.code is ErrorCode.LOCK_TIMEOUT
+    core.clock.advance(5.0)
+    with pytest.raises(BrokerError, match="statement_timeout"):
+        await waiting
+    core.op("rollback", session=second)
+    assert (await _execute(core, "SELECT x FROM B", session=first))["rows"] == []
+    core.op("commit", session=first)
+    core.flush()
+    assert (await _execute(core, "SELECT x FROM A", session=second))["rows"] == [[1]]
+
+
+async def test_a_savepoint_takes_back_the_statements_after_it() -> None:
+    core = Core()
+    await _execute(core, "CREATE TABLE T (x INT)")
+    core.flush()  # (its lock holds until then)
+    core.op("begin_transaction")
+    await _execute(core, "INSERT INTO T VALUES (1)")
+    core.op("save_transaction", "s")
+    await _execute(core, "INSERT INTO T VALUES (2)")
+    core.op("rollback_to_savepoint", "s")
+    await _execute(core, "INSERT INTO T VALUES (3)")
+    core.op("commit")
+    core.flush()
+    rows = (await _execute(core, "SELECT x FROM T ORDER BY x"))["rows"]
+    assert rows == [[1], [3]]
+    restarted = core.restart()
+    assert (await _execute(restarted, "SELECT x FROM T ORDER BY x"))["rows"] == [[1], [3]]
+    assert restarted.engine.tables.names == {"t"}
+
+
+async def test_bad_values_are_refused_before_anything_runs() -> None:
+    core = Core()
+    with pytest.raises(BrokerError, match="sql must be the text"):
+        await core.aop("execute", 42)
+    with pytest.raises(BrokerError, match="a list"):
+        await core.aop("execute", "SELECT 1", "x")
+    with pytest.raises(BrokerError, match="values are numbers"):
+        await core.aop("execute", "SELECT @p1", [[1]])
+    with pytest.raises(BrokerError, match="not supported") as caught:
+        await core.aop("execute", "MERGE INTO t USING u ON 1 = 1 WHEN MATCHED THEN DELETE;")
+    assert caught.value.code is ErrorCode.SQL_ERROR
