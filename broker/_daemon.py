@@ -359,6 +359,7 @@ class Broker:
         )
         operations.merge("views", views.operations(), observing=True)
         views.merge({"databases": engine.databases.rows})
+        views.merge({"tables": functools.partial(_table_rows, store)})
         views.merge(permissions.views())
         views.merge(logins.views())
         views.merge(transport.views())
@@ -764,3 +765,11 @@ def run(config: Config) -> int:
 def data_dir_info(data_dir: Path) -> dict[str, Any]:
     """What a running daemon wrote about itself into its data directory."""
     return dict(json.loads((data_dir / "broker.json").read_text()))
+
+
+def _table_rows(store: Store) -> list[dict[str, object]]:
+    """The view `tables`: each users' table, its database and its rows."""
+    return [
+        {"database": database, "name": name, "rows": rows}
+        for database, name, rows in store.table_sizes()
+    ]

@@ -158,6 +158,8 @@ async def test_every_page_loads_without_console_errors(
     await conn.send(await conn.begin_dialog("Buyer", "HeldService"), body="waits")
     # a service no route leads to yet: its message waits, saying so
     await conn.send(await conn.begin_dialog("Buyer", "RoutedLater"), body="waits too")
+    await conn.execute("CREATE TABLE Ledger (id INT PRIMARY KEY)")
+    await conn.execute("INSERT INTO Ledger VALUES (1), (2), (3)")
     watched = await admin_page(browser, broker)
     page = watched.page
     paths = {
@@ -168,6 +170,7 @@ async def test_every_page_loads_without_console_errors(
         "/dashboard/transmission": "Transmission queue",
         "/dashboard/connections": "Broker connections",
         "/dashboard/tasks": "Activated tasks",
+        "/dashboard/tables": "Tables",
         "/dashboard/poison": "Poison messages and dead letters",
         f"/dashboard/message?queue=OrdersDLQ&order={order}": f"Message {order} in OrdersDLQ",
     }
@@ -190,6 +193,8 @@ async def test_every_page_loads_without_console_errors(
     assert "active" in daemons and "standby" not in daemons
     await page.goto(f"{broker.http_url}/dashboard/conversations?handle={handle}")
     assert str(handle) in await page.inner_text("table")
+    await page.goto(f"{broker.http_url}/dashboard/tables")
+    assert "master\tledger\t3" in await page.inner_text("table")  # its rows, counted
     assert watched.errors == []
 
 

@@ -225,3 +225,17 @@ async def test_a_table_outlives_a_restart(tmp_path: Path) -> None:
                 await conn.execute("SELECT a FROM T")
     finally:
         broker.kill()
+
+
+async def test_a_dropped_database_takes_its_tables(broker: BrokerProcess) -> None:
+    async with await client.connect(broker.url) as conn:
+        await conn.create_database("Sales")
+        await conn.use("Sales")
+        await conn.execute("CREATE TABLE T (a INT)")
+        await conn.execute("INSERT INTO T VALUES (1)")
+        await conn.use("master")
+        await conn.drop_database("Sales")
+        await conn.create_database("Sales")
+        await conn.use("Sales")
+        with pytest.raises(client.SqlError, match="no such table: t"):
+            await conn.execute("SELECT a FROM T")

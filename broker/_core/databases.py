@@ -79,6 +79,9 @@ class Databases:
         self.end_conversation = end_conversation
         self.remove_conversation = remove_conversation
         self.instance_id = instance_id
+        # a database is about to be dropped: what else it holds goes too (the engine's
+        # tables); raises IN_USE to refuse before anything changed
+        self.dropping: Callable[[str], None] = lambda name: None
 
     def ensure_default(self) -> None:
         """At start: `master` exists (made on the first start with databases)."""
@@ -119,6 +122,7 @@ class Databases:
                 f"cannot drop database '{database.name}' because it is currently in use by"
                 f" {len(users)} session(s); USE another database in them first",
             )
+        self.dropping(database.name)
         for service in self.catalog.in_database("service", database.name):
             self._end_conversations(service.name, "error")
             self._end_conversations(service.name, "cleanup")  # what waits for other brokers

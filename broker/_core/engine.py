@@ -213,6 +213,7 @@ class Engine:
         self.delivery.kick = self.receiving.kick
         self.delivery.conversation_removed = self._conversation_removed
         self.poison.disable_queue = self.ddl.disable_queue
+        self.databases.dropping = self.tables.drop_database
 
     def _conversation_removed(self, ep: Endpoint) -> None:
         self.poison.forget_conversation(ep.handle)

@@ -39,7 +39,7 @@ from typing import Any, Final
 from ssb.protocol import ErrorCode
 
 from .._errors import BrokerError, bad_argument
-from .names import qualify
+from .names import database_of, plain, qualify
 from .ports import Clock, Journal, TableError, TableStatement
 from .transactions import Session, Transaction, Transactions
 
@@ -137,6 +137,10 @@ class TableLocks:
             if waits_for is not None:
                 pending += [t for t in self._locks[waits_for].holders if t is not other]
         return False
+
+    def locked(self, table: str) -> bool:
+        """Whether a transaction holds or waits for `table`'s lock."""
+        return table in self._locks
 
     def release(self, txn: Transaction) -> None:
         for table in self._held.pop(txn, set()):
@@ -271,6 +275,23 @@ class Tables:
         txn.table_statements = []
         self.journal.forget_table_statements(txn)
         self.locks.release(txn)
+
+    def drop_database(self, database: str) -> None:
+        """DROP DATABASE: its tables go in the open batch (IN_USE while one is locked)."""
+        keys = sorted(k for k in self.names if database_of(k) == database)
+        locked = [plain(k) for k in keys if self.locks.locked(k)]
+        if locked:
+            raise BrokerError(
+                ErrorCode.IN_USE,
+                f"cannot drop database '{database}': a transaction uses its table"
+                f" {locked[0]}; commit or roll it back first",
+            )
+        statements: list[tuple[TableStatement, dict[str, Any]]] = [
+            (self.journal.translate_table_statement(f"DROP TABLE [{plain(k)}]", database), {})
+            for k in keys
+        ]
+        self.journal.write_table_statements(statements)
+        self.names.difference_update(keys)
 
     def undo_to(self, txn: Transaction, statements: int) -> None:
         """Rollback to a savepoint that came after `statements` statements (locks stay)."""

@@ -176,6 +176,7 @@ class Dashboard:
             "transmission": ("transmission", self._transmission),
             "connections": ("connections", self._connections),
             "tasks": ("tasks", self._tasks),
+            "tables": ("tables", self._tables),
             "poison": ("poison", self._poison),
             "message": ("poison", self._message),
         }
@@ -576,6 +577,10 @@ class Dashboard:
 
     async def _tasks(self, request: web.Request, session: WebSession) -> tuple[str, str]:
         return "Activated tasks", await self._plain_view(request, session, "activated_tasks")
+
+    async def _tables(self, request: web.Request, session: WebSession) -> tuple[str, str]:
+        """Users' tables, by database, and their rows."""
+        return "Tables", await self._plain_view(request, session, "tables")
 
     async def _plain_view(self, request: web.Request, session: WebSession, name: str) -> str:
         rows, refused = await self._view(request, session, name)

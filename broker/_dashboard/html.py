@@ -41,6 +41,7 @@ NAV: Final = (
     ("transmission", "Transmission queue"),
     ("connections", "Broker connections"),
     ("tasks", "Activated tasks"),
+    ("tables", "Tables"),
     ("poison", "Poison and dead letters"),
 )
 
