@@ -27,6 +27,7 @@ AUTOINCREMENT, whose values never repeat either.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Final
@@ -38,6 +39,7 @@ from sqlglot.errors import ErrorLevel, SqlglotError
 from .._core.ports import TableError
 
 MAX_NAME: Final = 128
+TRANSLATIONS_KEPT: Final = 1024
 MAX_STATEMENT: Final = 256 * 1024  # characters of one statement's text
 PREFIX: Final = "u:"
 _NAME: Final = re.compile(r"[A-Za-z_@#$][A-Za-z0-9_@#$]*\Z")
@@ -81,6 +83,7 @@ class Statement:
             for an index or ALTER TABLE, DROP for a DROP, CREATE for a new table).
         returns_rows: a SELECT, or a change with OUTPUT.
         database: the broker database it runs in.
+        light: an INSERT ... VALUES without a query: its cost is its rows'.
     """
 
     kind: str
@@ -92,6 +95,7 @@ class Statement:
     writes: dict[str, str] = field(hash=False)
     returns_rows: bool
     database: str
+    light: bool = False
 
     @property
     def tables(self) -> frozenset[str]:
@@ -393,8 +397,10 @@ def _sources(
         reads.add(_rename(table, database, alias=True))
 
 
+@functools.lru_cache(maxsize=TRANSLATIONS_KEPT)
 def translate(text: str, database: str) -> Statement:
-    """One T-SQL statement of a session in `database`, in the store's SQL.
+    """One T-SQL statement of a session in `database`, in the store's SQL (the last
+    `TRANSLATIONS_KEPT` translations are kept: a program runs the same few statements).
 
     Raises:
         TableError: it cannot be translated, or is not supported (nothing has run).
@@ -445,6 +451,9 @@ def translate(text: str, database: str) -> Statement:
         writes,
         returns_rows,
         database,
+        isinstance(node, exp.Insert)
+        and isinstance(node.expression, exp.Values)
+        and node.expression.find(exp.Select) is None,
     )
 
 

@@ -148,7 +148,7 @@ class UserTables(Committer):
         for name, function in statement.volatile:
             values[name] = _evaluate(function)
         bound = parameters(statement, values)
-        if self._executor is None or self._loop is None:
+        if self._executor is None or self._loop is None or self._inline(owner, done, statement):
             return self._run(owner, done, statement, bound, timeout)
         self._table_jobs += 1
         try:
@@ -172,6 +172,17 @@ class UserTables(Committer):
             # consecutive writes of the same object, which DDL cannot run
             sql = statement.replay if statement.kind == "change" else statement.sql + " "
             self._add(sql, parameters(statement, values))
+
+    def _inline(self, owner: object, done: Sequence[Any], statement: Statement) -> bool:
+        """Whether to run a statement on the event loop rather than the store thread: a
+        light one (an INSERT of values) with nothing to replay before it, while the thread
+        is idle (the hop there and back would cost more than the statement)."""
+        return (
+            statement.light
+            and not self._committing
+            and self._table_jobs == 0
+            and (not done or self._provisional == (owner, len(done)))
+        )
 
     def _tables_busy(self) -> bool:
         """A provisional transaction is open or on its way: commits run on the thread."""
