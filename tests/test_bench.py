@@ -30,6 +30,7 @@ BENCHMARKS = {
     "reconnect": ((), "of clean;"),
     "slow_consumer": ((), "targets: RSS growth"),
     "spark": ((), "activation latency cold"),
+    "tables": ((), "ratio rows/plain"),
     "tsql": ((), "T-SQL"),
 }
 TIMEOUT = 600.0  # a smoke run takes seconds; this only bounds a run that hangs

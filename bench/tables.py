@@ -1,0 +1,147 @@
+"""What a table row costs a transaction: RECEIVE of a batch, an INSERT of one row per
+message, COMMIT, beside the same RECEIVE and COMMIT alone, in the same run on the same
+broker.
+
+  plain   BEGIN, RECEIVE TOP (100), COMMIT: one transaction per batch of 100 messages.
+  rows    the same, with an INSERT of one row per message received (its queuing order
+          as the row's primary key, its body as a column) before the COMMIT: one
+          statement whose VALUES hold the batch's rows. Target: at most 1.3x plain.
+  statements  the same with one INSERT statement per message (figure only: each
+          statement is a request of its own).
+
+Both sides are a consumer's transaction: BEGIN and RECEIVE written together, then, once
+the messages are in, the rest written together (the broker runs a connection's
+requests in order) and COMMIT's answer awaited. The rounds alternate between the sides; each side's time per batch
+is its median round. The messages are sent
+beforehand, outside the timing. At the end the table holds one row per message.
+
+Exit status 1 when the target is missed (not with --smoke, which only checks that the
+benchmark runs). All traffic stays on 127.0.0.1.
+
+    python -m bench.tables                 # 20 rounds of 100-message batches per side
+    python -m bench.tables --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+from ssb import client
+
+from ._common import BenchFailure, Catalog, broker, options_from, parse_args, run, write_json
+
+CATALOG = Catalog("Tables")
+RATIO_TARGET = 1.3
+INSERT_ONE = "INSERT INTO Received (queuing_order, body) VALUES (@p1, @p2)"
+INSERT_MANY = "INSERT INTO Received (queuing_order, body) VALUES "
+
+
+@dataclass
+class Options:
+    batch: int = 100
+    rounds: int = 20
+    durability: str = "fsync"
+    smoke: bool = False
+    json: str | None = None
+
+
+async def _fill(conn: client.Connection, handle: object, count: int) -> None:
+    for first in range(0, count, 500):
+        bodies = [b"%08d" % i for i in range(first, min(count, first + 500))]
+        await conn.send_many(handle, CATALOG.message_type, bodies)  # type: ignore[arg-type]
+
+
+async def _plain(conn: client.Connection, batch: int) -> float:
+    started = time.perf_counter()
+    begin = asyncio.ensure_future(conn.begin_transaction())
+    got = await conn.receive(CATALOG.target_queue, top=batch)
+    await begin
+    await conn.commit()
+    if len(got) != batch:
+        raise BenchFailure(f"received {len(got)} messages of {batch}")
+    return time.perf_counter() - started
+
+
+async def _rows(conn: client.Connection, batch: int, per_message: bool) -> float:
+    started = time.perf_counter()
+    begin = asyncio.ensure_future(conn.begin_transaction())
+    got = await conn.receive(CATALOG.target_queue, top=batch)
+    await begin
+    if per_message:
+        inserts = [
+            asyncio.ensure_future(conn.execute(INSERT_ONE, m.queuing_order, m.message_body))
+            for m in got
+        ]
+    else:
+        values = ", ".join(f"(@p{2 * i + 1}, @p{2 * i + 2})" for i in range(len(got)))
+        parameters = [v for m in got for v in (m.queuing_order, m.message_body)]
+        inserts = [asyncio.ensure_future(conn.execute(INSERT_MANY + values, *parameters))]
+    commit = asyncio.ensure_future(conn.commit())
+    for insert in inserts:
+        await insert
+    await commit
+    if len(got) != batch:
+        raise BenchFailure(f"received {len(got)} messages of {batch}")
+    return time.perf_counter() - started
+
+
+async def measure(url: str, options: Options) -> tuple[float, float, float]:
+    await CATALOG.create(url)
+    async with await client.connect(url) as conn:
+        await conn.execute(
+            "CREATE TABLE Received (queuing_order BIGINT PRIMARY KEY, body VARBINARY(MAX))"
+        )
+        handle = await CATALOG.begin_dialog(conn)
+        await _fill(conn, handle, 3 * options.rounds * options.batch)
+        plain: list[float] = []
+        rows: list[float] = []
+        statements: list[float] = []
+        for _ in range(options.rounds):
+            plain.append(await _plain(conn, options.batch))
+            rows.append(await _rows(conn, options.batch, per_message=False))
+            statements.append(await _rows(conn, options.batch, per_message=True))
+        stored = (await conn.execute("SELECT COUNT(*) FROM Received")).scalar()
+        if stored != 2 * options.rounds * options.batch:
+            raise BenchFailure(f"the table holds {stored} rows, not one per message")
+        return statistics.median(plain), statistics.median(rows), statistics.median(statements)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tables", description=__doc__)
+    parser.add_argument("--batch", type=int, default=Options.batch)
+    parser.add_argument("--rounds", type=int, default=Options.rounds)
+    parser.add_argument("--durability", choices=("fsync", "os"), default=Options.durability)
+    parser.add_argument("--json", help="write the results as JSON to this file ('-': stdout)")
+    options = options_from(Options, parse_args(parser, argv, {"batch": 10, "rounds": 2}))
+    with broker(options.durability) as process:
+        plain, rows, statements = run(measure(process.url, options))
+    ratio = rows / plain
+    print(
+        f"batches of {options.batch} ({options.durability}): RECEIVE + COMMIT"
+        f" {plain * 1e3:.2f} ms; RECEIVE + INSERT of a row per message + COMMIT"
+        f" {rows * 1e3:.2f} ms, ratio rows/plain {ratio:.2f} (target at most"
+        f" {RATIO_TARGET:.1f}); with an INSERT statement per message {statements * 1e3:.2f} ms,"
+        f" ratio {statements / plain:.2f}"
+    )
+    if options.json:
+        write_json(
+            options.json,
+            "tables",
+            options,
+            plain_ms=plain * 1e3,
+            rows_ms=rows * 1e3,
+            statements_ms=statements * 1e3,
+            ratio=ratio,
+        )
+    if options.smoke:
+        return 0
+    return 0 if ratio <= RATIO_TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
