@@ -8,6 +8,18 @@ whatever the database), `sql` (SQL both databases run), and one module per famil
 tables (`catalog`, `endpoints`, `messages`, `transmission`, `remote`, `security`,
 `outcomes`, `logs`; `tables` is them all). Callers catch `StoreError`, never the
 database's own exceptions.
+
+Users' tables (`user_sql`, `user_tables`). The store writes behind, with group commit,
+yet a user's table statement needs its result at once, its effects committed in the
+same store commit as its transaction's RECEIVE and SEND, and isolation from other
+transactions. The design: a statement is translated from T-SQL with sqlglot (refused
+before anything runs when it cannot be), run at once on the writer connection inside a
+database transaction that is never committed (kept open while the same transaction's
+statements follow one another, rolled back when the connection is needed for anything
+else), and run again, in order and with the same values, in the batch of its
+transaction's commit. Table locks held by the core until that batch is durable
+(`_core.tables`) make the second run give the first run's results: isolation is
+serializable. Only the SQLite store holds tables for now.
 """
 
 from __future__ import annotations
