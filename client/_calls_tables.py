@@ -23,11 +23,14 @@ class Result:
         columns: the names of the columns of `rows` (a SELECT, or a change with OUTPUT).
         rows: the rows, as tuples.
         rowcount: the rows the statement changed (INSERT, UPDATE, DELETE) or answered.
+        more: the answer has more rows than one page holds (10,000, or about 4 MiB):
+            `fetch_rows()` returns the next page, until one's `more` is False.
     """
 
     columns: tuple[str, ...]
     rows: list[tuple[Any, ...]]
     rowcount: int
+    more: bool = False
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return iter(self.rows)
@@ -45,6 +48,7 @@ def _result(value: Any) -> Result:
         tuple(value.get("columns") or ()),
         [tuple(row) for row in value.get("rows") or ()],
         int(value.get("rowcount", 0)),
+        bool(value.get("more")),
     )
 
 
@@ -74,3 +78,10 @@ def execute(sql: str, /, *parameters: Any, **named: Any) -> Call[Result]:
     elif named:
         arguments["parameters"] = dict(named)
     return Call("execute", arguments, _result)
+
+
+def fetch_rows() -> Call[Result]:
+    """The next page of this connection's last `execute` answer whose `more` was True
+    (before its next statement): a `Result` of the same columns, `more` when pages are
+    left."""
+    return Call("fetch_rows", {}, _result)

@@ -231,3 +231,4 @@ class Operations:
     procedure = operation(databases.procedure)
     drop_procedure = operation(databases.drop_procedure)
     execute = operation(tables.execute)
+    fetch_rows = operation(tables.fetch_rows)

@@ -239,3 +239,32 @@ async def test_a_dropped_database_takes_its_tables(broker: BrokerProcess) -> Non
         await conn.use("Sales")
         with pytest.raises(client.SqlError, match="no such table: t"):
             await conn.execute("SELECT a FROM T")
+
+
+async def test_an_answer_larger_than_a_page_comes_in_pages(conn: client.Connection) -> None:
+    await conn.execute("CREATE TABLE Numbers (n INT PRIMARY KEY, pad VARBINARY(MAX))")
+    for first in range(0, 25_000, 1_000):
+        values = ", ".join(f"(@p{i + 1}, 0x00)" for i in range(1_000))
+        await conn.execute(f"INSERT INTO Numbers VALUES {values}", *range(first, first + 1_000))
+    result = await conn.execute("SELECT n FROM Numbers ORDER BY n")
+    assert result.more and result.rowcount == 25_000 and len(result.rows) == 10_000
+    rows = list(result.rows)
+    while result.more:
+        result = await conn.fetch_rows()
+        assert result.columns == ("n",)
+        rows += result.rows
+    assert rows == [(n,) for n in range(25_000)]
+    with pytest.raises(client.InvalidArgumentError, match="no rows are waiting"):
+        await conn.fetch_rows()
+    # a large row makes a page smaller: about 4 MiB
+    await conn.execute("UPDATE Numbers SET pad = @p1 WHERE n < 10", b"x" * 1_000_000)
+    result = await conn.execute("SELECT pad FROM Numbers WHERE n < 10")
+    assert result.more and len(result.rows) == 5
+    # T-SQL reads every page
+    from ssb.tsql import Collect, Session, split_batches
+
+    out = Collect()
+    session = Session(conn, out)
+    [batch] = split_batches("SELECT n FROM Numbers WHERE n >= 5000")
+    assert await session.run_batch(batch), out.errors
+    assert len(out.results[-1].rows) == 20_000

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from ssb import client
+
 from . import _ast as ast
 from . import _types as t
 from ._errors import SqlError
@@ -23,8 +25,6 @@ from ._output import ResultSet
 from ._query import from_sqlite, plain_text, to_sqlite
 
 if TYPE_CHECKING:
-    from ssb import client
-
     from ._context import Context as Session
     from ._frame import Frame
 
@@ -42,9 +42,13 @@ def _parameters(variables: Sequence[str], frame: Frame) -> dict[str, Any]:
 async def _run(
     session: Session, text: str, variables: Sequence[str], frame: Frame
 ) -> client.Result:
-    call = session.connection().execute(text, **_parameters(variables, frame))
-    result: client.Result = await session.broker(call)
-    return result
+    conn = session.connection()
+    first: client.Result = await session.broker(conn.execute(text, **_parameters(variables, frame)))
+    rows, page = list(first.rows), first
+    while page.more:  # an answer larger than a page: the rest comes page by page
+        page = await session.broker(conn.fetch_rows())
+        rows += page.rows
+    return client.Result(first.columns, rows, first.rowcount)
 
 
 def result_set(result: client.Result) -> ResultSet:

@@ -253,6 +253,7 @@ class Engine:
         self.receiving.kick(queue)
 
     def session_closed(self, session: Session) -> None:
+        self.tables.session_closed(session)
         self.listener.session_closed(session)
 
     # ---- start ---------------------------------------------------------------------------

@@ -24,6 +24,9 @@ way the statement fails and the client decides (usually: roll back and try again
 Who may do what is asked of `authorize` (the daemon's permissions), with the translated
 statement; `created` and `dropped` hear of tables once their CREATE or DROP commits.
 `names` are the tables that exist, committed (by key, `names.qualify`).
+
+An answer comes in pages (`PAGE_ROWS`, about `PAGE_BYTES`): the rest waits for the
+session's `fetch_rows`, until its next statement or its end.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from .transactions import Session, Transaction, Transactions
 
 MAX_PARAMETERS: Final = 2100  # SQL Server's limit on a statement's parameters
 DEFAULT_STATEMENT_TIMEOUT: Final = 30.0
+PAGE_ROWS: Final = 10_000  # rows of an answer in one page at most
+PAGE_BYTES: Final = 4 * 1024 * 1024  # about what they weigh at most
 SHARED: Final = "S"
 EXCLUSIVE: Final = "X"
 _VALUE_TYPES: Final = (type(None), bool, int, float, str, bytes, uuid.UUID, Decimal)
@@ -182,6 +187,8 @@ class Tables:
         self.statement_timeout = statement_timeout
         self.locks = TableLocks(clock)
         self.names: set[str] = set()
+        # by session: the columns and rows of its last answer left to fetch
+        self._pages: dict[int, tuple[list[str], deque[tuple[Any, ...]]]] = {}
         # the daemon's permissions: raise PERMISSION_DENIED, or return
         self.authorize: Callable[[Session, TableStatement], None] = lambda s, st: None
         self.created: Callable[[str, str], None] = lambda key, login: None
@@ -192,7 +199,7 @@ class Tables:
         self.names = {qualify(database, table) for database, table in names}
 
     def operations(self) -> dict[str, Callable[..., Any]]:
-        return {"execute": self.execute}
+        return {"execute": self.execute, "fetch_rows": self.fetch_rows}
 
     async def execute(
         self, session: Session, sql: object, parameters: object = None
@@ -201,7 +208,8 @@ class Tables:
         in its own). `parameters`: a list (@p1, @p2, ...) or a dict by name (without @).
 
         Returns:
-            {"columns": [...], "rows": [[...], ...], "rowcount": n}.
+            {"columns": [...], "rows": [[...], ...], "rowcount": n, "more": bool}: the
+            first page of the rows; "more" when `fetch_rows` has further pages.
         """
         if not isinstance(sql, str) or not sql.strip():
             raise bad_argument("sql must be the text of one table statement")
@@ -233,11 +241,51 @@ class Tables:
         txn.table_statements.append((statement, values))
         if not txn.explicit:
             self.transactions.finish(txn)
+        self._pages.pop(session.ident, None)
+        rows = deque(answer.rows)
+        page = self._page(rows)
+        if rows:
+            self._pages[session.ident] = (list(answer.columns), rows)
         return {
             "columns": list(answer.columns),
-            "rows": [list(row) for row in answer.rows],
+            "rows": page,
             "rowcount": answer.rowcount,
+            "more": bool(rows),
         }
+
+    def fetch_rows(self, session: Session) -> dict[str, Any]:
+        """Operation: the next page of the session's last answer that did not fit one
+        (its "more" was true).
+
+        Returns:
+            {"columns": [...], "rows": [[...], ...], "rowcount": rows in this page,
+            "more": whether pages are left after this one}.
+        """
+        pending = self._pages.get(session.ident)
+        if pending is None:
+            raise bad_argument(
+                "no rows are waiting: fetch_rows follows an answer whose 'more' was true, on"
+                " the same connection, before its next statement"
+            )
+        columns, rows = pending
+        page = self._page(rows)
+        if not rows:
+            del self._pages[session.ident]
+        return {"columns": columns, "rows": page, "rowcount": len(page), "more": bool(rows)}
+
+    def session_closed(self, session: Session) -> None:
+        self._pages.pop(session.ident, None)
+
+    @staticmethod
+    def _page(rows: deque[tuple[Any, ...]]) -> list[list[Any]]:
+        """Take the first page off `rows`: at most PAGE_ROWS, about PAGE_BYTES."""
+        page: list[list[Any]] = []
+        weight = 0
+        while rows and len(page) < PAGE_ROWS and (not page or weight < PAGE_BYTES):
+            row = rows.popleft()
+            weight += sum(len(v) if isinstance(v, (str, bytes)) else 9 for v in row) + 4
+            page.append(list(row))
+        return page
 
     def _failed(self, txn: Transaction) -> None:
         """A statement failed: a transaction of its own ends with it (its locks go)."""

@@ -49,8 +49,8 @@ from .commit import Committer
 from .user_sql import Statement
 
 PROGRESS_STEPS: Final = 10_000  # SQLite steps between looks at a statement's deadline
-MAX_ANSWER_ROWS: Final = 100_000  # rows one statement may answer
-MAX_ANSWER_BYTES: Final = 32 * 1024 * 1024  # what they may weigh, about (half a frame)
+MAX_ANSWER_ROWS: Final = 1_000_000  # rows one statement may answer (in pages)
+MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024  # what they may weigh, about
 _STORE_NAME: Final = re.compile(r'"?u:[^:"\s]+:([^:"\s]+)(?::([^"\s]+))?"?')
 
 
@@ -258,8 +258,8 @@ def _answer(cursor: sqlite3.Cursor, statement: Statement) -> TableAnswer:
         if len(rows) > MAX_ANSWER_ROWS or weight > MAX_ANSWER_BYTES:
             raise TableError(
                 f"the answer is larger than {MAX_ANSWER_ROWS} rows or"
-                f" {MAX_ANSWER_BYTES // (1024 * 1024)} MiB; answers are not paged yet: ask"
-                " for fewer rows (TOP, WHERE) at a time"
+                f" {MAX_ANSWER_BYTES // (1024 * 1024)} MiB: ask for fewer rows (TOP, WHERE)"
+                " at a time"
             )
     return TableAnswer(columns, rows, len(rows))
 
