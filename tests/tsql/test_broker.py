@@ -495,3 +495,28 @@ async def test_a_state_table_keyed_by_conversation_group_with_receive_and_send(
     assert [m.message_body.decode("utf-16-le") for m in replies] == ["12", "42"]
     # the rows are the broker's: Python reads the same table
     assert (await conn.execute("SELECT items, total FROM OrderState")).rows == [(2, 42)]
+
+
+async def test_a_stored_procedure_changes_tables_in_its_callers_transaction(
+    conn: client.Connection,
+) -> None:
+    session, out = new_session(conn, login="admin")
+    assert await run(
+        session,
+        "CREATE TABLE Audit (id INT IDENTITY(1,1) PRIMARY KEY, note NVARCHAR(50))\n"
+        "GO\n"
+        "CREATE PROCEDURE Note @text NVARCHAR(50) AS\n"
+        "BEGIN\n"
+        "  INSERT INTO Audit (note) VALUES (@text);\n"
+        "  SELECT COUNT(*) AS notes FROM Audit;\n"
+        "END\n"
+        "GO\n"
+        "BEGIN TRANSACTION\n"
+        "EXEC Note N'kept'\n"
+        "COMMIT\n"
+        "BEGIN TRANSACTION\n"
+        "EXEC Note @text = N'undone'\n"
+        "ROLLBACK\n"
+        "SELECT id, note FROM Audit\n",
+    ), out.errors
+    assert [table(r) for r in out.results] == [[[1]], [[2]], [[1, "kept"]]]
