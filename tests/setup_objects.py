@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
+
 from ssb import client
 
 ASYNC_CONTRACT = {"AsyncSent": "INITIATOR", "AsyncDone": "TARGET"}
@@ -46,3 +49,26 @@ async def receive_bodies(
         if len(received) >= count:
             break
     return received
+
+
+async def send_numbered(
+    conn: client.Connection,
+    handles: list[uuid.UUID],
+    per: int,
+    batch: int,
+    body: Callable[[int, int], bytes],
+    progress: list[int] | None = None,
+) -> None:
+    """Send `per` messages on each conversation of `handles`, `body(conversation number,
+    message number)`, `batch` per transaction with `run_transaction`, round robin over the
+    conversations; `progress[0]` counts the messages sent."""
+    for first in range(0, per, batch):
+        for number, handle in enumerate(handles):
+            bodies = [body(number, i) for i in range(first, min(per, first + batch))]
+
+            async def send(c: client.Connection) -> None:
+                await c.send_many(handle, "DEFAULT", bodies)  # noqa: B023 - run at once
+
+            await conn.run_transaction(send)
+            if progress is not None:
+                progress[0] += len(bodies)

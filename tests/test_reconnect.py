@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from daemon import BrokerProcess
 from faultproxy import FaultPlan, ThreadedFaultProxy
+from setup_objects import send_numbered
 
 from ssb import client
 from ssb.client import _calls as calls
@@ -45,16 +46,7 @@ async def _produce(
 ) -> client.Connection:
     """Send `total` numbered messages, BATCH per transaction, round robin over handles."""
     conn = await client.connect(url, reconnect_deadline=60.0)
-    per = total // CONVERSATIONS
-    for first in range(0, per, BATCH):
-        for number, handle in enumerate(handles):
-            bodies = [TAG.pack(number, i) for i in range(first, min(per, first + BATCH))]
-
-            async def send(c: client.Connection) -> None:
-                await c.send_many(handle, "DEFAULT", bodies)  # noqa: B023 - run at once
-
-            await conn.run_transaction(send)
-            progress[0] += len(bodies)
+    await send_numbered(conn, handles, total // CONVERSATIONS, BATCH, TAG.pack, progress)
     return conn
 
 

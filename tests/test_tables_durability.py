@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from daemon import BrokerProcess
 from faultproxy import FaultPlan, ThreadedFaultProxy
+from setup_objects import send_numbered
 
 from ssb import client
 from ssb.tools import wait_until
@@ -61,15 +62,7 @@ async def _setup(url: str) -> list[uuid.UUID]:
 
 async def _produce(url: str, handles: list[uuid.UUID]) -> None:
     async with await client.connect(url, reconnect_deadline=60.0) as conn:
-        per = MESSAGES // CONVERSATIONS
-        for first in range(0, per, BATCH):
-            for number, handle in enumerate(handles):
-                bodies = [TAG.pack(number, i) for i in range(first, min(per, first + BATCH))]
-
-                async def send(c: client.Connection) -> None:
-                    await c.send_many(handle, "DEFAULT", bodies)  # noqa: B023 - run at once
-
-                await conn.run_transaction(send)
+        await send_numbered(conn, handles, MESSAGES // CONVERSATIONS, BATCH, TAG.pack)
 
 
 async def _consume(url: str, applied: list[int], top: int) -> None:

@@ -475,8 +475,13 @@ class BrokerParser(ExpressionParser):
     # ---- what ssb parses and refuses ----------------------------------------------------------
 
     def _refused_rest(self, line: int, what: str, instead: str) -> ast.Statement:
-        """Skip to the end of the statement (the batch's next statement keyword at the
-        same parenthesis depth, or `;`) and refuse it when it runs."""
+        """Skip to the end of the statement and refuse it when it runs."""
+        self.statement_rest()
+        return ast.Refused(line, what, instead)
+
+    def statement_rest(self) -> None:
+        """Skip to the end of the statement: the batch's next statement keyword at the
+        same parenthesis depth, or `;`."""
         depth = 0
         while not self.at_end:
             token = self.token
@@ -495,7 +500,6 @@ class BrokerParser(ExpressionParser):
             ):
                 break
             self.advance()
-        return ast.Refused(line, what, instead)
 
 
 _STATEMENT_STARTS = frozenset(

@@ -12,7 +12,7 @@ from typing import Final
 
 from . import _ast as ast
 from ._lexer import Kind, Token
-from ._parse_broker import _STATEMENT_STARTS, BrokerParser
+from ._parse_broker import BrokerParser
 
 # the words after CREATE / ALTER / DROP that name a table statement
 TABLE_OBJECTS: Final = frozenset(("TABLE", "INDEX", "UNIQUE", "CLUSTERED", "NONCLUSTERED"))
@@ -31,7 +31,7 @@ class TableParser(BrokerParser):
             self.table_name()
             if self.token.upper in _ALTER_ACTIONS:
                 self.advance()
-        self._statement_rest()
+        self.statement_rest()
         return self._table_statement(line, start)
 
     def table_name(self) -> None:
@@ -50,21 +50,6 @@ class TableParser(BrokerParser):
             elif self.at_op(")"):
                 depth -= 1
             elif depth <= 0 and (self.at(*ends) or self.at_op(";")):
-                return
-            self.advance()
-
-    def _statement_rest(self) -> None:
-        depth = 0
-        while not self.at_end:
-            token = self.token
-            if token.kind is Kind.OP:
-                if token.text == "(":
-                    depth += 1
-                elif token.text == ")":
-                    depth -= 1
-                elif token.text == ";" and depth <= 0:
-                    return
-            elif depth <= 0 and token.kind is Kind.NAME and token.upper in _STATEMENT_STARTS:
                 return
             self.advance()
 
