@@ -168,10 +168,8 @@ class UserTables(Committer):
     ) -> None:
         for statement, values in statements:
             assert isinstance(statement, Statement)
-            # a statement object of its own: a batch shares one executemany between
-            # consecutive writes of the same object, which DDL cannot run
-            sql = statement.replay if statement.kind == "change" else statement.sql + " "
-            self._add(sql, parameters(statement, values))
+            if statement.kind != "query":  # (a query changed nothing)
+                self._add(statement.replay, parameters(statement, values))
 
     def _inline(self, owner: object, done: Sequence[Any], statement: Statement) -> bool:
         """Whether to run a statement on the event loop rather than the store thread: a
@@ -215,6 +213,8 @@ class UserTables(Committer):
             self._provisional = (owner, 0)
             for earlier, values in done:
                 assert isinstance(earlier, Statement)
+                if earlier.kind == "query":
+                    continue
                 try:
                     db.execute(earlier.sql, parameters(earlier, values)).fetchall()
                 except sqlite3.Error as exc:

@@ -96,3 +96,22 @@ async def test_bad_values_are_refused_before_anything_runs() -> None:
     with pytest.raises(BrokerError, match="not supported") as caught:
         await core.aop("execute", "MERGE INTO t USING u ON 1 = 1 WHEN MATCHED THEN DELETE;")
     assert caught.value.code is ErrorCode.SQL_ERROR
+
+
+async def test_queries_and_repeated_statements_commit_in_one_batch() -> None:
+    """A batch writes consecutive writes of one statement together: queries are not
+    written at all, DDL one by one, the same INSERT twice as one executemany."""
+    core = Core()
+    core.op("begin_transaction")
+    for _ in range(2):
+        await _execute(core, "CREATE TABLE IF NOT EXISTS T (x INT)")
+    for x in (1, 2):
+        await _execute(core, "SELECT COUNT(*) FROM T")
+        await _execute(core, "SELECT COUNT(*) FROM T")
+        await _execute(core, "INSERT INTO T VALUES (@p1)", x)
+        await _execute(core, "INSERT INTO T VALUES (@p1)", x + 10)
+    core.op("commit")
+    core.flush()
+    assert core.store.failed is None
+    rows = (await _execute(core, "SELECT x FROM T ORDER BY x"))["rows"]
+    assert rows == [[1], [2], [11], [12]]
