@@ -1,9 +1,10 @@
-"""Parsing the statements on the broker's tables: what the parser needs to find where
-each ends and which variables it names; the broker reads the text itself.
+"""Parsing the statements on tables: the broker's tables, whose text the broker reads
+itself (the parser finds where each ends and which variables it names), and table
+variables, which the session's SQL engine runs from their text.
 
 CREATE / ALTER / DROP TABLE and INDEX run to the statement's end (a `;`, or the next
-statement's first word outside parentheses); INSERT, UPDATE and DELETE of a table are
-read as those of a table variable are, with an OUTPUT clause skipped over.
+statement's first word outside parentheses); INSERT, UPDATE and DELETE are read alike
+for a table and a table variable, with an OUTPUT clause skipped over.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 from . import _ast as ast
+from ._cursor import STATEMENT_WORDS
 from ._lexer import Kind, Token
 from ._parse_broker import BrokerParser
 
@@ -22,6 +24,8 @@ _ALTER_ACTIONS: Final = frozenset(("ADD", "DROP", "ALTER"))
 
 class TableParser(BrokerParser):
     """The table statements' part of the parser."""
+
+    statement_start: Token  # the first token of the statement being parsed (the parser's)
 
     def table_object(self, line: int, start: Token, action: str, word: str) -> ast.Statement:
         """CREATE / ALTER / DROP of a table or an index (`word` just taken)."""
@@ -59,3 +63,63 @@ class TableParser(BrokerParser):
             t.upper for t in self.tokens[first : self.i] if t.kind is Kind.VARIABLE
         )
         return ast.TableStatement(line, self.span(start), tuple(variables))
+
+    # ---- INSERT, UPDATE, DELETE of a table or a table variable ------------------------
+
+    def _insert(self, line: int) -> ast.Statement:
+        start = self.statement_start
+        self.take("INTO")
+        target = self._target()
+        if self.at_op("("):
+            self._skip_parenthesised()
+        self.table_output("VALUES", "SELECT", "DEFAULT", "WITH")
+        if self.take("VALUES"):
+            while True:
+                self.expect_op("(")
+                self._expressions()
+                self.expect_op(")")
+                if not self.take_op(","):
+                    break
+        elif self.take("DEFAULT"):
+            self.expect("VALUES")
+        else:
+            self.select()
+        return self._change(line, "INSERT", target, start)
+
+    def _update(self, line: int) -> ast.Statement:
+        start = self.statement_start
+        target = self._target()
+        self.expect("SET")
+        while True:
+            self.name()
+            self.expect_op("=")
+            self.expression()
+            if not self.take_op(","):
+                break
+        self.table_output("WHERE", *STATEMENT_WORDS)
+        if self.take("WHERE"):
+            self.expression()
+        return self._change(line, "UPDATE", target, start)
+
+    def _delete(self, line: int) -> ast.Statement:
+        start = self.statement_start
+        self.take("FROM")
+        target = self._target()
+        self.table_output("WHERE", *STATEMENT_WORDS)
+        if self.take("WHERE"):
+            self.expression()
+        return self._change(line, "DELETE", target, start)
+
+    def _target(self) -> str | None:
+        """The table variable a statement changes (its key), or None for a table."""
+        token = self.token
+        if token.kind is not Kind.VARIABLE:
+            self.table_name()
+            return None
+        self.advance()
+        return token.upper
+
+    def _change(self, line: int, action: str, target: str | None, start: Token) -> ast.Statement:
+        if target is None:
+            return self._table_statement(line, start)
+        return ast.TableChange(line, action, target, self.span(start))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from . import _ast as ast
 from ._cursor import STATEMENT_WORDS
 from ._errors import NotSupported, SqlError
-from ._lexer import Kind, Token, tokenize
+from ._lexer import Kind, tokenize
 from ._parse_tables import TABLE_OBJECTS, TableParser
 from ._types import SqlType
 
@@ -601,64 +601,6 @@ class Parser(TableParser):
             "back up the whole broker with `ssb backup DIR`; a broker's certificate is"
             " broker_certificate() of the client",
         )
-
-    def _insert(self, line: int) -> ast.Statement:
-        start = self.statement_start
-        self.take("INTO")
-        target = self._target()
-        if self.at_op("("):
-            self._skip_parenthesised()
-        self.table_output("VALUES", "SELECT", "DEFAULT", "WITH")
-        if self.take("VALUES"):
-            while True:
-                self.expect_op("(")
-                self._expressions()
-                self.expect_op(")")
-                if not self.take_op(","):
-                    break
-        elif self.take("DEFAULT"):
-            self.expect("VALUES")
-        else:
-            self.select()
-        return self._change(line, "INSERT", target, start)
-
-    def _update(self, line: int) -> ast.Statement:
-        start = self.statement_start
-        target = self._target()
-        self.expect("SET")
-        while True:
-            self.name()
-            self.expect_op("=")
-            self.expression()
-            if not self.take_op(","):
-                break
-        self.table_output("WHERE", *STATEMENT_WORDS)
-        if self.take("WHERE"):
-            self.expression()
-        return self._change(line, "UPDATE", target, start)
-
-    def _delete(self, line: int) -> ast.Statement:
-        start = self.statement_start
-        self.take("FROM")
-        target = self._target()
-        self.table_output("WHERE", *STATEMENT_WORDS)
-        if self.take("WHERE"):
-            self.expression()
-        return self._change(line, "DELETE", target, start)
-
-    def _target(self) -> str | None:
-        """The table variable a statement changes (its key), or None for a table."""
-        token = self.token
-        if token.kind is not Kind.VARIABLE:
-            self.table_name()
-            return None
-        self.advance()
-        return token.upper
-
-    def _change(self, line: int, action: str, target: str | None, start: Token) -> ast.Statement:
-        if target is None:
-            return self._table_statement(line, start)
-        return ast.TableChange(line, action, target, self.span(start))
 
     def _refused_statement(self, line: int) -> ast.Statement:
         word = self.tokens[self.i - 1].upper
