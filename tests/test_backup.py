@@ -23,6 +23,8 @@ async def test_a_backup_of_a_running_broker_starts_as_the_same_broker(
     await conn.create_service("OrderService", queue="Orders", contracts=["DEFAULT"])
     handle = await conn.begin_dialog("OrderService", "OrderService")
     await conn.send_many(handle, "DEFAULT", [f"order {n}".encode() for n in range(MESSAGES)])
+    await conn.execute("CREATE TABLE Ledger (n INT PRIMARY KEY)")  # users' tables too
+    await conn.execute("INSERT INTO Ledger VALUES (1), (2)")
     copy = tmp_path / "copy"
 
     result = _backup(copy, broker.data_dir)  # while the broker runs
@@ -34,6 +36,7 @@ async def test_a_backup_of_a_running_broker_starts_as_the_same_broker(
         assert (copy / name).stat().st_mode & 0o077 == 0  # private, as the daemon's files
     assert not (copy / "LOCK").exists() and not (copy / "broker.json").exists()
     await conn.send(handle, "DEFAULT", b"after the backup")
+    await conn.execute("INSERT INTO Ledger VALUES (3)")
     await conn.close()
     assert broker.stop() == 0
 
@@ -46,6 +49,7 @@ async def test_a_backup_of_a_running_broker_starts_as_the_same_broker(
             assert bodies == [f"order {n}".encode() for n in range(MESSAGES)]
             certificate = (broker.data_dir / "broker-cert.pem").read_text()
             assert await again.broker_certificate() == certificate  # the same identity
+            assert (await again.execute("SELECT n FROM Ledger ORDER BY n")).rows == [(1,), (2,)]
     finally:
         restored.kill()
 
