@@ -81,7 +81,7 @@ from .errors import StoreError, StoreFailure, StoreUnavailable, describe_failure
 from .port import Store
 from .schema import MEMORY, READER_CACHE_KIB, WRITER_CACHE_KIB, connect, create
 from .tables import MULTI_ROW, ROW_COUNTS, AllTables
-from .user_tables import UserTables
+from .user_tables import UserTables, add_functions
 
 if TYPE_CHECKING:
     from .port import ManualStore
@@ -219,6 +219,7 @@ class SQLiteStore(AllTables, UserTables):
         # database that another process holds fails the commit at once, to be retried
         self._db = connect(path, WRITER_CACHE_KIB, timeout=0.0)
         create(self._db, path, durability)
+        add_functions(self._db)
         self._reader = self._db if memory else connect(path, READER_CACHE_KIB)
         self._streak = 0  # batches committed inline since the last threaded commit
         self._streak_rows = 0  # and the rows they touched

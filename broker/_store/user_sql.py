@@ -16,8 +16,9 @@ so the two can never meet; a name must be a regular identifier (letters, digits,
 the session's database. A table named without an alias keeps its own name as alias, so
 `t.col` still means its column.
 
-Values. Parameters are `@name` (`@p1`, `@g`: the client's named or positional values);
-GETDATE(), SYSDATETIME(), SYSUTCDATETIME(), GETUTCDATE() and NEWID() are evaluated once,
+Values. T-SQL's `+` becomes `ssb_add` (text joins, numbers add; `user_tables`
+registers it) outside a table's schema, and N'text' is 'text'. Parameters are `@name`
+(`@p1`, `@g`: the client's named or positional values); GETDATE(), SYSDATETIME(), SYSUTCDATETIME(), GETUTCDATE() and NEWID() are evaluated once,
 when the statement runs, and bound as parameters: the statement then gives the same
 result when the store runs it again at commit (see `user_tables`). Columns keep their
 declared SQL Server type as SQLite's type name (it gives the column SQLite's matching
@@ -39,6 +40,7 @@ from sqlglot.errors import ErrorLevel, SqlglotError
 from .._core.ports import TableError
 
 MAX_NAME: Final = 128
+ADD: Final = "ssb_add"  # T-SQL's + (see `user_tables.add_functions`)
 TRANSLATIONS_KEPT: Final = 1024
 MAX_STATEMENT: Final = 256 * 1024  # characters of one statement's text
 PREFIX: Final = "u:"
@@ -350,12 +352,14 @@ def _values(node: exp.Expression) -> tuple[list[str], list[tuple[str, str]]]:
         if function is None and isinstance(call, exp.Anonymous):
             function = _VOLATILE_NAMES.get(call.name.upper())
         if function is None:
-            if isinstance(call, exp.Anonymous):
+            if isinstance(call, exp.Anonymous) and call.name != ADD:
                 raise refused(f"the function {call.name.upper()}()")
             continue
         name = f"__v{len(volatile)}"
         volatile.append((name, function))
         call.replace(exp.Parameter(this=exp.Var(this=name)))
+    for national in list(node.find_all(exp.National)):  # N'text' is SQLite's 'text'
+        national.replace(exp.Literal.string(national.this))
     names: list[str] = []
     for parameter in list(node.find_all(exp.Parameter)):
         if isinstance(parameter.parent, exp.Parameter):
@@ -435,6 +439,9 @@ def translate(text: str, database: str) -> Statement:
         kind, returns_rows = _dml(node, database, reads, writes)
     else:
         raise refused(f"the statement {node.key.upper()}")
+    if kind != "ddl":  # (a table's schema keeps SQLite's own +: it outlives this process)
+        for add in list(node.find_all(exp.Add)):  # T-SQL's + joins text, SQLite's adds
+            add.replace(exp.Anonymous(this=ADD, expressions=[add.this, add.expression]))
     names, volatile = _values(node)
     sql = _written(node)
     replay = sql

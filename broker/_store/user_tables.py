@@ -95,6 +95,32 @@ def _evaluate(function: str) -> Any:
     return now.replace(tzinfo=None).isoformat(sep=" ", timespec="milliseconds")
 
 
+def _number(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)  # (a ValueError fails the statement, as SQL Server's 245)
+
+
+def _add(a: Any, b: Any) -> Any:
+    """T-SQL's `+`: text and text (or bytes and bytes) join, anything else adds, a text
+    taken as its number; NULL with anything is NULL."""
+    if a is None or b is None:
+        return None
+    if isinstance(a, str) and isinstance(b, str):
+        return a + b
+    if isinstance(a, bytes) and isinstance(b, bytes):
+        return a + b
+    left: Any = _number(a) if isinstance(a, str) else a
+    right: Any = _number(b) if isinstance(b, str) else b
+    return left + right
+
+
+def add_functions(db: sqlite3.Connection) -> None:
+    """What users' statements call on the writer connection besides SQLite's own."""
+    db.create_function(user_sql.ADD, 2, _add, deterministic=True)
+
+
 def parameters(statement: Statement, values: dict[str, Any]) -> tuple[Any, ...]:
     """The statement's positional parameters from the values by name.
 

@@ -196,3 +196,17 @@ async def test_commits_wait_for_provisional_work_on_the_store_thread(tmp_path: P
         assert not failures
     finally:
         await store.close()
+
+
+async def test_plus_joins_text_and_adds_numbers_as_t_sql_does(storage: ManualStore) -> None:
+    if not isinstance(storage, SQLiteStore):
+        return
+    txn: Done = []
+    await _run(storage, txn, txn, "CREATE TABLE T (a NVARCHAR(10), n INT, b VARBINARY(10))")
+    await _run(storage, txn, txn, "INSERT INTO T VALUES (N'ab', 2, 0x01)")
+    rows = await _run(
+        storage, txn, txn, "SELECT a + N'c', n + 1, n + '40', b + 0x02, a + NULL FROM T"
+    )
+    assert rows.rows == [("abc", 3, 42, b"\x01\x02", None)]
+    with pytest.raises(TableError):
+        await _run(storage, txn, txn, "SELECT n + 'x' FROM T")
