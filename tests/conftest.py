@@ -47,6 +47,7 @@ TABLE_TESTS = (
     "test_tables.py",
     "test_tables_durability.py",
     "tsql/test_broker.py::test_a_state_table_keyed_by_conversation_group_with_receive_and_send",
+    "tsql/test_broker.py::test_a_failed_table_statement_has_sql_servers_number",
     "tsql/test_cli.py::test_a_script_keeping_its_state_in_a_table_runs_unchanged",
     "test_docs.py::test_a_complete_program_runs[docs/tables.md",
 )

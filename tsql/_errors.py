@@ -148,6 +148,20 @@ _BROKER_NUMBERS: Final = {
 }
 
 
+# what a failed table statement says -> SQL Server's number for that failure (scripts
+# catch 2627 to find a row that is there already)
+_TABLE_NUMBERS: Final = (
+    ("UNIQUE constraint failed", 2627),
+    ("NOT NULL constraint failed", 515),
+    ("CHECK constraint failed", 547),
+    ("FOREIGN KEY constraint failed", 547),
+    ("no such table", 208),
+    ("no such column", 207),
+    ("already exists", 2714),
+    ("PRIMARY KEY constraint on nullable column", 8111),
+)
+
+
 def from_broker(exc: client.BrokerError) -> SqlError:
     """The client's error as the SqlError a script sees (the broker's words kept)."""
     if exc.code is None:
@@ -156,5 +170,7 @@ def from_broker(exc: client.BrokerError) -> SqlError:
     number = _BROKER_NUMBERS.get(exc.code, SSB_NUMBERS + int(exc.code))
     if exc.code is ErrorCode.WRONG_DIRECTION and "is the target side" in exc.message:
         number = 8434  # SENT BY INITIATOR, sent by the target
+    if exc.code is ErrorCode.SQL_ERROR:  # a table statement: SQL Server's number for it
+        number = next((n for said, n in _TABLE_NUMBERS if said in exc.message), number)
     level = 20 if int(exc.code) >= 9000 else USER
     return SqlError(number, exc.message, level=level)

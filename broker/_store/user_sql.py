@@ -35,6 +35,7 @@ from typing import Final
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.sqlite import SQLite
 from sqlglot.errors import ErrorLevel, SqlglotError
 
 from .._core.ports import TableError
@@ -200,26 +201,34 @@ def _column_type(kind: exp.DataType) -> exp.DataType:
     base = text.split("(")[0].strip()
     if base not in _TYPES:
         raise refused(f"the column type {text}")
+    if base == "INTEGER":  # (sqlglot writes INT so) SQLite's INTEGER PRIMARY KEY would be
+        text = "INT"  # its rowid, numbering a NULL key where SQL Server refuses it
     return exp.DataType(this=exp.DataType.Type.USERDEFINED, kind=re.sub(r"\(\s*MAX\s*\)", "", text))
 
 
-def _column(column: exp.ColumnDef) -> None:
+def _column(column: exp.ColumnDef, keyed: bool = False) -> None:
+    """Check a column and write it as SQLite declares it (`keyed`: in the table's
+    PRIMARY KEY (...))."""
     _check_name(column.name, "column name")
     column.this.set("quoted", True)
     kind = column.args.get("kind")
     if not isinstance(kind, exp.DataType):
         raise TableError(f"column {column.name} needs a type")
     identity = None
-    primary = False
+    primary = any(isinstance(c.kind, exp.PrimaryKeyColumnConstraint) for c in column.constraints)
     for constraint in column.constraints:
         what = constraint.kind
         if isinstance(what, exp.GeneratedAsIdentityColumnConstraint):
             identity = what
-        elif isinstance(what, exp.PrimaryKeyColumnConstraint):
-            primary = True
+        elif isinstance(what, exp.NotNullColumnConstraint) and what.args.get("allow_null"):
+            if primary or keyed:
+                raise TableError(
+                    f"Cannot define PRIMARY KEY constraint on nullable column '{column.name}'"
+                )
         elif not isinstance(
             what,
-            exp.NotNullColumnConstraint
+            exp.PrimaryKeyColumnConstraint
+            | exp.NotNullColumnConstraint
             | exp.DefaultColumnConstraint
             | exp.UniqueColumnConstraint
             | exp.CheckColumnConstraint,
@@ -227,6 +236,10 @@ def _column(column: exp.ColumnDef) -> None:
             raise refused(f"the column constraint {constraint.sql('tsql')}")
     if identity is None:
         column.set("kind", _column_type(kind))
+        if (primary or keyed) and not any(
+            isinstance(c.kind, exp.NotNullColumnConstraint) for c in column.constraints
+        ):  # SQLite lets NULL into a PRIMARY KEY column; SQL Server does not
+            column.append("constraints", exp.ColumnConstraint(kind=exp.NotNullColumnConstraint()))
         return
     seed, step = identity.args.get("start"), identity.args.get("increment")
     if (
@@ -265,9 +278,15 @@ def _create(node: exp.Create, database: str, writes: dict[str, str]) -> None:
             raise refused("CREATE TABLE ... AS SELECT")
         name = _rename(schema.this, database, alias=False)
         writes[name] = "CREATE"
+        keyed = {
+            column.name.lower()
+            for key in schema.expressions
+            if isinstance(key, exp.PrimaryKey)
+            for column in key.find_all(exp.Identifier)
+        }
         for item in schema.expressions:
             if isinstance(item, exp.ColumnDef):
-                _column(item)
+                _column(item, item.name.lower() in keyed)
             elif not isinstance(item, exp.Constraint | exp.PrimaryKey | exp.UniqueColumnConstraint):
                 raise refused(f"{item.sql('tsql')} in CREATE TABLE")
         return
@@ -464,11 +483,19 @@ def translate(text: str, database: str) -> Statement:
     )
 
 
+class _Written(SQLite):
+    """SQLite's dialect with `backquoted` names: a double-quoted name SQLite does not
+    know becomes a string (SELECT "nope" returns 'nope'); a backquoted one is an error."""
+
+    class Tokenizer(SQLite.Tokenizer):
+        IDENTIFIERS = ["`"]
+
+
 def _written(node: exp.Expression) -> str:
     if isinstance(node, exp.Command):
         return f"{node.name} {node.expression}"
     try:
-        return node.sql(dialect="sqlite", identify=True, unsupported_level=ErrorLevel.RAISE)
+        return node.sql(dialect=_Written, identify=True, unsupported_level=ErrorLevel.RAISE)
     except SqlglotError as exc:
         raise TableError(f"cannot translate the statement: {exc}") from None
 

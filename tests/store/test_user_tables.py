@@ -69,15 +69,15 @@ def test_what_the_translation_refuses_before_anything_runs(sql: str, words: str)
 def test_names_live_in_their_database_and_keep_their_alias() -> None:
     statement = translate("SELECT t.a, o.b FROM dbo.T JOIN Other AS o ON t.a = o.a", "Sales")
     assert statement.sql == (
-        'SELECT "t"."a", "o"."b" FROM "u:Sales:t" AS "T" JOIN "u:Sales:other" AS "o"'
-        ' ON "t"."a" = "o"."a"'
+        "SELECT `t`.`a`, `o`.`b` FROM `u:Sales:t` AS `T` JOIN `u:Sales:other` AS `o`"
+        " ON `t`.`a` = `o`.`a`"
     )
     assert statement.reads == {"t", "other"} and statement.writes == {}
     change = translate("UPDATE T SET a = a + @Step WHERE b IN (SELECT b FROM U)", "master")
     assert change.writes == {"t": "UPDATE"} and change.reads == {"u"}
     assert change.parameters == ("step",)
     index = translate("CREATE INDEX ix ON T (a)", "master")
-    assert '"u:master:t:ix"' in index.sql and index.writes == {"t": "ALTER"}
+    assert "`u:master:t:ix`" in index.sql and index.writes == {"t": "ALTER"}
 
 
 async def test_a_statement_answers_at_once_and_commits_with_the_same_result(
@@ -210,3 +210,25 @@ async def test_plus_joins_text_and_adds_numbers_as_t_sql_does(storage: ManualSto
     assert rows.rows == [("abc", 3, 42, b"\x01\x02", None)]
     with pytest.raises(TableError):
         await _run(storage, txn, txn, "SELECT n + 'x' FROM T")
+
+
+async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
+    """A column that does not exist is an error, never its name as text (SQLite's
+    double-quoted fallback); a primary key takes no NULL, whatever its type and however
+    it is declared, and is never numbered for the caller as a rowid would be."""
+    if not isinstance(storage, SQLiteStore):
+        return
+    txn: Done = []
+    await _run(storage, txn, txn, "CREATE TABLE T (id INT PRIMARY KEY, note NVARCHAR(10))")
+    await _run(storage, txn, txn, "CREATE TABLE P (a INT, b INT, PRIMARY KEY (a, b))")
+    await _run(storage, txn, txn, "INSERT INTO T VALUES (1, N'x')")
+    for sql in (
+        "SELECT nope FROM T",
+        "INSERT INTO T (note) VALUES (N'no key')",
+        "INSERT INTO P (a) VALUES (1)",
+        "CREATE TABLE N (a INT NULL PRIMARY KEY)",
+    ):
+        with pytest.raises(TableError):
+            await _run(storage, txn, txn, sql)
+    rows = await _run(storage, txn, txn, "SELECT id, note FROM T")
+    assert rows.rows == [(1, "x")]

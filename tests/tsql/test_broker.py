@@ -520,3 +520,28 @@ async def test_a_stored_procedure_changes_tables_in_its_callers_transaction(
         "SELECT id, note FROM Audit\n",
     ), out.errors
     assert [table(r) for r in out.results] == [[[1]], [[2]], [[1, "kept"]]]
+
+
+async def test_a_failed_table_statement_has_sql_servers_number(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    """Scripts catch 2627 to find the row that is there already; the other common
+    failures carry SQL Server's numbers too."""
+    session, out = tsql
+    assert await run(
+        session,
+        "CREATE TABLE Seen (id INT PRIMARY KEY, note NVARCHAR(10))\n"
+        "INSERT INTO Seen VALUES (1, N'first')\n"
+        "GO\n"
+        "BEGIN TRY INSERT INTO Seen VALUES (1, N'again') END TRY\n"
+        "BEGIN CATCH SELECT ERROR_NUMBER() AS n END CATCH\n",
+    ), out.errors
+    assert table(out.results[-1]) == [[2627]]
+    for text in (
+        "INSERT INTO Seen (note) VALUES (N'no key')",
+        "SELECT * FROM Missing",
+        "SELECT nope FROM Seen",
+        "CREATE TABLE Seen (id INT)",
+    ):
+        assert not await run(session, text)
+    assert [e.number for e in out.errors] == [515, 208, 207, 2714]
