@@ -115,6 +115,7 @@ OPEN: Final = frozenset(
         "save_transaction",
         "rollback_to_savepoint",
         "execute",  # each statement's own needs are checked by `check_table_statement`
+        "execute_many",  # (as execute)
         "fetch_rows",  # the rest of the session's own last answer
     }
 )

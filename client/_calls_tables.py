@@ -8,7 +8,7 @@ RECEIVEs, SENDs and END CONVERSATIONs (see "Tables" in the documentation).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +78,36 @@ def execute(sql: str, /, *parameters: Any, **named: Any) -> Call[Result]:
     elif named:
         arguments["parameters"] = dict(named)
     return Call("execute", arguments, _result)
+
+
+def executemany(sql: str, rows: Iterable[Sequence[Any] | Mapping[str, Any]], /) -> Call[Result]:
+    """Run one INSERT, UPDATE or DELETE (without OUTPUT) once for each row of `rows`, in
+    order, in one request: what a loop of `execute` calls does, without a round trip per
+    row. The runs are one step of the session's transaction (outside one, they commit
+    on their own, together): when one fails, none of them is applied.
+
+    Args:
+        sql: the statement; its parameters are @p1, @p2, ... or @name.
+        rows: the parameters of each run: a sequence (the values of @p1, @p2, ...) or a
+            mapping (the values of @name by name); at most 100,000 rows.
+    Returns:
+        A `Result` whose `rowcount` is the rows the runs changed in all.
+    Raises:
+        SqlError: the statement is not an INSERT, UPDATE or DELETE without OUTPUT, is not
+            supported, or a run failed (a constraint, a missing value): nothing of it
+            was applied.
+    """
+    if not isinstance(sql, str):
+        raise TypeError(f"sql is a str, got {type(sql).__name__}")
+    wire: list[Any] = []
+    for row in rows:
+        if isinstance(row, Mapping):
+            wire.append(dict(row))
+        elif isinstance(row, Sequence) and not isinstance(row, (str, bytes)):
+            wire.append(list(row))
+        else:
+            raise TypeError(f"each row is a sequence or a mapping of values, got {row!r:.40}")
+    return Call("execute_many", {"sql": sql, "rows": wire}, _result)
 
 
 def fetch_rows() -> Call[Result]:

@@ -231,4 +231,5 @@ class Operations:
     procedure = operation(databases.procedure)
     drop_procedure = operation(databases.drop_procedure)
     execute = operation(tables.execute)
+    executemany = operation(tables.executemany)
     fetch_rows = operation(tables.fetch_rows)

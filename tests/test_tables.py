@@ -205,8 +205,36 @@ def test_the_blocking_client_runs_table_statements(broker: BrokerProcess) -> Non
         key = uuid.uuid4()
         assert conn.execute("INSERT INTO Kv VALUES (@p1, @p2)", key, b"\x00\x01").rowcount == 1
         assert conn.execute("SELECT v FROM Kv WHERE k = @k", k=key).scalar() == b"\x00\x01"
+        rows = [(uuid.uuid4(), b"%d" % i) for i in range(3)]
+        assert conn.executemany("INSERT INTO Kv VALUES (@p1, @p2)", rows).rowcount == 3
     finally:
         conn.close()
+
+
+async def test_executemany_runs_a_statement_per_row_in_one_request(
+    conn: client.Connection,
+) -> None:
+    await conn.execute("CREATE TABLE Seen (k BIGINT PRIMARY KEY, body VARBINARY(MAX))")
+    insert = "INSERT INTO Seen (k, body) VALUES (@p1, @p2)"
+    async with conn.transaction():
+        done = await conn.executemany(insert, [(k, b"%d" % k) for k in range(300)])
+        assert done.rowcount == 300
+        # one failed row: none of the rows is applied, and the transaction goes on
+        with pytest.raises(client.SqlError, match="UNIQUE"):
+            await conn.executemany(insert, [(1000, b""), (5, b"again")])
+        changed = await conn.executemany(
+            "UPDATE Seen SET body = @body WHERE k = @k",
+            [{"k": 1, "body": b"one"}, {"k": 9999, "body": b""}],
+        )
+        assert changed.rowcount == 1 and (await conn.executemany(insert, [])).rowcount == 0
+    assert (await conn.execute("SELECT COUNT(*), SUM(k) FROM Seen")).rows == [(300, 44850)]
+    assert (await conn.execute("SELECT body FROM Seen WHERE k = 1")).scalar() == b"one"
+    with pytest.raises(client.SqlError, match="with execute"):
+        await conn.executemany("SELECT k FROM Seen WHERE k = @p1", [(1,)])
+    with pytest.raises(client.SqlError, match="with execute"):
+        await conn.executemany("UPDATE Seen SET k = k OUTPUT inserted.k WHERE k = @p1", [(1,)])
+    with pytest.raises(TypeError, match="sequence or a mapping"):
+        await conn.executemany(insert, ["ab"])
 
 
 async def test_a_table_outlives_a_restart(tmp_path: Path) -> None:

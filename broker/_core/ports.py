@@ -385,6 +385,11 @@ class TableStatement(Protocol):
         ...
 
     @property
+    def returns_rows(self) -> bool:
+        """A SELECT, or a change with OUTPUT."""
+        ...
+
+    @property
     def tables(self) -> frozenset[str]: ...
 
 
@@ -403,21 +408,22 @@ class TableJournal(Protocol):
         TableError: it cannot be translated, or is not supported."""
         ...
 
-    def run_table_statement(
+    def run_table_statements(
         self,
         owner: object,
         done: Sequence[tuple[TableStatement, dict[str, Any]]],
         statement: TableStatement,
-        values: dict[str, Any],
+        many: Sequence[dict[str, Any]],
         timeout: float,
     ) -> Awaitable[TableResult]:
-        """Run `statement` with `values` after `owner`'s earlier statements `done` (the
-        transaction's, which it ran before), changing nothing durable, for at most
-        `timeout` seconds; fills `values` with what the statement evaluates once
-        (GETDATE(), NEWID()).
+        """Run `statement` once with each values of `many`, in order, after `owner`'s
+        earlier statements `done` (the transaction's, which it ran before), changing
+        nothing durable, for at most `timeout` seconds in all; fills each values with
+        what the statement evaluates once per run (GETDATE(), NEWID()). The answer is
+        the one run's (of several: their row counts added, no rows).
 
         Raises (from the awaitable):
-            TableError: it failed; nothing of it stays.
+            TableError: a run failed; nothing of any of them stays.
         """
         ...
 

@@ -43,16 +43,19 @@ from ssb.protocol import ErrorCode
 
 from .._errors import BrokerError, bad_argument
 from .names import database_of, plain, qualify
-from .ports import Clock, Journal, TableError, TableStatement
+from .ports import Clock, Journal, TableError, TableResult, TableStatement
 from .transactions import Session, Transaction, Transactions
 
 MAX_PARAMETERS: Final = 2100  # SQL Server's limit on a statement's parameters
+MAX_ROWS: Final = 100_000  # rows of parameters of one execute_many
 DEFAULT_STATEMENT_TIMEOUT: Final = 30.0
 PAGE_ROWS: Final = 10_000  # rows of an answer in one page at most
 PAGE_BYTES: Final = 4 * 1024 * 1024  # about what they weigh at most
 SHARED: Final = "S"
 EXCLUSIVE: Final = "X"
 _VALUE_TYPES: Final = (type(None), bool, int, float, str, bytes, uuid.UUID, Decimal)
+_PLAIN: Final = frozenset(_VALUE_TYPES)  # the same, for a quick look at a value's type
+_POSITIONAL: Final = tuple(f"p{i}" for i in range(1, MAX_PARAMETERS + 1))  # @p1, @p2...
 
 
 def table_error(exc: TableError) -> BrokerError:
@@ -199,7 +202,11 @@ class Tables:
         self.names = {qualify(database, table) for database, table in names}
 
     def operations(self) -> dict[str, Callable[..., Any]]:
-        return {"execute": self.execute, "fetch_rows": self.fetch_rows}
+        return {
+            "execute": self.execute,
+            "execute_many": self.execute_many,
+            "fetch_rows": self.fetch_rows,
+        }
 
     async def execute(
         self, session: Session, sql: object, parameters: object = None
@@ -211,36 +218,9 @@ class Tables:
             {"columns": [...], "rows": [[...], ...], "rowcount": n, "more": bool}: the
             first page of the rows; "more" when `fetch_rows` has further pages.
         """
-        if not isinstance(sql, str) or not sql.strip():
-            raise bad_argument("sql must be the text of one table statement")
         values = _values(parameters)
-        try:
-            statement = self.journal.translate_table_statement(sql, session.database)
-        except TableError as exc:
-            raise table_error(exc) from None
-        self.authorize(session, statement)
-        txn = self.transactions.current(session)
-        if not txn.login:
-            txn.login = session.user
-        try:
-            for table in sorted(statement.tables):
-                mode = EXCLUSIVE if table in statement.writes else SHARED
-                key = qualify(statement.database, table)
-                await self.locks.acquire(txn, key, mode, self.statement_timeout)
-            if txn.explicit and session.txn is not txn:
-                raise BrokerError(ErrorCode.NO_TRANSACTION, "the transaction ended meanwhile")
-            answer = await self.journal.run_table_statement(
-                txn, txn.table_statements, statement, values, self.statement_timeout
-            )
-        except TableError as exc:
-            self._failed(txn)
-            raise table_error(exc) from None
-        except BaseException:
-            self._failed(txn)
-            raise
-        txn.table_statements.append((statement, values))
-        if not txn.explicit:
-            self.transactions.finish(txn)
+        statement = self._translate(session, sql)
+        answer = await self._run(session, statement, [values])
         self._pages.pop(session.ident, None)
         rows = deque(answer.rows)
         page = self._page(rows)
@@ -252,6 +232,75 @@ class Tables:
             "rowcount": answer.rowcount,
             "more": bool(rows),
         }
+
+    async def execute_many(self, session: Session, sql: object, rows: object) -> dict[str, Any]:
+        """Operation: run one INSERT, UPDATE or DELETE (without OUTPUT) once for each row
+        of parameters, in order, as one step of the session's transaction (outside one,
+        in its own): when one run fails, none of them stays. `rows`: a list of what
+        `execute` takes as `parameters` (at most `MAX_ROWS`).
+
+        Returns:
+            {"columns": [], "rows": [], "rowcount": n, "more": false}: n, the rows the
+            runs changed in all.
+        """
+        if not isinstance(rows, list) or len(rows) > MAX_ROWS:
+            raise bad_argument(f"rows must be a list of at most {MAX_ROWS} rows of parameters")
+        many = _many_values(rows)
+        statement = self._translate(session, sql)
+        if statement.kind != "change" or statement.returns_rows:
+            raise BrokerError(
+                ErrorCode.SQL_ERROR,
+                "execute_many runs an INSERT, UPDATE or DELETE without OUTPUT; run this"
+                " statement with execute",
+            )
+        answer = await self._run(session, statement, many) if many else None
+        self._pages.pop(session.ident, None)
+        return {
+            "columns": [],
+            "rows": [],
+            "rowcount": answer.rowcount if answer else 0,
+            "more": False,
+        }
+
+    def _translate(self, session: Session, sql: object) -> TableStatement:
+        """The statement, translated and allowed to the session's login."""
+        if not isinstance(sql, str) or not sql.strip():
+            raise bad_argument("sql must be the text of one table statement")
+        try:
+            statement = self.journal.translate_table_statement(sql, session.database)
+        except TableError as exc:
+            raise table_error(exc) from None
+        self.authorize(session, statement)
+        return statement
+
+    async def _run(
+        self, session: Session, statement: TableStatement, many: list[dict[str, Any]]
+    ) -> TableResult:
+        """Run the statement once per values of `many` in the session's transaction,
+        after taking its locks; the transaction keeps each run."""
+        txn = self.transactions.current(session)
+        if not txn.login:
+            txn.login = session.user
+        try:
+            for table in sorted(statement.tables):
+                mode = EXCLUSIVE if table in statement.writes else SHARED
+                key = qualify(statement.database, table)
+                await self.locks.acquire(txn, key, mode, self.statement_timeout)
+            if txn.explicit and session.txn is not txn:
+                raise BrokerError(ErrorCode.NO_TRANSACTION, "the transaction ended meanwhile")
+            answer = await self.journal.run_table_statements(
+                txn, txn.table_statements, statement, many, self.statement_timeout
+            )
+        except TableError as exc:
+            self._failed(txn)
+            raise table_error(exc) from None
+        except BaseException:
+            self._failed(txn)
+            raise
+        txn.table_statements += [(statement, values) for values in many]
+        if not txn.explicit:
+            self.transactions.finish(txn)
+        return answer
 
     def fetch_rows(self, session: Session) -> dict[str, Any]:
         """Operation: the next page of the session's last answer that did not fit one
@@ -347,12 +396,28 @@ class Tables:
         self.journal.forget_table_statements(txn)
 
 
+def _many_values(rows: list[Any]) -> list[dict[str, Any]]:
+    """`_values` of each row of `execute_many` (rows of plain values in order, the usual
+    case, in one pass)."""
+    width = len(rows[0]) if rows and isinstance(rows[0], list) else -1
+    if (
+        0 <= width <= MAX_PARAMETERS
+        and all(type(row) is list and len(row) == width for row in rows)
+        and {type(value) for row in rows for value in row} <= _PLAIN
+    ):
+        names = _POSITIONAL[:width]
+        return [dict(zip(names, row, strict=True)) for row in rows]
+    return [_values(row) for row in rows]
+
+
 def _values(parameters: object) -> dict[str, Any]:
     """A statement's values by parameter name (lower case, without @)."""
     if parameters is None:
         return {}
     if isinstance(parameters, (list, tuple)):
-        named = {f"p{i}": v for i, v in enumerate(parameters, 1)}
+        if len(parameters) > MAX_PARAMETERS:
+            raise bad_argument(f"a statement takes at most {MAX_PARAMETERS} parameters")
+        named = dict(zip(_POSITIONAL, parameters, strict=False))
     elif isinstance(parameters, dict):
         named = {}
         for key, value in parameters.items():
@@ -363,6 +428,8 @@ def _values(parameters: object) -> dict[str, Any]:
         raise bad_argument("parameters are a list (@p1, @p2, ...) or a dict by name")
     if len(named) > MAX_PARAMETERS:
         raise bad_argument(f"a statement takes at most {MAX_PARAMETERS} parameters")
+    if all(type(value) in _PLAIN for value in named.values()):
+        return named
     for name, value in named.items():
         if not isinstance(value, _VALUE_TYPES):
             raise bad_argument(

@@ -87,6 +87,8 @@ class Statement:
         returns_rows: a SELECT, or a change with OUTPUT.
         database: the broker database it runs in.
         light: an INSERT ... VALUES without a query: its cost is its rows'.
+        values: a light INSERT's VALUES without OUTPUT, as written in `sql` (its end),
+            for `inserted_together`.
     """
 
     kind: str
@@ -99,6 +101,7 @@ class Statement:
     returns_rows: bool
     database: str
     light: bool = False
+    values: exp.Values | None = field(default=None, compare=False, repr=False)
 
     @property
     def tables(self) -> frozenset[str]:
@@ -467,6 +470,11 @@ def translate(text: str, database: str) -> Statement:
     if node.args.get("returning") is not None:
         node.set("returning", None)
         replay = _written(node)
+    light = (
+        isinstance(node, exp.Insert)
+        and isinstance(node.expression, exp.Values)
+        and node.expression.find(exp.Select) is None
+    )
     return Statement(
         kind,
         sql,
@@ -477,10 +485,29 @@ def translate(text: str, database: str) -> Statement:
         writes,
         returns_rows,
         database,
-        isinstance(node, exp.Insert)
-        and isinstance(node.expression, exp.Values)
-        and node.expression.find(exp.Select) is None,
+        light,
+        node.expression if light and replay == sql else None,
     )
+
+
+@functools.lru_cache(maxsize=TRANSLATIONS_KEPT)
+def inserted_together(statement: Statement, runs: int) -> str:
+    """The SQL of `runs` runs of a light INSERT (`statement.values`) as one INSERT: its
+    VALUES rows once per run, each run's parameters numbered after the previous run's
+    (bind the runs' values one run after the other). It inserts what the runs would,
+    in the same order, with one statement's cost."""
+    values = statement.values
+    assert values is not None
+    head = statement.sql[: -len(_written(values))]
+    width = len(statement.parameters)
+    rows: list[exp.Expression] = []
+    for run in range(runs):
+        copy = values.copy()
+        for var in copy.find_all(exp.Var):
+            if var.name.startswith("?"):
+                var.set("this", f"?{int(var.name[1:]) + run * width}")
+        rows += copy.expressions
+    return head + _written(exp.Values(expressions=rows))
 
 
 class _Written(SQLite):

@@ -34,11 +34,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import itertools
+import operator
 import re
 import sqlite3
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -51,6 +53,8 @@ from .user_sql import Statement
 PROGRESS_STEPS: Final = 10_000  # SQLite steps between looks at a statement's deadline
 MAX_ANSWER_ROWS: Final = 1_000_000  # rows one statement may answer (in pages)
 MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024  # what they may weigh, about
+RUNS_TOGETHER: Final = 100  # runs of an INSERT ... VALUES written as one INSERT at most
+MAX_VARIABLES: Final = 32_766  # parameters of one SQLite statement (its default limit)
 _STORE_NAME: Final = re.compile(r'"?u:[^:"\s]+:([^:"\s]+)(?::([^"\s]+))?"?')
 
 
@@ -67,6 +71,9 @@ def shown(text: str) -> str:
     """A database message in the user's names (the store's names of tables and indexes
     become theirs)."""
     return _STORE_NAME.sub(lambda m: m.group(2) or m.group(1), text)
+
+
+_AS_IS: Final = frozenset((type(None), int, float, str, bytes))  # bound as they are
 
 
 def _bound(value: Any) -> Any:
@@ -127,12 +134,15 @@ def parameters(statement: Statement, values: dict[str, Any]) -> tuple[Any, ...]:
     Raises:
         TableError: a value is missing, or of a type SQLite cannot hold.
     """
-    bound = []
-    for name in statement.parameters:
-        if name not in values:
-            raise TableError(f"the statement uses @{name}, which was not given a value")
-        bound.append(_bound(values[name]))
-    return tuple(bound)
+    try:
+        bound = tuple(values[name] for name in statement.parameters)
+    except KeyError as exc:
+        raise TableError(
+            f"the statement uses @{exc.args[0]}, which was not given a value"
+        ) from None
+    if all(type(value) in _AS_IS for value in bound):
+        return bound
+    return tuple(_bound(value) for value in bound)
 
 
 class UserTables(Committer):
@@ -162,18 +172,19 @@ class UserTables(Committer):
         ).fetchall()
         return [(name, raw) for (raw,) in rows if (name := user_sql.shown_name(raw)) is not None]
 
-    async def run_table_statement(
+    async def run_table_statements(
         self,
         owner: object,
         done: Sequence[tuple[TableStatement, dict[str, Any]]],
         statement: TableStatement,
-        values: dict[str, Any],
+        many: Sequence[dict[str, Any]],
         timeout: float,
     ) -> TableAnswer:
         assert isinstance(statement, Statement)
-        for name, function in statement.volatile:
-            values[name] = _evaluate(function)
-        bound = parameters(statement, values)
+        for values in many:
+            for name, function in statement.volatile:
+                values[name] = _evaluate(function)
+        bound = [parameters(statement, values) for values in many]
         if self._executor is None or self._loop is None or self._inline(owner, done, statement):
             return self._run(owner, done, statement, bound, timeout)
         self._table_jobs += 1
@@ -192,10 +203,13 @@ class UserTables(Committer):
     def write_table_statements(
         self, statements: Sequence[tuple[TableStatement, dict[str, Any]]]
     ) -> None:
-        for statement, values in statements:
+        for statement, runs in itertools.groupby(statements, key=operator.itemgetter(0)):
             assert isinstance(statement, Statement)
-            if statement.kind != "query":  # (a query changed nothing)
-                self._add(statement.replay, parameters(statement, values))
+            if statement.kind == "query":  # (a query changed nothing)
+                continue
+            bound = [parameters(statement, values) for _, values in runs]
+            for sql, values, weight in _together(statement, bound, statement.replay):
+                self._add(sql, values, weight)
 
     def _inline(self, owner: object, done: Sequence[Any], statement: Statement) -> bool:
         """Whether to run a statement on the event loop rather than the store thread: a
@@ -227,11 +241,12 @@ class UserTables(Committer):
         owner: object,
         done: Sequence[tuple[TableStatement, dict[str, Any]]],
         statement: Statement,
-        bound: tuple[Any, ...],
+        bound: Sequence[tuple[Any, ...]],
         timeout: float,
     ) -> TableAnswer:
-        """Run `statement` in `owner`'s provisional transaction (store thread), for at
-        most `timeout` seconds (SQLite's progress handler interrupts it then)."""
+        """Run `statement` once per parameters of `bound` in `owner`'s provisional
+        transaction (store thread), as one step, for at most `timeout` seconds in all
+        (SQLite's progress handler interrupts it then)."""
         db: Any = self._db
         if self._provisional != (owner, len(done)):
             self._end_provisional()
@@ -253,7 +268,15 @@ class UserTables(Committer):
         deadline = time.monotonic() + timeout
         db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
         try:
-            answer = _answer(db.execute(statement.sql, bound), statement)
+            if len(bound) == 1:
+                answer = _answer(db.execute(statement.sql, bound[0]), statement)
+            else:  # (a change without OUTPUT: its row counts add up)
+                answer = TableAnswer(
+                    rowcount=sum(
+                        max(db.execute(sql, values).rowcount, 0)
+                        for sql, values, _ in _together(statement, bound, statement.sql)
+                    )
+                )
         except (sqlite3.Error, TableError) as exc:
             db.execute("ROLLBACK TO statement")
             db.execute("RELEASE statement")
@@ -270,6 +293,24 @@ class UserTables(Committer):
         db.execute("RELEASE statement")
         self._provisional = (owner, len(done) + 1)
         return answer
+
+
+def _together(
+    statement: Statement, bound: Sequence[tuple[Any, ...]], sql: str
+) -> Iterator[tuple[str, tuple[Any, ...], int]]:
+    """The runs of `statement` with the parameters `bound`, as (SQL, parameters, runs)
+    to execute: a light INSERT's in groups, each one INSERT of the group's rows
+    (`user_sql.inserted_together`: one statement costs less than its runs one by one);
+    any other's one by one, as `sql`."""
+    if statement.values is None or len(bound) == 1:
+        for values in bound:
+            yield sql, values, 1
+        return
+    size = max(1, min(RUNS_TOGETHER, MAX_VARIABLES // max(1, len(statement.parameters))))
+    for first in range(0, len(bound), size):
+        group = bound[first : first + size]
+        together = user_sql.inserted_together(statement, len(group))
+        yield together, tuple(value for values in group for value in values), len(group)
 
 
 def _answer(cursor: sqlite3.Cursor, statement: Statement) -> TableAnswer:
@@ -306,12 +347,12 @@ class NoUserTables:
             " store is SQLite"
         )
 
-    async def run_table_statement(
+    async def run_table_statements(
         self,
         owner: object,
         done: Sequence[tuple[TableStatement, dict[str, Any]]],
         statement: TableStatement,
-        values: dict[str, Any],
+        many: Sequence[dict[str, Any]],
         timeout: float,
     ) -> TableAnswer:
         raise TableError("tables are not supported on a PostgreSQL store yet")

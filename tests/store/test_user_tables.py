@@ -22,7 +22,7 @@ Done = list[tuple[Any, dict[str, Any]]]
 async def _run(store: Any, owner: object, done: Done, sql: str, **values: Any) -> Any:
     """Run a statement as the core does: provisionally, then kept for the commit."""
     statement = store.translate_table_statement(sql, "master")
-    answer = await store.run_table_statement(owner, done, statement, values, 5.0)
+    answer = await store.run_table_statements(owner, done, statement, [values], 5.0)
     done.append((statement, values))
     return answer
 
@@ -232,3 +232,46 @@ async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> No
             await _run(storage, txn, txn, sql)
     rows = await _run(storage, txn, txn, "SELECT id, note FROM T")
     assert rows.rows == [(1, "x")]
+
+
+async def test_many_runs_answer_and_commit_as_the_runs_one_by_one(storage: ManualStore) -> None:
+    if not isinstance(storage, SQLiteStore):
+        return
+    txn: Done = []
+    await _run(
+        storage,
+        txn,
+        txn,
+        "CREATE TABLE Log (id INT IDENTITY(1,1) PRIMARY KEY, k INT UNIQUE, v NVARCHAR(10),"
+        " at UNIQUEIDENTIFIER)",
+    )
+    insert = storage.translate_table_statement(
+        "INSERT INTO Log (k, v, at) VALUES (@p1, @p2, NEWID()), (@p1 + 1000, 'x?1', NULL)",
+        "master",
+    )
+    many = [{"p1": k, "p2": f"v{k}"} for k in range(250)]  # more than one group's runs
+    answer = await storage.run_table_statements(txn, txn, insert, many, 5.0)
+    assert answer.rowcount == 500
+    txn += [(insert, values) for values in many]
+    # a failed run undoes all of them: the runs are one step
+    again = [{"p1": 1000 + k, "p2": "again"} for k in range(3)]
+    with pytest.raises(TableError, match="UNIQUE"):
+        await storage.run_table_statements(txn, txn, insert, again, 5.0)
+    update = storage.translate_table_statement("UPDATE Log SET v = @v WHERE k = @k", "master")
+    changes = [{"k": 7, "v": "seven"}, {"k": 5000, "v": "none"}, {"k": 8, "v": "eight"}]
+    assert (await storage.run_table_statements(txn, txn, update, changes, 5.0)).rowcount == 2
+    txn += [(update, values) for values in changes]
+    seen = await _run(storage, txn, txn, "SELECT id, k, v, at FROM Log ORDER BY id")
+    _commit(storage, txn)
+    later: Done = []
+    rows = await _run(storage, later, later, "SELECT id, k, v, at FROM Log ORDER BY id")
+    assert rows.rows == seen.rows and len(rows.rows) == 500
+    # in the runs' order, each run's own values (NEWID() once per run)
+    assert [row[:3] for row in rows.rows[:4]] == [
+        (1, 0, "v0"),
+        (2, 1000, "x?1"),
+        (3, 1, "v1"),
+        (4, 1001, "x?1"),
+    ]
+    assert rows.rows[14][2] == "seven" and rows.rows[16][2] == "eight"
+    assert len({row[3] for row in rows.rows if row[3] is not None}) == 250
