@@ -43,6 +43,7 @@ from ._core.endpoints import Endpoints
 from ._core.names import DEFAULT_DATABASE, database_of, plain, qualify
 from ._core.ports import TableStatement
 from ._core.queue_options import is_python
+from ._core.tables import is_temporary
 from ._core.transactions import Session, Transactions
 from ._errors import BrokerError, bad_argument
 from ._logins import ADMIN
@@ -257,6 +258,8 @@ class Permissions:
         if session.user == ADMIN:
             return
         for table, permission in statement.writes.items():
+            if is_temporary(table):  # a session's own, as in SQL Server's tempdb
+                continue
             if permission == "CREATE":
                 if not self.has(session.user, "CREATE", "database", statement.database):
                     self._refuse(session, "CREATE TABLE", "CREATE", "database", statement.database)

@@ -101,7 +101,9 @@ def executemany(sql: str, rows: Iterable[Sequence[Any] | Mapping[str, Any]], /) 
         raise TypeError(f"sql is a str, got {type(sql).__name__}")
     wire: list[Any] = []
     for row in rows:
-        if isinstance(row, Mapping):
+        if type(row) is tuple or type(row) is list:  # (the usual rows, seen at once)
+            wire.append(list(row))
+        elif isinstance(row, Mapping):
             wire.append(dict(row))
         elif isinstance(row, Sequence) and not isinstance(row, (str, bytes)):
             wire.append(list(row))

@@ -30,7 +30,7 @@ BENCHMARKS = {
     "reconnect": ((), "of clean;"),
     "slow_consumer": ((), "targets: RSS growth"),
     "spark": ((), "activation latency cold"),
-    "tables": ((), "ratio rows/plain"),
+    "tables": ((), "(executemany) + COMMIT"),
     "tsql": ((), "T-SQL"),
 }
 TIMEOUT = 600.0  # a smoke run takes seconds; this only bounds a run that hangs

@@ -82,7 +82,9 @@ async def test_what_is_refused_is_refused_clearly(conn: client.Connection) -> No
     for sql, words in [
         ("MERGE INTO t USING u ON t.a = u.a WHEN MATCHED THEN DELETE;", "MERGE is not supported"),
         ("SELECT * FROM sys.tables", "catalog view sys.tables is not supported"),
-        ("SELECT * FROM #work", "temporary table"),
+        ("SELECT * FROM #work", "no such table: #work"),
+        ("CREATE TABLE ##everyone (a INT)", "global temporary table"),
+        ("SELECT a INTO Copy FROM t", "SELECT ... INTO #name"),
         ("SELECT 1; SELECT 2", "one statement per call"),
         ("SELECT MY_FUNCTION(a) FROM t", "the function MY_FUNCTION"),
         ('CREATE TABLE "broker:x" (a INT)', "not a regular identifier"),
@@ -235,6 +237,49 @@ async def test_executemany_runs_a_statement_per_row_in_one_request(
         await conn.executemany("UPDATE Seen SET k = k OUTPUT inserted.k WHERE k = @p1", [(1,)])
     with pytest.raises(TypeError, match="sequence or a mapping"):
         await conn.executemany(insert, ["ab"])
+
+
+async def test_a_temporary_table_is_its_sessions_own_until_it_ends(
+    broker: BrokerProcess,
+) -> None:
+    async with await client.connect(broker.url) as conn:
+        await conn.create_login("clerk", PASSWORD)  # no permission on the database
+        await conn.execute("CREATE TABLE Jobs (id INT PRIMARY KEY, state NVARCHAR(10))")
+        await conn.executemany("INSERT INTO Jobs VALUES (@p1, @p2)", [(1, "new"), (2, "done")])
+        async with await client.connect(broker.url) as other:
+            await other.execute("CREATE TABLE #work (id INT PRIMARY KEY, note NVARCHAR(10))")
+            # another session has a #work of its own, or none
+            with pytest.raises(client.SqlError, match="no such table: #work"):
+                await conn.execute("SELECT * FROM #work")
+            await conn.execute("CREATE TABLE #work (n INT)")
+            async with other.transaction():
+                await other.execute("INSERT INTO #work VALUES (1, 'a'), (2, 'b')")
+                await other.execute("UPDATE #work SET note = 'c' WHERE id = 2")
+            await other.begin_transaction()
+            await other.execute("DELETE FROM #work WHERE id = 1")
+            await other.rollback()  # a temporary table's changes roll back too
+            joined = await other.execute(
+                "SELECT w.id, w.note, j.state FROM #work w JOIN Jobs j ON j.id = w.id"
+            )
+            assert joined.rows == [(1, "a", "new"), (2, "c", "done")]
+            with pytest.raises(client.SqlError, match=r"UNIQUE constraint failed: #work\.id"):
+                await other.execute("INSERT INTO #work VALUES (1, 'again')")
+            await other.execute("SELECT id, state INTO #copy FROM Jobs WHERE state = 'done'")
+            assert (await other.execute("SELECT * FROM #copy")).rows == [(2, "done")]
+            await other.execute("DROP TABLE #copy")
+            with pytest.raises(client.SqlError, match="no such table: #copy"):
+                await other.execute("SELECT * FROM #copy")
+        assert (await conn.execute("SELECT COUNT(*) FROM #work")).scalar() == 0
+        # a new session (the same number on a restarted broker, or a reused one) starts
+        # without the closed session's tables
+        async with await client.connect(broker.url) as again:
+            await again.execute("CREATE TABLE #work (other INT)")
+        async with await client.connect(broker.url_for("clerk", PASSWORD)) as clerk:
+            await clerk.execute("CREATE TABLE #mine (a INT)")  # no CREATE permission needed
+            await clerk.execute("INSERT INTO #mine VALUES (1)")
+            with pytest.raises(client.PermissionDeniedError):
+                await clerk.execute("INSERT INTO #mine SELECT id FROM Jobs")
+        assert [t["name"] for t in await conn.view("tables")] == ["jobs"]
 
 
 async def test_a_table_outlives_a_restart(tmp_path: Path) -> None:

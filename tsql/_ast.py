@@ -374,6 +374,7 @@ class TableStatement(Statement):
 
     text: str
     variables: tuple[str, ...]  # the keys of the variables it names
+    creates: str | None = None  # the temporary table (#name) a CREATE TABLE makes
 
 
 @dataclass(slots=True)

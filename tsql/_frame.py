@@ -35,6 +35,8 @@ class Frame:
     row: dict[str, Value] | None = None  # the message a RECEIVE column list reads
     procedure: str | None = None
     nesting: int = 0
+    # the temporary tables (#name) a procedure call made: dropped when it returns
+    temporary: list[str] = field(default_factory=list)
 
 
 class Break(Exception):

@@ -58,7 +58,7 @@ from ._query import (
 )
 from ._session_functions import format_message, session_function, small_int, system_function
 from ._source import Batch
-from ._tables import table_query
+from ._tables import drop_temporary, select_into, table_query
 from ._transactions import rollback_all
 from ._types import Value
 
@@ -263,6 +263,9 @@ class Session:
     def system_function(self, name: str) -> Value:
         return system_function(self, name)
 
+    async def drop_temporary(self, frame: Frame) -> None:
+        await drop_temporary(self, frame)
+
     def session_function(self, name: str, args: list[Value]) -> Value:
         return session_function(self, name, args)
 
@@ -464,9 +467,14 @@ class Session:
     async def _select(self, statement: ast.SelectStatement, frame: Frame) -> None:
         select = statement.query
         if select.into is not None:
-            raise NotSupported(
-                "SELECT ... INTO", "CREATE TABLE first, then INSERT INTO table SELECT ..."
-            )
+            if not select.into.startswith("#"):
+                raise NotSupported(
+                    "SELECT ... INTO a table",
+                    "SELECT ... INTO #name, or CREATE TABLE first, then INSERT INTO table"
+                    " SELECT ...",
+                )
+            await select_into(self, select, frame)
+            return
         if select.has_from:
             result = await self.query(select, frame)
             if select.assigns:

@@ -31,12 +31,15 @@ class TableParser(BrokerParser):
         """CREATE / ALTER / DROP of a table or an index (`word` just taken)."""
         if action == "DROP" and self.take("IF"):
             self.expect("EXISTS")
+        creates = None
+        if action == "CREATE" and word == "TABLE" and self.token.text.startswith("#"):
+            creates = self.token.text
         if action == "ALTER" and word == "TABLE":
             self.table_name()
             if self.token.upper in _ALTER_ACTIONS:
                 self.advance()
         self.statement_rest()
-        return self._table_statement(line, start)
+        return self._table_statement(line, start, creates)
 
     def table_name(self) -> None:
         self.name()
@@ -57,12 +60,14 @@ class TableParser(BrokerParser):
                 return
             self.advance()
 
-    def _table_statement(self, line: int, start: Token) -> ast.TableStatement:
+    def _table_statement(
+        self, line: int, start: Token, creates: str | None = None
+    ) -> ast.TableStatement:
         first = self.tokens.index(start)
         variables = dict.fromkeys(
             t.upper for t in self.tokens[first : self.i] if t.kind is Kind.VARIABLE
         )
-        return ast.TableStatement(line, self.span(start), tuple(variables))
+        return ast.TableStatement(line, self.span(start), tuple(variables), creates)
 
     # ---- INSERT, UPDATE, DELETE of a table or a table variable ------------------------
 

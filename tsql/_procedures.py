@@ -43,6 +43,10 @@ class Host(Protocol):
 
     def assign(self, frame: Frame, key: str, value: Value, op: str = "=") -> None: ...
 
+    def drop_temporary(self, frame: Frame) -> Awaitable[None]:
+        """Drop the temporary tables a procedure call made (`frame.temporary`)."""
+        ...
+
 
 def new_frame(declared: list[Declared], procedure: str | None = None, nesting: int = 0) -> Frame:
     """A frame holding every variable a batch or procedure declares, NULL to start."""
@@ -126,6 +130,8 @@ class Procedures:
         finally:
             host.nesting -= 1
             host.nocount, host.xact_abort = options
+            if callee.temporary:
+                await host.drop_temporary(callee)
         for target, parameter in outputs:
             host.assign(frame, target, callee.variables[parameter].value)
         if statement.result is not None:

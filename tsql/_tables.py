@@ -70,6 +70,8 @@ async def table_statement(session: Session, statement: ast.TableStatement, frame
         if not session.nocount:
             session.output.message(f"({count} row{'s' if count != 1 else ''} affected)")
     session.rowcount = result.rowcount
+    if statement.creates is not None and frame.procedure is not None:
+        frame.temporary.append(statement.creates)
 
 
 async def table_query(session: Session, select: ast.Select, frame: Frame) -> ResultSet:
@@ -77,6 +79,24 @@ async def table_query(session: Session, select: ast.Select, frame: Frame) -> Res
     caller makes them from the rows)."""
     text, variables = plain_text(select)
     return result_set(await _run(session, text, variables, frame))
+
+
+async def select_into(session: Session, select: ast.Select, frame: Frame) -> None:
+    """SELECT ... INTO #name: the broker makes the temporary table from the rows."""
+    text, variables = plain_text(select)
+    await _run(session, text, variables, frame)
+    session.rowcount = 0
+    if frame.procedure is not None:
+        assert select.into is not None
+        frame.temporary.append(select.into)
+
+
+async def drop_temporary(session: Session, frame: Frame) -> None:
+    """A procedure returns: the temporary tables it made go, as SQL Server drops them."""
+    conn = session.connection()
+    while frame.temporary:
+        name = frame.temporary.pop()
+        await session.broker(conn.execute(f"DROP TABLE IF EXISTS {name}"))
 
 
 Handler = Callable[[Any, Any, Any], Coroutine[Any, Any, None]]

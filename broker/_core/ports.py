@@ -403,9 +403,12 @@ class TableJournal(Protocol):
         """(database, table) of every table (start-up read)."""
         ...
 
-    def translate_table_statement(self, text: str, database: str) -> TableStatement:
-        """Raises:
-        TableError: it cannot be translated, or is not supported."""
+    def translate_table_statement(self, text: str, database: str, session: int) -> TableStatement:
+        """The statement of session number `session` (its temporary tables, #name, are
+        its own) in `database`.
+
+        Raises:
+            TableError: it cannot be translated, or is not supported."""
         ...
 
     def run_table_statements(

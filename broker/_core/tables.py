@@ -192,6 +192,8 @@ class Tables:
         self.names: set[str] = set()
         # by session: the columns and rows of its last answer left to fetch
         self._pages: dict[int, tuple[list[str], deque[tuple[Any, ...]]]] = {}
+        # by session: its temporary tables (#name) that exist, committed
+        self._temporary: dict[int, set[str]] = {}
         # the daemon's permissions: raise PERMISSION_DENIED, or return
         self.authorize: Callable[[Session, TableStatement], None] = lambda s, st: None
         self.created: Callable[[str, str], None] = lambda key, login: None
@@ -267,7 +269,7 @@ class Tables:
         if not isinstance(sql, str) or not sql.strip():
             raise bad_argument("sql must be the text of one table statement")
         try:
-            statement = self.journal.translate_table_statement(sql, session.database)
+            statement = self.journal.translate_table_statement(sql, session.database, session.ident)
         except TableError as exc:
             raise table_error(exc) from None
         self.authorize(session, statement)
@@ -279,6 +281,12 @@ class Tables:
         """Run the statement once per values of `many` in the session's transaction,
         after taking its locks; the transaction keeps each run."""
         txn = self.transactions.current(session)
+        if txn.ident is not None and any(is_temporary(t) for t in statement.tables):
+            raise BrokerError(
+                ErrorCode.SQL_ERROR,
+                "a temporary table (#name) is its connection's own: a detached transaction"
+                " (begun with detached=True) cannot use one; use a table",
+            )
         if not txn.login:
             txn.login = session.user
         try:
@@ -323,7 +331,21 @@ class Tables:
         return {"columns": columns, "rows": page, "rowcount": len(page), "more": bool(rows)}
 
     def session_closed(self, session: Session) -> None:
+        """The session's temporary tables go with it (in the open batch; no detached
+        transaction uses them, see `_run`)."""
         self._pages.pop(session.ident, None)
+        temporary = self._temporary.pop(session.ident, set())
+        self.journal.write_table_statements(
+            [
+                (
+                    self.journal.translate_table_statement(
+                        f"DROP TABLE IF EXISTS #{name}", session.database, session.ident
+                    ),
+                    {},
+                )
+                for name in sorted(temporary)
+            ]
+        )
 
     @staticmethod
     def _page(rows: deque[tuple[Any, ...]]) -> list[list[Any]]:
@@ -354,6 +376,9 @@ class Tables:
         self.journal.forget_table_statements(txn)
         for statement, _ in statements:
             for table, permission in statement.writes.items():
+                if is_temporary(table):
+                    self._note_temporary(txn.session, table, permission)
+                    continue
                 key = qualify(statement.database, table)
                 if permission == "CREATE":
                     self.names.add(key)
@@ -366,6 +391,14 @@ class Tables:
             self.journal.when_durable(self.journal.watermark(), lambda: self.locks.release(txn))
         else:
             self.locks.release(txn)
+
+    def _note_temporary(self, session: Session, table: str, permission: str) -> None:
+        """A temporary table's CREATE or DROP committed."""
+        name = table.rsplit("#", 1)[0].lstrip("#")  # (#name#session)
+        if permission == "CREATE":
+            self._temporary.setdefault(session.ident, set()).add(name)
+        elif permission == "DROP":
+            self._temporary.get(session.ident, set()).discard(name)
 
     def undo(self, txn: Transaction) -> None:
         """Rollback: the statements are forgotten, the locks go."""
@@ -384,7 +417,7 @@ class Tables:
                 f" {locked[0]}; commit or roll it back first",
             )
         statements: list[tuple[TableStatement, dict[str, Any]]] = [
-            (self.journal.translate_table_statement(f"DROP TABLE [{plain(k)}]", database), {})
+            (self.journal.translate_table_statement(f"DROP TABLE [{plain(k)}]", database, 0), {})
             for k in keys
         ]
         self.journal.write_table_statements(statements)
@@ -394,6 +427,11 @@ class Tables:
         """Rollback to a savepoint that came after `statements` statements (locks stay)."""
         del txn.table_statements[statements:]
         self.journal.forget_table_statements(txn)
+
+
+def is_temporary(table: str) -> bool:
+    """Whether a statement's table is a temporary table (#name: its session's own)."""
+    return table.startswith("#")
 
 
 def _many_values(rows: list[Any]) -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ ADD: Final = "ssb_add"  # T-SQL's + (see `user_tables.add_functions`)
 TRANSLATIONS_KEPT: Final = 1024
 MAX_STATEMENT: Final = 256 * 1024  # characters of one statement's text
 PREFIX: Final = "u:"
+TEMPORARY: Final = "tempdb"  # the database part of temporary tables' SQLite names
 _NAME: Final = re.compile(r"[A-Za-z_@#$][A-Za-z0-9_@#$]*\Z")
 # functions whose value changes from one evaluation to the next: bound once per statement
 VOLATILE: Final = {
@@ -64,7 +65,6 @@ _VOLATILE_NAMES: Final = {
 _STATEMENTS: Final = (exp.Select, exp.Union, exp.Insert, exp.Update, exp.Delete)
 _REFUSED: Final = {
     exp.Merge: "MERGE",
-    exp.Into: "SELECT ... INTO",
     exp.Lateral: "APPLY",
 }
 
@@ -133,12 +133,17 @@ def _check_name(name: str, what: str) -> str:
             f" # and $, not starting with a digit, at most {MAX_NAME} characters)"
         )
     if name.startswith("#"):
-        raise refused("a temporary table (#name)", "use a table variable in T-SQL")
+        raise refused(f"the name {name} in brackets", "write a temporary table's name as #name")
     return name.lower()
 
 
 def _table_name(table: exp.Table, database: str) -> str:
-    """The table's name in the database (lower case), after checking its parts."""
+    """The table's name in the database (lower case), after checking its parts (a
+    temporary table's: `_temporary` made it)."""
+    if table.this.args.get("temporary"):
+        if table.db or table.catalog:
+            raise refused(f"a temporary table named with a schema ({table.sql('tsql')})")
+        return table.name.lower()
     if table.catalog and table.catalog.lower() != database.lower():
         raise refused(
             f"naming another database's table ({table.catalog}.{table.db}.{table.name})",
@@ -150,8 +155,6 @@ def _table_name(table: exp.Table, database: str) -> str:
         raise TableError(f"schema {table.db!r} does not exist: tables are in schema dbo")
     if not isinstance(table.this, exp.Identifier):
         raise refused("a table-valued expression in FROM")
-    if table.this.args.get("temporary"):
-        raise refused("a temporary table (#name)", "use a table variable in T-SQL")
     return _check_name(table.name, "table name")
 
 
@@ -159,7 +162,8 @@ def _rename(table: exp.Table, database: str, *, alias: bool) -> str:
     name = _table_name(table, database)
     if alias and not table.alias:
         table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=True)))
-    table.set("this", exp.to_identifier(store_name(database, name), quoted=True))
+    where = TEMPORARY if table.this.args.get("temporary") else database
+    table.set("this", exp.to_identifier(store_name(where, name), quoted=True))
     table.set("db", None)
     table.set("catalog", None)
     return name
@@ -297,6 +301,8 @@ def _create(node: exp.Create, database: str, writes: dict[str, str]) -> None:
         index = node.this
         if not isinstance(index, exp.Index) or not isinstance(index.args.get("table"), exp.Table):
             raise refused("this form of CREATE INDEX")
+        if index.args["table"].this.args.get("temporary"):
+            raise refused("an index on a temporary table")
         table = _rename(index.args["table"], database, alias=False)
         index_name = _check_name(index.name, "index name")
         index.set("this", exp.to_identifier(f"{store_name(database, table)}:{index_name}", True))
@@ -423,10 +429,23 @@ def _sources(
         reads.add(_rename(table, database, alias=True))
 
 
+def _temporary(node: exp.Expr, session: int) -> None:
+    """Name each temporary table (#name) after its session, `#name#session` (the name
+    SQLite, the table locks and the transaction know it by; a message shows `#name`)."""
+    for identifier in node.find_all(exp.Identifier):
+        if identifier.args.get("global_"):
+            raise refused(f"a global temporary table (##{identifier.name})")
+        if identifier.args.get("temporary"):
+            name = _check_name(identifier.name, "temporary table name")
+            identifier.set("this", f"#{name}#{session}")
+
+
 @functools.lru_cache(maxsize=TRANSLATIONS_KEPT)
-def translate(text: str, database: str) -> Statement:
-    """One T-SQL statement of a session in `database`, in the store's SQL (the last
-    `TRANSLATIONS_KEPT` translations are kept: a program runs the same few statements).
+def translate(text: str, database: str, session: int = 0) -> Statement:
+    """One T-SQL statement of session number `session` in `database`, in the store's
+    SQL (the last `TRANSLATIONS_KEPT` translations are kept: a program runs the same few
+    statements). A temporary table (#name) is the session's own: SQLite's TEMP table on
+    the writer connection, which the session drops before it ends.
 
     Raises:
         TableError: it cannot be translated, or is not supported (nothing has run).
@@ -445,6 +464,7 @@ def translate(text: str, database: str) -> Statement:
             raise refused(what)
     if isinstance(node, exp.Command):
         raise refused(f"the statement {node.name.upper()}")
+    _temporary(node, session)
     writes: dict[str, str] = {}
     reads: set[str] = set()
     returns_rows = False
@@ -456,6 +476,9 @@ def translate(text: str, database: str) -> Statement:
         kind = "ddl"
     elif isinstance(node, exp.Alter):
         _alter(node, database, writes)
+        kind = "ddl"
+    elif isinstance(node, exp.Select) and node.args.get("into") is not None:
+        _select_into(node, database, reads, writes)
         kind = "ddl"
     elif isinstance(node, _STATEMENTS):
         kind, returns_rows = _dml(node, database, reads, writes)
@@ -525,6 +548,22 @@ def _written(node: exp.Expression) -> str:
         return node.sql(dialect=_Written, identify=True, unsupported_level=ErrorLevel.RAISE)
     except SqlglotError as exc:
         raise TableError(f"cannot translate the statement: {exc}") from None
+
+
+def _select_into(node: exp.Select, database: str, reads: set[str], writes: dict[str, str]) -> None:
+    """SELECT ... INTO #name: SQLite's CREATE TEMPORARY TABLE ... AS SELECT."""
+    into = node.args["into"]
+    if not isinstance(into.this, exp.Table) or not into.this.this.args.get("temporary"):
+        raise refused(
+            "SELECT ... INTO a table",
+            "SELECT ... INTO #name, or CREATE TABLE then INSERT ... SELECT",
+        )
+    if node.find_ancestor(exp.Union) is not None or node.parent is not None:
+        raise refused("SELECT ... INTO here")
+    if any(s is not node and s.args.get("into") for s in node.find_all(exp.Select)):
+        raise refused("SELECT ... INTO in a subquery")
+    writes[_rename(into.this, database, alias=False)] = "CREATE"
+    _sources(node, database, reads, into.this)
 
 
 def _dml(

@@ -56,6 +56,7 @@ MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024  # what they may weigh, about
 RUNS_TOGETHER: Final = 100  # runs of an INSERT ... VALUES written as one INSERT at most
 MAX_VARIABLES: Final = 32_766  # parameters of one SQLite statement (its default limit)
 _STORE_NAME: Final = re.compile(r'"?u:[^:"\s]+:([^:"\s]+)(?::([^"\s]+))?"?')
+_SESSION: Final = re.compile(r"(?<=.)#\d+(?=[.`]|\Z)")  # a temporary table's `#session`
 
 
 @dataclass(slots=True)
@@ -70,7 +71,7 @@ class TableAnswer:
 def shown(text: str) -> str:
     """A database message in the user's names (the store's names of tables and indexes
     become theirs)."""
-    return _STORE_NAME.sub(lambda m: m.group(2) or m.group(1), text)
+    return _STORE_NAME.sub(lambda m: m.group(2) or _SESSION.sub("", m.group(1)), text)
 
 
 _AS_IS: Final = frozenset((type(None), int, float, str, bytes))  # bound as they are
@@ -152,8 +153,9 @@ class UserTables(Committer):
     _provisional: tuple[object, int] | None = None
     _table_jobs = 0  # statements on their way to the store thread (commits wait behind)
 
-    def translate_table_statement(self, text: str, database: str) -> Statement:
-        return user_sql.translate(text, database)
+    def translate_table_statement(self, text: str, database: str, session: int = 0) -> Statement:
+        # (a statement without a temporary table is the same in every session)
+        return user_sql.translate(text, database, session if "#" in text else 0)
 
     def load_table_names(self) -> list[tuple[str, str]]:
         return [name for name, _ in self._table_names(self._db)]
@@ -341,7 +343,7 @@ class NoUserTables:
     def table_sizes(self) -> list[tuple[str, str, int]]:
         return []
 
-    def translate_table_statement(self, text: str, database: str) -> Statement:
+    def translate_table_statement(self, text: str, database: str, session: int = 0) -> Statement:
         raise TableError(
             "tables are not supported on a PostgreSQL store yet; run them on a broker whose"
             " store is SQLite"

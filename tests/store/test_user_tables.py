@@ -39,7 +39,9 @@ def _commit(store: ManualStore, done: Done) -> None:
     [
         ("MERGE INTO t USING u ON t.a = u.a WHEN MATCHED THEN DELETE;", "MERGE"),
         ("SELECT * FROM sys.objects", "catalog view"),
-        ("SELECT * FROM #t", "temporary table"),
+        ("CREATE TABLE ##t (a INT)", "global temporary table"),
+        ("CREATE INDEX ix ON #t (a)", "an index on a temporary table"),
+        ("SELECT a INTO #t FROM (SELECT a INTO #u FROM t) AS s", "INTO"),
         ("SELECT a INTO t2 FROM t", "SELECT ... INTO"),
         ("SELECT NOPE(a) FROM t", "the function NOPE"),
         ("SELECT @@IDENTITY", "system variable"),

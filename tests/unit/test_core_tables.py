@@ -115,3 +115,33 @@ async def test_queries_and_repeated_statements_commit_in_one_batch() -> None:
     assert core.store.failed is None
     rows = (await _execute(core, "SELECT x FROM T ORDER BY x"))["rows"]
     assert rows == [[1], [2], [11], [12]]
+
+
+def _temporary_tables(core: Core) -> list[str]:
+    """The SQLite TEMP tables of the store's writer connection (where #tables live)."""
+    rows = core.store._db.execute("SELECT name FROM sqlite_temp_master WHERE type = 'table'")
+    return sorted(name for (name,) in rows)
+
+
+async def test_a_sessions_temporary_tables_go_when_it_closes() -> None:
+    core = Core(statement_timeout=5.0)
+    other = core.new_session()
+    await _execute(core, "CREATE TABLE #t (a INT)")
+    await _execute(core, "CREATE TABLE #gone (a INT)")
+    core.flush()  # (the table's lock is held until its CREATE is durable)
+    await _execute(core, "DROP TABLE #gone")
+    await _execute(core, "CREATE TABLE #t (b INT)", session=other)
+    core.op("begin_transaction")
+    await _execute(core, "CREATE TABLE #never (a INT)")
+    core.op("rollback")
+    core.flush()
+    mine, theirs = f"u:tempdb:#t#{core.session.ident}", f"u:tempdb:#t#{other.ident}"
+    assert _temporary_tables(core) == sorted([mine, theirs])
+    core.engine.transactions.close_session(core.session)
+    core.flush()
+    assert _temporary_tables(core) == [theirs]
+    assert core.store.load_table_names() == []  # never the broker's own tables
+    # a detached transaction may outlive its session: it cannot use the session's own
+    core.op("begin_transaction", detached=True, session=other)
+    with pytest.raises(BrokerError, match="detached transaction"):
+        await _execute(core, "INSERT INTO #t VALUES (1)", session=other)

@@ -1,0 +1,66 @@
+"""Temporary tables (#name) from T-SQL: the session's own tables on the broker, gone
+when the procedure that made one ends, or else with the session."""
+
+from __future__ import annotations
+
+from daemon import BrokerProcess
+
+from ssb import client
+
+from .helpers import new_session, run, table
+
+
+async def test_a_temporary_table_lives_in_its_session(conn: client.Connection) -> None:
+    session, out = new_session(conn, login="admin")
+    assert await run(
+        session,
+        "CREATE TABLE Jobs (id INT PRIMARY KEY, state NVARCHAR(10));\n"
+        "INSERT INTO Jobs VALUES (1, N'new'), (2, N'done'), (3, N'done');\n"
+        "CREATE TABLE #work (id INT PRIMARY KEY, note NVARCHAR(10));\n"
+        "INSERT INTO #work (id, note) SELECT id, state FROM Jobs WHERE state = N'done';\n"
+        "UPDATE #work SET note = N'seen' WHERE id = 3;\n"
+        "DELETE FROM #work WHERE id = 2;\n"
+        "SELECT id, note FROM #work;\n"
+        "SELECT j.id, j.state INTO #copy FROM Jobs j JOIN #work w ON w.id = j.id;\n"
+        "SELECT id, state FROM #copy;\n"
+        "DROP TABLE #copy;\n"
+        "GO\n"
+        "DECLARE @n INT;\n"
+        "SELECT @n = COUNT(*) FROM #work;\n"
+        "SELECT @n AS n;\n",
+    ), out.errors
+    assert [table(r) for r in out.results] == [[[3, "seen"]], [[3, "done"]], [[1]]]
+    assert not await run(session, "SELECT * FROM #copy"), "the table was dropped"
+    assert "#copy" in str(out.errors[-1])
+
+
+async def test_a_procedures_temporary_table_goes_when_it_returns(
+    broker: BrokerProcess, conn: client.Connection
+) -> None:
+    session, out = new_session(conn, login="admin")
+    assert await run(
+        session,
+        "CREATE TABLE #caller (n INT);\n"
+        "INSERT INTO #caller VALUES (1), (2);\n"
+        "GO\n"
+        "CREATE PROCEDURE Stage AS\n"
+        "BEGIN\n"
+        "  CREATE TABLE #staged (n INT);\n"
+        "  INSERT INTO #staged SELECT n * 10 FROM #caller;\n"  # the caller's table is seen
+        "  SELECT n INTO #copy FROM #staged;\n"
+        "  SELECT SUM(n) AS total FROM #copy;\n"
+        "END\n"
+        "GO\n"
+        "EXEC Stage;\n"
+        "EXEC Stage;\n"  # (again: the tables were dropped, CREATE works again)
+        "SELECT COUNT(*) AS n FROM #caller;\n",
+    ), out.errors
+    assert [table(r) for r in out.results] == [[[30]], [[30]], [[2]]]
+    for name in ("#staged", "#copy"):
+        assert not await run(session, f"SELECT * FROM {name}")
+        assert f"no such table: {name}" in str(out.errors[-1])
+    # another session (connection) sees none of this session's tables
+    async with await client.connect(broker.url) as other_conn:
+        other, other_out = new_session(other_conn, login="admin")
+        assert not await run(other, "SELECT * FROM #caller")
+        assert "no such table: #caller" in str(other_out.errors[-1])
