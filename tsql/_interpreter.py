@@ -31,7 +31,7 @@ from ssb import client
 from . import _ast as ast
 from . import _types as t
 from ._broker import BrokerDatabases, BrokerProcedures
-from ._catalog import object_id
+from ._catalog import SYS_VIEWS, object_id
 from ._compile import Declared, check
 from ._errors import INFORMATIONAL, NotSupported, SqlError, from_broker
 from ._eval import Evaluator, xml_rows
@@ -47,6 +47,7 @@ from ._parser import parse_batch
 from ._procedures import Procedures, new_frame
 from ._query import (
     Engine,
+    Source,
     Translation,
     column_kinds,
     frame_parameters,
@@ -58,7 +59,7 @@ from ._query import (
 )
 from ._session_functions import format_message, session_function, small_int, system_function
 from ._source import Batch
-from ._tables import drop_temporary, select_into, table_query
+from ._tables import drop_temporary, joined_query, select_into, table_query
 from ._transactions import rollback_all
 from ._types import Value
 
@@ -277,16 +278,25 @@ class Session:
             select.sql = translate(select)
         translation = select.sql
         names = {s.name.lower() for s in translation.sources if s.kind == "queue"}
-        if names and names <= self.tables:
-            return await table_query(self, select, frame)
+        views = [s for s in translation.sources if s.kind == "view"]
+        broker_only = len(names) + len(views) == len(translation.sources)
+        if names and names <= self.tables and broker_only:
+            return await (
+                joined_query(self, select, frame, views)
+                if views
+                else table_query(self, select, frame)
+            )
         if "tsql_db_" in translation.sql:
             await self.databases.list()  # what DB_ID and DB_NAME read
         try:
             await self._load(translation, frame)
         except SqlError as exc:  # not a queue: a table of the broker's, or nothing
-            if exc.number != 208 or len(names) != len(translation.sources):
+            if exc.number != 208 or not broker_only:
                 raise
-            result = await table_query(self, select, frame)
+            if views:  # the broker's tables joined with catalog views
+                result = await joined_query(self, select, frame, views)
+            else:
+                result = await table_query(self, select, frame)
             self.tables |= names
             return result
         return self.engine.run(
@@ -318,33 +328,35 @@ class Session:
         if not self.nocount:
             self.output.message(f"({count} row{'s' if count != 1 else ''} affected)")
 
+    async def catalog_rows(self, source: Source, fetched: dict[str, list[Any]]) -> list[Any]:
+        """The rows of catalog view `source` (the broker's views it reads are fetched
+        into `fetched` once)."""
+        view = SYS_VIEWS[source.name]
+        for name in view.sources:
+            if name not in fetched:
+                fetched[name] = await self.view_rows(name)
+        if source.name == "sys.databases":
+            fetched["__databases__"] = [
+                (
+                    d.name,
+                    d.database_id,
+                    d.is_broker_enabled,
+                    d.service_broker_guid,
+                    d.is_trustworthy_on,
+                )
+                for d in await self.databases.list()
+            ]
+        if source.name in ("sys.objects", "sys.procedures"):
+            fetched["__procedures__"] = list(await self.procedures.names())
+        return view.build(fetched, self.databases.current())
+
     async def _load(self, translation: Translation, frame: Frame) -> None:
         """Every table a translated statement reads, into the SQL engine."""
         fetched: dict[str, list[Any]] = {}
         for source in translation.sources:
             if source.kind == "view":
-                from ._catalog import SYS_VIEWS
-
                 view = SYS_VIEWS[source.name]
-                for name in view.sources:
-                    if name not in fetched:
-                        fetched[name] = await self.view_rows(name)
-                if source.name == "sys.databases":
-                    fetched["__databases__"] = [
-                        (
-                            d.name,
-                            d.database_id,
-                            d.is_broker_enabled,
-                            d.service_broker_guid,
-                            d.is_trustworthy_on,
-                        )
-                        for d in await self.databases.list()
-                    ]
-                if source.name in ("sys.objects", "sys.procedures"):
-                    fetched["__procedures__"] = list(await self.procedures.names())
-                self.engine.load(
-                    source, view.columns, view.build(fetched, self.databases.current())
-                )
+                self.engine.load(source, view.columns, await self.catalog_rows(source, fetched))
             elif source.kind == "queue":
                 rows = await self._peek(source.name)
                 self.engine.load(source, queue_columns(), queue_table(rows))

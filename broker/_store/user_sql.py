@@ -151,7 +151,11 @@ def _table_name(table: exp.Table, database: str) -> str:
         )
     if table.db and table.db.lower() != "dbo":
         if table.db.lower() == "sys":
-            raise refused(f"joining tables with the catalog view sys.{table.name}")
+            raise refused(
+                f"the catalog view sys.{table.name} in a statement sent to the broker",
+                "T-SQL (ssb sql, procedures) joins tables with the catalog views; from a"
+                " program, read the broker's view (view(...)) and join the rows there",
+            )
         raise TableError(f"schema {table.db!r} does not exist: tables are in schema dbo")
     if not isinstance(table.this, exp.Identifier):
         raise refused("a table-valued expression in FROM")

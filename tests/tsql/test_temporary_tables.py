@@ -64,3 +64,28 @@ async def test_a_procedures_temporary_table_goes_when_it_returns(
         other, other_out = new_session(other_conn, login="admin")
         assert not await run(other, "SELECT * FROM #caller")
         assert "no such table: #caller" in str(other_out.errors[-1])
+
+
+async def test_a_table_joins_a_catalog_view(conn: client.Connection) -> None:
+    """The view's rows reach the broker in a temporary table for the statement."""
+    session, out = new_session(conn, login="admin")
+    await conn.create_queue("Q")
+    await conn.create_service("S", queue="Q", contracts=["DEFAULT"])
+    handle = await conn.begin_dialog("S", "S")
+    assert await run(
+        session,
+        "CREATE TABLE dbo.Jobs (handle UNIQUEIDENTIFIER PRIMARY KEY, note NVARCHAR(10));\n"
+        "GO\n"
+        f"DECLARE @h UNIQUEIDENTIFIER = '{handle}';\n"
+        "INSERT INTO Jobs VALUES (@h, N'mine'), (NEWID(), N'none');\n"
+        "SELECT t.note, e.state, e.is_initiator FROM dbo.Jobs t\n"
+        "  JOIN sys.conversation_endpoints e ON e.conversation_handle = t.handle\n"
+        "  WHERE t.note = N'mine' ORDER BY e.is_initiator;\n"
+        "BEGIN TRANSACTION;\n"
+        "SELECT COUNT(*) AS n FROM Jobs\n"
+        "  WHERE handle IN (SELECT conversation_handle FROM sys.conversation_endpoints);\n"
+        "COMMIT;\n"
+        "SELECT COUNT(*) AS n FROM Jobs;\n",  # (again: the copy is made each time)
+    ), out.errors
+    assert [table(r) for r in out.results] == [[["mine", "SO", 1]], [[1]], [[2]]]
+    assert not await run(session, "SELECT * FROM #ssb_sys_conversation_endpoints")
