@@ -265,8 +265,9 @@ class Permissions:
                     self._refuse(session, "CREATE TABLE", "CREATE", "database", statement.database)
                 continue
             key = qualify(statement.database, table)
-            if key in self.tables and not self.has(session.user, permission, "table", key):
-                self._refuse(session, f"{permission} of a table", permission, "table", key)
+            for need in permission.split():  # (a MERGE needs INSERT and UPDATE)
+                if key in self.tables and not self.has(session.user, need, "table", key):
+                    self._refuse(session, f"{need} of a table", need, "table", key)
         for table in statement.reads:
             key = qualify(statement.database, table)
             if key in self.tables and not self.has(session.user, "SELECT", "table", key):

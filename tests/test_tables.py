@@ -80,7 +80,7 @@ async def test_table_statements_answer_and_commit_with_the_messages(
 
 async def test_what_is_refused_is_refused_clearly(conn: client.Connection) -> None:
     for sql, words in [
-        ("MERGE INTO t USING u ON t.a = u.a WHEN MATCHED THEN DELETE;", "MERGE is not supported"),
+        ("MERGE INTO t USING u ON t.a = u.a WHEN MATCHED THEN DELETE;", "THEN DELETE in MERGE"),
         ("SELECT * FROM sys.tables", "catalog view sys.tables in a statement sent to the broker"),
         ("SELECT * FROM #work", "no such table: #work"),
         ("CREATE TABLE ##everyone (a INT)", "global temporary table"),
@@ -280,6 +280,52 @@ async def test_a_temporary_table_is_its_sessions_own_until_it_ends(
             with pytest.raises(client.PermissionDeniedError):
                 await clerk.execute("INSERT INTO #mine SELECT id FROM Jobs")
         assert [t["name"] for t in await conn.view("tables")] == ["jobs"]
+
+
+async def test_merge_on_a_key_inserts_or_updates(conn: client.Connection) -> None:
+    await conn.execute(
+        "CREATE TABLE Totals (g INT PRIMARY KEY, n INT NOT NULL, times INT NOT NULL)"
+    )
+    merge = (
+        "MERGE INTO dbo.Totals AS t USING (SELECT @g AS g, @n AS n) AS s ON t.g = s.g"
+        " WHEN MATCHED THEN UPDATE SET t.n = t.n + s.n, times = t.times + 1"
+        " WHEN NOT MATCHED THEN INSERT (g, n, times) VALUES (s.g, s.n, 1);"
+    )
+    async with conn.transaction():
+        for g, n in [(1, 10), (2, 5), (1, 7)]:
+            assert (await conn.execute(merge, g=g, n=n)).rowcount == 1
+    assert (await conn.execute("SELECT * FROM Totals ORDER BY g")).rows == [
+        (1, 17, 2),
+        (2, 5, 1),
+    ]
+    inserted = await conn.execute(
+        "MERGE Totals t USING (VALUES (2, 100), (3, 30)) AS s (g, n) ON s.g = t.g"
+        " WHEN NOT MATCHED THEN INSERT (g, n, times) VALUES (s.g, s.n, 0);"
+    )
+    assert inserted.rowcount == 1
+    assert (await conn.execute("SELECT g, n FROM Totals WHERE g > 1 ORDER BY g")).rows == [
+        (2, 5),
+        (3, 30),
+    ]
+    for sql, words in [
+        (
+            "MERGE Totals t USING (SELECT 1 AS n) s ON t.n = s.n WHEN NOT MATCHED THEN"
+            " INSERT (g, n, times) VALUES (9, s.n, 0);",
+            "ON CONFLICT clause does not match",  # n is no key: SQLite says so
+        ),
+        (
+            "MERGE Totals t USING (SELECT 1 AS g) s ON t.g = s.g WHEN MATCHED AND t.n > 1"
+            " THEN DELETE;",
+            "WHEN ... AND",
+        ),
+        (
+            "MERGE Totals t USING (SELECT 1 AS g, 2 AS m) s ON t.g = s.g WHEN MATCHED THEN"
+            " UPDATE SET n = s.m WHEN NOT MATCHED THEN INSERT (g, n, times) VALUES (s.g, 0, 0);",
+            "s.m in MERGE's UPDATE",
+        ),
+    ]:
+        with pytest.raises(client.SqlError, match=words):
+            await conn.execute(sql)
 
 
 async def test_a_table_outlives_a_restart(tmp_path: Path) -> None:

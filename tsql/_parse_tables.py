@@ -13,6 +13,7 @@ from typing import Final
 
 from . import _ast as ast
 from ._cursor import STATEMENT_WORDS
+from ._errors import SqlError
 from ._lexer import Kind, Token
 from ._parse_broker import BrokerParser
 
@@ -68,6 +69,23 @@ class TableParser(BrokerParser):
             t.upper for t in self.tokens[first : self.i] if t.kind is Kind.VARIABLE
         )
         return ast.TableStatement(line, self.span(start), tuple(variables), creates)
+
+    def _merge(self, line: int) -> ast.Statement:
+        """MERGE, to its `;` (which SQL Server requires: its WHEN clauses hold UPDATE and
+        INSERT, words that start statements elsewhere)."""
+        start = self.statement_start
+        depth = 0
+        while not self.at_end and not (depth <= 0 and self.at_op(";")):
+            if self.at_op("("):
+                depth += 1
+            elif self.at_op(")"):
+                depth -= 1
+            self.advance()
+        if self.at_end:
+            raise SqlError(
+                10713, "A MERGE statement must be terminated by a semi-colon (;).", line=line
+            )
+        return self._table_statement(line, start)
 
     # ---- INSERT, UPDATE, DELETE of a table or a table variable ------------------------
 

@@ -656,7 +656,6 @@ _REFUSED = {
     "CREDENTIAL": ("CREDENTIAL", "ssb logs in with its own logins"),
 }
 _REFUSED_STATEMENTS = {
-    "MERGE": ("MERGE", "use INSERT, UPDATE and DELETE"),
     "TRUNCATE": ("TRUNCATE TABLE", "use DELETE FROM the table"),
     "GOTO": ("GOTO", "use IF, WHILE, BREAK and CONTINUE"),
     "OPEN": ("cursors", "loop with WHILE"),
@@ -704,5 +703,6 @@ _STATEMENTS = {
     "INSERT": Parser._insert,
     "UPDATE": Parser._update,
     "DELETE": Parser._delete,
+    "MERGE": Parser._merge,
     **dict.fromkeys(_REFUSED_STATEMENTS, Parser._refused_statement),
 }

@@ -73,7 +73,7 @@ async def table_statement(session: Session, statement: ast.TableStatement, frame
     result = await _run(session, statement.text, statement.variables, frame)
     if result.columns:
         session.output.result(result_set(result), session.nocount)
-    elif statement.text.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+    elif statement.text.split(None, 1)[0].upper() in ("INSERT", "UPDATE", "DELETE", "MERGE"):
         count = result.rowcount
         if not session.nocount:
             session.output.message(f"({count} row{'s' if count != 1 else ''} affected)")

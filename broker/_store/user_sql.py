@@ -64,7 +64,6 @@ _VOLATILE_NAMES: Final = {
 }
 _STATEMENTS: Final = (exp.Select, exp.Union, exp.Insert, exp.Update, exp.Delete)
 _REFUSED: Final = {
-    exp.Merge: "MERGE",
     exp.Lateral: "APPLY",
 }
 
@@ -83,7 +82,8 @@ class Statement:
             "utcnow", "newid").
         reads: the tables it reads, by their names in the database (lower case).
         writes: table -> the permission its change needs (INSERT, UPDATE, DELETE; ALTER
-            for an index or ALTER TABLE, DROP for a DROP, CREATE for a new table).
+            for an index or ALTER TABLE, DROP for a DROP, CREATE for a new table; a
+            MERGE that updates needs "INSERT UPDATE", both).
         returns_rows: a SELECT, or a change with OUTPUT.
         database: the broker database it runs in.
         light: an INSERT ... VALUES without a query: its cost is its rows'.
@@ -468,6 +468,10 @@ def translate(text: str, database: str, session: int = 0) -> Statement:
             raise refused(what)
     if isinstance(node, exp.Command):
         raise refused(f"the statement {node.name.upper()}")
+    if isinstance(node, exp.Merge):
+        node = _merge(node)
+    elif node.find(exp.Merge) is not None:
+        raise refused("MERGE here")
     _temporary(node, session)
     writes: dict[str, str] = {}
     reads: set[str] = set()
@@ -554,6 +558,106 @@ def _written(node: exp.Expression) -> str:
         raise TableError(f"cannot translate the statement: {exc}") from None
 
 
+_MERGE_FORM: Final = (
+    "the form MERGE target USING source ON target.key = source.column [AND ...] [WHEN"
+    " MATCHED THEN UPDATE SET ...] WHEN NOT MATCHED THEN INSERT (columns) VALUES (...),"
+    " the keys being the target's primary key or a unique key"
+)
+
+
+def _merge(node: exp.Merge) -> exp.Insert:
+    """MERGE as SQLite's upsert, INSERT ... SELECT ... ON CONFLICT (keys) DO UPDATE (or
+    DO NOTHING): the same when the ON clause matches the target's key columns to the
+    source's columns the INSERT puts in them (SQLite refuses keys that are not a primary
+    or unique key's when it runs)."""
+    target, source = node.this, node.args.get("using")
+    if not isinstance(target, exp.Table) or source is None or not source.alias_or_name:
+        raise refused("this MERGE", f"MERGE has {_MERGE_FORM}")
+    mine, theirs = target.alias_or_name.lower(), source.alias_or_name.lower()
+    update: exp.Update | None = None
+    insert: exp.Insert | None = None
+    for when in node.args["whens"].expressions:
+        then = when.args.get("then")
+        if when.args.get("condition") is not None or when.args.get("source"):
+            raise refused("WHEN ... AND, or WHEN NOT MATCHED BY SOURCE, in MERGE", _MERGE_FORM)
+        if when.args.get("matched") and isinstance(then, exp.Update) and update is None:
+            update = then
+        elif not when.args.get("matched") and isinstance(then, exp.Insert) and insert is None:
+            insert = then
+        else:
+            what = then.name if isinstance(then, exp.Var) else then.key if then else ""
+            raise refused(f"WHEN ... THEN {what.upper()} in MERGE", _MERGE_FORM)
+    if (
+        insert is None
+        or not isinstance(insert.this, exp.Tuple)
+        or not isinstance(insert.expression, exp.Tuple)
+        or node.args.get("returning") is not None
+    ):
+        raise refused("this MERGE", f"MERGE has {_MERGE_FORM}")
+    columns = [c.name.lower() for c in insert.this.expressions]
+    values = insert.expression.expressions
+    # the target's column each source column goes into
+    into = {
+        v.name.lower(): c
+        for c, v in zip(columns, values, strict=False)
+        if isinstance(v, exp.Column) and v.table.lower() == theirs
+    }
+    keys = []
+    condition = node.args.get("on")
+    if condition is None:
+        raise refused("MERGE without ON", _MERGE_FORM)
+    for pair in condition.flatten() if isinstance(condition, exp.And) else [condition]:
+        if not isinstance(pair, exp.EQ) or not all(
+            isinstance(side, exp.Column) for side in (pair.this, pair.expression)
+        ):
+            raise refused(f"the ON clause {condition.sql('tsql')} of MERGE", _MERGE_FORM)
+        key, value = sorted((pair.this, pair.expression), key=lambda c: c.table.lower() != mine)
+        if key.table.lower() != mine or into.get(value.name.lower()) != key.name.lower():
+            raise refused(f"the ON clause {condition.sql('tsql')} of MERGE", _MERGE_FORM)
+        keys.append(exp.column(key.name))
+    changes = []
+    for change in update.expressions if update is not None else []:
+        for column in list(change.find_all(exp.Column)):
+            table = column.table.lower()
+            if table == theirs and column.name.lower() in into:
+                column.replace(exp.column(into[column.name.lower()], "excluded"))
+            elif table == theirs:
+                raise refused(
+                    f"{column.sql('tsql')} in MERGE's UPDATE",
+                    "its UPDATE reads the source's columns its INSERT inserts",
+                )
+            elif table in (mine, ""):
+                column.set("table", None)
+        changes.append(change)
+    if isinstance(source, exp.Values):  # (SQLite names no columns in an alias)
+        source = _named_rows(source)
+    rows = exp.select(*values).from_(source).where(exp.true())
+    target.set("alias", None)
+    return exp.Insert(
+        this=exp.Schema(this=target, expressions=insert.this.expressions),
+        expression=rows,
+        conflict=exp.OnConflict(
+            conflict_keys=keys,
+            action=exp.var("DO UPDATE" if changes else "DO NOTHING"),
+            expressions=changes,
+        ),
+    )
+
+
+def _named_rows(values: exp.Values) -> exp.Subquery:
+    """`(VALUES (...), ...) AS s (a, b)` as `(SELECT ... AS a, ... AS b UNION ALL ...) AS s`."""
+    alias = values.args["alias"]
+    names = [column.name for column in alias.columns]
+    selects = [
+        exp.select(*(exp.alias_(v, n) for v, n in zip(row.expressions, names, strict=False)))
+        for row in values.expressions
+    ]
+    union: exp.Expression = selects[0]
+    for select in selects[1:]:
+        union = exp.union(union, select, distinct=False)
+    return exp.Subquery(this=union, alias=exp.TableAlias(this=alias.this))
+
+
 def _select_into(node: exp.Select, database: str, reads: set[str], writes: dict[str, str]) -> None:
     """SELECT ... INTO #name: SQLite's CREATE TEMPORARY TABLE ... AS SELECT."""
     into = node.args["into"]
@@ -589,6 +693,9 @@ def _dml(
         raise refused(f"this form of {node.key.upper()}")
     if isinstance(node, exp.Insert):
         verb, output = "INSERT", "inserted"
+        conflict = node.args.get("conflict")  # (a MERGE's, see `_merge`)
+        if conflict is not None and conflict.args.get("expressions"):
+            verb = "INSERT UPDATE"
     elif isinstance(node, exp.Update):
         verb, output = "UPDATE", "inserted"
         if node.args.get("from") or node.args.get("from_"):

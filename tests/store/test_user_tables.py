@@ -37,7 +37,10 @@ def _commit(store: ManualStore, done: Done) -> None:
 @pytest.mark.parametrize(
     ("sql", "words"),
     [
-        ("MERGE INTO t USING u ON t.a = u.a WHEN MATCHED THEN DELETE;", "MERGE"),
+        ("MERGE INTO t USING u ON t.a = u.a WHEN MATCHED THEN DELETE;", "THEN DELETE"),
+        ("MERGE t USING u ON t.a = u.a WHEN NOT MATCHED THEN INSERT VALUES (u.a);", "MERGE"),
+        ("MERGE t USING u ON t.a > u.a WHEN NOT MATCHED THEN INSERT (a) VALUES (u.a);", "ON"),
+        ("MERGE t USING u ON t.a = u.b WHEN NOT MATCHED THEN INSERT (a) VALUES (u.a);", "ON"),
         ("SELECT * FROM sys.objects", "catalog view"),
         ("CREATE TABLE ##t (a INT)", "global temporary table"),
         ("CREATE INDEX ix ON #t (a)", "an index on a temporary table"),

@@ -1,5 +1,6 @@
-"""Temporary tables (#name) from T-SQL: the session's own tables on the broker, gone
-when the procedure that made one ends, or else with the session."""
+"""The broker's tables from T-SQL beyond plain statements: temporary tables (#name, the
+session's own, gone when the procedure that made one returns, or else with the
+session), joins with the catalog views, and MERGE."""
 
 from __future__ import annotations
 
@@ -89,3 +90,26 @@ async def test_a_table_joins_a_catalog_view(conn: client.Connection) -> None:
     ), out.errors
     assert [table(r) for r in out.results] == [[["mine", "SO", 1]], [[1]], [[2]]]
     assert not await run(session, "SELECT * FROM #ssb_sys_conversation_endpoints")
+
+
+async def test_merge_keeps_a_running_total(conn: client.Connection) -> None:
+    session, out = new_session(conn, login="admin")
+    assert await run(
+        session,
+        "CREATE TABLE Totals (g INT PRIMARY KEY, n INT NOT NULL);\n"
+        "GO\n"
+        "DECLARE @i INT = 0;\n"
+        "WHILE @i < 3\n"
+        "BEGIN\n"
+        "  MERGE Totals AS t\n"
+        "  USING (SELECT 1 AS g, @i + 1 AS n) AS s ON t.g = s.g\n"
+        "  WHEN MATCHED THEN UPDATE SET n = t.n + s.n\n"
+        "  WHEN NOT MATCHED THEN INSERT (g, n) VALUES (s.g, s.n);\n"
+        "  SET @i += 1;\n"
+        "END\n"
+        "SELECT g, n FROM Totals;\n",
+    ), out.errors
+    assert [table(r) for r in out.results] == [[[1, 6]]]
+    assert "(1 row affected)" in out.messages
+    assert not await run(session, "MERGE Totals t USING Totals s ON t.g = s.g")
+    assert out.errors[-1].number == 10713
