@@ -54,6 +54,7 @@ PROGRESS_STEPS: Final = 10_000  # SQLite steps between looks at a statement's de
 MAX_ANSWER_ROWS: Final = 1_000_000  # rows one statement may answer (in pages)
 MAX_ANSWER_BYTES: Final = 64 * 1024 * 1024  # what they may weigh, about
 RUNS_TOGETHER: Final = 100  # runs of an INSERT ... VALUES written as one INSERT at most
+# (and at most as many run on the event loop rather than the store thread, see `_inline`)
 MAX_VARIABLES: Final = 32_766  # parameters of one SQLite statement (its default limit)
 _STORE_NAME: Final = re.compile(r'"?u:[^:"\s]+:([^:"\s]+)(?::([^"\s]+))?"?')
 _SESSION: Final = re.compile(r"(?<=.)#\d+(?=[.`]|\Z)")  # a temporary table's `#session`
@@ -187,7 +188,11 @@ class UserTables(Committer):
             for name, function in statement.volatile:
                 values[name] = _evaluate(function)
         bound = [parameters(statement, values) for values in many]
-        if self._executor is None or self._loop is None or self._inline(owner, done, statement):
+        if (
+            self._executor is None
+            or self._loop is None
+            or (len(bound) <= RUNS_TOGETHER and self._inline(owner, done, statement))
+        ):
             return self._run(owner, done, statement, bound, timeout)
         self._table_jobs += 1
         try:
@@ -293,7 +298,7 @@ class UserTables(Committer):
         finally:
             db.set_progress_handler(None, 0)
         db.execute("RELEASE statement")
-        self._provisional = (owner, len(done) + 1)
+        self._provisional = (owner, len(done) + len(bound))
         return answer
 
 

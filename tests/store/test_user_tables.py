@@ -266,7 +266,13 @@ async def test_many_runs_answer_and_commit_as_the_runs_one_by_one(storage: Manua
     changes = [{"k": 7, "v": "seven"}, {"k": 5000, "v": "none"}, {"k": 8, "v": "eight"}]
     assert (await storage.run_table_statements(txn, txn, update, changes, 5.0)).rowcount == 2
     txn += [(update, values) for values in changes]
+    # the runs count as statements of the transaction: the next one follows them in the
+    # same provisional transaction, replaying nothing
+    ran: list[str] = []
+    storage._db.set_trace_callback(ran.append)
     seen = await _run(storage, txn, txn, "SELECT id, k, v, at FROM Log ORDER BY id")
+    storage._db.set_trace_callback(None)
+    assert not [sql for sql in ran if sql.startswith(("INSERT", "UPDATE"))], ran
     _commit(storage, txn)
     later: Done = []
     rows = await _run(storage, later, later, "SELECT id, k, v, at FROM Log ORDER BY id")
