@@ -5,8 +5,10 @@ Theory of operation. `translate` reads one T-SQL statement with sqlglot (read="t
 checks every part of it against what the store can run as SQL Server would, rewrites
 it and writes it in the store's dialect (SQLite). What it accepts: CREATE / ALTER (ADD
 a column) / DROP TABLE, CREATE / DROP INDEX, INSERT (VALUES, SELECT, OUTPUT inserted.*),
-UPDATE (OUTPUT inserted.*), DELETE (OUTPUT deleted.*) and SELECT (joins, grouping, TOP,
-ORDER BY). Anything else is refused with a `TableError` saying so.
+UPDATE (OUTPUT inserted.*), DELETE (OUTPUT deleted.*), SELECT (joins, grouping, TOP,
+ORDER BY), SELECT ... INTO #name (CREATE TEMPORARY TABLE ... AS SELECT) and MERGE that
+inserts or updates on a key (SQLite's INSERT ... ON CONFLICT, see `_merge`). Anything
+else is refused with a `TableError` saying so.
 
 Names. A user's table lives in the namespace of its broker database: table `t` of
 database `sales` is SQLite's `"u:sales:t"` (lower case: SQL Server names are without
@@ -14,7 +16,9 @@ case), and its indexes `"u:sales:t:index"`. The store's own tables never hold a 
 so the two can never meet; a name must be a regular identifier (letters, digits, `_`,
 `@`, `#`, `$`, not starting with a digit), at most 128 characters, in schema `dbo` of
 the session's database. A table named without an alias keeps its own name as alias, so
-`t.col` still means its column.
+`t.col` still means its column. A temporary table `#t` of session 12 is SQLite's TEMP
+table `"u:tempdb:#t#12"` (on the writer connection, the only one that runs users'
+statements), `#t#12` to the table locks and the transaction.
 
 Values. T-SQL's `+` becomes `ssb_add` (text joins, numbers add; `user_tables`
 registers it) outside a table's schema, and N'text' is 'text'. Parameters are `@name`
