@@ -374,7 +374,11 @@ class Tables:
             return
         self.journal.write_table_statements(statements)
         self.journal.forget_table_statements(txn)
+        previous = None
         for statement, _ in statements:
+            if statement is previous:  # (the runs of one executemany: the same effect)
+                continue
+            previous = statement
             for table, permission in statement.writes.items():
                 if is_temporary(table):
                     self._note_temporary(txn.session, table, permission)

@@ -34,13 +34,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import itertools
 import operator
 import re
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -136,15 +137,22 @@ def parameters(statement: Statement, values: dict[str, Any]) -> tuple[Any, ...]:
     Raises:
         TableError: a value is missing, or of a type SQLite cannot hold.
     """
+    names = statement.parameters
     try:
-        bound = tuple(values[name] for name in statement.parameters)
+        bound = tuple(values[name] for name in names) if len(names) < 2 else _take(names)(values)
     except KeyError as exc:
         raise TableError(
             f"the statement uses @{exc.args[0]}, which was not given a value"
         ) from None
-    if all(type(value) in _AS_IS for value in bound):
+    if _AS_IS.issuperset(map(type, bound)):
         return bound
     return tuple(_bound(value) for value in bound)
+
+
+@functools.lru_cache(maxsize=user_sql.TRANSLATIONS_KEPT)
+def _take(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """What takes the values of `names` (at least two), in order, from a dict."""
+    return operator.itemgetter(*names)
 
 
 class UserTables(Committer):
