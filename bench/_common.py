@@ -98,6 +98,22 @@ class Catalog:
             )
 
 
+def command_line(
+    module: str, doc: str | None, options: type, *names: str
+) -> argparse.ArgumentParser:
+    """The parser of `python -m bench.<module>`, described by its docstring's first line,
+    with `--json PATH` and an `--a-name` for each named field of the options dataclass
+    `options`: of its default's type (a whole number or a float), with that default."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m bench.{module}", description=(doc or "").split("\n")[0]
+    )
+    for name in names:
+        default = getattr(options, name)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    return parser
+
+
 def parse_args(
     parser: argparse.ArgumentParser, argv: list[str] | None, smoke: dict[str, Any]
 ) -> argparse.Namespace:

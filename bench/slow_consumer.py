@@ -37,7 +37,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing as mp
 import os
@@ -56,6 +55,7 @@ from ._common import (
     BenchFailure,
     Catalog,
     broker,
+    command_line,
     conclude,
     options_from,
     parse_args,
@@ -398,20 +398,20 @@ def print_table(results: list[RunResult], opts: Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    doc = __doc__ or ""
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.slow_consumer", description=doc.split("\n")[0]
+    parser = command_line(
+        "slow_consumer",
+        __doc__,
+        Options,
+        "seconds",
+        "fraction",
+        "batch",
+        "body_size",
+        "conversations",
+        "in_flight",
     )
-    parser.add_argument("--seconds", type=float, default=Options.seconds)
     parser.add_argument("--quota", type=int, default=Options.quota, help="max_messages, run 2")
-    parser.add_argument("--fraction", type=float, default=Options.fraction)
-    parser.add_argument("--batch", type=int, default=Options.batch)
-    parser.add_argument("--body-size", type=int, default=Options.body_size)
-    parser.add_argument("--conversations", type=int, default=Options.conversations)
-    parser.add_argument("--in-flight", type=int, default=Options.in_flight)
     parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
     parser.add_argument("--cache-bytes", type=int, default=None)
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parse_args(parser, argv, SMOKE)
     if not 0 < args.seconds <= 3600:
         parser.error("--seconds must be in (0, 3600]")
