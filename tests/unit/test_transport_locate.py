@@ -16,7 +16,7 @@ from ssb.broker._core.delivery import Outbound
 from ssb.protocol import LocatedFrame
 
 from .core_harness import BODY
-from .transport_harness import A_ID, B_ID, Broker, World
+from .transport_harness import A_ID, B_ID, Broker, World, dialog_services
 
 F_ID = "ffffffff-0000-4000-8000-000000000003"
 
@@ -32,10 +32,7 @@ def _trio(world: World, trust_b_on_a: bool = True) -> tuple[Broker, Broker, Brok
             continue
         x.op("create_certificate", y.name, y.certificate)
         y.op("create_certificate", x.name, x.certificate)
-    a.op("create_queue", "Initiator")
-    a.op("create_service", "InitiatorService", "Initiator")
-    b.op("create_queue", "Target")
-    b.op("create_service", "TargetService", "Target", ["DEFAULT"])
+    dialog_services(a, b)
     a.op("create_route", "to_b", "TargetService", f"tcp://{f.address}")
     f.op("create_route", "to_b", "TargetService", f"tcp://{b.address}")
     f.op("create_route", "to_a", "InitiatorService", f"tcp://{a.address}")

@@ -318,6 +318,14 @@ class Broker:
         self.transport = self._start()
 
 
+def dialog_services(a: Broker, b: Broker) -> None:
+    """A's InitiatorService on queue Initiator; B's TargetService on queue Target (DEFAULT)."""
+    a.op("create_queue", "Initiator")
+    a.op("create_service", "InitiatorService", "Initiator")
+    b.op("create_queue", "Target")
+    b.op("create_service", "TargetService", "Target", ["DEFAULT"])
+
+
 class World:
     """Brokers on one in-memory network and one fake clock."""
 
@@ -340,10 +348,7 @@ class World:
         b = self.broker("b", B_ID, "127.0.0.1:7002")
         a.op("create_certificate", "b", b.certificate)
         b.op("create_certificate", "a", a.certificate)
-        a.op("create_queue", "Initiator")
-        a.op("create_service", "InitiatorService", "Initiator")
-        b.op("create_queue", "Target")
-        b.op("create_service", "TargetService", "Target", ["DEFAULT"])
+        dialog_services(a, b)
         a.op("create_route", "to_b", "TargetService", f"tcp://{b.address}", broker_instance=B_ID)
         b.op("create_route", "to_a", "InitiatorService", f"tcp://{a.address}", broker_instance=A_ID)
         return a, b
