@@ -7,6 +7,8 @@ import random
 import uuid
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -200,57 +202,43 @@ def test_trust_store_compares_exact_certificates() -> None:
 # --------------------------------------------------------------------------- handshake proof
 
 
-def test_handshake_proof_verifies_with_trusted_certificate() -> None:
+def _bobs_proof(
+    key: rsa.RSAPrivateKey, certificate: bytes, trusted: TrustStore | None = None
+) -> x509.Certificate:
+    """A handshake proof signed with `key` as Bob's to Alice, verified as made with
+    `certificate` against `trusted` (by default Bob's certificate alone)."""
     nonce = new_nonce()
-    proof = sign_handshake_proof(BOB_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
-    certificate = verify_handshake_proof(
-        certificate_pem=BOB_CERT,
+    proof = sign_handshake_proof(key, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
+    return verify_handshake_proof(
+        certificate_pem=certificate,
         proof=proof,
         signer_id=BOB,
         peer_id=ALICE,
         peer_nonce=nonce,
-        trusted=[BOB_CERT],
+        trusted=[BOB_CERT] if trusted is None else trusted,
     )
+
+
+def test_handshake_proof_verifies_with_trusted_certificate() -> None:
+    certificate = _bobs_proof(BOB_KEY, BOB_CERT)
     assert certificate_broker_id(BOB_CERT) == BOB
     assert certificate.subject == load_certificate(BOB_CERT).subject
-    verify_handshake_proof(  # a TrustStore works as well as PEMs
-        certificate_pem=BOB_CERT,
-        proof=proof,
-        signer_id=BOB,
-        peer_id=ALICE,
-        peer_nonce=nonce,
-        trusted=TrustStore([ALICE_CERT, BOB_CERT]),
-    )
+
+
+def test_handshake_proof_verifies_with_a_trust_store() -> None:
+    _bobs_proof(BOB_KEY, BOB_CERT, trusted=TrustStore([ALICE_CERT, BOB_CERT]))
 
 
 def test_handshake_proof_fails_with_untrusted_certificate() -> None:
-    nonce = new_nonce()
-    proof = sign_handshake_proof(MALLORY_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
     with pytest.raises(RemoteProtocolError) as caught:
-        verify_handshake_proof(
-            certificate_pem=MALLORY_CERT,
-            proof=proof,
-            signer_id=BOB,
-            peer_id=ALICE,
-            peer_nonce=nonce,
-            trusted=[BOB_CERT],
-        )
+        _bobs_proof(MALLORY_KEY, MALLORY_CERT)
     assert caught.value.code is ErrorCode.HANDSHAKE_FAILED
     assert "not trusted" in str(caught.value)
 
 
 def test_handshake_proof_with_a_stolen_certificate_fails() -> None:
-    nonce = new_nonce()
-    proof = sign_handshake_proof(MALLORY_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
     with pytest.raises(RemoteProtocolError, match="does not verify"):
-        verify_handshake_proof(
-            certificate_pem=BOB_CERT,
-            proof=proof,
-            signer_id=BOB,
-            peer_id=ALICE,
-            peer_nonce=nonce,
-            trusted=[BOB_CERT],
-        )
+        _bobs_proof(MALLORY_KEY, BOB_CERT)
 
 
 @pytest.mark.parametrize("what", ["nonce", "signer", "peer", "proof"])
