@@ -236,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         "restarts",
         "settle",
         "phase_timeout",
+        "durability",
     )
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
     args = parse_args(parser, argv, SMOKE)
     if args.dialogs < 2 or args.per_transaction < 1 or args.restarts < 1:
         parser.error("--dialogs must be >= 2, --per-transaction and --restarts >= 1")

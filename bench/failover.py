@@ -256,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         "batch",
         "conversations",
         "failover_timeout",
+        "durability",
     )
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
     args = parse_args(parser, argv, SMOKE)
     if min(args.messages, args.batch, args.conversations) < 1 or args.kills < 0:
         parser.error("--messages, --batch and --conversations must be >= 1, --kills >= 0")

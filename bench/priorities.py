@@ -255,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         "top",
         "in_flight",
         "timeout",
+        "durability",
     )
     parser.add_argument("--mode", choices=["autocommit", "txn"], default=Options.mode)
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
     parser.add_argument("--repeat", type=int, default=1, help="run both levels N times")
     parser.add_argument(
         "--no-scaling",

@@ -191,10 +191,17 @@ async def measure(opts: Options) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_line(
-        "reconnect", __doc__, Options, "messages", "batch", "in_flight", "body_size", "timeout"
+        "reconnect",
+        __doc__,
+        Options,
+        "messages",
+        "batch",
+        "in_flight",
+        "body_size",
+        "timeout",
+        "durability",
     )
     parser.add_argument("--cut-every", type=int, default=Options.cut_every, help="commits")
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
     args = parse_args(parser, argv, SMOKE)
     if (
         min(args.messages, args.batch, args.in_flight, args.cut_every) < 1

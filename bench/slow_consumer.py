@@ -409,9 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         "body_size",
         "conversations",
         "in_flight",
+        "durability",
     )
     parser.add_argument("--quota", type=int, default=Options.quota, help="max_messages, run 2")
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
     parser.add_argument("--cache-bytes", type=int, default=None)
     args = parse_args(parser, argv, SMOKE)
     if not 0 < args.seconds <= 3600:
