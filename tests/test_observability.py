@@ -333,8 +333,7 @@ async def test_debug_logs_each_statement(tmp_path: Path) -> None:
 async def test_links_going_up_and_down_are_logged(tmp_path: Path) -> None:
     async with Federation(tmp_path, ["a", "b"]) as fed:
         a, b = fed["a"], fed["b"]
-        for node in (a, b):
-            await create_contract(node.conn)
+        await create_contract(a, b)
         await create_initiator(a, "Asker")
         await create_target(b, "Answerer")
         await link(a, "Asker", b, "Answerer")
