@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from identities import A_CERT, A_ID, A_KEY, B_CERT, B_ID, B_KEY, M_CERT, M_KEY
 
 from ssb.protocol import (
     NEED_DATA,
@@ -36,8 +37,6 @@ from ssb.protocol._fields import MAX_ACK_RANGES, FrameKind
 from ssb.protocol._framing import encode_frame, pack, unpack
 from ssb.protocol._integrity import (
     TrustStore,
-    generate_broker_identity,
-    load_private_key,
     sign_handshake_proof,
 )
 from ssb.protocol._link import (
@@ -55,12 +54,6 @@ from ssb.protocol._link import (
 )
 from ssb.protocol._locate import LocatedFrame, LocateFrame
 
-A_ID = uuid.UUID("aaaaaaaa-0000-4000-8000-000000000001")
-B_ID = uuid.UUID("bbbbbbbb-0000-4000-8000-000000000002")
-A_KEY_PEM, A_CERT = generate_broker_identity(A_ID)
-B_KEY_PEM, B_CERT = generate_broker_identity(B_ID)
-M_KEY_PEM, M_CERT = generate_broker_identity(B_ID)  # an impostor's own certificate for B's id
-A_KEY, B_KEY, M_KEY = (load_private_key(pem) for pem in (A_KEY_PEM, B_KEY_PEM, M_KEY_PEM))
 CONV = uuid.UUID("cccccccc-0000-4000-8000-000000000003")
 
 SAMPLE_FRAMES: list[LinkFrame] = [
