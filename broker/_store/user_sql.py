@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -420,10 +421,15 @@ def _sources(
         reads.add(_rename(table, database, alias=True))
 
 
+Writer = Callable[[exp.Expression], str]  # a translated statement in a store's SQL
+
+
 @functools.lru_cache(maxsize=TRANSLATIONS_KEPT)
-def translate(text: str, database: str) -> Statement:
+def translate(text: str, database: str, write: Writer | None = None) -> Statement:
     """One T-SQL statement of a session in `database`, in the store's SQL (the last
     `TRANSLATIONS_KEPT` translations are kept: a program runs the same few statements).
+    `write` writes the translation (SQLite's, as this module describes) in another
+    store's dialect (`postgres_sql.write`); it must not change the tree it is given.
 
     Raises:
         TableError: it cannot be translated, or is not supported (nothing has run).
@@ -462,11 +468,12 @@ def translate(text: str, database: str) -> Statement:
         for add in list(node.find_all(exp.Add)):  # T-SQL's + joins text, SQLite's adds
             add.replace(exp.Anonymous(this=ADD, expressions=[add.this, add.expression]))
     names, volatile = _values(node)
-    sql = _written(node)
+    written = write or _written
+    sql = written(node)
     replay = sql
     if node.args.get("returning") is not None:
         node.set("returning", None)
-        replay = _written(node)
+        replay = written(node)
     return Statement(
         kind,
         sql,

@@ -88,7 +88,7 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _evaluate(function: str) -> Any:
+def evaluate(function: str) -> Any:
     if function == "newid":
         return str(uuid.uuid4()).upper()
     now = dt.datetime.now(dt.UTC if function == "utcnow" else None)
@@ -172,7 +172,7 @@ class UserTables(Committer):
     ) -> TableAnswer:
         assert isinstance(statement, Statement)
         for name, function in statement.volatile:
-            values[name] = _evaluate(function)
+            values[name] = evaluate(function)
         bound = parameters(statement, values)
         if self._executor is None or self._loop is None or self._inline(owner, done, statement):
             return self._run(owner, done, statement, bound, timeout)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ssb.broker._core.ports import TableError
-from ssb.broker._store import ManualStore, SQLiteStore
+from ssb.broker._store import ManualStore, SQLiteStore, postgres_sql
 from ssb.broker._store.user_sql import translate
 
 Done = list[tuple[Any, dict[str, Any]]]
@@ -28,8 +28,10 @@ async def _run(store: Any, owner: object, done: Done, sql: str, **values: Any) -
 
 
 def _commit(store: ManualStore, done: Done) -> None:
+    """Commit as the core does: the statements join the batch, the provisional run ends
+    (each test's transactions are their own owners)."""
     store.write_table_statements(done)
-    store.forget_table_statements(object())
+    store.forget_table_statements(done)
     store.flush()
     done.clear()
 
@@ -83,10 +85,6 @@ def test_names_live_in_their_database_and_keep_their_alias() -> None:
 async def test_a_statement_answers_at_once_and_commits_with_the_same_result(
     storage: ManualStore,
 ) -> None:
-    if not isinstance(storage, SQLiteStore):
-        with pytest.raises(TableError, match="not supported on a PostgreSQL store"):
-            storage.translate_table_statement("SELECT 1", "master")
-        return
     txn: Done = []
     await _run(
         storage,
@@ -121,8 +119,6 @@ async def test_a_statement_answers_at_once_and_commits_with_the_same_result(
 async def test_a_failed_statement_leaves_the_transaction_as_it_was(
     storage: ManualStore,
 ) -> None:
-    if not isinstance(storage, SQLiteStore):
-        return
     txn: Done = []
     await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
     await _run(storage, txn, txn, "INSERT INTO T VALUES (1)")
@@ -139,8 +135,6 @@ async def test_a_failed_statement_leaves_the_transaction_as_it_was(
 async def test_another_transaction_and_a_rollback_start_from_the_durable_rows(
     storage: ManualStore,
 ) -> None:
-    if not isinstance(storage, SQLiteStore):
-        return
     setup: Done = []
     await _run(storage, setup, setup, "CREATE TABLE T (k INT PRIMARY KEY, v INT)")
     await _run(storage, setup, setup, "INSERT INTO T VALUES (1, 10)")
@@ -199,8 +193,6 @@ async def test_commits_wait_for_provisional_work_on_the_store_thread(tmp_path: P
 
 
 async def test_plus_joins_text_and_adds_numbers_as_t_sql_does(storage: ManualStore) -> None:
-    if not isinstance(storage, SQLiteStore):
-        return
     txn: Done = []
     await _run(storage, txn, txn, "CREATE TABLE T (a NVARCHAR(10), n INT, b VARBINARY(10))")
     await _run(storage, txn, txn, "INSERT INTO T VALUES (N'ab', 2, 0x01)")
@@ -216,8 +208,6 @@ async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> No
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however
     it is declared, and is never numbered for the caller as a rowid would be."""
-    if not isinstance(storage, SQLiteStore):
-        return
     txn: Done = []
     await _run(storage, txn, txn, "CREATE TABLE T (id INT PRIMARY KEY, note NVARCHAR(10))")
     await _run(storage, txn, txn, "CREATE TABLE P (a INT, b INT, PRIMARY KEY (a, b))")
@@ -232,3 +222,76 @@ async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> No
             await _run(storage, txn, txn, sql)
     rows = await _run(storage, txn, txn, "SELECT id, note FROM T")
     assert rows.rows == [(1, "x")]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM pg_catalog.pg_authid",
+        "SELECT * FROM information_schema.tables",
+        "SELECT * FROM pg_class",
+        "SELECT * FROM commit_marks",
+        "SELECT * FROM sqlite_master",
+        "SELECT pg_read_file('/etc/passwd')",
+        "SELECT set_config('statement_timeout', '0', false)",
+        "SELECT current_setting('data_directory')",
+        "SELECT dblink('host=localhost', 'SELECT 1')",
+        "SELECT ssb_fence(1)",
+        "COPY T FROM '/etc/passwd'",
+        "SELECT 1; DROP TABLE T",
+        "SELECT 1 FROM T; SELECT * FROM pg_authid",
+    ],
+)
+async def test_a_statement_reaches_nothing_but_the_users_tables(
+    storage: ManualStore, sql: str
+) -> None:
+    """The store's own tables, the database's catalogs and its functions that touch the
+    server are out of a user's reach, on either store."""
+    txn: Done = []
+    await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
+    with pytest.raises(TableError):
+        await _run(storage, txn, txn, sql)
+    assert (await _run(storage, txn, txn, "SELECT COUNT(*) FROM T")).rows == [(0,)]
+    # a cast names only SQL Server's types (PostgreSQL's would look its catalogs up)
+    with pytest.raises(TableError, match="REGCLASS"):
+        translate("SELECT CAST('pg_class' AS regclass)", "master", postgres_sql.write)
+
+
+async def test_identities_committed_are_the_ones_answered(storage: ManualStore) -> None:
+    """A transaction's identities are what its commit writes, after a statement that
+    failed, after a rollback to a savepoint, and after another transaction rolled back
+    its own (PostgreSQL's sequences are not rolled back: the store puts them back)."""
+    setup: Done = []
+    await _run(
+        storage,
+        setup,
+        setup,
+        "CREATE TABLE T (id INT IDENTITY(1,1) PRIMARY KEY, v NVARCHAR(10) UNIQUE)",
+    )
+    _commit(storage, setup)
+    gone: Done = []
+    await _run(storage, gone, gone, "INSERT INTO T (v) VALUES ('gone')")
+    storage.forget_table_statements(gone)  # rolled back
+    txn: Done = []
+    ids = [
+        (await _run(storage, txn, txn, sql, v=v)).rows[0][0]
+        for sql, v in (
+            ("INSERT INTO T (v) OUTPUT inserted.id VALUES (@v)", "a"),
+            ("INSERT INTO T (v) OUTPUT inserted.id VALUES (@v)", "b"),
+        )
+    ]
+    with pytest.raises(TableError, match="UNIQUE constraint failed"):
+        await _run(storage, txn, txn, "INSERT INTO T (v) VALUES (@v)", v="a")
+    kept = len(txn)
+    await _run(storage, txn, txn, "INSERT INTO T (v) VALUES (@v)", v="dropped")
+    del txn[kept:]  # a rollback to a savepoint taken before it
+    storage.forget_table_statements(txn)
+    ids += (
+        await _run(storage, txn, txn, "INSERT INTO T (v) OUTPUT inserted.id VALUES ('c')")
+    ).rows[0]
+    _commit(storage, txn)
+    check: Done = []
+    rows = (await _run(storage, check, check, "SELECT id, v FROM T ORDER BY id")).rows
+    assert rows == list(zip(ids, "abc", strict=True))
+    # and they never repeat
+    assert len(set(ids)) == 3

@@ -1,0 +1,415 @@
+"""Users' tables on the PostgreSQL store: each transaction's statements run at once on a
+connection of its own, and again, in order, in the batch of its commit.
+
+Theory of operation. The store keeps SQLite's model (`user_tables`): a statement's
+answer (rows, row count, a constraint's error, new identities) comes from a
+*provisional* run, inside a PostgreSQL transaction that is never committed; its commit
+writes the same statement, with the same values, into the open batch, which the writer
+commits with the transaction's RECEIVEs, SENDs and ENDs (and the lease's fence) in one
+PostgreSQL transaction. The core's table locks, held until that batch is durable, make
+both runs start from the same rows, so the second gives the first's results. Nothing is
+written outside the batch, so a commit that fails, is retried or is lost with the
+connection is settled as every other commit is (see `postgres`), and a kill -9 leaves
+all of a transaction or none of it.
+
+Provisional transactions. A transaction that uses tables takes a connection of its own
+(kept open, at most `MAX_CONNECTIONS`, reused afterwards) with its PostgreSQL transaction
+open until it commits or rolls back; its statements run one after the other there, each
+in a savepoint (a failed one is undone alone, the transaction goes on), on a thread of
+their own (never the store thread: a commit does not wait for a statement, nor a
+statement for a commit), within `statement_timeout` (PostgreSQL's own setting). Its
+commit or rollback rolls that transaction back and frees the connection; a rollback to a
+savepoint frees it too, and the next statement runs the statements kept before its own.
+
+Identities. A PostgreSQL sequence is not transactional: the provisional run takes the
+identity values that the run at commit must give again. So before each INSERT the
+provisional run reads where the table's identity sequence stands (`postgres_sql`'s
+`"t:identity"`), and whoever runs the INSERT again (the commit's batch, or a re-run after
+a savepoint) first sets the sequence back there.
+
+Schemas. Each broker database's tables live in the schema `postgres_sql.schema_name`,
+made (empty, committed at once) before a transaction first creates a table in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import re
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql as pgsql
+
+from .._core.ports import TableError, TableStatement
+from . import postgres_sql, user_sql
+from .commit import Committer
+from .user_sql import Statement
+from .user_tables import MAX_ANSWER_BYTES, MAX_ANSWER_ROWS, TableAnswer, evaluate, parameters
+
+MAX_CONNECTIONS: Final = 16  # transactions using tables at once (each holds a connection)
+COUNT_LOCK_TIMEOUT: Final = "100ms"  # how long the tables view waits for a table's lock
+IDENTITY_KEY: Final = " identity"  # where a statement's values keep its sequence's place
+_READ_SEQUENCE: Final = "SELECT pg_sequence_last_value(s) FROM to_regclass($1) AS s"
+# the batch's statement that puts a sequence back where the provisional run found it
+SET_SEQUENCE: Final = (
+    "SELECT setval(s, COALESCE(?::bigint, 1), ?::bigint IS NOT NULL)"
+    " FROM to_regclass(?) AS s WHERE s IS NOT NULL"
+)
+_RAW_SET_SEQUENCE: Final = (
+    "SELECT setval(s, COALESCE($1::bigint, 1), $1::bigint IS NOT NULL)"
+    " FROM to_regclass($2) AS s WHERE s IS NOT NULL"
+)
+_TABLES: Final = (
+    "SELECT n.nspname, c.relname, c.reltuples FROM pg_class c"
+    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE c.relkind = 'r' AND n.nspname LIKE 'u:%' ORDER BY n.nspname, c.relname"
+)
+_SCHEMAS: Final = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'u:%'"
+_QUOTED: Final = re.compile(r'"(?:u:[^".]+"\.")?([^"]+)"')
+
+
+class RawSQL(str):
+    """A user's statement in the batch: PostgreSQL's own `$n` placeholders, written as
+    it is (`postgres.Session` does not rewrite `?` and `%` in it)."""
+
+    __slots__ = ()
+
+
+@dataclass(slots=True, eq=False)
+class _Provisional:
+    """One transaction's connection and what its open PostgreSQL transaction holds."""
+
+    conn: psycopg.Connection[Any]
+    applied: int = 0  # statements applied in the open transaction
+    busy: bool = False  # a statement runs on it
+    dropped: bool = False  # forgotten while busy: roll back and free it afterwards
+
+
+def shown(text: str) -> str:
+    """A database message in the user's names (`"u:db"."t"`, `t:ix` become `t`, `ix`)."""
+    text = _QUOTED.sub(lambda m: f'"{m.group(1).split(":")[-1]}"', text)
+    return re.sub(r"\bu:[^\s.\"]+\.", "", text)
+
+
+def _described(exc: psycopg.Error) -> str:
+    """A failed statement's error in SQLite's words (which `tsql` numbers as SQL Server
+    does: 2627, 515, 547, 208, 207, 2714), in the user's names."""
+    diag = exc.diag
+    state = exc.sqlstate or ""
+    table = (diag.table_name or "").split(":")[0]
+    primary = shown(diag.message_primary or str(exc).splitlines()[0])
+    if state == "23505":
+        keys = re.match(r"Key \((.*?)\)=", diag.message_detail or "")
+        columns = [c.strip().strip('"') for c in keys.group(1).split(",")] if keys else []
+        return "UNIQUE constraint failed: " + ", ".join(f"{table}.{c}" for c in columns)
+    if state == "23502":
+        return f"NOT NULL constraint failed: {table}.{diag.column_name}"
+    if state == "23514":
+        return f"CHECK constraint failed: {diag.constraint_name}"
+    if state == "23503":
+        return f"FOREIGN KEY constraint failed ({primary})"
+    if state == "42P01":
+        name = re.search(r'relation "([^"]+)"', diag.message_primary or "")
+        return f"no such table: {shown(name.group(1)) if name else primary}"
+    if state == "42703":
+        name = re.search(r'column "?([^"\s]+)"?', diag.message_primary or "")
+        return f"no such column: {name.group(1) if name else primary}"
+    if state in ("42P07", "42710"):
+        return primary  # 'relation "t" already exists'
+    return primary
+
+
+def _value(value: Any) -> Any:
+    """A value of an answer as SQLite's store answers it (a time is text, a UUID its
+    upper-case text, a decimal a number)."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, uuid.UUID):
+        return str(value).upper()
+    if isinstance(value, dt.datetime):
+        spec = "milliseconds" if value.microsecond % 1000 == 0 else "microseconds"
+        return value.isoformat(sep=" ", timespec=spec)
+    if isinstance(value, (dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, memoryview):
+        return bytes(value)
+    return value
+
+
+def _inserts_into(statement: Statement) -> str | None:
+    """The sequence an INSERT may take identities from (qualified), or None."""
+    for table, permission in statement.writes.items():
+        if permission == "INSERT":
+            return postgres_sql.sequence_name(statement.database, table)
+    return None
+
+
+class PostgresUserTables(Committer):
+    """Users' tables of `postgres.PostgresStore` (see the module's comment). The store
+    sets `_tables_url` and `_tables_role` and calls `_close_tables` when it closes."""
+
+    _tables_url: str
+    _tables_role: str
+    _tables_ready = False
+
+    def _start_tables(self) -> None:
+        self._tables_ready = True
+        # by id of the owner (which may not be hashable): the owner, its connection
+        self._provisional: dict[int, tuple[object, _Provisional]] = {}
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._connections = 0
+        self._free = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._schemas: set[str] = set()
+        self._table_pool = ThreadPoolExecutor(
+            max_workers=MAX_CONNECTIONS, thread_name_prefix="ssb-tables"
+        )
+
+    def _close_tables(self) -> None:
+        if not self._tables_ready:
+            return
+        self._table_pool.shutdown(wait=True)
+        for _, ctx in self._provisional.values():
+            ctx.conn.close()
+        for conn in self._idle:
+            conn.close()
+        self._provisional.clear()
+        self._idle.clear()
+
+    # ---- the port -------------------------------------------------------------------------
+
+    def translate_table_statement(self, text: str, database: str) -> Statement:
+        return user_sql.translate(text, database, postgres_sql.write)
+
+    def load_table_names(self) -> list[tuple[str, str]]:
+        return [(d, t) for d, t, _ in self._tables(self._db)]
+
+    def table_sizes(self) -> list[tuple[str, str, int]]:
+        """(database, table, rows) of every table, committed (reads on the loop; a table
+        a transaction's ALTER or DROP holds is given PostgreSQL's estimate, not waited for)."""
+        sizes = []
+        for database, table, estimate in self._tables(self._reader):
+            name = pgsql.Identifier(postgres_sql.schema_name(database), table)
+            try:
+                rows = self._count(name)
+            except psycopg.errors.LockNotAvailable:
+                rows = max(int(estimate), 0)
+            sizes.append((database, table, rows))
+        return sizes
+
+    def _count(self, name: pgsql.Identifier) -> int:
+        conn: psycopg.Connection[Any] = self._reader.conn  # type: ignore[attr-defined]
+        with conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{COUNT_LOCK_TIMEOUT}'")
+            row = conn.execute(pgsql.SQL("SELECT COUNT(*) FROM {}").format(name)).fetchone()
+        return int(row[0]) if row else 0
+
+    @staticmethod
+    def _tables(db: Any) -> list[tuple[str, str, float]]:
+        found = []
+        for schema, table, estimate in db.execute(_TABLES).fetchall():
+            database = postgres_sql.database_of(schema)
+            if database is not None and ":" not in table:
+                found.append((database, str(table), float(estimate)))
+        return found
+
+    async def run_table_statement(
+        self,
+        owner: object,
+        done: Sequence[tuple[TableStatement, dict[str, Any]]],
+        statement: TableStatement,
+        values: dict[str, Any],
+        timeout: float,
+    ) -> TableAnswer:
+        assert isinstance(statement, Statement)
+        for name, function in statement.volatile:
+            values[name] = evaluate(function)
+        bound = parameters(statement, values)
+        if "CREATE" in statement.writes.values():
+            self._make_schema(statement.database)
+        held = self._provisional.get(id(owner))
+        ctx = held[1] if held is not None and held[0] is owner else await self._take(owner, timeout)
+        ctx.busy = True
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._table_pool, self._run, ctx, done, statement, values, bound, timeout
+            )
+        finally:
+            ctx.busy = False
+            if ctx.dropped:
+                self._free_connection(ctx)
+
+    def forget_table_statements(self, owner: object) -> None:
+        """The transaction ended, or went back to a savepoint: its PostgreSQL transaction
+        is rolled back (at once: its commit's batch must not wait for its locks)."""
+        held = self._provisional.get(id(owner))
+        if held is None or held[0] is not owner:
+            return
+        del self._provisional[id(owner)]
+        ctx = held[1]
+        if ctx.busy:  # a statement runs: stop it, and free the connection when it ends
+            ctx.dropped = True
+            with contextlib.suppress(psycopg.Error):
+                ctx.conn.cancel_safe()
+            return
+        self._free_connection(ctx)
+
+    def write_table_statements(
+        self, statements: Sequence[tuple[TableStatement, dict[str, Any]]]
+    ) -> None:
+        for statement, values in statements:
+            assert isinstance(statement, Statement)
+            if statement.kind == "query":
+                continue
+            place = values.get(IDENTITY_KEY)
+            if place is not None:
+                sequence, last = place
+                self._add(SET_SEQUENCE, (last, last, sequence))
+            self._add(RawSQL(statement.replay), parameters(statement, values))
+
+    # ---- connections ----------------------------------------------------------------------
+
+    async def _take(self, owner: object, timeout: float) -> _Provisional:
+        try:
+            await asyncio.wait_for(self._free.acquire(), timeout)
+        except TimeoutError:
+            raise TableError(
+                f"{MAX_CONNECTIONS} transactions use tables already, for longer than"
+                f" statement_timeout ({timeout:g} s); commit some of them first"
+            ) from None
+        try:
+            conn = self._idle.pop() if self._idle else await asyncio.to_thread(self._connect)
+        except BaseException:
+            self._free.release()
+            raise
+        ctx = _Provisional(conn)
+        self._provisional[id(owner)] = (owner, ctx)
+        return ctx
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(
+                self._tables_url,
+                autocommit=True,
+                application_name=f"ssb {self._tables_role}",
+                cursor_factory=psycopg.RawCursor,
+            )
+        except psycopg.Error as exc:
+            raise TableError(f"cannot connect to the store for a table statement: {exc}") from None
+
+    def _free_connection(self, ctx: _Provisional) -> None:
+        """Roll `ctx`'s transaction back and keep its connection for the next one."""
+        conn = ctx.conn
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+        except psycopg.Error:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+        if not conn.closed and not conn.broken and len(self._idle) < MAX_CONNECTIONS:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        self._free.release()
+
+    def _make_schema(self, database: str) -> None:
+        """Make the database's schema, committed at once (an empty schema is no one's
+        change; made inside a transaction, it would hold up the others that make it)."""
+        schema = postgres_sql.schema_name(database)
+        if schema in self._schemas:
+            return
+        if not self._schemas:
+            self._schemas = {str(s) for (s,) in self._reader.execute(_SCHEMAS).fetchall()}
+        if schema not in self._schemas:
+            conn: psycopg.Connection[Any] = self._reader.conn  # type: ignore[attr-defined]
+            with contextlib.suppress(psycopg.errors.UniqueViolation):
+                conn.execute(
+                    pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema))
+                )
+            self._schemas.add(schema)
+
+    # ---- a statement, on a thread of the pool ---------------------------------------------
+
+    def _run(
+        self,
+        ctx: _Provisional,
+        done: Sequence[tuple[TableStatement, dict[str, Any]]],
+        statement: Statement,
+        values: dict[str, Any],
+        bound: tuple[Any, ...],
+        timeout: float,
+    ) -> TableAnswer:
+        conn = ctx.conn
+        idle = psycopg.pq.TransactionStatus.IDLE
+        if ctx.applied != len(done) and conn.info.transaction_status != idle:
+            conn.execute("ROLLBACK")  # a savepoint's rollback: start again from `done`
+        if conn.info.transaction_status == idle:
+            ctx.applied = 0
+            conn.execute("BEGIN")
+            conn.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}")
+            for earlier, earlier_values in done:
+                assert isinstance(earlier, Statement)
+                if earlier.kind == "query":
+                    continue
+                try:
+                    place = earlier_values.get(IDENTITY_KEY)
+                    if place is not None:
+                        conn.execute(_RAW_SET_SEQUENCE, (place[1], place[0]))
+                    conn.execute(earlier.sql, parameters(earlier, earlier_values))
+                except psycopg.Error as exc:
+                    conn.execute("ROLLBACK")
+                    raise TableError(
+                        f"an earlier statement failed again: {_described(exc)}"
+                    ) from None
+            ctx.applied = len(done)
+        sequence = _inserts_into(statement)
+        conn.execute("SAVEPOINT statement")
+        try:
+            if sequence is not None:
+                row = conn.execute(_READ_SEQUENCE, (sequence,)).fetchone()
+                values[IDENTITY_KEY] = (sequence, None if row is None else row[0])
+            answer = _answer(conn.execute(statement.sql, bound), statement)
+        except (psycopg.Error, TableError) as exc:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK TO SAVEPOINT statement")
+                conn.execute("RELEASE SAVEPOINT statement")
+            values.pop(IDENTITY_KEY, None)
+            if isinstance(exc, TableError):
+                raise
+            if isinstance(exc, psycopg.errors.QueryCanceled) and not ctx.dropped:
+                raise TableError(
+                    f"the statement ran longer than statement_timeout ({timeout:g} s) and was"
+                    " undone"
+                ) from None
+            raise TableError(_described(exc)) from None
+        conn.execute("RELEASE SAVEPOINT statement")
+        ctx.applied += 1
+        return answer
+
+
+def _answer(cursor: psycopg.Cursor[Any], statement: Statement) -> TableAnswer:
+    if not statement.returns_rows:
+        return TableAnswer(rowcount=max(cursor.rowcount, 0) if statement.kind == "change" else 0)
+    columns = [d.name for d in cursor.description or ()]
+    rows: list[tuple[Any, ...]] = []
+    weight = 0
+    for row in cursor:
+        converted = tuple(map(_value, row))
+        rows.append(converted)
+        weight += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in converted) + 8
+        if len(rows) > MAX_ANSWER_ROWS or weight > MAX_ANSWER_BYTES:
+            raise TableError(
+                f"the answer is larger than {MAX_ANSWER_ROWS} rows or"
+                f" {MAX_ANSWER_BYTES // (1024 * 1024)} MiB: ask for fewer rows (TOP, WHERE)"
+                " at a time"
+            )
+    return TableAnswer(columns, rows, len(rows))
