@@ -26,7 +26,7 @@ transaction touches until its batch is durable (`_core.tables`): no other transa
 change to them can come between, and both runs start from the durable rows. A failure
 of the second run would be a bug, and is handled as any commit that fails for good.
 
-Only SQLite's store runs them; the PostgreSQL store refuses table statements.
+This module is SQLite's; the PostgreSQL store runs the same model in `postgres_tables`.
 """
 
 from __future__ import annotations
@@ -288,38 +288,3 @@ def _answer(cursor: sqlite3.Cursor, statement: Statement) -> TableAnswer:
                 " at a time"
             )
     return TableAnswer(columns, rows, len(rows))
-
-
-class NoUserTables:
-    """Users' tables on a store that does not hold them yet (PostgreSQL): every statement
-    is refused before it runs."""
-
-    def load_table_names(self) -> list[tuple[str, str]]:
-        return []
-
-    def table_sizes(self) -> list[tuple[str, str, int]]:
-        return []
-
-    def translate_table_statement(self, text: str, database: str) -> Statement:
-        raise TableError(
-            "tables are not supported on a PostgreSQL store yet; run them on a broker whose"
-            " store is SQLite"
-        )
-
-    async def run_table_statement(
-        self,
-        owner: object,
-        done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: TableStatement,
-        values: dict[str, Any],
-        timeout: float,
-    ) -> TableAnswer:
-        raise TableError("tables are not supported on a PostgreSQL store yet")
-
-    def forget_table_statements(self, owner: object) -> None:
-        pass
-
-    def write_table_statements(
-        self, statements: Sequence[tuple[TableStatement, dict[str, Any]]]
-    ) -> None:
-        assert not statements  # none could be translated
