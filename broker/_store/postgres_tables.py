@@ -51,7 +51,7 @@ from .._core.ports import TableError, TableStatement
 from . import postgres_sql, user_sql
 from .commit import Committer
 from .user_sql import Statement
-from .user_tables import MAX_ANSWER_BYTES, MAX_ANSWER_ROWS, TableAnswer, evaluate, parameters
+from .user_tables import TableAnswer, bounded_rows, evaluate, parameters
 
 MAX_CONNECTIONS: Final = 16  # transactions using tables at once (each holds a connection)
 COUNT_LOCK_TIMEOUT: Final = "100ms"  # how long the tables view waits for a table's lock
@@ -399,17 +399,5 @@ class PostgresUserTables(Committer):
 def _answer(cursor: psycopg.Cursor[Any], statement: Statement) -> TableAnswer:
     if not statement.returns_rows:
         return TableAnswer(rowcount=max(cursor.rowcount, 0) if statement.kind == "change" else 0)
-    columns = [d.name for d in cursor.description or ()]
-    rows: list[tuple[Any, ...]] = []
-    weight = 0
-    for row in cursor:
-        converted = tuple(map(_value, row))
-        rows.append(converted)
-        weight += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in converted) + 8
-        if len(rows) > MAX_ANSWER_ROWS or weight > MAX_ANSWER_BYTES:
-            raise TableError(
-                f"the answer is larger than {MAX_ANSWER_ROWS} rows or"
-                f" {MAX_ANSWER_BYTES // (1024 * 1024)} MiB: ask for fewer rows (TOP, WHERE)"
-                " at a time"
-            )
-    return TableAnswer(columns, rows, len(rows))
+    rows = bounded_rows(tuple(map(_value, row)) for row in cursor)
+    return TableAnswer([d.name for d in cursor.description or ()], rows, len(rows))

@@ -38,7 +38,7 @@ import re
 import sqlite3
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -275,7 +275,16 @@ class UserTables(Committer):
 def _answer(cursor: sqlite3.Cursor, statement: Statement) -> TableAnswer:
     if not statement.returns_rows:
         return TableAnswer(rowcount=max(cursor.rowcount, 0) if statement.kind == "change" else 0)
-    columns = [d[0] for d in cursor.description or ()]
+    rows = bounded_rows(cursor)
+    return TableAnswer([d[0] for d in cursor.description or ()], rows, len(rows))
+
+
+def bounded_rows(cursor: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """An answer's rows, at most MAX_ANSWER_ROWS and about MAX_ANSWER_BYTES.
+
+    Raises:
+        TableError: there are more.
+    """
     rows: list[tuple[Any, ...]] = []
     weight = 0
     for row in cursor:
@@ -287,4 +296,4 @@ def _answer(cursor: sqlite3.Cursor, statement: Statement) -> TableAnswer:
                 f" {MAX_ANSWER_BYTES // (1024 * 1024)} MiB: ask for fewer rows (TOP, WHERE)"
                 " at a time"
             )
-    return TableAnswer(columns, rows, len(rows))
+    return rows
