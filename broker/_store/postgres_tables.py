@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 
 import psycopg
 from psycopg import sql as pgsql
@@ -50,6 +50,7 @@ from psycopg import sql as pgsql
 from .._core.ports import TableError, TableStatement
 from . import postgres_sql, user_sql
 from .commit import Committer
+from .errors import StoreError, describe_failure
 from .user_sql import Statement
 from .user_tables import TableAnswer, bounded_rows, evaluate, parameters
 
@@ -80,6 +81,17 @@ class RawSQL(str):
     it is (`postgres.Session` does not rewrite `?` and `%` in it)."""
 
     __slots__ = ()
+
+
+class _Reader(Protocol):
+    """What the tables use of the store's reader (`postgres.ReadSession`)."""
+
+    conn: psycopg.Connection[Any]
+
+    @property
+    def broken(self) -> bool: ...
+
+    def reconnect(self) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -206,11 +218,27 @@ class PostgresUserTables(Committer):
         return sizes
 
     def _count(self, name: pgsql.Identifier) -> int:
-        conn: psycopg.Connection[Any] = self._reader.conn  # type: ignore[attr-defined]
-        with conn.transaction():
-            conn.execute(f"SET LOCAL lock_timeout = '{COUNT_LOCK_TIMEOUT}'")
-            row = conn.execute(pgsql.SQL("SELECT COUNT(*) FROM {}").format(name)).fetchone()
+        conn = self._reader_conn()
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = '{COUNT_LOCK_TIMEOUT}'")
+                row = conn.execute(pgsql.SQL("SELECT COUNT(*) FROM {}").format(name)).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            raise
+        except psycopg.Error as exc:
+            raise StoreError(describe_failure(exc)) from exc
         return int(row[0]) if row else 0
+
+    def _reader_conn(self) -> psycopg.Connection[Any]:
+        """The reader's connection (connected again if it was lost), for what the
+        families' SQL cannot say: a transaction, a composed name."""
+        reader = cast(_Reader, self._reader)
+        if reader.broken:
+            try:
+                reader.reconnect()
+            except psycopg.Error as exc:
+                raise StoreError(describe_failure(exc)) from exc
+        return reader.conn
 
     @staticmethod
     def _tables(db: Any) -> list[tuple[str, str, float]]:
@@ -330,16 +358,37 @@ class PostgresUserTables(Committer):
         if not self._schemas:
             self._schemas = {str(s) for (s,) in self._reader.execute(_SCHEMAS).fetchall()}
         if schema not in self._schemas:
-            conn: psycopg.Connection[Any] = self._reader.conn  # type: ignore[attr-defined]
-            with contextlib.suppress(psycopg.errors.UniqueViolation):
-                conn.execute(
-                    pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema))
-                )
+            make = pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema))
+            try:
+                with contextlib.suppress(psycopg.errors.UniqueViolation):  # made meanwhile
+                    self._reader_conn().execute(make)
+            except (psycopg.Error, StoreError) as exc:
+                raise TableError(f"cannot make the database's schema: {exc}") from None
             self._schemas.add(schema)
 
     # ---- a statement, on a thread of the pool ---------------------------------------------
 
     def _run(
+        self,
+        ctx: _Provisional,
+        done: Sequence[tuple[TableStatement, dict[str, Any]]],
+        statement: Statement,
+        values: dict[str, Any],
+        bound: tuple[Any, ...],
+        timeout: float,
+    ) -> TableAnswer:
+        """Run `statement` in `ctx`'s transaction (a thread of the pool), after `done`."""
+        try:
+            return self._run_on(ctx, done, statement, values, bound, timeout)
+        except psycopg.Error as exc:
+            if not (ctx.conn.broken or ctx.conn.closed):
+                raise
+            raise TableError(
+                f"the connection to the store was lost ({exc.sqlstate or 'no answer'});"
+                " the transaction's table statements are undone: roll it back and try again"
+            ) from None
+
+    def _run_on(
         self,
         ctx: _Provisional,
         done: Sequence[tuple[TableStatement, dict[str, Any]]],

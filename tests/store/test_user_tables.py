@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ssb.broker._core.ports import TableError
-from ssb.broker._store import ManualStore, SQLiteStore, postgres_sql
+from ssb.broker._store import ManualStore, SQLiteStore, Store, postgres_sql
+from ssb.broker._store.postgres import PostgresStore
 from ssb.broker._store.user_sql import translate
 
 Done = list[tuple[Any, dict[str, Any]]]
@@ -295,3 +298,66 @@ async def test_identities_committed_are_the_ones_answered(storage: ManualStore) 
     assert rows == list(zip(ids, "abc", strict=True))
     # and they never repeat
     assert len(set(ids)) == 3
+
+
+async def test_a_statement_runs_at_most_statement_timeout(storage: ManualStore) -> None:
+    """A statement that runs too long is stopped and undone, on either store; the
+    transaction goes on."""
+    txn: Done = []
+    await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
+    values = ", ".join(f"({k})" for k in range(200))
+    await _run(storage, txn, txn, f"INSERT INTO T VALUES {values}")
+    statement = storage.translate_table_statement(
+        "SELECT COUNT(*) FROM T a, T b, T c, T d WHERE a.k + b.k + c.k + d.k > 0", "master"
+    )
+    started = time.monotonic()
+    with pytest.raises(TableError, match="statement_timeout"):
+        await storage.run_table_statement(txn, txn, statement, {}, 0.3)
+    assert time.monotonic() - started < 10
+    assert (await _run(storage, txn, txn, "SELECT COUNT(*) FROM T")).rows == [(200,)]
+    _commit(storage, txn)
+
+
+async def test_postgresql_commits_while_a_statement_runs(
+    open_background: Callable[[], Store],
+) -> None:
+    """On PostgreSQL a transaction's statements run on a connection of their own, off the
+    store thread: a commit does not wait for a statement, and a rollback stops one."""
+    store = open_background()
+    if not isinstance(store, PostgresStore):
+        await store.close()
+        pytest.skip("SQLite's store runs statements on its store thread, before commits")
+    failures: list[BaseException] = []
+    store.attach(asyncio.get_running_loop(), failures.append)
+    try:
+        setup: Done = []
+        await _run(store, setup, setup, "CREATE TABLE T (k INT PRIMARY KEY)")
+        store.write_table_statements(setup)
+        store.forget_table_statements(setup)
+        await _durable(store)
+        holder: Done = []
+        await _run(store, holder, holder, "INSERT INTO T VALUES (1)")
+        waiter: Done = []  # waits for the holder's row (the core's locks would not let it)
+        waiting = asyncio.ensure_future(_run(store, waiter, waiter, "INSERT INTO T VALUES (1)"))
+        for beat in range(3):
+            store.put_meta("beat", str(beat))
+            await _durable(store)  # commits go on
+        assert not waiting.done()
+        store.forget_table_statements(waiter)  # a rollback stops it
+        with pytest.raises(TableError):
+            await asyncio.wait_for(waiting, 30)
+        store.write_table_statements(holder)
+        store.forget_table_statements(holder)
+        await _durable(store)
+        check: Done = []
+        assert (await _run(store, check, check, "SELECT k FROM T")).rows == [(1,)]
+        store.forget_table_statements(check)
+        assert not failures
+    finally:
+        await store.close()
+
+
+async def _durable(store: Store) -> None:
+    done = asyncio.get_running_loop().create_future()
+    store.when_durable(store.watermark(), lambda: done.set_result(None))
+    await asyncio.wait_for(done, 30)
