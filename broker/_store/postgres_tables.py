@@ -20,6 +20,8 @@ their own (never the store thread: a commit does not wait for a statement, nor a
 statement for a commit), within `statement_timeout` (PostgreSQL's own setting). Its
 commit or rollback rolls that transaction back and frees the connection; a rollback to a
 savepoint frees it too, and the next statement runs the statements kept before its own.
+So does the next statement after the connection was lost (the one that met the loss
+fails, saying so): the statements kept give again what they gave (see Identities).
 
 Identities. A PostgreSQL sequence is not transactional: the provisional run takes the
 identity values that the run at commit must give again. So before each INSERT the
@@ -265,6 +267,10 @@ class PostgresUserTables(Committer):
             self._make_schema(statement.database)
         held = self._provisional.get(id(owner))
         ctx = held[1] if held is not None and held[0] is owner else await self._take(owner, timeout)
+        if ctx.conn.broken or ctx.conn.closed:  # lost: the next runs `done` again on a new one
+            ctx.conn.close()
+            ctx.conn = await asyncio.to_thread(self._connect)
+            ctx.applied = 0
         ctx.busy = True
         loop = asyncio.get_running_loop()
         try:
@@ -384,8 +390,9 @@ class PostgresUserTables(Committer):
             if not (ctx.conn.broken or ctx.conn.closed):
                 raise
             raise TableError(
-                f"the connection to the store was lost ({exc.sqlstate or 'no answer'});"
-                " the transaction's table statements are undone: roll it back and try again"
+                f"the connection to the store was lost ({exc.sqlstate or 'no answer'}) and the"
+                " statement did not run; the transaction's earlier statements stand (they run"
+                " again on a new connection): run it again"
             ) from None
 
     def _run_on(

@@ -10,6 +10,7 @@ import socket
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -18,6 +19,7 @@ from pg_server import PostgresServer, fresh_database
 from setup_objects import receive_bodies, seed000
 
 from ssb import client
+from ssb.broker._core.ports import TableError
 from ssb.broker._store import StoreUnavailable, open_store
 from ssb.broker._store.postgres import DatabaseInUse, PostgresStore
 from ssb.broker._store.postgres_schema import SCHEMA_VERSION
@@ -294,3 +296,36 @@ async def test_a_broker_whose_database_sessions_are_lost_loses_and_repeats_nothi
         assert "store commit failed" in broker.log_text()
     finally:
         broker.kill()
+
+
+async def test_a_table_transaction_outlives_the_loss_of_its_connection(database: str) -> None:
+    """The statement that meets a lost connection fails, saying so; the next runs the
+    transaction's earlier statements again on a new connection (with the identities they
+    gave), and the commit writes what was answered."""
+    store = PostgresStore(database, "os", FirstLease(), threaded=False)
+    txn: list[tuple[Any, dict[str, Any]]] = []
+
+    async def run(sql: str) -> Any:
+        statement = store.translate_table_statement(sql, "master")
+        answer = await store.run_table_statement(txn, txn, statement, {}, 5.0)
+        txn.append((statement, {}))
+        return answer
+
+    try:
+        await run("CREATE TABLE T (id INT IDENTITY(1,1) PRIMARY KEY, v INT)")
+        assert (await run("INSERT INTO T (v) OUTPUT inserted.id VALUES (10), (20)")).rows == [
+            (1,),
+            (2,),
+        ]
+        _end_sessions(database, "tables")
+        with pytest.raises(TableError, match="connection to the store was lost"):
+            await run("INSERT INTO T (v) VALUES (30)")
+        assert (await run("INSERT INTO T (v) OUTPUT inserted.id VALUES (30)")).rows == [(3,)]
+        store.write_table_statements(txn)
+        store.forget_table_statements(txn)
+        store.flush()
+        with psycopg.connect(database) as db:
+            rows = db.execute('SELECT id, v FROM "u:master"."t" ORDER BY id').fetchall()
+        assert rows == [(1, 10), (2, 20), (3, 30)]
+    finally:
+        await store.close()
