@@ -13,7 +13,8 @@ stores accept and refuse exactly the same statements. What changes:
 - Types. The SQL Server type a column was declared with (SQLite keeps it as its type
   name) becomes PostgreSQL's nearest one; text compares bytewise (`COLLATE "C"`), as
   SQLite's BINARY does. `INT IDENTITY(1,1) PRIMARY KEY` becomes a `bigint GENERATED
-  ALWAYS AS IDENTITY` key. Any other type (a cast to `regclass`, say) is refused.
+  ALWAYS AS IDENTITY` key. Any other type (a cast to `regclass`, say) is refused, and
+  so is the store's user (CURRENT_USER: a session's user is its login, not the store's).
 - Values. T-SQL's `+` stays `+`: the store defines `+` on two texts and on two byte
   strings (`postgres_schema.OPERATORS`), so it joins them as SQL Server does; `0x01` is a
   `bytea`. Parameters are PostgreSQL's own `$1`, `$2`... (the store binds them with a
@@ -134,6 +135,8 @@ def write(node: exp.Expression) -> str:
     """
     if isinstance(node, exp.Command):
         return _drop_index(node)
+    if node.find(exp.CurrentUser, exp.SessionUser) is not None:
+        raise user_sql.refused("the store's user (CURRENT_USER, SUSER_NAME())")
     tree = node.copy()
     for table in list(tree.find_all(exp.Table)):
         _split(table)
