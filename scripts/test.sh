@@ -65,6 +65,7 @@ else
             tests/test_tables.py tests/test_tables_durability.py \
             "tests/tsql/test_broker.py::test_a_state_table_keyed_by_conversation_group_with_receive_and_send" \
             "tests/tsql/test_broker.py::test_a_failed_table_statement_has_sql_servers_number" \
+            "tests/tsql/test_broker.py::test_a_stored_procedure_changes_tables_in_its_callers_transaction" \
             "tests/tsql/test_cli.py::test_a_script_keeping_its_state_in_a_table_runs_unchanged"
     fi
 fi
