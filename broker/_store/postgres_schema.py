@@ -128,12 +128,13 @@ FUNCTIONS: Final = (
     " END $$",
 )
 # T-SQL's + on two texts or two byte strings joins them (users' table statements keep
-# their +, see `postgres_sql`); made where missing at every start
+# their +, see `postgres_sql`); made where missing at every start, by a user who may (for
+# one who may not, + of texts fails until a start as one who may)
 OPERATORS: Final = tuple(
     "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_operator WHERE oprname = '+'"
     f" AND oprleft = '{kind}'::regtype AND oprright = '{kind}'::regtype) THEN"
     f" CREATE OPERATOR + (LEFTARG = {kind}, RIGHTARG = {kind}, FUNCTION = {function});"
-    " END IF; END $$"
+    " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$"
     for kind, function in (("text", "textcat"), ("bytea", "byteacat"))
 )
 INDEXES: Final = (

@@ -273,14 +273,17 @@ class PostgresUserTables(Committer):
             ctx.applied = 0
         ctx.busy = True
         loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(
-                self._table_pool, self._run, ctx, done, statement, values, bound, timeout
-            )
-        finally:
-            ctx.busy = False
-            if ctx.dropped:
-                self._free_connection(ctx)
+        job = self._table_pool.submit(self._run, ctx, done, statement, values, bound, timeout)
+        # the connection is the thread's until the statement ends, even when the caller
+        # stops waiting for it (this callback comes before the answer's)
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._statement_ended, ctx))
+        return await asyncio.wrap_future(job)
+
+    def _statement_ended(self, ctx: _Provisional) -> None:
+        """A statement ended on `ctx`'s connection (on the loop)."""
+        ctx.busy = False
+        if ctx.dropped:
+            self._free_connection(ctx)
 
     def forget_table_statements(self, owner: object) -> None:
         """The transaction ended, or went back to a savepoint: its PostgreSQL transaction

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -327,5 +328,48 @@ async def test_a_table_transaction_outlives_the_loss_of_its_connection(database:
         with psycopg.connect(database) as db:
             rows = db.execute('SELECT id, v FROM "u:master"."t" ORDER BY id').fetchall()
         assert rows == [(1, 10), (2, 20), (3, 30)]
+    finally:
+        await store.close()
+
+
+async def test_a_statement_given_up_keeps_its_connection_until_it_ends(database: str) -> None:
+    """A caller that stops waiting for a statement (its session closed) and rolls back
+    does not wait for the statement: the connection is freed once the statement ends,
+    and serves the next transaction."""
+    store = PostgresStore(database, "os", FirstLease(), threaded=False)
+
+    async def run(owner: list[Any], sql: str, timeout: float = 5.0) -> Any:
+        statement = store.translate_table_statement(sql, "master")
+        answer = await store.run_table_statement(owner, owner, statement, {}, timeout)
+        owner.append((statement, {}))
+        return answer
+
+    try:
+        setup: list[Any] = []
+        await run(setup, "CREATE TABLE T (k INT PRIMARY KEY)")
+        store.write_table_statements(setup)
+        store.forget_table_statements(setup)
+        store.flush()
+        holder: list[Any] = []
+        await run(holder, "INSERT INTO T VALUES (1)")
+        waiter: list[Any] = []
+        waiting = asyncio.ensure_future(run(waiter, "INSERT INTO T VALUES (1)", 20.0))
+        deadline = time.monotonic() + 20
+        with psycopg.connect(database, autocommit=True) as db:
+            while not db.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            ).fetchall():
+                assert time.monotonic() < deadline, "the second INSERT never waited"
+                await asyncio.sleep(0.02)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        started = time.monotonic()
+        store.forget_table_statements(waiter)
+        store.forget_table_statements(holder)
+        assert time.monotonic() - started < 2  # (not the 20 s the statement may run)
+        after: list[Any] = []
+        assert (await run(after, "SELECT COUNT(*) FROM T")).rows == [(0,)]
+        store.forget_table_statements(after)
     finally:
         await store.close()
