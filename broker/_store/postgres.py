@@ -302,8 +302,7 @@ class PostgresStore(AllTables, PostgresUserTables, Committer):
         except BaseException:
             self._writer.close()
             raise
-        self._tables_url = url
-        self._tables_role = f"tables {fence.node}"
+        self._tables_connect = lambda: Session(url, f"tables {fence.node}").conn
         self._start_tables()
         self.on_release: Callable[[], None] | None = None  # run when the store closes
         # the token of a commit whose outcome was not seen, and its last batch's number

@@ -40,7 +40,7 @@ import contextlib
 import datetime as dt
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
@@ -169,10 +169,10 @@ def _inserts_into(statement: Statement) -> str | None:
 
 class PostgresUserTables(Committer):
     """Users' tables of `postgres.PostgresStore` (see the module's comment). The store
-    sets `_tables_url` and `_tables_role` and calls `_close_tables` when it closes."""
+    sets `_tables_connect` (a new connection in autocommit mode, made as its own are) and
+    calls `_close_tables` when it closes."""
 
-    _tables_url: str
-    _tables_role: str
+    _tables_connect: Callable[[], psycopg.Connection[Any]]
     _tables_ready = False
 
     def _start_tables(self) -> None:
@@ -334,14 +334,11 @@ class PostgresUserTables(Committer):
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
-            return psycopg.connect(
-                self._tables_url,
-                autocommit=True,
-                application_name=f"ssb {self._tables_role}",
-                cursor_factory=psycopg.RawCursor,
-            )
+            conn = self._tables_connect()
         except psycopg.Error as exc:
             raise TableError(f"cannot connect to the store for a table statement: {exc}") from None
+        conn.cursor_factory = psycopg.RawCursor  # users' statements have their own placeholders
+        return conn
 
     def _free_connection(self, ctx: _Provisional) -> None:
         """Roll `ctx`'s transaction back and keep its connection for the next one."""
