@@ -385,25 +385,24 @@ class PostgresUserTables(Committer):
     ) -> TableAnswer:
         """Run `statement` in `ctx`'s transaction (a thread of the pool), after `done`."""
         try:
-            return self._run_on(ctx, done, statement, values, bound, timeout)
+            self._begin(ctx, done, timeout)
+            return self._statement(ctx, statement, values, bound, timeout)
         except psycopg.Error as exc:
             if not (ctx.conn.broken or ctx.conn.closed):
-                raise
+                raise TableError(_described(exc)) from None
             raise TableError(
                 f"the connection to the store was lost ({exc.sqlstate or 'no answer'}) and the"
                 " statement did not run; the transaction's earlier statements stand (they run"
                 " again on a new connection): run it again"
             ) from None
 
-    def _run_on(
+    def _begin(
         self,
         ctx: _Provisional,
         done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: Statement,
-        values: dict[str, Any],
-        bound: tuple[Any, ...],
         timeout: float,
-    ) -> TableAnswer:
+    ) -> None:
+        """Make `ctx`'s transaction hold `done` (and no more)."""
         conn = ctx.conn
         idle = psycopg.pq.TransactionStatus.IDLE
         if ctx.applied != len(done) and conn.info.transaction_status != idle:
@@ -427,6 +426,17 @@ class PostgresUserTables(Committer):
                         f"an earlier statement failed again: {_described(exc)}"
                     ) from None
             ctx.applied = len(done)
+
+    @staticmethod
+    def _statement(
+        ctx: _Provisional,
+        statement: Statement,
+        values: dict[str, Any],
+        bound: tuple[Any, ...],
+        timeout: float,
+    ) -> TableAnswer:
+        """Run `statement` in a savepoint of `ctx`'s transaction."""
+        conn = ctx.conn
         sequence = _inserts_into(statement)
         conn.execute("SAVEPOINT statement")
         try:
