@@ -373,3 +373,33 @@ async def test_a_statement_given_up_keeps_its_connection_until_it_ends(database:
         store.forget_table_statements(after)
     finally:
         await store.close()
+
+
+async def test_the_tables_view_does_not_wait_for_a_transactions_alter(database: str) -> None:
+    """A table an uncommitted ALTER holds is counted by PostgreSQL's estimate: the view,
+    read on the event loop, never waits for a transaction that needs that loop to end."""
+    store = PostgresStore(database, "os", FirstLease(), threaded=False)
+
+    async def run(owner: list[Any], sql: str) -> None:
+        statement = store.translate_table_statement(sql, "master")
+        await store.run_table_statement(owner, owner, statement, {}, 5.0)
+        owner.append((statement, {}))
+
+    try:
+        setup: list[Any] = []
+        await run(setup, "CREATE TABLE T (k INT PRIMARY KEY)")
+        await run(setup, "INSERT INTO T VALUES (1), (2)")
+        store.write_table_statements(setup)
+        store.forget_table_statements(setup)
+        store.flush()
+        assert store.table_sizes() == [("master", "t", 2)]
+        altering: list[Any] = []
+        await run(altering, "ALTER TABLE T ADD note NVARCHAR(10)")
+        started = time.monotonic()
+        [(database_name, table, rows)] = store.table_sizes()
+        assert (database_name, table) == ("master", "t") and rows >= 0
+        assert time.monotonic() - started < 5
+        store.forget_table_statements(altering)
+        assert store.table_sizes() == [("master", "t", 2)]
+    finally:
+        await store.close()
