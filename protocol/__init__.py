@@ -70,6 +70,8 @@ from ._integrity import (
     wrap_session_key,
 )
 from ._link import (
+    PROTOCOL_VERSION,
+    RELAY_BUNDLES_VERSION,
     CloseFrame,
     ConnectionClosed,
     HandshakeCompleted,
@@ -77,6 +79,7 @@ from ._link import (
     LinkState,
     ProtocolErrorFrame,
     Role,
+    older_version_in_refusal,
 )
 from ._locate import LOCATE_TOKEN_SIZE, LOCATE_VERSION, MAX_LOCATE_HOPS, LocatedFrame, LocateFrame
 
@@ -90,6 +93,8 @@ __all__ = [
     "MAX_MESSAGE_SIZE_LIMIT",
     "MESSAGE_COLUMNS",
     "NEED_DATA",
+    "PROTOCOL_VERSION",
+    "RELAY_BUNDLES_VERSION",
     "ROW_OVERHEAD",
     "WIRE_VERSION",
     "AckFrame",
@@ -137,6 +142,7 @@ __all__ = [
     "generate_broker_identity",
     "load_private_key",
     "new_session_key",
+    "older_version_in_refusal",
     "pack",
     "sign_location",
     "sign_origin",

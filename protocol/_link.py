@@ -27,7 +27,16 @@ After the handshake both sides exchange `FragmentFrame`s, `BundleFrame`s (severa
 messages of one dialog direction in one frame) and standalone `AckFrame`s (the dialog
 layer gives them meaning) until either sends `CloseFrame` or `ProtocolErrorFrame`, or the
 byte stream ends. Brokers of protocol version 3 also ask each other which broker hosts a
-service (`_locate`); a version 2 peer is accepted and is never sent those frames. Any frame that the table does not allow in the current state, or any
+service (`_locate`); a version 2 peer is accepted and is never sent those frames. From
+version 4 on a forwarder relays bundles, and a broker takes a bundle that a forwarder
+relayed (see `RELAY_BUNDLES_VERSION`).
+
+Versions: the initiator offers its version (or a lower one it is told to offer, see
+below); the acceptor takes any offer from MIN_PROTOCOL_VERSION up and answers with the
+lower of the offer and its own, which both then speak (`peer_version`). A version 3
+acceptor refused any offer above its own, naming its range in the refusal;
+`older_version_in_refusal` reads that range, and the initiator offers that version in
+its next connection. Any frame that the table does not allow in the current state, or any
 malformed frame, raises `RemoteProtocolError`, moves the connection to CLOSED and queues a
 `ProtocolErrorFrame` in `data_to_send()` so the peer learns why. Decoding never raises
 anything but `ProtocolError` subclasses.
@@ -39,6 +48,7 @@ counters on the connection feed the connections view.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
@@ -74,8 +84,10 @@ from ._integrity import (
 )
 from ._locate import LOCATE_VERSION, LocatedFrame, LocateFrame
 
-PROTOCOL_VERSION: Final = 3  # 2: bundles (several whole messages in one frame); 3: locate
+PROTOCOL_VERSION: Final = 4  # 2: bundles (several whole messages in one frame); 3: locate;
+# 4: bundles relayed by forwarders, and the acceptor answers with the lower of both versions
 MIN_PROTOCOL_VERSION: Final = 2  # the oldest a peer may speak (it is never sent what it lacks)
+RELAY_BUNDLES_VERSION: Final = 4  # a peer of this version relays and takes relayed bundles
 
 
 # --------------------------------------------------------------------------- the link's own frames
@@ -220,6 +232,24 @@ _DECODERS: Final[dict[int, Any]] = {
     FrameKind.LOCATE: LocateFrame.decode,
     FrameKind.LOCATED: LocatedFrame.decode,
 }
+
+
+_REFUSED_VERSION: Final = re.compile(r"peer speaks protocol version \d+, we speak (\d+)\.\.(\d+)")
+
+
+def older_version_in_refusal(refusal: ProtocolErrorFrame, offered: int) -> int | None:
+    """The version to offer next to a peer that refused the handshake with `refusal`
+    because it speaks only versions older than `offered` (as a version 3 acceptor
+    refuses a higher offer); None when the refusal is for anything else."""
+    if refusal.code != ErrorCode.HANDSHAKE_FAILED:
+        return None
+    found = _REFUSED_VERSION.fullmatch(refusal.text)
+    if found is None:
+        return None
+    lowest, highest = int(found[1]), int(found[2])
+    if lowest > highest or not MIN_PROTOCOL_VERSION <= highest < offered:
+        return None
+    return highest
 
 
 def encode_link_frame(frame: LinkFrame) -> bytes:
@@ -411,6 +441,7 @@ class LinkConnection:
         expected_peer_id: uuid.UUID | None = None,
         random: RandomSource = os.urandom,
         max_frame_size: int = MAX_LINK_FRAME_SIZE,
+        version: int = PROTOCOL_VERSION,
     ) -> None:
         """Args:
         role: INITIATOR for the side that connected, ACCEPTOR for the listener.
@@ -421,7 +452,14 @@ class LinkConnection:
         expected_peer_id: if set, a peer announcing another id is refused.
         random: source of the handshake nonce.
         max_frame_size: largest frame accepted, at most MAX_LINK_FRAME_SIZE.
+        version: the version an initiator offers (MIN_PROTOCOL_VERSION..PROTOCOL_VERSION):
+            lower than ours only for a peer that refused ours (`older_version_in_refusal`).
         """
+        if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+            raise ValueError(
+                f"version must be {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}, not {version}"
+            )
+        self.version = version
         self.role = role
         self.counters = LinkCounters()
         self._broker_id = broker_id
@@ -442,7 +480,7 @@ class LinkConnection:
         self.error: ProtocolError | None = None
         if role is Role.INITIATOR:
             self._state = LinkState.AWAITING_ACCEPT
-            self._queue(Hello(PROTOCOL_VERSION, broker_id, certificate_pem, self._nonce))
+            self._queue(Hello(version, broker_id, certificate_pem, self._nonce))
         else:
             self._state = LinkState.AWAITING_HELLO
 
@@ -543,13 +581,16 @@ class LinkConnection:
         return self._on_proof(frame)
 
     def _check_peer(self, version: int, broker_id: uuid.UUID, certificate_pem: bytes) -> None:
-        if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+        """`version`: the acceptor's answer, or (on the acceptor) the initiator's offer,
+        which may be higher than ours: then ours is spoken."""
+        highest = PROTOCOL_VERSION if self.role is Role.ACCEPTOR else self.version
+        if version < MIN_PROTOCOL_VERSION or (self.role is Role.INITIATOR and version > highest):
             raise RemoteProtocolError(
                 f"peer speaks protocol version {version}, we speak"
-                f" {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}",
+                f" {MIN_PROTOCOL_VERSION}..{highest}",
                 ErrorCode.HANDSHAKE_FAILED,
             )
-        self.peer_version = version
+        self.peer_version = min(version, highest)
         if broker_id == self._broker_id:
             raise RemoteProtocolError(
                 "peer announced our own broker id", ErrorCode.HANDSHAKE_FAILED
@@ -579,7 +620,7 @@ class LinkConnection:
         )
         self._queue(
             HelloAccept(
-                PROTOCOL_VERSION, self._broker_id, self._certificate_pem, self._nonce, proof
+                self.peer_version, self._broker_id, self._certificate_pem, self._nonce, proof
             )
         )
 

@@ -19,7 +19,15 @@ import functools
 import logging
 import uuid
 
-from ssb.protocol import AckFrame, DialogPeer, Direction, FragmentFrame, RetryPolicy, Role
+from ssb.protocol import (
+    RELAY_BUNDLES_VERSION,
+    AckFrame,
+    DialogPeer,
+    Direction,
+    FragmentFrame,
+    RetryPolicy,
+    Role,
+)
 
 from .._core.ports import RouteLookup
 from .forwarding import Frame, Hop
@@ -238,6 +246,14 @@ class Peers:
         if peer is not None and peer.link is not None and not peer.link.closed:
             return broker  # connected already (it connected to us): no need to dial
         return address
+
+    def relay_takes_bundles(self, hop: Hop) -> bool:
+        """Whether the forwarder's next hop takes relayed bundles (True until connected)."""
+        peer = None if isinstance(hop, str) else self.all.get(hop)
+        link = None if peer is None else peer.link
+        if link is None or not link.established:
+            return True
+        return link.connection.peer_version >= RELAY_BUNDLES_VERSION
 
     def relay_send(self, hop: Hop, frames: list[Frame]) -> bool:
         """Write relayed frames to `hop`, or say it cannot take them now (and connect)."""

@@ -134,6 +134,7 @@ class Transport:
                 min(1.0, settings.retry_initial / 2),
                 registry.relay_hop,
                 registry.relay_send,
+                registry.relay_takes_bundles,
             )
             if settings.forwarding
             else None

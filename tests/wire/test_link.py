@@ -43,7 +43,9 @@ from ssb.protocol._link import (
     _RECV_KEEPS_ESTABLISHED,
     _SEND_KEEPS_ESTABLISHED,
     _TRANSITIONS,
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
+    RELAY_BUNDLES_VERSION,
     Hello,
     HelloAccept,
     LinkFrame,
@@ -51,6 +53,7 @@ from ssb.protocol._link import (
     Proof,
     decode_link_frame,
     encode_link_frame,
+    older_version_in_refusal,
 )
 from ssb.protocol._locate import LocatedFrame, LocateFrame
 
@@ -300,6 +303,82 @@ def test_a_version_2_peer_is_accepted_and_never_sent_locate_frames() -> None:
         a.next_event()
 
 
+def _handshake(initiator: LinkConnection, acceptor: LinkConnection) -> Hello:
+    """Run a handshake to its end; the initiator's Hello as it went on the wire."""
+    data = initiator.data_to_send()
+    hello = decode_link_frame(unpack(data[4:]))
+    assert isinstance(hello, Hello)
+    acceptor.receive_data(data)
+    assert acceptor.next_event() is NEED_DATA
+    assert pump(acceptor, initiator) == [HandshakeCompleted(B_ID, B_CERT)]
+    assert pump(initiator, acceptor) == [HandshakeCompleted(A_ID, A_CERT)]
+    return hello
+
+
+@pytest.mark.parametrize(
+    ("offered", "spoken"),
+    [(PROTOCOL_VERSION, PROTOCOL_VERSION), (3, 3), (MIN_PROTOCOL_VERSION, MIN_PROTOCOL_VERSION)],
+)
+def test_both_sides_speak_the_lower_of_the_two_versions(offered: int, spoken: int) -> None:
+    a = link(Role.INITIATOR, me="a", version=offered)
+    b = link(Role.ACCEPTOR, me="b")
+    assert _handshake(a, b).version == offered
+    assert a.peer_version == b.peer_version == spoken
+
+
+def test_an_acceptor_answers_a_newer_offer_with_its_own_version() -> None:
+    a = link(Role.ACCEPTOR, me="a")
+    a.receive_data(encode_link_frame(Hello(PROTOCOL_VERSION + 5, B_ID, B_CERT, bytes(32))))
+    assert a.next_event() is NEED_DATA
+    answer = decode_link_frame(unpack(a.data_to_send()[4:]))
+    assert isinstance(answer, HelloAccept) and answer.version == PROTOCOL_VERSION
+    assert a.peer_version == PROTOCOL_VERSION
+
+
+def test_an_initiator_refuses_an_answer_above_its_offer() -> None:
+    a = link(Role.INITIATOR, me="a", version=3)
+    a.data_to_send()
+    proof = sign_handshake_proof(B_KEY, signer_id=B_ID, peer_id=A_ID, peer_nonce=a._nonce)
+    a.receive_data(encode_link_frame(HelloAccept(4, B_ID, B_CERT, bytes(32), proof)))
+    with pytest.raises(RemoteProtocolError, match=r"version 4, we speak 2\.\.3"):
+        a.next_event()
+
+
+def test_an_offer_out_of_range_is_a_local_error() -> None:
+    for version in (MIN_PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 1):
+        with pytest.raises(ValueError, match="version must be"):
+            link(Role.INITIATOR, me="a", version=version)
+
+
+def test_a_version_3_acceptors_refusal_names_the_version_to_offer() -> None:
+    # a version 3 broker refused any higher offer with this text
+    refusal = ProtocolErrorFrame(
+        int(ErrorCode.HANDSHAKE_FAILED), "peer speaks protocol version 4, we speak 2..3"
+    )
+    assert older_version_in_refusal(refusal, PROTOCOL_VERSION) == 3
+    # and offering 3 then is spoken by both (the relayed bundles' version is not)
+    a = link(Role.INITIATOR, me="a", version=3)
+    b = link(Role.ACCEPTOR, me="b")
+    assert _handshake(a, b).version == 3
+    assert a.peer_version == b.peer_version == 3 < RELAY_BUNDLES_VERSION
+
+
+@pytest.mark.parametrize(
+    ("code", "text", "offered"),
+    [
+        (ErrorCode.HANDSHAKE_FAILED, "certificate of broker x is not trusted", 4),
+        (ErrorCode.MALFORMED_FRAME, "peer speaks protocol version 4, we speak 2..3", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 3, we speak 2..3", 3),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 0..1", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 3..2", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 2..3 or so", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 2..99999", 4),
+    ],
+)
+def test_other_refusals_name_no_version(code: ErrorCode, text: str, offered: int) -> None:
+    assert older_version_in_refusal(ProtocolErrorFrame(int(code), text), offered) is None
+
+
 def test_locate_frames_flow_between_version_3_brokers() -> None:
     a, b = established()
     question = LocateFrame(bytes(16), "Orders", A_ID)
@@ -529,7 +608,7 @@ def test_replayed_proof_for_another_nonce_fails() -> None:
 @pytest.mark.parametrize(
     ("hello", "message"),
     [
-        (Hello(PROTOCOL_VERSION + 1, B_ID, B_CERT, bytes(32)), "version"),
+        (Hello(MIN_PROTOCOL_VERSION - 1, B_ID, B_CERT, bytes(32)), "version"),
         (Hello(PROTOCOL_VERSION, A_ID, A_CERT, bytes(32)), "our own"),
         (Hello(PROTOCOL_VERSION, uuid.uuid4(), B_CERT, bytes(32)), "does not belong"),
         (Hello(PROTOCOL_VERSION, B_ID, b"garbage", bytes(32)), "malformed certificate"),
