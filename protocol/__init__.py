@@ -37,6 +37,7 @@ from ._dialog_frames import (
     Direction,
     Envelope,
     FragmentFrame,
+    UnbundleFrame,
 )
 from ._errors import (
     ErrorCode,
@@ -133,6 +134,7 @@ __all__ = [
     "Role",
     "SessionKeyReceived",
     "TrustStore",
+    "UnbundleFrame",
     "UnknownDialog",
     "Welcome",
     "certificate_broker_id",

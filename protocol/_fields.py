@@ -39,6 +39,7 @@ class FrameKind(IntEnum):
     BUNDLE = 8
     LOCATE = 9
     LOCATED = 10
+    UNBUNDLE = 11
 
 
 def malformed(what: str) -> RemoteProtocolError:

@@ -56,7 +56,7 @@ from typing import Any, Final, cast
 
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from ._dialog_frames import AckFrame, BundleFrame, FragmentFrame
+from ._dialog_frames import AckFrame, BundleFrame, FragmentFrame, UnbundleFrame
 from ._errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._fields import (
     MAX_ERROR_TEXT,
@@ -218,6 +218,7 @@ LinkFrame = (
     | CloseFrame
     | LocateFrame
     | LocatedFrame
+    | UnbundleFrame
 )
 
 _DECODERS: Final[dict[int, Any]] = {
@@ -231,6 +232,7 @@ _DECODERS: Final[dict[int, Any]] = {
     FrameKind.CLOSE: CloseFrame.decode,
     FrameKind.LOCATE: LocateFrame.decode,
     FrameKind.LOCATED: LocatedFrame.decode,
+    FrameKind.UNBUNDLE: UnbundleFrame.decode,
 }
 
 
@@ -302,12 +304,14 @@ class LinkInput(Enum):
     RECV_FRAGMENT = "recv fragment"
     RECV_ACK = "recv ack"
     RECV_LOCATE = "recv locate"  # a question or an answer
+    RECV_UNBUNDLE = "recv unbundle"
     RECV_ERROR = "recv error"
     RECV_CLOSE = "recv close"
     RECV_EOF = "recv eof"
     SEND_FRAGMENT = "send fragment"
     SEND_ACK = "send ack"
     SEND_LOCATE = "send locate"
+    SEND_UNBUNDLE = "send unbundle"
     SEND_ERROR = "send error"
     SEND_CLOSE = "send close"
 
@@ -324,6 +328,8 @@ _TRANSITIONS: Final[dict[tuple[LinkState, LinkInput], LinkState]] = {
     (_S.ESTABLISHED, _I.SEND_ACK): _S.ESTABLISHED,
     (_S.ESTABLISHED, _I.RECV_LOCATE): _S.ESTABLISHED,
     (_S.ESTABLISHED, _I.SEND_LOCATE): _S.ESTABLISHED,
+    (_S.ESTABLISHED, _I.RECV_UNBUNDLE): _S.ESTABLISHED,
+    (_S.ESTABLISHED, _I.SEND_UNBUNDLE): _S.ESTABLISHED,
 }
 for _state in (_S.AWAITING_HELLO, _S.AWAITING_ACCEPT, _S.AWAITING_PROOF, _S.ESTABLISHED):
     for _input in (_I.RECV_ERROR, _I.RECV_CLOSE, _I.RECV_EOF, _I.SEND_ERROR, _I.SEND_CLOSE):
@@ -339,6 +345,7 @@ _RECV_INPUT: Final[dict[type, LinkInput]] = {
     AckFrame: _I.RECV_ACK,
     LocateFrame: _I.RECV_LOCATE,
     LocatedFrame: _I.RECV_LOCATE,
+    UnbundleFrame: _I.RECV_UNBUNDLE,
     ProtocolErrorFrame: _I.RECV_ERROR,
     CloseFrame: _I.RECV_CLOSE,
 }
@@ -348,6 +355,7 @@ _SEND_INPUT: Final[dict[type, LinkInput]] = {
     AckFrame: _I.SEND_ACK,
     LocateFrame: _I.SEND_LOCATE,
     LocatedFrame: _I.SEND_LOCATE,
+    UnbundleFrame: _I.SEND_UNBUNDLE,
     ProtocolErrorFrame: _I.SEND_ERROR,
     CloseFrame: _I.SEND_CLOSE,
 }
@@ -387,6 +395,7 @@ LinkEvent = (
     | AckFrame
     | LocateFrame
     | LocatedFrame
+    | UnbundleFrame
     | ProtocolErrorFrame
     | CloseFrame
     | ConnectionClosed
@@ -572,6 +581,13 @@ class LinkConnection:
                     ErrorCode.UNEXPECTED_FRAME,
                 )
             return frame
+        if isinstance(frame, UnbundleFrame):
+            if self.peer_version < RELAY_BUNDLES_VERSION:
+                raise RemoteProtocolError(
+                    f"a peer of protocol version {self.peer_version} sent an unbundle frame",
+                    ErrorCode.UNEXPECTED_FRAME,
+                )
+            return frame
         if isinstance(frame, Hello):
             self._on_hello(frame)
             return None
@@ -686,14 +702,16 @@ class LinkConnection:
         | AckFrame
         | LocateFrame
         | LocatedFrame
+        | UnbundleFrame
         | ProtocolErrorFrame
         | CloseFrame,
     ) -> bytes:
         """Encode one frame for the wire.
 
-        Fragments, acks and locate frames are allowed only when ESTABLISHED (locate frames
-        only to a peer of LOCATE_VERSION); an error or close frame from any open state,
-        after which the connection is CLOSED.
+        Fragments, acks, locate and unbundle frames are allowed only when ESTABLISHED
+        (locate frames only to a peer of LOCATE_VERSION, unbundle frames only to one of
+        RELAY_BUNDLES_VERSION); an error or close frame from any open state, after which
+        the connection is CLOSED.
 
         Raises: LocalProtocolError: the frame is not allowed in the current state.
         """
@@ -701,6 +719,11 @@ class LinkConnection:
         if kind in (LocateFrame, LocatedFrame) and self.peer_version < LOCATE_VERSION:
             raise LocalProtocolError(
                 f"the peer speaks protocol version {self.peer_version}: no locate frames",
+                ErrorCode.UNEXPECTED_FRAME,
+            )
+        if kind is UnbundleFrame and self.peer_version < RELAY_BUNDLES_VERSION:
+            raise LocalProtocolError(
+                f"the peer speaks protocol version {self.peer_version}: no unbundle frames",
                 ErrorCode.UNEXPECTED_FRAME,
             )
         if not (self._state is LinkState.ESTABLISHED and kind in _SEND_KEEPS_ESTABLISHED):

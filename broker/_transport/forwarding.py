@@ -3,9 +3,10 @@
 Theory of operation. With `[transport] forwarding = true` a broker relays the frames of
 dialogs it is not party to: a fragment whose envelope names another broker as its target,
 and every later frame of the same conversation, bundles (several whole messages in one
-frame) as they came. It never opens, acknowledges or stores them: the dialog layer runs end to end between the two brokers that own the dialog
-(sequence numbers, acks, retransmission, the session key wrapped for the target, the
-origin's signature over the envelope), so a forwarder that dies loses nothing (the origin
+frame) as they came. It never opens, acknowledges or stores them: the dialog layer runs
+end to end between the two brokers that own the dialog (sequence numbers, acks,
+retransmission, the session key wrapped for the target, the origin's signature over the
+envelope and the session key's seal over every fragment and bundle), so a forwarder that dies loses nothing (the origin
 retransmits) and one that alters a frame is caught by the target's integrity check.
 
 Each relayed conversation is a `Relay` keyed by conversation id: the two brokers, their
@@ -18,10 +19,12 @@ origin's next retransmission carries the envelope again (see `_sender`), which i
 restarted forwarder, or one that forgot an idle conversation, learns the route anew.
 
 The frames of one read go on together: those for the same next hop in one write. A
-bundle goes on only to a next hop that takes relayed bundles (protocol version 4 on);
-one for an older broker is dropped and counted, and its messages come again as
-fragments when the origin retransmits them (an origin bundles through a forwarder of
-version 4 only, so this happens only where a version 4 forwarder has an older next hop).
+bundle goes on only to a next hop that takes relayed bundles (protocol version 4 on; an
+origin bundles through a forwarder of version 4 only). One for an older next hop is
+dropped and counted, and the broker it came from is told (an `UnbundleFrame`, passed
+back hop by hop to the origin, at most once a second per conversation; the origin then
+sends that far broker's messages as fragments); the dropped bundle's messages come
+again as fragments when the origin retransmits them.
 
 Frames the next hop cannot take now (no connection yet, a busy socket) are held here in
 memory, a fragment once however often it is retransmitted, the latest ack of a direction
@@ -42,9 +45,9 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
-from ssb.protocol import AckFrame, BundleFrame, Direction, FragmentFrame
+from ssb.protocol import AckFrame, BundleFrame, Direction, FragmentFrame, UnbundleFrame
 
 log = logging.getLogger("ssb.transport")
 
@@ -73,6 +76,7 @@ class Relay:
     came_from: list[uuid.UUID | None] = field(default_factory=lambda: [None, None])
     relayed: int = 0
     refused: int = 0
+    unbundled_at: float | None = None  # when the last notice went back (at most 1/s)
     held_frames: int = 0
     held_bytes: int = 0
     last_seen: float = 0.0
@@ -117,6 +121,7 @@ class Forwarder:
             cannot take them now (the transport then connects and calls `flush` later).
         takes_bundles: whether a hop takes relayed bundles (True while it is not
             connected: asked again when what is held for it goes).
+        notify: writes a notice to an adjacent broker if its connection is up.
     """
 
     def __init__(
@@ -127,6 +132,7 @@ class Forwarder:
         route: Callable[[str, uuid.UUID], Hop | None],
         send: Callable[[Hop, list[Frame]], bool],
         takes_bundles: Callable[[Hop], bool] = lambda hop: True,
+        notify: Callable[[uuid.UUID, UnbundleFrame], None] = lambda hop, frame: None,
     ) -> None:
         self.instance = instance
         self.forward_size = forward_size
@@ -134,6 +140,7 @@ class Forwarder:
         self._route = route
         self._send = send
         self._takes_bundles = takes_bundles
+        self._notify = notify
         self.relays: dict[uuid.UUID, Relay] = {}
         # by hop, in arrival order: (frame, its relay, when it was first held)
         self.held: dict[Hop, dict[tuple[Any, ...], tuple[Frame, Relay, float]]] = {}
@@ -194,7 +201,7 @@ class Forwarder:
             self._loop(relay, frame, came_from, hop)
             return None
         if isinstance(frame, BundleFrame) and not self._takes_bundles(hop):
-            self._unbundled(relay, hop)
+            self._unbundled(relay, hop, frame)
             return None
         return hop
 
@@ -210,8 +217,9 @@ class Forwarder:
         for frame, relay in passing:
             self._hold(relay, hop, frame)
 
-    def _unbundled(self, relay: Relay, hop: Hop) -> None:
+    def _unbundled(self, relay: Relay, hop: Hop, frame: BundleFrame) -> None:
         self.unbundled += 1
+        self._notice(relay, UnbundleFrame(frame.conversation_id, frame.direction))
         relay.status = (
             f"broker {hop} speaks a protocol version older than 4 and takes no relayed"
             " bundles: they are dropped, and their messages go as fragments when retransmitted"
@@ -222,6 +230,25 @@ class Forwarder:
             relay.conversation_id,
             relay.status,
         )
+
+    def unbundle(self, notice: UnbundleFrame, now: float) -> bool:
+        """A next hop says bundles of a relayed direction cannot go on: pass the notice
+        back the way they came. False: not a conversation relayed here."""
+        self._now = now
+        relay = self.relays.get(notice.conversation_id)
+        if relay is None:
+            return False
+        self._notice(relay, notice)
+        return True
+
+    def _notice(self, relay: Relay, notice: UnbundleFrame) -> None:
+        towards_target = notice.direction is Direction.FROM_INITIATOR
+        back = relay.came_from[TOWARDS_TARGET if towards_target else TOWARDS_INITIATOR]
+        now = self._now
+        if back is None or (relay.unbundled_at is not None and now - relay.unbundled_at < 1.0):
+            return
+        relay.unbundled_at = now
+        self._notify(back, notice)
 
     def _relay_for(self, frame: Frame, came_from: uuid.UUID, now: float) -> Relay | None:
         relay = self.relays.get(frame.conversation_id)
@@ -342,7 +369,7 @@ class Forwarder:
             for key in [k for k, (f, _, _) in held.items() if isinstance(f, BundleFrame)]:
                 frame, relay, _ = held.pop(key)
                 self._release(frame, relay)
-                self._unbundled(relay, hop)
+                self._unbundled(relay, hop, cast(BundleFrame, frame))
             if not held:
                 return
         frames = [frame for frame, _, _ in held.values()]

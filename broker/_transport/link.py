@@ -48,6 +48,7 @@ from ssb.protocol import (
     ProtocolError,
     ProtocolErrorFrame,
     Role,
+    UnbundleFrame,
     older_version_in_refusal,
 )
 
@@ -87,6 +88,7 @@ class Peer:
         "link",
         "pump_scheduled",
         "refused_fragments",
+        "relayed_bundles",
         "services",
         "timer",
         "timer_at",
@@ -107,6 +109,8 @@ class Peer:
         # the adjacent broker its frames arrive through, when that is not itself
         # (a forwarder); frames to it go back the same way unless a route says otherwise
         self.via: uuid.UUID | None = None
+        # bundles may go to it through a forwarder (until one says they cannot go on)
+        self.relayed_bundles = True
         self.pump_scheduled = False
         # outboxes with entries still to pull, and what is pulled and not yet acked
         self.boxes: dict[DirectionKey, DialogOutbox] = {}
@@ -132,6 +136,9 @@ class LinkEvents(Protocol):
 
     def locate(self, link: Link, frame: LocateFrame | LocatedFrame) -> None:
         """A question about where a service is, or an answer (see `locator`)."""
+
+    def unbundle(self, link: Link, frame: UnbundleFrame) -> None:
+        """A forwarder says a dialog direction's bundles cannot go on (see `forwarding`)."""
 
     def writable(self, peer: Peer) -> None:
         """The link of `peer` takes writes again."""
@@ -214,6 +221,9 @@ class Link(asyncio.Protocol):
                 elif isinstance(event, (LocateFrame, LocatedFrame)):
                     if self.peer is not None:
                         self.events.locate(self, event)
+                elif isinstance(event, UnbundleFrame):
+                    if self.peer is not None:
+                        self.events.unbundle(self, event)
                 elif isinstance(event, ProtocolErrorFrame):
                     if self.peer is None and self.links.older_version(self, event):
                         self.close(f"the peer speaks an older protocol version: {event.text}")

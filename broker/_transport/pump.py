@@ -76,7 +76,9 @@ class Pump:
             return
         dialog = peer.dialog
         # bundles go on a connection of the peer's own, or to a forwarder that relays them
-        dialog.bundling = link.peer is peer or link.connection.peer_version >= RELAY_BUNDLES_VERSION
+        dialog.bundling = link.peer is peer or (
+            peer.relayed_bundles and link.connection.peer_version >= RELAY_BUNDLES_VERSION
+        )
         write_bytes = self.write_bytes
         while not link.paused:
             frames = dialog.frames_to_send(now, SEND_BATCH, write_bytes)

@@ -31,6 +31,7 @@ from ssb.protocol import (
     ProtocolErrorFrame,
     RemoteProtocolError,
     Role,
+    UnbundleFrame,
 )
 from ssb.protocol._dialog_frames import AckRecord, new_fragment_frame
 from ssb.protocol._fields import MAX_ACK_RANGES, FrameKind
@@ -89,6 +90,7 @@ SAMPLE_FRAMES: list[LinkFrame] = [
     LocateFrame(bytes(range(16)), "//shop/Orders", A_ID, 3),
     LocatedFrame(bytes(16), "Orders", B_ID, b"p" * 256),
     LocatedFrame(bytes(16), "Orders", None, None, "broker x does not forward ✗"),
+    UnbundleFrame(CONV, Direction.FROM_TARGET),
 ]
 
 
@@ -255,7 +257,7 @@ def test_new_fragment_frame_equals_the_dataclass_constructor() -> None:
 
 def test_established_fast_path_keeps_the_table_authoritative() -> None:
     """Only inputs the table maps ESTABLISHED -> ESTABLISHED skip the lookup."""
-    steady = {FragmentFrame, BundleFrame, AckFrame, LocateFrame, LocatedFrame}
+    steady = {FragmentFrame, BundleFrame, AckFrame, LocateFrame, LocatedFrame, UnbundleFrame}
     assert steady == _RECV_KEEPS_ESTABLISHED
     assert steady == _SEND_KEEPS_ESTABLISHED
 
@@ -272,6 +274,22 @@ def test_established_fast_path_keeps_the_table_authoritative() -> None:
     ],
 )
 def test_malformed_locate_frames(obj: list[Any]) -> None:
+    with pytest.raises(RemoteProtocolError):
+        decode_link_frame(obj)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [FrameKind.UNBUNDLE, bytes(15), 0],
+        [FrameKind.UNBUNDLE, bytes(16), 2],
+        [FrameKind.UNBUNDLE, bytes(16), -1],
+        [FrameKind.UNBUNDLE, bytes(16), "0"],
+        [FrameKind.UNBUNDLE, bytes(16)],
+        [FrameKind.UNBUNDLE, bytes(16), 0, 0],
+    ],
+)
+def test_malformed_unbundle_frames(obj: list[Any]) -> None:
     with pytest.raises(RemoteProtocolError):
         decode_link_frame(obj)
 
@@ -377,6 +395,20 @@ def test_a_version_3_acceptors_refusal_names_the_version_to_offer() -> None:
 )
 def test_other_refusals_name_no_version(code: ErrorCode, text: str, offered: int) -> None:
     assert older_version_in_refusal(ProtocolErrorFrame(int(code), text), offered) is None
+
+
+def test_unbundle_frames_flow_only_between_brokers_of_version_4() -> None:
+    notice = UnbundleFrame(CONV, Direction.FROM_INITIATOR)
+    a, b = established()
+    b.receive_data(a.send(notice))
+    assert b.next_event() == notice
+    a, b = _established_with(3)
+    assert a.peer_version == 3
+    with pytest.raises(LocalProtocolError, match="version 3: no unbundle frames"):
+        a.send(notice)
+    a.receive_data(encode_link_frame(notice))
+    with pytest.raises(RemoteProtocolError, match="version 3 sent an unbundle frame"):
+        a.next_event()
 
 
 def test_locate_frames_flow_between_version_3_brokers() -> None:
