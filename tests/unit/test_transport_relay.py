@@ -24,29 +24,14 @@ from ssb.protocol import (
 )
 
 from .core_harness import BODY
-from .transport_harness import A_ID, B_ID, Broker, World
+from .transport_harness import B_ID, Broker, World
 
-F_ID = "ffffffff-0000-4000-8000-000000000003"
 COUNT = 600  # small messages sent in one transaction: several bundles' worth
 
 
 def _trio(world: World) -> tuple[Broker, Broker, Broker]:
     """A (InitiatorService) -> F (forwarding) -> B (TargetService), routes naming B."""
-    a = world.broker("a", A_ID, "127.0.0.1:7001")
-    f = world.broker("f", F_ID, "127.0.0.1:7003")
-    b = world.broker("b", B_ID, "127.0.0.1:7002")
-    for x, y in ((a, f), (f, b), (a, b)):
-        x.op("create_certificate", y.name, y.certificate)
-        y.op("create_certificate", x.name, x.certificate)
-    a.op("create_queue", "Initiator")
-    a.op("create_service", "InitiatorService", "Initiator")
-    b.op("create_queue", "Target")
-    b.op("create_service", "TargetService", "Target", ["DEFAULT"])
-    a.op("create_route", "to_b", "TargetService", f"tcp://{f.address}", broker_instance=B_ID)
-    f.op("create_route", "to_b", "TargetService", f"tcp://{b.address}", broker_instance=B_ID)
-    f.op("create_route", "to_a", "InitiatorService", f"tcp://{a.address}", broker_instance=A_ID)
-    b.op("create_route", "to_a", "InitiatorService", f"tcp://{f.address}", broker_instance=A_ID)
-    return a, f, b
+    return world.trio(name_brokers=True)
 
 
 async def _dialog(world: World, a: Broker, b: Broker) -> str:
