@@ -33,9 +33,9 @@ relayed (see `RELAY_BUNDLES_VERSION`).
 
 Versions: the initiator offers its version (or a lower one it is told to offer, see
 below); the acceptor takes any offer from MIN_PROTOCOL_VERSION up and answers with the
-lower of the offer and its own, which both then speak (`peer_version`). A version 3
-acceptor refused any offer above its own, naming its range in the refusal;
-`older_version_in_refusal` reads that range, and the initiator offers that version in
+lower of the offer and its own, which both then speak (`peer_version`). Version 2 and 3
+acceptors refused any offer above their own, naming their version or range in the
+refusal; `older_version_in_refusal` reads it, and the initiator offers that version in
 its next connection. Any frame that the table does not allow in the current state, or any
 malformed frame, raises `RemoteProtocolError`, moves the connection to CLOSED and queues a
 `ProtocolErrorFrame` in `data_to_send()` so the peer learns why. Decoding never raises
@@ -236,19 +236,24 @@ _DECODERS: Final[dict[int, Any]] = {
 }
 
 
-_REFUSED_VERSION: Final = re.compile(r"peer speaks protocol version \d+, we speak (\d+)\.\.(\d+)")
+# a version 3 broker's refusal names its range ("we speak 2..3"), a version 2 one its
+# version ("we speak 2")
+_REFUSED_VERSION: Final = re.compile(
+    r"peer speaks protocol version \d+, we speak (\d+)(?:\.\.(\d+))?"
+)
 
 
 def older_version_in_refusal(refusal: ProtocolErrorFrame, offered: int) -> int | None:
     """The version to offer next to a peer that refused the handshake with `refusal`
-    because it speaks only versions older than `offered` (as a version 3 acceptor
-    refuses a higher offer); None when the refusal is for anything else."""
+    because it speaks only versions older than `offered` (as version 2 and 3 acceptors
+    refuse a higher offer); None when the refusal is for anything else."""
     if refusal.code != ErrorCode.HANDSHAKE_FAILED:
         return None
     found = _REFUSED_VERSION.fullmatch(refusal.text)
     if found is None:
         return None
-    lowest, highest = int(found[1]), int(found[2])
+    lowest = int(found[1])
+    highest = lowest if found[2] is None else int(found[2])
     if lowest > highest or not MIN_PROTOCOL_VERSION <= highest < offered:
         return None
     return highest

@@ -15,7 +15,6 @@ import pytest
 from ssb.broker._transport.forwarding import Frame, Hop
 from ssb.protocol import (
     PROTOCOL_VERSION,
-    RELAY_BUNDLES_VERSION,
     BundleFrame,
     ErrorCode,
     LinkConnection,
@@ -142,39 +141,48 @@ async def test_a_next_hop_of_an_older_version_gets_no_bundles_and_the_origin_lea
     assert a.peer(b).relayed_bundles
 
 
-class VersionThreeAcceptor(LinkConnection):
-    """A version 3 broker's side of the handshake: it refused any offer above its own."""
+class OldAcceptor(LinkConnection):
+    """A version 2 or 3 broker's side of the handshake: it refused a newer offer, naming
+    its version (2: only its own) or its range (3)."""
+
+    speaks = 3
 
     def _check_peer(self, version: int, broker_id: uuid.UUID, certificate_pem: bytes) -> None:
-        if self.role is Role.ACCEPTOR and version > 3:
+        if self.role is Role.ACCEPTOR and version > self.speaks:
+            range_ = "2" if self.speaks == 2 else f"2..{self.speaks}"
             raise RemoteProtocolError(
-                f"peer speaks protocol version {version}, we speak 2..3",
+                f"peer speaks protocol version {version}, we speak {range_}",
                 ErrorCode.HANDSHAKE_FAILED,
             )
         super()._check_peer(version, broker_id, certificate_pem)
 
 
-async def test_a_broker_of_version_3_is_talked_to_at_its_version(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+class VersionTwoAcceptor(OldAcceptor):
+    speaks = 2
+
+
+@pytest.mark.parametrize("old", [OldAcceptor, VersionTwoAcceptor])
+async def test_a_broker_of_an_older_version_is_talked_to_at_its_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: type[OldAcceptor]
 ) -> None:
     world = World(tmp_path)
     a, b = world.pair()
     trust = b.transport.trust
     made = trust.new_connection
 
-    def old(role: Role, version: int) -> LinkConnection:
+    def older(role: Role, version: int) -> LinkConnection:
         connection = made(role, version)
-        connection.__class__ = VersionThreeAcceptor
+        connection.__class__ = old
         return connection
 
-    monkeypatch.setattr(trust, "new_connection", old)
+    monkeypatch.setattr(trust, "new_connection", older)
     handle = a.op("begin_dialog", "InitiatorService", "TargetService")
     a.op("send", handle, "DEFAULT", _bodies())
     await world.advance(0.001)  # the next connection at once, not after a backoff
     assert [row[BODY] for row in b.core.receive_all()] == _bodies()
     link = a.link_to(b)
-    assert link is not None and link.connection.peer_version == 3 < RELAY_BUNDLES_VERSION
-    assert a.transport.links.offers[b.address] == 3
+    assert link is not None and link.connection.peer_version == old.speaks
+    assert a.transport.links.offers[b.address] == old.speaks
     assert a.transport.links.connect_errors == {}  # no backoff, nothing to report
     views: Any = a.transport.views()["broker_connections"]()
     assert all(row["state"] == "ESTABLISHED" for row in views if row["peer"] == B_ID)

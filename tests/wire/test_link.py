@@ -374,6 +374,11 @@ def test_a_version_3_acceptors_refusal_names_the_version_to_offer() -> None:
         int(ErrorCode.HANDSHAKE_FAILED), "peer speaks protocol version 4, we speak 2..3"
     )
     assert older_version_in_refusal(refusal, PROTOCOL_VERSION) == 3
+    # and a version 2 broker refused any other version than its own with this one
+    refusal = ProtocolErrorFrame(
+        int(ErrorCode.HANDSHAKE_FAILED), "peer speaks protocol version 4, we speak 2"
+    )
+    assert older_version_in_refusal(refusal, PROTOCOL_VERSION) == 2
     # and offering 3 then is spoken by both (the relayed bundles' version is not)
     a = link(Role.INITIATOR, me="a", version=3)
     b = link(Role.ACCEPTOR, me="b")
@@ -391,6 +396,8 @@ def test_a_version_3_acceptors_refusal_names_the_version_to_offer() -> None:
         (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 3..2", 4),
         (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 2..3 or so", 4),
         (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 2..99999", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 1", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 4", 4),
     ],
 )
 def test_other_refusals_name_no_version(code: ErrorCode, text: str, offered: int) -> None:
