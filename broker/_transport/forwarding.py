@@ -6,8 +6,9 @@ and every later frame of the same conversation, bundles (several whole messages 
 frame) as they came. It never opens, acknowledges or stores them: the dialog layer runs
 end to end between the two brokers that own the dialog (sequence numbers, acks,
 retransmission, the session key wrapped for the target, the origin's signature over the
-envelope and the session key's seal over every fragment and bundle), so a forwarder that dies loses nothing (the origin
-retransmits) and one that alters a frame is caught by the target's integrity check.
+envelope, the session key's seal over every fragment and bundle), so a forwarder that
+dies loses nothing (the origin retransmits) and one that alters a frame is caught by the
+target's integrity check.
 
 Each relayed conversation is a `Relay` keyed by conversation id: the two brokers, their
 services, and for each direction of travel the adjacent broker its frames last arrived

@@ -75,9 +75,10 @@ async def test_bundles_are_relayed_as_bundles(tmp_path: Path) -> None:
     bundles = [frame for frame in written if isinstance(frame, BundleFrame)]
     assert sum(len(bundle.payloads) for bundle in bundles) == COUNT
     assert len(bundles) <= COUNT // 100  # many messages to a bundle, not one each
-    assert a.link_to(f) is not None and a.link_to(f).connection.peer_version == PROTOCOL_VERSION  # type: ignore[union-attr]
+    link, forwarder = a.link_to(f), f.transport.forwarder
+    assert link is not None and link.connection.peer_version == PROTOCOL_VERSION
     (relay,) = f.transport.views()["forwarded_conversations"]()
-    assert relay["status"] == "" and f.transport.forwarder.unbundled == 0  # type: ignore[union-attr]
+    assert relay["status"] == "" and forwarder is not None and forwarder.unbundled == 0
 
 
 async def test_a_forwarder_cannot_alter_a_bundle_it_relays(tmp_path: Path) -> None:
