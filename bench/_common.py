@@ -98,6 +98,26 @@ class Catalog:
             )
 
 
+def command_line(
+    module: str, doc: str | None, options: type, *names: str
+) -> argparse.ArgumentParser:
+    """The parser of `python -m bench.<module>`, described by its docstring's first line,
+    with `--json PATH` and an `--a-name` for each named field of the options dataclass
+    `options`, with its default: `durability` is one of the broker's (fsync, os), any other
+    of its default's type (a whole number or a float)."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m bench.{module}", description=(doc or "").split("\n")[0]
+    )
+    for name in names:
+        default = getattr(options, name)
+        if name == "durability":
+            parser.add_argument("--durability", choices=["fsync", "os"], default=default)
+        else:
+            parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    return parser
+
+
 def parse_args(
     parser: argparse.ArgumentParser, argv: list[str] | None, smoke: dict[str, Any]
 ) -> argparse.Namespace:

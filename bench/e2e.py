@@ -35,7 +35,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import multiprocessing as mp
@@ -58,6 +57,7 @@ from ._common import (
     BenchFailure,
     Catalog,
     broker,
+    command_line,
     conclude,
     cpu_meter,
     options_from,
@@ -495,13 +495,19 @@ def _us(value: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=Options.messages)
+    parser = command_line(
+        "e2e",
+        __doc__,
+        Options,
+        "messages",
+        "body_size",
+        "conversations",
+        "in_flight",
+        "latency_iterations",
+        "phase_timeout",
+    )
     parser.add_argument("--durability", choices=["fsync", "os", "both"], default="both")
     parser.add_argument("--batch", type=int, default=Options.batch, help="send_many / receive top")
-    parser.add_argument("--body-size", type=int, default=Options.body_size)
-    parser.add_argument("--conversations", type=int, default=Options.conversations)
-    parser.add_argument("--in-flight", type=int, default=Options.in_flight)
     parser.add_argument(
         "--consumer",
         choices=["txn", "pipelined"],
@@ -516,8 +522,6 @@ def main(argv: list[str] | None = None) -> int:
         help="statement: each send_many commits by itself; txn: begin, send_many and commit"
         " pipelined (one explicit transaction per batch)",
     )
-    parser.add_argument("--latency-iterations", type=int, default=Options.latency_iterations)
-    parser.add_argument("--phase-timeout", type=float, default=Options.phase_timeout)
     parser.add_argument("--tls", action="store_true", help="clients connect with TLS (ssbs://)")
     parser.add_argument(
         "--scrape-interval",
@@ -532,7 +536,6 @@ def main(argv: list[str] | None = None) -> int:
         help="the brokers' store: sqlite (default), postgresql (a database on a server this"
         " run starts), or both in turn (with the ratio of their end-to-end rates)",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parse_args(parser, argv, SMOKE)
     if args.messages < 1 or args.batch < 1 or args.conversations < 1 or args.in_flight < 1:
         parser.error("--messages, --batch, --conversations and --in-flight must be >= 1")

@@ -34,7 +34,6 @@ Run from the repository root (the default is the full-size run):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -49,6 +48,7 @@ from ._common import (
     BenchFailure,
     Catalog,
     broker,
+    command_line,
     conclude,
     figure_table,
     options_from,
@@ -227,17 +227,17 @@ def print_table(r: Result, opts: Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    doc = __doc__ or ""
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.endpoints", description=doc.split("\n")[0]
+    parser = command_line(
+        "endpoints",
+        __doc__,
+        Options,
+        "dialogs",
+        "per_transaction",
+        "restarts",
+        "settle",
+        "phase_timeout",
+        "durability",
     )
-    parser.add_argument("--dialogs", type=int, default=Options.dialogs)
-    parser.add_argument("--per-transaction", type=int, default=Options.per_transaction)
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
-    parser.add_argument("--restarts", type=int, default=Options.restarts)
-    parser.add_argument("--settle", type=float, default=Options.settle)
-    parser.add_argument("--phase-timeout", type=float, default=Options.phase_timeout)
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parse_args(parser, argv, SMOKE)
     if args.dialogs < 2 or args.per_transaction < 1 or args.restarts < 1:
         parser.error("--dialogs must be >= 2, --per-transaction and --restarts >= 1")

@@ -23,7 +23,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import queue
 import shutil
@@ -43,6 +42,7 @@ from ._common import (
     BenchFailure,
     BrokerProcess,
     Catalog,
+    command_line,
     conclude,
     options_from,
     parse_args,
@@ -247,16 +247,17 @@ def bench(opts: Options, database: str) -> Result:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.failover", description=__doc__.split("\n")[0]
+    parser = command_line(
+        "failover",
+        __doc__,
+        Options,
+        "messages",
+        "kills",
+        "batch",
+        "conversations",
+        "failover_timeout",
+        "durability",
     )
-    parser.add_argument("--messages", type=int, default=Options.messages)
-    parser.add_argument("--kills", type=int, default=Options.kills)
-    parser.add_argument("--batch", type=int, default=Options.batch)
-    parser.add_argument("--conversations", type=int, default=Options.conversations)
-    parser.add_argument("--failover-timeout", type=float, default=Options.failover_timeout)
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parse_args(parser, argv, SMOKE)
     if min(args.messages, args.batch, args.conversations) < 1 or args.kills < 0:
         parser.error("--messages, --batch and --conversations must be >= 1, --kills >= 0")

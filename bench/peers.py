@@ -42,7 +42,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -64,6 +63,7 @@ from . import e2e
 from ._common import (
     BenchFailure,
     broker,
+    command_line,
     conclude,
     cpu_meter,
     options_from,
@@ -428,27 +428,21 @@ def ratios(results: list[Result]) -> list[Ratio]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.peers", description=__doc__.split("\n")[0]
+    parser = command_line(
+        "peers", __doc__, Options, "messages", "batch", "body_size", "in_flight", "round_trips"
     )
-    parser.add_argument("--messages", type=int, default=Options.messages)
-    parser.add_argument("--batch", type=int, default=Options.batch)
-    parser.add_argument("--body-size", type=int, default=Options.body_size)
-    parser.add_argument("--in-flight", type=int, default=Options.in_flight)
     parser.add_argument(
         "--durability",
         choices=["fsync", "os", "both"],
         default=Options.durability,
         help="ssb's (the other brokers run as they acknowledge: see the module's comment)",
     )
-    parser.add_argument("--round-trips", type=int, default=Options.round_trips)
     parser.add_argument(
         "--rounds", type=int, default=Options.rounds, help="end-to-end runs of each peer"
     )
     parser.add_argument(
         "--peers", default=",".join(PEERS), help=f"which, comma-separated: {', '.join(PEERS)}"
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parse_args(parser, argv, SMOKE)
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     unknown = [n for n in names if n not in PEERS]

@@ -31,7 +31,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -47,6 +46,7 @@ from ssb import client
 from ._common import (
     BenchFailure,
     broker,
+    command_line,
     conclude,
     cpu_meter,
     options_from,
@@ -245,17 +245,19 @@ def one_run(name: str, levels: list[int], opts: Options) -> Run:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.priorities", description=__doc__.split("\n")[0]
+    parser = command_line(
+        "priorities",
+        __doc__,
+        Options,
+        "groups",
+        "per_group",
+        "body_size",
+        "top",
+        "in_flight",
+        "timeout",
+        "durability",
     )
-    parser.add_argument("--groups", type=int, default=Options.groups)
-    parser.add_argument("--per-group", type=int, default=Options.per_group)
-    parser.add_argument("--body-size", type=int, default=Options.body_size)
-    parser.add_argument("--top", type=int, default=Options.top)
-    parser.add_argument("--in-flight", type=int, default=Options.in_flight)
     parser.add_argument("--mode", choices=["autocommit", "txn"], default=Options.mode)
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
-    parser.add_argument("--timeout", type=float, default=Options.timeout)
     parser.add_argument("--repeat", type=int, default=1, help="run both levels N times")
     parser.add_argument(
         "--no-scaling",
@@ -263,7 +265,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="skip the extra multi-level run at a tenth of the groups",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parse_args(parser, argv, SMOKE)
     if min(args.groups, args.per_group, args.top, args.in_flight, args.repeat) < 1:
         parser.error("--groups, --per-group, --top and --in-flight must be >= 1")

@@ -19,7 +19,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import struct
 import sys
@@ -30,7 +29,7 @@ from typing import Any
 
 from ssb import client
 
-from ._common import broker, conclude, options_from, parse_args, rate, run
+from ._common import broker, command_line, conclude, options_from, parse_args, rate, run
 
 TAG = struct.Struct(">BI")  # phase, index
 LENGTH = struct.Struct(">I")
@@ -191,17 +190,18 @@ async def measure(opts: Options) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.reconnect", description=__doc__.split("\n")[0]
+    parser = command_line(
+        "reconnect",
+        __doc__,
+        Options,
+        "messages",
+        "batch",
+        "in_flight",
+        "body_size",
+        "timeout",
+        "durability",
     )
-    parser.add_argument("--messages", type=int, default=Options.messages)
-    parser.add_argument("--batch", type=int, default=Options.batch)
-    parser.add_argument("--in-flight", type=int, default=Options.in_flight)
-    parser.add_argument("--body-size", type=int, default=Options.body_size)
     parser.add_argument("--cut-every", type=int, default=Options.cut_every, help="commits")
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
-    parser.add_argument("--timeout", type=float, default=Options.timeout)
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parse_args(parser, argv, SMOKE)
     if (
         min(args.messages, args.batch, args.in_flight, args.cut_every) < 1

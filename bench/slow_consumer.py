@@ -37,7 +37,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing as mp
 import os
@@ -56,6 +55,7 @@ from ._common import (
     BenchFailure,
     Catalog,
     broker,
+    command_line,
     conclude,
     options_from,
     parse_args,
@@ -115,15 +115,20 @@ class RunResult:
 # ---- the producer and the consumer (each in its own process) ------------------------------
 
 
+async def started_together(role: str, go: Any, ready: Any) -> float:
+    """Say `role` is ready, wait for the word to start (that both hear at once), and
+    return the time it started at."""
+    ready.put((role, "ready"))
+    if not await asyncio.get_running_loop().run_in_executor(None, go.wait, 120.0):
+        raise BenchFailure(f"{role}: never told to start")
+    return time.monotonic()
+
+
 async def produce(url: str, opts: Options, go: Any, ready: Any, counter: Any) -> dict[str, Any]:
     pad = b"s" * max(0, opts.body_size - TAG.size)
     async with await client.connect(url) as conn:
         handles = [await CATALOG.begin_dialog(conn) for _ in range(opts.conversations)]
-        loop = asyncio.get_running_loop()
-        ready.put(("producer", "ready"))
-        if not await loop.run_in_executor(None, go.wait, 120.0):
-            raise BenchFailure("producer: never told to start")
-        started = time.monotonic()
+        started = await started_together("producer", go, ready)
         end = started + opts.seconds
         sent = errors = calls = 0
         in_flight: deque[tuple[asyncio.Future[None], int]] = deque()
@@ -168,11 +173,7 @@ async def consume(
     seen: set[int] = set()
     async with await client.connect(url) as conn:
         await conn.ping()
-        loop = asyncio.get_running_loop()
-        ready.put(("consumer", "ready"))
-        if not await loop.run_in_executor(None, go.wait, 120.0):
-            raise BenchFailure("consumer: never told to start")
-        started = time.monotonic()
+        started = await started_together("consumer", go, ready)
         end = started + opts.seconds
         received = receives = 0
         while True:
@@ -398,20 +399,20 @@ def print_table(results: list[RunResult], opts: Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    doc = __doc__ or ""
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.slow_consumer", description=doc.split("\n")[0]
+    parser = command_line(
+        "slow_consumer",
+        __doc__,
+        Options,
+        "seconds",
+        "fraction",
+        "batch",
+        "body_size",
+        "conversations",
+        "in_flight",
+        "durability",
     )
-    parser.add_argument("--seconds", type=float, default=Options.seconds)
     parser.add_argument("--quota", type=int, default=Options.quota, help="max_messages, run 2")
-    parser.add_argument("--fraction", type=float, default=Options.fraction)
-    parser.add_argument("--batch", type=int, default=Options.batch)
-    parser.add_argument("--body-size", type=int, default=Options.body_size)
-    parser.add_argument("--conversations", type=int, default=Options.conversations)
-    parser.add_argument("--in-flight", type=int, default=Options.in_flight)
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
     parser.add_argument("--cache-bytes", type=int, default=None)
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parse_args(parser, argv, SMOKE)
     if not 0 < args.seconds <= 3600:
         parser.error("--seconds must be in (0, 3600]")

@@ -30,6 +30,11 @@ from ._errors import BrokerError
 Operation = Callable[..., Any]
 
 
+def methods(part: object, *names: str) -> dict[str, Operation]:
+    """Operations that are `part`'s methods of the same names."""
+    return {name: getattr(part, name) for name in names}
+
+
 class Guard(Protocol):
     """Who may call what (see `_permissions`)."""
 

@@ -37,6 +37,7 @@ from ._dialog_frames import (
     Direction,
     Envelope,
     FragmentFrame,
+    UnbundleFrame,
 )
 from ._errors import (
     ErrorCode,
@@ -70,6 +71,8 @@ from ._integrity import (
     wrap_session_key,
 )
 from ._link import (
+    PROTOCOL_VERSION,
+    RELAY_BUNDLES_VERSION,
     CloseFrame,
     ConnectionClosed,
     HandshakeCompleted,
@@ -77,6 +80,7 @@ from ._link import (
     LinkState,
     ProtocolErrorFrame,
     Role,
+    older_version_in_refusal,
 )
 from ._locate import LOCATE_TOKEN_SIZE, LOCATE_VERSION, MAX_LOCATE_HOPS, LocatedFrame, LocateFrame
 
@@ -90,6 +94,8 @@ __all__ = [
     "MAX_MESSAGE_SIZE_LIMIT",
     "MESSAGE_COLUMNS",
     "NEED_DATA",
+    "PROTOCOL_VERSION",
+    "RELAY_BUNDLES_VERSION",
     "ROW_OVERHEAD",
     "WIRE_VERSION",
     "AckFrame",
@@ -128,6 +134,7 @@ __all__ = [
     "Role",
     "SessionKeyReceived",
     "TrustStore",
+    "UnbundleFrame",
     "UnknownDialog",
     "Welcome",
     "certificate_broker_id",
@@ -137,6 +144,7 @@ __all__ = [
     "generate_broker_identity",
     "load_private_key",
     "new_session_key",
+    "older_version_in_refusal",
     "pack",
     "sign_location",
     "sign_origin",

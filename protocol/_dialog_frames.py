@@ -1,7 +1,8 @@
 """Dialog frames: what the dialog layer sends over a link, with their codecs.
 
 A `FragmentFrame` carries one fragment of one sequenced message of a dialog direction, a
-`BundleFrame` several whole messages of one direction, an `AckFrame` a standalone ack;
+`BundleFrame` several whole messages of one direction, an `AckFrame` a standalone ack,
+an `UnbundleFrame` a forwarder's notice that a direction's bundles cannot go on;
 the `Envelope` (routing header) and `AckRecord` (what a receiver confirms) ride inside
 them. Each frame is a frozen dataclass with `encode()` and `decode()` next to it, and the
 exact bytes its signature seals (`signed_header()`, or `header_prefix` + `header_rest`,
@@ -62,6 +63,7 @@ _ACK: Final = int(FrameKind.ACK)
 _HEADER_FIELDS: Final = 10
 _FRAGMENT_HEADER_TAG: Final = bytes([0x90 | _HEADER_FIELDS])  # msgpack fixarray of 10
 _BUNDLE: Final = int(FrameKind.BUNDLE)
+_UNBUNDLE: Final = int(FrameKind.UNBUNDLE)
 _BUNDLE_HEADER_TAG: Final = bytes([0x90 | 6])  # kind, id, direction, seq, type, sizes, ack
 
 
@@ -517,4 +519,29 @@ class AckFrame:
             _DIRECTIONS[int_field(f[2], "direction", 0, 1)],
             AckRecord.decode(f[3]),
             bytes_field(f[4], "signature", SIGNATURE_SIZE, SIGNATURE_SIZE),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class UnbundleFrame:
+    """A forwarder's notice to the adjacent broker a bundle of this dialog direction came
+    from: bundles of the direction cannot go on (the next hop speaks a protocol version
+    older than relayed bundles need), so send its messages as fragments. Passed back
+    hop by hop to the origin. Not signed: it can only make the origin stop bundling, and
+    a forwarder can always drop frames."""
+
+    conversation_id: uuid.UUID
+    direction: Direction
+
+    def encode(self) -> list[object]:
+        """Wire form (the conversation id as 16 raw bytes)."""
+        return [_UNBUNDLE, self.conversation_id.bytes, int(self.direction)]
+
+    @classmethod
+    def decode(cls, obj: list[Any]) -> UnbundleFrame:
+        """Raises: RemoteProtocolError: malformed."""
+        f = frame_fields(obj, FrameKind.UNBUNDLE, 2)
+        return cls(
+            raw_uuid_field(f[1], "conversation id"),
+            _DIRECTIONS[int_field(f[2], "direction", 0, 1)],
         )

@@ -39,6 +39,7 @@ class FrameKind(IntEnum):
     BUNDLE = 8
     LOCATE = 9
     LOCATED = 10
+    UNBUNDLE = 11
 
 
 def malformed(what: str) -> RemoteProtocolError:
@@ -83,16 +84,21 @@ MAX_INTERNED_IDS: Final = 4096
 _interned_ids: dict[bytes, uuid.UUID] = {}
 
 
+def interned_uuid(data: bytes) -> uuid.UUID:
+    """The UUID of 16 bytes read from the wire, one object per id while it is in use."""
+    known = _interned_ids.get(data)
+    if known is None:
+        if len(_interned_ids) >= MAX_INTERNED_IDS:
+            _interned_ids.clear()
+        known = _interned_ids[data] = uuid.UUID(bytes=data)
+    return known
+
+
 def raw_uuid_field(value: object, what: str) -> uuid.UUID:
     """`value`, 16 raw bytes, as the interned UUID they name."""
     if type(value) is not bytes or len(value) != 16:
         raise malformed(f"{what} must be 16 bytes")
-    known = _interned_ids.get(value)
-    if known is None:
-        if len(_interned_ids) >= MAX_INTERNED_IDS:
-            _interned_ids.clear()
-        known = _interned_ids[value] = uuid.UUID(bytes=value)
-    return known
+    return interned_uuid(value)
 
 
 def list_field(

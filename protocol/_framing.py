@@ -25,6 +25,7 @@ from typing import Any, Final
 import msgpack
 
 from ._errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from ._fields import interned_uuid
 
 MAX_FRAME_SIZE: Final = 64 * 1024 * 1024
 FRAME_HEADROOM: Final = 1024 * 1024
@@ -50,6 +51,7 @@ NEED_DATA: Final = _NeedData()
 
 # The encoded form of recently written UUIDs: the same few conversation and group ids go
 # out in row after row, and building the extension object costs more than the lookup.
+# (Read ones are interned likewise, see `_fields`: building a UUID costs more still.)
 MAX_CACHED_UUIDS: Final = 4096
 _uuid_exts: dict[uuid.UUID, msgpack.ExtType] = {}
 
@@ -69,7 +71,7 @@ def _default(obj: object) -> object:
 
 def _ext_hook(code: int, data: bytes) -> object:
     if code == UUID_EXT and len(data) == 16:
-        return uuid.UUID(bytes=data)
+        return interned_uuid(data)
     raise RemoteProtocolError(f"unknown msgpack extension type {code}")
 
 

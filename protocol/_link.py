@@ -27,7 +27,16 @@ After the handshake both sides exchange `FragmentFrame`s, `BundleFrame`s (severa
 messages of one dialog direction in one frame) and standalone `AckFrame`s (the dialog
 layer gives them meaning) until either sends `CloseFrame` or `ProtocolErrorFrame`, or the
 byte stream ends. Brokers of protocol version 3 also ask each other which broker hosts a
-service (`_locate`); a version 2 peer is accepted and is never sent those frames. Any frame that the table does not allow in the current state, or any
+service (`_locate`); a version 2 peer is accepted and is never sent those frames. From
+version 4 on a forwarder relays bundles, and a broker takes a bundle that a forwarder
+relayed (see `RELAY_BUNDLES_VERSION`).
+
+Versions: the initiator offers its version (or a lower one it is told to offer, see
+below); the acceptor takes any offer from MIN_PROTOCOL_VERSION up and answers with the
+lower of the offer and its own, which both then speak (`peer_version`). Version 2 and 3
+acceptors refused any offer above their own, naming their version or range in the
+refusal; `older_version_in_refusal` reads it, and the initiator offers that version in
+its next connection. Any frame that the table does not allow in the current state, or any
 malformed frame, raises `RemoteProtocolError`, moves the connection to CLOSED and queues a
 `ProtocolErrorFrame` in `data_to_send()` so the peer learns why. Decoding never raises
 anything but `ProtocolError` subclasses.
@@ -39,6 +48,7 @@ counters on the connection feed the connections view.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
@@ -46,7 +56,7 @@ from typing import Any, Final, cast
 
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from ._dialog_frames import AckFrame, BundleFrame, FragmentFrame
+from ._dialog_frames import AckFrame, BundleFrame, FragmentFrame, UnbundleFrame
 from ._errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._fields import (
     MAX_ERROR_TEXT,
@@ -74,8 +84,10 @@ from ._integrity import (
 )
 from ._locate import LOCATE_VERSION, LocatedFrame, LocateFrame
 
-PROTOCOL_VERSION: Final = 3  # 2: bundles (several whole messages in one frame); 3: locate
+PROTOCOL_VERSION: Final = 4  # 2: bundles (several whole messages in one frame); 3: locate;
+# 4: bundles relayed by forwarders, and the acceptor answers with the lower of both versions
 MIN_PROTOCOL_VERSION: Final = 2  # the oldest a peer may speak (it is never sent what it lacks)
+RELAY_BUNDLES_VERSION: Final = 4  # a peer of this version relays and takes relayed bundles
 
 
 # --------------------------------------------------------------------------- the link's own frames
@@ -206,6 +218,7 @@ LinkFrame = (
     | CloseFrame
     | LocateFrame
     | LocatedFrame
+    | UnbundleFrame
 )
 
 _DECODERS: Final[dict[int, Any]] = {
@@ -219,7 +232,31 @@ _DECODERS: Final[dict[int, Any]] = {
     FrameKind.CLOSE: CloseFrame.decode,
     FrameKind.LOCATE: LocateFrame.decode,
     FrameKind.LOCATED: LocatedFrame.decode,
+    FrameKind.UNBUNDLE: UnbundleFrame.decode,
 }
+
+
+# a version 3 broker's refusal names its range ("we speak 2..3"), a version 2 one its
+# version ("we speak 2")
+_REFUSED_VERSION: Final = re.compile(
+    r"peer speaks protocol version \d+, we speak (\d+)(?:\.\.(\d+))?"
+)
+
+
+def older_version_in_refusal(refusal: ProtocolErrorFrame, offered: int) -> int | None:
+    """The version to offer next to a peer that refused the handshake with `refusal`
+    because it speaks only versions older than `offered` (as version 2 and 3 acceptors
+    refuse a higher offer); None when the refusal is for anything else."""
+    if refusal.code != ErrorCode.HANDSHAKE_FAILED:
+        return None
+    found = _REFUSED_VERSION.fullmatch(refusal.text)
+    if found is None:
+        return None
+    lowest = int(found[1])
+    highest = lowest if found[2] is None else int(found[2])
+    if lowest > highest or not MIN_PROTOCOL_VERSION <= highest < offered:
+        return None
+    return highest
 
 
 def encode_link_frame(frame: LinkFrame) -> bytes:
@@ -272,12 +309,14 @@ class LinkInput(Enum):
     RECV_FRAGMENT = "recv fragment"
     RECV_ACK = "recv ack"
     RECV_LOCATE = "recv locate"  # a question or an answer
+    RECV_UNBUNDLE = "recv unbundle"
     RECV_ERROR = "recv error"
     RECV_CLOSE = "recv close"
     RECV_EOF = "recv eof"
     SEND_FRAGMENT = "send fragment"
     SEND_ACK = "send ack"
     SEND_LOCATE = "send locate"
+    SEND_UNBUNDLE = "send unbundle"
     SEND_ERROR = "send error"
     SEND_CLOSE = "send close"
 
@@ -294,6 +333,8 @@ _TRANSITIONS: Final[dict[tuple[LinkState, LinkInput], LinkState]] = {
     (_S.ESTABLISHED, _I.SEND_ACK): _S.ESTABLISHED,
     (_S.ESTABLISHED, _I.RECV_LOCATE): _S.ESTABLISHED,
     (_S.ESTABLISHED, _I.SEND_LOCATE): _S.ESTABLISHED,
+    (_S.ESTABLISHED, _I.RECV_UNBUNDLE): _S.ESTABLISHED,
+    (_S.ESTABLISHED, _I.SEND_UNBUNDLE): _S.ESTABLISHED,
 }
 for _state in (_S.AWAITING_HELLO, _S.AWAITING_ACCEPT, _S.AWAITING_PROOF, _S.ESTABLISHED):
     for _input in (_I.RECV_ERROR, _I.RECV_CLOSE, _I.RECV_EOF, _I.SEND_ERROR, _I.SEND_CLOSE):
@@ -309,6 +350,7 @@ _RECV_INPUT: Final[dict[type, LinkInput]] = {
     AckFrame: _I.RECV_ACK,
     LocateFrame: _I.RECV_LOCATE,
     LocatedFrame: _I.RECV_LOCATE,
+    UnbundleFrame: _I.RECV_UNBUNDLE,
     ProtocolErrorFrame: _I.RECV_ERROR,
     CloseFrame: _I.RECV_CLOSE,
 }
@@ -318,6 +360,7 @@ _SEND_INPUT: Final[dict[type, LinkInput]] = {
     AckFrame: _I.SEND_ACK,
     LocateFrame: _I.SEND_LOCATE,
     LocatedFrame: _I.SEND_LOCATE,
+    UnbundleFrame: _I.SEND_UNBUNDLE,
     ProtocolErrorFrame: _I.SEND_ERROR,
     CloseFrame: _I.SEND_CLOSE,
 }
@@ -357,6 +400,7 @@ LinkEvent = (
     | AckFrame
     | LocateFrame
     | LocatedFrame
+    | UnbundleFrame
     | ProtocolErrorFrame
     | CloseFrame
     | ConnectionClosed
@@ -411,6 +455,7 @@ class LinkConnection:
         expected_peer_id: uuid.UUID | None = None,
         random: RandomSource = os.urandom,
         max_frame_size: int = MAX_LINK_FRAME_SIZE,
+        version: int = PROTOCOL_VERSION,
     ) -> None:
         """Args:
         role: INITIATOR for the side that connected, ACCEPTOR for the listener.
@@ -421,7 +466,14 @@ class LinkConnection:
         expected_peer_id: if set, a peer announcing another id is refused.
         random: source of the handshake nonce.
         max_frame_size: largest frame accepted, at most MAX_LINK_FRAME_SIZE.
+        version: the version an initiator offers (MIN_PROTOCOL_VERSION..PROTOCOL_VERSION):
+            lower than ours only for a peer that refused ours (`older_version_in_refusal`).
         """
+        if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+            raise ValueError(
+                f"version must be {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}, not {version}"
+            )
+        self.version = version
         self.role = role
         self.counters = LinkCounters()
         self._broker_id = broker_id
@@ -442,7 +494,7 @@ class LinkConnection:
         self.error: ProtocolError | None = None
         if role is Role.INITIATOR:
             self._state = LinkState.AWAITING_ACCEPT
-            self._queue(Hello(PROTOCOL_VERSION, broker_id, certificate_pem, self._nonce))
+            self._queue(Hello(version, broker_id, certificate_pem, self._nonce))
         else:
             self._state = LinkState.AWAITING_HELLO
 
@@ -534,6 +586,13 @@ class LinkConnection:
                     ErrorCode.UNEXPECTED_FRAME,
                 )
             return frame
+        if isinstance(frame, UnbundleFrame):
+            if self.peer_version < RELAY_BUNDLES_VERSION:
+                raise RemoteProtocolError(
+                    f"a peer of protocol version {self.peer_version} sent an unbundle frame",
+                    ErrorCode.UNEXPECTED_FRAME,
+                )
+            return frame
         if isinstance(frame, Hello):
             self._on_hello(frame)
             return None
@@ -543,13 +602,16 @@ class LinkConnection:
         return self._on_proof(frame)
 
     def _check_peer(self, version: int, broker_id: uuid.UUID, certificate_pem: bytes) -> None:
-        if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+        """`version`: the acceptor's answer, or (on the acceptor) the initiator's offer,
+        which may be higher than ours: then ours is spoken."""
+        highest = PROTOCOL_VERSION if self.role is Role.ACCEPTOR else self.version
+        if version < MIN_PROTOCOL_VERSION or (self.role is Role.INITIATOR and version > highest):
             raise RemoteProtocolError(
                 f"peer speaks protocol version {version}, we speak"
-                f" {MIN_PROTOCOL_VERSION}..{PROTOCOL_VERSION}",
+                f" {MIN_PROTOCOL_VERSION}..{highest}",
                 ErrorCode.HANDSHAKE_FAILED,
             )
-        self.peer_version = version
+        self.peer_version = min(version, highest)
         if broker_id == self._broker_id:
             raise RemoteProtocolError(
                 "peer announced our own broker id", ErrorCode.HANDSHAKE_FAILED
@@ -579,7 +641,7 @@ class LinkConnection:
         )
         self._queue(
             HelloAccept(
-                PROTOCOL_VERSION, self._broker_id, self._certificate_pem, self._nonce, proof
+                self.peer_version, self._broker_id, self._certificate_pem, self._nonce, proof
             )
         )
 
@@ -645,14 +707,16 @@ class LinkConnection:
         | AckFrame
         | LocateFrame
         | LocatedFrame
+        | UnbundleFrame
         | ProtocolErrorFrame
         | CloseFrame,
     ) -> bytes:
         """Encode one frame for the wire.
 
-        Fragments, acks and locate frames are allowed only when ESTABLISHED (locate frames
-        only to a peer of LOCATE_VERSION); an error or close frame from any open state,
-        after which the connection is CLOSED.
+        Fragments, acks, locate and unbundle frames are allowed only when ESTABLISHED
+        (locate frames only to a peer of LOCATE_VERSION, unbundle frames only to one of
+        RELAY_BUNDLES_VERSION); an error or close frame from any open state, after which
+        the connection is CLOSED.
 
         Raises: LocalProtocolError: the frame is not allowed in the current state.
         """
@@ -660,6 +724,11 @@ class LinkConnection:
         if kind in (LocateFrame, LocatedFrame) and self.peer_version < LOCATE_VERSION:
             raise LocalProtocolError(
                 f"the peer speaks protocol version {self.peer_version}: no locate frames",
+                ErrorCode.UNEXPECTED_FRAME,
+            )
+        if kind is UnbundleFrame and self.peer_version < RELAY_BUNDLES_VERSION:
+            raise LocalProtocolError(
+                f"the peer speaks protocol version {self.peer_version}: no unbundle frames",
                 ErrorCode.UNEXPECTED_FRAME,
             )
         if not (self._state is LinkState.ESTABLISHED and kind in _SEND_KEEPS_ESTABLISHED):

@@ -41,28 +41,27 @@ SQLITE_FILE_TESTS = (
 )
 
 
-# tests of users' tables, which only the SQLite store holds so far (the PostgreSQL store
-# refuses table statements: tests/store/test_user_tables.py checks that it does)
-TABLE_TESTS = (
-    "test_tables.py",
-    "test_tables_durability.py",
-    "tsql/test_broker.py::test_a_state_table_keyed_by_conversation_group_with_receive_and_send",
-    "tsql/test_broker.py::test_a_failed_table_statement_has_sql_servers_number",
-    "tsql/test_cli.py::test_a_script_keeping_its_state_in_a_table_runs_unchanged",
-    "test_docs.py::test_a_complete_program_runs[docs/tables.md",
+# temporary tables (#name), and T-SQL's joins with the catalog views that use them, are
+# the SQLite store's only (a PostgreSQL store refuses them: tests/store/test_user_tables.py)
+SQLITE_TEMPORARY_TABLE_TESTS = (
+    "test_tables.py::test_a_temporary_table_is_its_sessions_own_until_it_ends",
+    "test_table_features.py::test_a_temporary_table_lives_in_its_session",
+    "test_table_features.py::test_a_procedures_temporary_table_goes_when_it_returns",
+    "test_table_features.py::test_a_table_joins_a_catalog_view",
 )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--store") != "postgresql":
         return
-    skip = pytest.mark.skip(reason="about the SQLite store's file or disk: not with PostgreSQL")
-    tables = pytest.mark.skip(reason="users' tables: the PostgreSQL store does not hold them yet")
-    for item in items:
-        if any(f"/{name}" in f"/{item.nodeid}" for name in SQLITE_FILE_TESTS):
-            item.add_marker(skip)
-        elif any(f"/{name}" in f"/{item.nodeid}" for name in TABLE_TESTS):
-            item.add_marker(tables)
+    skips = {
+        "about the SQLite store's file or disk: not with PostgreSQL": SQLITE_FILE_TESTS,
+        "temporary tables are the SQLite store's only": SQLITE_TEMPORARY_TABLE_TESTS,
+    }
+    for reason, names in skips.items():
+        for item in items:
+            if any(f"/{name}" in f"/{item.nodeid}" for name in names):
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

@@ -212,11 +212,13 @@ async def trust(node: Node, peer: Node) -> None:
 # ---- catalog -------------------------------------------------------------------------------
 
 
-async def create_contract(conn: client.Connection) -> None:
-    """The message types and contract every broker of a test needs (same names everywhere)."""
-    await conn.create_message_type(REQUEST, validation="NONE")
-    await conn.create_message_type(REPLY, validation="NONE")
-    await conn.create_contract(CONTRACT, {REQUEST: "INITIATOR", REPLY: "TARGET"})
+async def create_contract(*nodes: Node) -> None:
+    """The message types and contract every broker of a test needs (same names everywhere),
+    on each of `nodes`."""
+    for node in nodes:
+        await node.conn.create_message_type(REQUEST, validation="NONE")
+        await node.conn.create_message_type(REPLY, validation="NONE")
+        await node.conn.create_contract(CONTRACT, {REQUEST: "INITIATOR", REPLY: "TARGET"})
 
 
 async def create_initiator(node: Node, service: str, queue: str | None = None) -> str:
@@ -243,8 +245,7 @@ async def create_target(
 async def dialog_services(a: Node, b: Node, target_status: str = "ON") -> tuple[str, str]:
     """The contract on both brokers, service Initiator on `a`, TargetB on `b` (no routes);
     returns their queues."""
-    for node in (a, b):
-        await create_contract(node.conn)
+    await create_contract(a, b)
     init_q = await create_initiator(a, "Initiator")
     return init_q, await create_target(b, "TargetB", status=target_status)
 

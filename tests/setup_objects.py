@@ -4,10 +4,29 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from ssb import client
 
 ASYNC_CONTRACT = {"AsyncSent": "INITIATOR", "AsyncDone": "TARGET"}
+
+
+async def activated_service(
+    conn: client.Connection, name: str, procedure: str, readers: int = 1, **queue: Any
+) -> None:
+    """The queue `<name>Queue`, activated by the test procedure `procedure` (run as admin),
+    and its service `<name>Service` on the DEFAULT contract."""
+    await conn.create_queue(
+        f"{name}Queue",
+        activation={
+            "status": "ON",
+            "procedure": f"activation_procs:{procedure}",
+            "max_queue_readers": readers,
+            "execute_as": "admin",
+        },
+        **queue,
+    )
+    await conn.create_service(f"{name}Service", queue=f"{name}Queue", contracts=["DEFAULT"])
 
 
 async def seed000(conn: client.Connection, suffix: str = "") -> tuple[str, str, str, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from setup_objects import activated_service
 
 from ssb import client
 from ssb.broker._activation.monitor import (
@@ -60,22 +61,6 @@ async def failed_task(conn: client.Connection, queue: str, what: str) -> str:
 
 async def tasks_of(conn: client.Connection, queue: str) -> Rows:
     return [t for t in await conn.view("activated_tasks") if t["queue"] == queue]
-
-
-async def activated_service(
-    conn: client.Connection, name: str, procedure: str, readers: int = 1, **queue: Any
-) -> None:
-    await conn.create_queue(
-        f"{name}Queue",
-        activation={
-            "status": "ON",
-            "procedure": f"activation_procs:{procedure}",
-            "max_queue_readers": readers,
-            "execute_as": "admin",
-        },
-        **queue,
-    )
-    await conn.create_service(f"{name}Service", queue=f"{name}Queue", contracts=["DEFAULT"])
 
 
 async def reply_service(conn: client.Connection) -> None:

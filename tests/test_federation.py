@@ -194,8 +194,7 @@ async def test_ten_thousand_messages_on_twenty_dialogs_to_two_brokers_and_back(
 ) -> None:
     async with Federation(tmp_path, ["A", "B", "C"]) as fed:
         a, b, c = fed["A"], fed["B"], fed["C"]
-        for node in (a, b, c):
-            await create_contract(node.conn)
+        await create_contract(a, b, c)
         init_q = await create_initiator(a, "Initiator")
         target_q = {"B": await create_target(b, "TargetB"), "C": await create_target(c, "TargetC")}
         await link(a, "Initiator", b, "TargetB")
@@ -547,8 +546,7 @@ async def test_route_matching_most_specific_wins_expired_ignored_local_and_trans
 ) -> None:
     async with Federation(tmp_path, ["A", "B", "C"]) as fed:
         a, b, c = fed["A"], fed["B"], fed["C"]
-        for node in (a, b, c):
-            await create_contract(node.conn)
+        await create_contract(a, b, c)
         await create_initiator(a, "Initiator")  # B and C route acks back to it
         queues = {}
         for node in (b, c):  # the same service names on B and C
@@ -778,11 +776,11 @@ async def test_send_permission_is_checked_on_the_service_of_another_database(
     checked against that service's grants (and reaches it once granted)."""
     async with Federation(tmp_path, ["A", "B"]) as fed:
         a, b = fed["A"], fed["B"]
-        await create_contract(a.conn)
+        await create_contract(a)
         init_q = await create_initiator(a, "Initiator")
         await b.conn.create_database("Shop")
         await b.conn.use("Shop")
-        await create_contract(b.conn)
+        await create_contract(b)
         target_q = await create_target(b, "InShop")
         await b.conn.revoke("SEND", "public", "service", "InShop")
         await link(a, "Initiator", b, "InShop")

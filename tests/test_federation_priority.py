@@ -29,8 +29,7 @@ async def test_a_low_message_committed_with_a_high_backlog_waits_at_most_the_bou
     transport = {**TRANSPORT, "starvation_bound": BOUND}
     async with Federation(tmp_path, ["A", "B"], transport=transport) as fed:
         a, b = fed["A"], fed["B"]
-        for node in (a, b):
-            await create_contract(node.conn)
+        await create_contract(a, b)
         await create_initiator(a, "High")
         await create_initiator(a, "Low")
         target_q = await create_target(b, "TargetB")

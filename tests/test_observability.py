@@ -26,6 +26,7 @@ from federation_setup import (
     link,
 )
 from prometheus_client.parser import text_string_to_metric_families
+from setup_objects import activated_service
 
 from ssb import client
 from ssb.tools import wait_until
@@ -298,36 +299,18 @@ async def test_the_log_tells_what_happens(tmp_path: Path) -> None:
             await conn.alter_queue("Small", status="ON")
             await log_has(process, "queue Small disabled", "queue Small enabled")
 
-            await conn.create_queue(
-                "Echo",
-                activation={
-                    "status": "ON",
-                    "procedure": "activation_procs:echo",
-                    "max_queue_readers": 1,
-                    "execute_as": "admin",
-                },
-            )
-            await conn.create_service("Echo", queue="Echo", contracts=["DEFAULT"])
+            await activated_service(conn, "Echo", "echo")
             await conn.create_queue("Back")
             await conn.create_service("Back", queue="Back")
-            echo = await conn.begin_dialog("Back", "Echo")
+            echo = await conn.begin_dialog("Back", "EchoService")
             await conn.send(echo, body=b"ping")
             await log_has(process, "activated task", "started: activation_procs:echo")
-            await log_has(process, "(activation_procs:echo on queue Echo) ended")
+            await log_has(process, "(activation_procs:echo on queue EchoQueue) ended")
 
             # what a failing procedure writes (its traceback) reaches the log as log lines
-            await conn.create_queue(
-                "Fails",
-                activation={
-                    "status": "ON",
-                    "procedure": "activation_procs:fail",
-                    "max_queue_readers": 1,
-                    "execute_as": "admin",
-                },
-            )
-            await conn.create_service("Fails", queue="Fails", contracts=["DEFAULT"])
-            await conn.send(await conn.begin_dialog("Back", "Fails"), body=b"boom")
-            await log_has(process, "(activation_procs:fail on queue Fails) failed", "Traceback")
+            await activated_service(conn, "Fail", "fail")
+            await conn.send(await conn.begin_dialog("Back", "FailService"), body=b"boom")
+            await log_has(process, "(activation_procs:fail on queue FailQueue) failed", "Traceback")
         await log_has(process, "('admin', session")
     finally:
         process.stop()
@@ -350,8 +333,7 @@ async def test_debug_logs_each_statement(tmp_path: Path) -> None:
 async def test_links_going_up_and_down_are_logged(tmp_path: Path) -> None:
     async with Federation(tmp_path, ["a", "b"]) as fed:
         a, b = fed["a"], fed["b"]
-        for node in (a, b):
-            await create_contract(node.conn)
+        await create_contract(a, b)
         await create_initiator(a, "Asker")
         await create_target(b, "Answerer")
         await link(a, "Asker", b, "Answerer")

@@ -77,7 +77,7 @@ async def _run(
     url: str,
     producer_url: str,
     total: int,
-    during: Callable[[list[int]], Awaitable[None]] | None = None,
+    during: Callable[[list[int], list[tuple[int, int]]], Awaitable[None]] | None = None,
 ) -> tuple[dict[str, int], dict[str, int], int]:
     setup = await client.connect(url)
     handles = await _catalog(setup)
@@ -91,7 +91,7 @@ async def _run(
         progress = [0]
         producing = asyncio.ensure_future(_produce(producer_url, handles, total, progress))
         if during is not None:
-            await during(progress)
+            await during(progress, record)
         producer = await asyncio.wait_for(producing, 300)
         reading = await asyncio.wait_for(reader, 120)
     finally:
@@ -128,15 +128,19 @@ async def test_broker_killed_and_restarted_loses_and_duplicates_nothing(
 ) -> None:
     total = 100_000
 
-    async def kill_three_times(progress: list[int]) -> None:
+    async def kill_three_times(progress: list[int], record: list[tuple[int, int]]) -> None:
+        read_before = -1  # what the reader had recorded when the broker last came back
         for kill in range(1, 4):
 
-            async def sent(part: int = kill * total // 4) -> bool:
-                return progress[0] >= part  # the producer's own count
+            async def both_served(part: int = kill * total // 4, seen: int = read_before) -> bool:
+                # the producer's own count, and a reader that has committed on this
+                # broker (so each client is connected when it is killed, and sees it)
+                return progress[0] >= part and len(record) > seen
 
-            await wait_until(sent, "the producer's progress", 120, 0.02)
+            await wait_until(both_served, "the producer's and the reader's progress", 120, 0.02)
             broker.kill()
             await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            read_before = len(record)
 
     _, _, reconnects = await _run(broker.url, broker.url, total, kill_three_times)
     assert reconnects >= 6  # each client, each kill

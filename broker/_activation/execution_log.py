@@ -39,6 +39,7 @@ from ssb.protocol import ErrorCode
 from .._core.names import plain
 from .._core.transactions import Session
 from .._errors import BrokerError, bad_argument
+from .._operations import methods
 from .._store import Store
 from .._views import iso_time
 from .workers import ActivatedTask
@@ -149,11 +150,7 @@ class ExecutionLog:
         self._next_id = (next(reversed(self.entries)) + 1) if self.entries else 1
 
     def operations(self) -> dict[str, Callable[..., Any]]:
-        return {
-            "log_task": self.log_task,
-            "log_task_start": self.log_task_start,
-            "log_task_end": self.log_task_end,
-        }
+        return methods(self, "log_task", "log_task_start", "log_task_end")
 
     def views(self) -> dict[str, Callable[[], list[dict[str, Any]]]]:
         return {"execution_log": self.log_rows, "execution_status": self.status_rows}

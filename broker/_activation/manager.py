@@ -71,6 +71,7 @@ from .._core.queues import Queue
 from .._core.transactions import Session
 from .._errors import BrokerError, bad_argument, not_found
 from .._logins import ADMIN
+from .._operations import methods
 from .._procedures import TSQL_ENTRY, ProcedurePolicy
 from .._views import iso_time
 from .monitor import (
@@ -607,13 +608,9 @@ class ActivationManager:
     # ---- views -------------------------------------------------------------------------
 
     def operations(self) -> dict[str, Callable[..., Any]]:
-        return {
-            "attach_task": self.attach_task,
-            "register_task": self.register_task,
-            "end_task": self.end_task,
-            "request_stop": self.request_stop,
-            "label_job": self.label_job,
-        }
+        return methods(
+            self, "attach_task", "register_task", "end_task", "request_stop", "label_job"
+        )
 
     def views(self) -> dict[str, Callable[[], list[dict[str, Any]]]]:
         return {

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from ssb.protocol import ErrorCode
 
@@ -361,28 +361,16 @@ class Catalog:
         )
 
     def message_type(self, name: str) -> MessageType:
-        found = self.message_types.get(name)
-        if found is None:
-            raise not_found(ErrorCode.UNKNOWN_MESSAGE_TYPE, "message type", name)
-        return found
+        return _find(self.message_types, name, ErrorCode.UNKNOWN_MESSAGE_TYPE, "message type")
 
     def contract(self, name: str) -> Contract:
-        found = self.contracts.get(name)
-        if found is None:
-            raise not_found(ErrorCode.UNKNOWN_CONTRACT, "contract", name)
-        return found
+        return _find(self.contracts, name, ErrorCode.UNKNOWN_CONTRACT, "contract")
 
     def queue(self, name: str) -> QueueDef:
-        found = self.queues.get(name)
-        if found is None:
-            raise not_found(ErrorCode.UNKNOWN_QUEUE, "queue", name)
-        return found
+        return _find(self.queues, name, ErrorCode.UNKNOWN_QUEUE, "queue")
 
     def service(self, name: str) -> Service:
-        found = self.services.get(name)
-        if found is None:
-            raise not_found(ErrorCode.UNKNOWN_SERVICE, "service", name)
-        return found
+        return _find(self.services, name, ErrorCode.UNKNOWN_SERVICE, "service")
 
     # ---- checks for each change ---------------------------------------------
 
@@ -740,3 +728,14 @@ class Catalog:
                 f"cannot drop {kind.replace('_', ' ')} '{name}': it is used by "
                 f"{', '.join(users)}; drop or change those first",
             )
+
+
+_Object = TypeVar("_Object")
+
+
+def _find(table: dict[str, _Object], name: str, code: ErrorCode, kind: str) -> _Object:
+    """The object `name` of `table`, or the error that names what was not found."""
+    found = table.get(name)
+    if found is None:
+        raise not_found(code, kind, name)
+    return found

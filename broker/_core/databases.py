@@ -28,6 +28,7 @@ from typing import Any, Final
 from ssb.protocol import ErrorCode
 
 from .._errors import BrokerError, bad_argument
+from .._operations import methods
 from . import catalog as cat
 from .conversations import Endpoint
 from .ddl import DROPPED_SERVICE_ERROR, Ddl
@@ -209,12 +210,7 @@ class Databases:
     # ---- operations and the view -----------------------------------------------------------------
 
     def operations(self) -> dict[str, Callable[..., Any]]:
-        return {
-            "use": self.use,
-            "create_database": self.create_database,
-            "drop_database": self.drop_database,
-            "alter_database": self.alter_database,
-        }
+        return methods(self, "use", "create_database", "drop_database", "alter_database")
 
     def rows(self) -> list[dict[str, Any]]:
         return [

@@ -365,21 +365,10 @@ class Dialogs:
                 ErrorCode.CONVERSATION_ENDED,
                 f"conversation {ep.handle} has already been ended (state {ep.state.name})",
             )
-        queue = self.queues[ep.queue]
-
-        def act() -> None:
-            txn.ended.add(ep.handle)
-            txn.actions.append(
-                End(
-                    ep,
-                    error if isinstance(error, int) else None,
-                    str(description or "")[:4000],
-                    cleanup,
-                )
-            )
-            self.transactions.finish(txn)
-
-        return self.transactions.locked(txn, [(queue, ep.group_id)], act)
+        end = End(
+            ep, error if isinstance(error, int) else None, str(description or "")[:4000], cleanup
+        )
+        return self._locked(txn, [(self.queues[ep.queue], ep.group_id)], end)
 
     def begin_conversation_timer(
         self, session: Session, handle: object, timeout: object
@@ -388,13 +377,7 @@ class Dialogs:
         seconds = as_seconds(timeout, "timeout")
         assert seconds is not None
         txn = self.transactions.current(session)
-        queue = self.queues[ep.queue]
-
-        def act() -> None:
-            txn.actions.append(Timer(ep, seconds))
-            self.transactions.finish(txn)
-
-        return self.transactions.locked(txn, [(queue, ep.group_id)], act)
+        return self._locked(txn, [(self.queues[ep.queue], ep.group_id)], Timer(ep, seconds))
 
     def move_conversation(
         self, session: Session, handle: object, group_id: object
@@ -410,12 +393,22 @@ class Dialogs:
                 f"it must be a group of queue '{queue.name}'",
             )
         txn = self.transactions.current(session)
+        groups = [(queue, ep.group_id), (queue, target_id)]
+        return self._locked(txn, groups, Move(ep, target_id))
+
+    def _locked(
+        self, txn: Transaction, groups: list[tuple[Queue, uuid.UUID]], action: End | Timer | Move
+    ) -> MaybeAwaitable[None]:
+        """`action` joins the transaction once it holds the locks of `groups` (queue,
+        group id), and the statement ends; an END also marks its conversation ended."""
 
         def act() -> None:
-            txn.actions.append(Move(ep, target_id))
+            if isinstance(action, End):
+                txn.ended.add(action.endpoint.handle)
+            txn.actions.append(action)
             self.transactions.finish(txn)
 
-        return self.transactions.locked(txn, [(queue, ep.group_id), (queue, target_id)], act)
+        return self.transactions.locked(txn, groups, act)
 
     # ---- at commit ----------------------------------------------------------------------------
 

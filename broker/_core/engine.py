@@ -39,6 +39,7 @@ from typing import Any, Final
 
 from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE
 
+from .._operations import Operation, methods
 from . import catalog as cat
 from .backlog import DEFAULT_CACHE_BYTES, MessageCache
 from .capacity import Capacity
@@ -70,8 +71,6 @@ from .transmission import Outbound, TransmissionQueue
 log = logging.getLogger("ssb.core")
 
 DEFAULT_MIN_FREE_DISK: Final = 1 << 30
-
-Operation = Callable[..., Any]
 
 
 class StoredState:
@@ -394,44 +393,49 @@ class Engine:
 
     def operations(self) -> dict[str, Operation]:
         """The client operations the core answers, by name."""
-        t, d, r, ddl = self.transactions, self.dialogs, self.receiving, self.ddl
         return {
-            "create_message_type": ddl.create_message_type,
-            "alter_message_type": ddl.alter_message_type,
-            "create_contract": ddl.create_contract,
-            "create_queue": ddl.create_queue,
-            "alter_queue": ddl.alter_queue,
-            "create_service": ddl.create_service,
-            "alter_service": ddl.alter_service,
-            "create_route": ddl.create_route,
-            "create_broker_priority": ddl.create_broker_priority,
-            "alter_broker_priority": ddl.alter_broker_priority,
-            "create_event_notification": ddl.create_event_notification,
-            "alter_route": ddl.alter_route,
-            "create_procedure": ddl.create_procedure,
-            "alter_procedure": ddl.alter_procedure,
-            "procedure": ddl.procedure,
-            "drop": ddl.drop,
-            "begin_dialog": d.begin_dialog,
-            "send": d.send,
-            "end_conversation": d.end_conversation,
-            "begin_conversation_timer": d.begin_conversation_timer,
-            "move_conversation": d.move_conversation,
-            "receive": r.receive,
-            "get_conversation_group": r.get_conversation_group,
-            "begin_transaction": t.begin_transaction,
-            "commit": t.commit,
-            "rollback": t.rollback,
-            "save_transaction": t.save_transaction,
-            "rollback_to_savepoint": t.rollback_to_savepoint,
-            "detach_transaction": t.detach_transaction,
-            "attach_transaction": t.attach_transaction,
-            "commit_transaction": t.commit_transaction,
-            "rollback_transaction": t.rollback_transaction,
-            "transaction_outcome": t.transaction_outcome,
-            "transaction_messages": self.transaction_messages,
-            "requeue_dead_letter": self.requeue_dead_letter,
-            "broker_instance": self.broker_instance,
+            **methods(
+                self.ddl,
+                "create_message_type",
+                "alter_message_type",
+                "create_contract",
+                "create_queue",
+                "alter_queue",
+                "create_service",
+                "alter_service",
+                "create_route",
+                "create_broker_priority",
+                "alter_broker_priority",
+                "create_event_notification",
+                "alter_route",
+                "create_procedure",
+                "alter_procedure",
+                "procedure",
+                "drop",
+            ),
+            **methods(
+                self.dialogs,
+                "begin_dialog",
+                "send",
+                "end_conversation",
+                "begin_conversation_timer",
+                "move_conversation",
+            ),
+            **methods(self.receiving, "receive", "get_conversation_group"),
+            **methods(
+                self.transactions,
+                "begin_transaction",
+                "commit",
+                "rollback",
+                "save_transaction",
+                "rollback_to_savepoint",
+                "detach_transaction",
+                "attach_transaction",
+                "commit_transaction",
+                "rollback_transaction",
+                "transaction_outcome",
+            ),
+            **methods(self, "transaction_messages", "requeue_dead_letter", "broker_instance"),
             **self.databases.operations(),
             **self.tables.operations(),
         }

@@ -9,7 +9,8 @@ tables (`catalog`, `endpoints`, `messages`, `transmission`, `remote`, `security`
 `outcomes`, `logs`; `tables` is them all). Callers catch `StoreError`, never the
 database's own exceptions.
 
-Users' tables (`user_sql`, `user_tables`). The store writes behind, with group commit,
+Users' tables (`user_sql`, `user_tables`; on PostgreSQL `postgres_sql` and
+`postgres_tables`). The store writes behind, with group commit,
 yet a user's table statement needs its result at once, its effects committed in the
 same store commit as its transaction's RECEIVE and SEND, and isolation from other
 transactions. The design: a statement is translated from T-SQL with sqlglot (refused
@@ -19,7 +20,8 @@ statements follow one another, rolled back when the connection is needed for any
 else), and run again, in order and with the same values, in the batch of its
 transaction's commit. Table locks held by the core until that batch is durable
 (`_core.tables`) make the second run give the first run's results: isolation is
-serializable. Only the SQLite store holds tables for now.
+serializable. The PostgreSQL store runs the provisional statements on a connection per
+transaction instead of the writer (see `postgres_tables`).
 """
 
 from __future__ import annotations

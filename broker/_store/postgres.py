@@ -64,8 +64,8 @@ from psycopg.pq import Format
 from . import postgres_schema
 from .commit import Batch, Committer, Cursor, apply_statements
 from .errors import LeaseLost, StoreError, StoreUnavailable, describe_failure, lease_lost
+from .postgres_tables import PostgresUserTables, RawSQL
 from .tables import ROW_COUNTS, AllTables
-from .user_tables import NoUserTables
 
 if TYPE_CHECKING:
     from .port import ManualStore
@@ -232,9 +232,14 @@ class Session:
         self.lost = None
 
     def execute(self, sql: str, parameters: Any = (), /) -> Cursor:
+        if type(sql) is RawSQL:  # a user's table statement, with its own placeholders
+            return psycopg.RawCursor(self.conn).execute(sql, parameters)
         return self.conn.execute(_driver_sql(sql), parameters)
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> None:
+        if type(sql) is RawSQL:
+            psycopg.RawCursor(self.conn).executemany(sql, parameters)
+            return
         self.conn.cursor().executemany(_driver_sql(sql), parameters)
 
     def close(self) -> None:
@@ -273,7 +278,7 @@ def _transient(exc: BaseException) -> bool:
     return getattr(exc, "sqlstate", None) == "25006"  # read-only: not the primary (yet)
 
 
-class PostgresStore(AllTables, NoUserTables, Committer):
+class PostgresStore(AllTables, PostgresUserTables, Committer):
     """The storage port on a PostgreSQL database (see the module's comment).
 
     `PostgresStore(url, durability, fence, threaded=True)`: `url` is libpq's (a URL or a
@@ -297,6 +302,8 @@ class PostgresStore(AllTables, NoUserTables, Committer):
         except BaseException:
             self._writer.close()
             raise
+        self._tables_connect = lambda: Session(url, f"tables {fence.node}").conn
+        self._start_tables()
         self.on_release: Callable[[], None] | None = None  # run when the store closes
         # the token of a commit whose outcome was not seen, and its last batch's number
         self._unseen: tuple[bytes, int] | None = None
@@ -377,6 +384,7 @@ class PostgresStore(AllTables, NoUserTables, Committer):
         return [batch for batch in batches if batch.number > last]
 
     def _release(self) -> None:
+        self._close_tables()
         self._reader.close()
         self._writer.close()
         if self.on_release is not None:

@@ -127,6 +127,16 @@ FUNCTIONS: Final = (
     " END IF;"
     " END $$",
 )
+# T-SQL's + on two texts or two byte strings joins them (users' table statements keep
+# their +, see `postgres_sql`); made where missing at every start, by a user who may (for
+# one who may not, + of texts fails until a start as one who may)
+OPERATORS: Final = tuple(
+    "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_operator WHERE oprname = '+'"
+    f" AND oprleft = '{kind}'::regtype AND oprright = '{kind}'::regtype) THEN"
+    f" CREATE OPERATOR + (LEFTARG = {kind}, RIGHTARG = {kind}, FUNCTION = {function});"
+    " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$"
+    for kind, function in (("text", "textcat"), ("bytea", "byteacat"))
+)
 INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS messages_by_conversation"
     " ON messages (status, queue, handle, queuing_order) INCLUDE (size)",
@@ -153,7 +163,7 @@ def create(db: psycopg.Connection[Any], where: str) -> None:
                 f"the store {where} was written by a newer ssb (schema {version}); run that"
                 " version, or start from a backup"
             )
-        for statement in (*TABLES[1:], *INDEXES):
+        for statement in (*TABLES[1:], *INDEXES, *OPERATORS):
             db.execute(statement)
         if version is None or int(str(version)) < SCHEMA_VERSION:
             for statement in FUNCTIONS:

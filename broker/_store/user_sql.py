@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -448,12 +449,17 @@ def _temporary(node: exp.Expr, session: int) -> None:
             identifier.set("this", f"#{name}#{session}")
 
 
+Writer = Callable[[exp.Expression], str]  # a translated statement in a store's SQL
+
+
 @functools.lru_cache(maxsize=TRANSLATIONS_KEPT)
-def translate(text: str, database: str, session: int = 0) -> Statement:
+def translate(text: str, database: str, session: int = 0, write: Writer | None = None) -> Statement:
     """One T-SQL statement of session number `session` in `database`, in the store's
     SQL (the last `TRANSLATIONS_KEPT` translations are kept: a program runs the same few
     statements). A temporary table (#name) is the session's own: SQLite's TEMP table on
-    the writer connection, which the session drops before it ends.
+    the writer connection, which the session drops before it ends. `write` writes the
+    translation (SQLite's, as this module describes) in another store's dialect
+    (`postgres_sql.write`); it must not change the tree it is given.
 
     Raises:
         TableError: it cannot be translated, or is not supported (nothing has run).
@@ -500,11 +506,12 @@ def translate(text: str, database: str, session: int = 0) -> Statement:
         for add in list(node.find_all(exp.Add)):  # T-SQL's + joins text, SQLite's adds
             add.replace(exp.Anonymous(this=ADD, expressions=[add.this, add.expression]))
     names, volatile = _values(node)
-    sql = _written(node)
+    written = write or _written
+    sql = written(node)
     replay = sql
     if node.args.get("returning") is not None:
         node.set("returning", None)
-        replay = _written(node)
+        replay = written(node)
     light = (
         isinstance(node, exp.Insert)
         and isinstance(node.expression, exp.Values)

@@ -26,7 +26,7 @@ transaction touches until its batch is durable (`_core.tables`): no other transa
 change to them can come between, and both runs start from the durable rows. A failure
 of the second run would be a bug, and is handled as any commit that fails for good.
 
-Only SQLite's store runs them; the PostgreSQL store refuses table statements.
+This module is SQLite's; the PostgreSQL store runs the same model in `postgres_tables`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import re
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -98,7 +98,7 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _evaluate(function: str) -> Any:
+def evaluate(function: str) -> Any:
     if function == "newid":
         return str(uuid.uuid4()).upper()
     now = dt.datetime.now(dt.UTC if function == "utcnow" else None)
@@ -194,7 +194,7 @@ class UserTables(Committer):
         assert isinstance(statement, Statement)
         for values in many:
             for name, function in statement.volatile:
-                values[name] = _evaluate(function)
+                values[name] = evaluate(function)
         bound = [parameters(statement, values) for values in many]
         if (
             self._executor is None
@@ -331,7 +331,16 @@ def _together(
 def _answer(cursor: sqlite3.Cursor, statement: Statement) -> TableAnswer:
     if not statement.returns_rows:
         return TableAnswer(rowcount=max(cursor.rowcount, 0) if statement.kind == "change" else 0)
-    columns = [d[0] for d in cursor.description or ()]
+    rows = bounded_rows(cursor)
+    return TableAnswer([d[0] for d in cursor.description or ()], rows, len(rows))
+
+
+def bounded_rows(cursor: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """An answer's rows, at most MAX_ANSWER_ROWS and about MAX_ANSWER_BYTES.
+
+    Raises:
+        TableError: there are more.
+    """
     rows: list[tuple[Any, ...]] = []
     weight = 0
     for row in cursor:
@@ -343,39 +352,4 @@ def _answer(cursor: sqlite3.Cursor, statement: Statement) -> TableAnswer:
                 f" {MAX_ANSWER_BYTES // (1024 * 1024)} MiB: ask for fewer rows (TOP, WHERE)"
                 " at a time"
             )
-    return TableAnswer(columns, rows, len(rows))
-
-
-class NoUserTables:
-    """Users' tables on a store that does not hold them yet (PostgreSQL): every statement
-    is refused before it runs."""
-
-    def load_table_names(self) -> list[tuple[str, str]]:
-        return []
-
-    def table_sizes(self) -> list[tuple[str, str, int]]:
-        return []
-
-    def translate_table_statement(self, text: str, database: str, session: int = 0) -> Statement:
-        raise TableError(
-            "tables are not supported on a PostgreSQL store yet; run them on a broker whose"
-            " store is SQLite"
-        )
-
-    async def run_table_statements(
-        self,
-        owner: object,
-        done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: TableStatement,
-        many: Sequence[dict[str, Any]],
-        timeout: float,
-    ) -> TableAnswer:
-        raise TableError("tables are not supported on a PostgreSQL store yet")
-
-    def forget_table_statements(self, owner: object) -> None:
-        pass
-
-    def write_table_statements(
-        self, statements: Sequence[tuple[TableStatement, dict[str, Any]]]
-    ) -> None:
-        assert not statements  # none could be translated
+    return rows

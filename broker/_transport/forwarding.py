@@ -2,11 +2,13 @@
 
 Theory of operation. With `[transport] forwarding = true` a broker relays the frames of
 dialogs it is not party to: a fragment whose envelope names another broker as its target,
-and every later frame of the same conversation. It never opens, acknowledges or stores
-them: the dialog layer runs end to end between the two brokers that own the dialog
-(sequence numbers, acks, retransmission, the session key wrapped for the target, the
-origin's signature over the envelope), so a forwarder that dies loses nothing (the origin
-retransmits) and one that alters a frame is caught by the target's integrity check.
+and every later frame of the same conversation, bundles (several whole messages in one
+frame) as they came. It never opens, acknowledges or stores them: the dialog layer runs
+end to end between the two brokers that own the dialog (sequence numbers, acks,
+retransmission, the session key wrapped for the target, the origin's signature over the
+envelope, the session key's seal over every fragment and bundle), so a forwarder that
+dies loses nothing (the origin retransmits) and one that alters a frame is caught by the
+target's integrity check.
 
 Each relayed conversation is a `Relay` keyed by conversation id: the two brokers, their
 services, and for each direction of travel the adjacent broker its frames last arrived
@@ -16,6 +18,14 @@ broker's routes say for the far service and broker, else the hop the far side's 
 arrive from. A frame without an envelope for an unknown conversation is not relayed: the
 origin's next retransmission carries the envelope again (see `_sender`), which is how a
 restarted forwarder, or one that forgot an idle conversation, learns the route anew.
+
+The frames of one read go on together: those for the same next hop in one write. A
+bundle goes on only to a next hop that takes relayed bundles (protocol version 4 on; an
+origin bundles through a forwarder of version 4 only). One for an older next hop is
+dropped and counted, and the broker it came from is told (an `UnbundleFrame`, passed
+back hop by hop to the origin, at most once a second per conversation; the origin then
+sends that far broker's messages as fragments); the dropped bundle's messages come
+again as fragments when the origin retransmits them.
 
 Frames the next hop cannot take now (no connection yet, a busy socket) are held here in
 memory, a fragment once however often it is retransmitted, the latest ack of a direction
@@ -36,15 +46,15 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
-from ssb.protocol import AckFrame, Direction, FragmentFrame
+from ssb.protocol import AckFrame, BundleFrame, Direction, FragmentFrame, UnbundleFrame
 
 log = logging.getLogger("ssb.transport")
 
 Hop = uuid.UUID | str
 """An adjacent broker: its instance id, or its address before the first connection."""
-Frame = FragmentFrame | AckFrame
+Frame = FragmentFrame | BundleFrame | AckFrame
 
 FRAME_OVERHEAD: Final = 128  # bytes a held frame costs beyond its payload (counted)
 MAX_RELAYS: Final = 1_000_000  # conversations relayed at once
@@ -67,6 +77,7 @@ class Relay:
     came_from: list[uuid.UUID | None] = field(default_factory=lambda: [None, None])
     relayed: int = 0
     refused: int = 0
+    unbundled_at: float | None = None  # when the last notice went back (at most 1/s)
     held_frames: int = 0
     held_bytes: int = 0
     last_seen: float = 0.0
@@ -82,12 +93,18 @@ def _travel(frame: Frame) -> int:
 
 
 def _size(frame: Frame) -> int:
-    return FRAME_OVERHEAD + (len(frame.payload) if isinstance(frame, FragmentFrame) else 0)
+    if isinstance(frame, FragmentFrame):
+        return FRAME_OVERHEAD + len(frame.payload)
+    if isinstance(frame, BundleFrame):
+        return FRAME_OVERHEAD + sum(map(len, frame.payloads))
+    return FRAME_OVERHEAD
 
 
 def _held_key(frame: Frame) -> tuple[Any, ...]:
     if isinstance(frame, FragmentFrame):
         return (frame.conversation_id, frame.direction, frame.seq, frame.fragment_index)
+    if isinstance(frame, BundleFrame):  # -1: never a fragment's index
+        return (frame.conversation_id, frame.direction, frame.seq, -1, len(frame.payloads))
     return (frame.conversation_id, frame.direction)
 
 
@@ -103,6 +120,9 @@ class Forwarder:
             not an address: the transport returns addresses only as "host:port").
         send: writes frames to a hop and returns True, or returns False when the hop
             cannot take them now (the transport then connects and calls `flush` later).
+        takes_bundles: whether a hop takes relayed bundles (True while it is not
+            connected: asked again when what is held for it goes).
+        notify: writes a notice to an adjacent broker if its connection is up.
     """
 
     def __init__(
@@ -112,12 +132,16 @@ class Forwarder:
         loop_window: float,
         route: Callable[[str, uuid.UUID], Hop | None],
         send: Callable[[Hop, list[Frame]], bool],
+        takes_bundles: Callable[[Hop], bool] = lambda hop: True,
+        notify: Callable[[uuid.UUID, UnbundleFrame], None] = lambda hop, frame: None,
     ) -> None:
         self.instance = instance
         self.forward_size = forward_size
         self.loop_window = loop_window
         self._route = route
         self._send = send
+        self._takes_bundles = takes_bundles
+        self._notify = notify
         self.relays: dict[uuid.UUID, Relay] = {}
         # by hop, in arrival order: (frame, its relay, when it was first held)
         self.held: dict[Hop, dict[tuple[Any, ...], tuple[Frame, Relay, float]]] = {}
@@ -125,6 +149,7 @@ class Forwarder:
         self.relayed = 0
         self.refused = 0
         self.loops = 0
+        self.unbundled = 0  # bundles dropped: their next hop takes no relayed bundles
         self._seals: dict[bytes, tuple[uuid.UUID, float]] = {}
         self._logged: dict[str, float] = {}
         self._now = 0.0
@@ -140,10 +165,24 @@ class Forwarder:
 
     def relay(self, frame: Frame, came_from: uuid.UUID, now: float) -> None:
         """Pass one frame on towards its next hop (or hold, refuse or drop it)."""
+        self.relay_all([frame], came_from, now)
+
+    def relay_all(self, frames: list[Frame], came_from: uuid.UUID, now: float) -> None:
+        """Pass the frames of one read on, in order, those for one next hop together."""
         self._now = now
-        relay = self._relay_for(frame, came_from, now)
-        if relay is None:
-            return
+        going: dict[Hop, list[tuple[Frame, Relay]]] = {}
+        for frame in frames:
+            relay = self._relay_for(frame, came_from, now)
+            if relay is None:
+                continue
+            hop = self._hop_for(relay, frame, came_from, now)
+            if hop is not None:
+                going.setdefault(hop, []).append((frame, relay))
+        for hop, passing in going.items():
+            self._pass_on(hop, passing)
+
+    def _hop_for(self, relay: Relay, frame: Frame, came_from: uuid.UUID, now: float) -> Hop | None:
+        """Where `frame` goes next, or None when it goes nowhere (said why)."""
         relay.last_seen = now
         travel = _travel(frame)
         relay.came_from[travel] = came_from
@@ -158,18 +197,59 @@ class Forwarder:
                 relay.conversation_id,
                 relay.status,
             )
-            return
+            return None
         if hop == came_from or self._came_back(frame, came_from, now):
             self._loop(relay, frame, came_from, hop)
-            return
+            return None
+        if isinstance(frame, BundleFrame) and not self._takes_bundles(hop):
+            self._unbundled(relay, hop, frame)
+            return None
+        return hop
+
+    def _pass_on(self, hop: Hop, passing: list[tuple[Frame, Relay]]) -> None:
         if self.held.get(hop):
             self.flush(hop)  # the hop may take them now: they go first, in order
-        if not self.held.get(hop) and self._send(hop, [frame]):
-            relay.relayed += 1
-            self.relayed += 1
-            relay.status = ""
+        if not self.held.get(hop) and self._send(hop, [frame for frame, _ in passing]):
+            for _, relay in passing:
+                relay.relayed += 1
+                relay.status = ""
+            self.relayed += len(passing)
             return
-        self._hold(relay, hop, frame)
+        for frame, relay in passing:
+            self._hold(relay, hop, frame)
+
+    def _unbundled(self, relay: Relay, hop: Hop, frame: BundleFrame) -> None:
+        self.unbundled += 1
+        self._notice(relay, UnbundleFrame(frame.conversation_id, frame.direction))
+        relay.status = (
+            f"broker {hop} speaks a protocol version older than 4 and takes no relayed"
+            " bundles: they are dropped, and their messages go as fragments when retransmitted"
+        )
+        self._warn(
+            f"bundles:{hop}",
+            "not forwarding bundles of conversation %s: %s",
+            relay.conversation_id,
+            relay.status,
+        )
+
+    def unbundle(self, notice: UnbundleFrame, now: float) -> bool:
+        """A next hop says bundles of a relayed direction cannot go on: pass the notice
+        back the way they came. False: not a conversation relayed here."""
+        self._now = now
+        relay = self.relays.get(notice.conversation_id)
+        if relay is None:
+            return False
+        self._notice(relay, notice)
+        return True
+
+    def _notice(self, relay: Relay, notice: UnbundleFrame) -> None:
+        towards_target = notice.direction is Direction.FROM_INITIATOR
+        back = relay.came_from[TOWARDS_TARGET if towards_target else TOWARDS_INITIATOR]
+        now = self._now
+        if back is None or (relay.unbundled_at is not None and now - relay.unbundled_at < 1.0):
+            return
+        relay.unbundled_at = now
+        self._notify(back, notice)
 
     def _relay_for(self, frame: Frame, came_from: uuid.UUID, now: float) -> Relay | None:
         relay = self.relays.get(frame.conversation_id)
@@ -218,7 +298,7 @@ class Forwarder:
 
     def _came_back(self, frame: Frame, came_from: uuid.UUID, now: float) -> bool:
         """The same fragment passed here from another hop moments ago: a loop."""
-        if not isinstance(frame, FragmentFrame):
+        if isinstance(frame, AckFrame):
             return False
         seals = self._seals
         seen = seals.get(frame.signature)
@@ -286,6 +366,13 @@ class Forwarder:
         held = self.held.pop(hop, None)
         if not held:
             return
+        if not self._takes_bundles(hop):
+            for key in [k for k, (f, _, _) in held.items() if isinstance(f, BundleFrame)]:
+                frame, relay, _ = held.pop(key)
+                self._release(frame, relay)
+                self._unbundled(relay, hop, cast(BundleFrame, frame))
+            if not held:
+                return
         frames = [frame for frame, _, _ in held.values()]
         if not self._send(hop, frames):
             self.held[hop] = held
@@ -371,4 +458,5 @@ class Forwarder:
             "relayed_frames": self.relayed,
             "refused_frames": self.refused,
             "loops": self.loops,
+            "unbundled": self.unbundled,
         }

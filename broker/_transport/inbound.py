@@ -1,8 +1,9 @@
 """Inbound: frames from other brokers to dialog events, and each event to the core and store.
 
 Theory of operation. The frames of one read are taken together. Each goes to the broker
-whose dialog it belongs to (see `peers`), or, a frame of other brokers' dialogs, to the
-forwarder when forwarding is on. Before the dialog layer sees a fragment, the core says
+whose dialog it belongs to (see `peers`; a bundle too, which a forwarder may have
+relayed), or, a frame of other brokers' dialogs, to the forwarder when forwarding is on
+(the read's together, after the rest). Before the dialog layer sees a fragment, the core says
 whether a message for that direction could be stored now (`_refused`): a fragment for a
 full queue, or while the disk is full, is dropped unacknowledged and the sender retries
 with its usual backoff (the read's messages not yet delivered count as if they were in
@@ -138,19 +139,17 @@ class Reception:
             bodies = [b for w in applying.values() for g in w.arrivals.values() for b in g.bodies]
             return len(bodies), sum(map(len, bodies))
 
+        relaying: list[FragmentFrame | BundleFrame | AckFrame] = []
         for frame in frames:
             peer: Peer | None
-            if isinstance(frame, BundleFrame):
-                peer = adjacent  # a bundle comes from the broker that sealed it, never relayed
-            elif forwarder is not None and forwarder.wants(frame):
-                forwarder.relay(frame, adjacent.instance, now)
+            if forwarder is not None and forwarder.wants(frame):
+                relaying.append(frame)  # all together at the end of the read
                 continue
-            else:
-                peer = far.get(frame.conversation_id)
+            peer = far.get(frame.conversation_id)
+            if peer is None:
+                peer = self.peers.partner(adjacent, frame)
                 if peer is None:
-                    peer = self.peers.partner(adjacent, frame)
-                    if peer is None:
-                        continue
+                    continue
             # one frame at a time: a queue a message just filled refuses the next one (the
             # read's messages not yet delivered count as if they were in their queues)
             if not isinstance(frame, AckFrame) and self._refused(peer, frame, pending):
@@ -168,6 +167,9 @@ class Reception:
             if work is None:
                 work = applying[peer] = Applying()
             self.apply(peer, events, link, work)
+        if relaying:
+            assert forwarder is not None
+            forwarder.relay_all(relaying, adjacent.instance, now)
         for peer, work in applying.items():
             self._applied(peer, work)
             if peer.boxes:

@@ -33,6 +33,7 @@ from typing import Final, Protocol, cast
 
 from ssb.protocol import (
     NEED_DATA,
+    PROTOCOL_VERSION,
     AckFrame,
     BundleFrame,
     CloseFrame,
@@ -47,6 +48,8 @@ from ssb.protocol import (
     ProtocolError,
     ProtocolErrorFrame,
     Role,
+    UnbundleFrame,
+    older_version_in_refusal,
 )
 
 from .._config import ClientLimits
@@ -85,6 +88,7 @@ class Peer:
         "link",
         "pump_scheduled",
         "refused_fragments",
+        "relayed_bundles",
         "services",
         "timer",
         "timer_at",
@@ -105,6 +109,8 @@ class Peer:
         # the adjacent broker its frames arrive through, when that is not itself
         # (a forwarder); frames to it go back the same way unless a route says otherwise
         self.via: uuid.UUID | None = None
+        # bundles may go to it through a forwarder (until one says they cannot go on)
+        self.relayed_bundles = True
         self.pump_scheduled = False
         # outboxes with entries still to pull, and what is pulled and not yet acked
         self.boxes: dict[DirectionKey, DialogOutbox] = {}
@@ -131,6 +137,9 @@ class LinkEvents(Protocol):
     def locate(self, link: Link, frame: LocateFrame | LocatedFrame) -> None:
         """A question about where a service is, or an answer (see `locator`)."""
 
+    def unbundle(self, link: Link, frame: UnbundleFrame) -> None:
+        """A forwarder says a dialog direction's bundles cannot go on (see `forwarding`)."""
+
     def writable(self, peer: Peer) -> None:
         """The link of `peer` takes writes again."""
 
@@ -150,7 +159,9 @@ class Link(asyncio.Protocol):
         self.clock = links.clock
         self.role = role
         self.address = address
-        self.connection = links.trust.new_connection(role)
+        self.connection = links.trust.new_connection(
+            role, links.offers.get(address, PROTOCOL_VERSION)
+        )
         self.transport: asyncio.Transport | None = None
         self.peer: Peer | None = None
         self.paused = False
@@ -210,7 +221,13 @@ class Link(asyncio.Protocol):
                 elif isinstance(event, (LocateFrame, LocatedFrame)):
                     if self.peer is not None:
                         self.events.locate(self, event)
+                elif isinstance(event, UnbundleFrame):
+                    if self.peer is not None:
+                        self.events.unbundle(self, event)
                 elif isinstance(event, ProtocolErrorFrame):
+                    if self.peer is None and self.links.older_version(self, event):
+                        self.close(f"the peer speaks an older protocol version: {event.text}")
+                        return
                     log.warning("peer %s reported a protocol error: %s", self.address, event)
                     if self.peer is None:
                         self.login_state = f"FAILED: refused by peer: {event.text}"
@@ -250,6 +267,9 @@ class Link(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.peer is not None and self.connection.version < PROTOCOL_VERSION:
+            # the next connection offers ours again: the peer may have been upgraded
+            self.links.offers.pop(self.address, None)
         if not self.reason:
             self.reason = f"connection lost: {exc}" if exc is not None else "closed by the peer"
         self.links.all.discard(self)
@@ -307,6 +327,8 @@ class Links:
         self.connect_errors: dict[str, str] = {}
         self.retry_at: dict[str, float] = {}
         self.retry_delay: dict[str, float] = {}
+        # address -> the older protocol version its broker asked for (see `older_version`)
+        self.offers: dict[str, int] = {}
         self.accepts = TokenBucket(settings.accept_rate, burst=max(1.0, settings.accept_rate))
         self._accept_refusals = 0
         self._accept_logged = -REFUSAL_LOG_EVERY
@@ -447,6 +469,22 @@ class Links:
                 " broker_certificate())"
             )
             self.backoff(link.address)
+
+    def older_version(self, link: Link, refusal: ProtocolErrorFrame) -> bool:
+        """Whether the broker `link` dialled refused our version for an older one of its
+        own; then the next connection (retried at once) offers that one."""
+        if link.role is not Role.INITIATOR:
+            return False
+        version = older_version_in_refusal(refusal, link.connection.version)
+        if version is None:
+            return False
+        log.info(
+            "broker at %s speaks protocol version %d: connecting again with it",
+            link.address,
+            version,
+        )
+        self.offers[link.address] = version
+        return True
 
     def reached(self, address: str) -> None:
         """A connection to `address` is up: its backoff starts over."""

@@ -19,7 +19,16 @@ import functools
 import logging
 import uuid
 
-from ssb.protocol import AckFrame, DialogPeer, Direction, FragmentFrame, RetryPolicy, Role
+from ssb.protocol import (
+    RELAY_BUNDLES_VERSION,
+    AckFrame,
+    DialogPeer,
+    Direction,
+    FragmentFrame,
+    RetryPolicy,
+    Role,
+    UnbundleFrame,
+)
 
 from .._core.ports import RouteLookup
 from .forwarding import Frame, Hop
@@ -238,6 +247,47 @@ class Peers:
         if peer is not None and peer.link is not None and not peer.link.closed:
             return broker  # connected already (it connected to us): no need to dial
         return address
+
+    def relay_takes_bundles(self, hop: Hop) -> bool:
+        """Whether the forwarder's next hop takes relayed bundles (True until connected)."""
+        peer = None if isinstance(hop, str) else self.all.get(hop)
+        link = None if peer is None else peer.link
+        if link is None or not link.established:
+            return True
+        return link.connection.peer_version >= RELAY_BUNDLES_VERSION
+
+    def relay_notify(self, hop: uuid.UUID, notice: UnbundleFrame) -> None:
+        """Write the forwarder's notice to an adjacent broker, if its link is up."""
+        peer = self.all.get(hop)
+        link = None if peer is None else peer.link
+        if (
+            link is not None
+            and link.established
+            and link.connection.peer_version >= RELAY_BUNDLES_VERSION
+        ):
+            link.write(link.connection.send(notice))
+
+    def unbundled(self, adjacent: Peer, notice: UnbundleFrame) -> None:
+        """The forwarder `adjacent` says bundles of a dialog of ours cannot go on beyond
+        it: the far broker's messages go as fragments from now on (until the link to
+        the forwarder is lost). Taken only from the forwarder its frames go through."""
+        conv, direction = notice.conversation_id, notice.direction
+        peer = self.far.get(conv)
+        if peer is None:
+            peer = next(
+                (p for p in self.all.values() if p.dialog.sender(conv, direction) is not None),
+                None,
+            )
+        if peer is None or peer is adjacent or self.link_of(peer) is not adjacent.link:
+            return
+        if peer.relayed_bundles:
+            peer.relayed_bundles = False
+            log.info(
+                "broker %s passes no bundles on to broker %s (a broker on the way speaks a"
+                " protocol version older than 4): its messages go as fragments",
+                adjacent.instance,
+                peer.instance,
+            )
 
     def relay_send(self, hop: Hop, frames: list[Frame]) -> bool:
         """Write relayed frames to `hop`, or say it cannot take them now (and connect)."""

@@ -15,13 +15,15 @@ link is down gets a connection on demand (see `link`). Each peer has one timer, 
 dialog layer's next retry or ack deadline. `soon` pumps once at the end of the loop's
 iteration, so that many messages queued in one go leave in one write.
 
-On a peer's own connection runs of small messages go as bundles; a forwarder relays
-fragments only.
+Runs of small messages go as bundles on a peer's own connection, and through a
+forwarder that relays them (protocol version 4 on, see `forwarding`).
 """
 
 from __future__ import annotations
 
 from typing import Final
+
+from ssb.protocol import RELAY_BUNDLES_VERSION
 
 from .forwarding import Forwarder
 from .link import Links, Peer
@@ -73,8 +75,10 @@ class Pump:
             self._arm(peer)
             return
         dialog = peer.dialog
-        # bundles go only on a connection of the peer's own (a forwarder relays fragments)
-        dialog.bundling = link.peer is peer
+        # bundles go on a connection of the peer's own, or to a forwarder that relays them
+        dialog.bundling = link.peer is peer or (
+            peer.relayed_bundles and link.connection.peer_version >= RELAY_BUNDLES_VERSION
+        )
         write_bytes = self.write_bytes
         while not link.paused:
             frames = dialog.frames_to_send(now, SEND_BATCH, write_bytes)

@@ -42,6 +42,7 @@ from ssb.protocol import (
     LocatedFrame,
     LocateFrame,
     Role,
+    UnbundleFrame,
     unpack,
 )
 
@@ -134,6 +135,8 @@ class Transport:
                 min(1.0, settings.retry_initial / 2),
                 registry.relay_hop,
                 registry.relay_send,
+                registry.relay_takes_bundles,
+                registry.relay_notify,
             )
             if settings.forwarding
             else None
@@ -314,6 +317,7 @@ class Transport:
             peer.link = None
             log.info("link to broker %s down (%s): %s", peer.instance, link.address, link.reason)
             for routed in [peer, *self.registry.routed_via(peer)]:
+                routed.relayed_bundles = True  # the next forwarder may pass them on
                 if routed.has_work():
                     self.pump.pump(routed)
         elif peer is None and link.role is Role.INITIATOR:
@@ -326,6 +330,13 @@ class Transport:
 
     def writable(self, peer: Peer) -> None:
         self.pump.writable(peer)
+
+    def unbundle(self, link: Link, frame: UnbundleFrame) -> None:
+        adjacent = link.peer
+        if adjacent is None:
+            return
+        if self.forwarder is None or not self.forwarder.unbundle(frame, self.clock.time()):
+            self.registry.unbundled(adjacent, frame)
 
     def locate(self, link: Link, frame: LocateFrame | LocatedFrame) -> None:
         self.locator.received(link, frame)

@@ -164,14 +164,16 @@ class Trust:
                 return cert.pem.encode()
         return None
 
-    def new_connection(self, role: Role) -> LinkConnection:
-        """The sans-IO state of a new link, with this broker's identity and trust."""
+    def new_connection(self, role: Role, version: int) -> LinkConnection:
+        """The sans-IO state of a new link, with this broker's identity and trust;
+        `version`: the protocol version an initiator offers."""
         return LinkConnection(
             role,
             broker_id=self.instance,
             private_key=self.identity.private_key,
             certificate_pem=self.identity.certificate_pem,
             trusted=self.store,
+            version=version,
         )
 
     # ---- encrypted dialogs ------------------------------------------------------------

@@ -8,8 +8,10 @@ import asyncio
 import logging
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -18,6 +20,7 @@ from pg_server import PostgresServer, fresh_database
 from setup_objects import receive_bodies, seed000
 
 from ssb import client
+from ssb.broker._core.ports import TableError
 from ssb.broker._store import StoreUnavailable, open_store
 from ssb.broker._store.postgres import DatabaseInUse, PostgresStore
 from ssb.broker._store.postgres_schema import SCHEMA_VERSION
@@ -294,3 +297,109 @@ async def test_a_broker_whose_database_sessions_are_lost_loses_and_repeats_nothi
         assert "store commit failed" in broker.log_text()
     finally:
         broker.kill()
+
+
+async def test_a_table_transaction_outlives_the_loss_of_its_connection(database: str) -> None:
+    """The statement that meets a lost connection fails, saying so; the next runs the
+    transaction's earlier statements again on a new connection (with the identities they
+    gave), and the commit writes what was answered."""
+    store = PostgresStore(database, "os", FirstLease(), threaded=False)
+    txn: list[tuple[Any, dict[str, Any]]] = []
+
+    async def run(sql: str) -> Any:
+        statement = store.translate_table_statement(sql, "master")
+        answer = await store.run_table_statements(txn, txn, statement, [{}], 5.0)
+        txn.append((statement, {}))
+        return answer
+
+    try:
+        await run("CREATE TABLE T (id INT IDENTITY(1,1) PRIMARY KEY, v INT)")
+        assert (await run("INSERT INTO T (v) OUTPUT inserted.id VALUES (10), (20)")).rows == [
+            (1,),
+            (2,),
+        ]
+        _end_sessions(database, "tables")
+        with pytest.raises(TableError, match="connection to the store was lost"):
+            await run("INSERT INTO T (v) VALUES (30)")
+        assert (await run("INSERT INTO T (v) OUTPUT inserted.id VALUES (30)")).rows == [(3,)]
+        store.write_table_statements(txn)
+        store.forget_table_statements(txn)
+        store.flush()
+        with psycopg.connect(database) as db:
+            rows = db.execute('SELECT id, v FROM "u:master"."t" ORDER BY id').fetchall()
+        assert rows == [(1, 10), (2, 20), (3, 30)]
+    finally:
+        await store.close()
+
+
+async def test_a_statement_given_up_keeps_its_connection_until_it_ends(database: str) -> None:
+    """A caller that stops waiting for a statement (its session closed) and rolls back
+    does not wait for the statement: the connection is freed once the statement ends,
+    and serves the next transaction."""
+    store = PostgresStore(database, "os", FirstLease(), threaded=False)
+
+    async def run(owner: list[Any], sql: str, timeout: float = 5.0) -> Any:
+        statement = store.translate_table_statement(sql, "master")
+        answer = await store.run_table_statements(owner, owner, statement, [{}], timeout)
+        owner.append((statement, {}))
+        return answer
+
+    try:
+        setup: list[Any] = []
+        await run(setup, "CREATE TABLE T (k INT PRIMARY KEY)")
+        store.write_table_statements(setup)
+        store.forget_table_statements(setup)
+        store.flush()
+        holder: list[Any] = []
+        await run(holder, "INSERT INTO T VALUES (1)")
+        waiter: list[Any] = []
+        waiting = asyncio.ensure_future(run(waiter, "INSERT INTO T VALUES (1)", 20.0))
+        deadline = time.monotonic() + 20
+        with psycopg.connect(database, autocommit=True) as db:
+            while not db.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            ).fetchall():
+                assert time.monotonic() < deadline, "the second INSERT never waited"
+                await asyncio.sleep(0.02)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        started = time.monotonic()
+        store.forget_table_statements(waiter)
+        store.forget_table_statements(holder)
+        assert time.monotonic() - started < 2  # (not the 20 s the statement may run)
+        after: list[Any] = []
+        assert (await run(after, "SELECT COUNT(*) FROM T")).rows == [(0,)]
+        store.forget_table_statements(after)
+    finally:
+        await store.close()
+
+
+async def test_the_tables_view_does_not_wait_for_a_transactions_alter(database: str) -> None:
+    """A table an uncommitted ALTER holds is counted by PostgreSQL's estimate: the view,
+    read on the event loop, never waits for a transaction that needs that loop to end."""
+    store = PostgresStore(database, "os", FirstLease(), threaded=False)
+
+    async def run(owner: list[Any], sql: str) -> None:
+        statement = store.translate_table_statement(sql, "master")
+        await store.run_table_statements(owner, owner, statement, [{}], 5.0)
+        owner.append((statement, {}))
+
+    try:
+        setup: list[Any] = []
+        await run(setup, "CREATE TABLE T (k INT PRIMARY KEY)")
+        await run(setup, "INSERT INTO T VALUES (1), (2)")
+        store.write_table_statements(setup)
+        store.forget_table_statements(setup)
+        store.flush()
+        assert store.table_sizes() == [("master", "t", 2)]
+        altering: list[Any] = []
+        await run(altering, "ALTER TABLE T ADD note NVARCHAR(10)")
+        started = time.monotonic()
+        [(database_name, table, rows)] = store.table_sizes()
+        assert (database_name, table) == ("master", "t") and rows >= 0
+        assert time.monotonic() - started < 5
+        store.forget_table_statements(altering)
+        assert store.table_sizes() == [("master", "t", 2)]
+    finally:
+        await store.close()

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ssb.broker._core.ports import TableError
-from ssb.broker._store import ManualStore, SQLiteStore
+from ssb.broker._store import ManualStore, SQLiteStore, Store, postgres_sql
+from ssb.broker._store.postgres import PostgresStore
 from ssb.broker._store.user_sql import translate
 
 Done = list[tuple[Any, dict[str, Any]]]
@@ -28,8 +31,10 @@ async def _run(store: Any, owner: object, done: Done, sql: str, **values: Any) -
 
 
 def _commit(store: ManualStore, done: Done) -> None:
+    """Commit as the core does: the statements join the batch, the provisional run ends
+    (each test's transactions are their own owners)."""
     store.write_table_statements(done)
-    store.forget_table_statements(object())
+    store.forget_table_statements(done)
     store.flush()
     done.clear()
 
@@ -88,10 +93,6 @@ def test_names_live_in_their_database_and_keep_their_alias() -> None:
 async def test_a_statement_answers_at_once_and_commits_with_the_same_result(
     storage: ManualStore,
 ) -> None:
-    if not isinstance(storage, SQLiteStore):
-        with pytest.raises(TableError, match="not supported on a PostgreSQL store"):
-            storage.translate_table_statement("SELECT 1", "master")
-        return
     txn: Done = []
     await _run(
         storage,
@@ -126,8 +127,6 @@ async def test_a_statement_answers_at_once_and_commits_with_the_same_result(
 async def test_a_failed_statement_leaves_the_transaction_as_it_was(
     storage: ManualStore,
 ) -> None:
-    if not isinstance(storage, SQLiteStore):
-        return
     txn: Done = []
     await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
     await _run(storage, txn, txn, "INSERT INTO T VALUES (1)")
@@ -144,8 +143,6 @@ async def test_a_failed_statement_leaves_the_transaction_as_it_was(
 async def test_another_transaction_and_a_rollback_start_from_the_durable_rows(
     storage: ManualStore,
 ) -> None:
-    if not isinstance(storage, SQLiteStore):
-        return
     setup: Done = []
     await _run(storage, setup, setup, "CREATE TABLE T (k INT PRIMARY KEY, v INT)")
     await _run(storage, setup, setup, "INSERT INTO T VALUES (1, 10)")
@@ -204,8 +201,6 @@ async def test_commits_wait_for_provisional_work_on_the_store_thread(tmp_path: P
 
 
 async def test_plus_joins_text_and_adds_numbers_as_t_sql_does(storage: ManualStore) -> None:
-    if not isinstance(storage, SQLiteStore):
-        return
     txn: Done = []
     await _run(storage, txn, txn, "CREATE TABLE T (a NVARCHAR(10), n INT, b VARBINARY(10))")
     await _run(storage, txn, txn, "INSERT INTO T VALUES (N'ab', 2, 0x01)")
@@ -221,8 +216,6 @@ async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> No
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however
     it is declared, and is never numbered for the caller as a rowid would be."""
-    if not isinstance(storage, SQLiteStore):
-        return
     txn: Done = []
     await _run(storage, txn, txn, "CREATE TABLE T (id INT PRIMARY KEY, note NVARCHAR(10))")
     await _run(storage, txn, txn, "CREATE TABLE P (a INT, b INT, PRIMARY KEY (a, b))")
@@ -240,8 +233,6 @@ async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> No
 
 
 async def test_many_runs_answer_and_commit_as_the_runs_one_by_one(storage: ManualStore) -> None:
-    if not isinstance(storage, SQLiteStore):
-        return
     txn: Done = []
     await _run(
         storage,
@@ -269,10 +260,12 @@ async def test_many_runs_answer_and_commit_as_the_runs_one_by_one(storage: Manua
     # the runs count as statements of the transaction: the next one follows them in the
     # same provisional transaction, replaying nothing
     ran: list[str] = []
-    storage._db.set_trace_callback(ran.append)
+    if isinstance(storage, SQLiteStore):
+        storage._db.set_trace_callback(ran.append)
     seen = await _run(storage, txn, txn, "SELECT id, k, v, at FROM Log ORDER BY id")
-    storage._db.set_trace_callback(None)
-    assert not [sql for sql in ran if sql.startswith(("INSERT", "UPDATE"))], ran
+    if isinstance(storage, SQLiteStore):
+        storage._db.set_trace_callback(None)
+        assert not [sql for sql in ran if sql.startswith(("INSERT", "UPDATE"))], ran
     _commit(storage, txn)
     later: Done = []
     rows = await _run(storage, later, later, "SELECT id, k, v, at FROM Log ORDER BY id")
@@ -286,3 +279,154 @@ async def test_many_runs_answer_and_commit_as_the_runs_one_by_one(storage: Manua
     ]
     assert rows.rows[14][2] == "seven" and rows.rows[16][2] == "eight"
     assert len({row[3] for row in rows.rows if row[3] is not None}) == 250
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM pg_catalog.pg_authid",
+        "SELECT * FROM information_schema.tables",
+        "SELECT * FROM pg_class",
+        "SELECT * FROM commit_marks",
+        "SELECT * FROM sqlite_master",
+        "SELECT pg_read_file('/etc/passwd')",
+        "SELECT set_config('statement_timeout', '0', false)",
+        "SELECT current_setting('data_directory')",
+        "SELECT dblink('host=localhost', 'SELECT 1')",
+        "SELECT ssb_fence(1)",
+        "SELECT SUSER_NAME()",
+        "SELECT * FROM generate_series(1, 2)",
+        "SELECT (SELECT COUNT(*) FROM pg_authid)",
+        "COPY T FROM '/etc/passwd'",
+        "SELECT 1; DROP TABLE T",
+        "SELECT 1 FROM T; SELECT * FROM pg_authid",
+    ],
+)
+async def test_a_statement_reaches_nothing_but_the_users_tables(
+    storage: ManualStore, sql: str
+) -> None:
+    """The store's own tables, the database's catalogs and its functions that touch the
+    server are out of a user's reach, on either store."""
+    txn: Done = []
+    await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
+    with pytest.raises(TableError):
+        await _run(storage, txn, txn, sql)
+    assert (await _run(storage, txn, txn, "SELECT COUNT(*) FROM T")).rows == [(0,)]
+    # a cast names only SQL Server's types (PostgreSQL's would look its catalogs up)
+    with pytest.raises(TableError, match="REGCLASS"):
+        translate("SELECT CAST('pg_class' AS regclass)", "master", write=postgres_sql.write)
+
+
+async def test_identities_committed_are_the_ones_answered(storage: ManualStore) -> None:
+    """A transaction's identities are what its commit writes, after a statement that
+    failed, after a rollback to a savepoint, and after another transaction rolled back
+    its own (PostgreSQL's sequences are not rolled back: the store puts them back)."""
+    setup: Done = []
+    await _run(
+        storage,
+        setup,
+        setup,
+        "CREATE TABLE T (id INT IDENTITY(1,1) PRIMARY KEY, v NVARCHAR(10) UNIQUE)",
+    )
+    _commit(storage, setup)
+    gone: Done = []
+    await _run(storage, gone, gone, "INSERT INTO T (v) VALUES ('gone')")
+    storage.forget_table_statements(gone)  # rolled back
+    txn: Done = []
+    ids = [
+        (await _run(storage, txn, txn, sql, v=v)).rows[0][0]
+        for sql, v in (
+            ("INSERT INTO T (v) OUTPUT inserted.id VALUES (@v)", "a"),
+            ("INSERT INTO T (v) OUTPUT inserted.id VALUES (@v)", "b"),
+        )
+    ]
+    with pytest.raises(TableError, match="UNIQUE constraint failed"):
+        await _run(storage, txn, txn, "INSERT INTO T (v) VALUES (@v)", v="a")
+    kept = len(txn)
+    await _run(storage, txn, txn, "INSERT INTO T (v) VALUES (@v)", v="dropped")
+    del txn[kept:]  # a rollback to a savepoint taken before it
+    storage.forget_table_statements(txn)
+    ids += (
+        await _run(storage, txn, txn, "INSERT INTO T (v) OUTPUT inserted.id VALUES ('c')")
+    ).rows[0]
+    _commit(storage, txn)
+    check: Done = []
+    rows = (await _run(storage, check, check, "SELECT id, v FROM T ORDER BY id")).rows
+    assert rows == list(zip(ids, "abc", strict=True))
+    # and they never repeat
+    assert len(set(ids)) == 3
+
+
+async def test_a_statement_runs_at_most_statement_timeout(storage: ManualStore) -> None:
+    """A statement that runs too long is stopped and undone, on either store; the
+    transaction goes on."""
+    txn: Done = []
+    await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
+    values = ", ".join(f"({k})" for k in range(200))
+    await _run(storage, txn, txn, f"INSERT INTO T VALUES {values}")
+    statement = storage.translate_table_statement(
+        "SELECT COUNT(*) FROM T a, T b, T c, T d WHERE a.k + b.k + c.k + d.k > 0", "master"
+    )
+    started = time.monotonic()
+    with pytest.raises(TableError, match="statement_timeout"):
+        await storage.run_table_statements(txn, txn, statement, [{}], 0.3)
+    assert time.monotonic() - started < 10
+    assert (await _run(storage, txn, txn, "SELECT COUNT(*) FROM T")).rows == [(200,)]
+    _commit(storage, txn)
+
+
+async def test_postgresql_commits_while_a_statement_runs(
+    open_background: Callable[[], Store],
+) -> None:
+    """On PostgreSQL a transaction's statements run on a connection of their own, off the
+    store thread: a commit does not wait for a statement, and a rollback stops one."""
+    store = open_background()
+    if not isinstance(store, PostgresStore):
+        await store.close()
+        pytest.skip("SQLite's store runs statements on its store thread, before commits")
+    failures: list[BaseException] = []
+    store.attach(asyncio.get_running_loop(), failures.append)
+    try:
+        setup: Done = []
+        await _run(store, setup, setup, "CREATE TABLE T (k INT PRIMARY KEY)")
+        store.write_table_statements(setup)
+        store.forget_table_statements(setup)
+        await _durable(store)
+        holder: Done = []
+        await _run(store, holder, holder, "INSERT INTO T VALUES (1)")
+        waiter: Done = []  # waits for the holder's row (the core's locks would not let it)
+        waiting = asyncio.ensure_future(_run(store, waiter, waiter, "INSERT INTO T VALUES (1)"))
+        for beat in range(3):
+            store.put_meta("beat", str(beat))
+            await _durable(store)  # commits go on
+        assert not waiting.done()
+        store.forget_table_statements(waiter)  # a rollback stops it
+        with pytest.raises(TableError):
+            await asyncio.wait_for(waiting, 30)
+        store.write_table_statements(holder)
+        store.forget_table_statements(holder)
+        await _durable(store)
+        check: Done = []
+        assert (await _run(store, check, check, "SELECT k FROM T")).rows == [(1,)]
+        store.forget_table_statements(check)
+        assert not failures
+    finally:
+        await store.close()
+
+
+async def _durable(store: Store) -> None:
+    done = asyncio.get_running_loop().create_future()
+    store.when_durable(store.watermark(), lambda: done.set_result(None))
+    await asyncio.wait_for(done, 30)
+
+
+async def test_postgresql_refuses_temporary_tables_clearly(storage: ManualStore) -> None:
+    """Temporary tables, and the catalog-view copies T-SQL's joins make, are SQLite's only."""
+    if isinstance(storage, SQLiteStore):
+        pytest.skip("SQLite's store has temporary tables")
+    for sql, words in (
+        ("CREATE TABLE #work (k INT)", r"temporary table \(#work\) is not supported"),
+        ("SELECT * FROM #ssb_sys_conversation_endpoints", "joining tables with the catalog"),
+    ):
+        with pytest.raises(TableError, match=words):
+            storage.translate_table_statement(sql, "master", 4)

@@ -17,6 +17,7 @@ from ssb.protocol import (
     RemoteProtocolError,
     Reply,
     Request,
+    _fields,
     _framing,
     encode_error,
     encode_frame,
@@ -96,3 +97,15 @@ def test_uuids_encode_the_same_from_a_bounded_cache() -> None:
     for _ in range(2):  # the second pass meets cached and evicted ids
         assert _framing.unpack(_framing.pack(ids)) == ids
         assert len(_framing._uuid_exts) <= _framing.MAX_CACHED_UUIDS
+
+
+def test_uuids_decode_the_same_from_a_bounded_cache() -> None:
+    ids = [uuid.UUID(int=n) for n in range(_fields.MAX_INTERNED_IDS + 100)]
+    packed = _framing.pack(ids)
+    for _ in range(2):  # the second pass meets cached and evicted ids
+        decoded = _framing.unpack(packed)
+        assert decoded == ids
+        assert all(type(found) is uuid.UUID for found in decoded)
+        assert len(_fields._interned_ids) <= _fields.MAX_INTERNED_IDS
+    again = _framing.unpack(_framing.pack([ids[-1], ids[-1]]))
+    assert again[0] is again[1]  # one object for an id read twice

@@ -37,6 +37,13 @@ def _ask(
     raise AssertionError("transaction_outcome did not finish after a flush")
 
 
+def _core_with_a_dialog() -> tuple[Core, uuid.UUID]:
+    """A core with the initiator's and the target's services and a dialog between them."""
+    core = Core()
+    core.services()
+    return core, core.dialog()
+
+
 def _send_in(core: Core, txn: uuid.UUID, handle: uuid.UUID, session: Session | None = None) -> None:
     who = session or core.session
     core.op("begin_transaction", txn_id=txn, session=who)
@@ -45,9 +52,7 @@ def _send_in(core: Core, txn: uuid.UUID, handle: uuid.UUID, session: Session | N
 
 
 async def test_a_commit_and_its_record_are_durable_together() -> None:
-    core = Core()
-    core.services()
-    handle = core.dialog()
+    core, handle = _core_with_a_dialog()
     core.flush()
     kept, lost = uuid.uuid4(), uuid.uuid4()
     _send_in(core, kept, handle)
@@ -60,9 +65,7 @@ async def test_a_commit_and_its_record_are_durable_together() -> None:
 
 
 async def test_the_answer_waits_until_the_commit_is_durable() -> None:
-    core = Core()
-    core.services()
-    handle = core.dialog()
+    core, handle = _core_with_a_dialog()
     txn = uuid.uuid4()
     _send_in(core, txn, handle)
     coro = core.engine.operations()["transaction_outcome"](core.session, txn, 1.0)
@@ -74,9 +77,7 @@ async def test_the_answer_waits_until_the_commit_is_durable() -> None:
 
 
 async def test_asking_rolls_back_the_same_login_still_running_it() -> None:
-    core = Core()
-    core.services()
-    handle = core.dialog()
+    core, handle = _core_with_a_dialog()
     core.op("send", [handle], "DEFAULT", [b"one"])
     core.flush()
     straggler = core.new_session()  # the old connection the broker has not seen drop
@@ -93,9 +94,7 @@ async def test_asking_rolls_back_the_same_login_still_running_it() -> None:
 
 
 async def test_a_login_sees_only_its_own_outcomes() -> None:
-    core = Core()
-    core.services()
-    handle = core.dialog()
+    core, handle = _core_with_a_dialog()
     txn = uuid.uuid4()
     _send_in(core, txn, handle)
     core.flush()
@@ -105,9 +104,7 @@ async def test_a_login_sees_only_its_own_outcomes() -> None:
 
 
 async def test_named_statements_and_detached_transactions() -> None:
-    core = Core()
-    core.services()
-    handle = core.dialog()
+    core, handle = _core_with_a_dialog()
     transactions = core.engine.transactions
     statement = transactions.begin_statement(core.session, uuid.uuid4())
     core.op("send", [handle], "DEFAULT", [b"x"])

@@ -115,3 +115,13 @@ async def test_drop_queue_deletes_its_messages_and_ends_waiting_receives_empty()
     assert not waiting.done()
     core.op("drop", "queue", "Empty")
     assert await asyncio.wait_for(waiting, 5) == []  # as if its timeout had passed
+
+
+def test_a_conversation_ended_in_a_transaction_cannot_be_ended_again_in_it(core: Core) -> None:
+    handle = core.dialog()
+    core.op("begin_transaction")
+    core.op("end_conversation", handle)
+    with pytest.raises(BrokerError, match="already ended in this transaction") as again:
+        core.op("end_conversation", handle)
+    assert again.value.code == ErrorCode.CONVERSATION_ENDED
+    core.op("commit")

@@ -16,31 +16,12 @@ from ssb.broker._core.delivery import Outbound
 from ssb.protocol import LocatedFrame
 
 from .core_harness import BODY
-from .transport_harness import A_ID, B_ID, Broker, World
-
-F_ID = "ffffffff-0000-4000-8000-000000000003"
+from .transport_harness import A_ID, B_ID, F_ID, Broker, World
 
 
 def _trio(world: World, trust_b_on_a: bool = True) -> tuple[Broker, Broker, Broker]:
     """A (InitiatorService) -> F -> B (TargetService); every route names an address only."""
-    a = world.broker("a", A_ID, "127.0.0.1:7001")
-    f = world.broker("f", F_ID, "127.0.0.1:7003")
-    b = world.broker("b", B_ID, "127.0.0.1:7002")
-    for x, y in ((a, f), (f, b), (a, b)):
-        if x is a and y is b and not trust_b_on_a:
-            b.op("create_certificate", x.name, x.certificate)
-            continue
-        x.op("create_certificate", y.name, y.certificate)
-        y.op("create_certificate", x.name, x.certificate)
-    a.op("create_queue", "Initiator")
-    a.op("create_service", "InitiatorService", "Initiator")
-    b.op("create_queue", "Target")
-    b.op("create_service", "TargetService", "Target", ["DEFAULT"])
-    a.op("create_route", "to_b", "TargetService", f"tcp://{f.address}")
-    f.op("create_route", "to_b", "TargetService", f"tcp://{b.address}")
-    f.op("create_route", "to_a", "InitiatorService", f"tcp://{a.address}")
-    b.op("create_route", "to_a", "InitiatorService", f"tcp://{f.address}")
-    return a, f, b
+    return world.trio(trust_b_on_a=trust_b_on_a)
 
 
 def _status(broker: Broker) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 from ssb.broker._core.catalog import ERROR
 
 from .core_harness import BODY, MTYPE
-from .transport_harness import A_ID, B_ID, World
+from .transport_harness import A_ID, B_ID, World, dialog_services
 
 REFUSED = b"<Code>-11215</Code>"
 
@@ -24,10 +24,7 @@ def _brokers(tmp_path: Path) -> tuple[World, object, object]:
     a = world.broker("a", A_ID, "127.0.0.1:7001")
     b = world.broker("b", B_ID, "127.0.0.1:7002", public_send=False)
     a.op("create_certificate", "b", b.certificate)
-    a.op("create_queue", "Initiator")
-    a.op("create_service", "InitiatorService", "Initiator")
-    b.op("create_queue", "Target")
-    b.op("create_service", "TargetService", "Target", ["DEFAULT"])
+    dialog_services(a, b)
     a.op("create_route", "to_b", "TargetService", f"tcp://{b.address}")
     b.op("create_route", "to_a", "InitiatorService", f"tcp://{a.address}")
     return world, a, b

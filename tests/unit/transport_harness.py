@@ -35,6 +35,7 @@ from .core_harness import Core, FakeClock
 A_ID = "aaaaaaaa-0000-4000-8000-000000000001"
 RATE_CHUNK = 4096  # bytes a throttled socket takes (and the other end gets) at a time
 B_ID = "bbbbbbbb-0000-4000-8000-000000000002"
+F_ID = "ffffffff-0000-4000-8000-000000000003"
 
 
 class FakeLoop(FakeClock):
@@ -318,6 +319,14 @@ class Broker:
         self.transport = self._start()
 
 
+def dialog_services(a: Broker, b: Broker) -> None:
+    """A's InitiatorService on queue Initiator; B's TargetService on queue Target (DEFAULT)."""
+    a.op("create_queue", "Initiator")
+    a.op("create_service", "InitiatorService", "Initiator")
+    b.op("create_queue", "Target")
+    b.op("create_service", "TargetService", "Target", ["DEFAULT"])
+
+
 class World:
     """Brokers on one in-memory network and one fake clock."""
 
@@ -340,13 +349,32 @@ class World:
         b = self.broker("b", B_ID, "127.0.0.1:7002")
         a.op("create_certificate", "b", b.certificate)
         b.op("create_certificate", "a", a.certificate)
-        a.op("create_queue", "Initiator")
-        a.op("create_service", "InitiatorService", "Initiator")
-        b.op("create_queue", "Target")
-        b.op("create_service", "TargetService", "Target", ["DEFAULT"])
+        dialog_services(a, b)
         a.op("create_route", "to_b", "TargetService", f"tcp://{b.address}", broker_instance=B_ID)
         b.op("create_route", "to_a", "InitiatorService", f"tcp://{a.address}", broker_instance=A_ID)
         return a, b
+
+    def trio(
+        self, name_brokers: bool = False, trust_b_on_a: bool = True
+    ) -> tuple[Broker, Broker, Broker]:
+        """A (InitiatorService) -> F -> B (TargetService), F forwarding (when the world's
+        settings say so) and trusted by both; routes name an address only unless
+        `name_brokers`; A trusts B's certificate unless not `trust_b_on_a`."""
+        a = self.broker("a", A_ID, "127.0.0.1:7001")
+        f = self.broker("f", F_ID, "127.0.0.1:7003")
+        b = self.broker("b", B_ID, "127.0.0.1:7002")
+        for x, y in ((a, f), (f, b), (a, b)):
+            if x is not a or y is not b or trust_b_on_a:
+                x.op("create_certificate", y.name, y.certificate)
+            y.op("create_certificate", x.name, x.certificate)
+        dialog_services(a, b)
+        to_b = {"broker_instance": B_ID} if name_brokers else {}
+        to_a = {"broker_instance": A_ID} if name_brokers else {}
+        a.op("create_route", "to_b", "TargetService", f"tcp://{f.address}", **to_b)
+        f.op("create_route", "to_b", "TargetService", f"tcp://{b.address}", **to_b)
+        f.op("create_route", "to_a", "InitiatorService", f"tcp://{a.address}", **to_a)
+        b.op("create_route", "to_a", "InitiatorService", f"tcp://{f.address}", **to_a)
+        return a, f, b
 
     async def settle(self, flush: bool = True) -> None:
         """Run what is scheduled and move bytes until nothing moves."""

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from identities import A_CERT, A_ID, A_KEY, A_KEY_PEM, B_CERT, B_ID, B_KEY, B_KEY_PEM
 
 from ssb.protocol import (
     NEED_DATA,
@@ -48,13 +49,6 @@ from ssb.protocol._integrity import (
 )
 from ssb.protocol._receiver import DialogReceiver
 from ssb.protocol._sender import MAX_PRIORITY, fragment_layout
-
-A_ID = uuid.UUID("00000000-0000-4000-8000-00000000000a")
-B_ID = uuid.UUID("00000000-0000-4000-8000-00000000000b")
-A_KEY_PEM, A_CERT = generate_broker_identity(A_ID)
-B_KEY_PEM, B_CERT = generate_broker_identity(B_ID)
-A_KEY = load_private_key(A_KEY_PEM)
-B_KEY = load_private_key(B_KEY_PEM)
 
 FAST_RETRY = RetryPolicy(initial=0.5, factor=2.0, maximum=2.0)
 INIT = Direction.FROM_INITIATOR

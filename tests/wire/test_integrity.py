@@ -7,9 +7,12 @@ import random
 import uuid
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from identities import A_CERT, A_ID, A_KEY, A_KEY_PEM, B_CERT, B_ID, B_KEY, M_CERT, M_KEY
 
 from ssb.protocol import (
     ErrorCode,
@@ -38,15 +41,6 @@ from ssb.protocol._integrity import (
     verify_signature,
     wrap_session_key,
 )
-
-ALICE = uuid.UUID("11111111-1111-4111-8111-111111111111")
-BOB = uuid.UUID("22222222-2222-4222-8222-222222222222")
-ALICE_KEY_PEM, ALICE_CERT = generate_broker_identity(ALICE)
-BOB_KEY_PEM, BOB_CERT = generate_broker_identity(BOB)
-MALLORY_KEY_PEM, MALLORY_CERT = generate_broker_identity(BOB)  # claims to be Bob
-ALICE_KEY = load_private_key(ALICE_KEY_PEM)
-BOB_KEY = load_private_key(BOB_KEY_PEM)
-MALLORY_KEY = load_private_key(MALLORY_KEY_PEM)
 
 KEY = bytes(range(16))
 
@@ -105,7 +99,7 @@ def test_session_key_must_be_16_bytes() -> None:
     with pytest.raises(LocalProtocolError):
         SessionSeal(bytes(15))
     with pytest.raises(LocalProtocolError):
-        wrap_session_key(bytes(17), BOB_CERT)
+        wrap_session_key(bytes(17), B_CERT)
 
 
 def test_random_sources_are_injectable() -> None:
@@ -123,52 +117,49 @@ def test_random_sources_are_injectable() -> None:
 
 def test_key_wrap_roundtrip_with_generated_identity() -> None:
     session_key = new_session_key()
-    wrapped = wrap_session_key(session_key, BOB_CERT)
+    wrapped = wrap_session_key(session_key, B_CERT)
     assert session_key not in wrapped
-    assert unwrap_session_key(wrapped, BOB_KEY) == session_key
-    by_key = wrap_session_key(session_key, certificate_public_key(BOB_CERT))
-    assert unwrap_session_key(by_key, BOB_KEY) == session_key
+    assert unwrap_session_key(wrapped, B_KEY) == session_key
+    by_key = wrap_session_key(session_key, certificate_public_key(B_CERT))
+    assert unwrap_session_key(by_key, B_KEY) == session_key
     assert by_key != wrapped  # OAEP is randomised
 
 
 def test_key_wrapped_for_someone_else_does_not_unwrap() -> None:
-    wrapped = wrap_session_key(new_session_key(), BOB_CERT)
+    wrapped = wrap_session_key(new_session_key(), B_CERT)
     with pytest.raises(IntegrityError):
-        unwrap_session_key(wrapped, ALICE_KEY)
+        unwrap_session_key(wrapped, A_KEY)
     with pytest.raises(IntegrityError):
-        unwrap_session_key(flip(wrapped, 100), BOB_KEY)
+        unwrap_session_key(flip(wrapped, 100), B_KEY)
     with pytest.raises(IntegrityError):
-        unwrap_session_key(b"", BOB_KEY)
+        unwrap_session_key(b"", B_KEY)
     with pytest.raises(IntegrityError):
-        unwrap_session_key(bytes(5000), BOB_KEY)
+        unwrap_session_key(bytes(5000), B_KEY)
 
 
 @settings(max_examples=30)
 @given(blob=st.binary(max_size=600))
 def test_unwrap_of_garbage_only_raises_integrity_error(blob: bytes) -> None:
     with pytest.raises(IntegrityError):
-        unwrap_session_key(blob, BOB_KEY)
+        unwrap_session_key(blob, B_KEY)
 
 
 # --------------------------------------------------------------------------- identities
 
 
 def test_generated_identity_names_the_broker() -> None:
-    assert ALICE_KEY_PEM.startswith(b"-----BEGIN PRIVATE KEY-----")
-    assert ALICE_CERT.startswith(b"-----BEGIN CERTIFICATE-----")
-    assert certificate_broker_id(ALICE_CERT) == ALICE
-    assert certificate_broker_id(BOB_CERT) == BOB
-    certificate = load_certificate(ALICE_CERT)
+    assert A_KEY_PEM.startswith(b"-----BEGIN PRIVATE KEY-----")
+    assert A_CERT.startswith(b"-----BEGIN CERTIFICATE-----")
+    assert certificate_broker_id(A_CERT) == A_ID
+    assert certificate_broker_id(B_CERT) == B_ID
+    certificate = load_certificate(A_CERT)
     assert certificate.issuer == certificate.subject
-    assert (
-        certificate_public_key(ALICE_CERT).public_numbers()
-        == ALICE_KEY.public_key().public_numbers()
-    )
+    assert certificate_public_key(A_CERT).public_numbers() == A_KEY.public_key().public_numbers()
 
 
 def test_identity_key_size_is_bounded() -> None:
     with pytest.raises(LocalProtocolError):
-        generate_broker_identity(ALICE, key_size=1024)
+        generate_broker_identity(A_ID, key_size=1024)
 
 
 def test_loaders_reject_garbage() -> None:
@@ -191,83 +182,69 @@ def test_certificate_parsing_of_garbage_only_raises_protocol_errors(blob: bytes)
 
 
 def test_trust_store_compares_exact_certificates() -> None:
-    store = TrustStore([ALICE_CERT, BOB_CERT])
+    store = TrustStore([A_CERT, B_CERT])
     assert len(store) == 2
-    assert store.is_trusted(load_certificate(BOB_CERT))
-    assert not store.is_trusted(load_certificate(MALLORY_CERT))  # same name, other key
+    assert store.is_trusted(load_certificate(B_CERT))
+    assert not store.is_trusted(load_certificate(M_CERT))  # same name, other key
 
 
 # --------------------------------------------------------------------------- handshake proof
 
 
-def test_handshake_proof_verifies_with_trusted_certificate() -> None:
+def _proof_as_b(
+    key: rsa.RSAPrivateKey, certificate: bytes, trusted: TrustStore | None = None
+) -> x509.Certificate:
+    """A handshake proof signed with `key` as B's to A, verified as made with
+    `certificate` against `trusted` (by default B's certificate alone)."""
     nonce = new_nonce()
-    proof = sign_handshake_proof(BOB_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
-    certificate = verify_handshake_proof(
-        certificate_pem=BOB_CERT,
+    proof = sign_handshake_proof(key, signer_id=B_ID, peer_id=A_ID, peer_nonce=nonce)
+    return verify_handshake_proof(
+        certificate_pem=certificate,
         proof=proof,
-        signer_id=BOB,
-        peer_id=ALICE,
+        signer_id=B_ID,
+        peer_id=A_ID,
         peer_nonce=nonce,
-        trusted=[BOB_CERT],
+        trusted=[B_CERT] if trusted is None else trusted,
     )
-    assert certificate_broker_id(BOB_CERT) == BOB
-    assert certificate.subject == load_certificate(BOB_CERT).subject
-    verify_handshake_proof(  # a TrustStore works as well as PEMs
-        certificate_pem=BOB_CERT,
-        proof=proof,
-        signer_id=BOB,
-        peer_id=ALICE,
-        peer_nonce=nonce,
-        trusted=TrustStore([ALICE_CERT, BOB_CERT]),
-    )
+
+
+def test_handshake_proof_verifies_with_trusted_certificate() -> None:
+    certificate = _proof_as_b(B_KEY, B_CERT)
+    assert certificate_broker_id(B_CERT) == B_ID
+    assert certificate.subject == load_certificate(B_CERT).subject
+
+
+def test_handshake_proof_verifies_with_a_trust_store() -> None:
+    _proof_as_b(B_KEY, B_CERT, trusted=TrustStore([A_CERT, B_CERT]))
 
 
 def test_handshake_proof_fails_with_untrusted_certificate() -> None:
-    nonce = new_nonce()
-    proof = sign_handshake_proof(MALLORY_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
     with pytest.raises(RemoteProtocolError) as caught:
-        verify_handshake_proof(
-            certificate_pem=MALLORY_CERT,
-            proof=proof,
-            signer_id=BOB,
-            peer_id=ALICE,
-            peer_nonce=nonce,
-            trusted=[BOB_CERT],
-        )
+        _proof_as_b(M_KEY, M_CERT)
     assert caught.value.code is ErrorCode.HANDSHAKE_FAILED
     assert "not trusted" in str(caught.value)
 
 
 def test_handshake_proof_with_a_stolen_certificate_fails() -> None:
-    nonce = new_nonce()
-    proof = sign_handshake_proof(MALLORY_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
     with pytest.raises(RemoteProtocolError, match="does not verify"):
-        verify_handshake_proof(
-            certificate_pem=BOB_CERT,
-            proof=proof,
-            signer_id=BOB,
-            peer_id=ALICE,
-            peer_nonce=nonce,
-            trusted=[BOB_CERT],
-        )
+        _proof_as_b(M_KEY, B_CERT)
 
 
 @pytest.mark.parametrize("what", ["nonce", "signer", "peer", "proof"])
 def test_handshake_proof_is_bound_to_nonce_and_both_ids(what: str) -> None:
     nonce = new_nonce()
-    proof = sign_handshake_proof(BOB_KEY, signer_id=BOB, peer_id=ALICE, peer_nonce=nonce)
-    args = {"proof": proof, "signer_id": BOB, "peer_id": ALICE, "peer_nonce": nonce}
+    proof = sign_handshake_proof(B_KEY, signer_id=B_ID, peer_id=A_ID, peer_nonce=nonce)
+    args = {"proof": proof, "signer_id": B_ID, "peer_id": A_ID, "peer_nonce": nonce}
     if what == "nonce":
         args["peer_nonce"] = new_nonce()
     elif what == "signer":
-        args["signer_id"] = uuid.uuid4()  # the certificate names Bob, not this id
+        args["signer_id"] = uuid.uuid4()  # the certificate names B, not this id
     elif what == "peer":
         args["peer_id"] = uuid.uuid4()
     else:
         args["proof"] = flip(proof, 9)
     with pytest.raises(RemoteProtocolError) as caught:
-        verify_handshake_proof(certificate_pem=BOB_CERT, trusted=[BOB_CERT], **args)  # type: ignore[arg-type]
+        verify_handshake_proof(certificate_pem=B_CERT, trusted=[B_CERT], **args)  # type: ignore[arg-type]
     assert caught.value.code is ErrorCode.HANDSHAKE_FAILED
 
 
@@ -276,12 +253,12 @@ def test_handshake_proof_is_bound_to_nonce_and_both_ids(what: str) -> None:
 def test_handshake_proof_of_garbage_only_raises_protocol_errors(proof: bytes) -> None:
     with pytest.raises(RemoteProtocolError):
         verify_handshake_proof(
-            certificate_pem=BOB_CERT,
+            certificate_pem=B_CERT,
             proof=proof,
-            signer_id=BOB,
-            peer_id=ALICE,
+            signer_id=B_ID,
+            peer_id=A_ID,
             peer_nonce=bytes(32),
-            trusted=[BOB_CERT],
+            trusted=[B_CERT],
         )
 
 

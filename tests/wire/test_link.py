@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from identities import A_CERT, A_ID, A_KEY, B_CERT, B_ID, B_KEY, M_CERT, M_KEY
 
 from ssb.protocol import (
     NEED_DATA,
@@ -30,21 +31,22 @@ from ssb.protocol import (
     ProtocolErrorFrame,
     RemoteProtocolError,
     Role,
+    UnbundleFrame,
 )
 from ssb.protocol._dialog_frames import AckRecord, new_fragment_frame
 from ssb.protocol._fields import MAX_ACK_RANGES, FrameKind
 from ssb.protocol._framing import encode_frame, pack, unpack
 from ssb.protocol._integrity import (
     TrustStore,
-    generate_broker_identity,
-    load_private_key,
     sign_handshake_proof,
 )
 from ssb.protocol._link import (
     _RECV_KEEPS_ESTABLISHED,
     _SEND_KEEPS_ESTABLISHED,
     _TRANSITIONS,
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
+    RELAY_BUNDLES_VERSION,
     Hello,
     HelloAccept,
     LinkFrame,
@@ -52,15 +54,10 @@ from ssb.protocol._link import (
     Proof,
     decode_link_frame,
     encode_link_frame,
+    older_version_in_refusal,
 )
 from ssb.protocol._locate import LocatedFrame, LocateFrame
 
-A_ID = uuid.UUID("aaaaaaaa-0000-4000-8000-000000000001")
-B_ID = uuid.UUID("bbbbbbbb-0000-4000-8000-000000000002")
-A_KEY_PEM, A_CERT = generate_broker_identity(A_ID)
-B_KEY_PEM, B_CERT = generate_broker_identity(B_ID)
-M_KEY_PEM, M_CERT = generate_broker_identity(B_ID)  # an impostor's own certificate for B's id
-A_KEY, B_KEY, M_KEY = (load_private_key(pem) for pem in (A_KEY_PEM, B_KEY_PEM, M_KEY_PEM))
 CONV = uuid.UUID("cccccccc-0000-4000-8000-000000000003")
 
 SAMPLE_FRAMES: list[LinkFrame] = [
@@ -93,6 +90,7 @@ SAMPLE_FRAMES: list[LinkFrame] = [
     LocateFrame(bytes(range(16)), "//shop/Orders", A_ID, 3),
     LocatedFrame(bytes(16), "Orders", B_ID, b"p" * 256),
     LocatedFrame(bytes(16), "Orders", None, None, "broker x does not forward ✗"),
+    UnbundleFrame(CONV, Direction.FROM_TARGET),
 ]
 
 
@@ -259,7 +257,7 @@ def test_new_fragment_frame_equals_the_dataclass_constructor() -> None:
 
 def test_established_fast_path_keeps_the_table_authoritative() -> None:
     """Only inputs the table maps ESTABLISHED -> ESTABLISHED skip the lookup."""
-    steady = {FragmentFrame, BundleFrame, AckFrame, LocateFrame, LocatedFrame}
+    steady = {FragmentFrame, BundleFrame, AckFrame, LocateFrame, LocatedFrame, UnbundleFrame}
     assert steady == _RECV_KEEPS_ESTABLISHED
     assert steady == _SEND_KEEPS_ESTABLISHED
 
@@ -276,6 +274,22 @@ def test_established_fast_path_keeps_the_table_authoritative() -> None:
     ],
 )
 def test_malformed_locate_frames(obj: list[Any]) -> None:
+    with pytest.raises(RemoteProtocolError):
+        decode_link_frame(obj)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [FrameKind.UNBUNDLE, bytes(15), 0],
+        [FrameKind.UNBUNDLE, bytes(16), 2],
+        [FrameKind.UNBUNDLE, bytes(16), -1],
+        [FrameKind.UNBUNDLE, bytes(16), "0"],
+        [FrameKind.UNBUNDLE, bytes(16)],
+        [FrameKind.UNBUNDLE, bytes(16), 0, 0],
+    ],
+)
+def test_malformed_unbundle_frames(obj: list[Any]) -> None:
     with pytest.raises(RemoteProtocolError):
         decode_link_frame(obj)
 
@@ -304,6 +318,103 @@ def test_a_version_2_peer_is_accepted_and_never_sent_locate_frames() -> None:
     # (a version 2 broker sends none; one that did would break its own protocol)
     a.receive_data(encode_link_frame(LocateFrame(bytes(16), "S", B_ID)))
     with pytest.raises(RemoteProtocolError, match="version 2 sent a locate frame"):
+        a.next_event()
+
+
+def _handshake(initiator: LinkConnection, acceptor: LinkConnection) -> Hello:
+    """Run a handshake to its end; the initiator's Hello as it went on the wire."""
+    data = initiator.data_to_send()
+    hello = decode_link_frame(unpack(data[4:]))
+    assert isinstance(hello, Hello)
+    acceptor.receive_data(data)
+    assert acceptor.next_event() is NEED_DATA
+    assert pump(acceptor, initiator) == [HandshakeCompleted(B_ID, B_CERT)]
+    assert pump(initiator, acceptor) == [HandshakeCompleted(A_ID, A_CERT)]
+    return hello
+
+
+@pytest.mark.parametrize(
+    ("offered", "spoken"),
+    [(PROTOCOL_VERSION, PROTOCOL_VERSION), (3, 3), (MIN_PROTOCOL_VERSION, MIN_PROTOCOL_VERSION)],
+)
+def test_both_sides_speak_the_lower_of_the_two_versions(offered: int, spoken: int) -> None:
+    a = link(Role.INITIATOR, me="a", version=offered)
+    b = link(Role.ACCEPTOR, me="b")
+    assert _handshake(a, b).version == offered
+    assert a.peer_version == b.peer_version == spoken
+
+
+def test_an_acceptor_answers_a_newer_offer_with_its_own_version() -> None:
+    a = link(Role.ACCEPTOR, me="a")
+    a.receive_data(encode_link_frame(Hello(PROTOCOL_VERSION + 5, B_ID, B_CERT, bytes(32))))
+    assert a.next_event() is NEED_DATA
+    answer = decode_link_frame(unpack(a.data_to_send()[4:]))
+    assert isinstance(answer, HelloAccept) and answer.version == PROTOCOL_VERSION
+    assert a.peer_version == PROTOCOL_VERSION
+
+
+def test_an_initiator_refuses_an_answer_above_its_offer() -> None:
+    a = link(Role.INITIATOR, me="a", version=3)
+    a.data_to_send()
+    proof = sign_handshake_proof(B_KEY, signer_id=B_ID, peer_id=A_ID, peer_nonce=a._nonce)
+    a.receive_data(encode_link_frame(HelloAccept(4, B_ID, B_CERT, bytes(32), proof)))
+    with pytest.raises(RemoteProtocolError, match=r"version 4, we speak 2\.\.3"):
+        a.next_event()
+
+
+def test_an_offer_out_of_range_is_a_local_error() -> None:
+    for version in (MIN_PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 1):
+        with pytest.raises(ValueError, match="version must be"):
+            link(Role.INITIATOR, me="a", version=version)
+
+
+def test_a_version_3_acceptors_refusal_names_the_version_to_offer() -> None:
+    # a version 3 broker refused any higher offer with this text
+    refusal = ProtocolErrorFrame(
+        int(ErrorCode.HANDSHAKE_FAILED), "peer speaks protocol version 4, we speak 2..3"
+    )
+    assert older_version_in_refusal(refusal, PROTOCOL_VERSION) == 3
+    # and a version 2 broker refused any other version than its own with this one
+    refusal = ProtocolErrorFrame(
+        int(ErrorCode.HANDSHAKE_FAILED), "peer speaks protocol version 4, we speak 2"
+    )
+    assert older_version_in_refusal(refusal, PROTOCOL_VERSION) == 2
+    # and offering 3 then is spoken by both (the relayed bundles' version is not)
+    a = link(Role.INITIATOR, me="a", version=3)
+    b = link(Role.ACCEPTOR, me="b")
+    assert _handshake(a, b).version == 3
+    assert a.peer_version == b.peer_version == 3 < RELAY_BUNDLES_VERSION
+
+
+@pytest.mark.parametrize(
+    ("code", "text", "offered"),
+    [
+        (ErrorCode.HANDSHAKE_FAILED, "certificate of broker x is not trusted", 4),
+        (ErrorCode.MALFORMED_FRAME, "peer speaks protocol version 4, we speak 2..3", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 3, we speak 2..3", 3),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 0..1", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 3..2", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 2..3 or so", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 2..99999", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 1", 4),
+        (ErrorCode.HANDSHAKE_FAILED, "peer speaks protocol version 4, we speak 4", 4),
+    ],
+)
+def test_other_refusals_name_no_version(code: ErrorCode, text: str, offered: int) -> None:
+    assert older_version_in_refusal(ProtocolErrorFrame(int(code), text), offered) is None
+
+
+def test_unbundle_frames_flow_only_between_brokers_of_version_4() -> None:
+    notice = UnbundleFrame(CONV, Direction.FROM_INITIATOR)
+    a, b = established()
+    b.receive_data(a.send(notice))
+    assert b.next_event() == notice
+    a, b = _established_with(3)
+    assert a.peer_version == 3
+    with pytest.raises(LocalProtocolError, match="version 3: no unbundle frames"):
+        a.send(notice)
+    a.receive_data(encode_link_frame(notice))
+    with pytest.raises(RemoteProtocolError, match="version 3 sent an unbundle frame"):
         a.next_event()
 
 
@@ -536,7 +647,7 @@ def test_replayed_proof_for_another_nonce_fails() -> None:
 @pytest.mark.parametrize(
     ("hello", "message"),
     [
-        (Hello(PROTOCOL_VERSION + 1, B_ID, B_CERT, bytes(32)), "version"),
+        (Hello(MIN_PROTOCOL_VERSION - 1, B_ID, B_CERT, bytes(32)), "version"),
         (Hello(PROTOCOL_VERSION, A_ID, A_CERT, bytes(32)), "our own"),
         (Hello(PROTOCOL_VERSION, uuid.uuid4(), B_CERT, bytes(32)), "does not belong"),
         (Hello(PROTOCOL_VERSION, B_ID, b"garbage", bytes(32)), "malformed certificate"),

@@ -1,0 +1,245 @@
+"""Users' table statements in PostgreSQL's SQL: `user_sql`'s translation, written for
+the PostgreSQL store.
+
+Theory of operation. `user_sql.translate` checks a T-SQL statement and rewrites it for
+SQLite; `write` takes that tree (a copy) and writes it for PostgreSQL instead, so both
+stores accept and refuse exactly the same statements. What changes:
+
+- Names. Each broker database's tables live in a PostgreSQL schema of their own, `"u:DB"`
+  (table `t` of database `sales` is `"u:sales"."t"`): SQLite's one name `"u:sales:t"` is
+  split in two. An index is `"t:ix"` in the same schema (SQL Server names an index per
+  table, PostgreSQL per schema), a table's identity sequence `"t:identity"`. No name of
+  the store's own holds a colon, and a user's name never does.
+- Types. The SQL Server type a column was declared with (SQLite keeps it as its type
+  name) becomes PostgreSQL's nearest one; text compares bytewise (`COLLATE "C"`), as
+  SQLite's BINARY does. `INT IDENTITY(1,1) PRIMARY KEY` becomes a `bigint GENERATED
+  ALWAYS AS IDENTITY` key. Any other type (a cast to `regclass`, say) is refused, and
+  so is the store's user (CURRENT_USER: a session's user is its login, not the store's).
+- Values. T-SQL's `+` stays `+`: the store defines `+` on two texts and on two byte
+  strings (`postgres_schema.OPERATORS`), so it joins them as SQL Server does; `0x01` is a
+  `bytea`. Parameters are PostgreSQL's own `$1`, `$2`... (the store binds them with a
+  raw cursor: `%` is not special).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from sqlglot import exp
+from sqlglot.errors import ErrorLevel, SqlglotError
+
+from .._core.ports import TableError
+from . import user_sql
+
+IDENTITY: Final = "identity"  # the suffix of a table's identity sequence
+_TEXT: Final = 'COLLATE "C"'
+# SQL Server's type (as `user_sql` keeps it) -> PostgreSQL's (None: the length given)
+_TYPES: Final[dict[str, str]] = {
+    "INT": "integer",
+    "INTEGER": "integer",
+    "BIGINT": "bigint",
+    "SMALLINT": "smallint",
+    "TINYINT": "smallint",
+    "BIT": "smallint",
+    "DECIMAL": "numeric",
+    "NUMERIC": "numeric",
+    "MONEY": "numeric(19, 4)",
+    "SMALLMONEY": "numeric(10, 4)",
+    "FLOAT": "double precision",
+    "REAL": "real",
+    "CHAR": "varchar",
+    "VARCHAR": "varchar",
+    "NCHAR": "varchar",
+    "NVARCHAR": "varchar",
+    "TEXT": "text",
+    "NTEXT": "text",
+    "XML": "text",
+    "DATE": "date",
+    "TIME": "time",
+    "DATETIME": "timestamp(3)",
+    "DATETIME2": "timestamp",
+    "SMALLDATETIME": "timestamp(0)",
+    "DATETIMEOFFSET": "timestamptz",
+    "UNIQUEIDENTIFIER": "uuid",
+    "BINARY": "bytea",
+    "VARBINARY": "bytea",
+    "IMAGE": "bytea",
+}
+_SIZED: Final = frozenset({"DECIMAL", "NUMERIC", "CHAR", "VARCHAR", "NCHAR", "NVARCHAR"})
+_TEXTS: Final = frozenset({"varchar", "text"})
+_PLACEHOLDER: Final = re.compile(r"\?(\d+)\Z")
+# what a cast may name (sqlglot's own types, from T-SQL's names)
+_CASTS: Final = frozenset(
+    {
+        exp.DataType.Type.INT,
+        exp.DataType.Type.BIGINT,
+        exp.DataType.Type.SMALLINT,
+        exp.DataType.Type.TINYINT,
+        exp.DataType.Type.UTINYINT,
+        exp.DataType.Type.BIT,
+        exp.DataType.Type.BOOLEAN,
+        exp.DataType.Type.DECIMAL,
+        exp.DataType.Type.MONEY,
+        exp.DataType.Type.SMALLMONEY,
+        exp.DataType.Type.DOUBLE,
+        exp.DataType.Type.FLOAT,
+        exp.DataType.Type.CHAR,
+        exp.DataType.Type.NCHAR,
+        exp.DataType.Type.VARCHAR,
+        exp.DataType.Type.NVARCHAR,
+        exp.DataType.Type.TEXT,
+        exp.DataType.Type.XML,
+        exp.DataType.Type.DATE,
+        exp.DataType.Type.TIME,
+        exp.DataType.Type.DATETIME,
+        exp.DataType.Type.DATETIME2,
+        exp.DataType.Type.SMALLDATETIME,
+        exp.DataType.Type.TIMESTAMP,
+        exp.DataType.Type.TIMESTAMPTZ,
+        exp.DataType.Type.UUID,
+        exp.DataType.Type.BINARY,
+        exp.DataType.Type.VARBINARY,
+        exp.DataType.Type.IMAGE,
+    }
+)
+
+
+def schema_name(database: str) -> str:
+    """The PostgreSQL schema of a broker database's tables."""
+    return f"{user_sql.PREFIX}{database}"
+
+
+def database_of(schema: str) -> str | None:
+    """The broker database of a schema `schema_name` made (None: not one)."""
+    if not schema.startswith(user_sql.PREFIX) or ":" in schema[len(user_sql.PREFIX) :]:
+        return None
+    return schema[len(user_sql.PREFIX) :]
+
+
+def sequence_name(database: str, table: str) -> str:
+    """The qualified, quoted name of `table`'s identity sequence."""
+    return f"{_quote(schema_name(database))}.{_quote(f'{table}:{IDENTITY}')}"
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _qualify_update(conflict: exp.OnConflict) -> None:
+    """In an upsert's DO UPDATE SET, a bare column is the target row's for SQLite and
+    ambiguous (target or EXCLUDED) for PostgreSQL: name the target's table."""
+    insert = conflict.find_ancestor(exp.Insert)
+    target = insert.this if insert is not None else None
+    if isinstance(target, exp.Schema):
+        target = target.this
+    if not isinstance(target, exp.Table):
+        return
+    for assignment in conflict.expressions:
+        if not isinstance(assignment, exp.EQ):
+            continue
+        for column in list(assignment.expression.find_all(exp.Column)):
+            if not column.table:
+                column.set("table", exp.to_identifier(target.name, quoted=True))
+        if isinstance(assignment.expression, exp.Column) and not assignment.expression.table:
+            assignment.expression.set("table", exp.to_identifier(target.name, quoted=True))
+
+
+def write(node: exp.Expression) -> str:
+    """`user_sql`'s translation of a statement (SQLite's), written for PostgreSQL (see
+    the module's comment); `node` is left as it was.
+
+    Raises:
+        TableError: a part of it PostgreSQL's store does not take.
+    """
+    if isinstance(node, exp.Command):
+        return _drop_index(node)
+    if node.find(exp.CurrentUser, exp.SessionUser) is not None:
+        raise user_sql.refused("the store's user (CURRENT_USER, SUSER_NAME())")
+    tree = node.copy()
+    for table in list(tree.find_all(exp.Table)):
+        _split(table)
+    for index in list(tree.find_all(exp.Index)):
+        name = index.this
+        if isinstance(name, exp.Identifier) and name.name.startswith(user_sql.PREFIX):
+            _, owner, index_name = name.name[len(user_sql.PREFIX) :].split(":")
+            index.set("this", exp.to_identifier(f"{owner}:{index_name}", quoted=True))
+    for ordered in list(tree.find_all(exp.Ordered)):  # a key's columns are names only
+        if ordered.find_ancestor(exp.PrimaryKey, exp.UniqueColumnConstraint) is not None:
+            ordered.replace(ordered.this)
+    for column in list(tree.find_all(exp.ColumnDef)):
+        _column(column, tree)
+    for kind in list(tree.find_all(exp.DataType)):
+        if kind.find_ancestor(exp.ColumnDef) is None and kind.this not in _CASTS:
+            raise user_sql.refused(f"the type {kind.sql('tsql').upper()}")
+    for call in list(tree.find_all(exp.Anonymous)):
+        if call.name.lower() == user_sql.ADD:
+            call.replace(exp.Add(this=call.expressions[0], expression=call.expressions[1]))
+    for var in list(tree.find_all(exp.Var)):
+        match = _PLACEHOLDER.match(var.name)
+        if match:
+            var.replace(exp.Var(this=f"${match.group(1)}"))
+    for conflict in list(tree.find_all(exp.OnConflict)):
+        _qualify_update(conflict)
+    for hexa in list(tree.find_all(exp.HexString)):
+        literal = exp.Literal.string("\\x" + str(hexa.this))
+        hexa.replace(exp.Cast(this=literal, to=exp.DataType.build("bytea", dialect="postgres")))
+    try:
+        return tree.sql(dialect="postgres", identify=True, unsupported_level=ErrorLevel.RAISE)
+    except SqlglotError as exc:
+        raise TableError(f"cannot translate the statement: {exc}") from None
+
+
+def _split(table: exp.Table) -> None:
+    """SQLite's `"u:DB:t"` as PostgreSQL's `"u:DB"."t"`."""
+    named = user_sql.shown_name(table.name)
+    if named is None:
+        return
+    database, name = named
+    table.set("this", exp.to_identifier(name, quoted=True))
+    table.set("db", exp.to_identifier(schema_name(database), quoted=True))
+
+
+def _column(column: exp.ColumnDef, tree: exp.Expression) -> None:
+    """A column as SQLite's translation declared it, declared for PostgreSQL."""
+    kind = column.args.get("kind")
+    assert isinstance(kind, exp.DataType)
+    constraints = column.constraints
+    if any(isinstance(c.kind, exp.AutoIncrementColumnConstraint) for c in constraints):
+        table = tree.find(exp.Table)
+        assert table is not None and table.db
+        database = database_of(table.db)
+        assert database is not None
+        sequence = sequence_name(database, table.name)
+        column.set(
+            "kind",
+            exp.DataType(
+                this=exp.DataType.Type.USERDEFINED,
+                kind=f"bigint GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME {sequence})",
+            ),
+        )
+        column.set(
+            "constraints",
+            [c for c in constraints if not isinstance(c.kind, exp.AutoIncrementColumnConstraint)],
+        )
+        return
+    declared = str(kind.args.get("kind") or kind.sql("tsql")).upper()
+    base = declared.split("(")[0].strip()
+    target = _TYPES.get(base)
+    if target is None:
+        raise user_sql.refused(f"the column type {declared}")
+    if base in _SIZED and "(" in declared:
+        target += "(" + declared.split("(", 1)[1]
+    if target.split("(")[0] in _TEXTS:
+        target += f" {_TEXT}"
+    column.set("kind", exp.DataType(this=exp.DataType.Type.USERDEFINED, kind=target))
+
+
+def _drop_index(node: exp.Command) -> str:
+    """SQLite's `DROP INDEX [IF EXISTS] "u:DB:t:ix"` for PostgreSQL."""
+    text = str(node.expression)
+    match = re.fullmatch(r'INDEX( IF EXISTS)? "u:([^:"]+):([^:"]+):([^:"]+)"', text)
+    if match is None:
+        raise TableError(f"cannot translate the statement: DROP {text}")
+    exists, database, table, index = match.groups()
+    return f"DROP INDEX{exists or ''} {_quote(schema_name(database))}.{_quote(f'{table}:{index}')}"
