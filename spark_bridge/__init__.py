@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from ._activator import JobRecord, SparkActivator, StopReport, event_queue
 from ._cli import main
-from ._reader import QueueBinding, ReaderReport, ReaderSpec, TaskInfo, run_reader
+from ._reader import (
+    EXECUTOR_SETTINGS,
+    QueueBinding,
+    ReaderReport,
+    ReaderSpec,
+    TaskInfo,
+    run_reader,
+)
 from ._scheduler import (
     get_spark_scheduler,
     get_spark_scheduler_async,
@@ -32,6 +39,7 @@ from ._source import (
 )
 
 __all__ = [
+    "EXECUTOR_SETTINGS",
     "SCHEMA",
     "JobRecord",
     "LeaseStreamReader",

@@ -12,6 +12,11 @@ broker refuses any registration beyond MAX_QUEUE_READERS anyway, so the cap hold
 whatever the bridge believes. Every `poll_interval` the bridge also activates a
 queue that has ready messages and none of its readers, in case an event was lost.
 
+Starting, the bridge runs one warm-up job (a task per core) that imports the reader
+and the readers' functions, so the first activation does not pay for PySpark's daemon
+and workers starting (with `EXECUTOR_SETTINGS` the daemon forks workers that have
+the reader imported already, see `_daemon`).
+
 Jobs are submitted from a thread pool (PySpark actions block), each in its own job
 group (`<activator>/<queue>/<n>`, interruptible) and, under the FAIR scheduler, in
 a pool named after the queue; the event thread labels each job's readers with the
@@ -44,15 +49,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ssb import client
 
-from ._reader import QueueBinding, ReaderSpec, run_partition
+from ._reader import QueueBinding, ReaderSpec, run_partition, warm_up
 from ._scheduler import spark_scheduler_binding
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("ssb.spark_bridge")
 
 EVENT_WAIT: Final = 0.25  # the event thread's RECEIVE timeout (its tick)
+WARM_UP_TIMEOUT: Final = 60.0  # start() waits this long at most for the warm-up job
 MAX_JOB_THREADS: Final = 64
 
 
@@ -142,6 +149,7 @@ class SparkActivator:
         name: str = "spark-bridge",
         poll_interval: float = 1.0,
         stop_grace: float = 10.0,
+        warm_up: bool = True,
     ) -> None:
         self.spark = spark
         self.url = broker_url
@@ -149,6 +157,8 @@ class SparkActivator:
         self.activator_id = f"{name}:{uuid.uuid4().hex[:12]}"
         self.poll_interval = poll_interval
         self.stop_grace = stop_grace
+        self.warm_up = warm_up
+        self.warm_up_seconds: float | None = None  # what start()'s warm-up job took
         self.bindings: dict[str, QueueBinding] = {}
         self._event_thread: threading.Thread | None = None
         for binding in _bindings(queues):
@@ -193,13 +203,16 @@ class SparkActivator:
     # ---- life ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Create the notification objects if missing, subscribe, start the event thread."""
+        """Create the notification objects if missing, subscribe, warm the executors'
+        Python workers up (unless `warm_up=False`), start the event thread."""
         if self._event_thread is not None:
             raise RuntimeError("the bridge is already started")
         if not self.bindings:
             raise ValueError("the bridge serves no queue; add_queue() first")
         self._conn = client.connect_sync(self.url)
         self._install(self._conn)
+        if self.warm_up:
+            self._warm_up()
         self._event_thread = threading.Thread(
             target=self._events, name="ssb-spark-events", daemon=True
         )
@@ -285,6 +298,37 @@ class SparkActivator:
                     queue=queue,
                     service=self.notification_service,
                 )
+
+    def _warm_up(self) -> None:
+        """Run a job of one task per core that imports the reader and the functions, so
+        the first activation finds Python workers (and PySpark's daemon) ready: the
+        seconds a first task pays go here instead. A function that cannot be imported
+        is logged now (its readers will report the same error); a job that does not end
+        within WARM_UP_TIMEOUT is cancelled and the bridge starts without it."""
+        began = time.monotonic()
+        sc = self.spark.sparkContext
+        group = f"{self.activator_id}/warm-up"
+        functions = tuple(sorted({b.function for b in self.bindings.values()}))
+        tasks = max(1, sc.defaultParallelism)
+
+        def run() -> list[str]:
+            sc.setJobGroup(group, "ssb: the Spark bridge's warm-up", True)
+            try:
+                rdd = sc.parallelize(range(tasks), tasks)
+                return rdd.mapPartitionsWithIndex(functools.partial(warm_up, functions)).collect()
+            finally:
+                _clear_job_properties(sc)
+
+        future = self._pool.submit(run)
+        try:
+            problems = future.result(timeout=WARM_UP_TIMEOUT)
+        except Exception as exc:
+            sc.cancelJobGroup(group)
+            log.warning("the Spark bridge's warm-up job did not finish: %r; starting without", exc)
+            return
+        for problem in sorted(set(problems)):
+            log.warning("executors cannot import a reader's function: %s", problem)
+        self.warm_up_seconds = time.monotonic() - began
 
     # ---- the event thread ----------------------------------------------------------
 
@@ -390,13 +434,17 @@ class SparkActivator:
             if not job.cancelled:
                 log.warning("spark job %s of queue %s failed: %s", job.group, job.queue, job.error)
         finally:
-            # pooled threads keep local properties: leave nothing for the next job
-            for key in ("spark.jobGroup.id", "spark.job.description", "spark.scheduler.pool"):
-                sc.setLocalProperty(key, None)  # type: ignore[arg-type]
-            sc.setLocalProperty("spark.job.interruptOnCancel", None)  # type: ignore[arg-type]
+            _clear_job_properties(sc)
             with self._lock:
                 job.finished = time.time()
                 self._futures.pop(job.group, None)
+
+
+def _clear_job_properties(sc: SparkContext) -> None:
+    """Pooled threads keep Spark's local properties: leave nothing for the next job."""
+    for key in ("spark.jobGroup.id", "spark.job.description", "spark.scheduler.pool"):
+        sc.setLocalProperty(key, None)  # type: ignore[arg-type]
+    sc.setLocalProperty("spark.job.interruptOnCancel", None)  # type: ignore[arg-type]
 
 
 def _notifications(conn: client.SyncConnection) -> list[dict[str, Any]]:

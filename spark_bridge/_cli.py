@@ -155,12 +155,12 @@ def main(args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
 
     from ._activator import SparkActivator
-    from ._reader import QueueBinding
+    from ._reader import EXECUTOR_SETTINGS, QueueBinding
 
     builder = SparkSession.builder.appName(f"ssb {config['name']}")
     if config["master"]:
         builder = builder.master(config["master"])
-    settings = {"spark.scheduler.mode": "FAIR", **config["spark"]}
+    settings = {"spark.scheduler.mode": "FAIR", **EXECUTOR_SETTINGS, **config["spark"]}
     for key, value in settings.items():
         builder = builder.config(key, value)
     # a JVM starting takes seconds (15 or more the first time): say so rather than be silent

@@ -39,6 +39,9 @@ from ssb import client
 MESSAGE_MODE: Final = "message"
 PROCEDURE_MODE: Final = "procedure"
 ISOLATED_AFTER_FAILURE: Final = 1  # RECEIVE TOP(1) while re-taking a failed batch
+# Spark settings for the executors that run readers: PySpark's daemon with the reader
+# imported before it forks its workers (see `_daemon`); set before the session starts
+EXECUTOR_SETTINGS: Final = {"spark.python.daemon.module": "ssb.spark_bridge._daemon"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class ReaderReport:
     transactions: int = 0
     processed: int = 0
     rolled_back: int = 0
+    started_at: float | None = None  # the Spark task began running the reader
     registered_at: float | None = None
     last_processed_at: float | None = None  # its last commit that took messages
     ended_at: float | None = None
@@ -102,6 +106,16 @@ def _where() -> tuple[int | None, str]:
     return task_id, f"{executor or 'local'}@{socket.gethostname()}"
 
 
+def warm_up(functions: tuple[str, ...], _index: int, _rows: Iterator[Any]) -> Iterator[str]:
+    """The body of a warm-up task: with this module loaded (the client with it), import
+    the readers' functions too; yields why each one that cannot be imported cannot."""
+    for function in functions:
+        try:
+            client.load_function(function, WHERE)
+        except Exception as exc:  # reported to the driver; a reader would fail the same way
+            yield f"{function}: {exc}"
+
+
 def run_partition(spec: ReaderSpec, index: int, _rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
     """The body of one Spark task: one reader. Yields its report (one row)."""
     yield asdict(run_reader(spec, index))
@@ -109,7 +123,7 @@ def run_partition(spec: ReaderSpec, index: int, _rows: Iterator[Any]) -> Iterato
 
 def run_reader(spec: ReaderSpec, index: int = 0) -> ReaderReport:
     """Register, read until idle or stopped, end; never raises."""
-    report = ReaderReport(partition=index)
+    report = ReaderReport(partition=index, started_at=time.time())
     report.job_task_id, report.executor = _where()
     try:
         conn = client.connect_sync(spec.url)

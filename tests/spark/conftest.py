@@ -43,6 +43,7 @@ def spark() -> Iterator[Any]:
         .config("spark.scheduler.mode", "FAIR")
         .config("spark.python.task.killTimeout", "200ms")
         .config("spark.sql.streaming.stopTimeout", "20s")
+        .config(map=spark_bridge.EXECUTOR_SETTINGS)  # as the bridge's command runs Spark
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from ssb import client
@@ -58,3 +59,9 @@ def nap(seconds: float) -> str:
     """A scheduler task that takes a while."""
     time.sleep(seconds)
     return "rested"
+
+
+def parent_command(_index: int) -> str:
+    """The command line of the process that forked this Python worker (Linux)."""
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode()
