@@ -198,6 +198,7 @@ async def consume(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
         if not await loop.run_in_executor(None, go.wait, opts.phase_timeout):
             raise BenchFailure("consumer: never told to start")
         started = time.monotonic()
+        cpu_started = time.process_time()
         deadline = started + opts.phase_timeout
         last_message = started
         while count < opts.messages:
@@ -228,10 +229,17 @@ async def consume(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
                 seen[index] = 1
                 count += 1
         finished = time.monotonic()
+        cpu = time.process_time() - cpu_started  # its own CPU while it received
         leftover = await conn.receive(CATALOG.target_queue, top=1, timeout=0)
         if leftover:
             raise BenchFailure(f"consumer: queue not empty after {count} messages")
-    return {"received": count, "batches": batches, "started": started, "finished": finished}
+    return {
+        "received": count,
+        "batches": batches,
+        "started": started,
+        "finished": finished,
+        "cpu": cpu,
+    }
 
 
 def _child(role: str, url: str, phase: int, opts: Options, go: Any, results: Any) -> None:

@@ -1,29 +1,41 @@
 """Spark bridge benchmark: throughput of Spark-activated readers, activation latency.
 
-    python -m bench.spark                       # 20,000 messages, local[4], 4 readers
-    python -m bench.spark --messages 50000 --readers 8 --master local[8]
+    python -m bench.spark                       # 3 rounds of 20,000 messages, local[4], 4 readers
+    python -m bench.spark --messages 50000 --readers 8 --master local[8] --rounds 5
     python -m bench.spark --smoke               # tiny sizes, seconds: does it still run?
 
-Throughput: the queue is loaded with 1 KiB messages on readers x 10 conversations,
-then a SparkActivator starts; readers call a trivial function, RECEIVE TOP(100) per
-transaction. Messages/s = messages / (first reader registered -> last commit), and
-also from bridge start. Every message is checked to be gone from the queue.
+Throughput, in rounds; each round has two interleaved halves (their order alternates
+from round to round), on the same broker:
+- Spark: a queue is loaded with 1 KiB messages on readers x 10 conversations, then a
+  SparkActivator starts (its warm-up job included); readers call a trivial function,
+  RECEIVE TOP(100) per transaction. Messages/s = messages / (first reader registered ->
+  last commit), and also from the bridge's start() returning. Every message is checked
+  to be gone from the queue.
+- the reference: what the broker gives one plain reader, bench.e2e's receive-only
+  phase (a consumer process draining as many 1 KiB messages, sent beforehand, in
+  transactions of TOP(100)).
+The share is the median over rounds of Spark / reference. With each half the daemon's
+CPU per message, and for Spark the executors' (JVM, PySpark's daemon and workers, the
+driver's bridge), so a machine too small for both shows as such. The load average is
+printed with every figure.
 
-The reference, on the same broker in the same run: what the broker gives one plain
-reader, bench.e2e's receive-only phase (a consumer process draining as many 1 KiB
-messages, sent beforehand, in transactions of TOP(100)). Targets: the Spark readers take
-at least 0.8 of that rate; activation (QUEUE_ACTIVATION -> first reader) within 50 ms
-warm and 1 s cold, at the median. Exit status 1 when one is missed (not in smoke mode).
+Targets: the Spark readers take at least 0.8 of the reference's rate; activation
+(QUEUE_ACTIVATION -> first reader) within 50 ms warm and 1 s cold, at the median. Exit
+status 1 when one is missed (not in smoke mode).
 
 Activation latency: one message into an idle queue; from the bridge receiving the
-QUEUE_ACTIVATION event to the first reader registered with the broker (and from
-the SEND's commit). "Cold" is the first activation in a fresh SparkContext (the
-Python worker is forked); "warm" reuses the worker.
+QUEUE_ACTIVATION event to the first reader registered with the broker (and from the
+SEND's commit), split into the bridge's part (event -> job submitted), Spark's (job ->
+task running) and the reader's (connect, log in, register). "Cold" is the first
+activation in a fresh SparkContext, after start() and its warm-up job (whose time is
+shown); "cold, no warm-up" the same with `warm_up=False` (PySpark's daemon and worker
+start with the first reader); "warm" reuses the workers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -32,13 +44,20 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench import e2e
-from bench._common import broker, parse_args, rate, run
+from bench._common import broker, cpu_meter, cpu_seconds, parse_args, rate, run
 from ssb import client
 from ssb.tools import wait_until_sync
 
 HERE = Path(__file__).resolve().parent
 FUNCTIONS = "bench.spark:trivial"
-SMOKE = {"messages": 200, "readers": 2, "master": "local[2]", "warm_samples": 2, "cold_samples": 1}
+SMOKE = {
+    "messages": 200,
+    "readers": 2,
+    "master": "local[2]",
+    "rounds": 1,
+    "warm_samples": 2,
+    "cold_samples": 1,
+}
 TARGET_OF_RECEIVE: Final = 0.8  # the Spark readers' rate / one plain reader's
 TARGET_WARM_MS: Final = 50.0  # activation to the first reader, median
 TARGET_COLD_MS: Final = 1000.0
@@ -57,6 +76,8 @@ def session(master: str) -> Any:
     )
     from pyspark.sql import SparkSession
 
+    from ssb.spark_bridge import EXECUTOR_SETTINGS
+
     spark = (
         SparkSession.builder.master(master)
         .appName("ssb bench")
@@ -66,6 +87,7 @@ def session(master: str) -> Any:
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.scheduler.mode", "FAIR")
         .config("spark.python.task.killTimeout", "200ms")
+        .config(map=EXECUTOR_SETTINGS)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -89,63 +111,144 @@ def objects(conn: client.SyncConnection, queue: str, readers: int) -> None:
     conn.create_service(f"{queue}Sender", queue=f"{queue}Back")
 
 
-def throughput(spark: Any, url: str, args: argparse.Namespace) -> dict[str, float]:
+@dataclasses.dataclass
+class Round:
+    """One throughput round: the Spark readers' half and the plain reader's."""
+
+    messages: int
+    readers_max: int = 0
+    spark_msgs_s: float = 0.0
+    spark_msgs_s_from_ready: float = 0.0
+    warm_up_s: float = 0.0
+    spark_daemon_us: float | None = None  # the broker daemon's CPU per message
+    spark_side_us: dict[str, float] = dataclasses.field(default_factory=dict)  # per message
+    spark_load: float = 0.0
+    plain_msgs_s: float = 0.0
+    plain_daemon_us: float | None = None
+    plain_reader_us: float = 0.0  # the consumer process's own CPU per message
+    plain_load: float = 0.0
+
+    @property
+    def share(self) -> float:
+        return self.spark_msgs_s / self.plain_msgs_s
+
+
+def descendants(root: int) -> list[int]:
+    """The processes under `root` (Linux /proc; none elsewhere)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def spark_side_cpu(daemon_pid: int) -> dict[str, float]:
+    """CPU seconds so far of this process (the driver's bridge) and of what it started, the
+    broker daemon left out: {"driver", "jvm", "python" (PySpark's daemon and workers)}."""
+    out = {"driver": time.process_time(), "jvm": 0.0, "python": 0.0}
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                kind = "jvm" if f.read().strip() == "java" else "python"
+        except OSError:
+            continue
+        seconds = cpu_seconds(pid) if pid != daemon_pid else None
+        out[kind] += seconds or 0.0
+    return out
+
+
+def throughput(
+    spark: Any, url: str, daemon_pid: int, queue: str, args: argparse.Namespace, into: Round
+) -> None:
     from ssb.spark_bridge import QueueBinding, SparkActivator
 
     with client.connect_sync(url) as conn:
-        objects(conn, "Bench", args.readers)
-        total = (args.messages // (args.readers * 10)) * args.readers * 10
-        load(conn, "Bench", total, args.readers * 10)
-        # warm the executors' Python workers so the figure is the steady state
-        spark.sparkContext.parallelize(range(args.readers), args.readers).count()
+        objects(conn, queue, args.readers)
+        load(conn, queue, into.messages, args.readers * 10)
         activator = SparkActivator(
             spark,
             url,
-            [QueueBinding("Bench", FUNCTIONS, batch_size=args.batch, idle_timeout=1.0)],
+            [QueueBinding(queue, FUNCTIONS, batch_size=args.batch, idle_timeout=1.0)],
+            name=f"bridge-{queue}",
         )
-        began = time.time()
+        daemon = cpu_meter(daemon_pid)
+        before = spark_side_cpu(daemon_pid)
+        into.spark_load = os.getloadavg()[0]
         activator.start()
+        ready = time.time()
         try:
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline:
                 done = sum(job.processed for job in activator.jobs if not job.running)
-                if done >= total and activator.wait_idle(0):
+                if done >= into.messages and activator.wait_idle(0):
                     break
                 activator.wait_idle(1.0)
         finally:
             activator.stop(grace=5)
+        into.spark_daemon_us = daemon(into.messages)
+        after = spark_side_cpu(daemon_pid)
+        into.spark_side_us = {
+            kind: (seconds - before[kind]) * 1e6 / into.messages for kind, seconds in after.items()
+        }
         reports = [r for job in activator.jobs for r in job.reports]
         processed = sum(r["processed"] for r in reports)
-        assert processed == total, f"processed {processed} of {total}"
-        assert conn.view("queue_monitors")[0]["messages_ready"] == 0 or not conn.peek("Bench")
+        assert processed == into.messages, f"processed {processed} of {into.messages}"
+        assert not conn.peek(queue), f"messages left on {queue}"
         first = min(r["registered_at"] for r in reports if r["registered_at"])
         last = max(r["last_processed_at"] for r in reports if r["last_processed_at"])
-        return {
-            "messages": total,
-            "readers_max": max(job.readers for job in activator.jobs),
-            "msgs_per_s": total / (last - first),
-            "msgs_per_s_from_start": total / (last - began),
-        }
+        into.readers_max = max(job.readers for job in activator.jobs)
+        into.spark_msgs_s = into.messages / (last - first)
+        into.spark_msgs_s_from_ready = into.messages / (last - ready)
+        into.warm_up_s = activator.warm_up_seconds or 0.0
 
 
-def receive_only(url: str, messages: int, batch: int) -> float:
-    """The reference: msgs/s of bench.e2e's receive-only phase on the broker at `url`."""
-    run(e2e.CATALOG.create(url))
-    opts = e2e.Options(messages=messages, batch=batch)
+def receive_only(url: str, daemon_pid: int, batch: int, into: Round) -> None:
+    """The reference: bench.e2e's receive-only phase (its catalog made beforehand)."""
+    opts = e2e.Options(messages=into.messages, batch=batch)
     e2e.run_processes(url, e2e.PHASE_SEND, ["producer"], opts)
+    daemon = cpu_meter(daemon_pid)
+    into.plain_load = os.getloadavg()[0]
     _, out = e2e.run_processes(url, e2e.PHASE_SEND, ["consumer"], opts)
+    into.plain_daemon_us = daemon(into.messages)
     got = out["consumer"]
-    return rate(got["received"], got["finished"] - got["started"])
+    into.plain_reader_us = got["cpu"] * 1e6 / into.messages
+    into.plain_msgs_s = rate(got["received"], got["finished"] - got["started"])
 
 
-def latency(spark: Any, url: str, queue: str, samples: int) -> list[tuple[float, float]]:
-    """(event -> first reader, send -> first reader) seconds, per sample."""
+@dataclasses.dataclass(frozen=True)
+class Activation:
+    """One activation's times, seconds."""
+
+    event_to_reader: float  # QUEUE_ACTIVATION received -> first reader registered
+    send_to_reader: float  # the SEND's commit -> first reader registered
+    bridge: float  # event -> job submitted
+    spark: float  # job submitted -> the task running
+    reader: float  # the task running -> registered (connect, log in, register)
+
+
+def latency(
+    spark: Any, url: str, queue: str, samples: int, warm_up: bool = True
+) -> tuple[list[Activation], float | None]:
+    """Each sample's activation, and what start()'s warm-up took."""
     from ssb.spark_bridge import QueueBinding, SparkActivator
 
     out = []
     with client.connect_sync(url) as conn:
         activator = SparkActivator(
-            spark, url, [QueueBinding(queue, FUNCTIONS, batch_size=1, idle_timeout=0.3)]
+            spark,
+            url,
+            [QueueBinding(queue, FUNCTIONS, batch_size=1, idle_timeout=0.3)],
+            name=f"bridge-{queue}",
+            warm_up=warm_up,
         )
         activator.start()
         try:
@@ -161,13 +264,90 @@ def latency(spark: Any, url: str, queue: str, samples: int) -> list[tuple[float,
                 if not activator.wait_idle(60):
                     raise RuntimeError("the reader did not end")
                 job = activator.jobs[-1]
-                registered = job.first_registered
+                report = min(job.reports, key=lambda r: r["registered_at"] or float("inf"))
+                registered, started = report["registered_at"], report["started_at"]
                 assert registered is not None and job.event_time is not None
-                out.append((registered - job.event_time, registered - sent))
+                out.append(
+                    Activation(
+                        registered - job.event_time,
+                        registered - sent,
+                        job.submitted - job.event_time,
+                        started - job.submitted,
+                        registered - started,
+                    )
+                )
                 conn.end_conversation(handle, cleanup=True)
         finally:
             activator.stop(grace=2)
-    return out
+    return out, activator.warm_up_seconds
+
+
+def _us(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f}"
+
+
+def print_rounds(rounds: list[Round], args: argparse.Namespace) -> float:
+    """Print each round and the medians; returns the median share."""
+    print(
+        f"throughput: {rounds[0].messages} messages a half, {rounds[0].readers_max} Spark readers"
+        f" (max_queue_readers {args.readers}, {args.master}, TOP {args.batch}, 1 KiB) against"
+        " one plain reader (bench.e2e's receive-only), interleaved"
+    )
+    for n, r in enumerate(rounds, 1):
+        side = " ".join(f"{kind} {us:.1f}" for kind, us in r.spark_side_us.items())
+        print(
+            f"  round {n}: Spark {r.spark_msgs_s:,.0f} msgs/s while reading"
+            f" ({r.spark_msgs_s_from_ready:,.0f} from start() returning; warm-up"
+            f" {r.warm_up_s:.2f} s), load {r.spark_load:.1f}; CPU us/msg: daemon"
+            f" {_us(r.spark_daemon_us)}, Spark side {sum(r.spark_side_us.values()):.1f} ({side})"
+        )
+        print(
+            f"           plain {r.plain_msgs_s:,.0f} msgs/s, load {r.plain_load:.1f}; CPU us/msg:"
+            f" daemon {_us(r.plain_daemon_us)}, reader {r.plain_reader_us:.1f}; share {r.share:.2f}"
+        )
+    share = statistics.median(r.share for r in rounds)
+    print(
+        f"throughput medians over {len(rounds)} rounds: Spark"
+        f" {statistics.median(r.spark_msgs_s for r in rounds):,.0f} msgs/s, plain reader"
+        f" {statistics.median(r.plain_msgs_s for r in rounds):,.0f} msgs/s; the Spark readers"
+        f" take {share:.2f} of it (target >= {TARGET_OF_RECEIVE})"
+    )
+    return share
+
+
+def print_latency(name: str, values: list[Activation], warm_up: list[float], target: float) -> bool:
+    """Print one kind of activation's figures; whether its median meets `target` (ms)."""
+    ms = {
+        field.name: statistics.median(getattr(v, field.name) * 1000 for v in values)
+        for field in dataclasses.fields(Activation)
+    }
+    longest = max(v.event_to_reader for v in values) * 1000
+    started = f"; start()'s warm-up {statistics.median(warm_up):.2f} s" if warm_up else ""
+    print(
+        f"activation latency {name} ({len(values)} samples, load {os.getloadavg()[0]:.1f}):"
+        f" QUEUE_ACTIVATION -> first reader median {ms['event_to_reader']:.0f} ms"
+        f" (target < {target:g}), max {longest:.0f} ms; of it bridge {ms['bridge']:.1f},"
+        f" Spark {ms['spark']:.1f}, reader {ms['reader']:.1f} ms; SEND -> first reader"
+        f" median {ms['send_to_reader']:.0f} ms{started}"
+    )
+    return ms["event_to_reader"] < target
+
+
+def cold_activations(
+    url: str, args: argparse.Namespace, first: int, warm_up: bool
+) -> tuple[list[Activation], list[float]]:
+    """One activation per fresh SparkContext, `args.cold_samples` times."""
+    values: list[Activation] = []
+    warm_ups: list[float] = []
+    for n in range(first, first + args.cold_samples):
+        spark = session(args.master)
+        try:
+            got, seconds = latency(spark, url, f"Ping{n}", 1, warm_up)
+        finally:
+            spark.stop()
+        values += got
+        warm_ups += [] if seconds is None else [seconds]
+    return values, warm_ups
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,50 +358,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--master", default="local[4]")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warm-samples", type=int, default=10)
     parser.add_argument("--cold-samples", type=int, default=3)
     args = parse_args(parser, argv, SMOKE)
     sys.path.insert(0, str(HERE.parent))
     with broker("os") as daemon:
-        daemon_url = daemon.url  # the admin login: the broker refuses a URL without one
-        with client.connect_sync(daemon_url) as conn:
-            for n in range(args.cold_samples + 1):
+        url = daemon.url  # the admin login: the broker refuses a URL without one
+        with client.connect_sync(url) as conn:
+            for n in range(2 * args.cold_samples + 1):
                 objects(conn, f"Ping{n}", 1)
-        cold = []
-        for n in range(args.cold_samples):
-            spark = session(args.master)
-            cold += latency(spark, daemon_url, f"Ping{n}", 1)
-            spark.stop()
+        cold, cold_warm_ups = cold_activations(url, args, 0, warm_up=True)
+        bare, _ = cold_activations(url, args, args.cold_samples, warm_up=False)
+        run(e2e.CATALOG.create(url))
+        messages = (args.messages // (args.readers * 10)) * args.readers * 10
+        rounds = [Round(messages) for _ in range(args.rounds)]
         spark = session(args.master)
         try:
-            warm = latency(spark, daemon_url, f"Ping{args.cold_samples}", args.warm_samples + 1)[1:]
-            figures = throughput(spark, daemon_url, args)
+            warm, _ = latency(spark, url, f"Ping{2 * args.cold_samples}", args.warm_samples + 1)
+            for n, into in enumerate(rounds):
+                halves = [
+                    lambda into=into, n=n: throughput(
+                        spark, url, daemon.pid, f"Bench{n}", args, into
+                    ),
+                    lambda into=into: receive_only(url, daemon.pid, args.batch, into),
+                ]
+                for half in halves if n % 2 == 0 else reversed(halves):
+                    half()
         finally:
             spark.stop()
-        reference = receive_only(daemon_url, int(figures["messages"]), args.batch)
-    print(
-        f"throughput: {figures['messages']:.0f} messages, {figures['readers_max']:.0f} readers "
-        f"(max_queue_readers {args.readers}, {args.master}, TOP {args.batch}, 1 KiB): "
-        f"{figures['msgs_per_s']:,.0f} msgs/s while reading, "
-        f"{figures['msgs_per_s_from_start']:,.0f} msgs/s from bridge start"
-    )
-    share = figures["msgs_per_s"] / reference
-    print(
-        f"one plain reader on the same broker (bench.e2e's receive-only, TOP {args.batch}):"
-        f" {reference:,.0f} msgs/s; the Spark readers take {share:.2f} of it"
-        f" (target >= {TARGET_OF_RECEIVE})"
-    )
-    met = share >= TARGET_OF_RECEIVE
-    for name, values, target in (("warm", warm, TARGET_WARM_MS), ("cold", cold, TARGET_COLD_MS)):
-        event = [v[0] * 1000 for v in values]
-        send = [v[1] * 1000 for v in values]
-        median = statistics.median(event)
-        met = met and median < target
-        print(
-            f"activation latency {name} ({len(values)} samples): QUEUE_ACTIVATION -> first reader "
-            f"median {median:.0f} ms (target < {target:g}), max {max(event):.0f} ms; "
-            f"SEND -> first reader median {statistics.median(send):.0f} ms"
-        )
+    met = print_rounds(rounds, args) >= TARGET_OF_RECEIVE
+    met = print_latency("warm", warm[1:], [], TARGET_WARM_MS) and met
+    met = print_latency("cold", cold, cold_warm_ups, TARGET_COLD_MS) and met
+    print_latency("cold, no warm-up", bare, [], TARGET_COLD_MS)
     return 0 if met or args.smoke else 1
 
 
