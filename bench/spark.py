@@ -14,7 +14,9 @@ from round to round), on the same broker:
 - the reference: what the broker gives one plain reader, bench.e2e's receive-only
   phase (a consumer process draining as many 1 KiB messages, sent beforehand, in
   transactions of TOP(100)).
-The share is the median over rounds of Spark / reference. With each half the daemon's
+The share is the median over rounds of Spark / reference; a first round is not counted
+(`--warm-rounds`): in it the JVM compiles the paths of a reader's job, which a bridge
+that has run a while has done. With each half the daemon's
 CPU per message, and for Spark the executors' (JVM, PySpark's daemon and workers, the
 driver's bridge), so a machine too small for both shows as such. The load average is
 printed with every figure.
@@ -55,6 +57,7 @@ SMOKE = {
     "readers": 2,
     "master": "local[2]",
     "rounds": 1,
+    "warm_rounds": 0,
     "warm_samples": 2,
     "cold_samples": 1,
 }
@@ -287,13 +290,16 @@ def _us(value: float | None) -> str:
 
 
 def print_rounds(rounds: list[Round], args: argparse.Namespace) -> float:
-    """Print each round and the medians; returns the median share."""
+    """Print each round and the medians of those after the warm rounds; returns the
+    median share."""
     print(
         f"throughput: {rounds[0].messages} messages a half, {rounds[0].readers_max} Spark readers"
         f" (max_queue_readers {args.readers}, {args.master}, TOP {args.batch}, 1 KiB) against"
         " one plain reader (bench.e2e's receive-only), interleaved"
     )
-    for n, r in enumerate(rounds, 1):
+    if args.warm_rounds:
+        print("  rounds <= 0 are not counted (the JVM compiles the job's paths, as a new bridge's)")
+    for n, r in enumerate(rounds, 1 - args.warm_rounds):
         side = " ".join(f"{kind} {us:.1f}" for kind, us in r.spark_side_us.items())
         print(
             f"  round {n}: Spark {r.spark_msgs_s:,.0f} msgs/s while reading"
@@ -305,6 +311,7 @@ def print_rounds(rounds: list[Round], args: argparse.Namespace) -> float:
             f"           plain {r.plain_msgs_s:,.0f} msgs/s, load {r.plain_load:.1f}; CPU us/msg:"
             f" daemon {_us(r.plain_daemon_us)}, reader {r.plain_reader_us:.1f}; share {r.share:.2f}"
         )
+    rounds = rounds[args.warm_rounds :]
     share = statistics.median(r.share for r in rounds)
     print(
         f"throughput medians over {len(rounds)} rounds: Spark"
@@ -359,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--master", default="local[4]")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--warm-rounds", type=int, default=1, help="rounds run first and not counted"
+    )
     parser.add_argument("--warm-samples", type=int, default=10)
     parser.add_argument("--cold-samples", type=int, default=3)
     args = parse_args(parser, argv, SMOKE)
@@ -372,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         bare, _ = cold_activations(url, args, args.cold_samples, warm_up=False)
         run(e2e.CATALOG.create(url))
         messages = (args.messages // (args.readers * 10)) * args.readers * 10
-        rounds = [Round(messages) for _ in range(args.rounds)]
+        rounds = [Round(messages) for _ in range(args.warm_rounds + args.rounds)]
         spark = session(args.master)
         try:
             warm, _ = latency(spark, url, f"Ping{2 * args.cold_samples}", args.warm_samples + 1)
