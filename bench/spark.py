@@ -79,7 +79,7 @@ def session(master: str) -> Any:
     )
     from pyspark.sql import SparkSession
 
-    from ssb.spark_bridge import EXECUTOR_SETTINGS
+    from ssb.spark_bridge import DEFAULT_SPARK_SETTINGS
 
     spark = (
         SparkSession.builder.master(master)
@@ -88,9 +88,8 @@ def session(master: str) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.scheduler.mode", "FAIR")
         .config("spark.python.task.killTimeout", "200ms")
-        .config(map=EXECUTOR_SETTINGS)
+        .config(map=DEFAULT_SPARK_SETTINGS)  # those of `ssb spark-bridge`
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

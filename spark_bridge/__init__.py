@@ -13,7 +13,7 @@ Needs pyspark (>= 4.2) and pyarrow: `pip install -e '.[spark]'` from the clone.
 from __future__ import annotations
 
 from ._activator import JobRecord, SparkActivator, StopReport, event_queue
-from ._cli import main
+from ._cli import DEFAULT_SPARK_SETTINGS, main
 from ._reader import (
     EXECUTOR_SETTINGS,
     QueueBinding,
@@ -39,6 +39,7 @@ from ._source import (
 )
 
 __all__ = [
+    "DEFAULT_SPARK_SETTINGS",
     "EXECUTOR_SETTINGS",
     "SCHEMA",
     "JobRecord",

@@ -36,7 +36,18 @@ from urllib.parse import urlsplit
 
 from ssb import client
 
+from ._reader import EXECUTOR_SETTINGS
+
 DEFAULT_BROKER: Final = "ssb://127.0.0.1:4021"
+# the Spark settings of the bridge's own driver, under the [spark] table's: FAIR pools (one
+# per queue), the executors' daemon with the reader imported, and only the JVM's quick
+# compiler: this driver schedules small jobs and moves no data, and C2's compiling cost it
+# more CPU than it returned (half its CPU per message read, on 2 cores; bench.spark)
+DEFAULT_SPARK_SETTINGS: Final = {
+    "spark.scheduler.mode": "FAIR",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    **EXECUTOR_SETTINGS,
+}
 _QUEUE_KEYS: Final = {"name", "function", "mode", "batch_size", "idle_timeout", "max_readers"}
 _TOP_KEYS: Final = {
     "broker",
@@ -155,12 +166,12 @@ def main(args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
 
     from ._activator import SparkActivator
-    from ._reader import EXECUTOR_SETTINGS, QueueBinding
+    from ._reader import QueueBinding
 
     builder = SparkSession.builder.appName(f"ssb {config['name']}")
     if config["master"]:
         builder = builder.master(config["master"])
-    settings = {"spark.scheduler.mode": "FAIR", **EXECUTOR_SETTINGS, **config["spark"]}
+    settings = {**DEFAULT_SPARK_SETTINGS, **config["spark"]}
     for key, value in settings.items():
         builder = builder.config(key, value)
     # a JVM starting takes seconds (15 or more the first time): say so rather than be silent
