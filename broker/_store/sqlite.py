@@ -31,15 +31,16 @@ checkpoint (it would sync files on the event loop); the checkpoint runs on the s
 thread, in the next commit there, and at most `INLINE_STREAK` batches, or
 `INLINE_ROWS` rows, in a row are committed inline.
 
-With "os" a checkpoint is due once the WAL holds `OS_AUTO_CHECKPOINT` pages, four times
-SQLite's default (`AUTO_CHECKPOINT`, kept with "fsync"). A checkpoint syncs the WAL and
+With `"os"` a checkpoint is due once the WAL holds `OS_AUTO_CHECKPOINT` pages, four times
+SQLite's default (`AUTO_CHECKPOINT`, kept with `"fsync"`). A checkpoint syncs the WAL and
 the database file whatever the durability, and the next commit waits for it; under load
 most messages are inserted and deleted within one checkpoint's span, so a longer span
 writes each hot page into the database once for many commits and syncs less often. With
-"fsync" every commit syncs the WAL, and the one-at-a-time round trip measured slower
-with the longer span (a commit that extends the WAL file syncs its new blocks' metadata
-too, and the WAL grows four times as far before it is reused), so it keeps SQLite's. The
-WAL is about 12 MiB larger at most, and a crash's recovery reads it whole.
+`"fsync"` every commit syncs the WAL, and the one-at-a-time round trip measured slower
+with the longer span (probably because a commit that extends the WAL file syncs its new
+blocks' metadata too, and the WAL grows four times as far before it is reused), so it
+keeps SQLite's. The WAL is about 12 MiB larger at most, and a crash's recovery reads it
+whole.
 
 A commit that fails for want of space or an I/O error is retried (see `commit`) after a
 WAL checkpoint that lets it reuse the WAL file's space. The *disk reserve* (`DiskReserve`,
