@@ -92,6 +92,7 @@ async def test_what_is_refused_is_refused_clearly(conn: client.Connection) -> No
         ("CREATE TABLE other.dbo.t (a INT)", "another database"),
         ("SELECT * FROM nowhere", "no such table: nowhere"),
         ("CREATE TABLE t (a GEOGRAPHY)", "GEOGRAPHY"),
+        ("CREATE TABLE #t (a INT REFERENCES t (a))", "a FOREIGN KEY on or to a temporary table"),
     ]:
         with pytest.raises(client.SqlError, match=words):
             await conn.execute(sql)
@@ -156,6 +157,58 @@ async def test_transactions_waiting_for_each_other_end_in_a_deadlock_error(
         await statements[winner].commit()
         rows = (await first.execute("SELECT x FROM A UNION ALL SELECT x FROM B")).rows
         assert sorted(rows) == ([(1,), (1,)] if statements[winner] is first else [(2,), (2,)])
+
+
+async def test_a_foreign_key_locks_the_table_it_refers_to_and_those_referring(
+    tmp_path: Path,
+) -> None:
+    """A statement on a table checks (or changes) the rows of the tables its foreign keys
+    connect it to: they are locked too, so that its run at commit finds what its first
+    run found, and a transaction that would break another's key waits for it."""
+    broker = BrokerProcess(tmp_path / "data", config={"statement_timeout": 1}).start()
+    try:
+        async with (
+            await client.connect(broker.url) as first,
+            await client.connect(broker.url) as second,
+        ):
+            await first.execute("CREATE TABLE Parent (id INT PRIMARY KEY)")
+            await first.execute(
+                "CREATE TABLE Child (id INT PRIMARY KEY, parent INT NOT NULL,"
+                " CONSTRAINT to_parent FOREIGN KEY (parent) REFERENCES Parent (id))"
+            )
+            await first.execute("INSERT INTO Parent VALUES (1), (2)")
+            with pytest.raises(client.SqlError, match="FOREIGN KEY"):
+                await first.execute("INSERT INTO Child VALUES (1, 3)")
+            # a parent's DELETE first: a child's INSERT waits for its end
+            await first.begin_transaction()
+            await second.begin_transaction()
+            await first.execute("DELETE FROM Parent WHERE id = 1")
+            insert = "INSERT INTO Child VALUES (1, 1)"
+            with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
+                await second.execute(insert)
+            inserting = asyncio.ensure_future(second.execute(insert))
+            await first.commit()
+            with pytest.raises(client.SqlError, match="FOREIGN KEY"):
+                await inserting  # (it ran after the DELETE committed)
+            await second.rollback()
+            # a child's INSERT first: the parent's DELETE waits for its end
+            await second.begin_transaction()
+            await first.begin_transaction()
+            await second.execute("INSERT INTO Child VALUES (2, 2)")
+            delete = "DELETE FROM Parent WHERE id = 2"
+            with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
+                await first.execute(delete)
+            await second.commit()
+            with pytest.raises(client.SqlError, match="FOREIGN KEY"):
+                await first.execute(delete)
+            await first.rollback()
+            rows = await first.execute(
+                "SELECT p.id, c.id FROM Parent p JOIN Child c ON c.parent = p.id"
+            )
+            assert rows.rows == [(2, 2)]
+        assert "Traceback" not in broker.log_text()
+    finally:
+        broker.kill()
 
 
 async def test_who_may_create_and_use_a_table(broker: BrokerProcess) -> None:
@@ -351,8 +404,11 @@ async def test_a_dropped_database_takes_its_tables(broker: BrokerProcess) -> Non
     async with await client.connect(broker.url) as conn:
         await conn.create_database("Sales")
         await conn.use("Sales")
-        await conn.execute("CREATE TABLE T (a INT)")
+        await conn.execute("CREATE TABLE T (a INT PRIMARY KEY)")
         await conn.execute("INSERT INTO T VALUES (1)")
+        # (a table is dropped before those it refers to, whatever their names)
+        await conn.execute("CREATE TABLE U (a INT REFERENCES T (a))")
+        await conn.execute("INSERT INTO U VALUES (1)")
         await conn.use("master")
         await conn.drop_database("Sales")
         await conn.create_database("Sales")

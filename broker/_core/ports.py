@@ -430,6 +430,13 @@ class TableJournal(Protocol):
         """
         ...
 
+    def table_foreign_keys(self, database: str) -> list[tuple[str, str, bool]]:
+        """The foreign keys between `database`'s tables, committed: (the referring
+        table, the table it refers to, whether a DELETE or UPDATE of the second changes
+        the first: ON DELETE / ON UPDATE CASCADE, SET NULL or SET DEFAULT), by their
+        names in the database (lower case)."""
+        ...
+
     def forget_table_statements(self, owner: object) -> None:
         """`owner`'s provisional statements are void (a rollback): they are not kept."""
         ...

@@ -11,8 +11,15 @@ savepoint forgets those after the savepoint.
 
 Isolation is serializable, by table locks: before it runs, a statement locks every
 table it names, shared to read, exclusive to change (a shared lock is upgraded when
-the same transaction changes the table later). Locks are held to the end of the
-transaction; a transaction that changed tables keeps its locks until its commit's
+the same transaction changes the table later). A change also locks the tables its
+table's foreign keys connect it to, which it reads or changes without naming them
+(`_lock_modes`): those its table refers to, shared (an INSERT or UPDATE checks their
+rows), and, unless it only inserts, those that refer to its table, exclusive when the
+key cascades or sets null or default (and so on along the cascade), else shared (a
+DELETE or UPDATE checks their rows). These are locked, not authorized: the statement
+needs no permission on them. The store tells the keys (`table_foreign_keys`), read
+once per database and again after a DDL statement commits. Locks are held to the end of
+the transaction; a transaction that changed tables keeps its locks until its commit's
 batch is durable, so that the next statement on those tables, provisional or at
 commit, starts from exactly the rows that batch left (this is what makes the second
 run give the first run's results). A lock held by another transaction makes the
@@ -190,6 +197,8 @@ class Tables:
         self.statement_timeout = statement_timeout
         self.locks = TableLocks(clock)
         self.names: set[str] = set()
+        # by database: its tables' foreign keys, committed (see `_lock_modes`)
+        self._foreign_keys: dict[str, list[tuple[str, str, bool]]] = {}
         # by session: the columns and rows of its last answer left to fetch
         self._pages: dict[int, tuple[list[str], deque[tuple[Any, ...]]]] = {}
         # by session: its temporary tables (#name) that exist, committed
@@ -290,10 +299,10 @@ class Tables:
         if not txn.login:
             txn.login = session.user
         try:
-            for table in sorted(statement.tables):
-                mode = EXCLUSIVE if table in statement.writes else SHARED
+            modes = self._lock_modes(statement)
+            for table in sorted(modes):
                 key = qualify(statement.database, table)
-                await self.locks.acquire(txn, key, mode, self.statement_timeout)
+                await self.locks.acquire(txn, key, modes[table], self.statement_timeout)
             if txn.explicit and session.txn is not txn:
                 raise BrokerError(ErrorCode.NO_TRANSACTION, "the transaction ended meanwhile")
             answer = await self.journal.run_table_statements(
@@ -309,6 +318,37 @@ class Tables:
         if not txn.explicit:
             self.transactions.finish(txn)
         return answer
+
+    def _lock_modes(self, statement: TableStatement) -> dict[str, str]:
+        """The tables the statement locks, and how: those it names, and those its
+        changed tables' foreign keys connect them to (see the module's comment)."""
+        modes = dict.fromkeys(statement.reads, SHARED)
+        modes.update(dict.fromkeys(statement.writes, EXCLUSIVE))
+        changed = [t for t, p in statement.writes.items() if p != "CREATE" and not is_temporary(t)]
+        if not changed:
+            return modes
+        keys = self._foreign_keys.get(statement.database)
+        if keys is None:
+            keys = self.journal.table_foreign_keys(statement.database)
+            self._foreign_keys[statement.database] = keys
+        # (table, whether the statement deletes or updates its rows): a changed table
+        # checks the rows it refers to; a DELETE or UPDATE checks or changes those
+        # referring to its rows, and so on along a cascade
+        pending = [(t, statement.writes[t] != "INSERT") for t in changed]
+        seen = set(changed)
+        while pending:
+            table, removes = pending.pop()
+            for referring, referred, cascades in keys:
+                if referring == table:
+                    modes.setdefault(referred, SHARED)
+                elif referred == table and removes and not cascades:
+                    modes.setdefault(referring, SHARED)
+                elif referred == table and removes:
+                    modes[referring] = EXCLUSIVE
+                    if referring not in seen:
+                        seen.add(referring)
+                        pending.append((referring, True))
+        return modes
 
     def fetch_rows(self, session: Session) -> dict[str, Any]:
         """Operation: the next page of the session's last answer that did not fit one
@@ -391,6 +431,9 @@ class Tables:
                     self.names.discard(key)
                     self.dropped(key)
         txn.table_statements = []
+        if any(statement.kind == "ddl" for statement, _ in statements):
+            # (a table, or its keys, came or went: the store tells it once it is durable)
+            self.journal.when_durable(self.journal.watermark(), self._foreign_keys.clear)
         if any(statement.kind != "query" for statement, _ in statements):
             self.journal.when_durable(self.journal.watermark(), lambda: self.locks.release(txn))
         else:
@@ -421,11 +464,34 @@ class Tables:
                 f" {locked[0]}; commit or roll it back first",
             )
         statements: list[tuple[TableStatement, dict[str, Any]]] = [
-            (self.journal.translate_table_statement(f"DROP TABLE [{plain(k)}]", database, 0), {})
-            for k in keys
+            (self.journal.translate_table_statement(f"DROP TABLE [{table}]", database, 0), {})
+            for table in self._referring_first(database, [plain(k) for k in keys])
         ]
         self.journal.write_table_statements(statements)
         self.names.difference_update(keys)
+        self._foreign_keys.pop(database, None)
+
+    def _referring_first(self, database: str, tables: list[str]) -> list[str]:
+        """`tables` in an order that drops each before the tables it refers to (a
+        store refuses to drop a table a FOREIGN KEY refers to).
+
+        Raises:
+            BrokerError: some refer to each other.
+        """
+        keys = [(a, b) for a, b, _ in self.journal.table_foreign_keys(database) if a != b]
+        order: list[str] = []
+        left = list(tables)
+        while left:
+            first = [t for t in left if not any(b == t and a in left for a, b in keys)]
+            if not first:
+                raise BrokerError(
+                    ErrorCode.IN_USE,
+                    f"cannot drop database '{database}': its tables {', '.join(left)} refer to"
+                    " each other by FOREIGN KEY; drop them first",
+                )
+            order += first
+            left = [t for t in left if t not in first]
+        return order
 
     def undo_to(self, txn: Transaction, statements: int) -> None:
         """Rollback to a savepoint that came after `statements` statements (locks stay)."""

@@ -74,6 +74,14 @@ _TABLES: Final = (
     " JOIN pg_namespace n ON n.oid = c.relnamespace"
     " WHERE c.relkind = 'r' AND n.nspname LIKE 'u:%' ORDER BY n.nspname, c.relname"
 )
+# a schema's foreign keys: (referring table, referred table, whether a change of the
+# referred rows changes the referring ones: ON DELETE / UPDATE CASCADE, SET NULL, SET DEFAULT)
+_FOREIGN_KEYS: Final = (
+    "SELECT c.relname, p.relname, k.confdeltype IN ('c', 'n', 'd') OR k.confupdtype IN"
+    " ('c', 'n', 'd') FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
+    " JOIN pg_class p ON p.oid = k.confrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE k.contype = 'f' AND n.nspname = ? AND p.relnamespace = c.relnamespace"
+)
 _SCHEMAS: Final = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'u:%'"
 _QUOTED: Final = re.compile(r'"(?:u:[^".]+"\.")?([^"]+)"')
 
@@ -255,6 +263,11 @@ class PostgresUserTables(Committer):
             except psycopg.Error as exc:
                 raise StoreError(describe_failure(exc)) from exc
         return reader.conn
+
+    def table_foreign_keys(self, database: str) -> list[tuple[str, str, bool]]:
+        """(read on the loop, by the reader: the committed tables)"""
+        rows = self._reader.execute(_FOREIGN_KEYS, (postgres_sql.schema_name(database),))
+        return [(str(a), str(b), bool(changes)) for a, b, changes in rows.fetchall()]
 
     @staticmethod
     def _tables(db: Any) -> list[tuple[str, str, float]]:

@@ -247,7 +247,8 @@ def _column(column: exp.ColumnDef, keyed: bool = False) -> None:
             | exp.NotNullColumnConstraint
             | exp.DefaultColumnConstraint
             | exp.UniqueColumnConstraint
-            | exp.CheckColumnConstraint,
+            | exp.CheckColumnConstraint
+            | exp.Reference,
         ):
             raise refused(f"the column constraint {constraint.sql('tsql')}")
     if identity is None:
@@ -292,6 +293,7 @@ def _create(node: exp.Create, database: str, writes: dict[str, str]) -> None:
             raise refused("CREATE TABLE without a column list (or AS SELECT)")
         if node.expression is not None:
             raise refused("CREATE TABLE ... AS SELECT")
+        temporary = schema.this.this.args.get("temporary")
         name = _rename(schema.this, database, alias=False)
         writes[name] = "CREATE"
         keyed = {
@@ -303,8 +305,15 @@ def _create(node: exp.Create, database: str, writes: dict[str, str]) -> None:
         for item in schema.expressions:
             if isinstance(item, exp.ColumnDef):
                 _column(item, item.name.lower() in keyed)
-            elif not isinstance(item, exp.Constraint | exp.PrimaryKey | exp.UniqueColumnConstraint):
+            elif not isinstance(
+                item, exp.Constraint | exp.PrimaryKey | exp.UniqueColumnConstraint | exp.ForeignKey
+            ):
                 raise refused(f"{item.sql('tsql')} in CREATE TABLE")
+        for reference in schema.find_all(exp.Reference):  # (a FOREIGN KEY's table)
+            referred = reference.find(exp.Table)
+            if temporary or referred is None or referred.this.args.get("temporary"):
+                raise refused("a FOREIGN KEY on or to a temporary table (#name)")
+            _rename(referred, database, alias=False)
         return
     if kind == "INDEX":
         index = node.this

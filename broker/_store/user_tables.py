@@ -58,6 +58,8 @@ RUNS_TOGETHER: Final = 100  # runs of an INSERT ... VALUES written as one INSERT
 # (and at most as many run on the event loop rather than the store thread, see `_inline`)
 MAX_VARIABLES: Final = 32_766  # parameters of one SQLite statement (its default limit)
 _STORE_NAME: Final = re.compile(r'"?u:[^:"\s]+:([^:"\s]+)(?::([^"\s]+))?"?')
+# what a foreign key's ON DELETE / ON UPDATE does to the referring rows, when it changes them
+_CHANGES_REFERRING: Final = frozenset(("CASCADE", "SET NULL", "SET DEFAULT"))
 _SESSION: Final = re.compile(r"(?<=.)#\d+(?=[.`]|\Z)")  # a temporary table's `#session`
 
 
@@ -127,8 +129,10 @@ def _add(a: Any, b: Any) -> Any:
 
 
 def add_functions(db: sqlite3.Connection) -> None:
-    """What users' statements call on the writer connection besides SQLite's own."""
+    """What users' statements call on the writer connection besides SQLite's own, and
+    their FOREIGN KEYs enforced there (the store's own tables have none)."""
     db.create_function(user_sql.ADD, 2, _add, deterministic=True)
+    db.execute("PRAGMA foreign_keys=ON")
 
 
 def parameters(statement: Statement, values: dict[str, Any]) -> tuple[Any, ...]:
@@ -175,6 +179,17 @@ class UserTables(Committer):
             (*name, int(self._reader.execute(f"SELECT COUNT(*) FROM {_quote(raw)}").fetchone()[0]))
             for name, raw in self._table_names(self._reader)
         ]
+
+    def table_foreign_keys(self, database: str) -> list[tuple[str, str, bool]]:
+        """(read on the loop, on the reader: the committed tables)"""
+        keys = []
+        for (where, table), raw in self._table_names(self._reader):
+            if where != database:
+                continue
+            for row in self._reader.execute(f"PRAGMA foreign_key_list({_quote(raw)})"):
+                referred = user_sql.shown_name(row[2]) or (database, row[2].lower())
+                keys.append((table, referred[1], bool(_CHANGES_REFERRING & {row[5], row[6]})))
+        return keys
 
     @staticmethod
     def _table_names(db: Any) -> list[tuple[tuple[str, str], str]]:

@@ -145,3 +145,61 @@ async def test_a_sessions_temporary_tables_go_when_it_closes() -> None:
     core.op("begin_transaction", detached=True, session=other)
     with pytest.raises(BrokerError, match="detached transaction"):
         await _execute(core, "INSERT INTO #t VALUES (1)", session=other)
+
+
+async def test_a_change_locks_the_tables_its_foreign_keys_connect_it_to() -> None:
+    """An INSERT into a child checks its parent's rows, a DELETE of a parent's rows
+    changes (cascade) or checks the children's: both runs of each must see the same
+    rows there, so those tables are locked too, though the statement does not name them."""
+    core = Core(statement_timeout=5.0)
+    await _execute(core, "CREATE TABLE Parent (id INT PRIMARY KEY)")
+    await _execute(core, "CREATE TABLE Other (id INT PRIMARY KEY)")
+    await _execute(
+        core,
+        "CREATE TABLE Child (id INT PRIMARY KEY, parent INT, other INT, CONSTRAINT to_parent FOREIGN KEY"
+        " (parent) REFERENCES Parent (id) ON DELETE CASCADE, CONSTRAINT to_other FOREIGN KEY"
+        " (other) REFERENCES Other (id))",
+    )
+    await _execute(
+        core,
+        "CREATE TABLE Grandchild (child INT, CONSTRAINT to_child FOREIGN KEY"
+        " (child) REFERENCES Child (id) ON DELETE SET NULL)",
+    )
+    core.flush()
+    tables = core.engine.tables
+    deleting = core.store.translate_table_statement("DELETE FROM Parent", "master", 0)
+    # the cascade changes Child and, through it, Grandchild; Child's checks read Other
+    assert tables._lock_modes(deleting) == {
+        "parent": "X",
+        "child": "X",
+        "grandchild": "X",
+        "other": "S",
+    }
+    inserting = core.store.translate_table_statement(
+        "INSERT INTO Child VALUES (1, 1, 1)", "master", 0
+    )
+    assert tables._lock_modes(inserting) == {"child": "X", "parent": "S", "other": "S"}
+    deleting_other = core.store.translate_table_statement("DELETE FROM Other", "master", 0)
+    assert tables._lock_modes(deleting_other) == {"other": "X", "child": "S"}
+    # so a transaction deleting parents makes one inserting children wait for its commit
+    await _execute(core, "INSERT INTO Parent VALUES (1), (2)")
+    await _execute(core, "INSERT INTO Other VALUES (1)")
+    core.flush()
+    first, second = core.session, core.new_session()
+    core.op("begin_transaction", session=first)
+    await _execute(core, "DELETE FROM Parent WHERE id = 1", session=first)
+    inserting_child = asyncio.ensure_future(
+        _execute(core, "INSERT INTO Child VALUES (1, 2, 1)", session=second)
+    )
+    await asyncio.sleep(0)
+    assert not inserting_child.done()
+    core.op("commit", session=first)
+    core.flush()
+    assert (await inserting_child)["rowcount"] == 1
+    # a table made (or dropped) since is known once its DDL commits
+    await _execute(
+        core,
+        "CREATE TABLE Note (child INT, CONSTRAINT n FOREIGN KEY (child) REFERENCES Child (id))",
+    )
+    core.flush()
+    assert tables._lock_modes(deleting)["note"] == "S"
