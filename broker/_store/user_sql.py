@@ -309,11 +309,7 @@ def _create(node: exp.Create, database: str, writes: dict[str, str]) -> None:
                 item, exp.Constraint | exp.PrimaryKey | exp.UniqueColumnConstraint | exp.ForeignKey
             ):
                 raise refused(f"{item.sql('tsql')} in CREATE TABLE")
-        for reference in schema.find_all(exp.Reference):  # (a FOREIGN KEY's table)
-            referred = reference.find(exp.Table)
-            if temporary or referred is None or referred.this.args.get("temporary"):
-                raise refused("a FOREIGN KEY on or to a temporary table (#name)")
-            _rename(referred, database, alias=False)
+        _references(schema, database, bool(temporary))
         return
     if kind == "INDEX":
         index = node.this
@@ -331,6 +327,16 @@ def _create(node: exp.Create, database: str, writes: dict[str, str]) -> None:
         writes[table] = "ALTER"
         return
     raise refused(f"CREATE {kind or 'this'}")
+
+
+def _references(node: exp.Expression, database: str, temporary: bool = False) -> None:
+    """Name the tables the FOREIGN KEYs in `node` refer to as the store does (a
+    `temporary` table's are refused, and so are those to a temporary table)."""
+    for reference in node.find_all(exp.Reference):
+        referred = reference.find(exp.Table)
+        if temporary or referred is None or referred.this.args.get("temporary"):
+            raise refused("a FOREIGN KEY on or to a temporary table (#name)")
+        _rename(referred, database, alias=False)
 
 
 def _drop(node: exp.Drop, database: str, writes: dict[str, str]) -> exp.Expression:
@@ -367,7 +373,9 @@ def _alter(node: exp.Alter, database: str, writes: dict[str, str]) -> None:
     if len(actions) != 1 or not isinstance(actions[0], exp.ColumnDef):
         raise refused("this ALTER TABLE", "ALTER TABLE ... ADD one column per statement")
     _column(actions[0])
+    temporary = node.this.this.args.get("temporary")
     writes[_rename(node.this, database, alias=False)] = "ALTER"
+    _references(actions[0], database, bool(temporary))
 
 
 def _output(node: exp.Expression, allowed: str) -> bool:

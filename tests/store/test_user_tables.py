@@ -69,6 +69,8 @@ def _commit(store: ManualStore, done: Done) -> None:
         ("SELECT 1; SELECT 2", "one statement"),
         ("SELEC 1", "cannot read"),
         ("OUTPUT x", "not supported"),
+        ("CREATE TABLE #t (a INT REFERENCES t (a))", "FOREIGN KEY on or to a temporary table"),
+        ("ALTER TABLE t ADD b INT REFERENCES #t (a)", "FOREIGN KEY on or to a temporary table"),
     ],
 )
 def test_what_the_translation_refuses_before_anything_runs(sql: str, words: str) -> None:
@@ -198,6 +200,39 @@ async def test_commits_wait_for_provisional_work_on_the_store_thread(tmp_path: P
         assert not failures
     finally:
         await store.close()
+
+
+async def test_foreign_keys_hold_and_the_store_tells_them(storage: ManualStore) -> None:
+    txn: Done = []
+    await _run(storage, txn, txn, "CREATE TABLE Parent (id INT PRIMARY KEY)")
+    await _run(
+        storage,
+        txn,
+        txn,
+        "CREATE TABLE Child (id INT PRIMARY KEY, parent INT REFERENCES dbo.Parent (id)"
+        " ON DELETE CASCADE)",
+    )
+    await _run(
+        storage,
+        txn,
+        txn,
+        "CREATE TABLE Note (child INT, FOREIGN KEY (child) REFERENCES Child (id))",
+    )
+    await _run(storage, txn, txn, "ALTER TABLE Note ADD parent INT REFERENCES Parent (id)")
+    await _run(storage, txn, txn, "INSERT INTO Parent VALUES (1)")
+    with pytest.raises(TableError, match="FOREIGN KEY"):
+        await _run(storage, txn, txn, "INSERT INTO Child VALUES (1, 2)")
+    await _run(storage, txn, txn, "INSERT INTO Child VALUES (1, 1)")
+    _commit(storage, txn)
+    assert sorted(storage.table_foreign_keys("master")) == [
+        ("child", "parent", True),
+        ("note", "child", False),
+        ("note", "parent", False),
+    ]
+    assert storage.table_foreign_keys("other") == []
+    later: Done = []
+    await _run(storage, later, later, "DELETE FROM Parent")
+    assert (await _run(storage, later, later, "SELECT COUNT(*) FROM Child")).rows == [(0,)]
 
 
 async def test_plus_joins_text_and_adds_numbers_as_t_sql_does(storage: ManualStore) -> None:
