@@ -286,10 +286,13 @@ async def test_kill_9_of_the_forwarder_mid_stream_loses_and_duplicates_nothing(
         received: list[client.Message] = []
         sent = 0
         progress = asyncio.Event()
+        killed = asyncio.Event()
 
         async def produce(conn: client.Connection) -> None:
             nonlocal sent
             for first in range(0, KILL_PER_DIALOG, KILL_BATCH):
+                if first == KILL_PER_DIALOG * 3 // 4:  # the last quarter only after the kill
+                    await asyncio.wait_for(killed.wait(), 60)
                 for d, h in enumerate(handles):
                     while sent - len(received) >= AHEAD:  # let B's consumer catch up
                         progress.clear()
@@ -313,6 +316,7 @@ async def test_kill_9_of_the_forwarder_mid_stream_loses_and_duplicates_nothing(
             old = f.process.proc
             assert old is not None
             await fed.restart("F")  # kill -9, then start on the same data dir and ports
+            killed.set()
             assert old.returncode == -9, old.returncode
             assert await f.conn.broker_instance() == f.instance
             return at_kill
