@@ -54,7 +54,7 @@ from . import postgres_sql, user_sql
 from .commit import Committer
 from .errors import StoreError, describe_failure
 from .user_sql import Statement
-from .user_tables import TableAnswer, bounded_rows, evaluate, parameters
+from .user_tables import TableAnswer, bind_runs, bounded_rows, parameters
 
 MAX_CONNECTIONS: Final = 16  # transactions using tables at once (each holds a connection)
 COUNT_LOCK_TIMEOUT: Final = "100ms"  # how long the tables view waits for a table's lock
@@ -287,10 +287,7 @@ class PostgresUserTables(Committer):
         timeout: float,
     ) -> TableAnswer:
         assert isinstance(statement, Statement)
-        for values in many:
-            for name, function in statement.volatile:
-                values[name] = evaluate(function)
-        bound = [parameters(statement, values) for values in many]
+        bound = bind_runs(statement, many)
         if "CREATE" in statement.writes.values():
             self._make_schema(statement.database)
         held = self._provisional.get(id(owner))

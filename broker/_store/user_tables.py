@@ -100,7 +100,7 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def evaluate(function: str) -> Any:
+def _evaluate(function: str) -> Any:
     if function == "newid":
         return str(uuid.uuid4()).upper()
     now = dt.datetime.now(dt.UTC if function == "utcnow" else None)
@@ -133,6 +133,19 @@ def add_functions(db: sqlite3.Connection) -> None:
     their FOREIGN KEYs enforced there (the store's own tables have none)."""
     db.create_function(user_sql.ADD, 2, _add, deterministic=True)
     db.execute("PRAGMA foreign_keys=ON")
+
+
+def bind_runs(statement: Statement, many: Sequence[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Each run's positional parameters, its GETDATE() and NEWID() evaluated once and kept
+    in its values (the replay at commit binds the same).
+
+    Raises:
+        TableError: see `parameters`.
+    """
+    for values in many:
+        for name, function in statement.volatile:
+            values[name] = _evaluate(function)
+    return [parameters(statement, values) for values in many]
 
 
 def parameters(statement: Statement, values: dict[str, Any]) -> tuple[Any, ...]:
@@ -207,10 +220,7 @@ class UserTables(Committer):
         timeout: float,
     ) -> TableAnswer:
         assert isinstance(statement, Statement)
-        for values in many:
-            for name, function in statement.volatile:
-                values[name] = evaluate(function)
-        bound = [parameters(statement, values) for values in many]
+        bound = bind_runs(statement, many)
         if (
             self._executor is None
             or self._loop is None
