@@ -138,11 +138,9 @@ def _qualify_update(conflict: exp.OnConflict) -> None:
     for assignment in conflict.expressions:
         if not isinstance(assignment, exp.EQ):
             continue
-        for column in list(assignment.expression.find_all(exp.Column)):
+        for column in list(assignment.expression.find_all(exp.Column)):  # (itself too)
             if not column.table:
                 column.set("table", exp.to_identifier(target.name, quoted=True))
-        if isinstance(assignment.expression, exp.Column) and not assignment.expression.table:
-            assignment.expression.set("table", exp.to_identifier(target.name, quoted=True))
 
 
 def write(node: exp.Expression) -> str:
