@@ -23,9 +23,12 @@ Run from the repository root:
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
+import os
 import queue
 import shutil
+import signal
 import statistics
 import struct
 import sys
@@ -55,6 +58,7 @@ CATALOG = Catalog("Failover")
 TAG = struct.Struct(">IQ")  # (conversation, its message number) at the start of a body
 SMOKE = {"messages": 300, "kills": 2, "batch": 20, "failover_timeout": 2.0}
 TARGET_SECONDS = "failover_timeout"  # every takeover within it
+STALL_SECONDS = 60.0  # no message received for this long: the run fails, with stacks
 
 
 @dataclass
@@ -151,10 +155,33 @@ async def consume(url: str, opts: Options, received: Any) -> dict[str, Any]:
     }
 
 
+def _print_tasks(role: str) -> None:
+    """Where every task waits, on stderr (on SIGUSR1: the run has stalled)."""
+    lines = [f"--- {role} (pid {os.getpid()}):"]
+    for task in asyncio.all_tasks():
+        lines.append(f"task {task.get_name()}:")
+        step: Any = task.get_coro()
+        while step is not None and hasattr(step, "cr_frame"):  # down the await chain
+            frame = step.cr_frame
+            if frame is not None:
+                lines.append(
+                    f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+                )
+            step = step.cr_await
+        if step is not None:
+            lines.append(f"  waits on {step!r}"[:300])
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+async def _with_stacks_on_signal(role: str, work: Any) -> Any:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _print_tasks, role)
+    return await work
+
+
 def _child(role: str, url: str, opts: Options, counter: Any, results: Any) -> None:
     try:
         worker = produce if role == "producer" else consume
-        results.put((role, run(worker(url, opts, counter))))
+        results.put((role, run(_with_stacks_on_signal(role, worker(url, opts, counter)))))
     except BaseException:
         results.put((role, {"error": traceback.format_exc()}))
 
@@ -170,21 +197,42 @@ def _daemon(opts: Options) -> Any:
     return make
 
 
-def _wait_for(counter: Any, at_least: int, procs: list[Any], deadline: float) -> None:
-    """Until the consumer has received `at_least` messages (bounded; fails if a child
-    died)."""
-    while counter.value < at_least:
-        if any(p.exitcode not in (None, 0) for p in procs):
+class Progress:
+    """The consumer's count, watched: a run that stops moving fails within
+    STALL_SECONDS, with the producer's and the consumer's task stacks on stderr, rather
+    than waiting out the whole run's timeout."""
+
+    def __init__(self, counter: Any, procs: list[Any], deadline: float) -> None:
+        self.counter, self.procs, self.deadline = counter, procs, deadline
+        self.seen, self.moved = -1, time.monotonic()
+
+    def check(self, waiting_for: str) -> None:
+        now = time.monotonic()
+        if self.counter.value != self.seen:
+            self.seen, self.moved = self.counter.value, now
+        if any(p.exitcode not in (None, 0) for p in self.procs):
             raise BenchFailure("a producer or consumer process died")
-        if time.monotonic() > deadline:
-            raise BenchFailure(f"no progress: {counter.value} of {at_least} received")
-        time.sleep(0.05)
+        stalled = now - self.moved > STALL_SECONDS
+        if stalled or now > self.deadline:
+            for p in self.procs:
+                if p.exitcode is None and p.pid is not None:
+                    os.kill(p.pid, signal.SIGUSR1)
+            time.sleep(1.0)  # the stacks reach stderr (a diagnostic's pause, not a wait)
+            why = f"nothing received for {STALL_SECONDS:g} s" if stalled else "out of time"
+            raise BenchFailure(f"{why}: {self.seen} received, waiting for {waiting_for}")
+
+    def wait_for(self, at_least: int) -> None:
+        """Until the consumer has received `at_least` messages."""
+        while self.counter.value < at_least:
+            self.check(f"{at_least} received")
+            time.sleep(0.05)
 
 
 def bench(opts: Options, database: str) -> Result:
     result = Result(messages=opts.messages, kills=opts.kills)
     root = Path(tempfile.mkdtemp(prefix="ssb-bench-failover-"))
     pair = tools.DaemonPair(root, database, _daemon(opts))
+    procs: list[Any] = []
     try:
         pair.start()
         run(CATALOG.create(pair.url))
@@ -192,7 +240,7 @@ def bench(opts: Options, database: str) -> Result:
         ctx = mp.get_context("spawn")
         sent, received = ctx.Value("q", 0), ctx.Value("q", 0)
         results = ctx.Queue()
-        procs = [
+        procs += [
             ctx.Process(target=_child, args=("consumer", url, opts, received, results)),
             ctx.Process(target=_child, args=("producer", url, opts, sent, results)),
         ]
@@ -200,9 +248,10 @@ def bench(opts: Options, database: str) -> Result:
         deadline = started + opts.timeout
         for p in procs:
             p.start()
+        progress = Progress(received, procs, deadline)
         step = max(1, opts.messages // (opts.kills + 2))
         for kill in range(opts.kills):
-            _wait_for(received, min(opts.messages - 1, (kill + 1) * step), procs, deadline)
+            progress.wait_for(min(opts.messages - 1, (kill + 1) * step))
             took = pair.fail_over("kill")
             result.takeover_seconds.append(took)
             print(f"kill {kill + 1}: the standby served after {took:.2f} s", flush=True)
@@ -210,9 +259,10 @@ def bench(opts: Options, database: str) -> Result:
         outcomes: dict[str, dict[str, Any]] = {}
         while len(outcomes) < 2:
             try:
-                role, outcome = results.get(timeout=max(1.0, deadline - time.monotonic()))
+                role, outcome = results.get(timeout=1.0)
             except queue.Empty:
-                raise BenchFailure("timed out waiting for the producer and consumer") from None
+                progress.check("the producer's and the consumer's results")
+                continue
             if "error" in outcome:
                 raise BenchFailure(f"{role} failed:\n{outcome['error']}")
             outcomes[role] = outcome
@@ -226,6 +276,9 @@ def bench(opts: Options, database: str) -> Result:
             )
         raise
     finally:
+        for p in procs:  # after a failure they may wait for ever, and exit would join them
+            if p.is_alive():
+                p.kill()
         pair.stop()
         shutil.rmtree(root, ignore_errors=True)
     got = outcomes["consumer"]
