@@ -23,9 +23,10 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 from pathlib import Path
+
+from ssb import tools
 
 SERVER_USER = "postgres"  # the unprivileged user that owns and runs the cluster (as root)
 START_TIMEOUT = 60  # seconds pg_ctl waits for the server to accept connections
@@ -51,12 +52,6 @@ def _binaries() -> Path:
         " was found on the PATH or in /usr/lib/postgresql; on Debian/Ubuntu: sudo apt-get"
         " install postgresql (scripts/test.sh installs it when run as root)"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class PostgresServer:
@@ -103,7 +98,7 @@ class PostgresServer:
         )  # fmt: skip
         if made.returncode != 0:
             raise PostgresMissing(f"initdb failed:\n{made.stdout}\n{made.stderr}")
-        self.port = _free_port()
+        self.port = tools.free_port()
         options = (
             f"-p {self.port} -k {self.sockets} -c listen_addresses=127.0.0.1"
             " -c max_connections=300 -c shared_buffers=64MB"

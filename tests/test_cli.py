@@ -11,16 +11,10 @@ from pathlib import Path
 import pytest
 from daemon import BrokerProcess, one_error_line, run_ssb, serve_once
 
-from ssb import client
+from ssb import client, tools
 
 ROOT = Path(__file__).parent.parent
 NOT_HERE = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never an address of this machine
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_version_is_the_distributions() -> None:
@@ -111,7 +105,7 @@ def test_a_privileged_port_is_one_line(tmp_path: Path) -> None:
     "command", [("status",), ("view", "service_queues"), ("login", "drop", "x")]
 )
 def test_no_broker_answering_is_one_line_with_what_to_do(command: tuple[str, ...]) -> None:
-    port = _free_port()
+    port = tools.free_port()
     line = one_error_line(run_ssb(*command, "--url", f"ssb://admin:pw@127.0.0.1:{port}"))
     assert f"no broker answers at 127.0.0.1:{port}" in line
     assert "ssb serve" in line and "$SSB_URL" in line and "ssb://USER:PASSWORD@HOST:PORT" in line
