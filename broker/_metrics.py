@@ -286,6 +286,11 @@ class BrokerCollector(Collector):
             ("ssb_forward_relayed_frames", "relayed_frames", "Frames relayed to a next hop"),
             ("ssb_forward_refused_frames", "refused_frames", "Frames refused past forward_size"),
             ("ssb_forward_loops", "loops", "Frames dropped because the routes form a loop"),
+            (
+                "ssb_forward_unbundled",
+                "unbundled",
+                "Bundles dropped because their next hop takes no relayed bundles (older)",
+            ),
         ):
             yield CounterMetricFamily(name, text, value=totals.get(key, 0))
 

@@ -124,7 +124,10 @@ class Federation:
                 process = BrokerProcess(
                     self.root / name,
                     durability=self.durability,
-                    config={"transport": {**self.transport, **self.overrides.get(name, {})}},
+                    config={
+                        "http_port": 0,  # (/metrics)
+                        "transport": {**self.transport, **self.overrides.get(name, {})},
+                    },
                 )
                 process.start()
                 conn = await client.connect(process.url)

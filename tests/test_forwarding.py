@@ -9,6 +9,8 @@ acks travel end to end, so F's death loses nothing, and what F alters B refuses.
 
 from __future__ import annotations
 
+import asyncio
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from federation_setup import (
     route_chain,
     wait_quiet,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from ssb import client
 from ssb.tools import wait_until
@@ -44,6 +47,22 @@ async def _acknowledged(node: Node) -> None:
         return not await node.view("transmission_queue")
 
     await wait_until(empty, f"an empty transmission queue on {node.name}", timeout=30)
+
+
+async def _metrics(node: Node) -> dict[str, float]:
+    """`node`'s /metrics samples without labels, by name."""
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"{node.process.http_url}/metrics", timeout=10) as answer:
+            return str(answer.read().decode())
+
+    text = await asyncio.to_thread(scrape)
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.labels
+    }
 
 
 @pytest.mark.timeout(90)
@@ -76,6 +95,10 @@ async def test_a_dialog_through_a_forwarder_is_delivered_exactly_once_in_order_b
         assert row["initiator_broker"] == a.instance and row["target_broker"] == b.instance
         assert row["target_service"] == "TargetB" and row["priority"] == 5
         assert row["relayed_frames"] > 201
+        metrics = await _metrics(f)
+        assert metrics["ssb_forward_relayed_frames_total"] >= row["relayed_frames"]
+        assert metrics["ssb_forwarded_conversations"] == 1
+        assert metrics["ssb_forward_unbundled_total"] == 0  # (B takes relayed bundles)
         # A's and B's dialogs are with each other, carried by F
         a_rows = {r["peer"]: r for r in await a.view("broker_connections")}
         assert a_rows[b.instance]["via"] == f.instance, a_rows
