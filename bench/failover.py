@@ -198,20 +198,32 @@ def _daemon(opts: Options) -> Any:
 
 
 class Progress:
-    """The consumer's count, watched: a run that stops moving fails within
-    STALL_SECONDS, with the producer's and the consumer's task stacks on stderr, rather
-    than waiting out the whole run's timeout."""
+    """The producer and the consumer, watched: their results as they come (a failure is
+    raised at once: a child that failed has reported it and exited with 0), and the
+    consumer's count (a run that stops moving fails within STALL_SECONDS, with both
+    children's task stacks on stderr, rather than waiting out the run's timeout)."""
 
-    def __init__(self, counter: Any, procs: list[Any], deadline: float) -> None:
-        self.counter, self.procs, self.deadline = counter, procs, deadline
+    def __init__(self, counter: Any, procs: list[Any], results: Any, deadline: float) -> None:
+        self.counter, self.procs, self.results, self.deadline = counter, procs, results, deadline
+        self.outcomes: dict[str, dict[str, Any]] = {}
         self.seen, self.moved = -1, time.monotonic()
 
-    def check(self, waiting_for: str) -> None:
+    def check(self, waiting_for: str, wait: float = 0.05) -> None:
+        """Take a result that came (waiting up to `wait` seconds for one); raise when a
+        child failed, or nothing moved for too long."""
+        try:
+            role, outcome = self.results.get(timeout=wait)
+        except queue.Empty:
+            pass
+        else:
+            if "error" in outcome:
+                raise BenchFailure(f"{role} failed:\n{outcome['error']}")
+            self.outcomes[role] = outcome
         now = time.monotonic()
         if self.counter.value != self.seen:
             self.seen, self.moved = self.counter.value, now
         if any(p.exitcode not in (None, 0) for p in self.procs):
-            raise BenchFailure("a producer or consumer process died")
+            raise BenchFailure("a producer or consumer process died without a word")
         stalled = now - self.moved > STALL_SECONDS
         if stalled or now > self.deadline:
             for p in self.procs:
@@ -225,7 +237,12 @@ class Progress:
         """Until the consumer has received `at_least` messages."""
         while self.counter.value < at_least:
             self.check(f"{at_least} received")
-            time.sleep(0.05)
+
+    def finish(self) -> dict[str, dict[str, Any]]:
+        """Both children's results."""
+        while len(self.outcomes) < len(self.procs):
+            self.check("the producer's and the consumer's results", wait=1.0)
+        return self.outcomes
 
 
 def bench(opts: Options, database: str) -> Result:
@@ -248,7 +265,7 @@ def bench(opts: Options, database: str) -> Result:
         deadline = started + opts.timeout
         for p in procs:
             p.start()
-        progress = Progress(received, procs, deadline)
+        progress = Progress(received, procs, results, deadline)
         step = max(1, opts.messages // (opts.kills + 2))
         for kill in range(opts.kills):
             progress.wait_for(min(opts.messages - 1, (kill + 1) * step))
@@ -256,16 +273,7 @@ def bench(opts: Options, database: str) -> Result:
             result.takeover_seconds.append(took)
             print(f"kill {kill + 1}: the standby served after {took:.2f} s", flush=True)
             pair.restart()
-        outcomes: dict[str, dict[str, Any]] = {}
-        while len(outcomes) < 2:
-            try:
-                role, outcome = results.get(timeout=1.0)
-            except queue.Empty:
-                progress.check("the producer's and the consumer's results")
-                continue
-            if "error" in outcome:
-                raise BenchFailure(f"{role} failed:\n{outcome['error']}")
-            outcomes[role] = outcome
+        outcomes = progress.finish()
         result.seconds = time.monotonic() - started
         for p in procs:
             p.join(timeout=10)
