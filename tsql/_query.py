@@ -18,11 +18,12 @@ drops the tables.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import sqlite3
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
@@ -437,39 +438,39 @@ class Engine:
                 [[to_sqlite(v) for v in row] for row in rows],
             )
 
+    @contextlib.contextmanager
+    def _running(self, translation: Translation, what: str) -> Iterator[None]:
+        """Around running `translation`: SQLite's error becomes a SqlError (or the error a
+        function of ours raised inside it, kept in `failure`), and the tables it loaded
+        are dropped after, failed or not."""
+        self.failure = None
+        try:
+            yield
+        except sqlite3.Error as exc:
+            if self.failure is not None:
+                raise self.failure from None
+            raise SqlError(40517, f"the {what} failed on ssb's SQL engine: {exc}") from None
+        finally:
+            for source in translation.sources:
+                self.db.execute(f'DROP TABLE IF EXISTS temp."{source.table}"')
+
     def modify(
         self, translation: Translation, parameters: dict[str, object], target: Source
     ) -> tuple[int, list[tuple[object, ...]]]:
         """Run an INSERT / UPDATE / DELETE of a loaded table variable: how many rows it
         touched, and the table's rows after it."""
-        self.failure = None
-        try:
+        with self._running(translation, "statement"):
             count = self.db.execute(translation.sql, parameters).rowcount
             rows = self.db.execute(f'SELECT * FROM "{target.table}"').fetchall()
-        except sqlite3.Error as exc:
-            if self.failure is not None:
-                raise self.failure from None
-            raise SqlError(40517, f"the statement failed on ssb's SQL engine: {exc}") from None
-        finally:
-            for source in translation.sources:
-                self.db.execute(f'DROP TABLE IF EXISTS temp."{source.table}"')
         return count, rows
 
     def run(
         self, translation: Translation, parameters: dict[str, object], kinds: dict[str, t.SqlType]
     ) -> ResultSet:
-        self.failure = None
-        try:
+        with self._running(translation, "query"):
             cursor = self.db.execute(translation.sql, parameters)
             names = [d[0] for d in cursor.description or ()]
             raw = cursor.fetchall()
-        except sqlite3.Error as exc:
-            if self.failure is not None:
-                raise self.failure from None
-            raise SqlError(40517, f"the query failed on ssb's SQL engine: {exc}") from None
-        finally:
-            for source in translation.sources:
-                self.db.execute(f'DROP TABLE IF EXISTS temp."{source.table}"')
         column_kinds = [kinds.get(n.lower()) for n in names]
         rows = [[from_sqlite(v, k) for v, k in zip(row, column_kinds, strict=True)] for row in raw]
         types = [
