@@ -113,23 +113,22 @@ def _substring(value: Value, start: Value, length: Value) -> Value:
     return Value(text[begin - 1 : max(end - 1, 0)], _string_type(value))
 
 
-def _left(value: Value, count: Value) -> Value:
-    n = _int(count)
-    if value.data is None or n is None:
-        return Value(None, value.type)
-    if n < 0:
-        raise SqlError(536, "Invalid length parameter passed to the left function.")
-    return Value(t.to_text(value)[:n], _string_type(value))
+def _end_of_text(name: str, take: Callable[[str, int], str]) -> Function:
+    """LEFT or RIGHT: `take` cuts a count of characters from one end of the text."""
+
+    def apply(value: Value, count: Value) -> Value:
+        n = _int(count)
+        if value.data is None or n is None:
+            return Value(None, value.type)
+        if n < 0:
+            raise SqlError(536, f"Invalid length parameter passed to the {name} function.")
+        return Value(take(t.to_text(value), n), _string_type(value))
+
+    return apply
 
 
-def _right(value: Value, count: Value) -> Value:
-    n = _int(count)
-    if value.data is None or n is None:
-        return Value(None, value.type)
-    if n < 0:
-        raise SqlError(536, "Invalid length parameter passed to the right function.")
-    text = t.to_text(value)
-    return Value(text[len(text) - n :] if n else "", _string_type(value))
+_left = _end_of_text("left", lambda text, n: text[:n])
+_right = _end_of_text("right", lambda text, n: text[len(text) - n :] if n else "")
 
 
 def _string_op(fn: Callable[[str], str]) -> Function:
