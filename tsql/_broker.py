@@ -11,6 +11,7 @@ them (911, 1801, 3701, 3702, 2714).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable
 from typing import Final
 
 from ssb import client
@@ -40,6 +41,17 @@ def object_name(name: str, database: str) -> str:
     return parts[-1]
 
 
+async def _create(creating: Awaitable[None], exists: SqlError) -> None:
+    """Await a CREATE on the broker: `exists` where the name is taken, any other refusal
+    in SQL Server's terms."""
+    try:
+        await creating
+    except client.AlreadyExistsError:
+        raise exists from None
+    except client.BrokerError as exc:
+        raise from_broker(exc) from None
+
+
 class BrokerProcedures:
     """T-SQL procedures kept in the broker's catalog, in the session's database."""
 
@@ -57,14 +69,10 @@ class BrokerProcedures:
 
     async def create(self, procedure: StoredProcedure, *, replace: bool) -> None:
         name = object_name(procedure.name, self.conn.database)
-        try:
-            await self.conn.create_procedure(name, procedure.text, replace)
-        except client.AlreadyExistsError:
-            raise SqlError(
-                2714, f"There is already an object named '{name}' in the database."
-            ) from None
-        except client.BrokerError as exc:
-            raise from_broker(exc) from None
+        await _create(
+            self.conn.create_procedure(name, procedure.text, replace),
+            SqlError(2714, f"There is already an object named '{name}' in the database."),
+        )
 
     async def drop(self, name: str) -> bool:
         try:
@@ -100,14 +108,10 @@ class BrokerDatabases:
             raise from_broker(exc) from None
 
     async def create(self, name: str) -> None:
-        try:
-            await self.conn.create_database(name)
-        except client.AlreadyExistsError:
-            raise SqlError(
-                1801, f"Database '{name}' already exists. Choose a different database name."
-            ) from None
-        except client.BrokerError as exc:
-            raise from_broker(exc) from None
+        await _create(
+            self.conn.create_database(name),
+            SqlError(1801, f"Database '{name}' already exists. Choose a different database name."),
+        )
 
     async def drop(self, name: str) -> None:
         try:
