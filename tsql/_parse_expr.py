@@ -158,15 +158,20 @@ class ExpressionParser(Cursor):
             expr = ast.Method(expr, name, self._arguments())
         return expr
 
-    def _arguments(self) -> tuple[ast.Expr, ...]:
+    def _arguments(self, *, quantified: bool = False) -> tuple[ast.Expr, ...]:
+        """A parenthesised argument list; `quantified`: a function's, which may start with
+        DISTINCT or ALL (skipped)."""
         self.expect_op("(")
         args: list[ast.Expr] = []
-        if not self.take_op(")"):
-            while True:
-                args.append(self.expression())
-                if not self.take_op(","):
-                    break
-            self.expect_op(")")
+        if self.take_op(")"):
+            return ()
+        if quantified:
+            self.take("DISTINCT", "ALL")
+        while True:
+            args.append(self.expression())
+            if not self.take_op(","):
+                break
+        self.expect_op(")")
         return tuple(args)
 
     def _primary(self) -> ast.Expr:
@@ -276,7 +281,7 @@ class ExpressionParser(Cursor):
             parts.append(str(self.advance().value))
         if (self.at_op("(") and first.kind is Kind.NAME) or (self.at_op("(") and len(parts) > 1):
             name = ".".join(p.upper() for p in parts)
-            args = self._call_arguments()
+            args = self._arguments(quantified=True)
             if self.take("WITHIN"):
                 self.expect("GROUP")
                 self._skip_parenthesised()
@@ -284,19 +289,6 @@ class ExpressionParser(Cursor):
                 self._skip_parenthesised()
             return ast.Call(name, args, first.line)
         return ast.Column(tuple(parts))
-
-    def _call_arguments(self) -> tuple[ast.Expr, ...]:
-        self.expect_op("(")
-        args: list[ast.Expr] = []
-        if self.take_op(")"):
-            return ()
-        self.take("DISTINCT", "ALL")
-        while True:
-            args.append(self.expression())
-            if not self.take_op(","):
-                break
-        self.expect_op(")")
-        return tuple(args)
 
     def _skip_parenthesised(self) -> None:
         self.expect_op("(")
