@@ -579,21 +579,6 @@ class Parser(TableParser):
             self.fail(self.tokens[self.i - 1])
         return self.end_conversation(line)
 
-    def _send(self, line: int) -> ast.Statement:
-        return self.send(line)
-
-    def _receive(self, line: int) -> ast.Statement:
-        return self.receive(line)
-
-    def _get(self, line: int) -> ast.Statement:
-        return self.get_group(line)
-
-    def _move(self, line: int) -> ast.Statement:
-        return self.move_conversation(line)
-
-    def _waitfor(self, line: int) -> ast.Statement:
-        return self.waitfor(line)
-
     def _backup(self, line: int) -> ast.Statement:
         return self._refused_rest(
             line,
@@ -694,11 +679,11 @@ _STATEMENTS = {
     "DENY": Parser._deny,
     "REVERT": Parser._revert,
     "END": Parser._end,
-    "SEND": Parser._send,
-    "RECEIVE": Parser._receive,
-    "GET": Parser._get,
-    "MOVE": Parser._move,
-    "WAITFOR": Parser._waitfor,
+    "SEND": Parser.send,
+    "RECEIVE": Parser.receive,
+    "GET": Parser.get_group,
+    "MOVE": Parser.move_conversation,
+    "WAITFOR": Parser.waitfor,
     "BACKUP": Parser._backup,
     "INSERT": Parser._insert,
     "UPDATE": Parser._update,
