@@ -82,6 +82,16 @@ class FaultPlan:
     def clean(cls) -> FaultPlan:
         return cls()
 
+    @classmethod
+    def cuts_both_ways(cls, seed: int, probability: float, most: int) -> dict[str, FaultPlan]:
+        """The `up` and `down` plans of a proxy that cuts a client's connections: each
+        direction cuts after a frame with `probability`, at most `most` times, never in a
+        connection's first two frames (seeds `seed` and `seed + 1`)."""
+        return {
+            UP: cls(seed=seed, cut_probability=probability, max_cuts=most, protect_frames=2),
+            DOWN: cls(seed=seed + 1, cut_probability=probability, max_cuts=most, protect_frames=2),
+        }
+
 
 @dataclass
 class DirectionStats:
@@ -488,6 +498,11 @@ class ThreadedFaultProxy:
     @property
     def stats(self) -> ProxyStats:
         return self.proxy.stats
+
+    def url(self, url: str) -> str:
+        """A client URL of the broker at the proxy's target port (`url`), leading through
+        the proxy instead."""
+        return url.replace(f":{self.proxy.target_port}", f":{self.port}")
 
     def __enter__(self) -> ThreadedFaultProxy:
         return self.start()

@@ -107,11 +107,9 @@ async def _run(
 async def test_cuts_between_client_and_broker_lose_and_duplicate_nothing(
     broker: BrokerProcess,
 ) -> None:
-    up = FaultPlan(seed=13, cut_probability=0.005, max_cuts=80, protect_frames=2)
-    down = FaultPlan(seed=14, cut_probability=0.005, max_cuts=80, protect_frames=2)
-    with ThreadedFaultProxy(broker.client_port, up=up, down=down) as proxy:
-        url = broker.url.replace(f":{broker.client_port}", f":{proxy.port}")
-        produced, read, reconnects = await _run(broker.url, url, 100_000)
+    cuts = FaultPlan.cuts_both_ways(seed=13, probability=0.005, most=80)
+    with ThreadedFaultProxy(broker.client_port, **cuts) as proxy:
+        produced, read, reconnects = await _run(broker.url, proxy.url(broker.url), 100_000)
         stats = proxy.stats
     assert stats.cuts >= 20, stats.as_dict()
     assert reconnects >= 10
@@ -198,7 +196,7 @@ async def test_outcome_window_expires_as_configured(tmp_path: Any) -> None:
 
 async def test_a_waiting_receive_resumes_and_tls_logs_in_again(broker: BrokerProcess) -> None:
     with ThreadedFaultProxy(broker.client_port) as proxy:
-        url = broker.tls_url.replace(f":{broker.client_port}", f":{proxy.port}")
+        url = proxy.url(broker.tls_url)
         reader = await client.connect(url)
         handles = await _catalog(reader)
         hooked: list[str] = []

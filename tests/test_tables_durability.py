@@ -157,12 +157,10 @@ async def test_kill_9_twenty_times_keeps_rows_total_and_replies_exactly_once(
 async def test_cut_connections_keep_rows_total_and_replies_exactly_once(
     broker: BrokerProcess,
 ) -> None:
-    up = FaultPlan(seed=33, cut_probability=0.003, max_cuts=40, protect_frames=2)
-    down = FaultPlan(seed=34, cut_probability=0.003, max_cuts=40, protect_frames=2)
-    with ThreadedFaultProxy(broker.client_port, up=up, down=down) as proxy:
-        url = broker.url.replace(f":{broker.client_port}", f":{proxy.port}")
+    cuts = FaultPlan.cuts_both_ways(seed=33, probability=0.003, most=40)
+    with ThreadedFaultProxy(broker.client_port, **cuts) as proxy:
         # small transactions: a cut rolls back what it falls into, and run_transaction
         # tries a transaction again a few times only
-        await _run(broker, url, top=10)
+        await _run(broker, proxy.url(broker.url), top=10)
         stats = proxy.stats
     assert stats.cuts >= 10, stats.as_dict()
