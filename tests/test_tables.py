@@ -5,8 +5,11 @@ and what outlives a kill -9."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon import BrokerProcess
@@ -14,6 +17,29 @@ from daemon import BrokerProcess
 from ssb import client
 
 PASSWORD = "a-long-password"
+
+# a broker on which a statement gives up waiting for a lock after a second
+impatient = pytest.mark.parametrize(
+    "broker_settings", [{"config": {"statement_timeout": 1}}], indirect=True, ids=["timeout=1"]
+)
+
+
+@pytest.fixture
+def broker_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The broker's settings: the defaults, or those a test names (`impatient`)."""
+    return getattr(request, "param", {})
+
+
+@contextlib.asynccontextmanager
+async def two_sessions(
+    broker: BrokerProcess,
+) -> AsyncIterator[tuple[client.Connection, client.Connection]]:
+    """Two connections of the admin login to `broker`, closed on exit."""
+    async with (
+        await client.connect(broker.url) as first,
+        await client.connect(broker.url) as second,
+    ):
+        yield first, second
 
 
 async def _queue_and_service(conn: client.Connection) -> None:
@@ -102,40 +128,31 @@ async def test_what_is_refused_is_refused_clearly(conn: client.Connection) -> No
         await conn.execute("SELECT @p1 + @p2", 1)
 
 
-async def test_a_table_locked_by_a_transaction_waits_for_its_commit(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data", config={"statement_timeout": 1}).start()
-    try:
-        async with (
-            await client.connect(broker.url) as first,
-            await client.connect(broker.url) as second,
-        ):
-            await first.execute("CREATE TABLE Totals (id INT PRIMARY KEY, total INT NOT NULL)")
-            await first.execute("INSERT INTO Totals VALUES (1, 0)")
-            await first.begin_transaction()
-            await first.execute("UPDATE Totals SET total = total + 5 WHERE id = 1")
-            with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
-                await second.execute("SELECT total FROM Totals")
-            await first.commit()
-            assert (await second.execute("SELECT total FROM Totals")).scalar() == 5
-            # a reader's shared lock keeps writers out until it ends, not other readers
-            await second.begin_transaction()
-            assert (await second.execute("SELECT total FROM Totals")).scalar() == 5
-            assert (await first.execute("SELECT total FROM Totals")).scalar() == 5
-            with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
-                await first.execute("UPDATE Totals SET total = 0")
-            await second.commit()
+@impatient
+async def test_a_table_locked_by_a_transaction_waits_for_its_commit(broker: BrokerProcess) -> None:
+    async with two_sessions(broker) as (first, second):
+        await first.execute("CREATE TABLE Totals (id INT PRIMARY KEY, total INT NOT NULL)")
+        await first.execute("INSERT INTO Totals VALUES (1, 0)")
+        await first.begin_transaction()
+        await first.execute("UPDATE Totals SET total = total + 5 WHERE id = 1")
+        with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
+            await second.execute("SELECT total FROM Totals")
+        await first.commit()
+        assert (await second.execute("SELECT total FROM Totals")).scalar() == 5
+        # a reader's shared lock keeps writers out until it ends, not other readers
+        await second.begin_transaction()
+        assert (await second.execute("SELECT total FROM Totals")).scalar() == 5
+        assert (await first.execute("SELECT total FROM Totals")).scalar() == 5
+        with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
             await first.execute("UPDATE Totals SET total = 0")
-    finally:
-        broker.kill()
+        await second.commit()
+        await first.execute("UPDATE Totals SET total = 0")
 
 
 async def test_transactions_waiting_for_each_other_end_in_a_deadlock_error(
     broker: BrokerProcess,
 ) -> None:
-    async with (
-        await client.connect(broker.url) as first,
-        await client.connect(broker.url) as second,
-    ):
+    async with two_sessions(broker) as (first, second):
         await first.execute("CREATE TABLE A (x INT)")
         await first.execute("CREATE TABLE B (x INT)")
         await first.begin_transaction()
@@ -159,56 +176,50 @@ async def test_transactions_waiting_for_each_other_end_in_a_deadlock_error(
         assert sorted(rows) == ([(1,), (1,)] if statements[winner] is first else [(2,), (2,)])
 
 
+@impatient
 async def test_a_foreign_key_locks_the_table_it_refers_to_and_those_referring(
-    tmp_path: Path,
+    broker: BrokerProcess,
 ) -> None:
     """A statement on a table checks (or changes) the rows of the tables its foreign keys
     connect it to: they are locked too, so that its run at commit finds what its first
     run found, and a transaction that would break another's key waits for it."""
-    broker = BrokerProcess(tmp_path / "data", config={"statement_timeout": 1}).start()
-    try:
-        async with (
-            await client.connect(broker.url) as first,
-            await client.connect(broker.url) as second,
-        ):
-            await first.execute("CREATE TABLE Parent (id INT PRIMARY KEY)")
-            await first.execute(
-                "CREATE TABLE Child (id INT PRIMARY KEY, parent INT NOT NULL,"
-                " CONSTRAINT to_parent FOREIGN KEY (parent) REFERENCES Parent (id))"
-            )
-            await first.execute("INSERT INTO Parent VALUES (1), (2)")
-            with pytest.raises(client.SqlError, match="FOREIGN KEY"):
-                await first.execute("INSERT INTO Child VALUES (1, 3)")
-            # a parent's DELETE first: a child's INSERT waits for its end
-            await first.begin_transaction()
-            await second.begin_transaction()
-            await first.execute("DELETE FROM Parent WHERE id = 1")
-            insert = "INSERT INTO Child VALUES (1, 1)"
-            with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
-                await second.execute(insert)
-            inserting = asyncio.ensure_future(second.execute(insert))
-            await first.commit()
-            with pytest.raises(client.SqlError, match="FOREIGN KEY"):
-                await inserting  # (it ran after the DELETE committed)
-            await second.rollback()
-            # a child's INSERT first: the parent's DELETE waits for its end
-            await second.begin_transaction()
-            await first.begin_transaction()
-            await second.execute("INSERT INTO Child VALUES (2, 2)")
-            delete = "DELETE FROM Parent WHERE id = 2"
-            with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
-                await first.execute(delete)
-            await second.commit()
-            with pytest.raises(client.SqlError, match="FOREIGN KEY"):
-                await first.execute(delete)
-            await first.rollback()
-            rows = await first.execute(
-                "SELECT p.id, c.id FROM Parent p JOIN Child c ON c.parent = p.id"
-            )
-            assert rows.rows == [(2, 2)]
-        assert "Traceback" not in broker.log_text()
-    finally:
-        broker.kill()
+    async with two_sessions(broker) as (first, second):
+        await first.execute("CREATE TABLE Parent (id INT PRIMARY KEY)")
+        await first.execute(
+            "CREATE TABLE Child (id INT PRIMARY KEY, parent INT NOT NULL,"
+            " CONSTRAINT to_parent FOREIGN KEY (parent) REFERENCES Parent (id))"
+        )
+        await first.execute("INSERT INTO Parent VALUES (1), (2)")
+        with pytest.raises(client.SqlError, match="FOREIGN KEY"):
+            await first.execute("INSERT INTO Child VALUES (1, 3)")
+        # a parent's DELETE first: a child's INSERT waits for its end
+        await first.begin_transaction()
+        await second.begin_transaction()
+        await first.execute("DELETE FROM Parent WHERE id = 1")
+        insert = "INSERT INTO Child VALUES (1, 1)"
+        with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
+            await second.execute(insert)
+        inserting = asyncio.ensure_future(second.execute(insert))
+        await first.commit()
+        with pytest.raises(client.SqlError, match="FOREIGN KEY"):
+            await inserting  # (it ran after the DELETE committed)
+        await second.rollback()
+        # a child's INSERT first: the parent's DELETE waits for its end
+        await second.begin_transaction()
+        await first.begin_transaction()
+        await second.execute("INSERT INTO Child VALUES (2, 2)")
+        delete = "DELETE FROM Parent WHERE id = 2"
+        with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
+            await first.execute(delete)
+        await second.commit()
+        with pytest.raises(client.SqlError, match="FOREIGN KEY"):
+            await first.execute(delete)
+        await first.rollback()
+        rows = await first.execute(
+            "SELECT p.id, c.id FROM Parent p JOIN Child c ON c.parent = p.id"
+        )
+        assert rows.rows == [(2, 2)]
+    assert "Traceback" not in broker.log_text()
 
 
 async def test_who_may_create_and_use_a_table(broker: BrokerProcess) -> None:
