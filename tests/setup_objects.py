@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ssb import client
+from ssb import client, tools
 
 ASYNC_CONTRACT = {"AsyncSent": "INITIATOR", "AsyncDone": "TARGET"}
+
+
+@contextlib.asynccontextmanager
+async def new_logins(
+    broker: tools.BrokerProcess, admin: client.Connection, password: str, *names: str
+) -> AsyncIterator[list[client.Connection]]:
+    """Logins `names` (with `password`, made by `admin`), and a connection of each to
+    `broker`, in that order; closed on exit."""
+    for name in names:
+        await admin.create_login(name, password)
+    connections: list[client.Connection] = []
+    try:
+        for name in names:
+            connections.append(await client.connect(broker.url_for(name, password)))
+        yield connections
+    finally:
+        for conn in connections:
+            await conn.close()
 
 
 async def activated_service(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from daemon import BrokerProcess
+from setup_objects import new_logins
 
 from ssb import client
 
@@ -52,12 +53,10 @@ async def test_a_session_starts_in_the_database_it_names_and_keeps_it(tmp_path: 
 
 
 async def test_database_owners_and_execute_on_procedures(broker: BrokerProcess) -> None:
-    admin = await client.connect(broker.url)
-    for name in ("owner", "app"):
-        await admin.create_login(name, PASSWORD)
-    owner = await client.connect(broker.url_for("owner", PASSWORD))
-    app = await client.connect(broker.url_for("app", PASSWORD))
-    try:
+    async with (
+        await client.connect(broker.url) as admin,
+        new_logins(broker, admin, PASSWORD, "owner", "app") as (owner, app),
+    ):
         with pytest.raises(client.PermissionDeniedError, match="lacks CREATE on the broker"):
             await owner.create_database("Shop")
         await admin.grant("CREATE", "owner")
@@ -85,9 +84,6 @@ async def test_database_owners_and_execute_on_procedures(broker: BrokerProcess) 
         assert [d["name"] for d in await admin.view("databases")] == ["master"]
         grants = [g for g in await admin.view("permissions") if g["login"] in ("owner", "app")]
         assert {(g["permission"], g["kind"]) for g in grants} == {("CREATE", None)}
-    finally:
-        for conn in (admin, owner, app):
-            await conn.close()
 
 
 async def test_procedures_and_databases_outlive_a_restart(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from daemon import BrokerProcess
+from setup_objects import new_logins
 
 from ssb import client
 
@@ -17,17 +18,14 @@ PASSWORD = "a-long-password"
 @pytest.fixture
 async def logins(broker: BrokerProcess) -> AsyncIterator[dict[str, client.Connection]]:
     """admin, and two ordinary logins: 'app' (may CREATE) and 'other' (nothing)."""
-    admin = await client.connect(broker.url)
-    for name in ("app", "other"):
-        await admin.create_login(name, PASSWORD)
-    await admin.grant("CREATE", "app")
-    app = await client.connect(broker.url_for("app", PASSWORD))
-    other = await client.connect(broker.url_for("other", PASSWORD))
-    await app.create_queue("AppQueue")
-    await app.create_service("AppService", queue="AppQueue", contracts=["DEFAULT"])
-    yield {"admin": admin, "app": app, "other": other}
-    for conn in (admin, app, other):
-        await conn.close()
+    async with (
+        await client.connect(broker.url) as admin,
+        new_logins(broker, admin, PASSWORD, "app", "other") as (app, other),
+    ):
+        await admin.grant("CREATE", "app")
+        await app.create_queue("AppQueue")
+        await app.create_service("AppService", queue="AppQueue", contracts=["DEFAULT"])
+        yield {"admin": admin, "app": app, "other": other}
 
 
 async def _count(admin: client.Connection, view: str) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from daemon import BrokerProcess
+from setup_objects import new_logins
 
 from ssb import client
 
@@ -223,31 +224,26 @@ async def test_a_foreign_key_locks_the_table_it_refers_to_and_those_referring(
 
 
 async def test_who_may_create_and_use_a_table(broker: BrokerProcess) -> None:
-    async with await client.connect(broker.url) as admin:
-        for name in ("owner", "reader"):
-            await admin.create_login(name, PASSWORD)
-        owner = await client.connect(broker.url_for("owner", PASSWORD))
-        reader = await client.connect(broker.url_for("reader", PASSWORD))
-        try:
-            with pytest.raises(client.PermissionDeniedError, match="CREATE on database"):
-                await owner.execute("CREATE TABLE T (a INT)")
-            await admin.grant("CREATE", "owner", kind="database", name="master")
+    async with (
+        await client.connect(broker.url) as admin,
+        new_logins(broker, admin, PASSWORD, "owner", "reader") as (owner, reader),
+    ):
+        with pytest.raises(client.PermissionDeniedError, match="CREATE on database"):
             await owner.execute("CREATE TABLE T (a INT)")
-            await owner.execute("INSERT INTO T VALUES (1)")
-            with pytest.raises(client.PermissionDeniedError, match="SELECT on table"):
-                await reader.execute("SELECT a FROM T")
-            await owner.grant("SELECT", "reader", kind="table", name="T")
-            assert (await reader.execute("SELECT a FROM t")).rows == [(1,)]
-            with pytest.raises(client.PermissionDeniedError, match="INSERT on table"):
-                await reader.execute("INSERT INTO T VALUES (2)")
-            owners = [r for r in await admin.view("permissions") if r["kind"] == "table"]
-            assert {(r["login"], r["permission"], r["name"]) for r in owners} == {
-                ("owner", "CONTROL", "t"),
-                ("reader", "SELECT", "t"),
-            }
-        finally:
-            await owner.close()
-            await reader.close()
+        await admin.grant("CREATE", "owner", kind="database", name="master")
+        await owner.execute("CREATE TABLE T (a INT)")
+        await owner.execute("INSERT INTO T VALUES (1)")
+        with pytest.raises(client.PermissionDeniedError, match="SELECT on table"):
+            await reader.execute("SELECT a FROM T")
+        await owner.grant("SELECT", "reader", kind="table", name="T")
+        assert (await reader.execute("SELECT a FROM t")).rows == [(1,)]
+        with pytest.raises(client.PermissionDeniedError, match="INSERT on table"):
+            await reader.execute("INSERT INTO T VALUES (2)")
+        owners = [r for r in await admin.view("permissions") if r["kind"] == "table"]
+        assert {(r["login"], r["permission"], r["name"]) for r in owners} == {
+            ("owner", "CONTROL", "t"),
+            ("reader", "SELECT", "t"),
+        }
 
 
 async def test_tables_live_in_their_database(broker: BrokerProcess) -> None:
