@@ -111,6 +111,11 @@ class DirectionStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def _both_directions(name: str) -> property:
+    """A count of ProxyStats: DirectionStats' `name`, up and down together."""
+    return property(lambda stats: getattr(stats.up, name) + getattr(stats.down, name))
+
+
 @dataclass
 class ProxyStats:
     connections: int = 0
@@ -120,21 +125,10 @@ class ProxyStats:
     # one line per injected fault (not delays), newest last: print it when a test fails
     events: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
 
-    @property
-    def cuts(self) -> int:
-        return self.up.cuts + self.down.cuts
-
-    @property
-    def duplicates(self) -> int:
-        return self.up.duplicates + self.down.duplicates
-
-    @property
-    def payload_corruptions(self) -> int:
-        return self.up.payload_corruptions + self.down.payload_corruptions
-
-    @property
-    def header_corruptions(self) -> int:
-        return self.up.header_corruptions + self.down.header_corruptions
+    cuts = _both_directions("cuts")
+    duplicates = _both_directions("duplicates")
+    payload_corruptions = _both_directions("payload_corruptions")
+    header_corruptions = _both_directions("header_corruptions")
 
     def as_dict(self) -> dict[str, object]:
         return {
