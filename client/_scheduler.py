@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from ssb.protocol import ErrorCode
 
@@ -42,6 +42,8 @@ from ._functions import function_name, load_function
 from ._message import Message
 from ._session import AsyncSession, Steps, SyncSession, run_steps, run_steps_sync
 from ._url import parse_url
+
+Session = TypeVar("Session", AsyncSession, SyncSession)
 
 # the target queue's activation procedure, `run_tasks` below; stored as written in
 # queues' activation, so it keeps its module's path
@@ -142,13 +144,17 @@ def _outcome(message: Message, names: SchedulerNames) -> TaskOutcome:
     )
 
 
-class _Tasks:
+class _Tasks(Generic[Session]):
     """What both schedulers track (tasks out, answers in), and what each of their
-    methods asks of the broker, as steps (see `_session.Steps`)."""
+    methods asks of the broker, as steps (see `_session.Steps`), on their connection
+    `conn` (async or blocking)."""
 
-    def __init__(self, names: SchedulerNames, handle: uuid.UUID, max_running: int | None) -> None:
+    def __init__(
+        self, conn: Session, names: SchedulerNames, handle: uuid.UUID, max_running: int | None
+    ) -> None:
         if max_running is not None and max_running < 1:
             raise ValueError("max_running must be >= 1 (or None for no limit)")
+        self.conn: Session = conn
         self.names = names
         self.handle = handle
         self.max_running = max_running
@@ -205,14 +211,8 @@ class _Tasks:
             yield calls.end_conversation(self.handle)
 
 
-class Scheduler(_Tasks):
+class Scheduler(_Tasks[AsyncSession]):
     """A scheduler handle (async); get one with `await conn.get_scheduler()`."""
-
-    def __init__(
-        self, conn: AsyncSession, names: SchedulerNames, handle: uuid.UUID, max_running: int | None
-    ) -> None:
-        super().__init__(names, handle, max_running)
-        self.conn = conn
 
     async def exec_async(self, task: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> int:
         """Queue `task(*args, **kwargs)` to run on an activated reader.
@@ -247,14 +247,8 @@ class Scheduler(_Tasks):
         await self.release()
 
 
-class SyncScheduler(_Tasks):
+class SyncScheduler(_Tasks[SyncSession]):
     """A scheduler handle on a blocking connection: `conn.get_scheduler()`."""
-
-    def __init__(
-        self, conn: SyncSession, names: SchedulerNames, handle: uuid.UUID, max_running: int | None
-    ) -> None:
-        super().__init__(names, handle, max_running)
-        self.conn = conn
 
     def exec_async(self, task: str | Callable[..., Any], /, *args: Any, **kwargs: Any) -> int:
         """Queue `task(*args, **kwargs)` to run on an activated reader.
