@@ -371,6 +371,20 @@ def _moment(value: Value) -> dt.datetime | None:
     return converted
 
 
+# the length of a date part of a fixed length (DATEADD, DATEDIFF), in seconds
+_SECONDS_IN: Final[dict[str, float]] = {
+    "dayofyear": 86400,
+    "day": 86400,
+    "weekday": 86400,
+    "week": 604800,
+    "hour": 3600,
+    "minute": 60,
+    "second": 1,
+    "millisecond": 0.001,
+    "microsecond": 0.000001,
+}
+
+
 def _dateadd(part: Value, number: Value, date: Value) -> Value:
     unit, n, moment = _part(part), _int(number), _moment(date)
     kind = date.type if date.type.family in ("datetime", "date") else t.DATETIME
@@ -383,18 +397,7 @@ def _dateadd(part: Value, number: Value, date: Value) -> Value:
         day = min(moment.day, _days_in(year, month + 1))
         result = moment.replace(year=year, month=month + 1, day=day)
     else:
-        seconds = {
-            "dayofyear": 86400,
-            "day": 86400,
-            "weekday": 86400,
-            "week": 604800,
-            "hour": 3600,
-            "minute": 60,
-            "second": 1,
-            "millisecond": 0.001,
-            "microsecond": 0.000001,
-        }[unit]
-        result = moment + dt.timedelta(seconds=n * seconds)
+        result = moment + dt.timedelta(seconds=n * _SECONDS_IN[unit])
     return t.convert(Value(result, t.DATETIME2), kind)
 
 
@@ -418,13 +421,7 @@ def _datediff(part: Value, start: Value, end: Value) -> Value:
     elif unit == "week":
         result = ((b.date() - a.date()).days + (a.isoweekday() % 7) - (b.isoweekday() % 7)) // 7
     else:
-        size = {
-            "hour": 3600,
-            "minute": 60,
-            "second": 1,
-            "millisecond": 0.001,
-            "microsecond": 0.000001,
-        }[unit]
+        size = _SECONDS_IN[unit]
         floor_a = math.floor(a.timestamp() / size) if unit != "microsecond" else a.timestamp() * 1e6
         floor_b = math.floor(b.timestamp() / size) if unit != "microsecond" else b.timestamp() * 1e6
         result = int(floor_b - floor_a)
