@@ -16,13 +16,17 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing as mp
 import multiprocessing.process
 import os
 import platform
+import queue
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+import time
+import traceback
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -167,6 +171,80 @@ async def receive_in_one_round_trip(
     messages: list[client.Message] = await received
     await commit
     return messages
+
+
+# a worker process's work: a module-level coroutine function (a spawned process finds it by
+# name), called with its arguments and then (go, results): it puts (role, "ready") on
+# `results` once set up, waits for the event `go`, and returns its outcome
+Work = Callable[..., Coroutine[Any, Any, dict[str, Any]]]
+Outcomes = dict[str, dict[str, Any]]  # what each worker process reported, by role
+
+
+def _worker(role: str, work: Work, args: tuple[Any, ...], go: Any, results: Any) -> None:
+    try:
+        results.put((role, run(work(*args, go, results))))
+    except BaseException:
+        results.put((role, {"error": traceback.format_exc()}))
+
+
+def released_together(
+    work: Mapping[str, tuple[Work, tuple[Any, ...]]], timeout: float, name: str = ""
+) -> tuple[float, Outcomes]:
+    """Run each role's `work[role]`, (function, arguments), in a process of its own, all
+    released together once each is ready; returns (the time of the release, the outcomes).
+
+    A worker that fails, or dies without a word, fails the run at once (BenchFailure, which
+    names `name` and the role), and so does one that is not ready within a minute or not
+    done within `timeout` + 30 seconds of the release.
+    """
+    who = f"{name} " if name else ""
+    ctx = mp.get_context("spawn")
+    go = ctx.Event()
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_worker, args=(role, function, args, go, results), name=f"bench-{role}")
+        for role, (function, args) in work.items()
+    ]
+    for p in procs:
+        p.start()
+    outcomes: Outcomes = {}
+
+    def next_report(limit: float) -> tuple[str, Any]:
+        # poll, so a child that dies without a word fails the run at once
+        while True:
+            try:
+                return results.get(timeout=0.5)  # type: ignore[no-any-return]
+            except queue.Empty:
+                pass
+            dead = [
+                p
+                for p in procs
+                if p.exitcode is not None and p.name.removeprefix("bench-") not in outcomes
+            ]
+            if dead and results.empty():
+                raise BenchFailure(f"{who}{dead[0].name} exited with code {dead[0].exitcode}")
+            if time.monotonic() > limit:
+                raise BenchFailure(f"{who}timed out waiting for the worker processes")
+
+    try:
+        ready = 0
+        while ready < len(procs):
+            role, what = next_report(time.monotonic() + 60)
+            if what != "ready":
+                why = what.get("error", what) if isinstance(what, dict) else what
+                raise BenchFailure(f"{who}{role} failed before the start: {why}")
+            ready += 1
+        go_time = time.monotonic()
+        go.set()
+        limit = go_time + timeout + 30
+        while len(outcomes) < len(procs):
+            role, outcome = next_report(limit)
+            if "error" in outcome:
+                raise BenchFailure(f"{who}{role} failed:\n{outcome['error']}")
+            outcomes[role] = outcome
+    finally:
+        reap(procs)
+    return go_time, outcomes
 
 
 def reap(processes: Iterable[multiprocessing.process.BaseProcess]) -> None:

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import multiprocessing as mp
 import socket
 import subprocess
 import time
-import traceback
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
-from ._common import BenchFailure, reap, run
+from ._common import BenchFailure, Work, released_together
 
 START_TIMEOUT: Final = 90.0  # seconds a peer may take to start
 
@@ -67,51 +65,17 @@ class Peer(Protocol):
         ...
 
 
-# a producer or consumer process's work: (role, url, opts, go, results) -> a coroutine whose
-# outcome is reported; it puts (role, "ready") on `results` before waiting for `go`
-Work = Callable[[str, str, Options, Any, Any], Coroutine[Any, Any, dict[str, Any]]]
-
-
-def _child(work: Work, role: str, url: str, opts: Options, go: Any, results: Any) -> None:
-    try:
-        results.put((role, run(work(role, url, opts, go, results))))
-    except BaseException:
-        results.put((role, {"error": traceback.format_exc()}))
-
-
 def two_processes(
     name: str, work: Mapping[str, Work], url: str, opts: Options
 ) -> tuple[float, int]:
-    """Run `work["consumer"]` and `work["producer"]` (module-level, so that a spawned
-    process can find them) in two processes released together; (seconds from the release
-    until the consumer took the last message, messages taken)."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    go = ctx.Event()
-    roles = ["consumer", "producer"]
-    procs = [
-        ctx.Process(target=_child, args=(work[role], role, url, opts, go, results))
-        for role in roles
-    ]
-    for p in procs:
-        p.start()
-    try:
-        outcomes: dict[str, dict[str, Any]] = {}
-        ready = 0
-        while ready < len(roles):
-            role, what = results.get(timeout=60)
-            if what != "ready":
-                raise BenchFailure(f"{name} {role} failed before the start: {what}")
-            ready += 1
-        started = time.monotonic()
-        go.set()
-        while len(outcomes) < len(roles):
-            role, outcome = results.get(timeout=opts.phase_timeout + 30)
-            if "error" in outcome:
-                raise BenchFailure(f"{name} {role} failed:\n{outcome['error']}")
-            outcomes[role] = outcome
-    finally:
-        reap(procs)
+    """Run `work["consumer"]` and `work["producer"]`, each as `work(role, url, opts, go,
+    results)` (see `_common.Work`), in two processes released together; (seconds from the
+    release until the consumer took the last message, messages taken)."""
+    started, outcomes = released_together(
+        {role: (work[role], (role, url, opts)) for role in ("consumer", "producer")},
+        opts.phase_timeout,
+        name,
+    )
     return outcomes["consumer"]["finished"] - started, int(outcomes["consumer"]["received"])
 
 

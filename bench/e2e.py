@@ -37,14 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing as mp
 import os
-import queue
 import struct
 import sys
 import threading
 import time
-import traceback
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -56,6 +53,8 @@ from ssb import client
 from ._common import (
     BenchFailure,
     Catalog,
+    Outcomes,
+    Work,
     broker,
     command_line,
     conclude,
@@ -66,8 +65,8 @@ from ._common import (
     postgres_databases,
     print_header,
     rate,
-    reap,
     receive_in_one_round_trip,
+    released_together,
     run,
 )
 
@@ -242,18 +241,6 @@ async def consume(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
     }
 
 
-def _child(role: str, url: str, phase: int, opts: Options, go: Any, results: Any) -> None:
-    try:
-        worker = produce if role == "producer" else consume
-        outcome = run(worker(url, phase, opts, go, results))
-        results.put((role, outcome))
-    except BaseException:
-        results.put((role, {"error": traceback.format_exc()}))
-
-
-Outcomes = dict[str, dict[str, Any]]  # what each process reported, by role
-
-
 def run_processes(
     url: str | dict[str, str], phase: int, roles: list[str], opts: Options
 ) -> tuple[float, Outcomes]:
@@ -262,54 +249,11 @@ def run_processes(
     `url` is one broker for every role, or a map role -> broker URL.
     """
     urls = url if isinstance(url, dict) else dict.fromkeys(roles, url)
-    ctx = mp.get_context("spawn")
-    go = ctx.Event()
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_child, args=(role, urls[role], phase, opts, go, results), name=f"bench-{role}"
-        )
+    work: dict[str, tuple[Work, tuple[Any, ...]]] = {
+        role: (produce if role == "producer" else consume, (urls[role], phase, opts))
         for role in roles
-    ]
-    for p in procs:
-        p.start()
-    outcomes: dict[str, dict[str, Any]] = {}
-
-    def next_report(limit: float) -> tuple[str, Any]:
-        # poll, so a child that dies without a word fails the run at once
-        while True:
-            try:
-                return results.get(timeout=0.5)  # type: ignore[no-any-return]
-            except queue.Empty:
-                pass
-            dead = [
-                p
-                for p in procs
-                if p.exitcode is not None and p.name.removeprefix("bench-") not in outcomes
-            ]
-            if dead and results.empty():
-                raise BenchFailure(f"{dead[0].name} exited with code {dead[0].exitcode}")
-            if time.monotonic() > limit:
-                raise BenchFailure("timed out waiting for the producer/consumer processes")
-
-    try:
-        ready = 0
-        while ready < len(roles):
-            role, what = next_report(time.monotonic() + 60)
-            if what != "ready":
-                raise BenchFailure(f"{role} failed before the start: {what.get('error', what)}")
-            ready += 1
-        go_time = time.monotonic()
-        go.set()
-        limit = go_time + opts.phase_timeout + 30
-        while len(outcomes) < len(roles):
-            role, outcome = next_report(limit)
-            if "error" in outcome:
-                raise BenchFailure(f"{role} failed:\n{outcome['error']}")
-            outcomes[role] = outcome
-    finally:
-        reap(procs)
-    return go_time, outcomes
+    }
+    return released_together(work, opts.phase_timeout)
 
 
 def timed_phase(
