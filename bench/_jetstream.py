@@ -28,7 +28,14 @@ from ssb import tools
 
 from . import e2e
 from ._common import BenchFailure, run
-from ._peer import Options, Target, not_installed, two_processes, wait_for_port
+from ._peer import (
+    Options,
+    Target,
+    not_installed,
+    stop_server,
+    two_processes,
+    wait_for_port,
+)
 
 NATS_SERVER: Final = Path("/usr/sbin/nats-server")
 E2E_STREAM: Final = "E2E"
@@ -78,13 +85,7 @@ class JetStream:
             run(_make_streams(url))
             yield Target(url, [proc.pid])
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            stop_server(proc, 30, proc.terminate)
             shutil.rmtree(root, ignore_errors=True)
 
     def end_to_end(self, target: Target, opts: Options) -> tuple[float, int]:

@@ -108,3 +108,17 @@ def wait_for_port(
         if time.monotonic() > deadline:
             raise BenchFailure(f"{name} did not listen within {START_TIMEOUT:g} s")
         time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen[bytes], timeout: float, ask: Callable[[], None]) -> None:
+    """Stop the server `proc` if it still runs: `ask` it to stop (a signal), wait up to
+    `timeout` seconds for it to end, then kill it."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(OSError):
+        ask()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)

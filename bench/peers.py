@@ -75,7 +75,15 @@ from ._common import (
     run,
 )
 from ._jetstream import JetStream
-from ._peer import Options, Peer, Target, not_installed, two_processes, wait_for_port
+from ._peer import (
+    Options,
+    Peer,
+    Target,
+    not_installed,
+    stop_server,
+    two_processes,
+    wait_for_port,
+)
 
 SMOKE = {"messages": 400, "batch": 50, "round_trips": 20, "round_trip_warmup": 5, "rounds": 1}
 ROUND_TRIP_TURN: Final = 200  # round trips of one peer before the next one's turn
@@ -207,14 +215,8 @@ class RabbitMQ:
             run(_declare_queue(url))
             yield Target(url, [server])
         finally:
-            if proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    os.kill(server, signal.SIGTERM)  # the VM stops cleanly on SIGTERM
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            # the Erlang VM stops cleanly on SIGTERM
+            stop_server(proc, 60, lambda: os.kill(server, signal.SIGTERM))
             epmd_binary = shutil.which("epmd") or "/usr/lib/erlang/bin/epmd"
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(
