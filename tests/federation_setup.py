@@ -404,6 +404,18 @@ async def receive_count(
     return got
 
 
+async def request_and_reply(
+    a: Node, b: Node, init_q: str, target_q: str, request: bytes, reply: bytes
+) -> None:
+    """The one message that reaches B's `target_q` is `request`, and B's `reply` on its
+    conversation reaches A's `init_q`."""
+    (got,) = await receive_count(b.conn, target_q, 1)
+    assert got.message_body == request
+    await b.conn.send(got.conversation_handle, REPLY, reply)
+    (answer,) = await receive_count(a.conn, init_q, 1)
+    assert answer.message_body == reply
+
+
 async def transmission_queue(node: Node) -> list[dict[str, Any]]:
     return await node.view("transmission_queue")
 

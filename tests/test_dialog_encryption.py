@@ -20,6 +20,7 @@ from federation_setup import (
     Federation,
     endpoints,
     receive_count,
+    request_and_reply,
 )
 from test_dialog_security import Rogue
 from test_federation import two_brokers_with_a_dialog_pair
@@ -135,11 +136,14 @@ async def test_an_encrypted_dialog_is_not_readable_on_the_link_either_way(
         await a.conn.drop_remote_service_binding("wrong")
         await a.conn.create_remote_service_binding("b", "TargetB", b.certificate)
         assert [r["name"] for r in await a.conn.view("remote_service_bindings")] == ["b"]
-        (request,) = await receive_count(b.conn, target_q, 1)
-        assert request.message_body == b"SECRET-REQUEST nobody on the wire may read"
-        await b.conn.send(request.conversation_handle, REPLY, b"SECRET-REPLY for A only")
-        (reply,) = await receive_count(a.conn, init_q, 1)
-        assert reply.message_body == b"SECRET-REPLY for A only"
+        await request_and_reply(
+            a,
+            b,
+            init_q,
+            target_q,
+            b"SECRET-REQUEST nobody on the wire may read",
+            b"SECRET-REPLY for A only",
+        )
         assert [r["is_encrypted"] for r in await endpoints(a)] == [True]
         assert [r["is_encrypted"] for r in await endpoints(b)] == [True]
 

@@ -27,6 +27,7 @@ from federation_setup import (
     endpoints,
     forwarding_trio,
     receive_count,
+    request_and_reply,
     route,
     route_chain,
     wait_quiet,
@@ -301,11 +302,14 @@ async def test_an_encrypted_dialog_through_a_forwarder_is_unreadable_to_it(tmp_p
             "Initiator", "TargetB", contract=CONTRACT, encryption=True
         )
         await a.conn.send(secret, REQUEST, b"SECRET-REQUEST only B may read")
-        (got,) = await receive_count(b.conn, target_q, 1)
-        assert got.message_body == b"SECRET-REQUEST only B may read"
-        await b.conn.send(got.conversation_handle, REPLY, b"SECRET-REPLY only A may read")
-        (reply,) = await receive_count(a.conn, init_q, 1)
-        assert reply.message_body == b"SECRET-REPLY only A may read"
+        await request_and_reply(
+            a,
+            b,
+            init_q,
+            target_q,
+            b"SECRET-REQUEST only B may read",
+            b"SECRET-REPLY only A may read",
+        )
         assert [e["is_encrypted"] for e in await endpoints(b)] == [True]
 
         # the control: without encryption a forwarder sees the body
