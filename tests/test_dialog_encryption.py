@@ -121,7 +121,8 @@ async def test_an_encrypted_dialog_is_not_readable_on_the_link_either_way(
         handle = await a.conn.begin_dialog(
             "Initiator", "TargetB", contract=CONTRACT, encryption=True
         )
-        await a.conn.send(handle, REQUEST, b"SECRET-REQUEST nobody on the wire may read")
+        request = b"SECRET-REQUEST nobody on the wire may read"
+        await a.conn.send(handle, REQUEST, request)
 
         async def waiting_reason() -> str:
             rows = await a.conn.view("transmission_queue")
@@ -136,14 +137,7 @@ async def test_an_encrypted_dialog_is_not_readable_on_the_link_either_way(
         await a.conn.drop_remote_service_binding("wrong")
         await a.conn.create_remote_service_binding("b", "TargetB", b.certificate)
         assert [r["name"] for r in await a.conn.view("remote_service_bindings")] == ["b"]
-        await request_and_reply(
-            a,
-            b,
-            init_q,
-            target_q,
-            b"SECRET-REQUEST nobody on the wire may read",
-            b"SECRET-REPLY for A only",
-        )
+        await request_and_reply(a, b, init_q, target_q, request, b"SECRET-REPLY for A only")
         assert [r["is_encrypted"] for r in await endpoints(a)] == [True]
         assert [r["is_encrypted"] for r in await endpoints(b)] == [True]
 

@@ -301,15 +301,9 @@ async def test_an_encrypted_dialog_through_a_forwarder_is_unreadable_to_it(tmp_p
         secret = await a.conn.begin_dialog(
             "Initiator", "TargetB", contract=CONTRACT, encryption=True
         )
-        await a.conn.send(secret, REQUEST, b"SECRET-REQUEST only B may read")
-        await request_and_reply(
-            a,
-            b,
-            init_q,
-            target_q,
-            b"SECRET-REQUEST only B may read",
-            b"SECRET-REPLY only A may read",
-        )
+        request = b"SECRET-REQUEST only B may read"
+        await a.conn.send(secret, REQUEST, request)
+        await request_and_reply(a, b, init_q, target_q, request, b"SECRET-REPLY only A may read")
         assert [e["is_encrypted"] for e in await endpoints(b)] == [True]
 
         # the control: without encryption a forwarder sees the body
