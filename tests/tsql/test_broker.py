@@ -473,6 +473,11 @@ async def test_scripts_as_sql_server_reads_them(tsql: tuple[Session, Collect]) -
     ), out.errors
     assert table(out.results[-1]) == [[b"\x01\x02", 1]]
     assert (session.nocount, session.xact_abort) == (False, False)
+    assert not await run(session, "CREATE PROCEDURE Quiet AS PRINT 1")
+    assert (out.errors[-1].number, out.errors[-1].text) == (
+        2714,
+        "There is already an object named 'Quiet' in the database.",
+    )
     assert await run(
         session,
         "ALTER QUEUE dbo.Work WITH ACTIVATION (STATUS = OFF, PROCEDURE_NAME = dbo.Quiet,"

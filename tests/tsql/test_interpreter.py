@@ -142,6 +142,53 @@ async def test_expressions_and_functions() -> None:
     assert row[12:] == ["master", 3, "aba"]
 
 
+async def test_left_right_distinct_and_the_date_parts_of_a_fixed_length() -> None:
+    session, out = new_session()
+    assert await run(
+        session,
+        "DECLARE @t DATETIME = CAST('2024-01-01 10:00' AS DATETIME);"
+        " SELECT LEFT(N'abcdef', 2) AS l, RIGHT(N'abcdef', 2) AS r, RIGHT(N'abc', 0) AS r0,"
+        " LEFT(N'ab', 5) AS lo, LEFT(NULL, 1) AS ln, RIGHT(N'abc', NULL) AS rn,"
+        " DATEADD(hour, 3, @t) AS h, DATEADD(week, 1, @t) AS w, DATEADD(second, 90, @t) AS s,"
+        " DATEDIFF(minute, @t, DATEADD(hour, 2, @t)) AS m,"
+        " DATEDIFF(second, @t, DATEADD(minute, 2, @t)) AS sd,"
+        " DATEDIFF(hour, @t, DATEADD(day, 1, @t)) AS hd",
+    )
+    row = table(out.results[0])[0]
+    assert row[:6] == ["ab", "ef", "", "ab", None, None]
+    assert [str(v) for v in row[6:9]] == [
+        "2024-01-01 13:00:00",
+        "2024-01-08 10:00:00",
+        "2024-01-01 10:01:30",
+    ]
+    assert row[9:] == [120, 120, 24]
+    assert await run(
+        session,
+        "DECLARE @t TABLE (a INT); INSERT INTO @t VALUES (1), (1), (2);"
+        " SELECT COUNT(DISTINCT a) AS d, COUNT(ALL a) AS n, COUNT(*) AS s FROM @t",
+    )
+    assert table(out.results[-1]) == [[2, 3, 3]]
+    for function in ("LEFT", "RIGHT"):
+        assert not await run(session, f"SELECT {function}(N'abc', -1)")
+    assert [(e.number, e.text) for e in out.errors] == [
+        (536, "Invalid length parameter passed to the left function."),
+        (536, "Invalid length parameter passed to the right function."),
+    ]
+
+
+async def test_a_query_or_change_failing_inside_the_engine_gives_its_error_and_leaves_no_table() -> (
+    None
+):
+    session, out = new_session()
+    for statement in ("SELECT CAST(a AS INT) AS n FROM @t", "UPDATE @t SET a = CAST(a AS INT)"):
+        assert not await run(
+            session, f"DECLARE @t TABLE (a NVARCHAR(5)); INSERT INTO @t VALUES (N'x'); {statement}"
+        )
+        assert out.errors[-1].number == 245  # the conversion's own error, not the engine's
+    # the tables loaded for them are gone
+    assert session.engine.db.execute("SELECT name FROM sqlite_temp_master").fetchall() == []
+
+
 async def test_stored_procedures_with_defaults_output_return_and_nesting() -> None:
     session, out = new_session(procedures=MemoryProcedures())
     assert await run(
