@@ -62,7 +62,7 @@ else
         python -m pytest -q -p no:cacheprovider --store postgresql tests/test_smoke.py \
             tests/test_transactions.py tests/test_durability.py tests/test_reconnect.py \
             tests/test_poison.py tests/test_activation.py tests/tsql/test_tutorials.py \
-            tests/test_tables.py tests/test_tables_durability.py \
+            tests/test_tables.py tests/test_tables_durability.py tests/tsql/test_table_features.py \
             "tests/tsql/test_broker.py::test_a_state_table_keyed_by_conversation_group_with_receive_and_send" \
             "tests/tsql/test_broker.py::test_a_failed_table_statement_has_sql_servers_number" \
             "tests/tsql/test_broker.py::test_a_stored_procedure_changes_tables_in_its_callers_transaction" \

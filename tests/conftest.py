@@ -41,27 +41,13 @@ SQLITE_FILE_TESTS = (
 )
 
 
-# temporary tables (#name), and T-SQL's joins with the catalog views that use them, are
-# the SQLite store's only (a PostgreSQL store refuses them: tests/store/test_user_tables.py)
-SQLITE_TEMPORARY_TABLE_TESTS = (
-    "test_tables.py::test_a_temporary_table_is_its_sessions_own_until_it_ends",
-    "test_table_features.py::test_a_temporary_table_lives_in_its_session",
-    "test_table_features.py::test_a_procedures_temporary_table_goes_when_it_returns",
-    "test_table_features.py::test_a_table_joins_a_catalog_view",
-)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--store") != "postgresql":
         return
-    skips = {
-        "about the SQLite store's file or disk: not with PostgreSQL": SQLITE_FILE_TESTS,
-        "temporary tables are the SQLite store's only": SQLITE_TEMPORARY_TABLE_TESTS,
-    }
-    for reason, names in skips.items():
-        for item in items:
-            if any(f"/{name}" in f"/{item.nodeid}" for name in names):
-                item.add_marker(pytest.mark.skip(reason=reason))
+    skip = pytest.mark.skip(reason="about the SQLite store's file or disk: not with PostgreSQL")
+    for item in items:
+        if any(f"/{name}" in f"/{item.nodeid}" for name in SQLITE_FILE_TESTS):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ that name both addresses follow, and what they committed is neither lost nor rep
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from pg_server import PostgresServer, fresh_database
 from setup_objects import receive_bodies, seed000
 
 from ssb import client, tools
+from ssb.broker._store import postgres_sql
 from ssb.client._recovery import uuid7
 
 FAILOVER = 3.0  # seconds: failover_timeout of the tests' pairs
@@ -197,6 +199,48 @@ async def test_a_client_naming_both_daemons_follows_the_takeover(
         # the new active daemon reads the window of outcomes the old one committed
         assert await conn.transaction_outcome(committed) == "committed"
         assert await conn.transaction_outcome(never) == "rolled_back"
+
+
+def _temporary_tables(database: str) -> list[str]:
+    """The tables of the schema that holds every session's temporary tables (#name)."""
+    with psycopg.connect(database, autocommit=True) as db:
+        rows = db.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY tablename",
+            (postgres_sql.TEMPORARY_SCHEMA,),
+        ).fetchall()
+    return [str(name) for (name,) in rows]
+
+
+async def test_a_takeover_leaves_no_temporary_table_behind(
+    pair: tools.DaemonPair, database: str
+) -> None:
+    """A session's temporary tables live in the database until the session ends, and
+    sessions end with their daemon: the one that takes over after a kill -9 drops those
+    the killed one's sessions had made, and a session of its own makes its #work anew."""
+    killed = pair.active
+    old = await client.connect(killed.url, reconnect=False)
+    try:
+        await old.execute("CREATE TABLE #work (k INT PRIMARY KEY)")
+        await old.execute("INSERT INTO #work VALUES (1)")
+        async with await client.connect(killed.url) as ended:
+            await ended.execute("CREATE TABLE #work (k INT PRIMARY KEY)")
+            assert len(_temporary_tables(database)) == 2
+        tools.wait_until_sync(
+            lambda: _temporary_tables(database),
+            "the closed session's temporary table to go",
+            until=lambda tables: len(tables) == 1,
+        )
+        pair.fail_over("kill")
+    finally:
+        with contextlib.suppress(client.ConnectionLostError):
+            await old.close()
+    assert _temporary_tables(database) == []
+    async with await client.connect(pair.url) as conn:
+        with pytest.raises(client.SqlError, match="no such table: #work"):
+            await conn.execute("SELECT k FROM #work")
+        await conn.execute("CREATE TABLE #work (k INT PRIMARY KEY)")
+        assert (await conn.execute("SELECT COUNT(*) FROM #work")).scalar() == 0
+        assert await conn.view("tables") == []
 
 
 def test_a_stopped_active_daemon_gives_the_lease_up_and_a_standby_stops_at_once(

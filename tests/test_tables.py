@@ -109,8 +109,7 @@ async def test_what_is_refused_is_refused_clearly(conn: client.Connection) -> No
     for sql, words in [
         ("MERGE INTO t USING u ON t.a = u.a WHEN MATCHED THEN DELETE;", "THEN DELETE in MERGE"),
         ("SELECT * FROM sys.tables", "catalog view sys.tables in a statement sent to the broker"),
-        # (a PostgreSQL store has no temporary tables yet, and says so)
-        ("SELECT * FROM #work", r"no such table: #work|#work\) is not supported on a Postgre"),
+        ("SELECT * FROM #work", "no such table: #work"),
         ("CREATE TABLE ##everyone (a INT)", "global temporary table"),
         ("SELECT a INTO Copy FROM t", "SELECT ... INTO #name"),
         ("SELECT 1; SELECT 2", "one statement per call"),

@@ -10,6 +10,12 @@ stores accept and refuse exactly the same statements. What changes:
   split in two. An index is `"t:ix"` in the same schema (SQL Server names an index per
   table, PostgreSQL per schema), a table's identity sequence `"t:identity"`. No name of
   the store's own holds a colon, and a user's name never does.
+- Temporary tables. SQLite's `"u:tempdb:#work#12"` (session 12's `#work`, see
+  `user_sql`) is `"ssb_tempdb"."12#work"`: an ordinary table in a schema of its own, so
+  that every connection of the store sees it once its CREATE has committed, as it sees
+  the users' tables (the session comes first: PostgreSQL cuts a name longer than 63
+  bytes, and two sessions' tables must never meet). No user's database has that
+  schema (theirs are all `"u:..."`), so nothing lists these tables as a user's.
 - Types. The SQL Server type a column was declared with (SQLite keeps it as its type
   name) becomes PostgreSQL's nearest one; text compares bytewise (`COLLATE "C"`), as
   SQLite's BINARY does. `INT IDENTITY(1,1) PRIMARY KEY` becomes a `bigint GENERATED
@@ -33,6 +39,7 @@ from .._core.ports import TableError
 from . import user_sql
 
 IDENTITY: Final = "identity"  # the suffix of a table's identity sequence
+TEMPORARY_SCHEMA: Final = "ssb_tempdb"  # every session's temporary tables (#name)
 _TEXT: Final = 'COLLATE "C"'
 # SQL Server's type (as `user_sql` keeps it) -> PostgreSQL's (None: the length given)
 _TYPES: Final[dict[str, str]] = {
@@ -69,6 +76,7 @@ _TYPES: Final[dict[str, str]] = {
 _SIZED: Final = frozenset({"DECIMAL", "NUMERIC", "CHAR", "VARCHAR", "NCHAR", "NVARCHAR"})
 _TEXTS: Final = frozenset({"varchar", "text"})
 _PLACEHOLDER: Final = re.compile(r"\?(\d+)\Z")
+_TEMPORARY_NAME: Final = re.compile(r"\d+(#.+)")  # see `qualified`
 # what a cast may name (sqlglot's own types, from T-SQL's names)
 _CASTS: Final = frozenset(
     {
@@ -117,9 +125,29 @@ def database_of(schema: str) -> str | None:
     return schema[len(user_sql.PREFIX) :]
 
 
+def qualified(database: str, table: str) -> tuple[str, str]:
+    """The PostgreSQL schema and name of `table` of `database` (a temporary table,
+    `#name#session`, is `session#name` in TEMPORARY_SCHEMA)."""
+    if table.startswith("#"):  # (a user's table never begins so, see `user_sql`)
+        name, session = table[1:].rsplit("#", 1)
+        return TEMPORARY_SCHEMA, f"{session}#{name}"
+    return schema_name(database), table
+
+
+def user_name(name: str) -> str:
+    """A PostgreSQL name as the user wrote it (`12#work`, a temporary table's or a name
+    PostgreSQL derived from it, is `#work`)."""
+    temporary = _TEMPORARY_NAME.fullmatch(name)
+    return temporary.group(1) if temporary else name
+
+
 def sequence_name(database: str, table: str) -> str:
     """The qualified, quoted name of `table`'s identity sequence."""
-    return f"{_quote(schema_name(database))}.{_quote(f'{table}:{IDENTITY}')}"
+    return _sequence(*qualified(database, table))
+
+
+def _sequence(schema: str, table: str) -> str:
+    return f"{_quote(schema)}.{_quote(f'{table}:{IDENTITY}')}"
 
 
 def _quote(name: str) -> str:
@@ -179,6 +207,12 @@ def write(node: exp.Expression) -> str:
             var.replace(exp.Var(this=f"${match.group(1)}"))
     for conflict in list(tree.find_all(exp.OnConflict)):
         _qualify_update(conflict)
+    for temporary in list(tree.find_all(exp.TemporaryProperty)):
+        temporary.pop()  # (an ordinary table, in TEMPORARY_SCHEMA)
+    into = tree.args.get("into")
+    if isinstance(tree, exp.Select) and into is not None:  # SELECT ... INTO #name
+        tree.set("into", None)
+        tree = exp.Create(this=into.this, kind="TABLE", expression=tree)
     for hexa in list(tree.find_all(exp.HexString)):
         literal = exp.Literal.string("\\x" + str(hexa.this))
         hexa.replace(exp.Cast(this=literal, to=exp.DataType.build("bytea", dialect="postgres")))
@@ -189,13 +223,13 @@ def write(node: exp.Expression) -> str:
 
 
 def _split(table: exp.Table) -> None:
-    """SQLite's `"u:DB:t"` as PostgreSQL's `"u:DB"."t"`."""
+    """SQLite's `"u:DB:t"` as PostgreSQL's `"u:DB"."t"` (see `qualified`)."""
     named = user_sql.shown_name(table.name)
     if named is None:
         return
-    database, name = named
+    schema, name = qualified(*named)
     table.set("this", exp.to_identifier(name, quoted=True))
-    table.set("db", exp.to_identifier(schema_name(database), quoted=True))
+    table.set("db", exp.to_identifier(schema, quoted=True))
 
 
 def _column(column: exp.ColumnDef, tree: exp.Expression) -> None:
@@ -206,9 +240,7 @@ def _column(column: exp.ColumnDef, tree: exp.Expression) -> None:
     if any(isinstance(c.kind, exp.AutoIncrementColumnConstraint) for c in constraints):
         table = tree.find(exp.Table)
         assert table is not None and table.db
-        database = database_of(table.db)
-        assert database is not None
-        sequence = sequence_name(database, table.name)
+        sequence = _sequence(table.db, table.name)
         column.set(
             "kind",
             exp.DataType(

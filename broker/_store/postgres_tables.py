@@ -31,6 +31,16 @@ a savepoint) first sets the sequence back there.
 
 Schemas. Each broker database's tables live in the schema `postgres_sql.schema_name`,
 made (empty, committed at once) before a transaction first creates a table in it.
+
+Temporary tables. A session's `#name` is an ordinary table of the schema
+`postgres_sql.TEMPORARY_SCHEMA`, named after its session, written and committed as
+every table is (so that every connection of the pool sees it): a rollback of its CREATE
+leaves nothing, and the core drops it when its session ends (`_core.tables`). Sessions
+do not outlive their daemon, so the store drops that schema, and whatever a daemon
+before it left there (killed, or taken over from), when it opens: only the daemon that
+holds the lease opens the store. They are logged tables: an unlogged one would come
+back empty after a crash of the database server, or on its promoted standby, while
+the daemon and its sessions go on.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import logging
 import re
 import uuid
 from collections.abc import Callable, Sequence
@@ -56,8 +67,12 @@ from .errors import StoreError, describe_failure
 from .user_sql import Statement
 from .user_tables import TableAnswer, bind_runs, bounded_rows, parameters
 
+log = logging.getLogger("ssb.store")
+
 MAX_CONNECTIONS: Final = 16  # transactions using tables at once (each holds a connection)
 COUNT_LOCK_TIMEOUT: Final = "100ms"  # how long the tables view waits for a table's lock
+# how long the store, opening, waits for the locks of the temporary tables left behind
+DROP_LOCK_TIMEOUT: Final = "10s"
 IDENTITY_KEY: Final = " identity"  # where a statement's values keep its sequence's place
 _READ_SEQUENCE: Final = "SELECT pg_sequence_last_value(s) FROM to_regclass($1) AS s"
 # the batch's statement that puts a sequence back where the provisional run found it
@@ -82,8 +97,10 @@ _FOREIGN_KEYS: Final = (
     " JOIN pg_class p ON p.oid = k.confrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
     " WHERE k.contype = 'f' AND n.nspname = ? AND p.relnamespace = c.relnamespace"
 )
-_SCHEMAS: Final = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'u:%'"
-_QUOTED: Final = re.compile(r'"(?:u:[^".]+"\.")?([^"]+)"')
+_SCHEMAS: Final = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'u:%' OR nspname = ?"
+# a quoted name, qualified or not, and a qualified one unquoted (in 'relation "s.t"')
+_QUOTED: Final = re.compile(rf'"(?:(?:u:[^".]+|{postgres_sql.TEMPORARY_SCHEMA})"\.")?([^"]+)"')
+_SCHEMA: Final = re.compile(rf"\b(?:u:[^\s.\"]+|{postgres_sql.TEMPORARY_SCHEMA})\.")
 
 
 class RawSQL(str):
@@ -116,8 +133,8 @@ class _Provisional:
 
 def shown(text: str) -> str:
     """A database message in the user's names (`"u:db"."t"`, `t:ix` become `t`, `ix`)."""
-    text = _QUOTED.sub(lambda m: f'"{m.group(1).split(":")[-1]}"', text)
-    return re.sub(r"\bu:[^\s.\"]+\.", "", text)
+    text = _QUOTED.sub(lambda m: f'"{postgres_sql.user_name(m.group(1).split(":")[-1])}"', text)
+    return _SCHEMA.sub("", text)
 
 
 def _described(exc: psycopg.Error) -> str:
@@ -125,7 +142,7 @@ def _described(exc: psycopg.Error) -> str:
     does: 2627, 515, 547, 208, 207, 2714), in the user's names."""
     diag = exc.diag
     state = exc.sqlstate or ""
-    table = (diag.table_name or "").split(":")[0]
+    table = postgres_sql.user_name((diag.table_name or "").split(":")[0])
     primary = shown(diag.message_primary or str(exc).splitlines()[0])
     if state == "23505":
         keys = re.match(r"Key \((.*?)\)=", diag.message_detail or "")
@@ -138,8 +155,8 @@ def _described(exc: psycopg.Error) -> str:
     if state == "23503":
         return f"FOREIGN KEY constraint failed ({primary})"
     if state == "42P01":
-        name = re.search(r'relation "([^"]+)"', diag.message_primary or "")
-        return f"no such table: {shown(name.group(1)) if name else primary}"
+        name = re.search(r'(?:relation|table) "([^"]+)"', diag.message_primary or "")
+        return f"no such table: {postgres_sql.user_name(shown(name.group(1))) if name else primary}"
     if state == "42703":
         name = re.search(r'column "?([^"\s]+)"?', diag.message_primary or "")
         return f"no such column: {name.group(1) if name else primary}"
@@ -196,6 +213,7 @@ class PostgresUserTables(Committer):
         self._table_pool = ThreadPoolExecutor(
             max_workers=MAX_CONNECTIONS, thread_name_prefix="ssb-tables"
         )
+        self._drop_temporary_tables()
 
     def _close_tables(self) -> None:
         if not self._tables_ready:
@@ -211,19 +229,8 @@ class PostgresUserTables(Committer):
     # ---- the port -------------------------------------------------------------------------
 
     def translate_table_statement(self, text: str, database: str, session: int = 0) -> Statement:
-        statement = user_sql.translate(text, database, session, postgres_sql.write)
-        temporary = sorted(t for t in statement.tables if "#" in t)
-        if temporary:  # a session's own tables: its transactions' connections differ here
-            what = (
-                "joining tables with the catalog views"
-                if temporary[0].startswith("#ssb_sys_")
-                else f"a temporary table (#{temporary[0].split('#')[1]})"
-            )
-            raise TableError(
-                f"{what} is not supported on a PostgreSQL store yet: use a table variable,"
-                " or a table of your own that the transaction drops"
-            )
-        return statement
+        # (a statement without a temporary table is the same in every session)
+        return user_sql.translate(text, database, session if "#" in text else 0, postgres_sql.write)
 
     def load_table_names(self) -> list[tuple[str, str]]:
         return [(d, t) for d, t, _ in self._tables(self._db)]
@@ -288,8 +295,9 @@ class PostgresUserTables(Committer):
     ) -> TableAnswer:
         assert isinstance(statement, Statement)
         bound = bind_runs(statement, many)
-        if "CREATE" in statement.writes.values():
-            self._make_schema(statement.database)
+        for table, permission in statement.writes.items():
+            if permission == "CREATE":
+                self._make_schema(postgres_sql.qualified(statement.database, table)[0])
         held = self._provisional.get(id(owner))
         ctx = held[1] if held is not None and held[0] is owner else await self._take(owner, timeout)
         if ctx.conn.broken or ctx.conn.closed:  # lost: the next runs `done` again on a new one
@@ -380,14 +388,15 @@ class PostgresUserTables(Committer):
             conn.close()
         self._free.release()
 
-    def _make_schema(self, database: str) -> None:
-        """Make the database's schema, committed at once (an empty schema is no one's
-        change; made inside a transaction, it would hold up the others that make it)."""
-        schema = postgres_sql.schema_name(database)
+    def _make_schema(self, schema: str) -> None:
+        """Make a database's schema, or the temporary tables', committed at once (an
+        empty schema is no one's change; made inside a transaction, it would hold up the
+        others that make it)."""
         if schema in self._schemas:
             return
         if not self._schemas:
-            self._schemas = {str(s) for (s,) in self._reader.execute(_SCHEMAS).fetchall()}
+            found = self._reader.execute(_SCHEMAS, (postgres_sql.TEMPORARY_SCHEMA,))
+            self._schemas = {str(s) for (s,) in found.fetchall()}
         if schema not in self._schemas:
             make = pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema))
             try:
@@ -396,6 +405,24 @@ class PostgresUserTables(Committer):
             except (psycopg.Error, StoreError) as exc:
                 raise TableError(f"cannot make the database's schema: {exc}") from None
             self._schemas.add(schema)
+
+    def _drop_temporary_tables(self) -> None:
+        """Drop the schema of the temporary tables, with every table in it: the sessions
+        that made them have ended with their daemon (the store opens once this daemon
+        holds the lease, and another's sessions on the server were ended when it took
+        it). Those a lock keeps are left, and said so: the next start drops them."""
+        schema = pgsql.Identifier(postgres_sql.TEMPORARY_SCHEMA)
+        conn = self._reader_conn()
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = '{DROP_LOCK_TIMEOUT}'")
+                conn.execute(pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(schema))
+        except psycopg.Error as exc:
+            log.warning(
+                "the temporary tables an earlier daemon left in schema %s stay: %s",
+                postgres_sql.TEMPORARY_SCHEMA,
+                describe_failure(exc),
+            )
 
     # ---- a statement, on a thread of the pool ---------------------------------------------
 

@@ -18,6 +18,7 @@ from ssb.broker._core.ports import TableError
 from ssb.broker._store import ManualStore, SQLiteStore, Store, postgres_sql
 from ssb.broker._store.postgres import PostgresStore
 from ssb.broker._store.user_sql import translate
+from ssb.broker._store.user_tables import TableAnswer
 
 Done = list[tuple[Any, dict[str, Any]]]
 
@@ -455,13 +456,76 @@ async def _durable(store: Store) -> None:
     await asyncio.wait_for(done, 30)
 
 
-async def test_postgresql_refuses_temporary_tables_clearly(storage: ManualStore) -> None:
-    """Temporary tables, and the catalog-view copies T-SQL's joins make, are SQLite's only."""
-    if isinstance(storage, SQLiteStore):
-        pytest.skip("SQLite's store has temporary tables")
-    for sql, words in (
-        ("CREATE TABLE #work (k INT)", r"temporary table \(#work\) is not supported"),
-        ("SELECT * FROM #ssb_sys_conversation_endpoints", "joining tables with the catalog"),
-    ):
-        with pytest.raises(TableError, match=words):
-            storage.translate_table_statement(sql, "master", 4)
+async def _in_session(
+    store: Store, session: int, owner: Done, sql: str, **values: Any
+) -> TableAnswer:
+    """Run a statement of session number `session` (its temporary tables are its own)."""
+    statement = store.translate_table_statement(sql, "master", session)
+    answer = await store.run_table_statements(owner, owner, statement, [values], 5.0)
+    owner.append((statement, values))
+    return answer
+
+
+async def test_temporary_tables_are_their_sessions_own(storage: ManualStore) -> None:
+    """A temporary table (#name) is its session's own, on either store: another session
+    may have one of the same name; a rollback of its CREATE leaves nothing; it answers
+    as a table does; it is no user's table (not listed, not counted)."""
+    gone: Done = []
+    await _in_session(storage, 4, gone, "CREATE TABLE #work (k INT PRIMARY KEY)")
+    storage.forget_table_statements(gone)  # rolled back
+    for session, declared, value in ((4, "v NVARCHAR(5) UNIQUE", "four"), (5, "v INT, w INT", 5)):
+        txn: Done = []
+        with pytest.raises(TableError, match="no such table: #work"):
+            await _in_session(storage, session, txn, "SELECT * FROM #work")
+        sql = f"CREATE TABLE #work (k INT IDENTITY(1,1) PRIMARY KEY, {declared})"
+        await _in_session(storage, session, txn, sql)
+        await _in_session(storage, session, txn, "INSERT INTO #work (v) VALUES (@v)", v=value)
+        _commit(storage, txn)
+    txn = []
+    with pytest.raises(TableError, match="already exists"):
+        await _in_session(storage, 5, txn, "CREATE TABLE #work (a INT)")
+    added = "INSERT INTO #work (v) OUTPUT inserted.k VALUES (@v)"
+    assert (await _in_session(storage, 4, txn, added, v="more")).rows == [(2,)]
+    with pytest.raises(TableError, match=r"UNIQUE constraint failed: #work\.v"):
+        await _in_session(storage, 4, txn, "INSERT INTO #work (v) VALUES ('four')")
+    await _in_session(storage, 5, txn, "SELECT k, v INTO #copy FROM #work WHERE v = 5")
+    _commit(storage, txn)
+    check: Done = []
+    assert (await _in_session(storage, 4, check, "SELECT k, v FROM #work ORDER BY k")).rows == [
+        (1, "four"),
+        (2, "more"),
+    ]
+    assert (await _in_session(storage, 5, check, "SELECT k, v, w FROM #work")).rows == [
+        (1, 5, None)
+    ]
+    assert (await _in_session(storage, 5, check, "SELECT k, v FROM #copy")).rows == [(1, 5)]
+    await _in_session(storage, 5, check, "DROP TABLE #copy")
+    _commit(storage, check)
+    with pytest.raises(TableError, match="no such table: #copy"):
+        await _in_session(storage, 5, check, "SELECT * FROM #copy")
+    storage.forget_table_statements(check)
+    assert storage.load_table_names() == [] and storage.table_sizes() == []
+
+
+async def test_a_store_opened_again_has_no_temporary_table(
+    open_background: Callable[[], Store],
+) -> None:
+    """Sessions end with their daemon: a store opened again (a restart, or a standby's
+    takeover) has none of the temporary tables committed before, and the same session
+    number may make its #work again."""
+    for opened in range(2):
+        store = open_background()
+        failures: list[BaseException] = []
+        store.attach(asyncio.get_running_loop(), failures.append)
+        try:
+            txn: Done = []
+            with pytest.raises(TableError, match="no such table: #work"):
+                await _in_session(store, 1, txn, "SELECT * FROM #work")
+            await _in_session(store, 1, txn, "CREATE TABLE #work (k INT PRIMARY KEY)")
+            await _in_session(store, 1, txn, "INSERT INTO #work VALUES (@k)", k=opened)
+            store.write_table_statements(txn)
+            store.forget_table_statements(txn)
+            await _durable(store)
+            assert not failures
+        finally:
+            await store.close()
