@@ -403,7 +403,19 @@ class PostgresUserTables(Committer):
                 with contextlib.suppress(psycopg.errors.UniqueViolation):  # made meanwhile
                     self._reader_conn().execute(make)
             except (psycopg.Error, StoreError) as exc:
-                raise TableError(f"cannot make the database's schema: {exc}") from None
+                what = (
+                    "the temporary tables' schema"
+                    if schema == postgres_sql.TEMPORARY_SCHEMA
+                    else "the database's schema"
+                )
+                needs = (
+                    ": the store's PostgreSQL user needs CREATE on its database"
+                    if isinstance(exc, psycopg.errors.InsufficientPrivilege)
+                    else ""
+                )
+                raise TableError(
+                    f"cannot make {what} on the store ({shown(str(exc))}){needs}"
+                ) from None
             self._schemas.add(schema)
 
     def _drop_temporary_tables(self) -> None:
