@@ -217,6 +217,9 @@ class Connection(Operations):
         at the event loop's next turn: one segment for both); the future of its answer.
         `_Lost` if the connection has dropped."""
         wire = self._wire
+        if wire.lost is None and wire.transport is not None and wire.transport.is_closing():
+            # (closed, its connection_lost still to come: uvloop refuses writes meanwhile)
+            wire._fail(ConnectionResetError("the connection to the broker is closing"))
         if wire.lost is not None:
             self._unsettled += 1
             self._settled.clear()
@@ -247,8 +250,11 @@ class Connection(Operations):
         """Write the requests held back (none if the connection was lost meanwhile: they
         are settled with the rest)."""
         frames, self._corked = self._corked, []
-        if frames and wire is self._wire and wire.lost is None and wire.transport is not None:
-            wire.transport.writelines(frames)
+        transport = wire.transport
+        if not frames or wire is not self._wire or wire.lost is not None or transport is None:
+            return
+        if not transport.is_closing():  # (closing: they are settled with the rest)
+            transport.writelines(frames)
 
     async def _connected(self) -> None:
         """Return once connected; reconnect first if the connection dropped."""
@@ -517,6 +523,11 @@ async def _open_one(target: Target, timeout: float, database: str = "") -> tuple
         transport.close()
         raise TLSError(str(exc)) from exc
     assert wire.transport is not None
+    if wire.lost is not None or wire.transport.is_closing():  # (uvloop refuses the write)
+        raise ConnectionLostError(
+            f"the broker at {target.host}:{target.port} closed the connection as soon as it"
+            f" was made: {wire.lost or 'closing'}"
+        )
     hello = Hello(WIRE_VERSION, target.user, target.password, database)
     wire.transport.write(encode_frame(hello.encode()))
     try:
