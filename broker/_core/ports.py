@@ -430,6 +430,23 @@ class TableJournal(Protocol):
         """
         ...
 
+    def run_table_statements_now(
+        self,
+        owner: object,
+        done: Sequence[tuple[TableStatement, dict[str, Any]]],
+        statement: TableStatement,
+        many: Sequence[dict[str, Any]],
+        timeout: float,
+    ) -> TableResult | None:
+        """`run_table_statements` at once, when the store can run it without waiting
+        (for its thread, a connection); None when it cannot (nothing ran: call
+        `run_table_statements`).
+
+        Raises:
+            TableError: as `run_table_statements`.
+        """
+        ...
+
     def table_foreign_keys(self, database: str) -> list[tuple[str, str, bool]]:
         """The foreign keys between `database`'s tables, committed: (the referring
         table, the table it refers to, whether a DELETE or UPDATE of the second changes
@@ -442,9 +459,13 @@ class TableJournal(Protocol):
         ...
 
     def write_table_statements(
-        self, statements: Sequence[tuple[TableStatement, dict[str, Any]]]
+        self,
+        statements: Sequence[tuple[TableStatement, dict[str, Any]]],
+        owner: object = None,
     ) -> None:
-        """A transaction's statements join the open batch, in order (its commit)."""
+        """A transaction's statements join the open batch, in order (its commit);
+        `owner`: the transaction that ran them (the store may keep their provisional
+        run rather than run them again), None for statements that did not run."""
         ...
 
 

@@ -7,7 +7,10 @@ transaction of its own outside one. The store translates it (refusing what it ca
 run) and runs it at once, provisionally, for its answer; the transaction keeps it, and
 its commit writes it again in the commit's batch, with the RECEIVEs, SENDs and ENDs of
 the same transaction (see `_store.user_tables`). A rollback forgets it, a rollback to a
-savepoint forgets those after the savepoint.
+savepoint forgets those after the savepoint. A statement whose locks are free (or held
+already) and that the store can run on the spot is answered in the same pass as its
+request, as most operations are; one that waits, for a lock or for the store's thread,
+is answered when it has run.
 
 Isolation is serializable, by table locks: before it runs, a statement locks every
 table it names, shared to read, exclusive to change (a shared lock is upgraded when
@@ -41,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -95,13 +98,22 @@ class TableLocks:
     def held(self, txn: Transaction) -> set[str]:
         return self._held.get(txn, set())
 
-    async def acquire(self, txn: Transaction, table: str, mode: str, timeout: float) -> None:
+    def take(self, txn: Transaction, table: str, mode: str) -> bool:
+        """Take the lock if that needs no wait (or `txn` holds it so already): whether
+        `txn` holds it now."""
         lock = self._locks.setdefault(table, _Lock())
-        if lock.holders.get(txn) == EXCLUSIVE or lock.holders.get(txn) == mode:
-            return
+        held = lock.holders.get(txn)
+        if held in (EXCLUSIVE, mode):
+            return True
         if lock.grantable(txn, mode):
             self._grant(lock, txn, table, mode)
+            return True
+        return False
+
+    async def acquire(self, txn: Transaction, table: str, mode: str, timeout: float) -> None:
+        if self.take(txn, table, mode):
             return
+        lock = self._locks[table]
         if self._closes_cycle(txn, table):
             raise BrokerError(
                 ErrorCode.LOCK_TIMEOUT,
@@ -219,11 +231,12 @@ class Tables:
             "fetch_rows": self.fetch_rows,
         }
 
-    async def execute(
+    def execute(
         self, session: Session, sql: object, parameters: object = None
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """Operation: run one table statement in the session's transaction (outside one,
         in its own). `parameters`: a list (@p1, @p2, ...) or a dict by name (without @).
+        It is answered at once unless it waits (for a lock, or for the store).
 
         Returns:
             {"columns": [...], "rows": [[...], ...], "rowcount": n, "more": bool}: the
@@ -231,7 +244,16 @@ class Tables:
         """
         values = _values(parameters)
         statement = self._translate(session, sql)
-        answer = await self._run(session, statement, [values])
+        txn = self._transaction(session, statement)
+        answer = self._run_now(txn, statement, [values])
+        if answer is None:
+            return self._later(
+                self._first_page, session, self._run(session, txn, statement, [values])
+            )
+        return self._first_page(session, answer)
+
+    def _first_page(self, session: Session, answer: TableResult) -> dict[str, Any]:
+        """`execute`'s answer: the first page of the rows, the rest kept for `fetch_rows`."""
         self._pages.pop(session.ident, None)
         rows = deque(answer.rows)
         page = self._page(rows)
@@ -244,11 +266,14 @@ class Tables:
             "more": bool(rows),
         }
 
-    async def execute_many(self, session: Session, sql: object, rows: object) -> dict[str, Any]:
+    def execute_many(
+        self, session: Session, sql: object, rows: object
+    ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """Operation: run one INSERT, UPDATE or DELETE (without OUTPUT) once for each row
         of parameters, in order, as one step of the session's transaction (outside one,
         in its own): when one run fails, none of them stays. `rows`: a list of what
-        `execute` takes as `parameters` (at most `MAX_ROWS`).
+        `execute` takes as `parameters` (at most `MAX_ROWS`). Answered at once unless it
+        waits, as `execute`.
 
         Returns:
             {"columns": [], "rows": [], "rowcount": n, "more": false}: n, the rows the
@@ -264,7 +289,16 @@ class Tables:
                 "execute_many runs an INSERT, UPDATE or DELETE without OUTPUT; run this"
                 " statement with execute",
             )
-        answer = await self._run(session, statement, many) if many else None
+        if not many:
+            return self._changed(session, None)
+        txn = self._transaction(session, statement)
+        answer = self._run_now(txn, statement, many)
+        if answer is None:
+            return self._later(self._changed, session, self._run(session, txn, statement, many))
+        return self._changed(session, answer)
+
+    def _changed(self, session: Session, answer: TableResult | None) -> dict[str, Any]:
+        """`execute_many`'s answer."""
         self._pages.pop(session.ident, None)
         return {
             "columns": [],
@@ -272,6 +306,14 @@ class Tables:
             "rowcount": answer.rowcount if answer else 0,
             "more": False,
         }
+
+    @staticmethod
+    async def _later(
+        then: Callable[[Session, TableResult], dict[str, Any]],
+        session: Session,
+        pending: Awaitable[TableResult],
+    ) -> dict[str, Any]:
+        return then(session, await pending)
 
     def _translate(self, session: Session, sql: object) -> TableStatement:
         """The statement, translated and allowed to the session's login."""
@@ -284,11 +326,8 @@ class Tables:
         self.authorize(session, statement)
         return statement
 
-    async def _run(
-        self, session: Session, statement: TableStatement, many: list[dict[str, Any]]
-    ) -> TableResult:
-        """Run the statement once per values of `many` in the session's transaction,
-        after taking its locks; the transaction keeps each run."""
+    def _transaction(self, session: Session, statement: TableStatement) -> Transaction:
+        """The transaction the statement runs in: the session's, or one of its own."""
         txn = self.transactions.current(session)
         if txn.ident is not None and any(is_temporary(t) for t in statement.tables):
             raise BrokerError(
@@ -298,6 +337,41 @@ class Tables:
             )
         if not txn.login:
             txn.login = session.user
+        return txn
+
+    def _run_now(
+        self, txn: Transaction, statement: TableStatement, many: list[dict[str, Any]]
+    ) -> TableResult | None:
+        """`_run` when nothing makes it wait: its locks are free (or held already) and the
+        store runs it at once. None when something would (what ran: the locks it could
+        take; `_run` goes on from there)."""
+        try:
+            modes = self._lock_modes(statement)
+            for table in sorted(modes):
+                if not self.locks.take(txn, qualify(statement.database, table), modes[table]):
+                    return None
+            answer = self.journal.run_table_statements_now(
+                txn, txn.table_statements, statement, many, self.statement_timeout
+            )
+        except TableError as exc:
+            self._failed(txn)
+            raise table_error(exc) from None
+        except BaseException:
+            self._failed(txn)
+            raise
+        if answer is not None:
+            self._ran(txn, statement, many)
+        return answer
+
+    async def _run(
+        self,
+        session: Session,
+        txn: Transaction,
+        statement: TableStatement,
+        many: list[dict[str, Any]],
+    ) -> TableResult:
+        """Run the statement once per values of `many` in `txn`, `session`'s transaction,
+        after taking its locks; the transaction keeps each run."""
         try:
             modes = self._lock_modes(statement)
             for table in sorted(modes):
@@ -314,10 +388,14 @@ class Tables:
         except BaseException:
             self._failed(txn)
             raise
+        self._ran(txn, statement, many)
+        return answer
+
+    def _ran(self, txn: Transaction, statement: TableStatement, many: list[dict[str, Any]]) -> None:
+        """The statement ran: the transaction keeps each run (one of its own commits)."""
         txn.table_statements += [(statement, values) for values in many]
         if not txn.explicit:
             self.transactions.finish(txn)
-        return answer
 
     def _lock_modes(self, statement: TableStatement) -> dict[str, str]:
         """The tables the statement locks, and how: those it names, and those its
@@ -412,7 +490,7 @@ class Tables:
         if not statements:
             self.locks.release(txn)
             return
-        self.journal.write_table_statements(statements)
+        self.journal.write_table_statements(statements, txn)
         self.journal.forget_table_statements(txn)
         previous = None
         for statement, _ in statements:

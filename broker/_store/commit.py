@@ -46,7 +46,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Final, Protocol
 
@@ -113,15 +113,20 @@ def apply_statements(
     batches: Sequence[Batch],
     multi_row: Mapping[str, int],
     row_counts: Mapping[str, Callable[[Row], int]],
+    applied: Container[int] = frozenset(),
 ) -> int:
     """Execute the writes of `batches` on `db`, in order, inside a transaction the caller
     opened: one step for a lone row, many rows to a statement for the inserts of
-    `multi_row` (statement -> columns), an executemany for the rest. Returns the rows
-    written (`row_counts`: statement -> the rows one of its parameter rows touches, where
-    that is not one)."""
+    `multi_row` (statement -> columns), an executemany for the rest; none of the
+    parameter lists whose ids are in `applied` (that transaction holds their writes
+    already). Returns the rows written (`row_counts`: statement -> the rows one of its
+    parameter rows touches, where that is not one)."""
     rows = 0
     for batch in batches:
         for sql, params in batch.statements:
+            if applied and id(params) in applied:
+                rows += len(params)
+                continue
             live = [p for p in params if p is not CANCELLED]
             if len(live) == 1:
                 db.execute(sql, live[0])
@@ -190,10 +195,12 @@ class Tables:
         """A write arrived while no commit is under way or scheduled: schedule one."""
         raise NotImplementedError
 
-    def _add(self, sql: str, row: Row, weight: int = 1) -> None:
-        self._open.add(sql, row, weight)
+    def _add(self, sql: str, row: Row, weight: int = 1) -> list[Row | None]:
+        """Append a write to the open batch; returns the parameter list it went into."""
+        params = self._open.add(sql, row, weight)
         if self._wake:
             self._schedule()
+        return params
 
     def _add_tracked(self, sql: str, row: Row) -> tuple[list[Row | None], int]:
         """`_add`, returning where the row went (to cancel or replace it in this batch)."""

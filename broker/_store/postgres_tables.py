@@ -285,6 +285,16 @@ class PostgresUserTables(Committer):
                 found.append((database, str(table), float(estimate)))
         return found
 
+    def run_table_statements_now(
+        self,
+        owner: object,
+        done: Sequence[tuple[TableStatement, dict[str, Any]]],
+        statement: TableStatement,
+        many: Sequence[dict[str, Any]],
+        timeout: float,
+    ) -> TableAnswer | None:
+        return None  # (a statement runs on its transaction's connection, on a thread)
+
     async def run_table_statements(
         self,
         owner: object,
@@ -334,7 +344,9 @@ class PostgresUserTables(Committer):
         self._free_connection(ctx)
 
     def write_table_statements(
-        self, statements: Sequence[tuple[TableStatement, dict[str, Any]]]
+        self,
+        statements: Sequence[tuple[TableStatement, dict[str, Any]]],
+        owner: object = None,
     ) -> None:
         for statement, values in statements:
             assert isinstance(statement, Statement)

@@ -282,7 +282,7 @@ class SQLiteStore(AllTables, UserTables):
         checkpoint the WAL when they are committed. Returns the rows written and when
         this began (perf_counter), for `_finish`."""
         self._injected_failure()
-        self._end_provisional()
+        kept = self._kept_writes(batches)  # (None: no open transaction is left)
         db = self._db
         if checkpoint is not self._auto_checkpoint:
             db.execute(f"PRAGMA wal_autocheckpoint={self._checkpoint_pages if checkpoint else 0}")
@@ -293,9 +293,12 @@ class SQLiteStore(AllTables, UserTables):
             # disk cannot grow it), after moving what it holds into the database
             with contextlib.suppress(sqlite3.Error):
                 db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
-        db.execute("BEGIN")
+        if kept is None:
+            db.execute("BEGIN")
         try:
-            rows = apply_statements(db, batches, self.multi_row_inserts, self.row_counts)
+            rows = apply_statements(
+                db, batches, self.multi_row_inserts, self.row_counts, kept or frozenset()
+            )
         except BaseException:
             self._roll_back()
             raise

@@ -14,12 +14,16 @@ each statement runs twice.
    same transaction's statements follow one another (each costs one statement, not all
    of them again) and is rolled back only when the connection is needed for anything
    else: a commit, an idle checkpoint, another transaction's statement (which then
-   replays its own transaction's earlier statements first). While it is open, or a
-   statement is on its way to the thread, every commit runs on the store thread, after
-   it (the thread runs its work in order).
+   replays its own transaction's earlier statements first). While a statement is on its
+   way to the thread, every commit runs on the store thread, after it (the thread runs
+   its work in order).
 2. At commit: the transaction's statements join the open batch, in order, with the same
    values (GETDATE() and NEWID() were evaluated once and bound, see `user_sql`), and are
-   written atomically with the transaction's RECEIVE, SEND and END CONVERSATION.
+   written atomically with the transaction's RECEIVE, SEND and END CONVERSATION. When
+   the writer's open transaction still holds exactly them (nothing used the connection
+   since, the usual case), it is *kept*: the batch's commit goes on in that transaction
+   and skips them, so they run once. Anything else that needs the connection first rolls
+   it back, and the commit replays them from the batch as written.
 
 The second run gives the first run's results because the core locks the tables a
 transaction touches until its batch is durable (`_core.tables`): no other transaction's
@@ -48,7 +52,7 @@ from typing import Any, Final
 
 from .._core.ports import TableError, TableStatement
 from . import user_sql
-from .commit import Committer
+from .commit import Batch, Committer
 from .user_sql import Statement
 
 PROGRESS_STEPS: Final = 10_000  # SQLite steps between looks at a statement's deadline
@@ -178,6 +182,9 @@ class UserTables(Committer):
     # whose statements the writer holds in an open transaction, and how many of them
     _provisional: tuple[object, int] | None = None
     _table_jobs = 0  # statements on their way to the store thread (commits wait behind)
+    # a committed transaction's statements that the writer's open transaction holds:
+    # the batch they joined and their parameter lists in it (see `_kept_writes`)
+    _kept: tuple[int, list[list[Any]]] | None = None
 
     def translate_table_statement(self, text: str, database: str, session: int = 0) -> Statement:
         # (a statement without a temporary table is the same in every session)
@@ -211,6 +218,23 @@ class UserTables(Committer):
         ).fetchall()
         return [(name, raw) for (raw,) in rows if (name := user_sql.shown_name(raw)) is not None]
 
+    def run_table_statements_now(
+        self,
+        owner: object,
+        done: Sequence[tuple[TableStatement, dict[str, Any]]],
+        statement: TableStatement,
+        many: Sequence[dict[str, Any]],
+        timeout: float,
+    ) -> TableAnswer | None:
+        assert isinstance(statement, Statement)
+        if (
+            self._executor is None
+            or self._loop is None
+            or (len(many) <= RUNS_TOGETHER and self._inline(owner, done, statement))
+        ):
+            return self._run(owner, done, statement, bind_runs(statement, many), timeout)
+        return None
+
     async def run_table_statements(
         self,
         owner: object,
@@ -219,14 +243,11 @@ class UserTables(Committer):
         many: Sequence[dict[str, Any]],
         timeout: float,
     ) -> TableAnswer:
-        assert isinstance(statement, Statement)
+        answer = self.run_table_statements_now(owner, done, statement, many, timeout)
+        if answer is not None:
+            return answer
+        assert isinstance(statement, Statement) and self._executor is not None
         bound = bind_runs(statement, many)
-        if (
-            self._executor is None
-            or self._loop is None
-            or (len(bound) <= RUNS_TOGETHER and self._inline(owner, done, statement))
-        ):
-            return self._run(owner, done, statement, bound, timeout)
         self._table_jobs += 1
         try:
             return await asyncio.wrap_future(
@@ -241,15 +262,47 @@ class UserTables(Committer):
             self._provisional = (None, 0)
 
     def write_table_statements(
-        self, statements: Sequence[tuple[TableStatement, dict[str, Any]]]
+        self,
+        statements: Sequence[tuple[TableStatement, dict[str, Any]]],
+        owner: object = None,
     ) -> None:
+        # the provisional run is kept when it holds exactly `owner`'s statements and the
+        # thread is idle (nothing there may roll it back meanwhile)
+        keep = (
+            owner is not None
+            and self._provisional == (owner, len(statements))
+            and self._table_jobs == 0
+            and not self._committing
+        )
+        written: list[list[Any]] = []
         for statement, runs in itertools.groupby(statements, key=operator.itemgetter(0)):
             assert isinstance(statement, Statement)
             if statement.kind == "query":  # (a query changed nothing)
                 continue
             bound = [parameters(statement, values) for _, values in runs]
             for sql, values, weight in _together(statement, bound, statement.replay):
-                self._add(sql, values, weight)
+                params = self._add(sql, values, weight)
+                if written and params is written[-1]:
+                    continue  # (the runs of one statement, one after the other)
+                keep = keep and len(params) == 1  # (a list of its own: skipped whole)
+                written.append(params)
+        if keep and written:
+            self._provisional = (None, 0)  # (no statement of any transaction continues it)
+            self._kept = (self._open.number, written)
+
+    def _kept_writes(self, batches: Sequence[Batch]) -> frozenset[int] | None:
+        """At a commit of `batches`, before it uses the writer: when the writer's open
+        transaction holds the kept statements of one of them, the ids of their parameter
+        lists (the commit goes on in that transaction and skips them); else None, and the
+        open transaction, if any, is rolled back (the commit begins its own and replays
+        them)."""
+        kept = self._kept
+        if kept is None or self.trouble is not None or all(b.number != kept[0] for b in batches):
+            self._end_provisional()
+            return None
+        self._kept = None
+        self._provisional = None
+        return frozenset(map(id, kept[1]))
 
     def _inline(self, owner: object, done: Sequence[Any], statement: Statement) -> bool:
         """Whether to run a statement on the event loop rather than the store thread: a
@@ -263,14 +316,16 @@ class UserTables(Committer):
         )
 
     def _tables_busy(self) -> bool:
-        """A provisional transaction is open or on its way: commits run on the thread."""
-        return self._table_jobs > 0 or self._provisional is not None
+        """A statement is on its way to the thread: commits run there, after it."""
+        return self._table_jobs > 0
 
     def _end_provisional(self) -> None:
         """Roll the writer's provisional transaction back (store thread, or the loop
-        when nothing runs on the thread)."""
+        when nothing runs on the thread); kept statements are then replayed from their
+        batch."""
         if self._provisional is not None:
             self._provisional = None
+            self._kept = None
             db: Any = self._db
             if db.in_transaction:
                 with contextlib.suppress(sqlite3.Error):

@@ -34,7 +34,7 @@ async def _run(store: Any, owner: object, done: Done, sql: str, **values: Any) -
 def _commit(store: ManualStore, done: Done) -> None:
     """Commit as the core does: the statements join the batch, the provisional run ends
     (each test's transactions are their own owners)."""
-    store.write_table_statements(done)
+    store.write_table_statements(done, done)
     store.forget_table_statements(done)
     store.flush()
     done.clear()
@@ -163,6 +163,49 @@ async def test_another_transaction_and_a_rollback_start_from_the_durable_rows(
     # a rollback to a savepoint: the statements after it are dropped, the rest replayed
     del first[1:]
     assert (await _run(storage, first, first, "SELECT v FROM T")).rows == [(11,)]
+
+
+@pytest.mark.parametrize("meanwhile", ["nothing", "another statement", "a failed commit"])
+async def test_a_commit_keeps_the_provisional_run_or_replays_it(
+    tmp_path: Path, meanwhile: str
+) -> None:
+    """A transaction's statements run once when nothing used the writer between their
+    provisional run and their commit (the commit goes on in its transaction); they run
+    again at commit when something did, or when the first try of the commit failed.
+    Either way the rows committed are the rows answered."""
+    store = SQLiteStore(tmp_path / "broker.db", "os", threaded=False)
+    runs: list[str] = []
+    store._db.set_trace_callback(runs.append)  # what the writer runs
+    try:
+        setup: Done = []
+        await _run(store, setup, setup, "CREATE TABLE T (k INT IDENTITY(1,1) PRIMARY KEY, v INT)")
+        _commit(store, setup)
+        txn: Done = []
+        answer = await _run(store, txn, txn, "INSERT INTO T (v) OUTPUT inserted.k VALUES (7)")
+        update = store.translate_table_statement("UPDATE T SET v = v + @d", "master")
+        runs_of_update = [{"d": 1}, {"d": 2}]
+        await store.run_table_statements(txn, txn, update, runs_of_update, 5.0)
+        txn += [(update, values) for values in runs_of_update]
+        store.write_table_statements(txn, txn)
+        store.forget_table_statements(txn)
+        if meanwhile == "another statement":
+            other: Done = []
+            assert (await _run(store, other, other, "SELECT COUNT(*) FROM T")).rows == [(0,)]
+        elif meanwhile == "a failed commit":
+            store.fail_next = sqlite3.OperationalError("database or disk is full")
+            store.flush()
+            assert store.trouble is not None
+        runs.clear()
+        store.flush()
+        assert store.trouble is None
+        changes = [sql for sql in runs if sql.startswith(("INSERT", "UPDATE"))]
+        assert len(changes) == (0 if meanwhile == "nothing" else 3)
+        check: Done = []
+        assert (await _run(store, check, check, "SELECT k, v FROM T")).rows == [
+            (answer.rows[0][0], 10)
+        ]
+    finally:
+        await store.close()
 
 
 async def test_commits_wait_for_provisional_work_on_the_store_thread(tmp_path: Path) -> None:

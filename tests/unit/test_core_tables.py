@@ -41,6 +41,21 @@ async def test_a_change_commits_with_the_receive_and_its_lock_holds_until_durabl
     assert message and core.op("receive", "Target") == []
 
 
+async def test_a_statement_is_answered_at_once_unless_it_waits_for_a_lock() -> None:
+    core = Core(statement_timeout=5.0)
+    core.op("execute", "CREATE TABLE T (k INT PRIMARY KEY)")
+    core.flush()
+    core.op("begin_transaction")
+    assert core.op("execute_many", "INSERT INTO T VALUES (@p1)", [[1], [2]])["rowcount"] == 2
+    assert core.op("execute", "SELECT COUNT(*) FROM T")["rows"] == [[2]]
+    other = core.new_session()
+    waiting = core.engine.operations()["execute"](other, "SELECT COUNT(*) FROM T")
+    assert asyncio.iscoroutine(waiting)
+    core.op("commit")
+    core.flush()
+    assert (await waiting)["rows"] == [[2]]
+
+
 async def test_a_wait_ends_at_statement_timeout_and_a_cycle_at_once() -> None:
     core = Core(statement_timeout=5.0)
     await _execute(core, "CREATE TABLE A (x INT)")
