@@ -61,6 +61,10 @@ T = TypeVar("T")
 
 HIGH_WATER: Final = 4 * 1024 * 1024
 CONNECT_TIMEOUT: Final = 10.0
+# requests written at the event loop's next turn, with those written meanwhile: a
+# program's table statements sent without waiting for each answer go in one segment,
+# and the broker answers them in one pass
+_CORKED: Final = frozenset({"execute"})
 
 log = logging.getLogger("ssb.client")
 
@@ -207,7 +211,8 @@ class Connection(Operations):
     async def _send(self, sent: Sent) -> Any:
         """Write one request and wait for its answer; `_Lost` if the connection drops."""
         wire = self._wire
-        future = self._write(sent)
+        # (table statements sent one after another leave together: see `_CORKED`)
+        future = self._write(sent, cork=sent.call.operation in _CORKED)
         if not wire.writable.is_set():
             await wire.writable.wait()
         return await future
