@@ -58,6 +58,7 @@ from .transactions import Session, Transaction, Transactions
 
 MAX_PARAMETERS: Final = 2100  # SQL Server's limit on a statement's parameters
 MAX_ROWS: Final = 100_000  # rows of parameters of one execute_many
+STATEMENT_LOCKS_KEPT: Final = 1024  # statements whose locks are kept (see `_locks_of`)
 DEFAULT_STATEMENT_TIMEOUT: Final = 30.0
 PAGE_ROWS: Final = 10_000  # rows of an answer in one page at most
 PAGE_BYTES: Final = 4 * 1024 * 1024  # about what they weigh at most
@@ -211,6 +212,8 @@ class Tables:
         self.names: set[str] = set()
         # by database: its tables' foreign keys, committed (see `_lock_modes`)
         self._foreign_keys: dict[str, list[tuple[str, str, bool]]] = {}
+        # by statement's id: the statement and the locks it takes (see `_locks_of`)
+        self._statement_locks: dict[int, tuple[TableStatement, list[tuple[str, str]]]] = {}
         # by session: the columns and rows of its last answer left to fetch
         self._pages: dict[int, tuple[list[str], deque[tuple[Any, ...]]]] = {}
         # by session: its temporary tables (#name) that exist, committed
@@ -255,6 +258,13 @@ class Tables:
     def _first_page(self, session: Session, answer: TableResult) -> dict[str, Any]:
         """`execute`'s answer: the first page of the rows, the rest kept for `fetch_rows`."""
         self._pages.pop(session.ident, None)
+        if not answer.rows:
+            return {
+                "columns": list(answer.columns),
+                "rows": [],
+                "rowcount": answer.rowcount,
+                "more": False,
+            }
         rows = deque(answer.rows)
         page = self._page(rows)
         if rows:
@@ -346,9 +356,8 @@ class Tables:
         store runs it at once. None when something would (what ran: the locks it could
         take; `_run` goes on from there)."""
         try:
-            modes = self._lock_modes(statement)
-            for table in sorted(modes):
-                if not self.locks.take(txn, qualify(statement.database, table), modes[table]):
+            for key, mode in self._locks_of(statement):
+                if not self.locks.take(txn, key, mode):
                     return None
             answer = self.journal.run_table_statements_now(
                 txn, txn.table_statements, statement, many, self.statement_timeout
@@ -373,10 +382,8 @@ class Tables:
         """Run the statement once per values of `many` in `txn`, `session`'s transaction,
         after taking its locks; the transaction keeps each run."""
         try:
-            modes = self._lock_modes(statement)
-            for table in sorted(modes):
-                key = qualify(statement.database, table)
-                await self.locks.acquire(txn, key, modes[table], self.statement_timeout)
+            for key, mode in self._locks_of(statement):
+                await self.locks.acquire(txn, key, mode, self.statement_timeout)
             if txn.explicit and session.txn is not txn:
                 raise BrokerError(ErrorCode.NO_TRANSACTION, "the transaction ended meanwhile")
             answer = await self.journal.run_table_statements(
@@ -396,6 +403,28 @@ class Tables:
         txn.table_statements += [(statement, values) for values in many]
         if not txn.explicit:
             self.transactions.finish(txn)
+
+    def _locks_of(self, statement: TableStatement) -> list[tuple[str, str]]:
+        """The locks the statement takes, (table key, mode), in key order (kept for the
+        statement until a table, or its keys, comes or goes)."""
+        kept = self._statement_locks.get(id(statement))
+        if kept is not None and kept[0] is statement:  # (kept alive: its id is its own)
+            return kept[1]
+        modes = self._lock_modes(statement)
+        locks = [(qualify(statement.database, table), modes[table]) for table in sorted(modes)]
+        if len(self._statement_locks) >= STATEMENT_LOCKS_KEPT:
+            self._statement_locks.clear()
+        self._statement_locks[id(statement)] = (statement, locks)
+        return locks
+
+    def _keys_changed(self, database: str | None = None) -> None:
+        """Tables or their foreign keys came or went (in `database`; None: any): what was
+        read of them is read again."""
+        if database is None:
+            self._foreign_keys.clear()
+        else:
+            self._foreign_keys.pop(database, None)
+        self._statement_locks.clear()
 
     def _lock_modes(self, statement: TableStatement) -> dict[str, str]:
         """The tables the statement locks, and how: those it names, and those its
@@ -511,7 +540,7 @@ class Tables:
         txn.table_statements = []
         if any(statement.kind == "ddl" for statement, _ in statements):
             # (a table, or its keys, came or went: the store tells it once it is durable)
-            self.journal.when_durable(self.journal.watermark(), self._foreign_keys.clear)
+            self.journal.when_durable(self.journal.watermark(), self._keys_changed)
         if any(statement.kind != "query" for statement, _ in statements):
             self.journal.when_durable(self.journal.watermark(), lambda: self.locks.release(txn))
         else:
@@ -547,7 +576,7 @@ class Tables:
         ]
         self.journal.write_table_statements(statements)
         self.names.difference_update(keys)
-        self._foreign_keys.pop(database, None)
+        self._keys_changed(database)
 
     def _referring_first(self, database: str, tables: list[str]) -> list[str]:
         """`tables` in an order that drops each before the tables it refers to (a

@@ -359,6 +359,19 @@ class UserTables(Committer):
                         f"an earlier statement failed again: {shown(str(exc))}"
                     ) from None
             self._provisional = (owner, len(done))
+        if statement.light and not statement.returns_rows and len(bound) <= _group_size(statement):
+            # one SQLite statement of values: it cannot run long, and SQLite undoes a
+            # failed statement's own changes and goes on with the transaction, so it
+            # needs neither a savepoint nor a deadline
+            [(sql, together, _)] = _together(statement, bound, statement.sql)
+            try:
+                rowcount = db.execute(sql, together).rowcount
+            except sqlite3.Error as exc:
+                if not db.in_transaction:  # (SQLite rolled all of it back: I/O, space)
+                    self._provisional = None
+                raise TableError(shown(str(exc))) from None
+            self._provisional = (owner, len(done) + len(bound))
+            return TableAnswer(rowcount=max(rowcount, 0))
         db.execute("SAVEPOINT statement")
         deadline = time.monotonic() + timeout
         db.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
@@ -401,11 +414,16 @@ def _together(
         for values in bound:
             yield sql, values, 1
         return
-    size = max(1, min(RUNS_TOGETHER, MAX_VARIABLES // max(1, len(statement.parameters))))
+    size = _group_size(statement)
     for first in range(0, len(bound), size):
         group = bound[first : first + size]
         together = user_sql.inserted_together(statement, len(group))
         yield together, tuple(value for values in group for value in values), len(group)
+
+
+def _group_size(statement: Statement) -> int:
+    """How many runs of a light INSERT `_together` writes as one INSERT at most."""
+    return max(1, min(RUNS_TOGETHER, MAX_VARIABLES // max(1, len(statement.parameters))))
 
 
 def _answer(cursor: sqlite3.Cursor, statement: Statement) -> TableAnswer:
