@@ -185,6 +185,9 @@ class UserTables(Committer):
     # a committed transaction's statements that the writer's open transaction holds:
     # the batch they joined and their parameter lists in it (see `_kept_writes`)
     _kept: tuple[int, list[list[Any]]] | None = None
+    # the parameters of each run the provisional transaction holds, in order (None for a
+    # query's): what `write_table_statements` would bind again
+    _runs: list[tuple[Any, ...] | None]
 
     def translate_table_statement(self, text: str, database: str, session: int = 0) -> Statement:
         # (a statement without a temporary table is the same in every session)
@@ -271,15 +274,23 @@ class UserTables(Committer):
         keep = (
             owner is not None
             and self._provisional == (owner, len(statements))
+            and len(self._runs) == len(statements)
             and self._table_jobs == 0
             and not self._committing
         )
         written: list[list[Any]] = []
+        place = 0  # (in `_runs`, which holds the runs of `statements` when `keep`)
         for statement, runs in itertools.groupby(statements, key=operator.itemgetter(0)):
             assert isinstance(statement, Statement)
+            values_of = [values for _, values in runs]
+            place += len(values_of)
             if statement.kind == "query":  # (a query changed nothing)
                 continue
-            bound = [parameters(statement, values) for _, values in runs]
+            bound: Sequence[Any] = (
+                self._runs[place - len(values_of) : place]
+                if keep
+                else [parameters(statement, values) for values in values_of]
+            )
             for sql, values, weight in _together(statement, bound, statement.replay):
                 params = self._add(sql, values, weight)
                 if written and params is written[-1]:
@@ -347,12 +358,15 @@ class UserTables(Committer):
             self._end_provisional()
             db.execute("BEGIN")
             self._provisional = (owner, 0)
+            self._runs = []
             for earlier, values in done:
                 assert isinstance(earlier, Statement)
                 if earlier.kind == "query":
+                    self._runs.append(None)
                     continue
+                self._runs.append(parameters(earlier, values))
                 try:
-                    db.execute(earlier.sql, parameters(earlier, values)).fetchall()
+                    db.execute(earlier.sql, self._runs[-1]).fetchall()
                 except sqlite3.Error as exc:
                     self._end_provisional()
                     raise TableError(
@@ -370,7 +384,7 @@ class UserTables(Committer):
                 if not db.in_transaction:  # (SQLite rolled all of it back: I/O, space)
                     self._provisional = None
                 raise TableError(shown(str(exc))) from None
-            self._provisional = (owner, len(done) + len(bound))
+            self._ran(owner, len(done), bound)
             return TableAnswer(rowcount=max(rowcount, 0))
         db.execute("SAVEPOINT statement")
         deadline = time.monotonic() + timeout
@@ -399,8 +413,13 @@ class UserTables(Committer):
         finally:
             db.set_progress_handler(None, 0)
         db.execute("RELEASE statement")
-        self._provisional = (owner, len(done) + len(bound))
+        self._ran(owner, len(done), bound)
         return answer
+
+    def _ran(self, owner: object, done: int, bound: Sequence[tuple[Any, ...]]) -> None:
+        """The provisional transaction holds `owner`'s `done` runs and those of `bound`."""
+        self._provisional = (owner, done + len(bound))
+        self._runs += bound
 
 
 def _together(
@@ -418,7 +437,7 @@ def _together(
     for first in range(0, len(bound), size):
         group = bound[first : first + size]
         together = user_sql.inserted_together(statement, len(group))
-        yield together, tuple(value for values in group for value in values), len(group)
+        yield together, tuple(itertools.chain.from_iterable(group)), len(group)
 
 
 def _group_size(statement: Statement) -> int:
