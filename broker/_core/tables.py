@@ -621,7 +621,7 @@ def _many_values(rows: list[Any]) -> list[dict[str, Any]]:
         and {type(value) for row in rows for value in row} <= _PLAIN
     ):
         names = _POSITIONAL[:width]
-        return [dict(zip(names, row, strict=True)) for row in rows]
+        return [dict(zip(names, row, strict=False)) for row in rows]  # (rows of `width`)
     return [_values(row) for row in rows]
 
 

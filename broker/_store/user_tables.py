@@ -146,10 +146,25 @@ def bind_runs(statement: Statement, many: Sequence[dict[str, Any]]) -> list[tupl
     Raises:
         TableError: see `parameters`.
     """
-    for values in many:
-        for name, function in statement.volatile:
-            values[name] = _evaluate(function)
-    return [parameters(statement, values) for values in many]
+    if statement.volatile:
+        for values in many:
+            for name, function in statement.volatile:
+                values[name] = _evaluate(function)
+    if len(many) == 1:
+        return [parameters(statement, many[0])]
+    names = statement.parameters  # (as `parameters` does, for all the runs in one pass)
+    try:
+        if len(names) > 1:
+            bound: list[tuple[Any, ...]] = list(map(_take(names), many))
+        else:
+            bound = [tuple(values[name] for name in names) for values in many]
+    except KeyError as exc:
+        raise TableError(
+            f"the statement uses @{exc.args[0]}, which was not given a value"
+        ) from None
+    if _AS_IS.issuperset({type(value) for run in bound for value in run}):
+        return bound
+    return [tuple(_bound(value) for value in run) for run in bound]
 
 
 def parameters(statement: Statement, values: dict[str, Any]) -> tuple[Any, ...]:
@@ -373,11 +388,18 @@ class UserTables(Committer):
                         f"an earlier statement failed again: {shown(str(exc))}"
                     ) from None
             self._provisional = (owner, len(done))
-        if statement.light and not statement.returns_rows and len(bound) <= _group_size(statement):
+        if (
+            statement.light
+            and not statement.returns_rows
+            and (len(bound) == 1 or len(bound) <= _group_size(statement))
+        ):
             # one SQLite statement of values: it cannot run long, and SQLite undoes a
             # failed statement's own changes and goes on with the transaction, so it
             # needs neither a savepoint nor a deadline
-            [(sql, together, _)] = _together(statement, bound, statement.sql)
+            if len(bound) == 1:
+                sql, together = statement.sql, bound[0]
+            else:
+                [(sql, together, _)] = _together(statement, bound, statement.sql)
             try:
                 rowcount = db.execute(sql, together).rowcount
             except sqlite3.Error as exc:
