@@ -64,7 +64,7 @@ CONNECT_TIMEOUT: Final = 10.0
 # requests written at the event loop's next turn, with those written meanwhile: a
 # program's table statements sent without waiting for each answer go in one segment,
 # and the broker answers them in one pass
-_CORKED: Final = frozenset({"execute"})
+_CORKED: Final = frozenset({"execute", "execute_many"})
 
 log = logging.getLogger("ssb.client")
 
