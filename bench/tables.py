@@ -16,8 +16,11 @@ Every side is a consumer's transaction: BEGIN and RECEIVE written together, then
 the messages are in, the rest written together (the broker runs a connection's
 requests in order) and COMMIT's answer awaited. The rounds alternate between the sides
 in one process; each side's time per batch is its median round, and each ratio is the
-median of the rounds' own ratios. The messages are sent beforehand, outside the timing.
-At the end the table holds one row per message.
+median of the rounds' own ratios. Beside the times, the daemon's CPU per batch (all its
+threads, from Linux's scheduler statistics; less sensitive to other load on the
+machine than the times are), each side's mean over its rounds and its ratio to plain's.
+The messages are sent beforehand, outside the timing. At the end the table holds one
+row per message.
 
 Exit status 1 when the target is missed (not with --smoke, which only checks that the
 benchmark runs). All traffic stays on 127.0.0.1.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import statistics
 import sys
 import time
@@ -52,6 +56,20 @@ class Options:
     durability: str = "fsync"
     smoke: bool = False
     json: str | None = None
+
+
+def _cpu_ns(pid: int) -> int | None:
+    """The CPU time process `pid`'s threads have run, in nanoseconds (None where Linux's
+    scheduler statistics cannot say)."""
+    total = 0
+    tasks = glob.glob(f"/proc/{pid}/task/*/schedstat")
+    for path in tasks:
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # (a thread that ended meanwhile)
+    return total if tasks else None
 
 
 async def _fill(conn: client.Connection, handle: object, count: int) -> None:
@@ -101,9 +119,10 @@ async def _rows(conn: client.Connection, batch: int, form: str) -> float:
 FORMS = ("statements", "rows", "calls")
 
 
-async def measure(url: str, options: Options) -> dict[str, float]:
+async def measure(url: str, options: Options, pid: int = 0) -> dict[str, float]:
     """Each form's median time per batch ("plain" too) and its median ratio to plain
-    ("<form>_ratio")."""
+    ("<form>_ratio"); with the daemon's process id, its mean CPU per batch of each side
+    ("<side>_cpu") and each form's ratio of it to plain's ("<form>_cpu_ratio")."""
     await CATALOG.create(url)
     async with await client.connect(url) as conn:
         await conn.execute(
@@ -112,10 +131,17 @@ async def measure(url: str, options: Options) -> dict[str, float]:
         handle = await CATALOG.begin_dialog(conn)
         await _fill(conn, handle, (1 + len(FORMS)) * options.rounds * options.batch)
         times: dict[str, list[float]] = {side: [] for side in ("plain", *FORMS)}
+        cpu: dict[str, list[int]] = {side: [] for side in times}
         for _ in range(options.rounds):
-            times["plain"].append(await _plain(conn, options.batch))
-            for form in FORMS:
-                times[form].append(await _rows(conn, options.batch, form))
+            for side in times:
+                before = _cpu_ns(pid) if pid else None
+                if side == "plain":
+                    times[side].append(await _plain(conn, options.batch))
+                else:
+                    times[side].append(await _rows(conn, options.batch, side))
+                after = _cpu_ns(pid) if pid else None
+                if before is not None and after is not None:
+                    cpu[side].append(after - before)
         stored = (await conn.execute("SELECT COUNT(*) FROM Received")).scalar()
         if stored != len(FORMS) * options.rounds * options.batch:
             raise BenchFailure(f"the table holds {stored} rows, not one per message")
@@ -124,6 +150,11 @@ async def measure(url: str, options: Options) -> dict[str, float]:
             figures[f"{form}_ratio"] = statistics.median(
                 t / p for t, p in zip(times[form], times["plain"], strict=True)
             )
+        if all(len(runs) == options.rounds for runs in cpu.values()):
+            for side, runs in cpu.items():
+                figures[f"{side}_cpu"] = statistics.mean(runs) / 1e9
+            for form in FORMS:
+                figures[f"{form}_cpu_ratio"] = figures[f"{form}_cpu"] / figures["plain_cpu"]
         return figures
 
 
@@ -135,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results as JSON to this file ('-': stdout)")
     options = options_from(Options, parse_args(parser, argv, {"batch": 10, "rounds": 2}))
     with broker(options.durability) as process:
-        figures = run(measure(process.url, options))
+        figures = run(measure(process.url, options, process.pid))
     ratio = figures["statements_ratio"]
     print(
         f"batches of {options.batch} ({options.durability}): RECEIVE + COMMIT"
@@ -146,6 +177,15 @@ def main(argv: list[str] | None = None) -> int:
         f" request per message {figures['calls'] * 1e3:.2f} ms, ratio"
         f" {figures['calls_ratio']:.2f}"
     )
+    if "plain_cpu" in figures:
+        print(
+            f"the daemon's CPU per batch: RECEIVE + COMMIT {figures['plain_cpu'] * 1e3:.2f} ms;"
+            + ";".join(
+                f" {form} {figures[f'{form}_cpu'] * 1e3:.2f} ms,"
+                f" ratio {figures[f'{form}_cpu_ratio']:.2f}"
+                for form in FORMS
+            )
+        )
     if options.json:
         write_json(
             options.json,
@@ -154,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             **{
                 name if name.endswith("_ratio") else f"{name}_ms": (
                     value if name.endswith("_ratio") else value * 1e3
-                )
+                )  # ("<side>_cpu" becomes "<side>_cpu_ms")
                 for name, value in figures.items()
             },
         )
