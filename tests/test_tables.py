@@ -299,6 +299,39 @@ async def test_executemany_runs_a_statement_per_row_in_one_request(
         await conn.executemany(insert, ["ab"])
 
 
+async def test_statements_sent_together_are_answered_in_order_and_commit_together(
+    conn: client.Connection,
+) -> None:
+    """A statement per message sent without waiting for each answer, then COMMIT, as a
+    consumer writes them: each gets its own answer, a failed one changes nothing and the
+    transaction goes on, and the COMMIT writes the others with the RECEIVE."""
+    await _queue_and_service(conn)
+    await conn.execute("CREATE TABLE Seen (k BIGINT PRIMARY KEY, body VARBINARY(MAX))")
+    handle = await conn.begin_dialog("S", "S")
+    await conn.send_many(handle, "DEFAULT", [b"%d" % k for k in range(50)])
+    insert = "INSERT INTO Seen (k, body) VALUES (@p1, @p2)"
+    await conn.begin_transaction()
+    got = await conn.receive("Q", top=50, timeout=5)
+    keys = [int(m.message_body) for m in got]
+    keys[20] = keys[10]  # one is refused: its key is taken by an earlier statement
+    pending = [
+        asyncio.ensure_future(conn.execute(insert, k, m.message_body))
+        for k, m in zip(keys, got, strict=True)
+    ]
+    counted = asyncio.ensure_future(conn.execute("SELECT COUNT(*) FROM Seen"))
+    committed = asyncio.ensure_future(conn.commit())
+    answers = await asyncio.gather(*pending, return_exceptions=True)
+    failed = [i for i, answer in enumerate(answers) if isinstance(answer, BaseException)]
+    assert failed == [20] and "UNIQUE" in str(answers[20])
+    assert all(a.rowcount == 1 for a in answers if isinstance(a, client.Result))
+    assert (await counted).scalar() == 49
+    await committed
+    assert (await conn.execute("SELECT COUNT(*), SUM(k) FROM Seen")).rows == [
+        (49, sum(range(50)) - 20)
+    ]
+    assert await conn.receive("Q", timeout=0) == []
+
+
 async def test_a_temporary_table_is_its_sessions_own_until_it_ends(
     broker: BrokerProcess,
 ) -> None:
