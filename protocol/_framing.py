@@ -18,6 +18,7 @@ of recursion on it).
 
 from __future__ import annotations
 
+import itertools
 import struct
 import uuid
 from typing import Any, Final
@@ -110,9 +111,15 @@ is_container = frozenset({list, dict}).__contains__
 
 def _too_deep(obj: list[Any] | dict[Any, Any], limit: int) -> bool:
     """Whether containers nest beyond `limit` (level by level: no recursion to exhaust;
-    a level of scalars is passed over at C speed)."""
+    a level of scalars is passed over at C speed, and so is a level of lists, such as
+    rows of values, whose items are looked at all at once)."""
     level: list[Any] = [obj]
     for _ in range(limit):
+        if dict not in set(map(type, level)):
+            if not any(map(is_container, map(type, itertools.chain.from_iterable(level)))):
+                return False
+            level = [x for x in itertools.chain.from_iterable(level) if type(x) in (list, dict)]
+            continue
         inner: list[Any] = []
         for container in level:
             if type(container) is dict:

@@ -109,3 +109,42 @@ def test_uuids_decode_the_same_from_a_bounded_cache() -> None:
         assert len(_fields._interned_ids) <= _fields.MAX_INTERNED_IDS
     again = _framing.unpack(_framing.pack([ids[-1], ids[-1]]))
     assert again[0] is again[1]  # one object for an id read twice
+
+
+def _depth(value: object) -> int:
+    """How deep lists and maps nest in `value` (a scalar: 0)."""
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+_nested = st.recursive(
+    st.one_of(st.integers(), st.binary(max_size=4), st.none()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=2), inner, max_size=3)
+    ),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_nested, st.integers(min_value=1, max_value=6))
+def test_a_frame_nests_too_deep_exactly_when_its_depth_passes_the_limit(
+    value: object, limit: int
+) -> None:
+    """Levels of lists are looked at all at once, levels with maps map by map: either
+    way a frame is too deep exactly when its depth passes the limit."""
+    if not isinstance(value, (list, dict)):
+        return
+    deep = _depth(value) > limit
+    if deep:
+        with pytest.raises(RemoteProtocolError):
+            _framing.check_nesting(value, limit)
+    else:
+        _framing.check_nesting(value, limit)
+    rows = [[k, b"x", [k] * (k % 3)] for k in range(100)]  # rows of values, one level more
+    _framing.check_nesting(rows, 3)
+    with pytest.raises(RemoteProtocolError):
+        _framing.check_nesting(rows, 2)
