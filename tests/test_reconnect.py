@@ -290,4 +290,3 @@ def test_a_connection_reset_as_it_is_made_is_a_lost_connection() -> None:
         assert _on_uvloop(connect_often) == {"ConnectionLostError": 200}
     finally:
         server.close()
-
