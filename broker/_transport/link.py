@@ -3,7 +3,9 @@
 Theory of operation. A `Link` is one TCP connection (mutual TLS between brokers unless
 [transport] tls = false) driven by protocol's sans-IO `LinkConnection`: bytes in, events
 out. It hands its owner (`LinkEvents`: the transport) the frames of each read together,
-in order with the handshake and closing events around them, and tells it when its
+in order with the handshake and closing events around them, a slice of READ_SLICE
+messages per turn of the event loop (the socket's reading paused while frames already
+read wait for their turn), and tells it when its
 socket takes writes again: it pauses as soon as the socket does not take a write
 whole (`WRITE_BUFFER_HIGH`), so that what waits in its buffer is at most one write of the
 pump's (see `pump`). A `Peer` is a broker this broker holds dialogs with; it
@@ -68,6 +70,11 @@ Frames = list[FragmentFrame | BundleFrame | AckFrame]
 # bytes the connection's write buffer may hold before the link pauses (`Link.paused`):
 # one write's worth at most waits there, every later frame is chosen when it can go
 WRITE_BUFFER_HIGH: Final = 1
+# messages one turn of the event loop takes from a link's reads (a bundle counts its
+# messages, any other frame one): the rest waits for the next turn, with the socket's
+# reading paused, so that clients' requests and the store's commits wait behind at most
+# this much of another broker's traffic, not a whole read of it
+READ_SLICE: Final = 64
 
 
 class Peer:
@@ -165,6 +172,7 @@ class Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: Peer | None = None
         self.paused = False
+        self.slicing = False  # frames already read wait for the loop's next turn
         self.closed = False
         self.login_state = "HANDSHAKE"
         self.reason = ""  # why this side closed it (empty: the peer or the network did)
@@ -199,17 +207,36 @@ class Link(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_activity = self.clock.time()
+        self.connection.receive_data(data)
+        if not self.slicing:
+            self._read()
+
+    def _next_slice(self) -> None:
+        self.slicing = False
+        if self.closed:
+            return
+        self._read()
+        if not self.slicing and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _read(self) -> None:
+        """Handle what was read, READ_SLICE messages at most; the rest in the loop's next
+        turn (`_next_slice`), reading paused until it is done."""
         connection = self.connection
-        connection.receive_data(data)
         batch: Frames = []
+        room = READ_SLICE
         try:
             while True:
+                if room <= 0:
+                    self.slicing = True
+                    break
                 event = connection.next_event()
                 if event is NEED_DATA:
                     break
                 if isinstance(event, (FragmentFrame, BundleFrame, AckFrame)):
                     if self.peer is not None:
                         batch.append(event)
+                        room -= len(event.payloads) if isinstance(event, BundleFrame) else 1
                     continue
                 if batch:  # keep the order of frames and other events
                     self.events.frames(self, batch)
@@ -253,6 +280,10 @@ class Link(asyncio.Protocol):
         if batch:
             self.events.frames(self, batch)
         self._flush()
+        if self.slicing:
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.pause_reading()
+            self.clock.call_soon(self._next_slice)
 
     def close(self, reason: str = "") -> None:
         self.reason = self.reason or reason

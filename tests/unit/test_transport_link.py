@@ -1,12 +1,17 @@
 """The transport's links, without a daemon: an idle link closes and traffic opens a new one,
-and a broker that cannot be reached is dialled again with a doubling backoff (two brokers
-on an in-memory network, one fake clock; see transport_harness)."""
+a broker that cannot be reached is dialled again with a doubling backoff, and a read is
+handled a slice at a time (two brokers on an in-memory network, one fake clock; see
+transport_harness)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
-from .transport_harness import B_ID, World
+from ssb.broker._transport import link
+
+from .core_harness import BODY
+from .transport_harness import B_ID, Pipe, World
 
 
 async def test_an_idle_link_closes_and_new_traffic_opens_another(tmp_path: Path) -> None:
@@ -46,3 +51,37 @@ async def test_an_unreachable_broker_is_dialled_again_with_a_doubling_backoff(
     assert b.queue("Target") == 1
     assert world.network.attempts[-1][1] - start == 23
     assert a.transport.links.connect_errors == {}  # reached: the backoff starts over
+
+
+async def test_a_read_is_handled_a_slice_at_a_time_with_reading_paused_in_between(
+    tmp_path: Path,
+) -> None:
+    """Other brokers' traffic takes at most READ_SLICE messages per turn of the event loop,
+    so that clients' requests and the store's commits wait behind that much of it only;
+    the rest of a read waits, in order, with the socket's reading paused."""
+    world = World(tmp_path, fragment_size=1024)  # bundles of 8 messages of 128 bytes
+    a, b = world.pair()
+    handle = a.op("begin_dialog", "InitiatorService", "TargetService", broker_instance=B_ID)
+    a.op("send", handle, "DEFAULT", [b"first"])
+    await world.advance(1.0)  # acked: the direction is confirmed, so its messages bundle
+    count = 3 * link.READ_SLICE + 10
+    bodies = [b"%03d" % n + b"." * 125 for n in range(count)]
+    a.op("send", handle, "DEFAULT", bodies)
+    a.core.flush()
+    world.clock.run_soon()  # placed and pumped: A wrote them, B has not read them
+    a_link, b_link = a.link_to(b), b.link_to(a)
+    assert a_link is not None and b_link is not None
+    assert a_link.transport is not None and b_link.transport is not None
+    written = cast(Pipe, a_link.transport).sent
+    data = b"".join(written)
+    written.clear()
+    b_link.data_received(data)  # all of it in one read, as a socket may give it
+    taken = [b.queue("Target") - 1]
+    assert b_link.slicing and not b_link.transport.is_reading()
+    while b_link.slicing:
+        world.clock.run_turn()  # the loop's next turn: the next slice
+        taken.append(b.queue("Target") - 1)
+    assert taken == [link.READ_SLICE, 2 * link.READ_SLICE, 3 * link.READ_SLICE, count]
+    assert b_link.transport.is_reading()
+    await world.settle()
+    assert [row[BODY] for row in b.core.receive_all()] == [b"first", *bodies]

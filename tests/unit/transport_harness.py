@@ -50,6 +50,14 @@ class FakeLoop(FakeClock):
     def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
         super().call_soon(functools.partial(callback, *args) if args else callback)
 
+    def run_turn(self) -> int:
+        """One turn of an event loop: the `call_soon` callbacks scheduled so far (those
+        they schedule wait for the next turn); returns how many ran."""
+        batch, self._soon = self._soon, []
+        for callback in batch:
+            callback()
+        return len(batch)
+
     def next_due(self) -> float | None:
         """When the next timer that is still armed falls due."""
         timers = self._timers
@@ -63,7 +71,8 @@ class Pipe(asyncio.Transport):
 
     Its socket takes every write at once, or (`rate`) that many bytes a second: a write
     then waits in the write buffer until its last byte went, and the protocol is paused
-    and resumed at the buffer's limits as asyncio's transports do.
+    and resumed at the buffer's limits as asyncio's transports do. While its reading is
+    paused, nothing is delivered to it.
     """
 
     def __init__(self, protocol: asyncio.Protocol, peername: tuple[str, int], clock: FakeLoop):
@@ -81,6 +90,7 @@ class Pipe(asyncio.Transport):
         self.busy_until = 0.0
         self.high, self.low = 64 * 1024, 16 * 1024  # asyncio's defaults
         self.paused = False
+        self.reading = True
         self.largest_buffer = 0  # the most bytes the write buffer ever held
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -122,6 +132,15 @@ class Pipe(asyncio.Transport):
         if self.paused and self.buffered <= self.low and not self.lost:
             self.paused = False
             self.protocol.resume_writing()
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_reading(self) -> bool:
+        return self.reading
 
     def is_closing(self) -> bool:
         return self.closing
@@ -178,7 +197,7 @@ class Network:
         """Deliver what was written (at most `limit` writes); close what was closed."""
         moved = 0
         for pipe in list(self.pipes):
-            while pipe.sent and (limit is None or moved < limit):
+            while pipe.sent and pipe.other.reading and (limit is None or moved < limit):
                 data = pipe.sent.pop(0)
                 if not pipe.other.lost:
                     pipe.other.protocol.data_received(data)
