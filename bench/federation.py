@@ -18,8 +18,13 @@ once; after a cross-broker run A's transmission queue must drain (every message
 acked). With `--runs N` the kinds are run N times, interleaved (one, two, forwarded,
 one, ...), and medians are compared. Reported: msgs/s, the ratios to one broker
 (targets: two brokers >= 0.7, forwarded >= 0.7: a forwarder relays bundles as they
-come), producer-side rates and all daemons' CPU time per message. Exit status 1 when a ratio misses its target. Everything listens
-on 127.0.0.1; every wait is bounded.
+come), producer-side rates and all daemons' CPU time per message. Exit status 1 when a
+ratio misses its target. Everything listens on 127.0.0.1; every wait is bounded.
+
+Where the time goes, per kind: each daemon's CPU per message (A, B and F), and the
+consumer's tail: how long the consumer went on receiving after the producer's last
+commit was answered (a long tail: the consumer is what limits the run; none: the
+producer, or the path to the consumer, is).
 
 Run from the repository root:
 
@@ -50,6 +55,7 @@ from ._common import (
     BrokerProcess,
     broker,
     conclude,
+    cpu_meter,
     options_from,
     parse_args,
     print_header,
@@ -74,6 +80,9 @@ class Run:
     producer_msgs_s: float = 0.0
     receive_batches: int = 0
     daemon_cpu_us_per_message: float | None = None
+    # each daemon's share (A, B, F; "broker" for one), microseconds a message
+    cpu_us_by_daemon: dict[str, float | None] = field(default_factory=dict)
+    consumer_tail_s: float = 0.0  # the consumer's receiving after the producer finished
     connections: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -99,6 +108,7 @@ def _fill(result: Run, go_time: float, out: dict[str, dict[str, Any]], opts: e2e
     sent = out["producer"]
     result.producer_msgs_s = rate(opts.messages, sent["finished"] - sent["started"])
     result.receive_batches = out["consumer"]["batches"]
+    result.consumer_tail_s = max(0.0, out["consumer"]["finished"] - sent["finished"])
 
 
 # ---- one broker ---------------------------------------------------------------------------
@@ -112,6 +122,7 @@ def one_broker(durability: str, opts: e2e.Options) -> Run:
         go_time, out, result.daemon_cpu_us_per_message = e2e.timed_phase(
             daemon.url, e2e.PHASE_E2E, ["consumer", "producer"], opts, [daemon.pid]
         )
+        result.cpu_us_by_daemon = {"broker": result.daemon_cpu_us_per_message}
         _fill(result, go_time, out, opts)
         run(e2e.check_empty(daemon.url))
     return result
@@ -213,6 +224,7 @@ def two_brokers(
             f"[{durability}] {len(daemons)} brokers: {opts.messages} messages {path} ...",
             flush=True,
         )
+        meters = {name: cpu_meter(d.pid) for name, d in zip(names, daemons, strict=True)}
         go_time, out, result.daemon_cpu_us_per_message = e2e.timed_phase(
             {"consumer": b.url, "producer": a.url},
             e2e.PHASE_E2E,
@@ -220,6 +232,7 @@ def two_brokers(
             opts,
             [d.pid for d in daemons],
         )
+        result.cpu_us_by_daemon = {name: meter(opts.messages) for name, meter in meters.items()}
         _fill(result, go_time, out, opts)
         result.connections = run(drained(a, b))
     except BaseException:
@@ -259,7 +272,10 @@ def print_table(outcome: Outcome, opts: e2e.Options) -> None:
     )
     runs = len(outcome.runs.get("one broker", [])) or 1
     print(f"medians of {runs} interleaved run(s) of each kind")
-    header = f"{'run':<12} {'e2e msg/s':>10} {'producer msg/s':>15} {'daemons CPU us/msg':>19}"
+    header = (
+        f"{'run':<12} {'e2e msg/s':>10} {'producer msg/s':>15} {'daemons CPU us/msg':>19}"
+        f" {'consumer tail s':>16}"
+    )
     print_header(header)
     kinds = [("one broker", outcome.one_broker), ("two brokers", outcome.two_brokers)]
     if outcome.forwarded is not None:
@@ -267,8 +283,13 @@ def print_table(outcome: Outcome, opts: e2e.Options) -> None:
     for name, r in kinds:
         cpu = "n/a" if r.daemon_cpu_us_per_message is None else f"{r.daemon_cpu_us_per_message:.1f}"
         every = ", ".join(f"{x.e2e_msgs_s:,.0f}" for x in outcome.runs.get(name, []))
+        shares = ", ".join(
+            f"{daemon} {'n/a' if us is None else f'{us:.1f}'}"
+            for daemon, us in r.cpu_us_by_daemon.items()
+        )
         print(
-            f"{name:<12} {r.e2e_msgs_s:>10,.0f} {r.producer_msgs_s:>15,.0f} {cpu:>19}   [{every}]"
+            f"{name:<12} {r.e2e_msgs_s:>10,.0f} {r.producer_msgs_s:>15,.0f} {cpu:>19}"
+            f" {r.consumer_tail_s:>16.2f}   [{every}] (CPU: {shares})"
         )
     print(f"ratio two/one: {outcome.ratio:.2f} (target >= {outcome.target_ratio:.2f})")
     if outcome.forwarded_ratio is not None:
