@@ -19,8 +19,8 @@ arrive from. A frame without an envelope for an unknown conversation is not rela
 origin's next retransmission carries the envelope again (see `_sender`), which is how a
 restarted forwarder, or one that forgot an idle conversation, learns the route anew.
 
-The frames of one read go on together: those for the same next hop in one write. A
-bundle goes on only to a next hop that takes relayed bundles (protocol version 4 on; an
+The frames of one read (a slice of it, see `link`) go on together: those for the same
+next hop in one write. A bundle goes on only to a next hop that takes relayed bundles (protocol version 4 on; an
 origin bundles through a forwarder of version 4 only). One for an older next hop is
 dropped and counted, and the broker it came from is told (an `UnbundleFrame`, passed
 back hop by hop to the origin, at most once a second per conversation; the origin then

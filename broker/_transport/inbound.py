@@ -1,13 +1,13 @@
 """Inbound: frames from other brokers to dialog events, and each event to the core and store.
 
-Theory of operation. The frames of one read are taken together. Each goes to the broker
-whose dialog it belongs to (see `peers`; a bundle too, which a forwarder may have
-relayed), or, a frame of other brokers' dialogs, to the forwarder when forwarding is on
-(the read's together, after the rest). Before the dialog layer sees a fragment, the core says
-whether a message for that direction could be stored now (`_refused`): a fragment for a
-full queue, or while the disk is full, is dropped unacknowledged and the sender retries
-with its usual backoff (the read's messages not yet delivered count as if they were in
-their queues).
+Theory of operation. The frames of one read (a slice of it, see `link`) are taken
+together. Each goes to the broker whose dialog it belongs to (see `peers`; a bundle too,
+which a forwarder may have relayed), or, a frame of other brokers' dialogs, to the
+forwarder when forwarding is on (the read's together, after the rest). Before the dialog
+layer sees a fragment, the core says whether a message for that direction could be
+stored now (`_refused`): a fragment for a full queue, or while the disk is full, is
+dropped unacknowledged and the sender retries with its usual backoff (the read's
+messages not yet delivered count as if they were in their queues).
 
 A message for a service of this broker needs SEND permission on it for the login its
 sending broker's certificate names (PUBLIC when none), as in Service Broker: without it
