@@ -63,6 +63,27 @@ async def test_idle_checkpoints_return_the_space_of_deleted_messages(tmp_path: P
     await store.close()
 
 
+async def test_deleted_messages_are_not_rewritten_as_zeroed_pages(tmp_path: Path) -> None:
+    """A drain frees the pages its messages filled; they are not written once more just
+    to zero them (that doubled the WAL a drain writes, and the checkpoints after it)."""
+    path = tmp_path / "broker.db"
+    store, handle, failures = _attached_store(path)
+    count = 2_000
+    for order in range(1, count + 1):
+        store.insert_message(message(order, handle, body=BODY))
+    await _durable(store)
+    assert await store.checkpoint() is not None  # the WAL is empty now
+    wal = path.with_name(path.name + "-wal")
+    assert wal.stat().st_size == 0
+    pages = path.stat().st_size // PAGE_SIZE  # nearly all of them the messages'
+    store.delete_messages(range(1, count + 1))
+    await _durable(store)
+    written = wal.stat().st_size // PAGE_SIZE
+    assert written < 0.6 * pages, f"{written} pages written to delete {pages} pages of messages"
+    assert not failures
+    await store.close()
+
+
 async def test_light_commits_keep_the_wal_checkpointed(tmp_path: Path) -> None:
     """Light batches commit on the event loop without SQLite's automatic checkpoint; the
     store thread still checkpoints every so often, so a stream of them keeps the WAL
