@@ -209,17 +209,23 @@ class Backlog(Generic[T]):
             self._credit(resident)
         return taken
 
+    def wants(self, need: int) -> bool:
+        """Whether `read_ahead(need)` would read (some of the first `need` items are
+        spilled and the cache has room for them)."""
+        return (
+            self.spilled > 0
+            and len(self.head) < need
+            and self.cache.resident + LOAD_BYTES <= self.cache.budget
+        )
+
     def read_ahead(self, need: int) -> bool:
         """Top the head up to `need` items from the spilled range before a take asks for
         them, when the cache has room for them; True when it read. (A head left short
         by the last take, the prefetch remainder, is topped up too: else the next take
         of this backlog would read the rest itself, while its client waits.)"""
-        short = need - len(self.head)
-        if short <= 0 or not self.spilled:
+        if not self.wants(need):
             return False
-        if self.cache.resident + LOAD_BYTES > self.cache.budget:
-            return False
-        return self._load(short)
+        return self._load(need - len(self.head))
 
     def remove(self, item: T) -> bool:
         """Take one resident item out from anywhere (poison handling)."""

@@ -463,11 +463,17 @@ class Queue:
             heapq.heappop(heap)
         return None
 
-    def read_ahead(self, top: int) -> None:
-        """Read the next eligible group's first spilled messages from the store now, while
-        the last RECEIVE's commit is being written, so that its RECEIVE finds them resident."""
+    def to_read_ahead(self, top: int) -> Conversation | None:
+        """The conversation the next RECEIVE would take from first, if some of its first
+        `top` messages are on disk only (see `read_ahead`)."""
         group = self.peek_eligible()
         conv = None if group is None else group.next_conversation()
+        return conv if conv is not None and conv.wants(top) else None
+
+    def read_ahead(self, top: int) -> None:
+        """Read the next eligible group's first spilled messages from the store now, so
+        that its RECEIVE finds them resident."""
+        conv = self.to_read_ahead(top)
         if conv is not None:
             conv.read_ahead(top)
 

@@ -21,6 +21,13 @@ RETENTION ON; at rollback they go back exactly where they were, with one more de
 counted and the reader's error text kept, unless their conversation ended meanwhile.
 Bodies of received messages are dropped from memory once the answer is built (they are
 on disk; a rollback that brings them back reads them again when they are next taken).
+
+Read-ahead. After a RECEIVE without WHERE, the next eligible group's first messages are
+read from the store if they are on disk only, so that the next RECEIVE finds them in
+memory. The read waits one more turn of the event loop: a client's BEGIN, RECEIVE and
+COMMIT usually arrive together, and the commit that COMMIT scheduled in the same turn
+then runs (and its answers leave) first, so that the read overlaps the client's work on
+the answer instead of delaying it.
 """
 
 from __future__ import annotations
@@ -275,8 +282,14 @@ class Receiving:
             txn.received.append((q, messages))
             if handle is None and group_id is None:
                 # the next RECEIVE likely takes the next eligible group: read it meanwhile
-                self.clock.call_soon(lambda: q.read_ahead(top))
+                self.clock.call_soon(lambda: self._read_ahead(q, top))
         return group, messages
+
+    def _read_ahead(self, q: Queue, top: int) -> None:
+        """Read the next eligible group's messages from disk, one turn of the event loop
+        later (see the module's comment)."""
+        if q.to_read_ahead(top) is not None:
+            self.clock.call_soon(lambda: q.read_ahead(top))
 
     # ---- waiting -------------------------------------------------------------------------
 

@@ -61,6 +61,14 @@ class FakeClock:
                 ran += 1
         return ran
 
+    def turn(self) -> int:
+        """One turn of the event loop: run the `call_soon` callbacks scheduled so far (what
+        they schedule waits for the next turn); returns how many ran."""
+        batch, self._soon = self._soon, []
+        for callback in batch:
+            callback()
+        return len(batch)
+
     def advance(self, seconds: float) -> None:
         """Move time forward, firing every timer that falls due, in order."""
         target = self.now + seconds

@@ -116,6 +116,27 @@ def test_a_rollback_puts_spilled_messages_back_and_they_are_read_again() -> None
     assert [r[BODY] for r in rows[:10]] == [r[BODY] for r in first]
 
 
+def test_the_next_group_is_read_ahead_after_the_commit_of_the_same_turn() -> None:
+    core = Core()
+    core.services()
+    handles = _fill(core, conversations=3, per=20)
+    again = core.restart()  # a cold start: every body is on disk only
+    queue = again.engine.queues["Target"]
+    assert all(c.spilled == 20 and not c.head for c in queue.conversations())
+    again.op("begin_transaction")
+    first = again.op("receive", "Target", top=100)
+    again.op("commit")  # (a client's BEGIN, RECEIVE and COMMIT come in one turn)
+    assert len(first) == 20
+    following = queue.to_read_ahead(100)
+    assert following is not None and following.handle != first[0][HANDLE]
+    assert again.clock.turn() >= 1 and not following.head  # the commit goes first
+    again.clock.turn()
+    assert len(following.head) == 20 and following.spilled == 0  # then the read, at once
+    rows = first + again.receive_all()
+    again.flush()
+    _in_order(again, rows, handles, 20)
+
+
 def test_small_bodies_are_bounded_by_their_records_too() -> None:
     core = Core(message_cache_bytes=64 * KIB)
     core.services()
