@@ -16,8 +16,9 @@ Tests, benchmarks and examples start their brokers and wait with these.
 from __future__ import annotations
 
 from ._daemon import BrokerProcess, read_ready_line
-from ._pair import DaemonPair, free_port
+from ._pair import DaemonPair
 from ._polling import wait_until, wait_until_sync
+from ._ports import free_port
 
 __all__ = [
     "BrokerProcess",

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Final, Self
 from urllib.parse import quote
 
+from ._ports import free_port
+
 READY_TIMEOUT: Final = 30.0
 
 
@@ -153,7 +155,14 @@ class BrokerProcess:
     def start(self) -> Self:
         """Start the daemon and wait for its ready line (RuntimeError, with the log's
         tail, when it does not come)."""
-        # reuse the ports a previous run got, so clients can reconnect after a restart
+        # ports it keeps for its restarts, so clients can reconnect to them (below the
+        # ephemeral range: see free_port)
+        if not self.client_port:
+            self.client_port = free_port()
+        if not self.broker_port:
+            self.broker_port = free_port()
+            while self.broker_port == self.client_port:
+                self.broker_port = free_port()
         args = [
             sys.executable,
             "-m",
