@@ -79,7 +79,7 @@ async def test_a_read_is_handled_a_slice_at_a_time_with_reading_paused_in_betwee
     taken = [b.queue("Target") - 1]
     assert b_link.slicing and not b_link.transport.is_reading()
     while b_link.slicing:
-        world.clock.run_turn()  # the loop's next turn: the next slice
+        world.clock.turn()  # the loop's next turn: the next slice
         taken.append(b.queue("Target") - 1)
     assert taken == [link.READ_SLICE, 2 * link.READ_SLICE, 3 * link.READ_SLICE, count]
     assert b_link.transport.is_reading()

@@ -50,14 +50,6 @@ class FakeLoop(FakeClock):
     def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
         super().call_soon(functools.partial(callback, *args) if args else callback)
 
-    def run_turn(self) -> int:
-        """One turn of an event loop: the `call_soon` callbacks scheduled so far (those
-        they schedule wait for the next turn); returns how many ran."""
-        batch, self._soon = self._soon, []
-        for callback in batch:
-            callback()
-        return len(batch)
-
     def next_due(self) -> float | None:
         """When the next timer that is still armed falls due."""
         timers = self._timers
