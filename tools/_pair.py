@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Final
 
 from ._daemon import BrokerProcess
-from ._ports import free_port
 
 TAKEOVER_TIMEOUT: Final = 60.0  # seconds a takeover may take before a run fails
 
@@ -28,13 +27,9 @@ class DaemonPair:
     def __init__(self, root: Path, database: str, make: Callable[[Path], BrokerProcess]) -> None:
         self.daemons: list[BrokerProcess] = []
         root.mkdir(parents=True, exist_ok=True)
-        ports: set[int] = set()
-        while len(ports) < 4:
-            ports.add(free_port())
-        for name in ("a", "b"):
+        for name in ("a", "b"):  # (each keeps the ports its first start takes: free_port)
             daemon = make(root / name)
             daemon.store = database
-            daemon.client_port, daemon.broker_port = ports.pop(), ports.pop()
             self.daemons.append(daemon)
 
     def start(self) -> DaemonPair:
