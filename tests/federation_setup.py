@@ -381,6 +381,46 @@ async def collect(
         got += await conn.receive(queue, top=500, timeout=1.0)
 
 
+@dataclass
+class Exchange:
+    """Requests from A on every dialog of `handles`, `per_dialog` on each, `body(dialog,
+    number)` each (its first field the dialog's number, as in b"3:17:..."), and B's reply
+    to each, `reply(request)`; `served` and `replies` hold what B and A received so far."""
+
+    handles: list[uuid.UUID]
+    per_dialog: int
+    body: Callable[[int, int], bytes]
+    reply: Callable[[bytes], bytes]
+    served: list[client.Message] = field(default_factory=list)
+    replies: list[client.Message] = field(default_factory=list)
+
+    async def run(self, fed: Federation, init_q: str, target_q: str, batch: int) -> None:
+        """A sends (`batch` to a send_many), B serves its queue `target_q` replying in the
+        same transactions, A collects the replies from its queue `init_q`: all at once, on
+        sessions of their own. Raises TimeoutError after 60 seconds."""
+        total = len(self.handles) * self.per_dialog
+        await run_together(
+            produce(await fed.session("A"), self.handles, self.per_dialog, batch, self.body),
+            serve(await fed.session("B"), target_q, self.served, total, self.reply),
+            collect(await fed.session("A"), init_q, self.replies, total),
+            timeout=60,
+        )
+
+    def check(self) -> None:
+        """B got every request exactly once, in order, with its exact body, and A got every
+        reply likewise, on the dialog it was sent on."""
+        streams = assert_eoio(self.served)
+        assert len(streams) == len(self.handles)
+        for bodies in streams.values():
+            dialog = int(bodies[0].split(b":", 1)[0])
+            assert bodies == [self.body(dialog, n) for n in range(self.per_dialog)]
+        replied = assert_eoio(self.replies)
+        assert set(replied) == set(self.handles)
+        for dialog, h in enumerate(self.handles):
+            expected = [self.reply(self.body(dialog, n)) for n in range(self.per_dialog)]
+            assert replied[h] == expected
+
+
 async def receive_count(
     conn: client.Connection,
     queue: str,
@@ -414,6 +454,22 @@ async def request_and_reply(
     await b.conn.send(got.conversation_handle, REPLY, reply)
     (answer,) = await receive_count(a.conn, init_q, 1)
     assert answer.message_body == reply
+
+
+async def end_dialogs(
+    a: Node, b: Node, handles: list[uuid.UUID], target_q: str, sent: int, timeout: float = 30.0
+) -> None:
+    """A ends its dialogs `handles`, B sees each END_DIALOG after `sent` messages on its
+    queue `target_q` and ends its side; then neither broker has anything left to send nor
+    an endpoint."""
+    await asyncio.gather(*(a.conn.end_conversation(h) for h in handles))
+    ends = await receive_count(b.conn, target_q, len(handles), timeout=timeout)
+    assert {(m.message_type_name, m.message_sequence_number) for m in ends} == {
+        (client.END_DIALOG, sent)
+    }
+    for m in ends:
+        await b.conn.end_conversation(m.conversation_handle)
+    await wait_quiet([a, b])
 
 
 async def transmission_queue(node: Node) -> list[dict[str, Any]]:

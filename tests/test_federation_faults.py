@@ -27,18 +27,13 @@ from federation_setup import (
     PLAIN,
     REQUEST,
     ConnectionSampler,
+    Exchange,
     Federation,
     Node,
-    assert_eoio,
-    collect,
     dialog_services,
-    produce,
-    receive_count,
+    end_dialogs,
     route,
-    run_together,
-    serve,
     transmission_queue,
-    wait_quiet,
 )
 
 from ssb import client
@@ -222,19 +217,13 @@ async def test_every_message_arrives_once_in_order_through_a_faulty_network(
             ]
             sampler = await ConnectionSampler([a, b], interval=0.1).start()
             started = time.monotonic()
-            served: list[client.Message] = []
-            replies: list[client.Message] = []
+            exchange = Exchange(handles, PER_DIALOG, fault_body, _reply)
             try:
-                await run_together(
-                    produce(await fed.session("A"), handles, PER_DIALOG, BATCH, fault_body),
-                    serve(await fed.session("B"), target_q, served, DIALOGS * PER_DIALOG, _reply),
-                    collect(await fed.session("A"), init_q, replies, DIALOGS * PER_DIALOG),
-                    timeout=60,
-                )
+                await exchange.run(fed, init_q, target_q, BATCH)
             except TimeoutError:
                 for name, proxy in (("A->B", ab), ("B->A", ba)):
                     print(f"faults injected by the {name} proxy:", *proxy.stats.events, sep="\n  ")
-                raise AssertionError(await _progress(a, handles, served, replies)) from None
+                raise AssertionError(await _progress(a, exchange)) from None
             finally:
                 await sampler.stop()
             print(
@@ -251,16 +240,8 @@ async def test_every_message_arrives_once_in_order_through_a_faulty_network(
             to_b = ab.stats.up.payload_corruptions + ba.stats.down.payload_corruptions
             assert to_b >= 1, "no fragment payload on its way to B was corrupted"
 
-            # exactly once, in order, both ways
-            streams = assert_eoio(served)
-            assert len(streams) == DIALOGS
-            for bodies in streams.values():
-                dialog = int(bodies[0].split(b":", 1)[0])
-                assert bodies == [fault_body(dialog, n) for n in range(PER_DIALOG)]
-            replied = assert_eoio(replies)
-            assert set(replied) == set(handles)
-            for dialog, h in enumerate(handles):
-                assert replied[h] == [b"re:%d:%d" % (dialog, n) for n in range(PER_DIALOG)]
+            # exactly once, in order, both ways (a reply is b"re:<dialog>:<number>")
+            exchange.check()
 
             # corrupted fragments were caught by the signature check, counted and repaired
             assert sampler.peak(b, a, "corrupt_fragments") > 0, sampler.peer_rows(b, a)[-3:]
@@ -269,28 +250,21 @@ async def test_every_message_arrives_once_in_order_through_a_faulty_network(
 
             ab.set_clean()
             ba.set_clean()
-            await asyncio.gather(*(a.conn.end_conversation(h) for h in handles))
-            ends = await receive_count(b.conn, target_q, DIALOGS)
-            assert {(m.message_type_name, m.message_sequence_number) for m in ends} == {
-                (client.END_DIALOG, PER_DIALOG)
-            }
-            for m in ends:
-                await b.conn.end_conversation(m.conversation_handle)
-            await wait_quiet([a, b])
+            await end_dialogs(a, b, handles, target_q, PER_DIALOG)
 
 
 def _reply(request: bytes) -> bytes:
     return b"re:" + b":".join(request.split(b":", 2)[:2])
 
 
-async def _progress(
-    a: Node, handles: list[uuid.UUID], served: list[client.Message], replies: list[client.Message]
-) -> str:
+async def _progress(a: Node, exchange: Exchange) -> str:
     """Where a stalled transfer stands, to tell 'stuck' from 'acknowledged but lost'."""
     on_b = [0] * DIALOGS
-    for m in served:
+    for m in exchange.served:
         on_b[int(m.message_body.split(b":", 1)[0])] += 1
-    on_a = [sum(1 for m in replies if m.conversation_handle == h) for h in handles]
+    on_a = [
+        sum(1 for m in exchange.replies if m.conversation_handle == h) for h in exchange.handles
+    ]
     pending = await transmission_queue(a)
     return (
         f"transfer stalled: B received {on_b} and A got replies {on_a} of {PER_DIALOG} per "

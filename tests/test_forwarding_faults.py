@@ -30,19 +30,17 @@ from federation_setup import (
     REQUEST,
     TRANSPORT,
     ConnectionSampler,
+    Exchange,
     Federation,
     Node,
     assert_eoio,
-    collect,
     dialog_services,
+    end_dialogs,
     forwarding_trio,
-    produce,
     receive_count,
     route,
     route_chain,
     run_together,
-    serve,
-    wait_quiet,
 )
 
 from ssb import client
@@ -52,20 +50,6 @@ pytestmark = pytest.mark.slow  # transfers through fault-injecting proxies, kill
 
 SEED = int(os.environ.get("SSB_FAULT_SEED", "5022"))
 FRAGMENT = TRANSPORT["fragment_size"]
-
-
-async def _end_all(a: Node, b: Node, handles: list[uuid.UUID], target_q: str, sent: int) -> None:
-    """A ends its dialogs, B sees each END_DIALOG after `sent` messages and ends its side;
-    then neither broker has anything left to send nor an endpoint."""
-    for h in handles:
-        await a.conn.end_conversation(h)
-    ends = await receive_count(b.conn, target_q, len(handles), timeout=30)
-    assert {(m.message_type_name, m.message_sequence_number) for m in ends} == {
-        (client.END_DIALOG, sent)
-    }
-    for m in ends:
-        await b.conn.end_conversation(m.conversation_handle)
-    await wait_quiet([a, b])
 
 
 # ---- 1. every message once, in order, with faults on both hops -----------------------------------
@@ -185,21 +169,15 @@ async def test_every_message_arrives_once_in_order_through_a_forwarder_on_a_faul
                 for _ in range(DIALOGS)
             ]
             sampler = await ConnectionSampler([a, f, b], interval=0.1).start()
-            served: list[client.Message] = []
-            replies: list[client.Message] = []
+            exchange = Exchange(handles, PER_DIALOG, fault_body, _reply)
             started = time.monotonic()
             try:
-                await run_together(
-                    produce(await fed.session("A"), handles, PER_DIALOG, BATCH, fault_body),
-                    serve(await fed.session("B"), target_q, served, DIALOGS * PER_DIALOG, _reply),
-                    collect(await fed.session("A"), init_q, replies, DIALOGS * PER_DIALOG),
-                    timeout=60,
-                )
+                await exchange.run(fed, init_q, target_q, BATCH)
             except TimeoutError:
                 for hop in (af, fb):
                     print(hop.describe(), *hop.events(), sep="\n  ")
                 raise AssertionError(
-                    f"transfer stalled: B received {len(served)} and A got {len(replies)} "
+                    f"transfer stalled: B received {len(exchange.served)} and A got {len(exchange.replies)} "
                     f"replies of {DIALOGS * PER_DIALOG}; A's transmission queue holds "
                     f"{len(await a.view('transmission_queue'))} messages"
                 ) from None
@@ -216,15 +194,7 @@ async def test_every_message_arrives_once_in_order_through_a_forwarder_on_a_faul
             assert af.duplicates + fb.duplicates >= 1, "no frame was duplicated"
 
             # exactly once, in order, both ways, with the exact bodies
-            streams = assert_eoio(served)
-            assert len(streams) == DIALOGS
-            for bodies in streams.values():
-                dialog = _numbers(bodies[0])[0]
-                assert bodies == [fault_body(dialog, n) for n in range(PER_DIALOG)]
-            replied = assert_eoio(replies)
-            assert set(replied) == set(handles)
-            for dialog, h in enumerate(handles):
-                assert replied[h] == [reply_body(dialog, n) for n in range(PER_DIALOG)]
+            exchange.check()
 
             # F relayed every dialog without being party to any
             assert await f.view("conversation_endpoints") == []
@@ -250,7 +220,7 @@ async def test_every_message_arrives_once_in_order_through_a_forwarder_on_a_faul
 
             af.set_clean()
             fb.set_clean()
-            await _end_all(a, b, handles, target_q, PER_DIALOG)
+            await end_dialogs(a, b, handles, target_q, PER_DIALOG)
         finally:
             af.stop()
             fb.stop()
@@ -350,7 +320,7 @@ async def test_kill_9_of_the_forwarder_mid_stream_loses_and_duplicates_nothing(
         # the restarted F learned the routes again from the retransmissions' envelopes
         relayed = await f.view("forwarded_conversations")
         assert len(relayed) == KILL_DIALOGS, relayed
-        await _end_all(a, b, handles, target_q, KILL_PER_DIALOG)
+        await end_dialogs(a, b, handles, target_q, KILL_PER_DIALOG)
 
 
 async def _true(value: bool) -> bool:
@@ -418,7 +388,7 @@ async def test_a_dialog_through_two_forwarders_is_delivered_exactly_once_in_orde
                 assert row["initiator_broker"] == a.instance, row
                 assert row["target_broker"] == b.instance, row
                 assert row["relayed_frames"] > per_dialog, row
-        await _end_all(a, b, handles, target_q, per_dialog)
+        await end_dialogs(a, b, handles, target_q, per_dialog)
 
 
 # ---- 4. a forwarded fragment altered on the way -----------------------------------------------
