@@ -148,6 +148,11 @@ class Broker:
 
     # -- events
 
+    def receive(self, frames: Iterable[Frame], now: float) -> None:
+        """Frames from the peer, each received by the dialog layer and its events handled."""
+        for frame in frames:
+            self.handle(self.peer.receive_frame(frame, now), now)
+
     def handle(self, events: Iterable[DialogEvent], now: float) -> None:
         for event in events:
             if isinstance(event, UnknownDialog):
@@ -155,7 +160,7 @@ class Broker:
                 assert event.frame.envelope.to_broker_id == self.broker_id
                 self.next_expected[(event.conversation_id, event.direction)] = 0
                 self.handle(self.peer.open_receiver(event.conversation_id, event.direction), now)
-                self.handle(self.peer.receive_frame(event.frame, now), now)
+                self.receive([event.frame], now)
             elif isinstance(event, IntegrityFailure):
                 self.integrity_failures.append(event)
             elif isinstance(event, MessageAcked):
@@ -341,7 +346,7 @@ class Network:
             receive_link.receive_data(send_link.send(frame))
             while (event := receive_link.next_event()) is not NEED_DATA:
                 assert isinstance(event, (FragmentFrame, BundleFrame, AckFrame))
-                dst.handle(dst.peer.receive_frame(event, now), now)
+                dst.receive([event], now)
         return len(frames)
 
     def transfer(self, now: float) -> int:
@@ -554,7 +559,7 @@ def test_corrupted_fragment_is_dropped_reported_not_acked_and_repaired() -> None
     frames = a.peer.frames_to_send(0.0)
     assert len(frames) == 1
     bad = flip_bit(frames[0], random.Random(3))
-    b.handle(b.peer.receive_frame(bad, 0.0), 0.0)  # UnknownDialog -> receiver opened -> check fails
+    b.receive([bad], 0.0)  # UnknownDialog -> receiver opened -> check fails
     assert len(b.integrity_failures) == 1
     failure = b.integrity_failures[0]
     assert (failure.conversation_id, failure.seq, failure.fragment_index) == (conv, 0, 0)
@@ -572,14 +577,13 @@ def test_corrupted_standalone_ack_is_reported_and_ignored() -> None:
     conv = uuid.uuid4()
     a.begin(conv, INIT)
     a.send(conv, INIT, b"x")
-    for frame in a.peer.frames_to_send(0.0):
-        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    b.receive(a.peer.frames_to_send(0.0), 0.0)
     (ack,) = b.peer.frames_to_send(0.0)
     assert isinstance(ack, AckFrame)
-    a.handle(a.peer.receive_frame(flip_bit(ack, random.Random(1)), 0.0), 0.0)
+    a.receive([flip_bit(ack, random.Random(1))], 0.0)
     assert len(a.integrity_failures) == 1 and a.integrity_failures[0].seq is None
     assert a.transmission_queue[(conv, INIT)]
-    a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    a.receive([ack], 0.0)
     assert not a.transmission_queue[(conv, INIT)]
 
 
@@ -628,10 +632,9 @@ def test_each_fragment_has_its_own_backoff_and_ack_stops_it() -> None:
     a.send(conv, INIT, b"abcdefgh")  # two fragments
     first, second = a.peer.frames_to_send(0.0)
     assert isinstance(first, FragmentFrame) and isinstance(second, FragmentFrame)
-    b.handle(b.peer.receive_frame(second, 0.0), 0.0)  # only fragment 1 arrives
+    b.receive([second], 0.0)  # only fragment 1 arrives
     acks = b.peer.frames_to_send(0.0)
-    for ack in acks:
-        a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    a.receive(acks, 0.0)
     retried = a.peer.frames_to_send(4.0)
     assert [(f.seq, f.fragment_index) for f in retried if isinstance(f, FragmentFrame)] == [(0, 0)]
     assert a.peer.get_timer() == 12.0
@@ -674,8 +677,7 @@ def test_standalone_ack_after_delay_when_no_return_traffic() -> None:
     conv = uuid.uuid4()
     a.begin(conv, INIT)
     a.send(conv, INIT, b"one-way")
-    for frame in a.peer.frames_to_send(1.0):
-        b.handle(b.peer.receive_frame(frame, 1.0), 1.0)
+    b.receive(a.peer.frames_to_send(1.0), 1.0)
     assert b.peer.get_timer() == pytest.approx(1.25)
     assert b.peer.frames_to_send(1.2) == []
     (ack,) = b.peer.frames_to_send(1.25)
@@ -714,12 +716,12 @@ def test_stored_fragments_are_acked_before_the_message_completes() -> None:
     a.send(conv, INIT, bytes(range(30)))  # fragments 0, 1, 2
     frames = a.peer.frames_to_send(0.0)
     for frame in frames[1:]:  # fragment 0 lost
-        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+        b.receive([frame], 0.0)
     held = b.held[(conv, INIT)]
     assert sorted(held) == [(0, 3, 1), (0, 3, 2)]
     (ack,) = b.peer.frames_to_send(0.0)
     assert isinstance(ack, AckFrame) and ack.ack == AckRecord(0, ((0, 3, 1, 3),))
-    a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    a.receive([ack], 0.0)
     assert a.acked == []  # not the whole message yet
     retried = a.peer.frames_to_send(0.5)
     assert [(f.seq, f.fragment_index) for f in retried if isinstance(f, FragmentFrame)] == [(0, 0)]
@@ -731,15 +733,15 @@ def test_duplicate_of_delivered_message_is_acked_again_not_redelivered() -> None
     a.begin(conv, INIT)
     a.send(conv, INIT, b"once")
     (frame,) = a.peer.frames_to_send(0.0)
-    b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    b.receive([frame], 0.0)
     (lost_ack,) = b.peer.frames_to_send(0.0)
     assert isinstance(lost_ack, AckFrame)
     (retry,) = a.peer.frames_to_send(0.5)
-    b.handle(b.peer.receive_frame(retry, 0.5), 0.5)
+    b.receive([retry], 0.5)
     assert b.delivered[(conv, INIT)] == [(0, "Msg", b"once")]
     (again,) = b.peer.frames_to_send(0.5)
     assert isinstance(again, AckFrame) and again.ack.below == 1
-    a.handle(a.peer.receive_frame(again, 0.5), 0.5)
+    a.receive([again], 0.5)
     assert a.acked == [MessageAcked(conv, INIT, 0)]
     assert a.peer.get_timer() is None
 
@@ -766,7 +768,7 @@ def test_reassembly_of_1000_fragments_fed_one_byte_at_a_time() -> None:
         while (event := b_link.next_event()) is not NEED_DATA:
             assert isinstance(event, FragmentFrame)
             received.append(event)
-            b.handle(b.peer.receive_frame(event, 0.0), 0.0)
+            b.receive([event], 0.0)
             if len(received) < 1000:
                 assert (conv, INIT) not in b.delivered, "partial message delivered"
     assert len(received) == 1000
@@ -843,10 +845,8 @@ def test_window_limits_messages_in_flight() -> None:
     frames = a.peer.frames_to_send(0.0)
     assert [f.seq for f in frames if isinstance(f, FragmentFrame)] == [0, 1, 2, 3]
     assert not a.peer.wants_to_send
-    for frame in frames:
-        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
-    for ack in b.peer.frames_to_send(0.0):
-        a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    b.receive(frames, 0.0)
+    a.receive(b.peer.frames_to_send(0.0), 0.0)
     assert a.peer.wants_to_send
     assert [f.seq for f in a.peer.frames_to_send(0.0) if isinstance(f, FragmentFrame)] == [
         4,
@@ -875,11 +875,9 @@ def test_first_fragments_carry_envelope_and_key_until_first_ack() -> None:
     first = a.peer.frames_to_send(0.0)
     assert all(isinstance(f, FragmentFrame) and f.envelope == envelope_for(INIT) for f in first)
     assert all(isinstance(f, FragmentFrame) and f.wrapped_session_key for f in first)
-    for frame in first:
-        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    b.receive(first, 0.0)
     assert b.receive_keys[(conv, INIT)] == (a.send_state[(conv, INIT)][0], False)
-    for ack in b.peer.frames_to_send(0.0):
-        a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    a.receive(b.peer.frames_to_send(0.0), 0.0)
     a.send(conv, INIT, b"3")
     (later,) = a.peer.frames_to_send(0.0)
     assert (
@@ -887,7 +885,7 @@ def test_first_fragments_carry_envelope_and_key_until_first_ack() -> None:
         and later.envelope is None
         and later.wrapped_session_key is None
     )
-    b.handle(b.peer.receive_frame(later, 0.0), 0.0)
+    b.receive([later], 0.0)
     assert [body for _, _, body in b.delivered[(conv, INIT)]] == [b"1", b"2", b"3"]
 
 
@@ -926,7 +924,7 @@ def test_closed_receiver_reports_unknown_dialog() -> None:
     a.begin(conv, INIT)
     a.send(conv, INIT, b"x")
     (frame,) = a.peer.frames_to_send(0.0)
-    b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    b.receive([frame], 0.0)
     b.peer.close_receiver(conv, INIT)
     (event,) = b.peer.receive_frame(frame, 0.0)
     assert isinstance(event, UnknownDialog) and event.frame is frame
@@ -972,15 +970,13 @@ def test_restart_with_a_different_fragment_size_discards_stale_partial() -> None
     body = bytes(range(100))
     a.send(conv, INIT, body)
     frames = a.peer.frames_to_send(0.0)
-    for frame in frames[1:5]:
-        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    b.receive(frames[1:5], 0.0)
     assert len(b.held[(conv, INIT)]) == 4
     stale_ack = b.peer.frames_to_send(0.0)
     # the sender restarts with a larger fragment size; the stale ack must not count
     a.config["fragment_size"] = 30
     a.restart(0.0)
-    for ack in stale_ack:
-        a.handle(a.peer.receive_frame(ack, 0.0), 0.0)
+    a.receive(stale_ack, 0.0)
     assert a.acked == []
     net = Network(a, b)
     net.run(0.0, all_acked(a))
@@ -1233,8 +1229,8 @@ def test_a_body_that_does_not_decrypt_is_delivered_rejected_never_in_clear() -> 
     forged = dataclasses.replace(
         forged, signature=seal.sign(forged.signed_header(), forged.payload)
     )
-    b.handle(b.peer.receive_frame(first, 0.0), 0.0)
-    b.handle(b.peer.receive_frame(forged, 0.0), 0.0)
+    b.receive([first], 0.0)
+    b.receive([forged], 0.0)
     assert b.integrity_failures == []
     assert b.delivered[(conv, INIT)][0] == (0, "Msg", b"first, genuine")
     assert b.delivered[(conv, INIT)][1] == (1, "Msg", b"")
@@ -1243,7 +1239,7 @@ def test_a_body_that_does_not_decrypt_is_delivered_rejected_never_in_clear() -> 
     c.begin(conv, INIT, encrypted=True)
     c.send(conv, INIT, b"x" * 40)
     (frame,) = c.peer.frames_to_send(0.0)
-    d.handle(d.peer.receive_frame(flip_bit(frame, random.Random(1)), 0.0), 0.0)
+    d.receive([flip_bit(frame, random.Random(1))], 0.0)
     assert len(d.integrity_failures) == 1 and d.delivered == {}
 
 
@@ -1305,8 +1301,7 @@ def test_a_receiver_reports_the_messages_it_holds_in_part() -> None:
     a.begin(conv, INIT)
     a.send(conv, INIT, b"x" * 25)  # three fragments
     first, second, third = a.peer.frames_to_send(0.0)
-    for frame in (first, third):
-        b.handle(b.peer.receive_frame(frame, 0.0), 0.0)
+    b.receive((first, third), 0.0)
     receiver = b.peer.receiver(conv, INIT)
     assert receiver is not None and b.peer.receivers() == [receiver]
     (held,) = receiver.partials()
@@ -1317,6 +1312,6 @@ def test_a_receiver_reports_the_messages_it_holds_in_part() -> None:
         3,
     )
     assert held.bytes_received == len(first.payload) + len(third.payload)  # type: ignore[union-attr]
-    b.handle(b.peer.receive_frame(second, 0.0), 0.0)
+    b.receive([second], 0.0)
     assert receiver.partials() == []
     assert b.delivered[(conv, INIT)] == [(0, "Msg", b"x" * 25)]
