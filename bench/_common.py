@@ -123,10 +123,18 @@ def command_line(
 
 
 def parse_args(
-    parser: argparse.ArgumentParser, argv: list[str] | None, smoke: dict[str, Any]
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    smoke: dict[str, Any],
+    *counts: str,
+    **least: int,
 ) -> argparse.Namespace:
     """The benchmark's command line, with `--smoke`: then the options in `smoke` (by
-    their destinations) replace the defaults; options given still win."""
+    their destinations) replace the defaults; options given still win.
+
+    The options named in `counts` (by destination) must be at least 1, and each named in
+    `least` at least its value there: the first that is not stops the run with a usage
+    error that names it (exit status 2)."""
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -136,6 +144,9 @@ def parse_args(
     if args.smoke:
         parser.set_defaults(**smoke)
         args = parser.parse_args(argv)
+    for name, minimum in {**dict.fromkeys(counts, 1), **least}.items():
+        if getattr(args, name) < minimum:
+            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}")
     return args
 
 

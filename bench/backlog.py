@@ -682,21 +682,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--phase-timeout", type=float, default=Options.phase_timeout)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    args = parse_args(parser, argv, SMOKE)
-    for name in (
-        "messages",
-        "conversations",
-        "batch",
-        "in_flight",
-        "receive_top",
-        "short_messages",
-        "short_repeats",
-        "restarts",
-    ):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.body_size < TAG.size:
-        parser.error(f"--body-size must be >= {TAG.size}")
+    counts = ("messages", "conversations", "batch", "in_flight", "receive_top")
+    counts += ("short_messages", "short_repeats", "restarts")
+    args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
     if args.conversations > args.messages:
         parser.error("--conversations must be <= --messages")
     if not 0 <= args.settle <= 600 or not 0 < args.phase_timeout <= 86400:

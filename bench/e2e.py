@@ -488,11 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         help="the brokers' store: sqlite (default), postgresql (a database on a server this"
         " run starts), or both in turn (with the ratio of their end-to-end rates)",
     )
-    args = parse_args(parser, argv, SMOKE)
-    if args.messages < 1 or args.batch < 1 or args.conversations < 1 or args.in_flight < 1:
-        parser.error("--messages, --batch, --conversations and --in-flight must be >= 1")
-    if args.body_size < TAG.size:
-        parser.error(f"--body-size must be >= {TAG.size}")
+    counts = ("messages", "batch", "conversations", "in_flight")
+    args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
     opts = options_from(Options, args)
     settings = ["fsync", "os"] if args.durability == "both" else [args.durability]
     stores = ["sqlite", "postgresql"] if args.store == "both" else [args.store]

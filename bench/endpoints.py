@@ -238,9 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "phase_timeout",
         "durability",
     )
-    args = parse_args(parser, argv, SMOKE)
-    if args.dialogs < 2 or args.per_transaction < 1 or args.restarts < 1:
-        parser.error("--dialogs must be >= 2, --per-transaction and --restarts >= 1")
+    args = parse_args(parser, argv, SMOKE, "per_transaction", "restarts", dialogs=2)
     if not 0 <= args.settle <= 600 or not 0 < args.phase_timeout <= 86400:
         parser.error("--settle must be 0..600 s, --phase-timeout 0..86400 s")
     opts = options_from(Options, args)

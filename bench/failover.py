@@ -319,9 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         "failover_timeout",
         "durability",
     )
-    args = parse_args(parser, argv, SMOKE)
-    if min(args.messages, args.batch, args.conversations) < 1 or args.kills < 0:
-        parser.error("--messages, --batch and --conversations must be >= 1, --kills >= 0")
+    args = parse_args(parser, argv, SMOKE, "messages", "batch", "conversations", kills=0)
     opts = options_from(Options, args)
     with postgres_databases() as database:
         result = bench(opts, database())

@@ -326,11 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="also write the results as JSON (to PATH, or to stdout without one)",
     )
-    args = parse_args(parser, argv, SMOKE)
-    if min(args.messages, args.batch, args.conversations, args.in_flight, args.runs) < 1:
-        parser.error("--messages, --batch, --conversations, --in-flight and --runs must be >= 1")
-    if args.body_size < e2e.TAG.size:
-        parser.error(f"--body-size must be >= {e2e.TAG.size}")
+    counts = ("messages", "batch", "conversations", "in_flight", "runs")
+    args = parse_args(parser, argv, SMOKE, *counts, body_size=e2e.TAG.size)
     opts = options_from(e2e.Options, args)
     runs: dict[str, list[Run]] = {"one broker": [], "two brokers": []}
     if not args.no_forwarder:

@@ -445,15 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peers", default=",".join(PEERS), help=f"which, comma-separated: {', '.join(PEERS)}"
     )
-    args = parse_args(parser, argv, SMOKE)
+    counts = ("messages", "batch", "in_flight", "round_trips", "rounds")
+    args = parse_args(parser, argv, SMOKE, *counts, body_size=e2e.TAG.size)
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     unknown = [n for n in names if n not in PEERS]
     if unknown:
         parser.error(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(PEERS)}")
-    if min(args.messages, args.batch, args.in_flight, args.round_trips, args.rounds) < 1:
-        parser.error("--messages, --batch, --in-flight, --round-trips and --rounds must be >= 1")
-    if args.body_size < e2e.TAG.size:
-        parser.error(f"--body-size must be >= {e2e.TAG.size}")
     opts = options_from(Options, args)
     results = measure([PEERS[name] for name in names], opts)
     print()

@@ -265,11 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="skip the extra multi-level run at a tenth of the groups",
     )
-    args = parse_args(parser, argv, SMOKE)
-    if min(args.groups, args.per_group, args.top, args.in_flight, args.repeat) < 1:
-        parser.error("--groups, --per-group, --top and --in-flight must be >= 1")
-    if args.body_size < TAG.size:
-        parser.error(f"--body-size must be >= {TAG.size}")
+    counts = ("groups", "per_group", "top", "in_flight", "repeat")
+    args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
     opts = options_from(Options, args)
     single_levels = [SINGLE_LEVEL] * LEVELS
     multi_levels = list(range(1, LEVELS + 1))

@@ -202,12 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         "durability",
     )
     parser.add_argument("--cut-every", type=int, default=Options.cut_every, help="commits")
-    args = parse_args(parser, argv, SMOKE)
-    if (
-        min(args.messages, args.batch, args.in_flight, args.cut_every) < 1
-        or args.body_size < TAG.size
-    ):
-        parser.error("--messages, --batch, --in-flight, --cut-every must be >= 1, --body-size >= 5")
+    counts = ("messages", "batch", "in_flight", "cut_every")
+    args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
     opts = options_from(Options, args)
     result = run(measure(opts))
     print(

@@ -413,16 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quota", type=int, default=Options.quota, help="max_messages, run 2")
     parser.add_argument("--cache-bytes", type=int, default=None)
-    args = parse_args(parser, argv, SMOKE)
+    counts = ("quota", "batch", "conversations", "in_flight")
+    args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
     if not 0 < args.seconds <= 3600:
         parser.error("--seconds must be in (0, 3600]")
     if not 0 < args.fraction <= 1:
         parser.error("--fraction must be in (0, 1]")
-    for name in ("quota", "batch", "conversations", "in_flight"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.body_size < TAG.size:
-        parser.error(f"--body-size must be >= {TAG.size}")
     opts = options_from(Options, args)
     free = one_run("no quota", None, None, opts)
     quota = one_run(f"quota {opts.quota:,}", opts.quota, free.producer_msgs_s, opts)
