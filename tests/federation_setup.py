@@ -343,16 +343,18 @@ async def produce(
     per_dialog: int,
     batch: int,
     body: Callable[[int, int], bytes],
+    in_flight: int = 6,
 ) -> None:
     """Send `per_dialog` requests on every dialog of `handles`, `batch` to a send_many,
-    `body(dialog, number)` each, the dialogs taking turns (six calls in flight)."""
+    `body(dialog, number)` each, the dialogs taking turns (`in_flight` calls in flight)."""
 
     def call(dialog: int, first: int) -> Callable[[], Awaitable[None]]:
         bodies = [body(dialog, n) for n in range(first, first + batch)]
         return lambda: conn.send_many(handles[dialog], REQUEST, bodies)
 
     await pipelined(
-        (call(d, first) for first in range(0, per_dialog, batch) for d in range(len(handles))), 6
+        (call(d, first) for first in range(0, per_dialog, batch) for d in range(len(handles))),
+        in_flight,
     )
 
 
@@ -362,12 +364,13 @@ async def serve(
     got: list[client.Message],
     total: int,
     reply: Callable[[bytes], bytes],
+    top: int = 50,
 ) -> None:
-    """Receive `total` requests in transactions, replying to each (`reply(body)`) in the
-    same transaction; `got` collects them."""
+    """Receive `total` requests in transactions (RECEIVE TOP (`top`)), replying to each
+    (`reply(body)`) in the same transaction; `got` collects them."""
     while len(got) < total:
         async with conn.transaction():
-            messages = await conn.receive(queue, top=50, timeout=1.0)
+            messages = await conn.receive(queue, top=top, timeout=1.0)
             for h, group in by_conversation(messages).items():
                 await conn.send_many(h, REPLY, [reply(m.message_body) for m in group])
         got += messages

@@ -35,7 +35,6 @@ from federation_setup import (
     Federation,
     Node,
     assert_eoio,
-    by_conversation,
     connections,
     create_contract,
     create_initiator,
@@ -43,10 +42,11 @@ from federation_setup import (
     dialog_services,
     endpoints,
     link,
-    pipelined,
+    produce,
     receive_count,
     route,
     run_together,
+    serve,
     transmission_queue,
     trust,
     wait_quiet,
@@ -163,29 +163,8 @@ BATCH = 100
 IN_FLIGHT = 8
 
 
-async def produce(conn: client.Connection, handles: list[uuid.UUID]) -> None:
-    """Every dialog gets PER_DIALOG bodies in send_many batches, several calls in flight."""
-
-    def call(dialog: int, first: int) -> Callable[[], Awaitable[None]]:
-        bodies = [body(dialog, n) for n in range(first, first + BATCH)]
-        return lambda: conn.send_many(handles[dialog], REQUEST, bodies)
-
-    await pipelined(
-        (call(d, first) for first in range(0, PER_DIALOG, BATCH) for d in range(len(handles))),
-        IN_FLIGHT,
-    )
-
-
-async def serve(conn: client.Connection, queue: str, expected: int) -> list[client.Message]:
-    """RECEIVE in transactions and reply to each message in the same transaction."""
-    got: list[client.Message] = []
-    while len(got) < expected:
-        async with conn.transaction():
-            messages = await conn.receive(queue, top=BATCH, timeout=1.0)
-            for handle, group in by_conversation(messages).items():
-                await conn.send_many(handle, REPLY, [b"re:" + m.message_body for m in group])
-        got += messages
-    return got
+def _reply(request: bytes) -> bytes:
+    return b"re:" + request
 
 
 @pytest.mark.timeout(180)
@@ -207,11 +186,13 @@ async def test_ten_thousand_messages_on_twenty_dialogs_to_two_brokers_and_back(
 
         sampler = await ConnectionSampler([a, b, c], interval=0.25).start()
         started = time.monotonic()
+        served_b: list[client.Message] = []
+        served_c: list[client.Message] = []
         try:
-            _, served_b, served_c, replies = await run_together(
-                produce(await fed.session("A"), handles),
-                serve(await fed.session("B"), target_q["B"], per_target),
-                serve(await fed.session("C"), target_q["C"], per_target),
+            *_, replies = await run_together(
+                produce(await fed.session("A"), handles, PER_DIALOG, BATCH, body, IN_FLIGHT),
+                serve(await fed.session("B"), target_q["B"], served_b, per_target, _reply, BATCH),
+                serve(await fed.session("C"), target_q["C"], served_c, per_target, _reply, BATCH),
                 receive_count(await fed.session("A"), init_q, DIALOGS * PER_DIALOG, timeout=120),
                 timeout=120,
             )
