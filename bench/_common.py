@@ -258,6 +258,16 @@ def released_together(
     return go_time, outcomes
 
 
+async def started_together(role: str, go: Any, ready: Any, timeout: float) -> float:
+    """A worker's side of `released_together`: say `role` is ready (on the queue `ready`),
+    wait for the release `go` (which every worker hears at once) and return the time it
+    came at; BenchFailure when none comes within `timeout` seconds."""
+    ready.put((role, "ready"))
+    if not await asyncio.get_running_loop().run_in_executor(None, go.wait, timeout):
+        raise BenchFailure(f"{role}: never told to start")
+    return time.monotonic()
+
+
 def reap(processes: Iterable[multiprocessing.process.BaseProcess]) -> None:
     """Wait for the benchmark's worker processes to end (ten seconds each), killing any
     that does not."""

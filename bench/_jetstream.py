@@ -27,7 +27,7 @@ from typing import Any, Final
 from ssb import tools
 
 from . import e2e
-from ._common import BenchFailure, run
+from ._common import BenchFailure, run, started_together
 from ._peer import (
     Options,
     Target,
@@ -128,8 +128,7 @@ async def _produce(role: str, url: str, opts: Options, go: Any, results: Any) ->
     try:
         js = nc.jetstream(publish_async_max_pending=opts.batch * opts.in_flight)
         pad = b"p" * max(0, opts.body_size - e2e.TAG.size)
-        results.put((role, "ready"))
-        await asyncio.get_running_loop().run_in_executor(None, go.wait, 60)
+        await started_together(role, go, results, 60)
         acks = [
             await js.publish_async("e2e", e2e.body(e2e.PHASE_E2E, i, pad))
             for i in range(opts.messages)
@@ -145,7 +144,6 @@ async def _produce(role: str, url: str, opts: Options, go: Any, results: Any) ->
 async def _consume(role: str, url: str, opts: Options, go: Any, results: Any) -> dict[str, Any]:
     """Take every message in fetched batches, each batch acknowledged before the next
     fetch."""
-    import asyncio
 
     import nats
     from nats.errors import TimeoutError as FetchTimeout
@@ -156,8 +154,7 @@ async def _consume(role: str, url: str, opts: Options, go: Any, results: Any) ->
     try:
         js = nc.jetstream()
         pull = await js.pull_subscribe("e2e", durable=CONSUMER, stream=E2E_STREAM)
-        results.put((role, "ready"))
-        await asyncio.get_running_loop().run_in_executor(None, go.wait, 60)
+        await started_together(role, go, results, 60)
         deadline = time.monotonic() + opts.phase_timeout
         while count < opts.messages:
             if time.monotonic() > deadline:

@@ -68,6 +68,7 @@ from ._common import (
     receive_in_one_round_trip,
     released_together,
     run,
+    started_together,
 )
 
 CATALOG = Catalog("Bench")
@@ -143,12 +144,8 @@ async def produce(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
     async with await client.connect(url) as conn:
         handles = [await CATALOG.begin_dialog(conn) for _ in range(opts.conversations)]
         pad = b"p" * max(0, opts.body_size - TAG.size)
-        loop = asyncio.get_running_loop()
-        ready.put(("producer", "ready"))
-        if not await loop.run_in_executor(None, go.wait, opts.phase_timeout):
-            raise BenchFailure("producer: never told to start")
-        deadline = time.monotonic() + opts.phase_timeout
-        started = time.monotonic()
+        started = await started_together("producer", go, ready, opts.phase_timeout)
+        deadline = started + opts.phase_timeout
         in_flight: deque[asyncio.Future[None]] = deque()
         for number, first in enumerate(range(0, opts.messages, opts.batch)):
             last = min(opts.messages, first + opts.batch)
@@ -192,11 +189,7 @@ async def consume(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
     batches = 0
     async with await client.connect(url) as conn:
         await conn.ping()
-        loop = asyncio.get_running_loop()
-        ready.put(("consumer", "ready"))
-        if not await loop.run_in_executor(None, go.wait, opts.phase_timeout):
-            raise BenchFailure("consumer: never told to start")
-        started = time.monotonic()
+        started = await started_together("consumer", go, ready, opts.phase_timeout)
         cpu_started = time.process_time()
         deadline = started + opts.phase_timeout
         last_message = started

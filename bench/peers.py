@@ -73,6 +73,7 @@ from ._common import (
     print_header,
     rate,
     run,
+    started_together,
 )
 from ._jetstream import JetStream
 from ._peer import (
@@ -256,8 +257,7 @@ async def _rabbit_produce(
         exchange = channel.default_exchange
         pad = b"p" * max(0, opts.body_size - e2e.TAG.size)
         window = opts.batch * opts.in_flight
-        results.put((role, "ready"))
-        await asyncio.get_running_loop().run_in_executor(None, go.wait, 60)
+        await started_together(role, go, results, 60)
         pending: set[asyncio.Future[Any]] = set()
         for i in range(opts.messages):
             message = aio_pika.Message(
@@ -286,8 +286,7 @@ async def _rabbit_consume(
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=opts.batch * 2)
         queue = await channel.declare_queue(QUEUE, durable=True)
-        results.put((role, "ready"))
-        await asyncio.get_running_loop().run_in_executor(None, go.wait, 60)
+        await started_together(role, go, results, 60)
         deadline = time.monotonic() + opts.phase_timeout
         unacked = 0
         async with queue.iterator() as messages:

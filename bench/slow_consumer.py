@@ -63,6 +63,7 @@ from ._common import (
     rate,
     reap,
     run,
+    started_together,
 )
 from ._memory import MB, BrokerProcess, daemon_peak, daemon_rss, mb, rss_bytes, store_size
 
@@ -115,20 +116,11 @@ class RunResult:
 # ---- the producer and the consumer (each in its own process) ------------------------------
 
 
-async def started_together(role: str, go: Any, ready: Any) -> float:
-    """Say `role` is ready, wait for the word to start (that both hear at once), and
-    return the time it started at."""
-    ready.put((role, "ready"))
-    if not await asyncio.get_running_loop().run_in_executor(None, go.wait, 120.0):
-        raise BenchFailure(f"{role}: never told to start")
-    return time.monotonic()
-
-
 async def produce(url: str, opts: Options, go: Any, ready: Any, counter: Any) -> dict[str, Any]:
     pad = b"s" * max(0, opts.body_size - TAG.size)
     async with await client.connect(url) as conn:
         handles = [await CATALOG.begin_dialog(conn) for _ in range(opts.conversations)]
-        started = await started_together("producer", go, ready)
+        started = await started_together("producer", go, ready, 120.0)
         end = started + opts.seconds
         sent = errors = calls = 0
         in_flight: deque[tuple[asyncio.Future[None], int]] = deque()
@@ -173,7 +165,7 @@ async def consume(
     seen: set[int] = set()
     async with await client.connect(url) as conn:
         await conn.ping()
-        started = await started_together("consumer", go, ready)
+        started = await started_together("consumer", go, ready, 120.0)
         end = started + opts.seconds
         received = receives = 0
         while True:
