@@ -54,12 +54,15 @@ def run_ssb(
     env: dict[str, str] | None = None,
     prefix: tuple[str, ...] = (),
     timeout: float = 60.0,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m ssb.broker ARGS` (after `prefix`, e.g. a wrapper), run to its end."""
+    """`python -m ssb.broker ARGS` (after `prefix`, e.g. a wrapper), run to its end, with
+    `stdin` as its input."""
     return subprocess.run(
         [*prefix, sys.executable, "-m", "ssb.broker", *args],
         capture_output=True,
         text=True,
+        input=stdin,
         timeout=timeout,
         cwd=cwd,
         env=env,

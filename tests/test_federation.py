@@ -17,8 +17,6 @@ import functools
 import hashlib
 import random
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon import run_ssb
 from federation_setup import (
     CONTRACT,
     REPLY,
@@ -127,12 +126,7 @@ async def test_each_broker_has_a_persistent_instance_id_and_certificate(tmp_path
         assert a.instance != b.instance
         uuid.UUID(a.instance)
         assert a.certificate != b.certificate
-        status = subprocess.run(
-            [sys.executable, "-m", "ssb.broker", "status", "--url", a.process.url],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        status = run_ssb("status", "--url", a.process.url)
         assert a.instance in status.stdout
 
         # kill -9 and restart: same instance id, same key pair, trust store kept

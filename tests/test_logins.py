@@ -7,12 +7,11 @@ import asyncio
 import stat
 import struct
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon import BrokerProcess, serve_once
+from daemon import BrokerProcess, run_ssb, serve_once
 
 from ssb import client
 from ssb.protocol import NEED_DATA, WIRE_VERSION, ErrorCode, FrameDecoder, Hello, encode_frame
@@ -144,14 +143,8 @@ def test_ssb_login_commands_and_local_tools_find_the_admin_password(
     (broker.data_dir.parent / "ssb-data").symlink_to(broker.data_dir)
 
     def ssb(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "ssb.broker", *args],
-            cwd=broker.data_dir.parent,
-            capture_output=True,
-            text=True,
-            input=stdin,
-            timeout=60,
-            env={"PATH": "/usr/bin:/bin"},
+        return run_ssb(
+            *args, cwd=broker.data_dir.parent, env={"PATH": "/usr/bin:/bin"}, stdin=stdin
         )
 
     status = ssb("status")
