@@ -112,6 +112,15 @@ async def _drain(conn: client.Connection, queue: str, expected: int) -> list[cli
     return got
 
 
+async def _accepting_again(conn: client.Connection, timeout: float) -> None:
+    """Until the broker says it accepts new messages again."""
+
+    async def accepting() -> bool:
+        return bool((await _resources(conn))["accepting_messages"])
+
+    await wait_until(accepting, "the broker to accept new messages again", timeout=timeout)
+
+
 async def _log_says(broker: BrokerProcess, text: str, timeout: float) -> None:
     async def probe() -> bool:
         return text in broker.log_text()
@@ -165,10 +174,7 @@ async def test_low_disk_refuses_new_messages_until_space_returns(small_disk: Pat
 
         ballast.unlink()
 
-        async def accepting() -> bool:
-            return bool((await _resources(conn))["accepting_messages"])
-
-        await wait_until(accepting, "the broker to accept new messages again", timeout=15)
+        await _accepting_again(conn, 15)
         await conn.send(h, "DEFAULT", b"after")
         new = await conn.begin_dialog("InitSvc", "TargetSvc")
         await conn.send(new, "DEFAULT", b"new dialog")
@@ -256,10 +262,7 @@ async def test_full_disk_keeps_the_daemon_alive_and_loses_nothing(small_disk: Pa
         assert broker.proc.poll() is None, "the daemon died"
         assert await asyncio.wait_for(other.ping(), 30) == "pong"
 
-        async def accepting() -> bool:
-            return bool((await _resources(conn))["accepting_messages"])
-
-        await wait_until(accepting, "the broker to accept new messages again", timeout=30)
+        await _accepting_again(conn, 30)
         await conn.send(h, "DEFAULT", b"after")
         await other.send(other_dialog, "DEFAULT", b"other after")
 
@@ -394,10 +397,7 @@ async def test_a_broker_with_a_store_starts_on_a_full_disk_and_drains_it(
 
         (small_disk / "ballast").unlink()
 
-        async def accepting() -> bool:
-            return bool((await _resources(conn))["accepting_messages"])
-
-        await wait_until(accepting, "the broker to accept new messages again", timeout=15)
+        await _accepting_again(conn, 15)
         assert (data_dir / "disk-reserve").stat().st_size == 4 * MIB  # in place again
         again = await conn.begin_dialog("InitSvc", "TargetSvc")
         await conn.send(again, "DEFAULT", b"after")
@@ -456,10 +456,7 @@ async def test_a_commit_that_cannot_be_written_is_rolled_back_within_disk_full_t
 
         ballast.unlink()
 
-        async def accepting() -> bool:
-            return bool((await _resources(conn))["accepting_messages"])
-
-        await wait_until(accepting, "the broker to accept new messages again", timeout=15)
+        await _accepting_again(conn, 15)
         await conn.send(h, "DEFAULT", b"after")
         (after,) = await _drain(conn, "TargetQ", 1)
         assert after.message_body == b"after" and after.message_sequence_number == 2
