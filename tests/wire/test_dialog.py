@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from identities import A_CERT, A_ID, A_KEY, A_KEY_PEM, B_CERT, B_ID, B_KEY, B_KEY_PEM
+from identities import A_CERT, A_ID, A_KEY, A_KEY_PEM, B_CERT, B_ID, B_KEY, B_KEY_PEM, established
 
 from ssb.protocol import (
     NEED_DATA,
@@ -23,10 +23,8 @@ from ssb.protocol import (
     Envelope,
     FragmentFrame,
     FragmentReceived,
-    HandshakeCompleted,
     HeldFragment,
     IntegrityFailure,
-    LinkConnection,
     LocalProtocolError,
     MessageAcked,
     MessageReceived,
@@ -34,7 +32,6 @@ from ssb.protocol import (
     PendingMessage,
     RemoteProtocolError,
     RetryPolicy,
-    Role,
     SessionKeyReceived,
     UnknownDialog,
 )
@@ -42,7 +39,6 @@ from ssb.protocol._dialog_frames import AckRecord
 from ssb.protocol._fields import MAX_ACK_RANGES
 from ssb.protocol._integrity import (
     SessionSeal,
-    TrustStore,
     generate_broker_identity,
     load_private_key,
     new_session_key,
@@ -291,29 +287,7 @@ class Network:
 
     def connect(self) -> None:
         """A new TCP connection: handshake two fresh LinkConnections."""
-        a_link = LinkConnection(
-            Role.INITIATOR,
-            broker_id=A_ID,
-            private_key=A_KEY,
-            certificate_pem=A_CERT,
-            trusted=TrustStore([B_CERT]),
-        )
-        b_link = LinkConnection(
-            Role.ACCEPTOR,
-            broker_id=B_ID,
-            private_key=B_KEY,
-            certificate_pem=B_CERT,
-            trusted=TrustStore([A_CERT]),
-        )
-        completed = []
-        for _ in range(3):
-            for src, dst in ((a_link, b_link), (b_link, a_link)):
-                data = src.data_to_send()
-                if data:  # b"" would mean end of stream
-                    dst.receive_data(data)
-                while (event := dst.next_event()) is not NEED_DATA:
-                    completed.append(event)
-        assert [type(e) for e in completed] == [HandshakeCompleted, HandshakeCompleted]
+        a_link, b_link = established()
         self.links = {"ab": (a_link, b_link), "ba": (b_link, a_link)}
 
     def _faulty(self, path: str, frames: list[Frame]) -> list[Frame]:

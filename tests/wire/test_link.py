@@ -11,7 +11,18 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from identities import A_CERT, A_ID, A_KEY, B_CERT, B_ID, B_KEY, M_CERT, M_KEY
+from identities import (
+    A_CERT,
+    A_ID,
+    B_CERT,
+    B_ID,
+    B_KEY,
+    M_CERT,
+    M_KEY,
+    established,
+    link,
+    pump,
+)
 
 from ssb.protocol import (
     NEED_DATA,
@@ -37,7 +48,6 @@ from ssb.protocol._dialog_frames import AckRecord, new_fragment_frame
 from ssb.protocol._fields import MAX_ACK_RANGES, FrameKind
 from ssb.protocol._framing import encode_frame, pack, unpack
 from ssb.protocol._integrity import (
-    TrustStore,
     sign_handshake_proof,
 )
 from ssb.protocol._link import (
@@ -92,52 +102,6 @@ SAMPLE_FRAMES: list[LinkFrame] = [
     LocatedFrame(bytes(16), "Orders", None, None, "broker x does not forward ✗"),
     UnbundleFrame(CONV, Direction.FROM_TARGET),
 ]
-
-
-def link(
-    role: Role, *, me: str = "a", trusted: list[bytes] | None = None, **kw: Any
-) -> LinkConnection:
-    broker_id, key, cert, peer_cert = (
-        (A_ID, A_KEY, A_CERT, B_CERT) if me == "a" else (B_ID, B_KEY, B_CERT, A_CERT)
-    )
-    return LinkConnection(
-        role,
-        broker_id=broker_id,
-        private_key=key,
-        certificate_pem=cert,
-        trusted=TrustStore(trusted if trusted is not None else [peer_cert]),
-        **kw,
-    )
-
-
-def pump(src: LinkConnection, dst: LinkConnection, *, byte_at_a_time: bool = False) -> list[object]:
-    """Move src's pending handshake bytes into dst; return dst's events."""
-    data = src.data_to_send()
-    events: list[object] = []
-    chunks = (
-        [data[i : i + 1] for i in range(len(data))] if byte_at_a_time else [data] if data else []
-    )
-    for chunk in chunks:
-        dst.receive_data(chunk)
-        while (event := dst.next_event()) is not NEED_DATA:
-            events.append(event)
-    return events
-
-
-def established(byte_at_a_time: bool = False) -> tuple[LinkConnection, LinkConnection]:
-    a = link(Role.INITIATOR, me="a")
-    b = link(Role.ACCEPTOR, me="b")
-    assert pump(a, b, byte_at_a_time=byte_at_a_time) == []
-    assert b.state is LinkState.AWAITING_PROOF
-    assert pump(b, a, byte_at_a_time=byte_at_a_time) == [HandshakeCompleted(B_ID, B_CERT)]
-    assert a.state is LinkState.ESTABLISHED
-    assert pump(a, b, byte_at_a_time=byte_at_a_time) == [HandshakeCompleted(A_ID, A_CERT)]
-    assert state_of(b) is LinkState.ESTABLISHED
-    return a, b
-
-
-def state_of(conn: LinkConnection) -> LinkState:
-    return conn.state
 
 
 # =========================================================================== codecs
