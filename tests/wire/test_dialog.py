@@ -357,6 +357,14 @@ def make_pair(**options: object) -> tuple[Broker, Broker]:
     return a, b
 
 
+def begun_dialog(**options: object) -> tuple[Broker, Broker, uuid.UUID]:
+    """A pair of brokers (`make_pair(**options)`) and a conversation A has begun."""
+    a, b = make_pair(**options)
+    conv = uuid.uuid4()
+    a.begin(conv, INIT)
+    return a, b, conv
+
+
 def bodies(rng: random.Random, count: int, max_size: int) -> list[bytes]:
     return [rng.randbytes(rng.randrange(max_size + 1)) for _ in range(count)]
 
@@ -547,9 +555,7 @@ def test_corrupted_fragment_is_dropped_reported_not_acked_and_repaired() -> None
 
 
 def test_corrupted_standalone_ack_is_reported_and_ignored() -> None:
-    a, b = make_pair(ack_delay=0.0)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog(ack_delay=0.0)
     a.send(conv, INIT, b"x")
     b.receive(a.peer.frames_to_send(0.0), 0.0)
     (ack,) = b.peer.frames_to_send(0.0)
@@ -565,9 +571,7 @@ def test_corrupted_standalone_ack_is_reported_and_ignored() -> None:
 
 
 def test_retransmission_backoff_schedule_without_acks() -> None:
-    a, _ = make_pair(retry=RetryPolicy(initial=4.0, factor=2.0, maximum=64.0))
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, _, conv = begun_dialog(retry=RetryPolicy(initial=4.0, factor=2.0, maximum=64.0))
     a.send(conv, INIT, b"unanswered")
     now = 100.0
     sends: list[float] = []
@@ -647,9 +651,7 @@ def test_ack_piggybacks_on_return_traffic_without_standalone_ack() -> None:
 
 
 def test_standalone_ack_after_delay_when_no_return_traffic() -> None:
-    a, b = make_pair(ack_delay=0.25)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog(ack_delay=0.25)
     a.send(conv, INIT, b"one-way")
     b.receive(a.peer.frames_to_send(1.0), 1.0)
     assert b.peer.get_timer() == pytest.approx(1.25)
@@ -684,9 +686,7 @@ def test_no_ack_before_the_broker_stores() -> None:
 
 
 def test_stored_fragments_are_acked_before_the_message_completes() -> None:
-    a, b = make_pair(fragment_size=10, ack_delay=0.0)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog(fragment_size=10, ack_delay=0.0)
     a.send(conv, INIT, bytes(range(30)))  # fragments 0, 1, 2
     frames = a.peer.frames_to_send(0.0)
     for frame in frames[1:]:  # fragment 0 lost
@@ -702,9 +702,7 @@ def test_stored_fragments_are_acked_before_the_message_completes() -> None:
 
 
 def test_duplicate_of_delivered_message_is_acked_again_not_redelivered() -> None:
-    a, b = make_pair(ack_delay=0.0)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog(ack_delay=0.0)
     a.send(conv, INIT, b"once")
     (frame,) = a.peer.frames_to_send(0.0)
     b.receive([frame], 0.0)
@@ -724,9 +722,7 @@ def test_duplicate_of_delivered_message_is_acked_again_not_redelivered() -> None
 
 
 def test_reassembly_of_1000_fragments_fed_one_byte_at_a_time() -> None:
-    a, b = make_pair(fragment_size=8, window=8)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog(fragment_size=8, window=8)
     body = random.Random(9).randbytes(8 * 1000 - 3)
     a.send(conv, INIT, body)
     frames = a.peer.frames_to_send(0.0, limit=2000)
@@ -811,9 +807,7 @@ def test_low_priority_is_not_starved() -> None:
 
 
 def test_window_limits_messages_in_flight() -> None:
-    a, b = make_pair(window=4, ack_delay=0.0)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog(window=4, ack_delay=0.0)
     for i in range(10):
         a.send(conv, INIT, bytes([i]))
     frames = a.peer.frames_to_send(0.0)
@@ -841,9 +835,7 @@ def test_receiver_drops_beyond_window_unacked() -> None:
 
 
 def test_first_fragments_carry_envelope_and_key_until_first_ack() -> None:
-    a, b = make_pair(ack_delay=0.0)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog(ack_delay=0.0)
     a.send(conv, INIT, b"1")
     a.send(conv, INIT, b"2")
     first = a.peer.frames_to_send(0.0)
@@ -871,9 +863,7 @@ def test_fragment_without_key_is_an_integrity_failure() -> None:
 
 
 def test_sender_rejects_out_of_sequence_and_unknown() -> None:
-    a, _ = make_pair()
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, _, conv = begun_dialog()
     with pytest.raises(LocalProtocolError):
         a.peer.queue_message(conv, INIT, 3, "Msg", b"")
     with pytest.raises(LocalProtocolError):
@@ -893,9 +883,7 @@ def test_ack_for_unknown_sender_is_counted_and_ignored() -> None:
 
 
 def test_closed_receiver_reports_unknown_dialog() -> None:
-    a, b = make_pair()
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog()
     a.send(conv, INIT, b"x")
     (frame,) = a.peer.frames_to_send(0.0)
     b.receive([frame], 0.0)
@@ -938,9 +926,7 @@ def test_restart_of_both_brokers_loses_and_duplicates_nothing(seed: int) -> None
 
 
 def test_restart_with_a_different_fragment_size_discards_stale_partial() -> None:
-    a, b = make_pair(fragment_size=10, ack_delay=0.0)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog(fragment_size=10, ack_delay=0.0)
     body = bytes(range(100))
     a.send(conv, INIT, body)
     frames = a.peer.frames_to_send(0.0)
@@ -1067,9 +1053,7 @@ def test_ack_ranges_beyond_the_limit_go_in_several_acks() -> None:
 
 
 def test_retransmit_all_after_reconnect_and_close_sender_stops_retries() -> None:
-    a, _ = make_pair(retry=RetryPolicy(initial=4.0, factor=2.0, maximum=64.0))
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, _, conv = begun_dialog(retry=RetryPolicy(initial=4.0, factor=2.0, maximum=64.0))
     a.send(conv, INIT, b"a")
     a.send(conv, INIT, b"b")
     assert len(a.peer.frames_to_send(0.0)) == 2
@@ -1097,9 +1081,7 @@ def test_peer_argument_checks() -> None:
 def test_retries_fall_due_in_deadline_order_even_when_time_goes_back() -> None:
     """Retry entries sit in a FIFO while deadlines arrive in order and in a heap
     otherwise; together they must release retries exactly as one heap would."""
-    a, _ = make_pair(retry=RetryPolicy(initial=4.0, factor=2.0, maximum=64.0))
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, _, conv = begun_dialog(retry=RetryPolicy(initial=4.0, factor=2.0, maximum=64.0))
     sent_at = [3.0, 3.5, 1.0, 3.2, 1.0, 3.9]  # deadlines 7, 7.5, 5, 7.2, 5, 7.9
     for seq, now in enumerate(sent_at):
         a.send(conv, INIT, bytes([seq]))
@@ -1113,9 +1095,7 @@ def test_retries_fall_due_in_deadline_order_even_when_time_goes_back() -> None:
 
 
 def test_stale_retry_entries_do_not_hold_the_timer() -> None:
-    a, b = make_pair(ack_delay=0.0)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog(ack_delay=0.0)
     for index in range(50):
         a.send(conv, INIT, bytes([index]))
     network = Network(a, b)
@@ -1177,9 +1157,7 @@ def test_encrypted_dialog_sends_no_body_in_clear_and_survives_faults_and_restart
 
 
 def test_unencrypted_payloads_are_the_body_so_the_check_above_can_fail() -> None:
-    a, _ = make_pair()
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, _, conv = begun_dialog()
     a.send(conv, INIT, b"MARKER in clear")
     (frame,) = a.peer.frames_to_send(0.0)
     assert isinstance(frame, FragmentFrame) and frame.payload == b"MARKER in clear"
@@ -1270,9 +1248,7 @@ def test_envelope_wire_form_keeps_five_elements_unless_encrypted() -> None:
 
 
 def test_a_receiver_reports_the_messages_it_holds_in_part() -> None:
-    a, b = make_pair(fragment_size=10)
-    conv = uuid.uuid4()
-    a.begin(conv, INIT)
+    a, b, conv = begun_dialog(fragment_size=10)
     a.send(conv, INIT, b"x" * 25)  # three fragments
     first, second, third = a.peer.frames_to_send(0.0)
     b.receive((first, third), 0.0)
