@@ -30,6 +30,22 @@ async def new_logins(
             await conn.close()
 
 
+async def initiator_and_target(
+    conn: client.Connection,
+    target_queue: str = "TargetQ",
+    target_service: str = "TargetSvc",
+    **queue: Any,
+) -> client.Connection:
+    """The initiator service InitSvc on the queue InitQ, and the target service
+    `target_service` for the DEFAULT contract on the queue `target_queue` (made with the
+    options `queue`); returns `conn`."""
+    await conn.create_queue("InitQ")
+    await conn.create_queue(target_queue, **queue)
+    await conn.create_service("InitSvc", queue="InitQ")
+    await conn.create_service(target_service, queue=target_queue, contracts=["DEFAULT"])
+    return conn
+
+
 async def activated_service(
     conn: client.Connection, name: str, procedure: str, readers: int = 1, **queue: Any
 ) -> None:

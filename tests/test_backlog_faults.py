@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from daemon import BrokerProcess
+from setup_objects import initiator_and_target
 
 from ssb import client
 from ssb.protocol import ErrorCode
@@ -45,20 +46,13 @@ async def _queue_row(conn: client.Connection, name: str) -> dict[str, object]:
     return row
 
 
-async def _make_services(conn: client.Connection, target_queue: str, **quota: int) -> None:
-    await conn.create_queue("InitQ")
-    await conn.create_queue(target_queue, **quota)  # type: ignore[arg-type]
-    await conn.create_service("InitSvc", queue="InitQ")
-    await conn.create_service("TargetSvc", queue=target_queue, contracts=["DEFAULT"])
-
-
 async def test_kill_9_during_a_deep_drain_loses_and_repeats_nothing(tmp_path: Path) -> None:
     broker = BrokerProcess(
         tmp_path / "data", config={"message_cache_bytes": CACHE, "min_free_disk": 0}
     ).start()
     try:
         conn = await client.connect(broker.url)
-        await _make_services(conn, "DrainQ")
+        await initiator_and_target(conn, "DrainQ")
         handles = [await conn.begin_dialog("InitSvc", "TargetSvc") for _ in range(CONVERSATIONS)]
         for start in range(0, PER_CONVERSATION, BATCH):
             await asyncio.gather(
@@ -149,7 +143,7 @@ async def test_kill_9_after_quota_refusals_keeps_exactly_the_acknowledged(tmp_pa
     broker = BrokerProcess(tmp_path / "data", config={"min_free_disk": 0}).start()
     try:
         conn = await client.connect(broker.url)
-        await _make_services(conn, "LimitedQ", max_messages=QUOTA)
+        await initiator_and_target(conn, "LimitedQ", max_messages=QUOTA)
         producer = await conn.begin_dialog("InitSvc", "TargetSvc")
         other_dialog = await conn.begin_dialog("InitSvc", "TargetSvc")
 

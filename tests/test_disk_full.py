@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 import pytest
 from daemon import BrokerProcess, one_error_line, serve_once
+from setup_objects import initiator_and_target
 
 from ssb import client
 from ssb.protocol import ErrorCode
@@ -88,13 +89,6 @@ def fill(ballast: Path, leave: int = 0) -> None:
         os.close(fd)
 
 
-async def _objects(conn: client.Connection) -> None:
-    await conn.create_queue("InitQ")
-    await conn.create_queue("TargetQ")
-    await conn.create_service("InitSvc", queue="InitQ")
-    await conn.create_service("TargetSvc", queue="TargetQ", contracts=["DEFAULT"])
-
-
 async def _resources(conn: client.Connection) -> dict[str, Any]:
     (row,) = await conn.view("broker_resources")
     return row
@@ -133,7 +127,7 @@ async def test_low_disk_refuses_new_messages_until_space_returns(small_disk: Pat
     ballast = small_disk / "ballast"
     try:
         conn = await client.connect(broker.url)
-        await _objects(conn)
+        await initiator_and_target(conn)
         h = await conn.begin_dialog("InitSvc", "TargetSvc")
         ended = await conn.begin_dialog("InitSvc", "TargetSvc")
         await conn.send_many(h, "DEFAULT", [f"before:{i}" for i in range(10)])
@@ -208,7 +202,7 @@ async def _two_dialogs(
     ).start()
     try:
         conn = await client.connect(broker.url)
-        await _objects(conn)
+        await initiator_and_target(conn)
         h = await conn.begin_dialog("InitSvc", "TargetSvc")
         other_dialog = await conn.begin_dialog("InitSvc", "TargetSvc")
         yield broker, conn, h, other_dialog
@@ -370,7 +364,7 @@ async def test_a_broker_with_a_store_starts_on_a_full_disk_and_drains_it(
     broker = BrokerProcess(data_dir, config=config).start()
     try:
         conn = await client.connect(broker.url)
-        await _objects(conn)
+        await initiator_and_target(conn)
         h = await conn.begin_dialog("InitSvc", "TargetSvc")
         await conn.send_many(h, "DEFAULT", [b"kept"] * 10)
         await conn.close()
@@ -426,7 +420,7 @@ async def test_a_commit_that_cannot_be_written_is_rolled_back_within_disk_full_t
     ballast = small_disk / "ballast"
     try:
         conn = await client.connect(broker.url)
-        await _objects(conn)
+        await initiator_and_target(conn)
         h = await conn.begin_dialog("InitSvc", "TargetSvc")
         await conn.send_many(h, "DEFAULT", [b"kept 0", b"kept 1"])
         pid = broker.pid

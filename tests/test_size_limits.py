@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from daemon import BrokerProcess, one_error_line, serve_once
+from setup_objects import initiator_and_target
 
 from ssb import client
 from ssb.protocol import MAX_FRAME_SIZE, MAX_MESSAGE_SIZE_LIMIT, ErrorCode
@@ -33,14 +34,6 @@ def _digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-async def _objects(conn: client.Connection) -> client.Connection:
-    await conn.create_queue("InitQ")
-    await conn.create_queue("BigQ")
-    await conn.create_service("InitSvc", queue="InitQ")
-    await conn.create_service("BigSvc", queue="BigQ", contracts=["DEFAULT"])
-    return conn
-
-
 async def _ready(conn: client.Connection, queue: str = "BigQ") -> int:
     (row,) = [q for q in await conn.view("service_queues") if q["name"] == queue]
     return int(row["messages_ready"])
@@ -55,7 +48,7 @@ def _fits_a_frame(got: list[client.Message]) -> None:
 async def test_three_30_mib_messages_come_in_answers_that_fit_a_frame(
     conn: client.Connection,
 ) -> None:
-    await _objects(conn)
+    await initiator_and_target(conn, "BigQ", "BigSvc")
     h = await conn.begin_dialog("InitSvc", "BigSvc")
     digests = {}
     for n in range(3):
@@ -105,7 +98,7 @@ async def test_three_30_mib_messages_come_in_answers_that_fit_a_frame(
 
 
 async def test_peeking_at_three_30_mib_messages_fits_a_frame(conn: client.Connection) -> None:
-    await _objects(conn)
+    await initiator_and_target(conn, "BigQ", "BigSvc")
     h = await conn.begin_dialog("InitSvc", "BigSvc")
     digests = []
     for n in range(3):
@@ -132,7 +125,7 @@ async def test_one_message_of_the_largest_size_fits_an_answer(tmp_path: Path) ->
         tmp_path / "data", config={"max_message_size": MAX_MESSAGE_SIZE_LIMIT}
     ).start()
     try:
-        conn = await _objects(await client.connect(broker.url))
+        conn = await initiator_and_target(await client.connect(broker.url), "BigQ", "BigSvc")
         assert conn.max_message_size == MAX_MESSAGE_SIZE_LIMIT
         h = await conn.begin_dialog("InitSvc", "BigSvc")
         body = b"L" * MAX_MESSAGE_SIZE_LIMIT
@@ -153,7 +146,7 @@ async def test_one_message_of_the_largest_size_fits_an_answer(tmp_path: Path) ->
 
 
 async def test_a_200_mb_body_is_refused_and_nothing_is_sent(conn: client.Connection) -> None:
-    await _objects(conn)
+    await initiator_and_target(conn, "BigQ", "BigSvc")
     h = await conn.begin_dialog("InitSvc", "BigSvc")
     huge = bytes(200 * 1000 * 1000)
     caught: client.BrokerError | None = None
@@ -178,7 +171,7 @@ async def test_a_200_mb_body_is_refused_and_nothing_is_sent(conn: client.Connect
 
 
 async def test_send_many_over_the_frame_is_refused_whole(conn: client.Connection) -> None:
-    await _objects(conn)
+    await initiator_and_target(conn, "BigQ", "BigSvc")
     h = await conn.begin_dialog("InitSvc", "BigSvc")
     bodies = [_big(n) for n in range(3)]  # each allowed, together more than a frame
     assert all(len(b) <= conn.max_message_size for b in bodies)
@@ -196,7 +189,7 @@ async def test_send_many_over_the_frame_is_refused_whole(conn: client.Connection
 async def test_max_message_size_bounds_every_body(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "data", config={"max_message_size": 1000}).start()
     try:
-        conn = await _objects(await client.connect(broker.url))
+        conn = await initiator_and_target(await client.connect(broker.url), "BigQ", "BigSvc")
         assert conn.max_message_size == 1000  # announced in the handshake
         h = await conn.begin_dialog("InitSvc", "BigSvc")
         await conn.send(h, "DEFAULT", b"x" * 1000)
