@@ -20,15 +20,18 @@ from ssb.protocol._client_wire import REPLY_ERROR, REPLY_OK
 HOST = "127.0.0.1"
 
 
-async def _raw_exchange(port: int, data: bytes, timeout: float = 10.0) -> list[Any]:
-    """Send raw bytes before any login; the frames the broker answers until it closes."""
+async def _raw_exchange(
+    port: int, data: bytes, timeout: float = 10.0, want: int = 1 << 30
+) -> list[Any]:
+    """Send raw bytes on a new connection to `port`; the frames the broker answers, until
+    `want` or until it closes."""
     reader, writer = await asyncio.open_connection(HOST, port)
     writer.write(data)
     await writer.drain()
     decoder = FrameDecoder()
     frames: list[Any] = []
     async with asyncio.timeout(timeout):
-        while chunk := await reader.read(65536):
+        while len(frames) < want and (chunk := await reader.read(65536)):
             decoder.receive_data(chunk)
             while (frame := decoder.next_frame()) is not NEED_DATA:
                 frames.append(frame)
@@ -209,18 +212,8 @@ async def test_connections_per_address_are_bounded(tight: BrokerProcess) -> None
 async def session_frames(broker: BrokerProcess, payload: bytes, want: int = 1 << 30) -> list[Any]:
     """Log in as admin with `payload` written right behind the Hello (no waiting); the
     frames the broker answers (the Welcome first), until `want` or until it closes."""
-    reader, writer = await asyncio.open_connection(HOST, broker.client_port)
     hello = Hello(WIRE_VERSION, "admin", broker.admin_password()).encode()
-    writer.write(encode_frame(hello) + payload)
-    decoder = FrameDecoder()
-    frames: list[Any] = []
-    async with asyncio.timeout(10):
-        while len(frames) < want and (chunk := await reader.read(65536)):
-            decoder.receive_data(chunk)
-            while (frame := decoder.next_frame()) is not NEED_DATA:
-                frames.append(frame)
-    writer.close()
-    return frames
+    return await _raw_exchange(broker.client_port, encode_frame(hello) + payload, want=want)
 
 
 async def test_requests_sent_right_behind_the_hello_wait_for_the_login(
