@@ -57,6 +57,14 @@ def new_session(conn: Any = None, **options: Any) -> tuple[Session, Collect]:
     return Session(conn, output, **options), output
 
 
+async def ran(text: str, conn: Any = None, **options: Any) -> tuple[Session, Collect]:
+    """A new session (`new_session(conn, **options)`) that has run the script `text`, every
+    batch of it succeeding (else AssertionError, with the errors)."""
+    session, output = new_session(conn, **options)
+    assert await run(session, text), output.errors
+    return session, output
+
+
 def table(result: ResultSet) -> list[list[object]]:
     """A result set's rows as plain data."""
     return [[v.data for v in row] for row in result.rows]

@@ -15,7 +15,7 @@ from daemon import BrokerProcess
 from ssb import client
 from ssb.tools import wait_until
 
-from .helpers import new_session, run
+from .helpers import ran
 
 ACTIVATION = {"check_interval": 0.2, "empty_rowset_window": 0.5}
 
@@ -62,8 +62,7 @@ GO
 
 async def _setup(broker: BrokerProcess) -> None:
     async with await client.connect(broker.url) as conn:
-        session, out = new_session(conn, login="admin")
-        assert await run(session, SETUP), out.errors
+        await ran(SETUP, conn, login="admin")
 
 
 async def _replies(conn: client.Connection, top: int = 100) -> list[client.Message]:

@@ -13,7 +13,7 @@ from ssb import client
 from ssb.protocol import generate_broker_identity
 from ssb.tsql import Collect, Session
 
-from .helpers import new_session, run, table
+from .helpers import ran, run, table
 
 STATE_TABLE_SCRIPT = Path(__file__).resolve().parent / "scripts" / "state_table.sql"
 
@@ -31,8 +31,7 @@ GO
 
 @pytest.fixture
 async def tsql(conn: client.Connection) -> AsyncIterator[tuple[Session, Collect]]:
-    session, out = new_session(conn, login="admin")
-    assert await run(session, CATALOG), out.errors
+    session, out = await ran(CATALOG, conn, login="admin")
     yield session, out
 
 
@@ -493,8 +492,7 @@ async def test_a_state_table_keyed_by_conversation_group_with_receive_and_send(
 ) -> None:
     """The Service Broker pattern of a state table, written in the same transaction as
     RECEIVE and SEND (the script `ssb sql` also runs, see test_cli)."""
-    session, out = new_session(conn, login="admin")
-    assert await run(session, STATE_TABLE_SCRIPT.read_text()), out.errors
+    _, out = await ran(STATE_TABLE_SCRIPT.read_text(), conn, login="admin")
     assert table(out.results[-1]) == [[2, 42]]
     replies = await conn.receive("ShopperQueue", timeout=5)
     assert [m.message_body.decode("utf-16-le") for m in replies] == ["12", "42"]
@@ -505,9 +503,7 @@ async def test_a_state_table_keyed_by_conversation_group_with_receive_and_send(
 async def test_a_stored_procedure_changes_tables_in_its_callers_transaction(
     conn: client.Connection,
 ) -> None:
-    session, out = new_session(conn, login="admin")
-    assert await run(
-        session,
+    _, out = await ran(
         "CREATE TABLE Audit (id INT IDENTITY(1,1) PRIMARY KEY, note NVARCHAR(50))\n"
         "GO\n"
         "CREATE PROCEDURE Note @text NVARCHAR(50) AS\n"
@@ -523,7 +519,9 @@ async def test_a_stored_procedure_changes_tables_in_its_callers_transaction(
         "EXEC Note @text = N'undone'\n"
         "ROLLBACK\n"
         "SELECT id, note FROM Audit\n",
-    ), out.errors
+        conn,
+        login="admin",
+    )
     assert [table(r) for r in out.results] == [[[1]], [[2]], [[1, "kept"]]]
 
 

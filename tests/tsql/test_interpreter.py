@@ -7,7 +7,7 @@ import pytest
 
 from ssb.tsql import SqlError
 
-from .helpers import MemoryProcedures, new_session, run, table
+from .helpers import MemoryProcedures, new_session, ran, run, table
 
 
 async def test_variables_are_scoped_to_the_batch_as_sql_server_scopes_them() -> None:
@@ -291,9 +291,7 @@ def test_sql_error_format() -> None:
 
 
 async def test_table_variables_take_insert_update_delete_and_select() -> None:
-    session, out = new_session()
-    assert await run(
-        session,
+    session, out = await ran(
         "SET NOCOUNT ON\n"
         "DECLARE @t TABLE (a INT, b NVARCHAR(10))\n"
         "INSERT INTO @t (a, b) VALUES (1, N'x'), (2, N'y')\n"
@@ -305,7 +303,7 @@ async def test_table_variables_take_insert_update_delete_and_select() -> None:
         "DECLARE @top INT\n"
         "SELECT TOP 1 @top = a FROM @t ORDER BY a DESC\n"
         "SELECT @top AS top_a",
-    ), out.errors
+    )
     assert [table(r) for r in out.results] == [
         [[1]],
         [[2, "y"], [11, "X!"], [12, "Y!"]],
@@ -317,9 +315,7 @@ async def test_table_variables_take_insert_update_delete_and_select() -> None:
 
 
 async def test_xml_nodes_in_from_and_apply() -> None:
-    session, out = new_session()
-    assert await run(
-        session,
+    _, out = await ran(
         "SET NOCOUNT ON\n"
         'DECLARE @x XML = N\'<a><b n="1">one</b><b n="2">two</b></a>\'\n'
         "SELECT T.c.value('@n', 'int') AS n, T.c.value('.', 'nvarchar(10)') AS v"
@@ -329,7 +325,7 @@ async def test_xml_nodes_in_from_and_apply() -> None:
         "SELECT t.id, X.c.value('.', 'nvarchar(10)') AS v FROM @t t"
         " CROSS APPLY @x.nodes('/a/b[@n=1]') AS X(c) ORDER BY t.id\n"
         "SELECT COUNT(*) AS n FROM @t t OUTER APPLY @x.nodes('/a/z') AS X(c)",
-    ), out.errors
+    )
     assert [table(r) for r in out.results] == [
         [[2, "two"], [1, "one"]],
         [[1, "one"], [2, "one"]],
@@ -344,9 +340,7 @@ async def test_go_with_a_count_runs_the_batch_again() -> None:
 
 
 async def test_for_xml_path_and_raw_build_what_sql_server_builds() -> None:
-    session, out = new_session()
-    assert await run(
-        session,
+    _, out = await ran(
         "DECLARE @items TABLE (id INT, name NVARCHAR(20), note NVARCHAR(20));\n"
         "INSERT INTO @items VALUES (2, N'b&c', NULL), (1, N'a', N'x<y');\n"
         "DECLARE @body XML = (SELECT 7 AS [@id], (SELECT id AS [@n], name AS [text()]"
@@ -359,7 +353,7 @@ async def test_for_xml_path_and_raw_build_what_sql_server_builds() -> None:
         "SELECT id AS [a/@id], name AS [a/b], note AS [a/c] FROM @items WHERE id = 1"
         " FOR XML PATH('row');\n"
         "SELECT @body.value('(/order/item/@n)[2]', 'int') AS second;\n",
-    ), out.errors
+    )
     [body], [names], [raw], [elements], [path], [second] = (table(r) for r in out.results)
     assert str(body[0]) == ('<order id="7"><item n="1">a</item><item n="2">b&amp;c</item></order>')
     assert names == ["a,b&amp;c"]  # text, escaped as SQL Server escapes it
@@ -383,13 +377,11 @@ async def test_for_xml_that_ssb_does_not_build_is_refused() -> None:
 
 
 async def test_for_xml_orders_by_aliases_and_refuses_what_is_not_xml() -> None:
-    session, out = new_session()
-    assert await run(
-        session,
+    session, out = await ran(
         "DECLARE @t TABLE (id INT, name NVARCHAR(20));\n"
         "INSERT INTO @t VALUES (1, N'b'), (2, N'a');\n"
         "SELECT name AS n FROM @t ORDER BY n FOR XML PATH('');\n",
-    ), out.errors
+    )
     assert table(out.results[-1]) == [["<n>a</n><n>b</n>"]]
     for text in (
         "SELECT 1 AS x FOR XML PATH('a b')",
@@ -402,9 +394,7 @@ async def test_for_xml_orders_by_aliases_and_refuses_what_is_not_xml() -> None:
 
 
 async def test_more_of_sql_servers_scalar_functions_and_string_agg() -> None:
-    session, out = new_session()
-    assert await run(
-        session,
+    session, out = await ran(
         "SELECT CHOOSE(2, 'one', 'two') AS c, CHOOSE(3, 'one', 'two') AS none,"
         " PATINDEX('%[0-9]%', 'ab3') AS p, PATINDEX('ab%', 'abc') AS p2,"
         " PATINDEX('%z%', 'abc') AS p3, STR(12.5, 6, 1) AS s, STR(123456, 3) AS s2,"
@@ -415,7 +405,7 @@ async def test_more_of_sql_servers_scalar_functions_and_string_agg() -> None:
         "DECLARE @t TABLE (name NVARCHAR(10));\n"
         "INSERT INTO @t VALUES (N'a'), (NULL), (N'b');\n"
         "SELECT STRING_AGG(name, N', ') AS names FROM @t;\n",
-    ), out.errors
+    )
     numbers, dates, names = (table(r) for r in out.results)
     assert numbers == [["two", None, 3, 1, 0, "  12.5", "***", 3.0, 3.0, 1.0, 9.0]]
     assert [str(v) for v in dates[0][:3]] == ["2024-02-01", "2024-02-29", "2025-01-31"]

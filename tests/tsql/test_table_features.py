@@ -8,13 +8,11 @@ from daemon import BrokerProcess
 
 from ssb import client
 
-from .helpers import new_session, run, table
+from .helpers import new_session, ran, run, table
 
 
 async def test_a_temporary_table_lives_in_its_session(conn: client.Connection) -> None:
-    session, out = new_session(conn, login="admin")
-    assert await run(
-        session,
+    session, out = await ran(
         "CREATE TABLE Jobs (id INT PRIMARY KEY, state NVARCHAR(10));\n"
         "INSERT INTO Jobs VALUES (1, N'new'), (2, N'done'), (3, N'done');\n"
         "CREATE TABLE #work (id INT PRIMARY KEY, note NVARCHAR(10));\n"
@@ -29,7 +27,9 @@ async def test_a_temporary_table_lives_in_its_session(conn: client.Connection) -
         "DECLARE @n INT;\n"
         "SELECT @n = COUNT(*) FROM #work;\n"
         "SELECT @n AS n;\n",
-    ), out.errors
+        conn,
+        login="admin",
+    )
     assert [table(r) for r in out.results] == [[[3, "seen"]], [[3, "done"]], [[1]]]
     assert not await run(session, "SELECT * FROM #copy"), "the table was dropped"
     assert "#copy" in str(out.errors[-1])
@@ -38,9 +38,7 @@ async def test_a_temporary_table_lives_in_its_session(conn: client.Connection) -
 async def test_a_procedures_temporary_table_goes_when_it_returns(
     broker: BrokerProcess, conn: client.Connection
 ) -> None:
-    session, out = new_session(conn, login="admin")
-    assert await run(
-        session,
+    session, out = await ran(
         "CREATE TABLE #caller (n INT);\n"
         "INSERT INTO #caller VALUES (1), (2);\n"
         "GO\n"
@@ -55,7 +53,9 @@ async def test_a_procedures_temporary_table_goes_when_it_returns(
         "EXEC Stage;\n"
         "EXEC Stage;\n"  # (again: the tables were dropped, CREATE works again)
         "SELECT COUNT(*) AS n FROM #caller;\n",
-    ), out.errors
+        conn,
+        login="admin",
+    )
     assert [table(r) for r in out.results] == [[[30]], [[30]], [[2]]]
     for name in ("#staged", "#copy"):
         assert not await run(session, f"SELECT * FROM {name}")
@@ -93,9 +93,7 @@ async def test_a_table_joins_a_catalog_view(conn: client.Connection) -> None:
 
 
 async def test_merge_keeps_a_running_total(conn: client.Connection) -> None:
-    session, out = new_session(conn, login="admin")
-    assert await run(
-        session,
+    session, out = await ran(
         "CREATE TABLE Totals (g INT PRIMARY KEY, n INT NOT NULL);\n"
         "GO\n"
         "DECLARE @i INT = 0;\n"
@@ -108,7 +106,9 @@ async def test_merge_keeps_a_running_total(conn: client.Connection) -> None:
         "  SET @i += 1;\n"
         "END\n"
         "SELECT g, n FROM Totals;\n",
-    ), out.errors
+        conn,
+        login="admin",
+    )
     assert [table(r) for r in out.results] == [[[1, 6]]]
     assert "(1 row affected)" in out.messages
     assert not await run(session, "MERGE Totals t USING Totals s ON t.g = s.g")
