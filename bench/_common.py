@@ -198,64 +198,107 @@ def _worker(role: str, work: Work, args: tuple[Any, ...], go: Any, results: Any)
         results.put((role, {"error": traceback.format_exc()}))
 
 
+class Workers:
+    """Worker processes, one a role, each running its `work[role]`, (function, arguments):
+    started on entering the context, reaped on leaving it, released together once each is
+    ready. `released_together` is the usual use; a benchmark that does something between
+    their readiness and their release, or samples while they run, takes the steps itself:
+    `ready()`, `release()`, then `reported(limit)` or `finish(limit)`.
+
+    A worker that fails, or dies without a word, fails the run at once (BenchFailure, which
+    names `name` and the role), and so does one that is not ready within a minute, or not
+    done by the limit given.
+    """
+
+    def __init__(self, work: Mapping[str, tuple[Work, tuple[Any, ...]]], name: str = "") -> None:
+        self.who = f"{name} " if name else ""
+        ctx = mp.get_context("spawn")
+        self.go = ctx.Event()
+        self.results = ctx.Queue()
+        self.procs = [
+            ctx.Process(
+                target=_worker,
+                args=(role, function, args, self.go, self.results),
+                name=f"bench-{role}",
+            )
+            for role, (function, args) in work.items()
+        ]
+        self.outcomes: Outcomes = {}
+
+    def __enter__(self) -> Workers:
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        reap(self.procs)
+
+    def ready(self) -> None:
+        """Until every worker has said it is ready."""
+        for _ in self.procs:
+            role, what = self._next_report(time.monotonic() + 60)
+            if what != "ready":
+                why = what.get("error", what) if isinstance(what, dict) else what
+                raise BenchFailure(f"{self.who}{role} failed before the start: {why}")
+
+    def release(self) -> float:
+        """Release them all at once; returns the time of the release."""
+        go_time = time.monotonic()
+        self.go.set()
+        return go_time
+
+    def finish(self, limit: float) -> Outcomes:
+        """Until every worker has reported its outcome (by `limit`, a time.monotonic())."""
+        while len(self.outcomes) < len(self.procs):
+            self._take(*self._next_report(limit))
+        return self.outcomes
+
+    def reported(self, limit: float) -> bool:
+        """Take the outcomes reported by now, without waiting; whether every worker has
+        reported (it is an error to be still waiting at `limit`)."""
+        while (report := self._report(0.0, limit)) is not None:
+            self._take(*report)
+        return len(self.outcomes) == len(self.procs)
+
+    def _take(self, role: str, outcome: dict[str, Any]) -> None:
+        if "error" in outcome:
+            raise BenchFailure(f"{self.who}{role} failed:\n{outcome['error']}")
+        self.outcomes[role] = outcome
+
+    def _next_report(self, limit: float) -> tuple[str, Any]:
+        while (report := self._report(0.5, limit)) is None:
+            pass
+        return report
+
+    def _report(self, wait: float, limit: float) -> tuple[str, Any] | None:
+        # poll, so a child that dies without a word fails the run at once
+        try:
+            return self.results.get(timeout=wait)  # type: ignore[no-any-return]
+        except queue.Empty:
+            pass
+        dead = [
+            p
+            for p in self.procs
+            if p.exitcode is not None and p.name.removeprefix("bench-") not in self.outcomes
+        ]
+        if dead and self.results.empty():
+            raise BenchFailure(f"{self.who}{dead[0].name} exited with code {dead[0].exitcode}")
+        if time.monotonic() > limit:
+            raise BenchFailure(f"{self.who}timed out waiting for the worker processes")
+        return None
+
+
 def released_together(
     work: Mapping[str, tuple[Work, tuple[Any, ...]]], timeout: float, name: str = ""
 ) -> tuple[float, Outcomes]:
-    """Run each role's `work[role]`, (function, arguments), in a process of its own, all
-    released together once each is ready; returns (the time of the release, the outcomes).
-
-    A worker that fails, or dies without a word, fails the run at once (BenchFailure, which
-    names `name` and the role), and so does one that is not ready within a minute or not
-    done within `timeout` + 30 seconds of the release.
-    """
-    who = f"{name} " if name else ""
-    ctx = mp.get_context("spawn")
-    go = ctx.Event()
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_worker, args=(role, function, args, go, results), name=f"bench-{role}")
-        for role, (function, args) in work.items()
-    ]
-    for p in procs:
-        p.start()
-    outcomes: Outcomes = {}
-
-    def next_report(limit: float) -> tuple[str, Any]:
-        # poll, so a child that dies without a word fails the run at once
-        while True:
-            try:
-                return results.get(timeout=0.5)  # type: ignore[no-any-return]
-            except queue.Empty:
-                pass
-            dead = [
-                p
-                for p in procs
-                if p.exitcode is not None and p.name.removeprefix("bench-") not in outcomes
-            ]
-            if dead and results.empty():
-                raise BenchFailure(f"{who}{dead[0].name} exited with code {dead[0].exitcode}")
-            if time.monotonic() > limit:
-                raise BenchFailure(f"{who}timed out waiting for the worker processes")
-
-    try:
-        ready = 0
-        while ready < len(procs):
-            role, what = next_report(time.monotonic() + 60)
-            if what != "ready":
-                why = what.get("error", what) if isinstance(what, dict) else what
-                raise BenchFailure(f"{who}{role} failed before the start: {why}")
-            ready += 1
-        go_time = time.monotonic()
-        go.set()
-        limit = go_time + timeout + 30
-        while len(outcomes) < len(procs):
-            role, outcome = next_report(limit)
-            if "error" in outcome:
-                raise BenchFailure(f"{who}{role} failed:\n{outcome['error']}")
-            outcomes[role] = outcome
-    finally:
-        reap(procs)
-    return go_time, outcomes
+    """Run each role's `work[role]`, (function, arguments), in a process of its own (see
+    `Workers`), all released together once each is ready; returns (the time of the
+    release, the outcomes). A worker not done within `timeout` + 30 seconds of the release
+    fails the run."""
+    with Workers(work, name) as workers:
+        workers.ready()
+        go_time = workers.release()
+        return go_time, workers.finish(go_time + timeout + 30)
 
 
 async def started_together(role: str, go: Any, ready: Any, timeout: float) -> float:

@@ -40,11 +40,9 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
-import queue
 import struct
 import sys
 import time
-import traceback
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -54,6 +52,7 @@ from ssb import client
 from ._common import (
     BenchFailure,
     Catalog,
+    Workers,
     broker,
     command_line,
     conclude,
@@ -61,7 +60,6 @@ from ._common import (
     parse_args,
     print_header,
     rate,
-    reap,
     run,
     started_together,
 )
@@ -116,7 +114,7 @@ class RunResult:
 # ---- the producer and the consumer (each in its own process) ------------------------------
 
 
-async def produce(url: str, opts: Options, go: Any, ready: Any, counter: Any) -> dict[str, Any]:
+async def produce(url: str, opts: Options, counter: Any, go: Any, ready: Any) -> dict[str, Any]:
     pad = b"s" * max(0, opts.body_size - TAG.size)
     async with await client.connect(url) as conn:
         handles = [await CATALOG.begin_dialog(conn) for _ in range(opts.conversations)]
@@ -158,7 +156,7 @@ async def produce(url: str, opts: Options, go: Any, ready: Any, counter: Any) ->
 
 
 async def consume(
-    url: str, opts: Options, go: Any, ready: Any, counter: Any, reference_rate: float | None
+    url: str, opts: Options, counter: Any, reference_rate: float | None, go: Any, ready: Any
 ) -> dict[str, Any]:
     """Receive at opts.fraction of the producer's rate: of its running count, or of
     `reference_rate` msgs/s when given."""
@@ -194,25 +192,6 @@ async def consume(
     return {"received": received, "receives": receives, "seconds": finished - started}
 
 
-def _child(
-    role: str,
-    url: str,
-    opts: Options,
-    go: Any,
-    results: Any,
-    counter: Any,
-    reference_rate: float | None,
-) -> None:
-    try:
-        if role == "producer":
-            outcome = run(produce(url, opts, go, results, counter))
-        else:
-            outcome = run(consume(url, opts, go, results, counter, reference_rate))
-        results.put((role, outcome))
-    except BaseException:
-        results.put((role, {"error": traceback.format_exc()}))
-
-
 # ---- one run -------------------------------------------------------------------------------
 
 
@@ -225,33 +204,20 @@ async def target_queue(conn: client.Connection) -> dict[str, Any]:
 
 
 async def monitor(
-    d: BrokerProcess, procs: list[Any], results: Any, limit: float, interval: float
-) -> tuple[list[int], list[int], dict[str, dict[str, Any]]]:
-    """Sample RSS and queue depth every `interval` s until both children reported."""
+    d: BrokerProcess, workers: Workers, limit: float, interval: float
+) -> tuple[list[int], list[int]]:
+    """Sample RSS and queue depth every `interval` s until both workers reported."""
     rss: list[int] = []
     depth: list[int] = []
-    outcomes: dict[str, dict[str, Any]] = {}
     async with await client.connect(d.url) as conn:
-        while len(outcomes) < len(procs):
-            if time.monotonic() > limit:
-                raise BenchFailure("timed out waiting for the producer and the consumer")
+        while True:
             value = rss_bytes(d.pid)
             if value is not None:
                 rss.append(value)
             depth.append(int((await target_queue(conn))["messages_stored"]))
-            while True:
-                try:
-                    role, outcome = results.get_nowait()
-                except queue.Empty:
-                    break
-                if "error" in outcome:
-                    raise BenchFailure(f"{role} failed:\n{outcome['error']}")
-                outcomes[role] = outcome
-            dead = [p for p in procs if p.exitcode not in (None, 0) and p.name[6:] not in outcomes]
-            if dead:
-                raise BenchFailure(f"{dead[0].name} exited with code {dead[0].exitcode}")
+            if workers.reported(limit):
+                return rss, depth
             await asyncio.sleep(interval)  # pacing of the samples
-    return rss, depth, outcomes
 
 
 async def final_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -266,46 +232,20 @@ def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Op
     config = {} if opts.cache_bytes is None else {"message_cache_bytes": opts.cache_bytes}
     with broker(opts.durability, config, stop_timeout=60.0) as d:
         run(CATALOG.create(d.url, quota))
-        ctx = mp.get_context("spawn")
-        go = ctx.Event()
-        results = ctx.Queue()
-        counter = ctx.Value("q", 0, lock=False)
-        procs = [
-            ctx.Process(
-                target=_child,
-                args=(role, d.url, opts, go, results, counter, reference_rate),
-                name=f"bench-{role}",
-            )
-            for role in ("producer", "consumer")
-        ]
-        for p in procs:
-            p.start()
-        try:
-            deadline = time.monotonic() + 60
-            ready = 0
-            while ready < len(procs):
-                try:
-                    role, what = results.get(timeout=0.5)
-                except queue.Empty:
-                    if time.monotonic() > deadline:
-                        raise BenchFailure("the producer/consumer did not get ready") from None
-                    if any(p.exitcode is not None for p in procs):
-                        raise BenchFailure("a producer/consumer process died") from None
-                    continue
-                if what != "ready":
-                    raise BenchFailure(f"{role} failed before the start: {what}")
-                ready += 1
+        counter = mp.get_context("spawn").Value("q", 0, lock=False)
+        work = {
+            "producer": (produce, (d.url, opts, counter)),
+            "consumer": (consume, (d.url, opts, counter, reference_rate)),
+        }
+        with Workers(work) as workers:
+            workers.ready()
             time.sleep(1.0)  # pacing: let the daemon settle before the baseline
             r.rss_start = daemon_rss(d)
             hwm_start = daemon_peak(d)
             print(f"[{name}] {opts.seconds:g} s ...", flush=True)
-            go.set()
-            started = time.monotonic()
-            rss, depth, outcomes = run(
-                monitor(d, procs, results, started + opts.seconds + 120, opts.interval)
-            )
-        finally:
-            reap(procs)
+            started = workers.release()
+            rss, depth = run(monitor(d, workers, started + opts.seconds + 120, opts.interval))
+        outcomes = workers.outcomes
         r.rss_end = daemon_rss(d)
         hwm_end = daemon_peak(d)
         r.rss_peak = max([*rss, r.rss_end, hwm_end if hwm_end > hwm_start else 0])
