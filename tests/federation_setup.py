@@ -317,6 +317,15 @@ async def run_together(*coroutines: Awaitable[Any], timeout: float) -> list[Any]
     return [t.result() for t in tasks]
 
 
+def holds(predicate: Callable[[], object]) -> Callable[[], Awaitable[bool]]:
+    """A plain condition, `predicate`, as a probe that `wait_until` polls."""
+
+    async def probe() -> bool:
+        return bool(predicate())
+
+    return probe
+
+
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:
     return await awaitable
 

@@ -32,6 +32,7 @@ from federation_setup import (
     Node,
     dialog_services,
     end_dialogs,
+    holds,
     route,
     transmission_queue,
 )
@@ -141,7 +142,7 @@ async def test_fault_proxy_forwards_frames_and_injects_exactly_the_faults_it_is_
             assert await _through(delayed.proxy, frames) == frames
             assert delayed.stats.up.delays == len(frames)
             delayed.set_clean()
-            await wait_until(_true(lambda: delayed.proxy.clean), "the proxy to turn clean", 5)
+            await wait_until(holds(lambda: delayed.proxy.clean), "the proxy to turn clean", 5)
             assert await _through(delayed.proxy, frames) == frames
             assert delayed.stats.up.delays == len(frames)
         finally:
@@ -149,13 +150,6 @@ async def test_fault_proxy_forwards_frames_and_injects_exactly_the_faults_it_is_
     finally:
         server.close()
         await server.wait_closed()
-
-
-def _true(predicate: Any) -> Any:
-    async def probe() -> bool:
-        return bool(predicate())
-
-    return probe
 
 
 # ---- every message once, in order, through a faulty network ---------------------------------------
@@ -378,7 +372,7 @@ async def test_kill_9_of_the_receiving_broker_mid_transfer_loses_and_duplicates_
                 # A keeps accepting sends and says why it cannot deliver them
                 await wait_until(refused, f"'connection refused by {b.host_port}' on A", 15)
                 await wait_until(
-                    _true(lambda at=acked_at_kill: ledger.acked >= at + 200),
+                    holds(lambda at=acked_at_kill: ledger.acked >= at + 200),
                     "A to accept sends while B is down",
                     15,
                 )
@@ -395,7 +389,7 @@ async def test_kill_9_of_the_receiving_broker_mid_transfer_loses_and_duplicates_
             )
             more = ledger.acked + 1000
             await wait_until(
-                _true(lambda: ledger.acked >= more or producer.done()),
+                holds(lambda: ledger.acked >= more or producer.done()),
                 "more sends after the last restart",
                 60,
             )

@@ -37,6 +37,7 @@ from federation_setup import (
     dialog_services,
     end_dialogs,
     forwarding_trio,
+    holds,
     receive_count,
     route,
     route_chain,
@@ -280,7 +281,7 @@ async def test_kill_9_of_the_forwarder_mid_stream_loses_and_duplicates_nothing(
 
         async def kill_forwarder() -> tuple[int, int]:
             await wait_until(
-                lambda: _true(len(received) >= KILL_AT), f"{KILL_AT} messages at B", 30
+                holds(lambda: len(received) >= KILL_AT), f"{KILL_AT} messages at B", 30
             )
             at_kill = (len(received), sent)
             old = f.process.proc
@@ -321,10 +322,6 @@ async def test_kill_9_of_the_forwarder_mid_stream_loses_and_duplicates_nothing(
         relayed = await f.view("forwarded_conversations")
         assert len(relayed) == KILL_DIALOGS, relayed
         await end_dialogs(a, b, handles, target_q, KILL_PER_DIALOG)
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 # ---- 3. two forwarders in a row ----------------------------------------------------------------
