@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import operator
 import random
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -345,7 +345,9 @@ async def test_messages_for_a_disabled_queue_wait_on_the_target_broker_until_it_
             )
         assert sorted(sorted(v) for v in per_conversation.values()) == [list(range(25))] * 2
         await wait_until(
-            lambda: _empty(transmission_queue(a)), "A's transmission queue to drain (B acked)"
+            lambda: transmission_queue(a),
+            "A's transmission queue to drain (B acked)",
+            until=operator.not_,
         )
         with pytest.raises(client.QueueDisabledError):
             await b.conn.receive(target_q, timeout=0)
@@ -358,7 +360,9 @@ async def test_messages_for_a_disabled_queue_wait_on_the_target_broker_until_it_
             [body(0, n) for n in range(26)],
             [body(1, n) for n in range(25)],
         ]
-        await wait_until(lambda: _empty(transmission_queue(b)), "B's transmission queue to drain")
+        await wait_until(
+            lambda: transmission_queue(b), "B's transmission queue to drain", until=operator.not_
+        )
 
 
 @pytest.mark.timeout(90)
@@ -385,7 +389,9 @@ async def test_messages_for_a_full_queue_stay_unacknowledged_on_the_sender_until
         assert await transmission_queue(b) == []  # nothing held on B: it refused, not stored
         got = await receive_count(b.conn, target_q, 30)  # room again: A's retries get through
         assert assert_eoio(got) and [m.message_body for m in got] == [body(0, n) for n in range(30)]
-        await wait_until(lambda: _empty(transmission_queue(a)), "A's transmission queue to drain")
+        await wait_until(
+            lambda: transmission_queue(a), "A's transmission queue to drain", until=operator.not_
+        )
 
 
 @pytest.mark.timeout(60)
@@ -399,30 +405,23 @@ async def test_small_messages_travel_bundled_once_the_dialog_is_acknowledged(
         a, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
         handle = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
         await a.conn.send(handle, REQUEST, body(0, 0))
-        await wait_until(lambda: _empty(transmission_queue(a)), "the first message acked")
+        await wait_until(
+            lambda: transmission_queue(a), "the first message acked", until=operator.not_
+        )
         (before,) = [c for c in await connections(a) if c["peer"] == b.instance]
         await a.conn.send_many(handle, REQUEST, [body(0, n) for n in range(1, 501)])
         got = await receive_count(b.conn, target_q, 501, top=100)
         assert assert_eoio(got) and [m.message_body for m in got] == [
             body(0, n) for n in range(501)
         ]
-        await wait_until(lambda: _empty(transmission_queue(a)), "A's transmission queue to drain")
+        await wait_until(
+            lambda: transmission_queue(a), "A's transmission queue to drain", until=operator.not_
+        )
         (after,) = [c for c in await connections(a) if c["peer"] == b.instance]
         fragments = after["fragments_sent"] - before["fragments_sent"]
         frames = after["frames_sent"] - before["frames_sent"]
         assert fragments >= 500
         assert frames <= fragments // 10, f"{frames} frames for {fragments} messages"
-
-
-async def _empty(rows: Any) -> bool:
-    return not await rows
-
-
-def _not(probe: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[bool]]:
-    async def negated() -> bool:
-        return not await probe()
-
-    return negated
 
 
 # ---- END CONVERSATION, Error and timers ---------------------------------------------------------------
@@ -472,7 +471,9 @@ async def test_end_conversation_errors_and_timers_across_brokers(tmp_path: Path)
         async def in_transmission_queue() -> list[dict[str, Any]]:
             return [r for r in await transmission_queue(a) if r["conversation_handle"] == h2]
 
-        await wait_until(_not(in_transmission_queue), "B to acknowledge message 0 of dialog 2")
+        await wait_until(
+            in_transmission_queue, "B to acknowledge message 0 of dialog 2", until=operator.not_
+        )
         await a.conn.drop_route(forward)
         await a.conn.end_conversation(h2)
         (row,) = await wait_until(in_transmission_queue, "the EndDialog in A's transmission queue")
@@ -621,7 +622,9 @@ async def test_no_route_is_shown_in_the_transmission_queue_until_a_route_appears
         await route(a, "TargetB", b)
         got = await receive_count(b.conn, target_q, 3, timeout=20)
         assert assert_eoio(got) and [m.message_body for m in got] == [body(0, n) for n in range(3)]
-        await wait_until(lambda: _empty(transmission_queue(a)), "A's transmission queue to drain")
+        await wait_until(
+            lambda: transmission_queue(a), "A's transmission queue to drain", until=operator.not_
+        )
 
 
 # ---- the adjacent broker layer ----------------------------------------------------------------------------

@@ -166,7 +166,7 @@ async def test_a_forwarder_without_a_route_on_says_what_to_do(tmp_path: Path) ->
             rows = await a.view("transmission_queue")
             return str(rows[0]["transmission_status"]) if rows else ""
 
-        await wait_until(lambda: _equals(status(), said), "A's status to say why", timeout=20)
+        await wait_until(status, "A's status to say why", 20, until=lambda now: now == said)
         code, out, _ = await ssb_diagnose(*urls(a, f, b))
         assert code == 1, out
         assert said in out
@@ -179,10 +179,6 @@ async def test_a_forwarder_without_a_route_on_says_what_to_do(tmp_path: Path) ->
         await route(f, "TargetB", b)
         (m,) = await receive_count(b.conn, target_q, 1)
         assert m.message_body == b"stuck at F"
-
-
-async def _equals(value: Any, expected: str) -> bool:
-    return await value == expected
 
 
 @pytest.mark.timeout(90)
