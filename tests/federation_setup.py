@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import operator
 import time
 import uuid
 from collections import defaultdict, deque
@@ -500,14 +502,12 @@ async def wait_quiet(nodes: Iterable[Node], timeout: float = 30.0) -> None:
     """Wait until no broker has a message in its transmission queue or a conversation endpoint."""
     for node in nodes:
         for view in ("transmission_queue", "conversation_endpoints"):
-            await wait_until(_view_empty(node, view), f"an empty {view} on {node.name}", timeout)
-
-
-def _view_empty(node: Node, view: str) -> Callable[[], Awaitable[bool]]:
-    async def probe() -> bool:
-        return not await node.view(view)
-
-    return probe
+            await wait_until(
+                functools.partial(node.view, view),
+                f"an empty {view} on {node.name}",
+                timeout,
+                until=operator.not_,
+            )
 
 
 # ---- checks ----------------------------------------------------------------------------------
