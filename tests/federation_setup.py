@@ -502,12 +502,22 @@ async def wait_quiet(nodes: Iterable[Node], timeout: float = 30.0) -> None:
     """Wait until no broker has a message in its transmission queue or a conversation endpoint."""
     for node in nodes:
         for view in ("transmission_queue", "conversation_endpoints"):
-            await wait_until(
-                functools.partial(node.view, view),
-                f"an empty {view} on {node.name}",
-                timeout,
-                until=operator.not_,
-            )
+            await _emptied(node, view, timeout)
+
+
+async def acknowledged(node: Node, timeout: float = 30.0) -> None:
+    """Wait until every message `node` sent was acknowledged (its transmission queue is
+    empty)."""
+    await _emptied(node, "transmission_queue", timeout)
+
+
+async def _emptied(node: Node, view: str, timeout: float) -> None:
+    await wait_until(
+        functools.partial(node.view, view),
+        f"an empty {view} on {node.name}",
+        timeout,
+        until=operator.not_,
+    )
 
 
 # ---- checks ----------------------------------------------------------------------------------

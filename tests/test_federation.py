@@ -33,6 +33,7 @@ from federation_setup import (
     ConnectionSampler,
     Federation,
     Node,
+    acknowledged,
     assert_eoio,
     connections,
     create_contract,
@@ -344,11 +345,7 @@ async def test_messages_for_a_disabled_queue_wait_on_the_target_broker_until_it_
                 r["message_sequence_number"]
             )
         assert sorted(sorted(v) for v in per_conversation.values()) == [list(range(25))] * 2
-        await wait_until(
-            lambda: transmission_queue(a),
-            "A's transmission queue to drain (B acked)",
-            until=operator.not_,
-        )
+        await acknowledged(a)
         with pytest.raises(client.QueueDisabledError):
             await b.conn.receive(target_q, timeout=0)
 
@@ -360,9 +357,7 @@ async def test_messages_for_a_disabled_queue_wait_on_the_target_broker_until_it_
             [body(0, n) for n in range(26)],
             [body(1, n) for n in range(25)],
         ]
-        await wait_until(
-            lambda: transmission_queue(b), "B's transmission queue to drain", until=operator.not_
-        )
+        await acknowledged(b)
 
 
 @pytest.mark.timeout(90)
@@ -389,9 +384,7 @@ async def test_messages_for_a_full_queue_stay_unacknowledged_on_the_sender_until
         assert await transmission_queue(b) == []  # nothing held on B: it refused, not stored
         got = await receive_count(b.conn, target_q, 30)  # room again: A's retries get through
         assert assert_eoio(got) and [m.message_body for m in got] == [body(0, n) for n in range(30)]
-        await wait_until(
-            lambda: transmission_queue(a), "A's transmission queue to drain", until=operator.not_
-        )
+        await acknowledged(a)
 
 
 @pytest.mark.timeout(60)
@@ -405,18 +398,14 @@ async def test_small_messages_travel_bundled_once_the_dialog_is_acknowledged(
         a, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
         handle = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
         await a.conn.send(handle, REQUEST, body(0, 0))
-        await wait_until(
-            lambda: transmission_queue(a), "the first message acked", until=operator.not_
-        )
+        await acknowledged(a)
         (before,) = [c for c in await connections(a) if c["peer"] == b.instance]
         await a.conn.send_many(handle, REQUEST, [body(0, n) for n in range(1, 501)])
         got = await receive_count(b.conn, target_q, 501, top=100)
         assert assert_eoio(got) and [m.message_body for m in got] == [
             body(0, n) for n in range(501)
         ]
-        await wait_until(
-            lambda: transmission_queue(a), "A's transmission queue to drain", until=operator.not_
-        )
+        await acknowledged(a)
         (after,) = [c for c in await connections(a) if c["peer"] == b.instance]
         fragments = after["fragments_sent"] - before["fragments_sent"]
         frames = after["frames_sent"] - before["frames_sent"]
@@ -622,9 +611,7 @@ async def test_no_route_is_shown_in_the_transmission_queue_until_a_route_appears
         await route(a, "TargetB", b)
         got = await receive_count(b.conn, target_q, 3, timeout=20)
         assert assert_eoio(got) and [m.message_body for m in got] == [body(0, n) for n in range(3)]
-        await wait_until(
-            lambda: transmission_queue(a), "A's transmission queue to drain", until=operator.not_
-        )
+        await acknowledged(a)
 
 
 # ---- the adjacent broker layer ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from federation_setup import (
     REQUEST,
     Federation,
     Node,
+    acknowledged,
     dialog_services,
     endpoints,
     forwarding_trio,
@@ -39,15 +40,6 @@ from ssb.tools import wait_until
 from ssb.tools.diagnose import diagnose, format_report
 
 BIG = 300 * 1024  # five fragments of 64 KiB
-
-
-async def _acknowledged(node: Node) -> None:
-    """Every message `node` sent was acknowledged end to end (its transmission queue is empty)."""
-
-    async def empty() -> bool:
-        return not await node.view("transmission_queue")
-
-    await wait_until(empty, f"an empty transmission queue on {node.name}", timeout=30)
 
 
 async def _metrics(node: Node) -> dict[str, float]:
@@ -129,8 +121,8 @@ async def test_a_route_through_a_forwarder_needs_no_broker_instance(tmp_path: Pa
         await b.conn.send(got[0].conversation_handle, REPLY, b"answer")
         (reply,) = await receive_count(a.conn, init_q, 1)
         assert reply.message_body == b"answer"
-        await _acknowledged(a)
-        await _acknowledged(b)
+        await acknowledged(a)
+        await acknowledged(b)
 
         assert await endpoints(f) == []
         (row,) = await f.view("forwarded_conversations")
@@ -246,7 +238,7 @@ async def test_routes_that_loop_are_reported_and_never_spun(tmp_path: Path) -> N
         await route(b, "Initiator", f.address, broker_instance=a.instance)
         (got,) = await receive_count(b.conn, "TargetBQueue", 1)
         assert got.message_body == b"round and round"
-        await _acknowledged(a)
+        await acknowledged(a)
 
 
 @pytest.mark.timeout(120)
@@ -277,7 +269,7 @@ async def test_a_forwarder_past_forward_size_holds_back_and_loses_nothing(tmp_pa
         got = await receive_count(b.conn, target_q, len(bodies), timeout=60)
         assert [m.message_body for m in got] == bodies
         assert [m.message_sequence_number for m in got] == list(range(len(bodies)))
-        await _acknowledged(a)
+        await acknowledged(a)
 
 
 @pytest.mark.timeout(90)
