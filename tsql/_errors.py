@@ -105,6 +105,15 @@ def must_declare(name: str) -> SqlError:
     return SqlError(137, f'Must declare the scalar variable "{name}".', level=SYNTAX_LEVEL)
 
 
+def assignment_with_retrieval() -> SqlError:
+    """A SELECT that assigns some variables and returns other columns."""
+    return SqlError(
+        141,
+        "A SELECT statement that assigns a value to a variable must not be combined"
+        " with data-retrieval operations.",
+    )
+
+
 def conversion_failed(value: str, from_type: str, to_type: str) -> SqlError:
     return SqlError(
         245,

@@ -207,11 +207,7 @@ def _path_row(spec: Spec, values: tuple[object, ...]) -> str:
         parents = steps[:-1] if leaf.startswith("@") or leaf in _NODE_TESTS else steps
         if not parents and leaf.startswith("@"):
             if out:
-                raise SqlError(
-                    6852,
-                    f"Attribute-centric column '{name}' must not come after a non-attribute-"
-                    "centric sibling in XML hierarchy in FOR XML PATH.",
-                )
+                raise _attribute_after_element(name)
             _check_name(leaf[1:], "PATH")
             if value is not None:
                 attributes.append(f" {leaf[1:]}={quoteattr(_text(value))}")
@@ -232,11 +228,7 @@ def _path_row(spec: Spec, values: tuple[object, ...]) -> str:
         if leaf.startswith("@"):  # an attribute of the element just opened
             _check_name(leaf[1:], "PATH")
             if not out or not out[-1].startswith(f"<{parents[-1]}"):
-                raise SqlError(
-                    6852,
-                    f"Attribute-centric column '{name}' must not come after a non-attribute-"
-                    "centric sibling in XML hierarchy in FOR XML PATH.",
-                )
+                raise _attribute_after_element(name)
             out[-1] = out[-1][:-1] + f" {leaf[1:]}={quoteattr(_text(value))}>"
         elif leaf == "data()":
             out.append((" " if last_data else "") + _content(value, is_xml))
@@ -265,6 +257,14 @@ def _distinct(attributes: list[str]) -> None:
                 " more than once on the same XML tag.",
             )
         seen.add(name)
+
+
+def _attribute_after_element(name: str) -> SqlError:
+    return SqlError(
+        6852,
+        f"Attribute-centric column '{name}' must not come after a non-attribute-centric"
+        " sibling in XML hierarchy in FOR XML PATH.",
+    )
 
 
 def _check_name(name: str, mode: str) -> None:

@@ -33,7 +33,13 @@ from . import _types as t
 from ._broker import BrokerDatabases, BrokerProcedures
 from ._catalog import SYS_VIEWS, object_id
 from ._compile import Declared, check
-from ._errors import INFORMATIONAL, NotSupported, SqlError, from_broker
+from ._errors import (
+    INFORMATIONAL,
+    NotSupported,
+    SqlError,
+    assignment_with_retrieval,
+    from_broker,
+)
 from ._eval import Evaluator, xml_rows
 from ._frame import Break, Continue, Frame, Return
 from ._interfaces import (
@@ -506,11 +512,7 @@ class Session:
         values = [await self.value(item.expr, frame) for item in select.items]
         if select.assigns:
             if not all(item.target for item in select.items):
-                raise SqlError(
-                    141,
-                    "A SELECT statement that assigns a value to a variable must not be combined"
-                    " with data-retrieval operations.",
-                )
+                raise assignment_with_retrieval()
             for item, value in zip(select.items, values, strict=True):
                 assert item.target is not None
                 self.assign(frame, item.target, value, item.op)

@@ -37,7 +37,7 @@ from . import _ast as ast
 from . import _for_xml as for_xml
 from . import _types as t
 from ._catalog import QUEUE_COLUMNS, SYS_VIEWS, queue_rows
-from ._errors import NotSupported, SqlError
+from ._errors import NotSupported, SqlError, assignment_with_retrieval
 from ._eval import typed_value
 from ._functions import DATE_PART_FUNCTIONS, SCALARS
 from ._lexer import Kind, tokenize
@@ -118,11 +118,7 @@ def _without_assignments(select: ast.Select) -> tuple[str, list[tuple[str, str |
     ]
     if assigns:
         if len(assigns) != len(select.items):
-            raise SqlError(
-                141,
-                "A SELECT statement that assigns a value to a variable must not be combined"
-                " with data-retrieval operations.",
-            )
+            raise assignment_with_retrieval()
         items = ", ".join(
             select.text[i.start - select.offset : i.end - select.offset] for i in select.items
         )

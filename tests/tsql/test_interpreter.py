@@ -418,3 +418,46 @@ async def test_more_of_sql_servers_scalar_functions_and_string_agg() -> None:
         "DECLARE @t TABLE (a INT); SELECT STRING_AGG(a, ',') WITHIN GROUP (ORDER BY a) FROM @t",
     )
     assert "FOR XML PATH('')" in out.errors[-1].text
+
+
+@pytest.mark.parametrize(
+    ("script", "number", "text"),
+    [
+        (
+            "DECLARE @a INT; SELECT @a = 1, 2 AS b",
+            141,
+            "A SELECT statement that assigns a value to a variable must not be combined with"
+            " data-retrieval operations.",
+        ),
+        (
+            "DECLARE @t TABLE (a INT); DECLARE @x INT; SELECT @x = a, a FROM @t",
+            141,
+            "A SELECT statement that assigns a value to a variable must not be combined with"
+            " data-retrieval operations.",
+        ),
+        (
+            "SELECT 1 AS x, 2 AS [@y] FOR XML PATH('r')",
+            6852,
+            "Attribute-centric column '@y' must not come after a non-attribute-centric sibling"
+            " in XML hierarchy in FOR XML PATH.",
+        ),
+        (
+            "SELECT 1 AS [a/b], 2 AS [a/@y] FOR XML PATH('r')",
+            6852,
+            "Attribute-centric column 'a/@y' must not come after a non-attribute-centric"
+            " sibling in XML hierarchy in FOR XML PATH.",
+        ),
+    ],
+    ids=[
+        "assign-and-return",
+        "assign-and-return-from-a-table",
+        "attribute-last",
+        "attribute-in-path",
+    ],
+)
+async def test_selects_sql_server_refuses_get_its_error(
+    script: str, number: int, text: str
+) -> None:
+    session, out = new_session()
+    assert not await run(session, script)
+    assert [(e.number, e.text) for e in out.errors] == [(number, text)]
