@@ -12,20 +12,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable
-from typing import Final
 
 from ssb import client
 
 from ._errors import NotSupported, SqlError, from_broker
 from ._interfaces import DatabaseInfo, StoredProcedure
-
-# ALTER DATABASE ... SET options and what the broker's alter_database takes for them
-_BROKER_OPTIONS: Final = (
-    "ENABLE_BROKER",
-    "NEW_BROKER",
-    "DISABLE_BROKER",
-    "ERROR_BROKER_CONVERSATIONS",
-)
+from ._parser import BROKER_OPTIONS
 
 
 def object_name(name: str, database: str) -> str:
@@ -133,7 +125,7 @@ class BrokerDatabases:
         broker: str | None = None
         trustworthy: bool | None = None
         for option, value in options.items():
-            if option in _BROKER_OPTIONS:
+            if option in BROKER_OPTIONS:
                 if option in ("DISABLE_BROKER", "ERROR_BROKER_CONVERSATIONS"):
                     raise NotSupported(
                         f"ALTER DATABASE ... SET {option}",

@@ -20,6 +20,8 @@ from ._parse_tables import TABLE_OBJECTS, TableParser
 from ._types import SqlType
 
 _COMPOUND = ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=")
+# the options of ALTER DATABASE ... SET that are a database's broker state, written alone
+BROKER_OPTIONS = ("ENABLE_BROKER", "NEW_BROKER", "DISABLE_BROKER", "ERROR_BROKER_CONVERSATIONS")
 
 
 def parse_batch(text: str, first_line: int = 1) -> list[ast.Statement]:
@@ -462,12 +464,7 @@ class Parser(TableParser):
                 option = self.advance()
                 if option.kind is not Kind.NAME:
                     self.fail(option)
-                if option.upper in (
-                    "ENABLE_BROKER",
-                    "NEW_BROKER",
-                    "DISABLE_BROKER",
-                    "ERROR_BROKER_CONVERSATIONS",
-                ):
+                if option.upper in BROKER_OPTIONS:
                     options[option.upper] = "ON"
                 else:
                     self.take_op("=")
