@@ -38,6 +38,7 @@ from ._errors import (
     error_for,
 )
 from ._operations import Operations
+from ._polling import DEFAULT_WINDOW, BusyPoll, check_window
 from ._recovery import (
     DEFAULT_RETRIES,
     RECONNECT_DEADLINE,
@@ -133,6 +134,7 @@ class Connection(Operations):
         options: Options,
         at: int = 0,
         database: str = "",
+        busy_poll: float = DEFAULT_WINDOW,
     ) -> None:
         self._wire = wire
         self._at = at  # which of the URL's addresses answered last
@@ -143,6 +145,7 @@ class Connection(Operations):
         self.max_message_size = welcome.max_message_size
         self.url = url
         self._options = options
+        self._poll = BusyPoll(busy_poll, self._pending.__len__)
         self._closed = False
         self._tracker = Tracker(opened_database(welcome, database))
         self._redialing: asyncio.Future[None] | None = None
@@ -249,6 +252,7 @@ class Connection(Operations):
             self._uncork(wire)
         else:
             wire.transport.write(frame)
+            self._poll.wrote()
         return future
 
     def _uncork(self, wire: _Wire) -> None:
@@ -260,6 +264,7 @@ class Connection(Operations):
             return
         if not transport.is_closing():  # (closing: they are settled with the rest)
             transport.writelines(frames)
+            self._poll.wrote()
 
     async def _connected(self) -> None:
         """Return once connected; reconnect first if the connection dropped."""
@@ -559,6 +564,7 @@ async def connect(
     reconnect: bool = True,
     reconnect_deadline: float = RECONNECT_DEADLINE,
     database: str | None = None,
+    busy_poll: float = DEFAULT_WINDOW,
 ) -> Connection:
     """Open a session with the broker at `url` (ssb://user:password@host:port; several
     addresses of one broker, host1:port1,host2:port2, are tried in turn).
@@ -571,6 +577,10 @@ async def connect(
             `ConnectionLostError`.
         database: the database the session starts in (default: master, where everything
             made without naming a database lives); `use` moves it.
+        busy_poll: seconds the connection keeps its event loop polling for an answer
+            before it sleeps (0: never), which saves the wake-up when the broker answers
+            at once; polls that find nothing make the next ones rarer (see the client
+            page of the documentation).
 
     Raises:
         ConnectionLostError: the broker cannot be reached.
@@ -578,9 +588,10 @@ async def connect(
         NotFoundError: there is no such database.
     """
     options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
+    window = check_window(busy_poll)
     wire, welcome, at = await _open(parse_url(url), timeout, 0, database or "")
     try:
-        return Connection(wire, welcome, url, options, at, database or "")
+        return Connection(wire, welcome, url, options, at, database or "", window)
     except ProtocolViolationError:
         assert wire.transport is not None
         wire.transport.close()

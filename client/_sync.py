@@ -38,6 +38,7 @@ from ._errors import (
     error_for,
 )
 from ._operations import Operations
+from ._polling import DEFAULT_WINDOW, NEVER, Backoff, check_window, receive
 from ._recovery import (
     DEFAULT_RETRIES,
     RECONNECT_DEADLINE,
@@ -90,8 +91,10 @@ class SyncConnection(Operations):
         options: Options,
         at: int = 0,
         database: str = "",
+        busy_poll: float = DEFAULT_WINDOW,
     ):
         self._sock = sock
+        self._backoff = Backoff(busy_poll)
         self._at = at  # which of the URL's addresses answered last
         self._decoder = decoder
         self._next_id = 1
@@ -175,7 +178,7 @@ class SyncConnection(Operations):
         try:
             self._sock.sendall(b"".join(frames))
             while True:
-                reply = Reply.decode(_read_frame(self._sock, self._decoder))
+                reply = Reply.decode(_read_frame(self._sock, self._decoder, self._backoff))
                 if ahead is not None and reply.request_id == ahead.request_id:
                     ahead.answer = self._outcome(ahead.sent, reply)
                     continue
@@ -355,12 +358,12 @@ class SyncConnection(Operations):
     get_scheduler = get_scheduler_sync
 
 
-def _read_frame(sock: socket.socket, decoder: FrameDecoder) -> Any:
+def _read_frame(sock: socket.socket, decoder: FrameDecoder, backoff: Backoff = NEVER) -> Any:
     while True:
         frame = decoder.next_frame()
         if frame is not NEED_DATA:
             return frame
-        data = sock.recv(1 << 16)
+        data = receive(sock, backoff, 1 << 16)
         if not data:
             raise ConnectionResetError("the broker closed the connection")
         decoder.receive_data(data)
@@ -429,6 +432,7 @@ def connect_sync(
     reconnect: bool = True,
     reconnect_deadline: float = RECONNECT_DEADLINE,
     database: str | None = None,
+    busy_poll: float = DEFAULT_WINDOW,
 ) -> SyncConnection:
     """Open a blocking session with the broker at `url` (ssb://user:password@host:port;
     several addresses of one broker, host1:port1,host2:port2, are tried in turn).
@@ -440,11 +444,14 @@ def connect_sync(
         reconnect_deadline: seconds to keep trying before calls fail with
             `ConnectionLostError`.
         database: the database the session starts in (default: master); `use` moves it.
+        busy_poll: seconds the connection reads without waiting for an answer before
+            it sleeps in the kernel (0: never; see `connect`).
     """
     options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
+    window = check_window(busy_poll)
     sock, welcome, decoder, at = _open(parse_url(url), timeout, 0, database or "")
     try:
-        return SyncConnection(sock, welcome, decoder, url, options, at, database or "")
+        return SyncConnection(sock, welcome, decoder, url, options, at, database or "", window)
     except ProtocolViolationError:
         sock.close()
         raise

@@ -1,0 +1,75 @@
+"""Busy polling against a real daemon: a connection waiting for a prompt answer keeps its
+event loop turning instead of sleeping in the kernel, `busy_poll=0` sleeps, and a bad
+window is refused before anything connects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+from daemon import BrokerProcess
+
+from ssb import client
+
+PINGS = 40
+
+
+def sleeps_per_ping(url: str, busy_poll: float) -> float:
+    """Pings, one at a time, on a loop whose selector records each time it was asked to
+    wait; how many of those waits could block, per ping."""
+
+    async def pings() -> int:
+        loop = asyncio.get_running_loop()
+        selector = loop._selector  # type: ignore[attr-defined]
+        select: Callable[[float | None], object] = selector.select
+        blocking = 0
+
+        def recording(timeout: float | None = None) -> object:
+            nonlocal blocking
+            blocking += timeout is None or timeout > 0
+            return select(timeout)
+
+        async with await client.connect(url, busy_poll=busy_poll) as conn:
+            await conn.ping()
+            blocking = 0
+            selector.select = recording
+            for _ in range(PINGS):
+                await conn.ping()
+            selector.select = select
+        return blocking
+
+    loop = asyncio.SelectorEventLoop()
+    try:
+        return loop.run_until_complete(pings()) / PINGS
+    finally:
+        loop.close()
+
+
+def test_a_polling_connection_gets_prompt_answers_without_sleeping(
+    broker: BrokerProcess,
+) -> None:
+    # the longest window: a ping's answer comes well within it, even on a busy machine
+    assert sleeps_per_ping(broker.url, 0.01) < 0.5
+    assert sleeps_per_ping(broker.url, 0.0) >= 1.0  # each answer is waited for asleep
+
+
+def test_the_blocking_client_polls_too(broker: BrokerProcess) -> None:
+    with client.connect_sync(broker.url, busy_poll=0.01) as conn:
+        for _ in range(PINGS):
+            assert conn.ping()
+
+
+@pytest.mark.parametrize(
+    "connect",
+    [
+        lambda url: client.connect(url, busy_poll=-1.0),
+        lambda url: asyncio.to_thread(client.connect_sync, url, busy_poll=float("nan")),
+    ],
+    ids=["async", "blocking"],
+)
+async def test_a_bad_window_is_refused_with_what_to_give(
+    broker: BrokerProcess, connect: Callable[[str], Awaitable[object]]
+) -> None:
+    with pytest.raises(ValueError, match="busy_poll must be a number of seconds"):
+        await connect(broker.url)
