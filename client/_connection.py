@@ -252,7 +252,7 @@ class Connection(Operations):
             self._uncork(wire)
         else:
             wire.transport.write(frame)
-            self._poll.wrote()
+        self._poll.wrote(sent.call.operation)
         return future
 
     def _uncork(self, wire: _Wire) -> None:
@@ -264,7 +264,6 @@ class Connection(Operations):
             return
         if not transport.is_closing():  # (closing: they are settled with the rest)
             transport.writelines(frames)
-            self._poll.wrote()
 
     async def _connected(self) -> None:
         """Return once connected; reconnect first if the connection dropped."""

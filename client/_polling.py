@@ -11,13 +11,15 @@ schedules itself again, so that the loop polls its sockets without blocking), th
 blocking client reads without waiting (`receive`). Each turn gives the processor up to
 any other runnable process first (`sched_yield`).
 
-A poll that ended before its answers came found nothing worth the processor time: the
-next polls are skipped, twice as many after each such poll in a row (up to
+Whether a wait polls is learnt per operation (`Backoffs`), since one kind of request is
+answered at once where another waits for a large commit: a poll that ended before its
+answers came found nothing worth the processor time, so the next polls after that
+operation are skipped, twice as many after each such poll in a row (up to
 `MAX_SKIPPED`), and a poll that gets its answers starts the count again (`Backoff`). A
-client whose answers come slowly (commits synced to disk, a RECEIVE waiting for
-messages, many requests in flight) so spends almost nothing on it; one that makes
-requests one at a time to a broker that answers at once saves the wake-ups. `window` 0
-turns it off.
+client whose answers come slowly (commits synced to disk, large transactions, a RECEIVE
+waiting for messages, many requests in flight) so spends almost nothing on it; one that
+makes requests one at a time to a broker that answers at once saves the wake-ups.
+`window` 0 turns it off.
 """
 
 from __future__ import annotations
@@ -80,33 +82,54 @@ class Backoff:
 NEVER: Final = Backoff(0.0)  # (a window of 0 never polls: this one is never changed)
 
 
+class Backoffs:
+    """A connection's backoff for each operation it has sent."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._by_operation: dict[str, Backoff] = {}  # (the client's own operation names)
+
+    def of(self, operation: str) -> Backoff:
+        if not self.window:
+            return NEVER
+        backoff = self._by_operation.get(operation)
+        if backoff is None:
+            backoff = self._by_operation[operation] = Backoff(self.window)
+        return backoff
+
+
 class BusyPoll:
     """An async connection's polling (`awaiting`: whether any answer is still due)."""
 
     def __init__(self, window: float, awaiting: Callable[[], object]) -> None:
-        self.backoff = Backoff(window)
+        self.backoffs = Backoffs(window)
         self._awaiting = awaiting
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deadline = 0.0
-        self._polling = False
+        self._polling: Backoff | None = None  # the backoff of the request polled for
 
-    def wrote(self) -> None:
-        """A request was written: poll for its answer, unless a poll is under way or
-        the backoff says not to."""
-        if self._polling or not self.backoff.due():
+    def wrote(self, operation: str) -> None:
+        """A request for `operation` was written (or will be, at the loop's next turn):
+        poll for its answer, unless a poll is under way or the backoff says not to."""
+        if self._polling is not None:
             return
-        self._polling = True
-        self._deadline = time.perf_counter() + self.backoff.window
+        backoff = self.backoffs.of(operation)
+        if not backoff.due():
+            return
+        self._polling = backoff
+        self._deadline = time.perf_counter() + backoff.window
         self._loop = loop = asyncio.get_running_loop()
         loop.call_soon(self._turn)
 
     def _turn(self) -> None:
+        polling = self._polling
+        assert polling is not None
         if not self._awaiting():
-            self._polling = False
-            self.backoff.ended(True)
+            self._polling = None
+            polling.ended(True)
         elif time.perf_counter() >= self._deadline:
-            self._polling = False
-            self.backoff.ended(False)
+            self._polling = None
+            polling.ended(False)
         else:
             _yield()
             assert self._loop is not None

@@ -38,7 +38,7 @@ from ._errors import (
     error_for,
 )
 from ._operations import Operations
-from ._polling import DEFAULT_WINDOW, NEVER, Backoff, check_window, receive
+from ._polling import DEFAULT_WINDOW, NEVER, Backoff, Backoffs, check_window, receive
 from ._recovery import (
     DEFAULT_RETRIES,
     RECONNECT_DEADLINE,
@@ -94,7 +94,7 @@ class SyncConnection(Operations):
         busy_poll: float = DEFAULT_WINDOW,
     ):
         self._sock = sock
-        self._backoff = Backoff(busy_poll)
+        self._backoffs = Backoffs(busy_poll)
         self._at = at  # which of the URL's addresses answered last
         self._decoder = decoder
         self._next_id = 1
@@ -175,10 +175,11 @@ class SyncConnection(Operations):
             if ahead is not None:
                 ahead.written = False  # it leaves with the next request instead
             raise
+        backoff = self._backoffs.of((sent if ahead is None else ahead.sent).call.operation)
         try:
             self._sock.sendall(b"".join(frames))
             while True:
-                reply = Reply.decode(_read_frame(self._sock, self._decoder, self._backoff))
+                reply = Reply.decode(_read_frame(self._sock, self._decoder, backoff))
                 if ahead is not None and reply.request_id == ahead.request_id:
                     ahead.answer = self._outcome(ahead.sent, reply)
                     continue

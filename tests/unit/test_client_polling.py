@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ssb.client import _polling
-from ssb.client._polling import MAX_SKIPPED, Backoff, BusyPoll, check_window, receive
+from ssb.client._polling import MAX_SKIPPED, Backoff, Backoffs, BusyPoll, check_window, receive
 
 
 def polls_in(backoff: Backoff, waits: int) -> int:
@@ -45,6 +45,19 @@ def test_polls_never_skip_more_than_the_bound() -> None:
 
 def test_a_window_of_zero_never_polls() -> None:
     assert polls_in(Backoff(0.0), 100) == 0
+    assert polls_in(Backoffs(0.0).of("send"), 100) == 0
+
+
+def test_each_operation_learns_on_its_own() -> None:
+    backoffs = Backoffs(0.001)
+    commit = backoffs.of("commit")
+    for _ in range(5):
+        while not commit.due():
+            pass
+        commit.ended(False)
+    assert backoffs.of("commit") is commit
+    assert polls_in(backoffs.of("send"), 10) == 10
+    assert polls_in(commit, 10) == 0
 
 
 @pytest.mark.parametrize("window", [-1e-6, math.nan, math.inf, 0.5, "0.001", True, None])
@@ -80,10 +93,10 @@ def test_the_loop_polls_without_blocking_until_the_answer_is_in() -> None:
         answer = loop.create_future()
         poll = BusyPoll(0.5, lambda: not answer.done())
         timeouts = count_sleeps(loop)
-        poll.wrote()
+        poll.wrote("ping")
         loop.call_later(0.02, answer.set_result, None)
         await answer
-        answered = poll.backoff.due()  # the poll ended with its answer: no backoff
+        answered = poll.backoffs.of("ping").due()  # it ended with its answer: no backoff
         return timeouts, answered
 
     loop = asyncio.SelectorEventLoop()
@@ -101,7 +114,7 @@ def test_the_loop_sleeps_once_the_window_has_passed() -> None:
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
         poll = BusyPoll(0.001, lambda: not answer.done())
-        poll.wrote()
+        poll.wrote("commit")
         await asyncio.sleep(0.01)  # the window ends while the answer is still due
         timeouts = count_sleeps(loop)
         loop.call_later(0.05, answer.set_result, None)
@@ -114,7 +127,8 @@ def test_the_loop_sleeps_once_the_window_has_passed() -> None:
     finally:
         loop.close()
     assert any(timeout is None or timeout > 0 for timeout in timeouts)
-    assert not poll.backoff.due()  # the fruitless poll made the next wait sleep
+    assert not poll.backoffs.of("commit").due()  # the fruitless poll made the next one sleep
+    assert poll.backoffs.of("receive").due()  # (another operation's polls are its own)
 
 
 def test_receive_polls_a_blocking_socket_and_gets_the_answer() -> None:
