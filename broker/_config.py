@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
-from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT
+from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT, check_poll_window
 
 from ._core.backlog import DEFAULT_CACHE_BYTES
 from ._store import is_database_url
@@ -27,6 +27,7 @@ DEFAULT_MIN_FREE_DISK: Final = 1024 * MIB
 DEFAULT_FAILOVER: Final = 10.0
 MIN_FAILOVER: Final = 1.0  # seconds: a shorter lease would be lost to a slow round trip
 DEFAULT_DISK_RESERVE: Final = 16 * MIB
+DEFAULT_BUSY_POLL: Final = 100e-6
 
 
 class ConfigError(ValueError):
@@ -130,6 +131,11 @@ class Config:
     acknowledged then survives a daemon crash, not a power cut). With a PostgreSQL store:
     "fsync", a commit as the server's synchronous_commit says; "os", synchronous_commit
     off"""
+    busy_poll: float = DEFAULT_BUSY_POLL
+    """seconds the daemon keeps polling for the next request after it has answered,
+    rather than sleeping in the kernel, from 0 (never) to 0.01: on an idle machine the
+    wake-up costs tens of microseconds of a client's round trip. Polls that find nothing
+    make the next ones rarer (see Waiting for answers in the Python client's page)"""
     lock_timeout: float = 30.0
     """seconds a statement waits for a conversation group another transaction locks"""
     statement_timeout: float = 30.0
@@ -258,6 +264,10 @@ class Config:
             raise ConfigError(
                 f"chart_sample_seconds must be seconds from 0.05 to 3600, not {chart!r}"
             )
+        try:
+            check_poll_window(self.busy_poll)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if not _seconds(self.lock_timeout) or not 0 < self.lock_timeout <= 3600:
             raise ConfigError(
                 f"lock_timeout must be seconds in (0, 3600], not {self.lock_timeout!r}"

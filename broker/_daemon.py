@@ -74,7 +74,7 @@ from ._namespaces import Namespaces
 from ._operations import Operations
 from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
-from ._server import SERVER_NAME, ClientConnection
+from ._server import SERVER_NAME, ClientConnection, NextRequests
 from ._store import (
     Store,
     StoreError,
@@ -302,6 +302,7 @@ class Broker:
         connections = self.connections
         welcome = Welcome(WIRE_VERSION, instance, SERVER_NAME, engine.capacity.max_message_size)
         serving = None if self.keeper is None else self.keeper.held
+        next_requests = NextRequests(config.busy_poll)
         self.door = door = Door(
             lambda: ClientConnection(
                 engine.transactions,
@@ -312,6 +313,7 @@ class Broker:
                 connections,
                 limits,
                 serving,
+                next_requests,
             ),
             context,
             config.allow_plain,

@@ -26,6 +26,10 @@ within the login timeout; the password check runs off the loop (see `_logins`) a
 reading pauses until it has answered. The door in front (`_tls`) has already sorted
 TLS from plain TCP and bounded the connections per address.
 Every refusal is logged with the peer's address, never with a secret.
+
+Having answered, the daemon polls a moment for the next request rather than sleeping in
+the kernel (`NextRequests`, see `ssb.protocol`'s `Poller`): a request on any connection
+ends the poll, and polls that find nothing make the next ones rarer.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import os
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
@@ -42,9 +48,11 @@ from ssb.protocol import (
     MAX_FRAME_SIZE,
     NEED_DATA,
     WIRE_VERSION,
+    Backoff,
     ErrorCode,
     FrameDecoder,
     Hello,
+    Poller,
     ProtocolError,
     Request,
     Welcome,
@@ -68,6 +76,30 @@ SERVER_NAME: Final = "ssb/0.2"
 # (user, password, peer address) -> None when the login may open a session, else why not
 Login = Callable[[str, str, str], Awaitable[str | None]]
 
+_give_way: Callable[[], object] = getattr(os, "sched_yield", lambda: None)
+
+
+def _next_turn(turn: Callable[[], None]) -> None:
+    asyncio.get_running_loop().call_soon(turn)
+
+
+class NextRequests:
+    """The daemon's polling for the next request after answering, over all connections
+    (`window`: seconds, 0 for never)."""
+
+    def __init__(self, window: float) -> None:
+        self.backoff = Backoff(window)
+        self.arrived = 0  # requests read, on every connection
+        self._seen = 0  # when the last poll started
+        self.poller = Poller(self._awaiting, time.perf_counter, _next_turn, _give_way)
+
+    def answered(self) -> None:
+        self._seen = self.arrived
+        self.poller.start(self.backoff)
+
+    def _awaiting(self) -> bool:
+        return self.arrived == self._seen
+
 
 class ClientConnection(asyncio.Protocol):
     def __init__(
@@ -80,6 +112,7 @@ class ClientConnection(asyncio.Protocol):
         connections: set[ClientConnection],
         limits: ClientLimits,
         serving: Callable[[], bool] | None = None,
+        next_requests: NextRequests | None = None,
     ) -> None:
         """One client's connection.
 
@@ -93,6 +126,7 @@ class ClientConnection(asyncio.Protocol):
             limits: the [limits] a client is held to.
             serving: whether this daemon may answer (it holds the broker's lease; None:
                 always).
+            next_requests: the daemon's polling for requests (None: it sleeps at once).
         """
         self.transactions = transactions
         self.welcome = welcome
@@ -102,6 +136,7 @@ class ClientConnection(asyncio.Protocol):
         self.connections = connections
         self.limits = limits
         self.serving = serving
+        self.next_requests = next_requests or NextRequests(0.0)
         self.decoder = FrameDecoder(limits.hello_frame_size)
         self.greeted = False  # a Hello arrived; its login may still be running
         self.login_timer: asyncio.TimerHandle | None = None
@@ -144,6 +179,7 @@ class ClientConnection(asyncio.Protocol):
                     return  # the rest stays buffered until the login has answered
                 else:
                     self.inbox.append(Request.decode(frame))
+                    self.next_requests.arrived += 1
         except ProtocolError as exc:
             self._protocol_error(exc)
             return
@@ -371,6 +407,7 @@ class ClientConnection(asyncio.Protocol):
             if not self._may_answer():
                 return
             self.transport.writelines(out)
+            self.next_requests.answered()
         if replies and self.waiting_for != replies[0][0]:
             self.waiting_for = replies[0][0]
             store.when_durable(self.waiting_for, self._durable)

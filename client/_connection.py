@@ -20,11 +20,13 @@ from typing import Any, Final, TypeVar, cast
 from ssb.protocol import (
     NEED_DATA,
     WIRE_VERSION,
+    Backoffs,
     FrameDecoder,
     Hello,
     ProtocolError,
     Reply,
     Welcome,
+    check_poll_window,
     encode_frame,
 )
 
@@ -38,7 +40,7 @@ from ._errors import (
     error_for,
 )
 from ._operations import Operations
-from ._polling import DEFAULT_WINDOW, BusyPoll, check_window
+from ._polling import DEFAULT_WINDOW, answers_poller
 from ._recovery import (
     DEFAULT_RETRIES,
     RECONNECT_DEADLINE,
@@ -145,7 +147,8 @@ class Connection(Operations):
         self.max_message_size = welcome.max_message_size
         self.url = url
         self._options = options
-        self._poll = BusyPoll(busy_poll, self._pending.__len__)
+        self._polls = Backoffs(busy_poll)  # (when polling for an answer pays, by operation)
+        self._poller = answers_poller(self._pending.__len__)
         self._closed = False
         self._tracker = Tracker(opened_database(welcome, database))
         self._redialing: asyncio.Future[None] | None = None
@@ -252,7 +255,7 @@ class Connection(Operations):
             self._uncork(wire)
         else:
             wire.transport.write(frame)
-        self._poll.wrote(sent.call.operation)
+        self._poller.start(self._polls.of(sent.call.operation))
         return future
 
     def _uncork(self, wire: _Wire) -> None:
@@ -587,7 +590,7 @@ async def connect(
         NotFoundError: there is no such database.
     """
     options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
-    window = check_window(busy_poll)
+    window = check_poll_window(busy_poll)
     wire, welcome, at = await _open(parse_url(url), timeout, 0, database or "")
     try:
         return Connection(wire, welcome, url, options, at, database or "", window)

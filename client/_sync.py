@@ -19,12 +19,16 @@ from typing import Any, TypeVar, cast
 
 from ssb.protocol import (
     NEED_DATA,
+    NEVER_POLL,
     WIRE_VERSION,
+    Backoff,
+    Backoffs,
     FrameDecoder,
     Hello,
     ProtocolError,
     Reply,
     Welcome,
+    check_poll_window,
     encode_frame,
 )
 
@@ -38,7 +42,7 @@ from ._errors import (
     error_for,
 )
 from ._operations import Operations
-from ._polling import DEFAULT_WINDOW, NEVER, Backoff, Backoffs, check_window, receive
+from ._polling import DEFAULT_WINDOW, receive
 from ._recovery import (
     DEFAULT_RETRIES,
     RECONNECT_DEADLINE,
@@ -359,7 +363,7 @@ class SyncConnection(Operations):
     get_scheduler = get_scheduler_sync
 
 
-def _read_frame(sock: socket.socket, decoder: FrameDecoder, backoff: Backoff = NEVER) -> Any:
+def _read_frame(sock: socket.socket, decoder: FrameDecoder, backoff: Backoff = NEVER_POLL) -> Any:
     while True:
         frame = decoder.next_frame()
         if frame is not NEED_DATA:
@@ -449,7 +453,7 @@ def connect_sync(
             it sleeps in the kernel (0: never; see `connect`).
     """
     options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
-    window = check_window(busy_poll)
+    window = check_poll_window(busy_poll)
     sock, welcome, decoder, at = _open(parse_url(url), timeout, 0, database or "")
     try:
         return SyncConnection(sock, welcome, decoder, url, options, at, database or "", window)

@@ -83,6 +83,14 @@ from ._link import (
     older_version_in_refusal,
 )
 from ._locate import LOCATE_TOKEN_SIZE, LOCATE_VERSION, MAX_LOCATE_HOPS, LocatedFrame, LocateFrame
+from ._polling import (
+    MAX_POLL_WINDOW,
+    NEVER_POLL,
+    Backoff,
+    Backoffs,
+    Poller,
+    check_poll_window,
+)
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -92,13 +100,17 @@ __all__ = [
     "MAX_FRAME_SIZE",
     "MAX_LOCATE_HOPS",
     "MAX_MESSAGE_SIZE_LIMIT",
+    "MAX_POLL_WINDOW",
     "MESSAGE_COLUMNS",
     "NEED_DATA",
+    "NEVER_POLL",
     "PROTOCOL_VERSION",
     "RELAY_BUNDLES_VERSION",
     "ROW_OVERHEAD",
     "WIRE_VERSION",
     "AckFrame",
+    "Backoff",
+    "Backoffs",
     "BundleFrame",
     "CloseFrame",
     "ConnectionClosed",
@@ -125,6 +137,7 @@ __all__ = [
     "PartialMessage",
     "PartialMessageDiscarded",
     "PendingMessage",
+    "Poller",
     "ProtocolError",
     "ProtocolErrorFrame",
     "RemoteProtocolError",
@@ -138,6 +151,7 @@ __all__ = [
     "UnknownDialog",
     "Welcome",
     "certificate_broker_id",
+    "check_poll_window",
     "encode_error",
     "encode_frame",
     "encode_ok",

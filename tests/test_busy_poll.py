@@ -1,16 +1,19 @@
 """Busy polling against a real daemon: a connection waiting for a prompt answer keeps its
 event loop turning instead of sleeping in the kernel, `busy_poll=0` sleeps, and a bad
-window is refused before anything connects."""
+window is refused before anything connects; the daemon's own polling for the next
+request, on a real event loop."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from daemon import BrokerProcess
 
 from ssb import client
+from ssb.broker._server import NextRequests
 
 PINGS = 40
 
@@ -73,3 +76,46 @@ async def test_a_bad_window_is_refused_with_what_to_give(
 ) -> None:
     with pytest.raises(ValueError, match="busy_poll must be a number of seconds"):
         await connect(broker.url)
+
+
+def test_the_daemon_polls_for_the_next_request_until_one_arrives() -> None:
+    async def main() -> tuple[list[float | None], bool]:
+        loop = asyncio.get_running_loop()
+        selector = loop._selector  # type: ignore[attr-defined]
+        select: Callable[[float | None], object] = selector.select
+        timeouts: list[float | None] = []
+
+        def recording(timeout: float | None = None) -> object:
+            timeouts.append(timeout)
+            return select(timeout)
+
+        polls = NextRequests(0.5)
+        selector.select = recording
+        polls.answered()
+        arrived = asyncio.Event()
+
+        def request() -> None:
+            polls.arrived += 1
+            arrived.set()
+
+        loop.call_later(0.02, request)
+        await arrived.wait()
+        await asyncio.sleep(0)  # (the poll's next turn sees the request)
+        return timeouts, polls.poller.polling
+
+    loop = asyncio.SelectorEventLoop()
+    try:
+        timeouts, polling = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert not polling
+    assert len(timeouts) > 10 and all(timeout == 0 for timeout in timeouts[:-1])
+
+
+def test_a_daemon_that_does_not_poll_serves_as_well(tmp_path: Path) -> None:
+    daemon = BrokerProcess(tmp_path / "data", config={"busy_poll": 0}).start()
+    try:
+        with client.connect_sync(daemon.url) as conn:
+            assert conn.ping()
+    finally:
+        daemon.kill()

@@ -170,6 +170,7 @@ def test_bad_config_is_reported(tmp_path) -> None:  # type: ignore[no-untyped-de
     for text, said in (
         ("data_dir = 5\n", "data_dir must be a path in quotes, not 5"),
         ("[transport]\naccept_rate = -1\n", "accept_rate must be a number from 0.1 to"),
+        ("busy_poll = 0.5\n", "busy_poll must be a number of seconds from 0 (off) to 0.01"),
     ):
         bad.write_text(text)
         result = run_ssb("serve", "--config", str(bad), "--data-dir", str(tmp_path / "d"))
