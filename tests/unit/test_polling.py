@@ -200,19 +200,14 @@ def test_receive_polls_a_blocking_socket_and_gets_the_answer() -> None:
         assert backoff.due()  # it came within the window
 
 
-def test_receive_sleeps_after_a_fruitless_poll() -> None:
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        backoff = Backoff(0.001)
-        sender = threading.Timer(0.05, theirs.sendall, (b"late",))
-        sender.start()
-        assert receive(ours, backoff, 100) == b"late"  # polled, then slept until it came
-        sender.join()
-        assert not backoff.due()
-
-
-def test_without_nonblocking_reads_receive_just_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_polling, "_DONTWAIT", 0)
+@pytest.mark.parametrize("nonblocking_reads", [True, False])
+def test_receive_sleeps_for_a_late_answer(
+    monkeypatch: pytest.MonkeyPatch, nonblocking_reads: bool
+) -> None:
+    """It polls, then sleeps until the answer comes (which makes the next wait sleep);
+    where reads cannot be made nonblocking, it just sleeps (and counts nothing)."""
+    if not nonblocking_reads:
+        monkeypatch.setattr(_polling, "_DONTWAIT", 0)
     ours, theirs = socket.socketpair()
     with ours, theirs:
         backoff = Backoff(0.001)
@@ -220,4 +215,4 @@ def test_without_nonblocking_reads_receive_just_blocks(monkeypatch: pytest.Monke
         sender.start()
         assert receive(ours, backoff, 100) == b"late"
         sender.join()
-        assert backoff.due()  # it never polled, so nothing was counted as fruitless
+        assert backoff.due() is not nonblocking_reads
