@@ -33,19 +33,32 @@ def answers_poller(awaiting: Callable[[], object]) -> Poller:
 
 
 def receive(sock: socket.socket, backoff: Backoff, size: int) -> bytes:
-    """Up to `size` bytes from the blocking `sock`, polled for first if `backoff` says so
-    (not over TLS: an SSL socket takes no flags)."""
-    if _DONTWAIT and not isinstance(sock, ssl.SSLSocket) and backoff.due():
+    """Up to `size` bytes from the blocking `sock`, polled for first if `backoff` says
+    so."""
+    if backoff.due():
         deadline = time.perf_counter() + backoff.window
-        while True:
-            try:
-                data = sock.recv(size, _DONTWAIT)
-            except BlockingIOError:
-                if time.perf_counter() >= deadline:
-                    backoff.ended(False)
-                    break
-                give_way()
-                continue
-            backoff.ended(True)
-            return data
+        while (data := _read_now(sock, size)) is None:
+            if time.perf_counter() >= deadline:
+                backoff.ended(False)
+                return sock.recv(size)
+            give_way()
+        backoff.ended(True)
+        return data
     return sock.recv(size)
+
+
+def _read_now(sock: socket.socket, size: int) -> bytes | None:
+    """What `sock` has to read at once (None: nothing yet). A plain socket is asked not
+    to wait; a TLS one (which takes no flags) is made nonblocking for the read."""
+    if _DONTWAIT and not isinstance(sock, ssl.SSLSocket):
+        try:
+            return sock.recv(size, _DONTWAIT)
+        except BlockingIOError:
+            return None
+    sock.setblocking(False)
+    try:
+        return sock.recv(size)
+    except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        return None
+    finally:
+        sock.setblocking(True)

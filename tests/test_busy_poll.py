@@ -57,10 +57,13 @@ def test_a_polling_connection_gets_prompt_answers_without_sleeping(
     assert sleeps_per_ping(broker.url, 0.0) >= 1.0  # each answer is waited for asleep
 
 
-def test_the_blocking_client_polls_too(broker: BrokerProcess) -> None:
-    with client.connect_sync(broker.url, busy_poll=0.01) as conn:
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+def test_the_blocking_client_polls_too(broker: BrokerProcess, tls: bool) -> None:
+    url = broker.tls_url if tls else broker.url
+    with client.connect_sync(url, busy_poll=0.01) as conn:
         for _ in range(PINGS):
             assert conn.ping()
+        assert conn.reconnects == 0
 
 
 @pytest.mark.parametrize(
