@@ -12,6 +12,7 @@ import pytest
 from daemon import BrokerProcess, one_error_line, run_ssb, serve_once
 
 from ssb import client, tools
+from ssb.tools import _daemon
 
 ROOT = Path(__file__).parent.parent
 NOT_HERE = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never an address of this machine
@@ -185,3 +186,24 @@ def test_second_daemon_on_same_data_dir_is_refused(broker: BrokerProcess) -> Non
     assert result.returncode == 2
     assert "another ssb daemon is using" in result.stderr
     assert (broker.data_dir / "broker.json").exists()  # the running daemon's stays
+
+
+def test_a_daemon_whose_picked_port_was_taken_meanwhile_starts_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race of concurrent test runs: a port free when picked, taken before the daemon
+    listens. The daemon says so and the test tools pick again."""
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        monkeypatch.setattr(_daemon, "free_port", lambda: next(ports, None) or tools.free_port())
+        broker = BrokerProcess(tmp_path / "data").start()
+        try:
+            assert broker.client_port != taken.getsockname()[1]
+            assert "Address already in use" in broker.log_text()
+            with client.connect_sync(broker.url) as conn:
+                assert conn.ping()
+        finally:
+            broker.kill()

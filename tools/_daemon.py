@@ -32,6 +32,8 @@ from urllib.parse import quote
 from ._ports import free_port
 
 READY_TIMEOUT: Final = 30.0
+PORT_ATTEMPTS: Final = 3  # starts of a daemon whose picked ports were taken meanwhile
+PORT_TAKEN: Final = "Address already in use"  # (what the daemon says, from the system)
 
 
 def read_ready_line(
@@ -154,15 +156,35 @@ class BrokerProcess:
 
     def start(self) -> Self:
         """Start the daemon and wait for its ready line (RuntimeError, with the log's
-        tail, when it does not come)."""
-        # ports it keeps for its restarts, so clients can reconnect to them (below the
-        # ephemeral range: see free_port)
-        if not self.client_port:
-            self.client_port = free_port()
-        if not self.broker_port:
-            self.broker_port = free_port()
-            while self.broker_port == self.client_port:
+        tail, when it does not come). Ports it picked itself that another process took
+        before the daemon could listen are picked again (twice at most)."""
+        picked = (not self.client_port, not self.broker_port)
+        for attempt in range(PORT_ATTEMPTS):
+            # ports it keeps for its restarts, so clients can reconnect to them (below
+            # the ephemeral range: see free_port)
+            if not self.client_port:
+                self.client_port = free_port()
+            if not self.broker_port:
                 self.broker_port = free_port()
+                while self.broker_port == self.client_port:
+                    self.broker_port = free_port()
+            logged = self.log_path.stat().st_size if self.log_path.exists() else 0  # bytes
+            line = self._launch()
+            if line is not None:
+                self._took(line)
+                return self
+            self.kill()
+            said = self.log_path.read_bytes()[logged:].decode(errors="replace")
+            if PORT_TAKEN not in said or not any(picked) or attempt + 1 == PORT_ATTEMPTS:
+                raise RuntimeError(f"broker did not start; log:\n{said[-4000:]}")
+            if picked[0]:
+                self.client_port = 0
+            if picked[1]:
+                self.broker_port = 0
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> str | None:
+        """Run the daemon; its ready line (None: it did not print one in time)."""
         args = [
             sys.executable,
             "-m",
@@ -188,12 +210,7 @@ class BrokerProcess:
             args, stdout=subprocess.PIPE, stderr=log, cwd=self.cwd, env=env
         )
         log.close()
-        line = read_ready_line(self.proc, ("ssb ready", "ssb standby"), READY_TIMEOUT)
-        if line is None:
-            self.kill()
-            raise RuntimeError(f"broker did not start; log:\n{self.log_text()[-4000:]}")
-        self._took(line)
-        return self
+        return read_ready_line(self.proc, ("ssb ready", "ssb standby"), READY_TIMEOUT)
 
     def wait_active(self, timeout: float = READY_TIMEOUT) -> Self:
         """Wait until this standby has taken over and prints its ready line (RuntimeError,
