@@ -133,9 +133,9 @@ class Config:
     off"""
     busy_poll: float = DEFAULT_BUSY_POLL
     """seconds the daemon keeps polling for the next request after it has answered,
-    rather than sleeping in the kernel, from 0 (never) to 0.01: on an idle machine the
-    wake-up costs tens of microseconds of a client's round trip. Polls that find nothing
-    make the next ones rarer (see Waiting for answers in the Python client's page)"""
+    rather than sleeping in the kernel (0: never): on an idle machine the wake-up costs
+    tens of microseconds of a client's round trip. Polls that find nothing make the next
+    ones rarer (see Waiting for answers in the Python client's page)"""
     lock_timeout: float = 30.0
     """seconds a statement waits for a conversation group another transaction locks"""
     statement_timeout: float = 30.0
