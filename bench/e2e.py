@@ -12,6 +12,10 @@ Measures, against a fresh daemon per durability setting ("fsync" and "os"):
   latency  one connection, concurrency 1: send one message, receive it in a
            transaction, commit; median and p99 of that round trip.
 
+`--busy-poll 0` turns off the daemon's and the clients' polling for what comes next
+(see the Python client's page), to see what it gives: `python -m bench.compare . .
+--runs 5 --b-args=--busy-poll=0 -- --durability os --messages 20000`.
+
 Every message body carries (phase, index); the consumer checks that each message
 arrives exactly once and the queue is empty at the end, and the run fails loudly
 otherwise. Next to wall-clock rates it reports the daemon's CPU time per message,
@@ -49,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ssb import client
+from ssb.protocol import check_poll_window
 
 from ._common import (
     BenchFailure,
@@ -97,6 +102,7 @@ class Options:
     idle_timeout: float = 30.0
     tls: bool = False  # every client on ssbs:// (pinned to the broker's certificate)
     scrape_interval: float = 0.0  # > 0: the HTTP port on, /metrics read this often
+    busy_poll: float | None = None  # seconds the daemon and the clients poll (None: defaults)
 
 
 @dataclass
@@ -139,9 +145,16 @@ def body(phase: int, index: int, pad: bytes) -> bytes:
 # ---- the producer and the consumer (each runs in its own process) ----------------------
 
 
+async def connect(url: str, opts: Options) -> client.Connection:
+    """A connection that polls for answers as `opts` says."""
+    if opts.busy_poll is None:
+        return await client.connect(url)
+    return await client.connect(url, busy_poll=opts.busy_poll)
+
+
 async def produce(url: str, phase: int, opts: Options, go: Any, ready: Any) -> dict[str, Any]:
     """Send opts.messages bodies in send_many batches, opts.in_flight calls at a time."""
-    async with await client.connect(url) as conn:
+    async with await connect(url, opts) as conn:
         handles = [await CATALOG.begin_dialog(conn) for _ in range(opts.conversations)]
         pad = b"p" * max(0, opts.body_size - TAG.size)
         started = await started_together("producer", go, ready, opts.phase_timeout)
@@ -187,7 +200,7 @@ async def consume(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
     seen = bytearray(opts.messages)
     count = 0
     batches = 0
-    async with await client.connect(url) as conn:
+    async with await connect(url, opts) as conn:
         await conn.ping()
         started = await started_together("consumer", go, ready, opts.phase_timeout)
         cpu_started = time.process_time()
@@ -268,7 +281,7 @@ async def latency(url: str, opts: Options) -> list[float]:
     samples: list[float] = []
     total = opts.latency_warmup + opts.latency_iterations
     deadline = time.monotonic() + opts.phase_timeout
-    async with await client.connect(url) as conn:
+    async with await connect(url, opts) as conn:
         handle = await CATALOG.begin_dialog(conn)
         for i in range(total):
             if time.monotonic() > deadline:
@@ -302,7 +315,9 @@ def bench_durability(durability: str, opts: Options, database: str | None = None
     """The four phases on a fresh broker (its store the PostgreSQL `database`, if given)."""
     store = "sqlite" if database is None else "postgresql"
     result = Result(durability=durability, messages=opts.messages, store=store)
-    config = {"http_port": 0} if opts.scrape_interval > 0 else None
+    config: dict[str, Any] = {"http_port": 0} if opts.scrape_interval > 0 else {}
+    if opts.busy_poll is not None:
+        config["busy_poll"] = opts.busy_poll
     with (
         broker(durability, config, store=database) as daemon,
         Scraper(daemon.http_url, opts.scrape_interval),
@@ -469,6 +484,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tls", action="store_true", help="clients connect with TLS (ssbs://)")
     parser.add_argument(
+        "--busy-poll",
+        type=float,
+        metavar="SECONDS",
+        help="the daemon's busy_poll setting and its clients' (default: their own; 0: they"
+        " sleep at once while waiting)",
+    )
+    parser.add_argument(
         "--scrape-interval",
         type=float,
         default=0.0,
@@ -483,6 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     counts = ("messages", "batch", "conversations", "in_flight")
     args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
+    if args.busy_poll is not None:
+        try:
+            check_poll_window(args.busy_poll, "--busy-poll")
+        except ValueError as exc:
+            parser.error(str(exc))
     opts = options_from(Options, args)
     settings = ["fsync", "os"] if args.durability == "both" else [args.durability]
     stores = ["sqlite", "postgresql"] if args.store == "both" else [args.store]
