@@ -20,8 +20,8 @@ the core, consecutive ones of a direction and type in one delivery (the core cre
 target endpoint with the first message, or holds messages while the target queue is
 OFF); fragments of incomplete messages are held in the store; a `MessageAcked` is
 outbound's (see `outbound`); a frame of a direction without a receiver may open one (see
-`receivers`). The receivers' next sequence numbers are persisted, all in the store's
-open batch. Only when that batch is durable does the dialog layer learn that the events
+`receivers`). The receivers' next sequence numbers are persisted in the store's open
+batch, each direction's once, as the batch is taken (it holds many reads). Only when that batch is durable does the dialog layer learn that the events
 were stored, so no ack ever leaves for something a crash could lose.
 """
 
@@ -111,6 +111,8 @@ class Reception:
         self.discarding = receivers.discarding
         # (conversation, direction, seq) of messages with fragments held in the store
         self.held_seqs: set[tuple[uuid.UUID, Direction, int]] = set()
+        # each direction's next sequence number, written once per batch (`_write_next_seqs`)
+        self._next_seqs: dict[DirectionId, int] = {}
         self._handlers: dict[type[DialogEvent], Handler] = {
             MessageReceived: self._message_received,
             FragmentReceived: self._fragment_received,
@@ -313,6 +315,7 @@ class Reception:
         key = (event.conversation_id, event.direction)
         if key not in self.discarding:
             envelope = self.envelopes.get(key)
+            self._next_seqs.pop(key, None)  # written before the row, as it came
             self.store.put_remote_dialog(
                 (
                     key[0],
@@ -438,10 +441,19 @@ class Reception:
         numbers, ack once durable."""
         if applying.arrivals:
             self._deliver(applying)
-        for (conversation_id, direction), next_seq in applying.next_seqs.items():
-            self.store.set_remote_next_seq(conversation_id, int(direction), "recv", next_seq)
+        if applying.next_seqs:
+            if not self._next_seqs:
+                self.store.defer(self._write_next_seqs)
+            self._next_seqs.update(applying.next_seqs)
         if applying.stored:
             self._when_stored(peer, applying.stored)
+
+    def _write_next_seqs(self) -> None:
+        """The open batch is being taken: each direction's last next sequence number in
+        it, one write each (a batch holds many reads of a direction)."""
+        pending, self._next_seqs = self._next_seqs, {}
+        for (conversation_id, direction), next_seq in pending.items():
+            self.store.set_remote_next_seq(conversation_id, int(direction), "recv", next_seq)
 
     def _when_stored(self, peer: Peer, stored: list[MessageReceived | FragmentReceived]) -> None:
         def durable() -> None:

@@ -91,4 +91,8 @@ class RemoteDialogStore(Protocol):
 
     def watermark(self) -> int: ...
 
+    def defer(self, writer: Callable[[], None]) -> None:
+        """Call `writer` once, just before the open batch is taken for commit; what it
+        writes goes into that batch (which counts as holding a write from now on)."""
+
     def when_durable(self, batch: int, callback: Callable[[], None]) -> None: ...

@@ -106,3 +106,34 @@ async def test_a_restarted_receiver_resumes_from_its_next_seq_and_held_fragments
     assert [row[BODY] for row in b.core.receive_all()] == [b"first", big]
     assert b.core.store.load_remote()[1] == []  # no fragment held any more
     assert a.transmission_queue() == 0
+
+
+async def test_a_batch_of_many_reads_writes_each_directions_next_seq_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = World(tmp_path)
+    a, b = world.pair()
+    handle = _send(a, [b"first"])
+    await world.settle()
+    written: list[tuple[int, int]] = []
+    store = b.core.store
+    set_next_seq = store.set_remote_next_seq
+
+    def spied(conversation_id: uuid.UUID, direction: int, side: str, next_seq: int) -> None:
+        written.append((direction, next_seq))
+        set_next_seq(conversation_id, direction, side, next_seq)
+
+    monkeypatch.setattr(store, "set_remote_next_seq", spied)
+    for n in range(4):  # one write, and one read on B, each: all in B's open batch
+        _send(a, [b"%d" % n], handle)
+        a.core.flush()
+        world.clock.run_soon()
+        assert world.network.transfer(limit=1) == 1
+        world.clock.run_soon()
+    assert b.queue("Target") == 5 and written == []
+    b.core.flush()
+    assert written == [(0, 5)]  # the direction's last next seq, once
+    await b.restart()
+    await world.settle()
+    assert [row[BODY] for row in b.core.receive_all()] == [b"first", b"0", b"1", b"2", b"3"]
+    assert a.transmission_queue() == 0
