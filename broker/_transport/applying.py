@@ -23,13 +23,21 @@ class Arrivals:
 
 class Applying:
     """The messages to deliver (per direction, one enqueue each), the events to
-    acknowledge once durable, each direction's next sequence number to persist, and the
-    acknowledged ranges of messages sent (one transmission-queue delete each)."""
+    acknowledge once durable (each direction's last message, whose ack covers the ones
+    before it, and the fragments held), each direction's next sequence number to
+    persist, and the acknowledged ranges of messages sent (one transmission-queue delete
+    each)."""
 
-    __slots__ = ("acked", "arrivals", "next_seqs", "stored")
+    __slots__ = ("acked", "arrivals", "fragments", "next_seqs", "received")
 
     def __init__(self) -> None:
-        self.stored: list[MessageReceived | FragmentReceived] = []
+        self.received: dict[DirectionId, MessageReceived] = {}
+        self.fragments: list[FragmentReceived] = []
         self.next_seqs: dict[DirectionId, int] = {}
         self.arrivals: dict[DirectionId, Arrivals] = {}
         self.acked: dict[DirectionId, list[int]] = {}
+
+    @property
+    def stored(self) -> bool:
+        """Whether it holds events to acknowledge once durable."""
+        return bool(self.received or self.fragments)

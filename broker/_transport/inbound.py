@@ -113,6 +113,11 @@ class Reception:
         self.held_seqs: set[tuple[uuid.UUID, Direction, int]] = set()
         # each direction's next sequence number, written once per batch (`_write_next_seqs`)
         self._next_seqs: dict[DirectionId, int] = {}
+        # what the reads of the store's open batch reported, per broker (`_when_stored`)
+        self._storing_batch = -1
+        self._storing: dict[
+            Peer, tuple[dict[DirectionId, MessageReceived], list[FragmentReceived]]
+        ] = {}
         self._handlers: dict[type[DialogEvent], Handler] = {
             MessageReceived: self._message_received,
             FragmentReceived: self._fragment_received,
@@ -282,11 +287,12 @@ class Reception:
                         event.rejected,
                     )
             applying.next_seqs[key] = event.seq + 1
-            held = (key[0], key[1], event.seq)
-            if held in self.held_seqs:
-                self.held_seqs.discard(held)
-                self.store.delete_held_message(key[0], int(key[1]), event.seq)
-        applying.stored.append(event)
+            if self.held_seqs:
+                held = (key[0], key[1], event.seq)
+                if held in self.held_seqs:
+                    self.held_seqs.discard(held)
+                    self.store.delete_held_message(key[0], int(key[1]), event.seq)
+        applying.received[key] = event  # its ack covers the direction's earlier ones
 
     def _fragment_received(
         self, peer: Peer, event: FragmentReceived, link: Link | None, applying: Applying
@@ -306,7 +312,7 @@ class Reception:
                 )
             )
             self.held_seqs.add((key[0], key[1], event.seq))
-        applying.stored.append(event)
+        applying.fragments.append(event)
 
     def _session_key_received(
         self, peer: Peer, event: SessionKeyReceived, link: Link | None, applying: Applying
@@ -446,7 +452,7 @@ class Reception:
                 self.store.defer(self._write_next_seqs)
             self._next_seqs.update(applying.next_seqs)
         if applying.stored:
-            self._when_stored(peer, applying.stored)
+            self._when_stored(peer, applying)
 
     def _write_next_seqs(self) -> None:
         """The open batch is being taken: each direction's last next sequence number in
@@ -455,12 +461,29 @@ class Reception:
         for (conversation_id, direction), next_seq in pending.items():
             self.store.set_remote_next_seq(conversation_id, int(direction), "recv", next_seq)
 
-    def _when_stored(self, peer: Peer, stored: list[MessageReceived | FragmentReceived]) -> None:
+    def _when_stored(self, peer: Peer, applying: Applying) -> None:
+        """Tell the dialog layer, once the open batch is durable, that what `applying`
+        reported is stored: one callback per broker and batch, each direction's last
+        message (the batch takes many reads)."""
+        batch = self.store.watermark()
+        if batch != self._storing_batch:
+            self._storing_batch, self._storing = batch, {}
+        waiting = self._storing.get(peer)
+        if waiting is not None:
+            waiting[0].update(applying.received)
+            waiting[1].extend(applying.fragments)
+            return
+        waiting = self._storing[peer] = (dict(applying.received), list(applying.fragments))
+        storing = self._storing
+
         def durable() -> None:
-            peer.dialog.mark_stored(stored, self.clock.time())
+            if storing.get(peer) is waiting:
+                del storing[peer]  # (durable already: a later read waits anew)
+            received, fragments = waiting
+            peer.dialog.mark_stored([*received.values(), *fragments], self.clock.time())
             self.pump.soon(peer)
 
-        self.store.when_durable(self.store.watermark(), durable)
+        self.store.when_durable(batch, durable)
 
     # ---- restart ---------------------------------------------------------------------
 

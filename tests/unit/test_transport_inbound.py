@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ssb.broker._transport import pump
+from ssb.protocol import FragmentReceived, MessageReceived
 
 from .core_harness import BODY
 from .transport_harness import B_ID, Broker, World
@@ -108,6 +109,17 @@ async def test_a_restarted_receiver_resumes_from_its_next_seq_and_held_fragments
     assert a.transmission_queue() == 0
 
 
+def _reads_in_one_open_batch(world: World, a: Broker, handle: uuid.UUID, count: int) -> None:
+    """`count` messages from A, each in a write of its own and so a read of its own on B,
+    whose store commits none of them."""
+    for n in range(count):
+        _send(a, [b"%d" % n], handle)
+        a.core.flush()
+        world.clock.run_soon()
+        assert world.network.transfer(limit=1) == 1
+        world.clock.run_soon()
+
+
 async def test_a_batch_of_many_reads_writes_each_directions_next_seq_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,12 +136,7 @@ async def test_a_batch_of_many_reads_writes_each_directions_next_seq_once(
         set_next_seq(conversation_id, direction, side, next_seq)
 
     monkeypatch.setattr(store, "set_remote_next_seq", spied)
-    for n in range(4):  # one write, and one read on B, each: all in B's open batch
-        _send(a, [b"%d" % n], handle)
-        a.core.flush()
-        world.clock.run_soon()
-        assert world.network.transfer(limit=1) == 1
-        world.clock.run_soon()
+    _reads_in_one_open_batch(world, a, handle, 4)
     assert b.queue("Target") == 5 and written == []
     b.core.flush()
     assert written == [(0, 5)]  # the direction's last next seq, once
@@ -137,3 +144,28 @@ async def test_a_batch_of_many_reads_writes_each_directions_next_seq_once(
     await world.settle()
     assert [row[BODY] for row in b.core.receive_all()] == [b"first", b"0", b"1", b"2", b"3"]
     assert a.transmission_queue() == 0
+
+
+async def test_the_dialog_layer_learns_once_per_batch_what_its_reads_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = World(tmp_path)
+    a, b = world.pair()
+    handle = _send(a, [b"first"])
+    await world.settle()
+    dialog = b.peer(a).dialog
+    told: list[list[int]] = []
+    mark_stored = dialog.mark_stored
+
+    def spied(events: list[MessageReceived | FragmentReceived], now: float) -> None:
+        told.append([event.seq for event in events])
+        mark_stored(events, now)
+
+    monkeypatch.setattr(dialog, "mark_stored", spied)
+    _reads_in_one_open_batch(world, a, handle, 4)
+    assert told == []  # nothing is durable yet
+    b.core.flush()
+    assert told == [[4]]  # the last message: its ack covers the earlier ones
+    await world.settle()
+    assert a.transmission_queue() == 0
+    assert [row[BODY] for row in b.core.receive_all()] == [b"first", b"0", b"1", b"2", b"3"]
