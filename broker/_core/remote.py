@@ -135,11 +135,8 @@ class RemoteDelivery:
             and (far.conversation_id, from_initiator) not in self.outboxes
             and message_type not in SYSTEM_TYPES
             and not self.delivery.local_block(far.service)
-            and all(
-                len(body) <= limit
-                and self.remote_violation(far.contract, from_initiator, message_type, body) is None
-                for body in bodies
-            )
+            and all(len(body) <= limit for body in bodies)
+            and self.remote_violation(far.contract, from_initiator, message_type, bodies) is None
         ):
             return False
         letter = self._letter(message_type, far.contract)
@@ -183,7 +180,7 @@ class RemoteDelivery:
         key = (conversation_id, from_initiator)
         too_large = len(body) > self.capacity.max_message_size
         violation = refusal or self.remote_violation(
-            contract_key, from_initiator, message_type, body
+            contract_key, from_initiator, message_type, [body]
         )
         out = Outbound(
             0,
@@ -248,10 +245,11 @@ class RemoteDelivery:
             self.delivery.fail_conversation(far, TOO_LARGE_ERROR, text)
 
     def remote_violation(
-        self, contract_name: str, from_initiator: bool, message_type: str, body: bytes
+        self, contract_name: str, from_initiator: bool, message_type: str, bodies: list[bytes]
     ) -> str | None:
-        """Why a message from another broker breaks this broker's rules, as a local SEND
-        would (its type, its contract and direction, its validation); None when it does not."""
+        """Why messages of one type from another broker break this broker's rules, as a
+        local SEND would (their type, its contract and direction, each body's validation);
+        None when none does. The type is looked up once for them all."""
         if message_type in SYSTEM_TYPES:
             return None
         catalog = self.catalog
@@ -273,10 +271,11 @@ class RemoteDelivery:
                 f" '{contract_name}', not by the {side}"
             )
         if mtype.validation != "NONE":
-            try:
-                validate_body(message_type, mtype.validation, body)
-            except BrokerError as exc:
-                return exc.message
+            for body in bodies:
+                try:
+                    validate_body(message_type, mtype.validation, body)
+                except BrokerError as exc:
+                    return exc.message
         return None
 
     def _refuse_remote(
