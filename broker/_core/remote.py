@@ -170,6 +170,8 @@ class RemoteDelivery:
             far, from_initiator, seq, message_type, [body], to_service
         ):
             return
+        if far is not None and far.state is State.ER and message_type not in SYSTEM_TYPES:
+            return  # the dialog ended with an error here (a refused message): nobody reads it
         now = self.clock.time()
         if far is not None:
             target, contract_key = far.service, far.contract

@@ -13,7 +13,7 @@ import pytest
 from ssb.broker._transport import pump
 from ssb.protocol import FragmentReceived, MessageReceived
 
-from .core_harness import BODY
+from .core_harness import BODY, MTYPE
 from .transport_harness import B_ID, Broker, World
 
 
@@ -169,3 +169,26 @@ async def test_the_dialog_layer_learns_once_per_batch_what_its_reads_stored(
     await world.settle()
     assert a.transmission_queue() == 0
     assert [row[BODY] for row in b.core.receive_all()] == [b"first", b"0", b"1", b"2", b"3"]
+
+
+async def test_a_body_this_broker_finds_invalid_ends_the_dialog_and_what_follows_goes_nowhere(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+    a, b = world.pair()
+    for broker, validation in ((a, "NONE"), (b, "WELL_FORMED_XML")):
+        broker.op("create_message_type", "Doc", validation=validation)
+        broker.op("create_contract", "Docs", {"Doc": "INITIATOR"})
+    b.op("create_service", "DocService", "Target", ["Docs"])
+    a.op("create_route", "docs", "DocService", f"tcp://{b.address}", broker_instance=B_ID)
+    handle = a.op("begin_dialog", "InitiatorService", "DocService", "Docs", broker_instance=B_ID)
+    a.op("send", handle, "Doc", [b"<first/>"])
+    await world.settle()  # the dialog is established on B
+    a.op("send", handle, "Doc", [b"<a/>", b"<b/>", b"not xml", b"<c/>"])  # one bundle
+    await world.settle()
+    # the error drops the conversation's messages; the one after the refused one never comes
+    ((mtype, body),) = [(row[MTYPE], row[BODY]) for row in b.core.receive_all()]
+    assert mtype.endswith("/Error") and b"WELL_FORMED_XML" in body
+    ((mtype, body),) = [(row[MTYPE], row[BODY]) for row in a.core.receive_all("Initiator")]
+    assert mtype.endswith("/Error") and b"WELL_FORMED_XML" in body
+    assert a.transmission_queue() == 0
