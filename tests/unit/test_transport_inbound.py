@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ssb.broker._transport import pump
-from ssb.protocol import FragmentReceived, MessageReceived
 
 from .core_harness import BODY, MTYPE
 from .transport_harness import B_ID, Broker, World
@@ -109,6 +109,28 @@ async def test_a_restarted_receiver_resumes_from_its_next_seq_and_held_fragments
     assert a.transmission_queue() == 0
 
 
+async def _one_dialog(tmp_path: Path) -> tuple[World, Broker, Broker, uuid.UUID]:
+    """Brokers A and B with a dialog from A whose first message B has stored and acked."""
+    world = World(tmp_path)
+    a, b = world.pair()
+    handle = _send(a, [b"first"])
+    await world.settle()
+    return world, a, b, handle
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[tuple[Any, ...]]:
+    """The arguments of every call of `owner.name` from now on (which still does its work)."""
+    calls: list[tuple[Any, ...]] = []
+    real = getattr(owner, name)
+
+    def recording(*args: Any) -> Any:
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(owner, name, recording)
+    return calls
+
+
 def _reads_in_one_open_batch(world: World, a: Broker, handle: uuid.UUID, count: int) -> None:
     """`count` messages from A, each in a write of its own and so a read of its own on B,
     whose store commits none of them."""
@@ -123,23 +145,12 @@ def _reads_in_one_open_batch(world: World, a: Broker, handle: uuid.UUID, count: 
 async def test_a_batch_of_many_reads_writes_each_directions_next_seq_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    world = World(tmp_path)
-    a, b = world.pair()
-    handle = _send(a, [b"first"])
-    await world.settle()
-    written: list[tuple[int, int]] = []
-    store = b.core.store
-    set_next_seq = store.set_remote_next_seq
-
-    def spied(conversation_id: uuid.UUID, direction: int, side: str, next_seq: int) -> None:
-        written.append((direction, next_seq))
-        set_next_seq(conversation_id, direction, side, next_seq)
-
-    monkeypatch.setattr(store, "set_remote_next_seq", spied)
+    world, a, b, handle = await _one_dialog(tmp_path)
+    written = _recorded(monkeypatch, b.core.store, "set_remote_next_seq")
     _reads_in_one_open_batch(world, a, handle, 4)
     assert b.queue("Target") == 5 and written == []
     b.core.flush()
-    assert written == [(0, 5)]  # the direction's last next seq, once
+    assert [(direction, seq) for _, direction, _, seq in written] == [(0, 5)]  # the last, once
     await b.restart()
     await world.settle()
     assert [row[BODY] for row in b.core.receive_all()] == [b"first", b"0", b"1", b"2", b"3"]
@@ -149,23 +160,13 @@ async def test_a_batch_of_many_reads_writes_each_directions_next_seq_once(
 async def test_the_dialog_layer_learns_once_per_batch_what_its_reads_stored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    world = World(tmp_path)
-    a, b = world.pair()
-    handle = _send(a, [b"first"])
-    await world.settle()
-    dialog = b.peer(a).dialog
-    told: list[list[int]] = []
-    mark_stored = dialog.mark_stored
-
-    def spied(events: list[MessageReceived | FragmentReceived], now: float) -> None:
-        told.append([event.seq for event in events])
-        mark_stored(events, now)
-
-    monkeypatch.setattr(dialog, "mark_stored", spied)
+    world, a, b, handle = await _one_dialog(tmp_path)
+    told = _recorded(monkeypatch, b.peer(a).dialog, "mark_stored")
     _reads_in_one_open_batch(world, a, handle, 4)
     assert told == []  # nothing is durable yet
     b.core.flush()
-    assert told == [[4]]  # the last message: its ack covers the earlier ones
+    # once, with the last message: its ack covers the earlier ones
+    assert [[event.seq for event in events] for events, _ in told] == [[4]]
     await world.settle()
     assert a.transmission_queue() == 0
     assert [row[BODY] for row in b.core.receive_all()] == [b"first", b"0", b"1", b"2", b"3"]
