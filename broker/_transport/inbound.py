@@ -21,8 +21,10 @@ target endpoint with the first message, or holds messages while the target queue
 OFF); fragments of incomplete messages are held in the store; a `MessageAcked` is
 outbound's (see `outbound`); a frame of a direction without a receiver may open one (see
 `receivers`). The receivers' next sequence numbers are persisted in the store's open
-batch, each direction's once, as the batch is taken (it holds many reads). Only when that batch is durable does the dialog layer learn that the events
-were stored, so no ack ever leaves for something a crash could lose.
+batch, each direction's once, as the batch is taken (it holds many reads). Only when
+that batch is durable does the dialog layer learn that the events were stored (once per
+broker and batch: each direction's last message, and the fragments held), so no ack
+ever leaves for something a crash could lose.
 """
 
 from __future__ import annotations
@@ -321,7 +323,7 @@ class Reception:
         key = (event.conversation_id, event.direction)
         if key not in self.discarding:
             envelope = self.envelopes.get(key)
-            self._next_seqs.pop(key, None)  # written before the row, as it came
+            self._next_seqs.pop(key, None)  # noted before the row: the row replaces it
             self.store.put_remote_dialog(
                 (
                     key[0],
