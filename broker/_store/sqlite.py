@@ -207,6 +207,7 @@ class SQLiteStore(AllTables, UserTables):
     row_counts = ROW_COUNTS
     _db: sqlite3.Connection
     _reader: sqlite3.Connection
+    _writes: sqlite3.Cursor
 
     def __init__(
         self,
@@ -232,6 +233,9 @@ class SQLiteStore(AllTables, UserTables):
         self._db = connect(path, WRITER_CACHE_KIB, timeout=0.0)
         create(self._db, path, durability)
         add_functions(self._db)
+        # a commit's statements go through one cursor (`Connection.execute` makes one for
+        # every statement: about 0.2 µs each, 4% of a small commit)
+        self._writes = self._db.cursor()
         self._reader = self._db if memory else connect(path, READER_CACHE_KIB)
         self._streak = 0  # batches committed inline since the last threaded commit
         self._streak_rows = 0  # and the rows they touched
@@ -283,7 +287,7 @@ class SQLiteStore(AllTables, UserTables):
         this began (perf_counter), for `_finish`."""
         self._injected_failure()
         kept = self._kept_writes(batches)  # (None: no open transaction is left)
-        db = self._db
+        db = self._writes
         if checkpoint is not self._auto_checkpoint:
             db.execute(f"PRAGMA wal_autocheckpoint={self._checkpoint_pages if checkpoint else 0}")
             self._auto_checkpoint = checkpoint
@@ -308,7 +312,7 @@ class SQLiteStore(AllTables, UserTables):
         """The second half: COMMIT what `_apply` wrote (the WAL written and, with fsync,
         synced; a checkpoint if SQLite's is due)."""
         try:
-            self._db.execute("COMMIT")
+            self._writes.execute("COMMIT")
         except BaseException:
             self._roll_back()
             raise
