@@ -5,9 +5,12 @@ one."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 from pathlib import Path
+
+import pytest
 
 from ssb.broker._store import SQLiteStore
 from ssb.broker._store.commit import Plan
@@ -138,3 +141,46 @@ def test_with_os_a_batch_of_a_few_hundred_rows_commits_on_the_loop_until_a_check
     finally:
         store._release()
         synced._release()
+
+
+async def test_with_os_the_store_thread_syncs_the_wal_after_its_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With "os" a commit on the store thread (where SQLite may checkpoint) is followed
+    by a sync of the WAL there, so that a checkpoint, which syncs the WAL first, finds
+    little left to write while commits wait for it; a commit on the loop syncs nothing,
+    and with "fsync" every commit syncs the WAL by itself."""
+    synced: list[str] = []
+    sync = os.fdatasync
+
+    def recorded(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        sync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", recorded)
+    loop = asyncio.get_running_loop()
+
+    async def commit(store: SQLiteStore, rows: int) -> None:
+        for i in range(rows):
+            store.put_meta(f"key{i}", "x")
+        durable = asyncio.Event()
+        store.when_durable(store.watermark(), durable.set)
+        await asyncio.wait_for(durable.wait(), 30)
+        assert store._executor is not None
+        await loop.run_in_executor(store._executor, lambda: None)  # what it queued there
+
+    for durability in ("os", "fsync"):
+        path = tmp_path / f"{durability}.db"
+        store = SQLiteStore(path, durability)
+        failures: list[BaseException] = []
+        store.attach(loop, failures.append)
+        try:
+            await commit(store, OS_INLINE_WEIGHT + 1)  # heavier: committed on the thread
+            wal = [name for name in synced if name == f"{path}-wal"]
+            assert len(wal) == (1 if durability == "os" else 0), synced
+            if durability == "os":
+                await commit(store, 1)  # committed on the loop
+                assert len([name for name in synced if name == f"{path}-wal"]) == 1
+            assert not failures
+        finally:
+            await store.close()
