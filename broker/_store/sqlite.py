@@ -42,9 +42,10 @@ blocks' metadata too, and the WAL grows four times as far before it is reused), 
 keeps SQLite's. The WAL is about 12 MiB larger at most, and a crash's recovery reads it
 whole. A checkpoint syncs the WAL before it copies pages into the database, and the
 commit that runs it (and everything behind it) waits for that sync: with "os" that was
-most of a checkpoint's time (10-25 ms for 4,000 pages). So after each commit the store
-thread runs, it syncs the WAL written so far, while the loop goes on committing; the
-checkpoint's own sync then finds a few hundred pages at most to write (2-4 ms).
+most of a checkpoint's time (10-25 ms for 4,000 pages). So once `WAL_SYNC_ROWS` rows have
+been committed since the last time, a thread of its own syncs the WAL written so far,
+while commits go on (one such sync at a time); the checkpoint's own sync then finds a
+few hundred pages to write (2-4 ms).
 
 A commit that fails for want of space or an I/O error is retried (see `commit`) after a
 WAL checkpoint that lets it reuse the WAL file's space. The *disk reserve* (`DiskReserve`,
@@ -123,6 +124,7 @@ INLINE_ROWS: Final = 4096  # rows committed inline since the last threaded commi
 LOOP_WEIGHT: Final = 4096  # a batch touching at most this many rows is applied on the loop
 AUTO_CHECKPOINT: Final = 1000  # WAL pages that make a threaded commit checkpoint (SQLite's)
 OS_AUTO_CHECKPOINT: Final = 4000  # the same with "os" (see the module's comment)
+WAL_SYNC_ROWS: Final = 512  # with "os", rows committed that make the WAL synced ahead
 SUMMARY_THREADS: Final = 2  # connections (and threads) the start-up summary reads on
 
 
@@ -243,8 +245,15 @@ class SQLiteStore(AllTables, UserTables):
         self._reader = self._db if memory else connect(path, READER_CACHE_KIB)
         self._streak = 0  # batches committed inline since the last threaded commit
         self._streak_rows = 0  # and the rows they touched
-        # with "os", the WAL that the store thread syncs ahead of the checkpoints
-        self._wal = Path(f"{path}-wal") if durability == "os" and not memory else None
+        # with "os", the WAL synced ahead of the checkpoints, on a thread of its own
+        self._wal = Path(f"{path}-wal")
+        self._wal_syncer = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssb-wal")
+            if durability == "os" and threaded and not memory
+            else None
+        )
+        self._unsynced_rows = 0  # rows committed since the last WAL sync began
+        self._wal_syncing = False  # a WAL sync is queued or running
         self._checkpoint_pages = OS_AUTO_CHECKPOINT if durability == "os" else AUTO_CHECKPOINT
         self._db.execute(f"PRAGMA wal_autocheckpoint={self._checkpoint_pages}")
         self._auto_checkpoint = True  # SQLite's automatic checkpoint is on
@@ -323,24 +332,29 @@ class SQLiteStore(AllTables, UserTables):
             self._roll_back()
             raise
         self._committed(*applied)
-        if self._auto_checkpoint and self._wal is not None and self._executor is not None:
-            self._executor.submit(self._sync_wal_ahead)  # (after this commit, on the thread)
+        if self._wal_syncer is not None:
+            self._unsynced_rows += applied[0]
+            if self._unsynced_rows >= WAL_SYNC_ROWS and not self._wal_syncing:
+                self._unsynced_rows = 0
+                self._wal_syncing = True
+                self._wal_syncer.submit(self._sync_wal)
 
-    def _sync_wal_ahead(self) -> None:
-        """With "os", after a commit on the store thread: sync the WAL written so far, so
-        that the next checkpoint, which syncs it first, finds little left to write (the
-        commit that checkpoints, and what waits for it, wait for that sync)."""
-        assert self._wal is not None
+    def _sync_wal(self) -> None:
+        """With "os", on the WAL's own thread: sync the WAL written so far, so that the
+        next checkpoint, which syncs it first, finds little left to write (the commit that
+        checkpoints, and what waits for it, wait for that sync)."""
         try:
             fd = os.open(self._wal, os.O_RDONLY)
-        except OSError:
-            return  # no WAL yet
-        try:
-            os.fdatasync(fd)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            pass  # no WAL yet
         except OSError as exc:
             log.warning("the WAL could not be synced ahead of its checkpoint: %s", exc)
         finally:
-            os.close(fd)
+            self._wal_syncing = False
 
     def _roll_back(self) -> None:
         # SQLite may have rolled back already (a full disk does): keep the first error
@@ -349,6 +363,8 @@ class SQLiteStore(AllTables, UserTables):
                 self._db.execute("ROLLBACK")
 
     def _release(self) -> None:
+        if self._wal_syncer is not None:
+            self._wal_syncer.shutdown(wait=True)
         if self._reader is not self._db:
             self._reader.close()
         self._db.close()

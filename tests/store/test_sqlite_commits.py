@@ -14,7 +14,7 @@ import pytest
 
 from ssb.broker._store import SQLiteStore
 from ssb.broker._store.commit import Plan
-from ssb.broker._store.sqlite import INLINE_ROWS, INLINE_WEIGHT, OS_INLINE_WEIGHT
+from ssb.broker._store.sqlite import INLINE_ROWS, INLINE_WEIGHT, OS_INLINE_WEIGHT, WAL_SYNC_ROWS
 
 
 async def test_the_next_commit_starts_before_the_last_ones_callbacks_run(
@@ -143,13 +143,13 @@ def test_with_os_a_batch_of_a_few_hundred_rows_commits_on_the_loop_until_a_check
         synced._release()
 
 
-async def test_with_os_the_store_thread_syncs_the_wal_after_its_commits(
+async def test_with_os_the_wal_is_synced_ahead_of_the_checkpoints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With "os" a commit on the store thread (where SQLite may checkpoint) is followed
-    by a sync of the WAL there, so that a checkpoint, which syncs the WAL first, finds
-    little left to write while commits wait for it; a commit on the loop syncs nothing,
-    and with "fsync" every commit syncs the WAL by itself."""
+    """With "os" the WAL is synced on a thread of its own once WAL_SYNC_ROWS rows have
+    been committed since the last time, so that a checkpoint, which syncs the WAL first,
+    finds little left to write while commits wait for it; with "fsync" every commit
+    syncs the WAL by itself."""
     synced: list[str] = []
     sync = os.fdatasync
 
@@ -160,27 +160,32 @@ async def test_with_os_the_store_thread_syncs_the_wal_after_its_commits(
     monkeypatch.setattr(os, "fdatasync", recorded)
     loop = asyncio.get_running_loop()
 
-    async def commit(store: SQLiteStore, rows: int) -> None:
+    async def commit(store: SQLiteStore, rows: int) -> list[str]:
+        """Commit `rows` rows; the WAL's syncs that followed."""
+        before = len(synced)
         for i in range(rows):
             store.put_meta(f"key{i}", "x")
         durable = asyncio.Event()
         store.when_durable(store.watermark(), durable.set)
         await asyncio.wait_for(durable.wait(), 30)
-        assert store._executor is not None
-        await loop.run_in_executor(store._executor, lambda: None)  # what it queued there
+        if store._wal_syncer is not None:
+            await loop.run_in_executor(store._wal_syncer, lambda: None)  # what it queued
+        return [name for name in synced[before:] if name == f"{store.path}-wal"]
 
-    for durability in ("os", "fsync"):
-        path = tmp_path / f"{durability}.db"
-        store = SQLiteStore(path, durability)
-        failures: list[BaseException] = []
-        store.attach(loop, failures.append)
-        try:
-            await commit(store, OS_INLINE_WEIGHT + 1)  # heavier: committed on the thread
-            wal = [name for name in synced if name == f"{path}-wal"]
-            assert len(wal) == (1 if durability == "os" else 0), synced
-            if durability == "os":
-                await commit(store, 1)  # committed on the loop
-                assert len([name for name in synced if name == f"{path}-wal"]) == 1
-            assert not failures
-        finally:
-            await store.close()
+    store = SQLiteStore(tmp_path / "os.db", "os")
+    synced_store = SQLiteStore(tmp_path / "fsync.db", "fsync")
+    failures: list[BaseException] = []
+    store.attach(loop, failures.append)
+    synced_store.attach(loop, failures.append)
+    try:
+        assert await commit(store, 1) == []  # a commit on the loop
+        assert await commit(store, WAL_SYNC_ROWS - 2) == []
+        assert len(await commit(store, 1)) == 1  # WAL_SYNC_ROWS since the last sync
+        assert await commit(store, 1) == []
+        assert len(await commit(store, OS_INLINE_WEIGHT + 1)) == 0  # heavier: on the thread
+        assert len(await commit(store, WAL_SYNC_ROWS)) == 1
+        assert await commit(synced_store, WAL_SYNC_ROWS) == []
+        assert not failures
+    finally:
+        await store.close()
+        await synced_store.close()
