@@ -29,7 +29,10 @@ most `OS_INLINE_WEIGHT` rows touched (a few hundred messages sent or received) i
 committed whole on the event loop. Such commits never run SQLite's automatic
 checkpoint (it would sync files on the event loop); the checkpoint runs on the store
 thread, in the next commit there, and at most `INLINE_STREAK` batches, or
-`INLINE_ROWS` rows, in a row are committed inline.
+`INLINE_ROWS` rows, in a row are committed inline. The commit after a checkpoint
+starts the WAL again, and SQLite syncs its new header then (0.2-3 ms), whatever the
+durability: that commit runs on the store thread too. (Only a checkpoint writes the
+database file, so its mtime and size tell that one ran.)
 
 With `"os"` a checkpoint is due once the WAL holds `OS_AUTO_CHECKPOINT` pages, four times
 SQLite's default (`AUTO_CHECKPOINT`, kept with `"fsync"`). A checkpoint syncs the WAL and
@@ -254,6 +257,11 @@ class SQLiteStore(AllTables, UserTables):
         )
         self._unsynced_rows = 0  # rows committed since the last WAL sync began
         self._wal_syncing = False  # a WAL sync is queued or running
+        # with "os", the database file's mtime and size after the last commit on the store
+        # thread: when a checkpoint changed them, the next commit starts the WAL again,
+        # which syncs its header, and so runs on the store thread too (`_restart_due`)
+        self._written = self._stamp() if durability == "os" and not memory else None
+        self._restart_due = False
         self._checkpoint_pages = OS_AUTO_CHECKPOINT if durability == "os" else AUTO_CHECKPOINT
         self._db.execute(f"PRAGMA wal_autocheckpoint={self._checkpoint_pages}")
         self._auto_checkpoint = True  # SQLite's automatic checkpoint is on
@@ -269,6 +277,7 @@ class SQLiteStore(AllTables, UserTables):
             and weight <= OS_INLINE_WEIGHT
             and self._streak < INLINE_STREAK
             and self._streak_rows + weight <= INLINE_ROWS
+            and not self._restart_due
         ):
             self._streak += 1
             self._streak_rows += weight
@@ -332,12 +341,22 @@ class SQLiteStore(AllTables, UserTables):
             self._roll_back()
             raise
         self._committed(*applied)
+        if self._auto_checkpoint and self._written is not None:
+            # a commit that may checkpoint (only a checkpoint writes the database file)
+            stamp = self._stamp()
+            self._restart_due = stamp != self._written
+            self._written = stamp
         if self._wal_syncer is not None:
             self._unsynced_rows += applied[0]
             if self._unsynced_rows >= WAL_SYNC_ROWS and not self._wal_syncing:
                 self._unsynced_rows = 0
                 self._wal_syncing = True
                 self._wal_syncer.submit(self._sync_wal)
+
+    def _stamp(self) -> tuple[int, int]:
+        """The database file's mtime and size."""
+        stat = os.stat(self.path)
+        return stat.st_mtime_ns, stat.st_size
 
     def _sync_wal(self) -> None:
         """With "os", on the WAL's own thread: sync the WAL written so far, so that the
@@ -417,6 +436,7 @@ class SQLiteStore(AllTables, UserTables):
             if surplus > 0:
                 self._vacuum(min(surplus, IDLE_VACUUM_PAGES))
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            self._restart_due = True  # (the WAL is empty)
             left = max(0, self._free_pages() - KEEP_FREE_PAGES)
             self._db.execute("PRAGMA shrink_memory")  # the page cache, until needed again
             return left

@@ -14,7 +14,13 @@ import pytest
 
 from ssb.broker._store import SQLiteStore
 from ssb.broker._store.commit import Plan
-from ssb.broker._store.sqlite import INLINE_ROWS, INLINE_WEIGHT, OS_INLINE_WEIGHT, WAL_SYNC_ROWS
+from ssb.broker._store.sqlite import (
+    INLINE_ROWS,
+    INLINE_WEIGHT,
+    OS_AUTO_CHECKPOINT,
+    OS_INLINE_WEIGHT,
+    WAL_SYNC_ROWS,
+)
 
 
 async def test_the_next_commit_starts_before_the_last_ones_callbacks_run(
@@ -189,3 +195,38 @@ async def test_with_os_the_wal_is_synced_ahead_of_the_checkpoints(
     finally:
         await store.close()
         await synced_store.close()
+
+
+async def test_with_os_the_commit_after_a_checkpoint_runs_on_the_store_thread(
+    tmp_path: Path,
+) -> None:
+    """The commit after a checkpoint starts the WAL again, and SQLite syncs the new WAL
+    header then, whatever the durability: with "os" that commit runs on the store thread
+    instead of the event loop, after SQLite's checkpoint and after the idle one alike;
+    the commits after it go back to the loop."""
+    store = SQLiteStore(tmp_path / "broker.db", "os")
+    failures: list[BaseException] = []
+    store.attach(asyncio.get_running_loop(), failures.append)
+
+    async def commit(rows: int) -> None:
+        for i in range(rows):
+            store.put_meta(f"key{i}", "x")
+        durable = asyncio.Event()
+        store.when_durable(store.watermark(), durable.set)
+        await asyncio.wait_for(durable.wait(), 30)
+
+    try:
+        await commit(1)
+        assert store._plan(1) is Plan.INLINE
+        store._checkpoint_pages = 1  # the next commit on the store thread checkpoints
+        await commit(OS_INLINE_WEIGHT + 1)  # heavier: committed on the store thread
+        store._checkpoint_pages = OS_AUTO_CHECKPOINT
+        store._db.execute(f"PRAGMA wal_autocheckpoint={OS_AUTO_CHECKPOINT}")
+        assert store._plan(1) is not Plan.INLINE
+        await commit(1)  # (a light batch on the thread: it starts the WAL again)
+        assert store._plan(1) is Plan.INLINE
+        assert await store.checkpoint() is not None  # the idle checkpoint empties the WAL
+        assert store._plan(1) is not Plan.INLINE
+        assert not failures
+    finally:
+        await store.close()
