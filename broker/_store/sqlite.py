@@ -127,7 +127,7 @@ INLINE_ROWS: Final = 4096  # rows committed inline since the last threaded commi
 LOOP_WEIGHT: Final = 4096  # a batch touching at most this many rows is applied on the loop
 AUTO_CHECKPOINT: Final = 1000  # WAL pages that make a threaded commit checkpoint (SQLite's)
 OS_AUTO_CHECKPOINT: Final = 4000  # the same with "os" (see the module's comment)
-WAL_SYNC_ROWS: Final = 512  # with "os", rows committed that make the WAL synced ahead
+WAL_SYNC_ROWS: Final = 1024  # with "os", rows committed that make the WAL synced ahead
 SUMMARY_THREADS: Final = 2  # connections (and threads) the start-up summary reads on
 
 
