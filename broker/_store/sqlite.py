@@ -47,8 +47,8 @@ whole. A checkpoint syncs the WAL before it copies pages into the database, and 
 commit that runs it (and everything behind it) waits for that sync: with "os" that was
 most of a checkpoint's time (10-25 ms for 4,000 pages). So once `WAL_SYNC_ROWS` rows have
 been committed since the last time, a thread of its own syncs the WAL written so far,
-while commits go on (one such sync at a time); the checkpoint's own sync then finds a
-few hundred pages to write (2-4 ms).
+while commits go on (one such sync at a time); the checkpoint's own sync then finds
+about a thousand pages at most to write (2-5 ms).
 
 A commit that fails for want of space or an I/O error is retried (see `commit`) after a
 WAL checkpoint that lets it reuse the WAL file's space. The *disk reserve* (`DiskReserve`,
@@ -354,8 +354,12 @@ class SQLiteStore(AllTables, UserTables):
                 self._wal_syncer.submit(self._sync_wal)
 
     def _stamp(self) -> tuple[int, int]:
-        """The database file's mtime and size."""
-        stat = os.stat(self.path)
+        """The database file's mtime and size ((-1, -1) when it cannot be read: the commit
+        has happened, so this must not fail it)."""
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return -1, -1
         return stat.st_mtime_ns, stat.st_size
 
     def _sync_wal(self) -> None:
