@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +46,25 @@ def test_uuid7_is_time_ordered_and_versioned() -> None:
     first, second = uuid7(1000.0), uuid7(1000.002)
     assert first.version == 7 and first.variant == uuid.RFC_4122
     assert first < second
+
+
+def test_uuid7_is_not_repeated_by_a_seeded_random_or_a_forked_child() -> None:
+    """Two clients' ids never agree: the program's random.seed() is not theirs, and a
+    forked child draws other bits than its parent at the same millisecond."""
+    random.seed(7)
+    first = uuid7(1000.0)
+    random.seed(7)
+    assert uuid7(1000.0) != first
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its id to the parent, then out
+        os.write(write, uuid7(1000.0).bytes)
+        os._exit(0)
+    os.close(write)
+    theirs = uuid.UUID(bytes=os.read(read, 16))
+    os.close(read)
+    os.waitpid(child, 0)
+    assert theirs != uuid7(1000.0)
 
 
 def test_statements_are_named_outside_a_transaction_only() -> None:
