@@ -14,11 +14,12 @@ import logging
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar, cast
 
 from ssb.protocol import (
     NEED_DATA,
+    REPLY_OK,
     WIRE_VERSION,
     Backoffs,
     FrameDecoder,
@@ -139,6 +140,7 @@ class Connection(Operations):
         busy_poll: float = DEFAULT_WINDOW,
     ) -> None:
         self._wire = wire
+        self._loop = asyncio.get_running_loop()  # (asked once: asking costs a getpid())
         self._at = at  # which of the URL's addresses answered last
         self._pending: dict[int, tuple[asyncio.Future[Any], Sent]] = {}
         self._next_id = 1
@@ -165,24 +167,43 @@ class Connection(Operations):
     # ---- plumbing ------------------------------------------------------------------
 
     async def call(self, request: calls.Call[T]) -> T:
+        if self._unsettled or self._closed or self._wire.lost is not None:
+            await self._ready()
+        sent = self._tracker.prepare(request, time.monotonic())
+        if sent is None:
+            return None  # type: ignore[return-value]
+        # (`_run` and `_send`, written out: no coroutine per request but this one)
+        wire = self._wire
+        try:
+            written = self._write(sent, cork=sent.call.operation in _CORKED)
+            if not wire.writable.is_set():
+                await wire.writable.wait()
+            return await written  # type: ignore[no-any-return]
+        except _Lost:
+            pass
+        return await self._settle_lost(sent)  # type: ignore[no-any-return]
+
+    async def _ready(self) -> None:
+        """Wait until what was lost is settled (unless this is a reconnect hook's call),
+        then until connected."""
         while self._unsettled and not self._reconnecting:  # lost requests settle first
             await self._settled.wait()
         await self._connected()
-        sent = self._tracker.prepare(request, time.monotonic())
-        if sent is None:
-            return cast(T, None)
-        return cast(T, await self._run(sent))
 
     async def transaction_outcome(self, txn_id: uuid.UUID | str) -> str:
         outcome, _ = await self.call(self._outcome_request(txn_id, time.monotonic()))
         return outcome
 
-    async def _run(self, sent: Sent, written: asyncio.Future[Any] | None = None) -> Any:
-        """`sent`'s answer (`written`: its answer's future, when it is already written)."""
+    async def _run(self, sent: Sent, written: asyncio.Future[Any]) -> Any:
+        """`sent`'s answer, once `written` (the future of its answer) is resolved."""
         try:
-            return await (self._send(sent) if written is None else written)
+            return await written
         except _Lost:
             pass
+        return await self._settle_lost(sent)
+
+    async def _settle_lost(self, sent: Sent) -> Any:
+        """The answer of `sent`, whose answer was lost with the connection."""
         try:
             return await self._settle(sent)
         except ConnectionLostError as exc:
@@ -237,7 +258,7 @@ class Connection(Operations):
             raise _Lost()
         request_id = self._next_id
         self._next_id += 1
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = self._loop.create_future()
         try:
             frame = calls.encode_request(request_id, sent.call, self.max_message_size)
         except (TypeError, ValueError, BrokerError):
@@ -248,7 +269,7 @@ class Connection(Operations):
         corked = self._corked
         if cork:
             if not corked:
-                asyncio.get_running_loop().call_soon(self._uncork, wire)
+                self._loop.call_soon(self._uncork, wire)
             corked.append(frame)
         elif corked:
             corked.append(frame)
@@ -326,34 +347,52 @@ class Connection(Operations):
                 raise ConnectionLostError("lost again while reconnecting") from None
 
     def _on_frame(self, frame: Any) -> None:
+        # a success, the usual answer, is taken as it is, without making a `Reply` of it
+        if (
+            type(frame) is list
+            and len(frame) == 3
+            and frame[1] == REPLY_OK
+            and type(frame[0]) is int
+        ):
+            self._on_result(frame[0], frame[2])
+            return
         try:
             reply = Reply.decode(frame)
         except ProtocolError as exc:
             self._wire._fail(exc)
             return
+        if reply.ok:
+            self._on_result(reply.request_id, reply.result)
+            return
+        assert reply.code is not None
         entry = self._pending.pop(reply.request_id, None)
         if entry is None:
-            if not reply.ok and reply.code is not None:
-                self._wire._fail(error_for(reply.code, reply.text))
+            self._wire._fail(error_for(reply.code, reply.text))
             return
         future, sent = entry
         if future.done():
             return
-        if reply.ok:
-            try:
-                result = sent.call.decode(reply.result)
-            except Exception as exc:  # a malformed answer is a protocol problem
-                self._tracker.answered(sent, False, None)
-                future.set_exception(
-                    ProtocolViolationError(f"bad answer to {sent.call.operation}: {exc!r}")
-                )
-                return
-            self._tracker.answered(sent, True, result)
-            future.set_result(result)
-        else:
-            assert reply.code is not None
+        self._tracker.answered(sent, False, None)
+        future.set_exception(error_for(reply.code, reply.text))
+
+    def _on_result(self, request_id: int, result: Any) -> None:
+        """Request `request_id` succeeded with `result` (as it came off the wire)."""
+        entry = self._pending.pop(request_id, None)
+        if entry is None:
+            return
+        future, sent = entry
+        if future.done():
+            return
+        try:
+            value = sent.call.decode(result)
+        except Exception as exc:  # a malformed answer is a protocol problem
             self._tracker.answered(sent, False, None)
-            future.set_exception(error_for(reply.code, reply.text))
+            future.set_exception(
+                ProtocolViolationError(f"bad answer to {sent.call.operation}: {exc!r}")
+            )
+            return
+        self._tracker.answered(sent, True, value)
+        future.set_result(value)
 
     def _on_lost(self, wire: _Wire, exc: BaseException) -> None:
         if wire is not self._wire:
@@ -395,8 +434,7 @@ class Connection(Operations):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
+    def transaction(self) -> _Transaction:
         """BEGIN TRANSACTION, the block, then COMMIT (ROLLBACK if the block raises).
 
         BEGIN leaves in one write with the block's first request, and its answer is taken
@@ -407,21 +445,7 @@ class Connection(Operations):
         never runs by itself; the refusal is raised at the block's end, as it would have
         been at its start, and nothing is rolled back.
         """
-        begun = self._begin_at_once()
-        if begun is None:
-            await self.begin_transaction()
-        try:
-            yield self
-        except BaseException as exc:
-            if begun is not None and not await _succeeded(begun.answer()):
-                raise  # the BEGIN was refused: no transaction of this block's to undo
-            if not self.closed:
-                with contextlib.suppress(ConnectionLostError):
-                    await self.rollback(error=f"{type(exc).__name__}: {exc}")
-            raise
-        if begun is not None:
-            await begun.answer()
-        await self.commit()
+        return _Transaction(self)
 
     def _begin_at_once(self) -> _Begun | None:
         """Write a BEGIN TRANSACTION to leave with the next request, when it cannot be
@@ -450,6 +474,39 @@ class Connection(Operations):
 
     install_scheduler = install_scheduler
     get_scheduler = get_scheduler
+
+
+class _Transaction:
+    """The block of `Connection.transaction` (a class rather than a generator: it is on
+    the path of every transaction)."""
+
+    __slots__ = ("_begun", "_conn")
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._begun: _Begun | None = None
+
+    async def __aenter__(self) -> Connection:
+        conn = self._conn
+        self._begun = conn._begin_at_once()
+        if self._begun is None:
+            await conn.begin_transaction()
+        return conn
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        conn, begun = self._conn, self._begun
+        if exc is not None:  # (raised again once this returns)
+            if begun is not None and not await _succeeded(begun.answer()):
+                return  # the BEGIN was refused: no transaction of this block's to undo
+            if not conn.closed:
+                with contextlib.suppress(ConnectionLostError):
+                    await conn.rollback(error=f"{type(exc).__name__}: {exc}")
+            return
+        if begun is not None:
+            await begun.answer()
+        await conn.commit()
 
 
 class _Begun:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._client_wire import (
     MESSAGE_COLUMNS,
+    REPLY_OK,
     WIRE_VERSION,
     Hello,
     Reply,
@@ -106,6 +107,7 @@ __all__ = [
     "NEVER_POLL",
     "PROTOCOL_VERSION",
     "RELAY_BUNDLES_VERSION",
+    "REPLY_OK",
     "ROW_OVERHEAD",
     "WIRE_VERSION",
     "AckFrame",

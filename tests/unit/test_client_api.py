@@ -38,8 +38,14 @@ def _attributes(cls: type) -> set[str]:
 
 
 def _is_async(fn: Any) -> bool:
-    """A coroutine function, or an async context manager's function (`transaction`)."""
-    return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(inspect.unwrap(fn))
+    """A coroutine function, or a function that gives an async context manager
+    (`transaction`: a generator's, or an object made for it)."""
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(inspect.unwrap(fn)):
+        return True
+    gives = inspect.signature(fn, eval_str=True).return_annotation
+    return inspect.isclass(gives) and inspect.iscoroutinefunction(
+        getattr(gives, "__aenter__", None)
+    )
 
 
 def _parameters(fn: Any) -> list[tuple[str, Any, Any]]:
