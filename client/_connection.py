@@ -87,19 +87,20 @@ class _Wire(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
-        self.decoder.receive_data(data)
+        decoder = self.decoder
+        decoder.receive_data(data)
         while True:
             try:
-                frame = self.decoder.next_frame()
+                frame = decoder.next_frame()
             except ProtocolError as exc:
                 self._fail(exc)
                 return
             if frame is NEED_DATA:
                 return
-            if self.connection is None:
-                self.frames.put_nowait(frame)
-            else:
+            if self.connection is not None:
                 self.connection._on_frame(frame)
+            else:
+                self.frames.put_nowait(frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(exc or ConnectionResetError("the broker closed the connection"))
@@ -257,25 +258,25 @@ class Connection(Operations):
             self._settled.clear()
             raise _Lost()
         request_id = self._next_id
-        self._next_id += 1
-        future: asyncio.Future[Any] = self._loop.create_future()
+        self._next_id = request_id + 1
         try:
             frame = calls.encode_request(request_id, sent.call, self.max_message_size)
         except (TypeError, ValueError, BrokerError):
             self._tracker.answered(sent, False, None)
             raise
+        future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[request_id] = (future, sent)
         assert wire.transport is not None
         corked = self._corked
-        if cork:
-            if not corked:
-                self._loop.call_soon(self._uncork, wire)
-            corked.append(frame)
-        elif corked:
-            corked.append(frame)
-            self._uncork(wire)
-        else:
+        if not cork and not corked:
             wire.transport.write(frame)
+            self._poller.start(self._polls.of(sent.call.operation))
+            return future
+        if not corked and cork:
+            self._loop.call_soon(self._uncork, wire)
+        corked.append(frame)
+        if not cork:
+            self._uncork(wire)
         self._poller.start(self._polls.of(sent.call.operation))
         return future
 

@@ -85,6 +85,10 @@ CONTROL: Final = frozenset(
     }
 )
 
+# requests whose answers `Tracker.answered` notes
+_ANSWER_NOTED: Final = frozenset(
+    {"begin_transaction", "detach_transaction", "attach_transaction", "use"}
+)
 # requests that wait up to a `timeout` (seconds) for messages
 WAITS: Final = frozenset({"receive", "get_conversation_group"})
 Settling = Generator["Sent", Any, Any]
@@ -304,6 +308,8 @@ class Tracker:
     def answered(self, sent: Sent, ok: bool, result: Any) -> None:
         """The broker answered `sent` (`result`: the decoded value when `ok`)."""
         op = sent.call.operation
+        if op not in _ANSWER_NOTED:
+            return
         if op == "begin_transaction":
             if not ok and self.txn is sent.txn:
                 self.txn = None
