@@ -72,6 +72,10 @@ _CORKED: Final = frozenset({"execute", "execute_many"})
 
 log = logging.getLogger("ssb.client")
 
+# the requests every transaction() block makes (a Call is never changed: built once)
+_BEGIN: Final = calls.begin_transaction()
+_COMMIT: Final = calls.commit()
+
 
 class _Wire(asyncio.Protocol):
     def __init__(self) -> None:
@@ -250,13 +254,10 @@ class Connection(Operations):
         at the event loop's next turn: one segment for both); the future of its answer.
         `_Lost` if the connection has dropped."""
         wire = self._wire
-        if wire.lost is None and wire.transport is not None and wire.transport.is_closing():
-            # (closed, its connection_lost still to come: uvloop refuses writes meanwhile)
-            wire._fail(ConnectionResetError("the connection to the broker is closing"))
-        if wire.lost is not None:
-            self._unsettled += 1
-            self._settled.clear()
-            raise _Lost()
+        transport = wire.transport
+        if wire.lost is not None or transport is None or transport.is_closing():
+            self._not_written(wire)
+        assert transport is not None
         request_id = self._next_id
         self._next_id = request_id + 1
         try:
@@ -266,10 +267,9 @@ class Connection(Operations):
             raise
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[request_id] = (future, sent)
-        assert wire.transport is not None
         corked = self._corked
         if not cork and not corked:
-            wire.transport.write(frame)
+            transport.write(frame)
             self._poller.start(self._polls.of(sent.call.operation))
             return future
         if not corked and cork:
@@ -279,6 +279,16 @@ class Connection(Operations):
             self._uncork(wire)
         self._poller.start(self._polls.of(sent.call.operation))
         return future
+
+    def _not_written(self, wire: _Wire) -> None:
+        """`_Lost` for a request about to be written on a connection that dropped."""
+        if wire.lost is None and wire.transport is not None and wire.transport.is_closing():
+            # (closed, its connection_lost still to come: uvloop refuses writes meanwhile)
+            wire._fail(ConnectionResetError("the connection to the broker is closing"))
+        if wire.lost is not None:
+            self._unsettled += 1
+            self._settled.clear()
+            raise _Lost()
 
     def _uncork(self, wire: _Wire) -> None:
         """Write the requests held back (none if the connection was lost meanwhile: they
@@ -355,29 +365,17 @@ class Connection(Operations):
             and frame[1] == REPLY_OK
             and type(frame[0]) is int
         ):
-            self._on_result(frame[0], frame[2])
-            return
-        try:
-            reply = Reply.decode(frame)
-        except ProtocolError as exc:
-            self._wire._fail(exc)
-            return
-        if reply.ok:
-            self._on_result(reply.request_id, reply.result)
-            return
-        assert reply.code is not None
-        entry = self._pending.pop(reply.request_id, None)
-        if entry is None:
-            self._wire._fail(error_for(reply.code, reply.text))
-            return
-        future, sent = entry
-        if future.done():
-            return
-        self._tracker.answered(sent, False, None)
-        future.set_exception(error_for(reply.code, reply.text))
-
-    def _on_result(self, request_id: int, result: Any) -> None:
-        """Request `request_id` succeeded with `result` (as it came off the wire)."""
+            request_id, result = frame[0], frame[2]
+        else:
+            try:
+                reply = Reply.decode(frame)
+            except ProtocolError as exc:
+                self._wire._fail(exc)
+                return
+            if not reply.ok:
+                self._on_error(reply)
+                return
+            request_id, result = reply.request_id, reply.result
         entry = self._pending.pop(request_id, None)
         if entry is None:
             return
@@ -394,6 +392,19 @@ class Connection(Operations):
             return
         self._tracker.answered(sent, True, value)
         future.set_result(value)
+
+    def _on_error(self, reply: Reply) -> None:
+        """The broker refused a request (or, with no request, the session)."""
+        assert reply.code is not None
+        entry = self._pending.pop(reply.request_id, None)
+        if entry is None:
+            self._wire._fail(error_for(reply.code, reply.text))
+            return
+        future, sent = entry
+        if future.done():
+            return
+        self._tracker.answered(sent, False, None)
+        future.set_exception(error_for(reply.code, reply.text))
 
     def _on_lost(self, wire: _Wire, exc: BaseException) -> None:
         if wire is not self._wire:
@@ -455,7 +466,7 @@ class Connection(Operations):
             return None
         if self._tracker.txn is not None:
             return None
-        sent = self._tracker.prepare(calls.begin_transaction(), time.monotonic())
+        sent = self._tracker.prepare(_BEGIN, time.monotonic())
         assert sent is not None  # (None answers a rollback)
         return _Begun(self, sent, self._write(sent, cork=True))
 
@@ -507,7 +518,7 @@ class _Transaction:
             return
         if begun is not None:
             await begun.answer()
-        await conn.commit()
+        await conn.call(_COMMIT)
 
 
 class _Begun:

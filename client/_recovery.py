@@ -259,7 +259,9 @@ class Tracker:
     def __init__(self, database: str = "") -> None:
         self.txn: Txn | None = None
         self.database = database  # the session's database: a reconnect opens it again
-        self.sent_times: dict[uuid.UUID, float] = {}  # recent commits/statements -> when
+        # recent commits/statements -> when (keyed by the UUID's number: hashing a UUID
+        # calls its Python __hash__, an int hashes in C)
+        self.sent_times: dict[int, float] = {}
         # "operation outcome" -> how many lost answers were settled so (for logs and tests)
         self.settled: Counter[str] = Counter()
 
@@ -324,14 +326,14 @@ class Tracker:
 
     def _remember(self, name: uuid.UUID, now: float) -> None:
         times = self.sent_times
-        times[name] = now
+        times[name.int] = now
         if len(times) > 4096:
             for key in list(times)[:1024]:
                 del times[key]
 
     def age(self, txn_id: uuid.UUID, now: float) -> float | None:
         """At most how many seconds ago `txn_id`'s commit left, if this client can tell."""
-        sent = self.sent_times.get(txn_id)
+        sent = self.sent_times.get(txn_id.int)
         if sent is not None:
             return max(0.0, now - sent)
         if txn_id.version == 7:  # its own clock stamp, with room for clocks that differ
