@@ -177,7 +177,7 @@ class Connection(Operations):
         sent = self._tracker.prepare(request, time.monotonic())
         if sent is None:
             return None  # type: ignore[return-value]
-        # (`_run` and `_send`, written out: no coroutine per request but this one)
+        # (`_run` and `_send`, written out here: one coroutine per request rather than three)
         wire = self._wire
         try:
             written = self._write(sent, cork=sent.call.operation in _CORKED)
