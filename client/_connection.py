@@ -162,6 +162,8 @@ class Connection(Operations):
         self._unsettled = 0  # requests whose answers were lost, not yet settled
         self._corked: list[bytes] = []  # requests held to leave with the next one
         self._reconnecting = False  # on_reconnect hooks run (their calls go first)
+        # BEGINs written ahead whose answers nobody waits for yet, by their answers' futures
+        self._unheard: dict[asyncio.Future[Any], _Begun] = {}
         self._settled = asyncio.Event()
         self._settled.set()
         self.reconnects = 0
@@ -423,10 +425,14 @@ class Connection(Operations):
                     future.set_exception(error)
             return
         self._tracker.lost(reason, [sent for _, sent in pending.values()])
+        unheard, self._unheard = self._unheard, {}
         for future, _ in pending.values():
             if not future.done():
                 self._unsettled += 1
                 self._settled.clear()
+                begun = unheard.get(future)
+                if begun is not None:  # settled at once (see `_Begun`)
+                    future.add_done_callback(begun.lost)
                 future.set_exception(_Lost())
 
     async def close(self) -> None:
@@ -528,13 +534,14 @@ class _Begun:
     nothing else waits for it."""
 
     def __init__(self, conn: Connection, sent: Sent, future: asyncio.Future[Any]) -> None:
-        self._conn, self._sent, self._future = conn, sent, future
+        self._conn, self._sent, self.future = conn, sent, future
         self._settling: asyncio.Task[Any] | None = None
         self._heard = False  # `answer` waits for it itself
-        future.add_done_callback(self._done)
+        conn._unheard[future] = self  # (the connection calls `lost` if it drops meanwhile)
 
-    def _done(self, future: asyncio.Future[Any]) -> None:
-        if not self._heard and not future.cancelled() and isinstance(future.exception(), _Lost):
+    def lost(self, future: asyncio.Future[Any]) -> None:
+        """The connection dropped before the answer came (`future` holds `_Lost`)."""
+        if not self._heard:
             self._settling = asyncio.ensure_future(self._conn._run(self._sent, future))
 
     async def answer(self) -> Any:
@@ -542,7 +549,8 @@ class _Begun:
         if self._settling is not None:
             return await self._settling
         self._heard = True
-        return await self._conn._run(self._sent, self._future)
+        self._conn._unheard.pop(self.future, None)
+        return await self._conn._run(self._sent, self.future)
 
 
 async def _succeeded(answer: Awaitable[Any]) -> bool:
