@@ -11,6 +11,7 @@ record must hold every message exactly once, in order per conversation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import threading
@@ -290,3 +291,88 @@ def test_a_connection_reset_as_it_is_made_is_a_lost_connection() -> None:
         assert _on_uvloop(connect_often) == {"ConnectionLostError": 200}
     finally:
         server.close()
+
+
+class _HeldAnswers:
+    """A TCP relay to the broker whose answers to the client can be held back, and whose
+    connections can be cut; what it holds is lost with the connection."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.holding = False
+        self.held = 0  # frames' bytes not passed on while holding
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.writers += [writer, up_writer]
+
+        async def pump(
+            source: asyncio.StreamReader, sink: asyncio.StreamWriter, down: bool
+        ) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await source.read(65536):
+                    if down and self.holding:
+                        self.held += len(data)
+                        continue
+                    sink.write(data)
+
+        await asyncio.gather(pump(reader, up_writer, False), pump(up_reader, writer, True))
+
+    def cut(self) -> None:
+        self.holding = False
+        for writer in self.writers:
+            writer.transport.abort()
+        self.writers = []
+
+    async def close(self) -> None:
+        self.cut()
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_a_begin_lost_before_its_block_hears_it_holds_up_nothing_else(
+    broker: BrokerProcess,
+) -> None:
+    """transaction() writes BEGIN with the block's first request and hears its answer at
+    the block's end. When that answer is lost with the connection, BEGIN is settled at once
+    like any lost request: another request on the connection does not wait for the block."""
+    relay = _HeldAnswers(broker.client_port)
+    port = await relay.start()
+    try:
+        conn = await client.connect(broker.url.replace(f":{broker.client_port}", f":{port}"))
+        handles = await _catalog(conn)
+        relay.holding = True
+        may_end = asyncio.Event()
+        first: list[asyncio.Future[None]] = []
+
+        async def block() -> None:
+            async with conn.transaction():
+                first.append(asyncio.ensure_future(conn.send(handles[0], "DEFAULT", b"lost")))
+                await may_end.wait()
+                with pytest.raises(client.TransactionRolledBackError):
+                    await first[0]
+
+        async def held() -> int:
+            return relay.held
+
+        async def reconnected() -> bool:
+            return conn.reconnects == 1 and first[0].done()
+
+        running = asyncio.ensure_future(block())
+        await wait_until(held, "the answers to BEGIN and SEND held", 10.0)
+        relay.cut()
+        await wait_until(reconnected, "the SEND settled after the reconnect", 10.0)
+        assert await asyncio.wait_for(conn.ping(), 10.0)  # not held up until the block ends
+        may_end.set()
+        with pytest.raises(client.TransactionRolledBackError):
+            await running
+        assert await conn.peek("Work") == []
+        await conn.close()
+    finally:
+        await relay.close()
