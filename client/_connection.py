@@ -272,13 +272,12 @@ class Connection(Operations):
         corked = self._corked
         if not cork and not corked:
             transport.write(frame)
-            self._poller.start(self._polls.of(sent.call.operation))
-            return future
-        if not corked and cork:
-            self._loop.call_soon(self._uncork, wire)
-        corked.append(frame)
-        if not cork:
-            self._uncork(wire)
+        else:
+            if not corked and cork:
+                self._loop.call_soon(self._uncork, wire)
+            corked.append(frame)
+            if not cork:
+                self._uncork(wire)
         self._poller.start(self._polls.of(sent.call.operation))
         return future
 
