@@ -79,19 +79,20 @@ Login = Callable[[str, str, str], Awaitable[str | None]]
 _give_way: Callable[[], object] = getattr(os, "sched_yield", lambda: None)
 
 
-def _next_turn(turn: Callable[[], None]) -> None:
-    asyncio.get_running_loop().call_soon(turn)
+def _never(_: Callable[[], None]) -> None:
+    raise AssertionError("a window of 0 never polls")
 
 
 class NextRequests:
     """The daemon's polling for the next request after answering, over all connections
-    (`window`: seconds, 0 for never)."""
+    (`window`: seconds, 0 for never), on the event loop running when it is made."""
 
     def __init__(self, window: float) -> None:
         self.backoff = Backoff(window)
         self.arrived = 0  # requests read, on every connection
         self._seen = 0  # when the last poll started
-        self.poller = Poller(self._awaiting, time.perf_counter, _next_turn, _give_way)
+        schedule = asyncio.get_running_loop().call_soon if window else _never
+        self.poller = Poller(self._awaiting, time.perf_counter, schedule, _give_way)
 
     def answered(self) -> None:
         self._seen = self.arrived

@@ -155,7 +155,7 @@ class Connection(Operations):
         self.url = url
         self._options = options
         self._polls = Backoffs(busy_poll)  # (when polling for an answer pays, by operation)
-        self._poller = answers_poller(self._pending.__len__)
+        self._poller = answers_poller(self._pending.__len__, self._loop)
         self._closed = False
         self._tracker = Tracker(opened_database(welcome, database))
         self._redialing: asyncio.Future[None] | None = None

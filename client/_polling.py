@@ -23,13 +23,10 @@ give_way: Callable[[], object] = getattr(os, "sched_yield", lambda: None)
 _DONTWAIT: Final[int] = getattr(socket, "MSG_DONTWAIT", 0)
 
 
-def _next_turn(turn: Callable[[], None]) -> None:
-    asyncio.get_running_loop().call_soon(turn)
-
-
-def answers_poller(awaiting: Callable[[], object]) -> Poller:
-    """An async connection's poller (`awaiting`: whether any answer is still due)."""
-    return Poller(awaiting, time.perf_counter, _next_turn, give_way)
+def answers_poller(awaiting: Callable[[], object], loop: asyncio.AbstractEventLoop) -> Poller:
+    """An async connection's poller on `loop` (`awaiting`: whether any answer is still
+    due)."""
+    return Poller(awaiting, time.perf_counter, loop.call_soon, give_way)
 
 
 def receive(sock: socket.socket, backoff: Backoff, size: int) -> bytes:

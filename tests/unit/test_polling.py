@@ -175,7 +175,7 @@ def test_the_event_loop_never_blocks_while_an_answer_is_polled_for() -> None:
     async def main() -> list[float | None]:
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
-        poller = answers_poller(lambda: not answer.done())
+        poller = answers_poller(lambda: not answer.done(), loop)
         timeouts = selector_timeouts(loop)
         poller.start(Backoff(0.5))
         loop.call_later(0.02, answer.set_result, None)
