@@ -17,7 +17,7 @@ from typing import Final
 
 from ssb.protocol import Backoff, Poller
 
-DEFAULT_WINDOW: Final = 250e-6  # seconds a connection polls for an answer before sleeping
+DEFAULT_WINDOW: Final = 150e-6  # seconds a connection polls for an answer before sleeping
 
 give_way: Callable[[], object] = getattr(os, "sched_yield", lambda: None)
 _DONTWAIT: Final[int] = getattr(socket, "MSG_DONTWAIT", 0)
