@@ -92,7 +92,9 @@ class NextRequests:
         self.arrived = 0  # requests read, on every connection
         self._seen = 0  # when the last poll started
         schedule = asyncio.get_running_loop().call_soon if window else _never
-        self.poller = Poller(self._awaiting, time.perf_counter, schedule, _give_way)
+        self.poller = Poller(
+            self._awaiting, time.perf_counter, schedule, _give_way, time.thread_time
+        )
 
     def answered(self) -> None:
         self._seen = self.arrived

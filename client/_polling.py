@@ -26,20 +26,23 @@ _DONTWAIT: Final[int] = getattr(socket, "MSG_DONTWAIT", 0)
 def answers_poller(awaiting: Callable[[], object], loop: asyncio.AbstractEventLoop) -> Poller:
     """An async connection's poller on `loop` (`awaiting`: whether any answer is still
     due)."""
-    return Poller(awaiting, time.perf_counter, loop.call_soon, give_way)
+    return Poller(awaiting, time.perf_counter, loop.call_soon, give_way, time.thread_time)
 
 
 def receive(sock: socket.socket, backoff: Backoff, size: int) -> bytes:
     """Up to `size` bytes from the blocking `sock`, polled for first if `backoff` says
-    so."""
+    so (a poll that spent most of its time off the processor counts as fruitless, as
+    `Poller`'s do)."""
     if backoff.due():
-        deadline = time.perf_counter() + backoff.window
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        deadline = started + backoff.window
         while (data := _read_now(sock, size)) is None:
             if time.perf_counter() >= deadline:
                 backoff.ended(False)
                 return sock.recv(size)
             give_way()
-        backoff.ended(True)
+        spent = time.perf_counter() - started
+        backoff.ended(2 * (time.thread_time() - cpu_started) >= spent)
         return data
     return sock.recv(size)
 

@@ -12,7 +12,10 @@ process (`give_way`), and asks for the next turn (`schedule`); the event loop po
 sockets without blocking in between.
 
 Whether a wait polls at all is learnt (`Backoff`): a poll whose window passed with
-nothing come found nothing worth the processor time, so the next polls are skipped,
+nothing come found nothing worth the processor time, and neither did one that got
+what it awaited but spent most of its time off the processor (given away to other
+runnable processes: a machine with no processor idle, where a wake-up costs little
+and a poll only takes time from the others), so the next polls are skipped,
 twice as many after each such poll in a row (up to `MAX_SKIPPED`), and a poll that
 ends with what it awaited starts the count again. A party whose waits are long (commits
 synced to disk, large transactions, a RECEIVE waiting for messages, a client thinking
@@ -100,13 +103,17 @@ class Poller:
         clock: Callable[[], float],
         schedule: Callable[[Callable[[], None]], object],
         give_way: Callable[[], object],
+        cpu_clock: Callable[[], float] | None = None,
     ) -> None:
         self._awaiting = awaiting
         self._clock = clock
         self._schedule = schedule
         self._give_way = give_way
+        self._cpu_clock = cpu_clock
         self._polling: Backoff | None = None  # the backoff of the poll under way
         self._deadline = 0.0
+        self._started = 0.0  # when the poll under way started, by `clock`
+        self._cpu_started = 0.0  # and by `cpu_clock`
 
     @property
     def polling(self) -> bool:
@@ -118,7 +125,10 @@ class Poller:
         if self._polling is not None or not backoff.due():
             return
         self._polling = backoff
-        self._deadline = self._clock() + backoff.window
+        self._started = now = self._clock()
+        self._deadline = now + backoff.window
+        if self._cpu_clock is not None:
+            self._cpu_started = self._cpu_clock()
         self._schedule(self._turn)
 
     def _turn(self) -> None:
@@ -126,10 +136,20 @@ class Poller:
         assert backoff is not None
         if not self._awaiting():
             self._polling = None
-            backoff.ended(True)
+            backoff.ended(self._had_a_processor())
         elif self._clock() >= self._deadline:
             self._polling = None
             backoff.ended(False)
         else:
             self._give_way()
             self._schedule(self._turn)
+
+    def _had_a_processor(self) -> bool:
+        """Whether the poll ran on a processor of its own: at least half of its time by
+        `clock` on this thread's processor time (`cpu_clock`). Other processes took the
+        rest: the machine has none idle, where a wake-up costs little and a poll takes
+        from them, so such a poll counts as fruitless too."""
+        if self._cpu_clock is None:
+            return True
+        spent = self._clock() - self._started
+        return 2 * (self._cpu_clock() - self._cpu_started) >= spent

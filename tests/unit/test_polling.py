@@ -98,11 +98,12 @@ class Loop:
         self.turns.pop(0)()
         return True
 
-    def poller(self, awaiting: Callable[[], object]) -> Poller:
+    def poller(self, awaiting: Callable[[], object], cpu: list[float] | None = None) -> Poller:
         def give_way() -> None:
             self.gave_way += 1
 
-        return Poller(awaiting, lambda: self.now, self.turns.append, give_way)
+        cpu_clock = None if cpu is None else (lambda: cpu[0])
+        return Poller(awaiting, lambda: self.now, self.turns.append, give_way, cpu_clock)
 
 
 def test_a_poll_turns_until_what_it_awaits_comes() -> None:
@@ -128,6 +129,24 @@ def test_a_poll_stops_when_its_window_passes_and_backs_off() -> None:
     loop.now += 0.0005
     assert loop.run_one() and not poller.polling and not loop.turns
     assert not backoff.due()  # the next wait sleeps
+
+
+@pytest.mark.parametrize(("cpu_share", "paid"), [(0.9, True), (0.3, False)])
+def test_a_poll_that_spent_its_time_off_the_processor_counts_as_fruitless(
+    cpu_share: float, paid: bool
+) -> None:
+    """What it awaited came, but other processes had the processor most of the time (no
+    processor idle: a wake-up would have cost little): the next wait sleeps."""
+    loop, waiting, cpu = Loop(), [True], [5.0]
+    poller, backoff = loop.poller(lambda: waiting[0], cpu), Backoff(0.001)
+    poller.start(backoff)
+    for _ in range(4):
+        loop.now += 0.0001
+        cpu[0] += 0.0001 * cpu_share
+        assert loop.run_one()
+    waiting[0] = False
+    assert loop.run_one() and not poller.polling
+    assert backoff.due() is paid
 
 
 def test_one_poll_at_a_time() -> None:
