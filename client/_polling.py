@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from ssb.protocol import Backoff, Poller
+from ssb.protocol import Backoff, Poller, had_a_processor
 
 DEFAULT_WINDOW: Final = 150e-6  # seconds a connection polls for an answer before sleeping
 
@@ -42,7 +42,7 @@ def receive(sock: socket.socket, backoff: Backoff, size: int) -> bytes:
                 return sock.recv(size)
             give_way()
         spent = time.perf_counter() - started
-        backoff.ended(2 * (time.thread_time() - cpu_started) >= spent)
+        backoff.ended(had_a_processor(spent, time.thread_time() - cpu_started))
         return data
     return sock.recv(size)
 

@@ -91,6 +91,7 @@ from ._polling import (
     Backoffs,
     Poller,
     check_poll_window,
+    had_a_processor,
 )
 
 __all__ = [
@@ -158,6 +159,7 @@ __all__ = [
     "encode_frame",
     "encode_ok",
     "generate_broker_identity",
+    "had_a_processor",
     "load_private_key",
     "new_session_key",
     "older_version_in_refusal",

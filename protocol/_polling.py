@@ -22,7 +22,7 @@ synced to disk, large transactions, a RECEIVE waiting for messages, a client thi
 between requests) so spends almost nothing on polling; one that talks to a peer that
 answers at once saves the wake-ups. A window of 0 never polls.
 
-Pure: the clock, the scheduling and the giving way come in as functions.
+Pure: the clocks, the scheduling and the giving way come in as functions.
 """
 
 from __future__ import annotations
@@ -74,6 +74,14 @@ class Backoff:
         self._skip = min((1 << self._fruitless) - 1, MAX_SKIPPED)
 
 
+def had_a_processor(spent: float, cpu_spent: float) -> bool:
+    """Whether a poll that took `spent` seconds ran on a processor of its own: at least
+    half of that time on its thread's processor time (`cpu_spent`). Other processes took
+    the rest: the machine has none idle, where a wake-up costs little and a poll takes
+    from them, so such a poll counts as fruitless too."""
+    return 2 * cpu_spent >= spent
+
+
 NEVER_POLL: Final = Backoff(0.0)  # (a window of 0 never polls: this one never changes)
 
 
@@ -95,7 +103,7 @@ class Backoffs:
 
 class Poller:
     """One party's polling, one poll at a time (`awaiting`: whether what it polls for
-    has still not come)."""
+    has still not come; `cpu_clock`: this thread's processor time)."""
 
     def __init__(
         self,
@@ -103,7 +111,7 @@ class Poller:
         clock: Callable[[], float],
         schedule: Callable[[Callable[[], None]], object],
         give_way: Callable[[], object],
-        cpu_clock: Callable[[], float] | None = None,
+        cpu_clock: Callable[[], float],
     ) -> None:
         self._awaiting = awaiting
         self._clock = clock
@@ -127,8 +135,7 @@ class Poller:
         self._polling = backoff
         self._started = now = self._clock()
         self._deadline = now + backoff.window
-        if self._cpu_clock is not None:
-            self._cpu_started = self._cpu_clock()
+        self._cpu_started = self._cpu_clock()
         self._schedule(self._turn)
 
     def _turn(self) -> None:
@@ -136,20 +143,11 @@ class Poller:
         assert backoff is not None
         if not self._awaiting():
             self._polling = None
-            backoff.ended(self._had_a_processor())
+            spent = self._clock() - self._started
+            backoff.ended(had_a_processor(spent, self._cpu_clock() - self._cpu_started))
         elif self._clock() >= self._deadline:
             self._polling = None
             backoff.ended(False)
         else:
             self._give_way()
             self._schedule(self._turn)
-
-    def _had_a_processor(self) -> bool:
-        """Whether the poll ran on a processor of its own: at least half of its time by
-        `clock` on this thread's processor time (`cpu_clock`). Other processes took the
-        rest: the machine has none idle, where a wake-up costs little and a poll takes
-        from them, so such a poll counts as fruitless too."""
-        if self._cpu_clock is None:
-            return True
-        spent = self._clock() - self._started
-        return 2 * (self._cpu_clock() - self._cpu_started) >= spent

@@ -102,7 +102,8 @@ class Loop:
         def give_way() -> None:
             self.gave_way += 1
 
-        cpu_clock = None if cpu is None else (lambda: cpu[0])
+        # (the thread's processor time: by default all of the time, a processor of its own)
+        cpu_clock = (lambda: self.now) if cpu is None else (lambda: cpu[0])
         return Poller(awaiting, lambda: self.now, self.turns.append, give_way, cpu_clock)
 
 
