@@ -22,7 +22,8 @@ class Result:
     Attributes:
         columns: the names of the columns of `rows` (a SELECT, or a change with OUTPUT).
         rows: the rows, as tuples.
-        rowcount: the rows the statement changed (INSERT, UPDATE, DELETE) or answered.
+        rowcount: the rows the statement changed (INSERT, UPDATE, DELETE), made (SELECT
+            ... INTO #name) or answered.
         more: the answer has more rows than one page holds (10,000, or about 4 MiB):
             `fetch_rows()` returns the next page, until one's `more` is False.
     """

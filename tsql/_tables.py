@@ -69,14 +69,19 @@ def result_set(result: client.Result) -> ResultSet:
     return ResultSet(list(result.columns), types, rows)
 
 
+def _affected(session: Session, count: int) -> None:
+    """A statement changed `count` rows: @@ROWCOUNT, and the message unless NOCOUNT."""
+    session.rowcount = count
+    if not session.nocount:
+        session.output.message(f"({count} row{'s' if count != 1 else ''} affected)")
+
+
 async def table_statement(session: Session, statement: ast.TableStatement, frame: Frame) -> None:
     result = await _run(session, statement.text, statement.variables, frame)
     if result.columns:
         session.output.result(result_set(result), session.nocount)
     elif statement.text.split(None, 1)[0].upper() in ("INSERT", "UPDATE", "DELETE", "MERGE"):
-        count = result.rowcount
-        if not session.nocount:
-            session.output.message(f"({count} row{'s' if count != 1 else ''} affected)")
+        _affected(session, result.rowcount)
     session.rowcount = result.rowcount
     if statement.creates is not None and frame.procedure is not None:
         frame.temporary.append(statement.creates)
@@ -152,8 +157,8 @@ async def joined_query(
 async def select_into(session: Session, select: ast.Select, frame: Frame) -> None:
     """SELECT ... INTO #name: the broker makes the temporary table from the rows."""
     text, variables = plain_text(select)
-    await _run(session, text, variables, frame)
-    session.rowcount = 0
+    result = await _run(session, text, variables, frame)
+    _affected(session, result.rowcount)
     if frame.procedure is not None:
         assert select.into is not None
         frame.temporary.append(select.into)

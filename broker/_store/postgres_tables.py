@@ -547,6 +547,8 @@ class PostgresUserTables(Committer):
 
 def _answer(cursor: psycopg.Cursor[Any], statement: Statement) -> TableAnswer:
     if not statement.returns_rows:
-        return TableAnswer(rowcount=max(cursor.rowcount, 0) if statement.kind == "change" else 0)
+        # (a SELECT ... INTO's CREATE TABLE AS answers the rows it made)
+        counts = statement.kind == "change" or statement.counted is not None
+        return TableAnswer(rowcount=max(cursor.rowcount, 0) if counts else 0)
     rows = bounded_rows(tuple(map(_value, row)) for row in cursor)
     return TableAnswer([d.name for d in cursor.description or ()], rows, len(rows))

@@ -94,6 +94,8 @@ class Statement:
         light: an INSERT ... VALUES without a query: its cost is its rows'.
         values: a light INSERT's VALUES without OUTPUT, as written in `sql` (its end),
             for `inserted_together`.
+        counted: a SELECT ... INTO's count of the rows it put in its new table (the
+            store's SQL), which it answers as its row count.
     """
 
     kind: str
@@ -107,6 +109,7 @@ class Statement:
     database: str
     light: bool = False
     values: exp.Values | None = field(default=None, compare=False, repr=False)
+    counted: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def tables(self) -> frozenset[str]:
@@ -503,6 +506,7 @@ def translate(text: str, database: str, session: int = 0, write: Writer | None =
     writes: dict[str, str] = {}
     reads: set[str] = set()
     returns_rows = False
+    made: exp.Expression | None = None  # the table a SELECT ... INTO makes
     if isinstance(node, exp.Create):
         _create(node, database, writes)
         kind = "ddl"
@@ -515,6 +519,7 @@ def translate(text: str, database: str, session: int = 0, write: Writer | None =
     elif isinstance(node, exp.Select) and node.args.get("into") is not None:
         _select_into(node, database, reads, writes)
         kind = "ddl"
+        made = node.args["into"].this
     elif isinstance(node, _STATEMENTS):
         kind, returns_rows = _dml(node, database, reads, writes)
     else:
@@ -525,6 +530,9 @@ def translate(text: str, database: str, session: int = 0, write: Writer | None =
     names, volatile = _values(node)
     written = write or _written
     sql = written(node)
+    counted = (
+        None if made is None else written(exp.select(exp.Count(this=exp.Star())).from_(made.copy()))
+    )
     replay = sql
     if node.args.get("returning") is not None:
         node.set("returning", None)
@@ -546,6 +554,7 @@ def translate(text: str, database: str, session: int = 0, write: Writer | None =
         database,
         light,
         node.expression if light and replay == sql else None,
+        counted,
     )
 
 

@@ -414,6 +414,8 @@ class UserTables(Committer):
         try:
             if len(bound) == 1:
                 answer = _answer(db.execute(statement.sql, bound[0]), statement)
+                if statement.counted is not None:  # (SQLite counts no rows a CREATE makes)
+                    answer = TableAnswer(rowcount=db.execute(statement.counted).fetchone()[0])
             else:  # (a change without OUTPUT: its row counts add up)
                 answer = TableAnswer(
                     rowcount=sum(

@@ -531,7 +531,8 @@ async def test_temporary_tables_are_their_sessions_own(storage: ManualStore) -> 
     assert (await _in_session(storage, 4, txn, added, v="more")).rows == [(2,)]
     with pytest.raises(TableError, match=r"UNIQUE constraint failed: #work\.v"):
         await _in_session(storage, 4, txn, "INSERT INTO #work (v) VALUES ('four')")
-    await _in_session(storage, 5, txn, "SELECT k, v INTO #copy FROM #work WHERE v = 5")
+    made = await _in_session(storage, 5, txn, "SELECT k, v INTO #copy FROM #work WHERE v = 5")
+    assert made.rowcount == 1, "a SELECT ... INTO answers the rows it made"
     _commit(storage, txn)
     check: Done = []
     assert (await _in_session(storage, 4, check, "SELECT k, v FROM #work ORDER BY k")).rows == [

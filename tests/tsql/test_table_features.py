@@ -35,6 +35,24 @@ async def test_a_temporary_table_lives_in_its_session(conn: client.Connection) -
     assert "#copy" in str(out.errors[-1])
 
 
+async def test_select_into_counts_the_rows_it_made(conn: client.Connection) -> None:
+    """SELECT ... INTO #name answers the rows it put in its new table, as SQL Server does:
+    @@ROWCOUNT, and the rows-affected message unless NOCOUNT is on."""
+    _, out = await ran(
+        "CREATE TABLE Jobs (id INT PRIMARY KEY, state NVARCHAR(10));\n"
+        "INSERT INTO Jobs VALUES (1, N'new'), (2, N'done'), (3, N'done');\n"
+        "SELECT id INTO #done FROM Jobs WHERE state = N'done';\n"
+        "SELECT @@ROWCOUNT AS made;\n"
+        "SET NOCOUNT ON;\n"
+        "SELECT id INTO #lost FROM Jobs WHERE state = N'lost';\n"
+        "SELECT @@ROWCOUNT AS made;\n",
+        conn,
+        login="admin",
+    )
+    assert [table(r) for r in out.results] == [[[2]], [[0]]]
+    assert out.messages == ["(3 rows affected)", "(2 rows affected)"]
+
+
 async def test_a_procedures_temporary_table_goes_when_it_returns(
     broker: BrokerProcess, conn: client.Connection
 ) -> None:
