@@ -39,6 +39,7 @@ from .._core.ports import TableError
 from . import user_sql
 
 IDENTITY: Final = "identity"  # the suffix of a table's identity sequence
+MAX_IDENTIFIER: Final = 63  # bytes of a name PostgreSQL keeps (it cuts longer ones)
 TEMPORARY_SCHEMA: Final = "ssb_tempdb"  # every session's temporary tables (#name)
 _TEXT: Final = 'COLLATE "C"'
 # SQL Server's type (as `user_sql` keeps it) -> PostgreSQL's (None: the length given)
@@ -151,7 +152,34 @@ def _sequence(schema: str, table: str) -> str:
 
 
 def _quote(name: str) -> str:
+    _check_length(name)
     return '"' + name.replace('"', '""') + '"'
+
+
+def _check_length(name: str) -> None:
+    """PostgreSQL would cut `name` short, and the statement could reach another table,
+    index or column than the one written: refuse it.
+
+    Raises:
+        TableError: `name` is longer than MAX_IDENTIFIER bytes.
+    """
+    size = len(name.encode())
+    if size <= MAX_IDENTIFIER:
+        return
+    database = database_of(name)
+    if database is not None:
+        what = f"the database name {database!r}"
+    elif ":" in name:  # (an index's or an identity's name joins its table's)
+        table, suffix = name.rsplit(":", 1)
+        what = f"the table name {user_name(table)!r} with " + (
+            "its identity column" if suffix == IDENTITY else f"its index name {suffix!r}"
+        )
+    else:
+        what = f"the name {user_name(name)!r}"
+    raise TableError(
+        f"{what} is {size} bytes as the PostgreSQL store names it, and PostgreSQL keeps"
+        f" {MAX_IDENTIFIER}: use a shorter name on this store"
+    )
 
 
 def _qualify_update(conflict: exp.OnConflict) -> None:
@@ -213,6 +241,8 @@ def write(node: exp.Expression) -> str:
     if isinstance(tree, exp.Select) and into is not None:  # SELECT ... INTO #name
         tree.set("into", None)
         tree = exp.Create(this=into.this, kind="TABLE", expression=tree)
+    for identifier in tree.find_all(exp.Identifier):
+        _check_length(identifier.name)
     for hexa in list(tree.find_all(exp.HexString)):
         literal = exp.Literal.string("\\x" + str(hexa.this))
         hexa.replace(exp.Cast(this=literal, to=exp.DataType.build("bytea", dialect="postgres")))

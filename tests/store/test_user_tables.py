@@ -6,6 +6,7 @@ store thread."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -394,6 +395,31 @@ async def test_a_statement_reaches_nothing_but_the_users_tables(
     # a cast names only SQL Server's types (PostgreSQL's would look its catalogs up)
     with pytest.raises(TableError, match="REGCLASS"):
         translate("SELECT CAST('pg_class' AS regclass)", "master", write=postgres_sql.write)
+
+
+@pytest.mark.parametrize(
+    ("sql", "database", "said"),
+    [
+        ("CREATE TABLE T{long} (k INT)", "master", "the name 't{long}' is 64 bytes"),
+        ("SELECT k AS K{long} FROM T", "master", "the name 'K{long}' is 64 bytes"),
+        ("SELECT k AS [Kéé{half}] FROM T", "master", "is 64 bytes"),  # bytes, not characters
+        ("CREATE INDEX ix ON T{most} (k)", "master", "with its index name 'ix'"),
+        ("CREATE TABLE T{most} (k INT IDENTITY(1,1) PRIMARY KEY)", "master", "identity column"),
+        ("SELECT k FROM T", "D{most}", "the database name 'D{most}'"),
+    ],
+)
+def test_postgresql_names_longer_than_it_keeps_are_refused(
+    sql: str, database: str, said: str
+) -> None:
+    """PostgreSQL keeps 63 bytes of a name and cuts the rest, so two long names that
+    begin alike would reach one table: its store refuses such a name with the limit."""
+    names = {"long": "x" * 63, "half": "x" * 59, "most": "x" * 62}
+    with pytest.raises(TableError, match=re.escape(said.format(**names)) + ".*keeps 63"):
+        translate(sql.format(**names), database.format(**names), write=postgres_sql.write)
+    # the longest it keeps, and every length on SQLite's store
+    shorter = {"long": "x" * 62, "half": "x" * 58, "most": "x" * 50}
+    translate(sql.format(**shorter), database.format(**shorter), write=postgres_sql.write)
+    translate(sql.format(**names), database.format(**names))
 
 
 async def test_identities_committed_are_the_ones_answered(storage: ManualStore) -> None:
