@@ -424,8 +424,14 @@ class UserTables(Committer):
                     )
                 )
         except (sqlite3.Error, TableError) as exc:
-            db.execute("ROLLBACK TO statement")
-            db.execute("RELEASE statement")
+            if db.in_transaction:
+                db.execute("ROLLBACK TO statement")
+                db.execute("RELEASE statement")
+            else:
+                # SQLite rolled the whole transaction back (it does for a change it was
+                # told to interrupt, and for I/O errors): the earlier statements are run
+                # again before the next one, and the commit writes them again
+                self._end_provisional()
             if isinstance(exc, TableError):
                 raise
             if time.monotonic() > deadline:

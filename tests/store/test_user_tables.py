@@ -480,6 +480,28 @@ async def test_a_statement_runs_at_most_statement_timeout(storage: ManualStore) 
     _commit(storage, txn)
 
 
+async def test_a_change_stopped_by_statement_timeout_keeps_the_transactions_earlier_ones(
+    storage: ManualStore,
+) -> None:
+    """A change (not only a query) stopped for running too long is undone alone: what the
+    transaction wrote before it stays, and its commit writes it, on either store."""
+    txn: Done = []
+    await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY, n INT)")
+    values = ", ".join(f"({k}, 0)" for k in range(200))
+    await _run(storage, txn, txn, f"INSERT INTO T VALUES {values}")
+    slow = storage.translate_table_statement(
+        "UPDATE T SET n = (SELECT COUNT(*) FROM T a, T b, T c, T d WHERE a.k + b.k + c.k + d.k > T.k)",
+        "master",
+    )
+    with pytest.raises(TableError, match="statement_timeout"):
+        await storage.run_table_statements(txn, txn, slow, [{}], 0.3)
+    await _run(storage, txn, txn, "INSERT INTO T VALUES (200, 1)")
+    assert (await _run(storage, txn, txn, "SELECT COUNT(*), SUM(n) FROM T")).rows == [(201, 1)]
+    _commit(storage, txn)
+    check: Done = []
+    assert (await _run(storage, check, check, "SELECT COUNT(*), SUM(n) FROM T")).rows == [(201, 1)]
+
+
 async def test_postgresql_commits_while_a_statement_runs(
     open_background: Callable[[], Store],
 ) -> None:
