@@ -230,8 +230,14 @@ class ClientConnection(asyncio.Protocol):
         try:
             refused = await self.login(hello.user, hello.password, self.peer)
         except Exception:
+            # not the client's fault (the daemon stopping, say): it may try again
             log.exception("checking the login of %s failed", self.peer)
-            refused = "the broker could not check the login; it logged why"
+            self.busy = None
+            if not self.closed:
+                text = "the broker could not check the login (it logged why); try again"
+                self._send_now(encode_error(0, ErrorCode.INTERNAL_ERROR, text))
+                self.close()
+            return
         self.busy = None
         if self.closed:
             return

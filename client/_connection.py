@@ -39,6 +39,7 @@ from ._errors import (
     ProtocolViolationError,
     TLSError,
     error_for,
+    login_error,
 )
 from ._operations import Operations
 from ._polling import DEFAULT_WINDOW, answers_poller
@@ -625,7 +626,7 @@ async def _open_one(target: Target, timeout: float, database: str = "") -> tuple
         welcome = Welcome.decode(frame)
     except ProtocolError as exc:
         wire.transport.close()
-        raise error_for(exc.code, str(exc)) from exc
+        raise login_error(exc.code, str(exc), f"{target.host}:{target.port}") from exc
     except (TimeoutError, OSError) as exc:
         wire.transport.close()
         raise ConnectionLostError(

@@ -9,6 +9,8 @@ itself (a wrong argument type caught before anything is sent) raises the usual
 
 from __future__ import annotations
 
+from typing import Final
+
 from ssb.protocol import ErrorCode
 
 
@@ -163,3 +165,18 @@ def error_for(code: ErrorCode, message: str) -> BrokerError:
         else:
             cls = InternalBrokerError
     return cls(message, code)
+
+
+# what a broker answers a login with when the fault is its own, for now: not a refusal
+_NOT_NOW: Final = frozenset(
+    {ErrorCode.INTERNAL_ERROR, ErrorCode.SHUTTING_DOWN, ErrorCode.STORE_FAILED}
+)
+
+
+def login_error(code: ErrorCode, message: str, where: str) -> BrokerError:
+    """The exception for the broker at `where` (host:port) answering a login with an
+    error: the refusal it says, or, where its own fault stopped it for now,
+    ConnectionLostError (the URL's next address, or a reconnect's next try, may log in)."""
+    if code in _NOT_NOW:
+        return ConnectionLostError(f"the broker at {where} could not take the login now: {message}")
+    return error_for(code, message)

@@ -40,6 +40,7 @@ from ._errors import (
     ProtocolViolationError,
     TLSError,
     error_for,
+    login_error,
 )
 from ._operations import Operations
 from ._polling import DEFAULT_WINDOW, receive
@@ -422,7 +423,7 @@ def _open_one(
         welcome = Welcome.decode(_read_frame(sock, decoder))
     except ProtocolError as exc:
         sock.close()
-        raise error_for(exc.code, str(exc)) from exc
+        raise login_error(exc.code, str(exc), f"{target.host}:{target.port}") from exc
     except OSError as exc:
         sock.close()
         raise ConnectionLostError(f"the broker did not complete the handshake: {exc}") from exc

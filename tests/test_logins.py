@@ -14,7 +14,15 @@ import pytest
 from daemon import BrokerProcess, run_ssb, serve_once
 
 from ssb import client
-from ssb.protocol import NEED_DATA, WIRE_VERSION, ErrorCode, FrameDecoder, Hello, encode_frame
+from ssb.protocol import (
+    NEED_DATA,
+    WIRE_VERSION,
+    ErrorCode,
+    FrameDecoder,
+    Hello,
+    encode_error,
+    encode_frame,
+)
 from ssb.protocol._client_wire import REPLY_ERROR, REPLY_OK
 
 HOST = "127.0.0.1"
@@ -249,3 +257,64 @@ async def test_the_failed_login_allowance_is_a_setting(tight: BrokerProcess) -> 
             await client.connect(tight.url_for("admin", "not-the-password"))
     with pytest.raises(client.LoginFailedError, match="too many failed logins"):
         await client.connect(tight.url)
+
+
+class _NotNow:
+    """A listener on 127.0.0.1 that answers every login with `code` (the broker's own
+    fault for now, not a refusal), as a daemon whose login check failed does."""
+
+    def __init__(self, code: ErrorCode) -> None:
+        self.code = code
+        self.logins = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> int:
+        self.server = await asyncio.start_server(self._answer, HOST, 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        while (frame := decoder.next_frame()) is NEED_DATA:
+            chunk = await reader.read(65536)
+            if not chunk:
+                writer.close()
+                return
+            decoder.receive_data(chunk)
+        Hello.decode(frame)
+        self.logins += 1
+        writer.write(
+            encode_frame(encode_error(0, self.code, "the broker could not check the login"))
+        )
+        await writer.drain()
+        writer.close()
+
+
+@pytest.mark.parametrize("code", [ErrorCode.INTERNAL_ERROR, ErrorCode.SHUTTING_DOWN])
+async def test_a_login_the_broker_could_not_check_goes_to_the_next_address(
+    broker: BrokerProcess, code: ErrorCode
+) -> None:
+    """A broker that answers a login with its own fault has not refused it: the client
+    goes on to the URL's next address (and a reconnecting client tries again), while a
+    refusal (a wrong password) ends the attempt, the next address not tried."""
+    password = broker.admin_password()
+    not_now = _NotNow(code)
+    async with not_now as port:
+        url = f"ssb://admin:{password}@{HOST}:{port},{HOST}:{broker.client_port}"
+        async with await client.connect(url, timeout=5.0) as conn:
+            await conn.ping()
+
+        def blocking() -> None:  # (in a thread: this loop answers for the first address)
+            with client.connect_sync(url, timeout=5.0) as sync_conn:
+                sync_conn.ping()
+
+        await asyncio.to_thread(blocking)
+        assert not_now.logins == 2, "each client asked the first address first"
+        wrong = f"ssb://admin:wrong@{HOST}:{broker.client_port},{HOST}:{port}"
+        with pytest.raises(client.LoginFailedError):
+            await client.connect(wrong, reconnect=False)
+        assert not_now.logins == 2, "a refused login tries no other address"
