@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from daemon import BrokerProcess
+from setup_objects import numbered_batches
 
 from ssb import client
 from ssb.tools import wait_until
@@ -349,22 +350,12 @@ async def pipelined(calls: Iterable[Callable[[], Awaitable[Any]]], in_flight: in
 
 
 async def produce(
-    conn: client.Connection,
-    handles: list[uuid.UUID],
-    per_dialog: int,
-    batch: int,
-    body: Callable[[int, int], bytes],
-    in_flight: int = 6,
+    conn: client.Connection, batches: Iterable[tuple[uuid.UUID, list[bytes]]], in_flight: int = 6
 ) -> None:
-    """Send `per_dialog` requests on every dialog of `handles`, `batch` to a send_many,
-    `body(dialog, number)` each, the dialogs taking turns (`in_flight` calls in flight)."""
-
-    def call(dialog: int, first: int) -> Callable[[], Awaitable[None]]:
-        bodies = [body(dialog, n) for n in range(first, first + batch)]
-        return lambda: conn.send_many(handles[dialog], REQUEST, bodies)
-
+    """Send requests, each of `batches` (handle, bodies) to a send_many, `in_flight` calls
+    in flight."""
     await pipelined(
-        (call(d, first) for first in range(0, per_dialog, batch) for d in range(len(handles))),
+        (functools.partial(conn.send_many, h, REQUEST, bodies) for h, bodies in batches),
         in_flight,
     )
 
@@ -414,7 +405,10 @@ class Exchange:
         sessions of their own. Raises TimeoutError after 60 seconds."""
         total = len(self.handles) * self.per_dialog
         await run_together(
-            produce(await fed.session("A"), self.handles, self.per_dialog, batch, self.body),
+            produce(
+                await fed.session("A"),
+                numbered_batches(self.handles, self.per_dialog, batch, self.body),
+            ),
             serve(await fed.session("B"), target_q, self.served, total, self.reply),
             collect(await fed.session("A"), init_q, self.replies, total),
             timeout=60,

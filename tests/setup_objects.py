@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from ssb import client, tools
@@ -105,6 +105,17 @@ async def receive_bodies(
     return received
 
 
+def numbered_batches(
+    handles: list[uuid.UUID], per: int, batch: int, body: Callable[[int, int], bytes]
+) -> Iterator[tuple[uuid.UUID, list[bytes]]]:
+    """`per` messages for each conversation of `handles`, `batch` at a time, round robin
+    over the conversations: (handle, bodies), each body `body(conversation number, message
+    number)`."""
+    for first in range(0, per, batch):
+        for number, handle in enumerate(handles):
+            yield handle, [body(number, i) for i in range(first, min(per, first + batch))]
+
+
 async def send_numbered(
     conn: client.Connection,
     handles: list[uuid.UUID],
@@ -113,16 +124,13 @@ async def send_numbered(
     body: Callable[[int, int], bytes],
     progress: list[int] | None = None,
 ) -> None:
-    """Send `per` messages on each conversation of `handles`, `body(conversation number,
-    message number)`, `batch` per transaction with `run_transaction`, round robin over the
-    conversations; `progress[0]` counts the messages sent."""
-    for first in range(0, per, batch):
-        for number, handle in enumerate(handles):
-            bodies = [body(number, i) for i in range(first, min(per, first + batch))]
+    """Send `numbered_batches(handles, per, batch, body)`, a batch per transaction with
+    `run_transaction`; `progress[0]` counts the messages sent."""
+    for handle, bodies in numbered_batches(handles, per, batch, body):
 
-            async def send(c: client.Connection) -> None:
-                await c.send_many(handle, "DEFAULT", bodies)  # noqa: B023 - run at once
+        async def send(c: client.Connection) -> None:
+            await c.send_many(handle, "DEFAULT", bodies)  # noqa: B023 - run at once
 
-            await conn.run_transaction(send)
-            if progress is not None:
-                progress[0] += len(bodies)
+        await conn.run_transaction(send)
+        if progress is not None:
+            progress[0] += len(bodies)

@@ -51,6 +51,7 @@ from federation_setup import (
     trust,
     wait_quiet,
 )
+from setup_objects import numbered_batches
 
 from ssb import client
 from ssb.tools import wait_until
@@ -185,7 +186,11 @@ async def test_ten_thousand_messages_on_twenty_dialogs_to_two_brokers_and_back(
         served_c: list[client.Message] = []
         try:
             *_, replies = await run_together(
-                produce(await fed.session("A"), handles, PER_DIALOG, BATCH, body, IN_FLIGHT),
+                produce(
+                    await fed.session("A"),
+                    numbered_batches(handles, PER_DIALOG, BATCH, body),
+                    IN_FLIGHT,
+                ),
                 serve(await fed.session("B"), target_q["B"], served_b, per_target, _reply, BATCH),
                 serve(await fed.session("C"), target_q["C"], served_c, per_target, _reply, BATCH),
                 receive_count(await fed.session("A"), init_q, DIALOGS * PER_DIALOG, timeout=120),
