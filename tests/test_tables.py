@@ -176,6 +176,24 @@ async def test_transactions_waiting_for_each_other_end_in_a_deadlock_error(
         assert sorted(rows) == ([(1,), (1,)] if statements[winner] is first else [(2,), (2,)])
 
 
+async def _waits_for_a_commit_that_breaks_its_key(
+    holder: client.Connection, held: str, waiter: client.Connection, waiting: str
+) -> None:
+    """Each in a transaction, `holder` runs `held`; then `waiter`'s `waiting` waits for the
+    end of the holder's transaction (giving up at the statement timeout), and run while the
+    holder commits, fails on the foreign key. The waiter's transaction is rolled back."""
+    await holder.begin_transaction()
+    await waiter.begin_transaction()
+    await holder.execute(held)
+    with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
+        await waiter.execute(waiting)
+    waited = asyncio.ensure_future(waiter.execute(waiting))
+    await holder.commit()
+    with pytest.raises(client.SqlError, match="FOREIGN KEY"):
+        await waited  # (it ran after the holder committed)
+    await waiter.rollback()
+
+
 @impatient
 async def test_a_foreign_key_locks_the_table_it_refers_to_and_those_referring(
     broker: BrokerProcess,
@@ -193,28 +211,13 @@ async def test_a_foreign_key_locks_the_table_it_refers_to_and_those_referring(
         with pytest.raises(client.SqlError, match="FOREIGN KEY"):
             await first.execute("INSERT INTO Child VALUES (1, 3)")
         # a parent's DELETE first: a child's INSERT waits for its end
-        await first.begin_transaction()
-        await second.begin_transaction()
-        await first.execute("DELETE FROM Parent WHERE id = 1")
-        insert = "INSERT INTO Child VALUES (1, 1)"
-        with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
-            await second.execute(insert)
-        inserting = asyncio.ensure_future(second.execute(insert))
-        await first.commit()
-        with pytest.raises(client.SqlError, match="FOREIGN KEY"):
-            await inserting  # (it ran after the DELETE committed)
-        await second.rollback()
+        await _waits_for_a_commit_that_breaks_its_key(
+            first, "DELETE FROM Parent WHERE id = 1", second, "INSERT INTO Child VALUES (1, 1)"
+        )
         # a child's INSERT first: the parent's DELETE waits for its end
-        await second.begin_transaction()
-        await first.begin_transaction()
-        await second.execute("INSERT INTO Child VALUES (2, 2)")
-        delete = "DELETE FROM Parent WHERE id = 2"
-        with pytest.raises(client.LockTimeoutError, match="statement_timeout"):
-            await first.execute(delete)
-        await second.commit()
-        with pytest.raises(client.SqlError, match="FOREIGN KEY"):
-            await first.execute(delete)
-        await first.rollback()
+        await _waits_for_a_commit_that_breaks_its_key(
+            second, "INSERT INTO Child VALUES (2, 2)", first, "DELETE FROM Parent WHERE id = 2"
+        )
         rows = await first.execute(
             "SELECT p.id, c.id FROM Parent p JOIN Child c ON c.parent = p.id"
         )
