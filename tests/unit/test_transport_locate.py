@@ -29,12 +29,21 @@ def _status(broker: Broker) -> list[str]:
     return [broker.transport.describe(Outbound.from_row(row)) for row in rows]
 
 
+async def _send(
+    world: World, a: Broker, bodies: list[bytes], to: str = "TargetService"
+) -> uuid.UUID:
+    """A dialog from A's InitiatorService to service `to`, `bodies` sent on it and the world
+    settled: its handle."""
+    handle: uuid.UUID = a.op("begin_dialog", "InitiatorService", to)
+    a.op("send", handle, "DEFAULT", bodies)
+    await world.settle()
+    return handle
+
+
 async def test_a_route_through_a_forwarder_needs_no_broker_instance(tmp_path: Path) -> None:
     world = World(tmp_path, forwarding=True)
     a, f, b = _trio(world)
-    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
-    a.op("send", handle, "DEFAULT", [b"m%d" % n for n in range(5)])
-    await world.settle()
+    handle = await _send(world, a, [b"m%d" % n for n in range(5)])
     got = b.core.receive_all()
     assert [row[BODY] for row in got] == [b"m%d" % n for n in range(5)]
     b.op("send", got[0][4], "DEFAULT", [b"reply"])
@@ -50,9 +59,7 @@ async def test_a_route_through_a_forwarder_needs_no_broker_instance(tmp_path: Pa
     assert a.peer(b).link is None and a.link_to(f) is not None  # B reached through F
     # the answer is kept: another dialog asks nothing more
     questions = a.transport.locator.lookups
-    second = a.op("begin_dialog", "InitiatorService", "TargetService")
-    a.op("send", second, "DEFAULT", [b"again"])
-    await world.settle()
+    await _send(world, a, [b"again"])
     assert [row[BODY] for row in b.core.receive_all()] == [b"again"]
     assert list(a.transport.locator.lookups) == list(questions) == [("TargetService", f.address)]
 
@@ -91,9 +98,7 @@ async def test_a_broker_that_does_not_forward_is_where_the_route_ends(tmp_path: 
     world = World(tmp_path, forwarding=False)
     a, f, _ = _trio(world)
     f.op("grant", "SEND", "public")  # on every service, one that is not there yet too
-    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
-    a.op("send", handle, "DEFAULT", [b"for F"])
-    await world.settle()
+    handle = await _send(world, a, [b"for F"])
     assert a.transmission_queue() == 0 and f.transmission_queue() == 1
     ep = a.core.engine.endpoints.get(handle)
     assert ep is not None and ep.far_broker_instance == F_ID
@@ -105,9 +110,7 @@ async def test_a_broker_that_does_not_forward_is_where_the_route_ends(tmp_path: 
 async def test_the_far_broker_is_trusted_only_by_its_own_certificate(tmp_path: Path) -> None:
     world = World(tmp_path, forwarding=True)
     a, f, b = _trio(world, trust_b_on_a=False)
-    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
-    a.op("send", handle, "DEFAULT", [b"for B only"])
-    await world.settle()
+    await _send(world, a, [b"for B only"])
     assert _status(a) == [
         f"service 'TargetService' is at broker {B_ID} (found through {f.address}), whose"
         " certificate is not trusted here: create_certificate with its broker_certificate()"
@@ -134,9 +137,7 @@ async def test_an_answer_that_does_not_verify_is_not_believed(tmp_path: Path) ->
         return None
 
     locator._answer = forge  # type: ignore[method-assign]
-    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
-    a.op("send", handle, "DEFAULT", [b"x"])
-    await world.settle()
+    await _send(world, a, [b"x"])
     assert _status(a) == [
         f"broker {B_ID}'s answer that it hosts service 'TargetService' does not verify with"
         " its certificate; asking again"
@@ -155,9 +156,7 @@ async def test_a_peers_reasons_are_one_line_a_place_and_clipped(
     keeps a clipped, printable reason."""
     world = World(tmp_path, forwarding=True)
     a, _, _ = _trio(world)
-    handle = a.op("begin_dialog", "InitiatorService", "TargetService")
-    a.op("send", handle, "DEFAULT", [b"waits"])
-    await world.settle()
+    await _send(world, a, [b"waits"])
     locator = a.transport.locator
     (lookup,) = locator.lookups.values()
     with caplog.at_level(logging.WARNING):
@@ -176,9 +175,7 @@ async def test_a_lookup_nobody_waits_for_any_more_is_not_asked_again(tmp_path: P
     world = World(tmp_path, forwarding=True)
     a, f, _ = _trio(world)
     a.op("create_route", "to_nowhere", "Nowhere", f"tcp://{f.address}")
-    handle = a.op("begin_dialog", "InitiatorService", "Nowhere")
-    a.op("send", handle, "DEFAULT", [b"for nobody"])
-    await world.settle()
+    handle = await _send(world, a, [b"for nobody"], to="Nowhere")
     lookups = a.transport.locator.lookups
     assert ("Nowhere", f.address) in lookups  # asked, and asked again while it waits
     await world.advance(30)
