@@ -11,9 +11,7 @@ from .helpers import MemoryProcedures, new_session, ran, run, table
 
 
 async def test_variables_are_scoped_to_the_batch_as_sql_server_scopes_them() -> None:
-    session, out = new_session()
-    assert await run(
-        session,
+    _, out = await ran(
         "DECLARE @n INT = 0;\n"
         "IF 1 = 0 BEGIN DECLARE @inside NVARCHAR(10) = N'set'; END\n"
         "SELECT @inside AS inside;\n"
@@ -74,9 +72,7 @@ async def test_an_error_ends_its_batch_and_names_the_line_in_the_file() -> None:
 
 
 async def test_try_catch_and_the_error_functions() -> None:
-    session, out = new_session()
-    assert await run(
-        session,
+    _, out = await ran(
         "BEGIN TRY\n"
         "  DECLARE @x INT = CAST('abc' AS INT)\n"
         "END TRY\n"
@@ -143,9 +139,7 @@ async def test_expressions_and_functions() -> None:
 
 
 async def test_left_right_distinct_and_the_date_parts_of_a_fixed_length() -> None:
-    session, out = new_session()
-    assert await run(
-        session,
+    session, out = await ran(
         "DECLARE @t DATETIME = CAST('2024-01-01 10:00' AS DATETIME);"
         " SELECT LEFT(N'abcdef', 2) AS l, RIGHT(N'abcdef', 2) AS r, RIGHT(N'abc', 0) AS r0,"
         " LEFT(N'ab', 5) AS lo, LEFT(NULL, 1) AS ln, RIGHT(N'abc', NULL) AS rn,"
@@ -190,9 +184,7 @@ async def test_a_query_or_change_failing_inside_the_engine_gives_its_error_and_l
 
 
 async def test_stored_procedures_with_defaults_output_return_and_nesting() -> None:
-    session, out = new_session(procedures=MemoryProcedures())
-    assert await run(
-        session,
+    _, out = await ran(
         "CREATE PROCEDURE dbo.inner_proc @x INT, @y INT = 10, @sum INT OUTPUT AS\n"
         "  SET @sum = @x + @y\n"
         "  RETURN @@NESTLEVEL\n"
@@ -209,6 +201,7 @@ async def test_stored_procedures_with_defaults_output_return_and_nesting() -> No
         "SELECT @r AS r, @rc AS rc\n"
         "EXECUTE inner_proc 1, 2, @r OUTPUT\n"
         "SELECT @r AS r\n",
+        procedures=MemoryProcedures(),
     )
     assert [table(r) for r in out.results] == [[[15, 200]], [[3]]]
 
@@ -263,9 +256,8 @@ async def test_without_a_broker_procedures_and_databases_are_refused() -> None:
 
 
 async def test_parse_only_runs_nothing() -> None:
-    session, out = new_session()
-    assert await run(
-        session, "SET PARSEONLY ON\nGO\nPRINT 'not run'\nGO\nSET PARSEONLY OFF\nGO\nPRINT 'run'"
+    session, out = await ran(
+        "SET PARSEONLY ON\nGO\nPRINT 'not run'\nGO\nSET PARSEONLY OFF\nGO\nPRINT 'run'"
     )
     assert out.messages == ["run"]
     assert not await run(session, "SET PARSEONLY ON\nGO\nSELECT FROM")
@@ -334,8 +326,7 @@ async def test_xml_nodes_in_from_and_apply() -> None:
 
 
 async def test_go_with_a_count_runs_the_batch_again() -> None:
-    session, out = new_session()
-    assert await run(session, "DECLARE @n INT = 1\nPRINT CAST(@n AS NVARCHAR(5)) + N' run'\nGO 3\n")
+    _, out = await ran("DECLARE @n INT = 1\nPRINT CAST(@n AS NVARCHAR(5)) + N' run'\nGO 3\n")
     assert out.messages == ["1 run"] * 3
 
 
