@@ -14,20 +14,21 @@ ASYNC_CONTRACT = {"AsyncSent": "INITIATOR", "AsyncDone": "TARGET"}
 
 @contextlib.asynccontextmanager
 async def new_logins(
-    broker: tools.BrokerProcess, admin: client.Connection, password: str, *names: str
+    broker: tools.BrokerProcess, password: str, *names: str
 ) -> AsyncIterator[list[client.Connection]]:
-    """Logins `names` (with `password`, made by `admin`), and a connection of each to
-    `broker`, in that order; closed on exit."""
-    for name in names:
-        await admin.create_login(name, password)
-    connections: list[client.Connection] = []
-    try:
+    """A connection of the admin login to `broker`, then the logins `names` (with
+    `password`, made by admin) and a connection of each, in that order; closed on exit."""
+    async with await client.connect(broker.url) as admin:
         for name in names:
-            connections.append(await client.connect(broker.url_for(name, password)))
-        yield connections
-    finally:
-        for conn in connections:
-            await conn.close()
+            await admin.create_login(name, password)
+        connections = [admin]
+        try:
+            for name in names:
+                connections.append(await client.connect(broker.url_for(name, password)))
+            yield connections
+        finally:
+            for conn in connections[1:]:
+                await conn.close()
 
 
 async def initiator_and_target(

@@ -53,10 +53,7 @@ async def test_a_session_starts_in_the_database_it_names_and_keeps_it(tmp_path: 
 
 
 async def test_database_owners_and_execute_on_procedures(broker: BrokerProcess) -> None:
-    async with (
-        await client.connect(broker.url) as admin,
-        new_logins(broker, admin, PASSWORD, "owner", "app") as (owner, app),
-    ):
+    async with new_logins(broker, PASSWORD, "owner", "app") as (admin, owner, app):
         with pytest.raises(client.PermissionDeniedError, match="lacks CREATE on the broker"):
             await owner.create_database("Shop")
         await admin.grant("CREATE", "owner")

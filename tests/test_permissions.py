@@ -18,10 +18,7 @@ PASSWORD = "a-long-password"
 @pytest.fixture
 async def logins(broker: BrokerProcess) -> AsyncIterator[dict[str, client.Connection]]:
     """admin, and two ordinary logins: 'app' (may CREATE) and 'other' (nothing)."""
-    async with (
-        await client.connect(broker.url) as admin,
-        new_logins(broker, admin, PASSWORD, "app", "other") as (app, other),
-    ):
+    async with new_logins(broker, PASSWORD, "app", "other") as (admin, app, other):
         await admin.grant("CREATE", "app")
         await app.create_queue("AppQueue")
         await app.create_service("AppService", queue="AppQueue", contracts=["DEFAULT"])

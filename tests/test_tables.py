@@ -226,10 +226,7 @@ async def test_a_foreign_key_locks_the_table_it_refers_to_and_those_referring(
 
 
 async def test_who_may_create_and_use_a_table(broker: BrokerProcess) -> None:
-    async with (
-        await client.connect(broker.url) as admin,
-        new_logins(broker, admin, PASSWORD, "owner", "reader") as (owner, reader),
-    ):
+    async with new_logins(broker, PASSWORD, "owner", "reader") as (admin, owner, reader):
         with pytest.raises(client.PermissionDeniedError, match="CREATE on database"):
             await owner.execute("CREATE TABLE T (a INT)")
         await admin.grant("CREATE", "owner", kind="database", name="master")
