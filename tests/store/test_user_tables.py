@@ -24,10 +24,11 @@ from ssb.broker._store.user_tables import TableAnswer
 Done = list[tuple[Any, dict[str, Any]]]
 
 
-async def _run(store: Any, owner: object, done: Done, sql: str, **values: Any) -> Any:
-    """Run a statement as the core does: provisionally, then kept for the commit."""
+async def _run(store: Any, done: Done, sql: str, **values: Any) -> Any:
+    """Run a statement as the core does: provisionally, then kept for the commit, in the
+    transaction whose statements are `done` (which is its owner too)."""
     statement = store.translate_table_statement(sql, "master")
-    answer = await store.run_table_statements(owner, done, statement, [values], 5.0)
+    answer = await store.run_table_statements(done, done, statement, [values], 5.0)
     done.append((statement, values))
     return answer
 
@@ -101,29 +102,27 @@ async def test_a_statement_answers_at_once_and_commits_with_the_same_result(
     await _run(
         storage,
         txn,
-        txn,
         "CREATE TABLE Orders (id INT IDENTITY(1,1) PRIMARY KEY, item NVARCHAR(20) UNIQUE,"
         " at DATETIME2, amount DECIMAL(9,2) NOT NULL DEFAULT 0)",
     )
     first = await _run(
         storage,
         txn,
-        txn,
         "INSERT INTO Orders (item, at) OUTPUT inserted.id, inserted.at VALUES (@p1, GETDATE())",
         p1="apple",
     )
     second = await _run(
-        storage, txn, txn, "INSERT INTO Orders (item) OUTPUT inserted.id VALUES (@p1)", p1="pear"
+        storage, txn, "INSERT INTO Orders (item) OUTPUT inserted.id VALUES (@p1)", p1="pear"
     )
     assert [first.rows[0][0], second.rows[0][0]] == [1, 2]
     # its own changes are what the transaction reads
-    seen = await _run(storage, txn, txn, "SELECT COUNT(*) FROM Orders")
+    seen = await _run(storage, txn, "SELECT COUNT(*) FROM Orders")
     assert seen.rows == [(2,)]
     _commit(storage, txn)
     assert storage.load_table_names() == [("master", "orders")]
     assert storage.table_sizes() == [("master", "orders", 2)]
     later: Done = []
-    rows = await _run(storage, later, later, "SELECT id, item, at FROM Orders ORDER BY id")
+    rows = await _run(storage, later, "SELECT id, item, at FROM Orders ORDER BY id")
     # the row committed is the row answered: the identity, and GETDATE() evaluated once
     assert rows.rows == [(1, "apple", first.rows[0][1]), (2, "pear", None)]
 
@@ -132,38 +131,38 @@ async def test_a_failed_statement_leaves_the_transaction_as_it_was(
     storage: ManualStore,
 ) -> None:
     txn: Done = []
-    await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
-    await _run(storage, txn, txn, "INSERT INTO T VALUES (1)")
+    await _run(storage, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
+    await _run(storage, txn, "INSERT INTO T VALUES (1)")
     with pytest.raises(TableError, match=r"UNIQUE constraint failed: t\.k"):
-        await _run(storage, txn, txn, "INSERT INTO T VALUES (2), (1)")
+        await _run(storage, txn, "INSERT INTO T VALUES (2), (1)")
     with pytest.raises(TableError, match="not given a value"):
-        await _run(storage, txn, txn, "INSERT INTO T VALUES (@p1)")
-    assert (await _run(storage, txn, txn, "SELECT COUNT(*) FROM T")).rows == [(1,)]
+        await _run(storage, txn, "INSERT INTO T VALUES (@p1)")
+    assert (await _run(storage, txn, "SELECT COUNT(*) FROM T")).rows == [(1,)]
     _commit(storage, txn)
     check: Done = []
-    assert (await _run(storage, check, check, "SELECT k FROM T")).rows == [(1,)]
+    assert (await _run(storage, check, "SELECT k FROM T")).rows == [(1,)]
 
 
 async def test_another_transaction_and_a_rollback_start_from_the_durable_rows(
     storage: ManualStore,
 ) -> None:
     setup: Done = []
-    await _run(storage, setup, setup, "CREATE TABLE T (k INT PRIMARY KEY, v INT)")
-    await _run(storage, setup, setup, "INSERT INTO T VALUES (1, 10)")
+    await _run(storage, setup, "CREATE TABLE T (k INT PRIMARY KEY, v INT)")
+    await _run(storage, setup, "INSERT INTO T VALUES (1, 10)")
     _commit(storage, setup)
     first: Done = []
     second: Done = []
-    await _run(storage, first, first, "UPDATE T SET v = v + 1")
+    await _run(storage, first, "UPDATE T SET v = v + 1")
     # another owner's statement rolls the first's back first, and finds the durable rows
-    assert (await _run(storage, second, second, "SELECT v FROM T")).rows == [(10,)]
+    assert (await _run(storage, second, "SELECT v FROM T")).rows == [(10,)]
     # the first's next statement replays its earlier ones
-    await _run(storage, first, first, "UPDATE T SET v = v * 2")
-    assert (await _run(storage, first, first, "SELECT v FROM T")).rows == [(22,)]
+    await _run(storage, first, "UPDATE T SET v = v * 2")
+    assert (await _run(storage, first, "SELECT v FROM T")).rows == [(22,)]
     storage.forget_table_statements(first)  # rolled back
-    assert (await _run(storage, second, second, "SELECT v FROM T")).rows == [(10,)]
+    assert (await _run(storage, second, "SELECT v FROM T")).rows == [(10,)]
     # a rollback to a savepoint: the statements after it are dropped, the rest replayed
     del first[1:]
-    assert (await _run(storage, first, first, "SELECT v FROM T")).rows == [(11,)]
+    assert (await _run(storage, first, "SELECT v FROM T")).rows == [(11,)]
 
 
 @pytest.mark.parametrize("meanwhile", ["nothing", "another statement", "a failed commit"])
@@ -179,10 +178,10 @@ async def test_a_commit_keeps_the_provisional_run_or_replays_it(
     store._db.set_trace_callback(runs.append)  # what the writer runs
     try:
         setup: Done = []
-        await _run(store, setup, setup, "CREATE TABLE T (k INT IDENTITY(1,1) PRIMARY KEY, v INT)")
+        await _run(store, setup, "CREATE TABLE T (k INT IDENTITY(1,1) PRIMARY KEY, v INT)")
         _commit(store, setup)
         txn: Done = []
-        answer = await _run(store, txn, txn, "INSERT INTO T (v) OUTPUT inserted.k VALUES (7)")
+        answer = await _run(store, txn, "INSERT INTO T (v) OUTPUT inserted.k VALUES (7)")
         update = store.translate_table_statement("UPDATE T SET v = v + @d", "master")
         runs_of_update = [{"d": 1}, {"d": 2}]
         await store.run_table_statements(txn, txn, update, runs_of_update, 5.0)
@@ -191,7 +190,7 @@ async def test_a_commit_keeps_the_provisional_run_or_replays_it(
         store.forget_table_statements(txn)
         if meanwhile == "another statement":
             other: Done = []
-            assert (await _run(store, other, other, "SELECT COUNT(*) FROM T")).rows == [(0,)]
+            assert (await _run(store, other, "SELECT COUNT(*) FROM T")).rows == [(0,)]
         elif meanwhile == "a failed commit":
             store.fail_next = sqlite3.OperationalError("database or disk is full")
             store.flush()
@@ -202,9 +201,7 @@ async def test_a_commit_keeps_the_provisional_run_or_replays_it(
         changes = [sql for sql in runs if sql.startswith(("INSERT", "UPDATE"))]
         assert len(changes) == (0 if meanwhile == "nothing" else 3)
         check: Done = []
-        assert (await _run(store, check, check, "SELECT k, v FROM T")).rows == [
-            (answer.rows[0][0], 10)
-        ]
+        assert (await _run(store, check, "SELECT k, v FROM T")).rows == [(answer.rows[0][0], 10)]
     finally:
         await store.close()
 
@@ -225,12 +222,12 @@ async def test_commits_wait_for_provisional_work_on_the_store_thread(tmp_path: P
 
     try:
         setup: Done = []
-        await _run(store, setup, setup, "CREATE TABLE T (k INT PRIMARY KEY)")
+        await _run(store, setup, "CREATE TABLE T (k INT PRIMARY KEY)")
         store.write_table_statements(setup)
         await durable()
         txn: Done = []
         for k in range(50):
-            running = asyncio.ensure_future(_run(store, txn, txn, "INSERT INTO T VALUES (@k)", k=k))
+            running = asyncio.ensure_future(_run(store, txn, "INSERT INTO T VALUES (@k)", k=k))
             store.put_meta("beat", str(k))  # a commit meets the statement on its way
             await running
             await durable()
@@ -249,10 +246,9 @@ async def test_commits_wait_for_provisional_work_on_the_store_thread(tmp_path: P
 
 async def test_foreign_keys_hold_and_the_store_tells_them(storage: ManualStore) -> None:
     txn: Done = []
-    await _run(storage, txn, txn, "CREATE TABLE Parent (id INT PRIMARY KEY)")
+    await _run(storage, txn, "CREATE TABLE Parent (id INT PRIMARY KEY)")
     await _run(
         storage,
-        txn,
         txn,
         "CREATE TABLE Child (id INT PRIMARY KEY, parent INT REFERENCES dbo.Parent (id)"
         " ON DELETE CASCADE)",
@@ -260,14 +256,13 @@ async def test_foreign_keys_hold_and_the_store_tells_them(storage: ManualStore) 
     await _run(
         storage,
         txn,
-        txn,
         "CREATE TABLE Note (child INT, FOREIGN KEY (child) REFERENCES Child (id))",
     )
-    await _run(storage, txn, txn, "ALTER TABLE Note ADD parent INT REFERENCES Parent (id)")
-    await _run(storage, txn, txn, "INSERT INTO Parent VALUES (1)")
+    await _run(storage, txn, "ALTER TABLE Note ADD parent INT REFERENCES Parent (id)")
+    await _run(storage, txn, "INSERT INTO Parent VALUES (1)")
     with pytest.raises(TableError, match="FOREIGN KEY"):
-        await _run(storage, txn, txn, "INSERT INTO Child VALUES (1, 2)")
-    await _run(storage, txn, txn, "INSERT INTO Child VALUES (1, 1)")
+        await _run(storage, txn, "INSERT INTO Child VALUES (1, 2)")
+    await _run(storage, txn, "INSERT INTO Child VALUES (1, 1)")
     _commit(storage, txn)
     assert sorted(storage.table_foreign_keys("master")) == [
         ("child", "parent", True),
@@ -276,20 +271,18 @@ async def test_foreign_keys_hold_and_the_store_tells_them(storage: ManualStore) 
     ]
     assert storage.table_foreign_keys("other") == []
     later: Done = []
-    await _run(storage, later, later, "DELETE FROM Parent")
-    assert (await _run(storage, later, later, "SELECT COUNT(*) FROM Child")).rows == [(0,)]
+    await _run(storage, later, "DELETE FROM Parent")
+    assert (await _run(storage, later, "SELECT COUNT(*) FROM Child")).rows == [(0,)]
 
 
 async def test_plus_joins_text_and_adds_numbers_as_t_sql_does(storage: ManualStore) -> None:
     txn: Done = []
-    await _run(storage, txn, txn, "CREATE TABLE T (a NVARCHAR(10), n INT, b VARBINARY(10))")
-    await _run(storage, txn, txn, "INSERT INTO T VALUES (N'ab', 2, 0x01)")
-    rows = await _run(
-        storage, txn, txn, "SELECT a + N'c', n + 1, n + '40', b + 0x02, a + NULL FROM T"
-    )
+    await _run(storage, txn, "CREATE TABLE T (a NVARCHAR(10), n INT, b VARBINARY(10))")
+    await _run(storage, txn, "INSERT INTO T VALUES (N'ab', 2, 0x01)")
+    rows = await _run(storage, txn, "SELECT a + N'c', n + 1, n + '40', b + 0x02, a + NULL FROM T")
     assert rows.rows == [("abc", 3, 42, b"\x01\x02", None)]
     with pytest.raises(TableError):
-        await _run(storage, txn, txn, "SELECT n + 'x' FROM T")
+        await _run(storage, txn, "SELECT n + 'x' FROM T")
 
 
 async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
@@ -297,9 +290,9 @@ async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> No
     double-quoted fallback); a primary key takes no NULL, whatever its type and however
     it is declared, and is never numbered for the caller as a rowid would be."""
     txn: Done = []
-    await _run(storage, txn, txn, "CREATE TABLE T (id INT PRIMARY KEY, note NVARCHAR(10))")
-    await _run(storage, txn, txn, "CREATE TABLE P (a INT, b INT, PRIMARY KEY (a, b))")
-    await _run(storage, txn, txn, "INSERT INTO T VALUES (1, N'x')")
+    await _run(storage, txn, "CREATE TABLE T (id INT PRIMARY KEY, note NVARCHAR(10))")
+    await _run(storage, txn, "CREATE TABLE P (a INT, b INT, PRIMARY KEY (a, b))")
+    await _run(storage, txn, "INSERT INTO T VALUES (1, N'x')")
     for sql in (
         "SELECT nope FROM T",
         "INSERT INTO T (note) VALUES (N'no key')",
@@ -307,8 +300,8 @@ async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> No
         "CREATE TABLE N (a INT NULL PRIMARY KEY)",
     ):
         with pytest.raises(TableError):
-            await _run(storage, txn, txn, sql)
-    rows = await _run(storage, txn, txn, "SELECT id, note FROM T")
+            await _run(storage, txn, sql)
+    rows = await _run(storage, txn, "SELECT id, note FROM T")
     assert rows.rows == [(1, "x")]
 
 
@@ -316,7 +309,6 @@ async def test_many_runs_answer_and_commit_as_the_runs_one_by_one(storage: Manua
     txn: Done = []
     await _run(
         storage,
-        txn,
         txn,
         "CREATE TABLE Log (id INT IDENTITY(1,1) PRIMARY KEY, k INT UNIQUE, v NVARCHAR(10),"
         " at UNIQUEIDENTIFIER)",
@@ -342,13 +334,13 @@ async def test_many_runs_answer_and_commit_as_the_runs_one_by_one(storage: Manua
     ran: list[str] = []
     if isinstance(storage, SQLiteStore):
         storage._db.set_trace_callback(ran.append)
-    seen = await _run(storage, txn, txn, "SELECT id, k, v, at FROM Log ORDER BY id")
+    seen = await _run(storage, txn, "SELECT id, k, v, at FROM Log ORDER BY id")
     if isinstance(storage, SQLiteStore):
         storage._db.set_trace_callback(None)
         assert not [sql for sql in ran if sql.startswith(("INSERT", "UPDATE"))], ran
     _commit(storage, txn)
     later: Done = []
-    rows = await _run(storage, later, later, "SELECT id, k, v, at FROM Log ORDER BY id")
+    rows = await _run(storage, later, "SELECT id, k, v, at FROM Log ORDER BY id")
     assert rows.rows == seen.rows and len(rows.rows) == 500
     # in the runs' order, each run's own values (NEWID() once per run)
     assert [row[:3] for row in rows.rows[:4]] == [
@@ -388,10 +380,10 @@ async def test_a_statement_reaches_nothing_but_the_users_tables(
     """The store's own tables, the database's catalogs and its functions that touch the
     server are out of a user's reach, on either store."""
     txn: Done = []
-    await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
+    await _run(storage, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
     with pytest.raises(TableError):
-        await _run(storage, txn, txn, sql)
-    assert (await _run(storage, txn, txn, "SELECT COUNT(*) FROM T")).rows == [(0,)]
+        await _run(storage, txn, sql)
+    assert (await _run(storage, txn, "SELECT COUNT(*) FROM T")).rows == [(0,)]
     # a cast names only SQL Server's types (PostgreSQL's would look its catalogs up)
     with pytest.raises(TableError, match="REGCLASS"):
         translate("SELECT CAST('pg_class' AS regclass)", "master", write=postgres_sql.write)
@@ -430,33 +422,30 @@ async def test_identities_committed_are_the_ones_answered(storage: ManualStore) 
     await _run(
         storage,
         setup,
-        setup,
         "CREATE TABLE T (id INT IDENTITY(1,1) PRIMARY KEY, v NVARCHAR(10) UNIQUE)",
     )
     _commit(storage, setup)
     gone: Done = []
-    await _run(storage, gone, gone, "INSERT INTO T (v) VALUES ('gone')")
+    await _run(storage, gone, "INSERT INTO T (v) VALUES ('gone')")
     storage.forget_table_statements(gone)  # rolled back
     txn: Done = []
     ids = [
-        (await _run(storage, txn, txn, sql, v=v)).rows[0][0]
+        (await _run(storage, txn, sql, v=v)).rows[0][0]
         for sql, v in (
             ("INSERT INTO T (v) OUTPUT inserted.id VALUES (@v)", "a"),
             ("INSERT INTO T (v) OUTPUT inserted.id VALUES (@v)", "b"),
         )
     ]
     with pytest.raises(TableError, match="UNIQUE constraint failed"):
-        await _run(storage, txn, txn, "INSERT INTO T (v) VALUES (@v)", v="a")
+        await _run(storage, txn, "INSERT INTO T (v) VALUES (@v)", v="a")
     kept = len(txn)
-    await _run(storage, txn, txn, "INSERT INTO T (v) VALUES (@v)", v="dropped")
+    await _run(storage, txn, "INSERT INTO T (v) VALUES (@v)", v="dropped")
     del txn[kept:]  # a rollback to a savepoint taken before it
     storage.forget_table_statements(txn)
-    ids += (
-        await _run(storage, txn, txn, "INSERT INTO T (v) OUTPUT inserted.id VALUES ('c')")
-    ).rows[0]
+    ids += (await _run(storage, txn, "INSERT INTO T (v) OUTPUT inserted.id VALUES ('c')")).rows[0]
     _commit(storage, txn)
     check: Done = []
-    rows = (await _run(storage, check, check, "SELECT id, v FROM T ORDER BY id")).rows
+    rows = (await _run(storage, check, "SELECT id, v FROM T ORDER BY id")).rows
     assert rows == list(zip(ids, "abc", strict=True))
     # and they never repeat
     assert len(set(ids)) == 3
@@ -466,9 +455,9 @@ async def test_a_statement_runs_at_most_statement_timeout(storage: ManualStore) 
     """A statement that runs too long is stopped and undone, on either store; the
     transaction goes on."""
     txn: Done = []
-    await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
+    await _run(storage, txn, "CREATE TABLE T (k INT PRIMARY KEY)")
     values = ", ".join(f"({k})" for k in range(200))
-    await _run(storage, txn, txn, f"INSERT INTO T VALUES {values}")
+    await _run(storage, txn, f"INSERT INTO T VALUES {values}")
     statement = storage.translate_table_statement(
         "SELECT COUNT(*) FROM T a, T b, T c, T d WHERE a.k + b.k + c.k + d.k > 0", "master"
     )
@@ -476,7 +465,7 @@ async def test_a_statement_runs_at_most_statement_timeout(storage: ManualStore) 
     with pytest.raises(TableError, match="statement_timeout"):
         await storage.run_table_statements(txn, txn, statement, [{}], 0.3)
     assert time.monotonic() - started < 10
-    assert (await _run(storage, txn, txn, "SELECT COUNT(*) FROM T")).rows == [(200,)]
+    assert (await _run(storage, txn, "SELECT COUNT(*) FROM T")).rows == [(200,)]
     _commit(storage, txn)
 
 
@@ -486,20 +475,20 @@ async def test_a_change_stopped_by_statement_timeout_keeps_the_transactions_earl
     """A change (not only a query) stopped for running too long is undone alone: what the
     transaction wrote before it stays, and its commit writes it, on either store."""
     txn: Done = []
-    await _run(storage, txn, txn, "CREATE TABLE T (k INT PRIMARY KEY, n INT)")
+    await _run(storage, txn, "CREATE TABLE T (k INT PRIMARY KEY, n INT)")
     values = ", ".join(f"({k}, 0)" for k in range(200))
-    await _run(storage, txn, txn, f"INSERT INTO T VALUES {values}")
+    await _run(storage, txn, f"INSERT INTO T VALUES {values}")
     slow = storage.translate_table_statement(
         "UPDATE T SET n = (SELECT COUNT(*) FROM T a, T b, T c, T d WHERE a.k + b.k + c.k + d.k > T.k)",
         "master",
     )
     with pytest.raises(TableError, match="statement_timeout"):
         await storage.run_table_statements(txn, txn, slow, [{}], 0.3)
-    await _run(storage, txn, txn, "INSERT INTO T VALUES (200, 1)")
-    assert (await _run(storage, txn, txn, "SELECT COUNT(*), SUM(n) FROM T")).rows == [(201, 1)]
+    await _run(storage, txn, "INSERT INTO T VALUES (200, 1)")
+    assert (await _run(storage, txn, "SELECT COUNT(*), SUM(n) FROM T")).rows == [(201, 1)]
     _commit(storage, txn)
     check: Done = []
-    assert (await _run(storage, check, check, "SELECT COUNT(*), SUM(n) FROM T")).rows == [(201, 1)]
+    assert (await _run(storage, check, "SELECT COUNT(*), SUM(n) FROM T")).rows == [(201, 1)]
 
 
 async def test_postgresql_commits_while_a_statement_runs(
@@ -515,14 +504,14 @@ async def test_postgresql_commits_while_a_statement_runs(
     store.attach(asyncio.get_running_loop(), failures.append)
     try:
         setup: Done = []
-        await _run(store, setup, setup, "CREATE TABLE T (k INT PRIMARY KEY)")
+        await _run(store, setup, "CREATE TABLE T (k INT PRIMARY KEY)")
         store.write_table_statements(setup)
         store.forget_table_statements(setup)
         await _durable(store)
         holder: Done = []
-        await _run(store, holder, holder, "INSERT INTO T VALUES (1)")
+        await _run(store, holder, "INSERT INTO T VALUES (1)")
         waiter: Done = []  # waits for the holder's row (the core's locks would not let it)
-        waiting = asyncio.ensure_future(_run(store, waiter, waiter, "INSERT INTO T VALUES (1)"))
+        waiting = asyncio.ensure_future(_run(store, waiter, "INSERT INTO T VALUES (1)"))
         for beat in range(3):
             store.put_meta("beat", str(beat))
             await _durable(store)  # commits go on
@@ -534,7 +523,7 @@ async def test_postgresql_commits_while_a_statement_runs(
         store.forget_table_statements(holder)
         await _durable(store)
         check: Done = []
-        assert (await _run(store, check, check, "SELECT k FROM T")).rows == [(1,)]
+        assert (await _run(store, check, "SELECT k FROM T")).rows == [(1,)]
         store.forget_table_statements(check)
         assert not failures
     finally:
