@@ -29,6 +29,14 @@ GO
 """
 
 
+async def _requests(conn: client.Connection, *bodies: bytes) -> uuid.UUID:
+    """A dialog from //t/Initiator to //t/Target, `bodies` sent on it as requests: its handle."""
+    handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
+    if bodies:
+        await conn.send_many(handle, "//t/Request", list(bodies))
+    return handle
+
+
 @pytest.fixture
 async def tsql(conn: client.Connection) -> AsyncIterator[tuple[Session, Collect]]:
     session, out = await ran(CATALOG, conn, login="admin")
@@ -183,11 +191,8 @@ async def test_bodies_are_the_bytes_sql_server_sends(
 
 async def test_receive_variants(tsql: tuple[Session, Collect], conn: client.Connection) -> None:
     session, out = tsql
-    handles = []
-    for _ in range(2):
-        handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
-        await conn.send_many(handle, "//t/Request", [b"<one/>", b"<two/>"])
-        handles.append(handle)
+    for _ in range(2):  # two conversation groups
+        await _requests(conn, b"<one/>", b"<two/>")
     assert await run(
         session,
         "DECLARE @t TABLE (h UNIQUEIDENTIFIER, seq BIGINT, body VARBINARY(MAX));\n"
@@ -214,7 +219,7 @@ async def test_a_failing_statement_in_a_transaction_leaves_nothing_of_itself(
     tsql: tuple[Session, Collect], conn: client.Connection
 ) -> None:
     session, out = tsql
-    handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
+    handle = await _requests(conn)
     await run(
         session,
         f"DECLARE @h UNIQUEIDENTIFIER = '{handle}'\nSEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (N'<auto/>')",
@@ -241,8 +246,7 @@ async def test_a_receive_whose_columns_fail_gives_its_messages_back(
     tsql: tuple[Session, Collect], conn: client.Connection
 ) -> None:
     session, out = tsql
-    handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
-    await conn.send(handle, "//t/Request", b"<ok/>")
+    handle = await _requests(conn, b"<ok/>")
     script = "DECLARE @x INT\nRECEIVE TOP (1) @x = CAST(CAST(message_body AS NVARCHAR(10)) AS INT) FROM TargetQueue"
     assert not await run(session, script)  # outside a transaction: back in the queue
     assert out.errors[-1].number == 245
@@ -264,8 +268,7 @@ async def test_save_transaction_and_rollback_to_it(
     tsql: tuple[Session, Collect], conn: client.Connection
 ) -> None:
     session, out = tsql
-    handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
-    await conn.send_many(handle, "//t/Request", [b"<one/>", b"<two/>"])
+    handle = await _requests(conn, b"<one/>", b"<two/>")
     script = f"""
 DECLARE @body VARBINARY(MAX), @h UNIQUEIDENTIFIER = '{handle}', @g UNIQUEIDENTIFIER
 BEGIN TRANSACTION outer_work
@@ -294,8 +297,7 @@ async def test_queries_over_the_catalog_views_and_queues(
     tsql: tuple[Session, Collect], conn: client.Connection
 ) -> None:
     session, out = tsql
-    handle = await conn.begin_dialog("//t/Initiator", "//t/Target", contract="//t/Contract")
-    await conn.send_many(handle, "//t/Request", [b"<a/>", b"<b/>"])
+    handle = await _requests(conn, b"<a/>", b"<b/>")
     assert await run(
         session,
         "SELECT s.name, q.name AS queue FROM sys.services s JOIN sys.service_queues q"
