@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from ssb.protocol import ErrorCode
@@ -57,29 +58,21 @@ _BROKER_OPTIONS: Final = (
 )
 
 
+@dataclass(eq=False)
 class Databases:
     """The statements of databases, over the catalog's database records."""
 
-    def __init__(
-        self,
-        catalog: cat.Catalog,
-        ddl: Ddl,
-        transactions: Transactions,
-        endpoints: Endpoints,
-        end_conversation: Callable[[Endpoint, int, str], None],
-        remove_conversation: Callable[[Endpoint], None],
-        instance_id: str,
-    ) -> None:
-        """The catalog and its statements (`ddl`); the sessions, and the endpoints with how
-        to end one with an error to its far side or remove it telling nobody (the
-        dialogs')."""
-        self.catalog = catalog
-        self.ddl = ddl
-        self.transactions = transactions
-        self.endpoints = endpoints
-        self.end_conversation = end_conversation
-        self.remove_conversation = remove_conversation
-        self.instance_id = instance_id
+    catalog: cat.Catalog
+    ddl: Ddl
+    transactions: Transactions
+    endpoints: Endpoints
+    # end an endpoint with an error to its far side, or remove it telling nobody (the
+    # dialogs')
+    end_conversation: Callable[[Endpoint, int, str], None]
+    remove_conversation: Callable[[Endpoint], None]
+    instance_id: str
+
+    def __post_init__(self) -> None:
         # a database is about to be dropped: what else it holds goes too (the engine's
         # tables); raises IN_USE to refuse before anything changed
         self.dropping: Callable[[str], None] = lambda name: None

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ssb.protocol import ErrorCode
@@ -52,42 +52,25 @@ MAX_PROCEDURE_TEXT: Final = 1 << 20
 log = logging.getLogger("ssb.core")
 
 
+@dataclass(eq=False)
 class Ddl:
-    def __init__(
-        self,
-        journal: Journal,
-        clock: Clock,
-        catalog: cat.Catalog,
-        routes: Routes,
-        queues: dict[str, Queue],
-        cache: MessageCache,
-        capacity: Capacity,
-        endpoints: Endpoints,
-        delivery: Delivery,
-        receiving: Receiving,
-        events: Events,
-        listener: QueueListener,
-        check_procedure: Callable[[str], None],
-        transactions: Transactions,
-        end_conversation: Callable[[Endpoint, int, str], None],
-    ) -> None:
-        self.journal = journal
-        self.clock = clock
-        self.catalog = catalog
-        self.routes = routes
-        self.queues = queues
-        self.cache = cache
-        self.capacity = capacity
-        self.endpoints = endpoints
-        self.delivery = delivery
-        self.receiving = receiving
-        self.events = events
-        self.listener = listener
-        # refuses an activation procedure the broker may not run (the daemon's policy)
-        self.check_procedure = check_procedure
-        self.transactions = transactions
-        # ends a conversation at once with an error to the far side (the dialogs')
-        self.end_conversation = end_conversation
+    journal: Journal
+    clock: Clock
+    catalog: cat.Catalog
+    routes: Routes
+    queues: dict[str, Queue]
+    cache: MessageCache
+    capacity: Capacity
+    endpoints: Endpoints
+    delivery: Delivery
+    receiving: Receiving
+    events: Events
+    listener: QueueListener
+    # refuses an activation procedure the broker may not run (the daemon's policy)
+    check_procedure: Callable[[str], None]
+    transactions: Transactions
+    # ends a conversation at once with an error to the far side (the dialogs')
+    end_conversation: Callable[[Endpoint, int, str], None]
 
     def persist(self, kind: str, obj: Any) -> None:
         self.catalog.table(kind)[obj.name] = obj

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 from xml.sax.saxutils import escape
 
@@ -52,37 +53,26 @@ def error_body(code: int, description: str) -> bytes:
     ).encode()
 
 
+@dataclass(eq=False)
 class Delivery:
     """Where every sequenced message goes: local delivery, and the transmission queue
     (`transmission`) for what must wait."""
 
-    def __init__(
-        self,
-        journal: Journal,
-        clock: Clock,
-        catalog: cat.Catalog,
-        routes: Routes,
-        queues: dict[str, Queue],
-        endpoints: Endpoints,
-        transmission: TransmissionQueue,
-        capacity: Capacity,
-        instance_id: str,
-        listener: QueueListener,
-        sink: OutboundSink,
-    ) -> None:
-        self.journal = journal
-        self.clock = clock
-        self.catalog = catalog
-        self.routes = routes
-        self.queues = queues
-        self.endpoints = endpoints
-        self.transmission = transmission
-        self.outboxes = transmission.outboxes  # read here; the transmission queue owns it
-        self._hold = transmission.hold
-        self.capacity = capacity
-        self.instance_id = instance_id
-        self.listener = listener
-        self.sink = sink
+    journal: Journal
+    clock: Clock
+    catalog: cat.Catalog
+    routes: Routes
+    queues: dict[str, Queue]
+    endpoints: Endpoints
+    transmission: TransmissionQueue
+    capacity: Capacity
+    instance_id: str
+    listener: QueueListener
+    sink: OutboundSink
+
+    def __post_init__(self) -> None:
+        self.outboxes = self.transmission.outboxes  # read here; the transmission queue owns it
+        self._hold = self.transmission.hold
         self.kick: Callable[[Queue], None] = lambda queue: None
         self.conversation_removed: Callable[[Endpoint], None] = lambda ep: None
         self.timer_set: Callable[[Endpoint], None] = lambda ep: None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Final
 
 from ssb.protocol import ErrorCode
@@ -68,32 +69,23 @@ def as_body(value: object) -> bytes:
     raise bad_argument(f"a message body must be bytes or str, got {type(value).__name__}")
 
 
+@dataclass(eq=False)
 class Dialogs:
-    def __init__(
-        self,
-        clock: Clock,
-        catalog: cat.Catalog,
-        routes: Routes,
-        queues: dict[str, Queue],
-        endpoints: Endpoints,
-        transactions: Transactions,
-        delivery: Delivery,
-        transmission: TransmissionQueue,
-        capacity: Capacity,
-    ) -> None:
-        self.clock = clock
-        self.catalog = catalog
-        self.routes = routes
-        self.queues = queues
-        self.endpoints = endpoints
-        self.transactions = transactions
-        self.delivery = delivery
-        self.transmission = transmission
-        self.capacity = capacity
+    clock: Clock
+    catalog: cat.Catalog
+    routes: Routes
+    queues: dict[str, Queue]
+    endpoints: Endpoints
+    transactions: Transactions
+    delivery: Delivery
+    transmission: TransmissionQueue
+    capacity: Capacity
+
+    def __post_init__(self) -> None:
         self.timers = ConversationTimers(
-            endpoints, delivery.journal, clock, self._fire_timer, self._expire
+            self.endpoints, self.delivery.journal, self.clock, self._fire_timer, self._expire
         )
-        delivery.timer_set = self.timers.schedule
+        self.delivery.timer_set = self.timers.schedule
 
     # ---- BEGIN DIALOG ------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Final
 
 from .catalog import Catalog
@@ -321,22 +322,17 @@ class Endpoints:
         return len(self._by_handle)
 
 
+@dataclass(eq=False)
 class ConversationTimers:
     """Conversation timers and lifetimes that fall due soon, in one heap."""
 
-    def __init__(
-        self,
-        endpoints: Endpoints,
-        journal: Journal,
-        clock: Clock,
-        on_timer: Callable[[Endpoint], None],
-        on_lifetime: Callable[[Endpoint], None],
-    ) -> None:
-        self.endpoints = endpoints
-        self.journal = journal
-        self.clock = clock
-        self.on_timer = on_timer
-        self.on_lifetime = on_lifetime
+    endpoints: Endpoints
+    journal: Journal
+    clock: Clock
+    on_timer: Callable[[Endpoint], None]
+    on_lifetime: Callable[[Endpoint], None]
+
+    def __post_init__(self) -> None:
         self._heap: list[tuple[float, int, uuid.UUID, bool]] = []  # (when, tick, handle, lifetime)
         self._tick = 0
         self._upper = float("-inf")  # the heap holds every time up to here

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import dataclass, field
 from xml.sax.saxutils import escape
 
 from . import catalog as cat
@@ -28,23 +29,16 @@ from .transmission import Outbound
 log = logging.getLogger("ssb.core")
 
 
+@dataclass(eq=False)
 class Events:
-    def __init__(
-        self,
-        clock: Clock,
-        catalog: cat.Catalog,
-        routes: Routes,
-        endpoints: Endpoints,
-        delivery: Delivery,
-        instance_id: str,
-    ) -> None:
-        self.clock = clock
-        self.catalog = catalog
-        self.routes = routes
-        self.endpoints = endpoints
-        self.delivery = delivery
-        self.instance_id = instance_id
-        self.dialogs: dict[str, uuid.UUID] = {}  # notification name -> its dialog's target handle
+    clock: Clock
+    catalog: cat.Catalog
+    routes: Routes
+    endpoints: Endpoints
+    delivery: Delivery
+    instance_id: str
+    # notification name -> its dialog's target handle
+    dialogs: dict[str, uuid.UUID] = field(init=False, default_factory=dict)
 
     def fire(self, event: str, queue_name: str) -> int:
         """Post an EventNotification for `event` on `queue_name`; returns how many."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Final, Literal
 
 from ssb.protocol import pack, unpack
@@ -50,20 +51,16 @@ MAX_FENCES: Final = 100_000  # resolved ids remembered at most (oldest forgotten
 PRUNED_THROUGH: Final = "outcomes_pruned_through"  # meta key
 
 
+@dataclass(eq=False)
 class Outcomes:
     """The window of committed transaction ids, and the ids already resolved."""
 
-    def __init__(
-        self,
-        journal: Journal,
-        clock: Clock,
-        window_seconds: float = DEFAULT_WINDOW_SECONDS,
-        window_count: int = DEFAULT_WINDOW_COUNT,
-    ) -> None:
-        self.journal = journal
-        self.clock = clock
-        self.window_seconds = window_seconds
-        self.window_count = window_count
+    journal: Journal
+    clock: Clock
+    window_seconds: float = DEFAULT_WINDOW_SECONDS
+    window_count: int = DEFAULT_WINDOW_COUNT
+
+    def __post_init__(self) -> None:
         self.first = 1  # the oldest record kept (records first..next-1 exist)
         self.next = 1
         self.kept = 0  # ids in the kept records

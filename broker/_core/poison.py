@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Final
 from xml.sax.saxutils import escape
 
@@ -53,24 +53,18 @@ log = logging.getLogger("ssb.core")
 POISON_ROLLBACKS: Final = 5
 
 
+@dataclass(eq=False)
 class Poison:
     """Applies queues' poison policies; owns parked messages and incident ids."""
 
-    def __init__(
-        self,
-        journal: Journal,
-        clock: Clock,
-        queues: dict[str, Queue],
-        endpoints: Endpoints,
-        delivery: Delivery,
-        events: Events,
-    ) -> None:
-        self.journal = journal
-        self.clock = clock
-        self.queues = queues
-        self.endpoints = endpoints
-        self.delivery = delivery
-        self.events = events
+    journal: Journal
+    clock: Clock
+    queues: dict[str, Queue]
+    endpoints: Endpoints
+    delivery: Delivery
+    events: Events
+
+    def __post_init__(self) -> None:
         self.parked: dict[int, tuple[str, Message]] = {}
         self._timers: dict[int, Cancellable] = {}
         self._next_incident = 1

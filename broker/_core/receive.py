@@ -71,26 +71,17 @@ class Waiter:
 Taken = tuple[Group, list[Message]]
 
 
+@dataclass(eq=False)
 class Receiving:
     """RECEIVE, GET CONVERSATION GROUP, and the sessions waiting in them."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        journal: Journal,
-        queues: dict[str, Queue],
-        endpoints: Endpoints,
-        transactions: Transactions,
-        delivery: Delivery,
-        listener: QueueListener,
-    ) -> None:
-        self.clock = clock
-        self.journal = journal
-        self.queues = queues
-        self.endpoints = endpoints
-        self.transactions = transactions
-        self.delivery = delivery
-        self.listener = listener
+    clock: Clock
+    journal: Journal
+    queues: dict[str, Queue]
+    endpoints: Endpoints
+    transactions: Transactions
+    delivery: Delivery
+    listener: QueueListener
 
     # ---- the statements -------------------------------------------------------------
 

@@ -201,28 +201,20 @@ def as_seconds(value: object, what: str, allow_none: bool = False) -> float | No
     return float(value)
 
 
+@dataclass(eq=False)
 class Transactions:
     """Every session and transaction of the broker, and the locks they hold."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        hooks: TransactionHooks,
-        lock_timeout: float,
-        outcomes: Outcomes,
-        max_locks: int = DEFAULT_MAX_LOCKS,
-        max_detached: int = DEFAULT_MAX_DETACHED,
-    ) -> None:
-        self.clock = clock
-        self.hooks = hooks
-        self.lock_timeout = lock_timeout
-        self.outcomes = outcomes
-        # bounds on what one client can hold ([limits] in the config)
-        self.max_locks = max_locks  # conversation-group locks per transaction
-        self.max_detached = max_detached  # open detached transactions per login
-        self.sessions: dict[int, Session] = {}
-        self.detached: dict[uuid.UUID, Transaction] = {}
-        self._expiry: dict[uuid.UUID, Cancellable] = {}
+    clock: Clock
+    hooks: TransactionHooks
+    lock_timeout: float
+    outcomes: Outcomes
+    # bounds on what one client can hold ([limits] in the config)
+    max_locks: int = DEFAULT_MAX_LOCKS  # conversation-group locks per transaction
+    max_detached: int = DEFAULT_MAX_DETACHED  # open detached transactions per login
+    sessions: dict[int, Session] = field(init=False, default_factory=dict)
+    detached: dict[uuid.UUID, Transaction] = field(init=False, default_factory=dict)
+    _expiry: dict[uuid.UUID, Cancellable] = field(init=False, default_factory=dict)
 
     def taken(self) -> dict[int, Message]:
         """Messages received by open transactions (attached or detached), by queuing
