@@ -33,6 +33,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from ssb.protocol import (
@@ -76,41 +77,30 @@ def _instance_text(instance: uuid.UUID) -> str:
     return str(instance)
 
 
+@dataclass(eq=False)
 class Reception:
-    """What other brokers send: frames to events, events to the core and the store."""
+    """What other brokers send: frames to events, events to the core and the store.
 
-    def __init__(
-        self,
-        delivery: RemoteDelivery,
-        endpoints: EndpointLookup,
-        store: RemoteDialogStore,
-        clock: Clock,
-        peers: Peers,
-        receivers: Receivers,
-        transmission: Transmission,
-        pump: Pump,
-        forwarder: Forwarder | None,
-        refusals: RefusalLog,
-        login_of: Callable[[uuid.UUID], str | None],
-        may_send: Callable[[str | None, str], bool],
-    ) -> None:
-        """`login_of`: the login a broker's messages act as (None: PUBLIC); `may_send`:
-        whether a login may SEND to a service of this broker."""
-        self.delivery = delivery
-        self.endpoints = endpoints
-        self.store = store
-        self.clock = clock
-        self.peers = peers
-        self.receivers = receivers
-        self.transmission = transmission
-        self.pump = pump
-        self.forwarder = forwarder
-        self.refusals = refusals
-        self.login_of = login_of
-        self.may_send = may_send
+    `login_of`: the login a broker's messages act as (None: PUBLIC); `may_send`: whether
+    a login may SEND to a service of this broker."""
+
+    delivery: RemoteDelivery
+    endpoints: EndpointLookup
+    store: RemoteDialogStore
+    clock: Clock
+    peers: Peers
+    receivers: Receivers
+    transmission: Transmission
+    pump: Pump
+    forwarder: Forwarder | None
+    refusals: RefusalLog
+    login_of: Callable[[uuid.UUID], str | None]
+    may_send: Callable[[str | None, str], bool]
+
+    def __post_init__(self) -> None:
         # read on every message; the receivers keep them
-        self.envelopes = receivers.envelopes
-        self.discarding = receivers.discarding
+        self.envelopes = self.receivers.envelopes
+        self.discarding = self.receivers.discarding
         # (conversation, direction, seq) of messages with fragments held in the store
         self.held_seqs: set[tuple[uuid.UUID, Direction, int]] = set()
         # each direction's next sequence number, written once per batch (`_write_next_seqs`)
@@ -123,7 +113,7 @@ class Reception:
         self._handlers: dict[type[DialogEvent], Handler] = {
             MessageReceived: self._message_received,
             FragmentReceived: self._fragment_received,
-            MessageAcked: transmission.acked,
+            MessageAcked: self.transmission.acked,
             SessionKeyReceived: self._session_key_received,
             PartialMessageDiscarded: self._partial_discarded,
             IntegrityFailure: self._integrity_failure,

@@ -32,7 +32,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from ssb.protocol import (
@@ -73,43 +73,33 @@ class Lookup:
     timer: Cancellable | None = None
 
 
+@dataclass(eq=False)
 class Locator:
-    """The lookups this broker asks, answers and relays."""
+    """The lookups this broker asks, answers and relays.
 
-    def __init__(
-        self,
-        instance: uuid.UUID,
-        trust: Trust,
-        routes: RouteLookup,
-        is_local: Callable[[str], bool],
-        peers: Peers,
-        links: Links,
-        clock: Clock,
-        settings: TransportSettings,
-        answered: Callable[[str, str], None],
-        wanted: Callable[[str, str], bool],
-    ) -> None:
-        """`is_local(service)`: whether this broker hosts the service; `answered(service,
-        address)`: a lookup ended (found or not): the messages waiting for it are placed
-        again; `wanted(service, address)`: whether messages still wait for that lookup
-        (one nobody waits for any more is not asked again)."""
-        self.instance = instance
-        self.trust = trust
-        self.routes = routes
-        self.is_local = is_local
-        self.peers = peers
-        self.links = links
-        self.clock = clock
-        self.settings = settings
-        self.answered = answered
-        self.wanted = wanted
-        self.lookups: dict[Place, Lookup] = {}
-        self.tokens: dict[bytes, Place] = {}
-        # relayed questions: token -> (the adjacent broker it came from, when)
-        self.relayed: dict[bytes, tuple[uuid.UUID, float]] = {}
-        # questions to relay once the connection to their next hop's address is up
-        self.held: dict[str, list[tuple[LocateFrame, uuid.UUID]]] = {}
-        self._say = SaidOnce()  # the origin asks again and again: one line is enough
+    `is_local(service)`: whether this broker hosts the service; `answered(service,
+    address)`: a lookup ended (found or not): the messages waiting for it are placed
+    again; `wanted(service, address)`: whether messages still wait for that lookup (one
+    nobody waits for any more is not asked again)."""
+
+    instance: uuid.UUID
+    trust: Trust
+    routes: RouteLookup
+    is_local: Callable[[str], bool]
+    peers: Peers
+    links: Links
+    clock: Clock
+    settings: TransportSettings
+    answered: Callable[[str, str], None]
+    wanted: Callable[[str, str], bool]
+    lookups: dict[Place, Lookup] = field(init=False, default_factory=dict)
+    tokens: dict[bytes, Place] = field(init=False, default_factory=dict)
+    # relayed questions: token -> (the adjacent broker it came from, when)
+    relayed: dict[bytes, tuple[uuid.UUID, float]] = field(init=False, default_factory=dict)
+    # questions to relay once the connection to their next hop's address is up
+    held: dict[str, list[tuple[LocateFrame, uuid.UUID]]] = field(init=False, default_factory=dict)
+    # the origin asks again and again: one line is enough
+    _say: SaidOnce = field(init=False, default_factory=SaidOnce)
 
     # ---- the origin's side ----------------------------------------------------------
 

@@ -77,40 +77,27 @@ def _direction(from_initiator: bool) -> Direction:
     return Direction.FROM_INITIATOR if from_initiator else Direction.FROM_TARGET
 
 
+@dataclasses.dataclass(eq=False)
 class Transmission:
     """Where each direction's transmission-queue entries go, and how many are in flight."""
 
-    def __init__(
-        self,
-        instance: uuid.UUID,
-        delivery: RemoteDelivery,
-        endpoints: EndpointLookup,
-        routes: RouteLookup,
-        store: RemoteDialogStore,
-        clock: Clock,
-        trust: Trust,
-        peers: Peers,
-        links: Links,
-        pump: Pump,
-        refusals: RefusalLog,
-        settings: TransportSettings,
-        incoming: Callable[[DirectionId], Envelope | None],
-        locator: Locator,
-    ) -> None:
-        self.instance = instance
-        self.delivery = delivery
-        self.endpoints = endpoints
-        self.routes = routes
-        self.store = store
-        self.clock = clock
-        self.trust = trust
-        self.peers = peers
-        self.links = links
-        self.pump = pump
-        self.refusals = refusals
-        self.settings = settings
-        self.incoming = incoming  # the envelope of a direction from another broker
-        self.locator = locator
+    instance: uuid.UUID
+    delivery: RemoteDelivery
+    endpoints: EndpointLookup
+    routes: RouteLookup
+    store: RemoteDialogStore
+    clock: Clock
+    trust: Trust
+    peers: Peers
+    links: Links
+    pump: Pump
+    refusals: RefusalLog
+    settings: TransportSettings
+    # the envelope of a direction from another broker
+    incoming: Callable[[DirectionId], Envelope | None]
+    locator: Locator
+
+    def __post_init__(self) -> None:
         # outboxes waiting to learn which broker an address is
         self.waiting: dict[str, dict[DirectionKey, DialogOutbox]] = {}
         self.unrouted: dict[DirectionKey, DialogOutbox] = {}  # no route (yet), or refused

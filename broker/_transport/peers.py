@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
+from dataclasses import dataclass, field
 
 from ssb.protocol import (
     RELAY_BUNDLES_VERSION,
@@ -51,29 +52,22 @@ def route_address(address: str, service: str) -> str | None:
     return address[len("tcp://") :].split("/", 1)[0]
 
 
+@dataclass(eq=False)
 class Peers:
     """Every broker this broker holds dialogs with."""
 
-    def __init__(
-        self,
-        instance: uuid.UUID,
-        trust: Trust,
-        routes: RouteLookup,
-        links: Links,
-        refusals: RefusalLog,
-        settings: TransportSettings,
-    ) -> None:
-        self.instance = instance
-        self.trust = trust
-        self.routes = routes
-        self.links = links
-        self.refusals = refusals
-        self.settings = settings
-        self.all: dict[uuid.UUID, Peer] = {}
-        # conversations whose dialogs are with a broker other than the adjacent one their
-        # frames arrive from (found on the first such frame; see partner)
-        self.far: dict[uuid.UUID, Peer] = {}
-        self.address_peer: dict[str, uuid.UUID] = {}  # the broker each dialled address is
+    instance: uuid.UUID
+    trust: Trust
+    routes: RouteLookup
+    links: Links
+    refusals: RefusalLog
+    settings: TransportSettings
+    all: dict[uuid.UUID, Peer] = field(init=False, default_factory=dict)
+    # conversations whose dialogs are with a broker other than the adjacent one their
+    # frames arrive from (found on the first such frame; see partner)
+    far: dict[uuid.UUID, Peer] = field(init=False, default_factory=dict)
+    # the broker each dialled address is
+    address_peer: dict[str, uuid.UUID] = field(init=False, default_factory=dict)
 
     def get(self, instance: uuid.UUID, certificate_pem: bytes | None = None) -> Peer | None:
         """The peer `instance`, made if a certificate of it is given or trusted."""

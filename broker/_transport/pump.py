@@ -21,6 +21,7 @@ forwarder that relays them (protocol version 4 on, see `forwarding`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 from ssb.protocol import RELAY_BUNDLES_VERSION
@@ -33,23 +34,17 @@ from .ports import Clock
 SEND_BATCH: Final = 256  # frames asked of the dialog layer per write
 
 
+@dataclass(eq=False)
 class Pump:
-    """Writes peers' frames, now, soon, or when their timer fires."""
+    """Writes peers' frames, now, soon, or when their timer fires.
 
-    def __init__(
-        self,
-        peers: Peers,
-        links: Links,
-        clock: Clock,
-        forwarder: Forwarder | None,
-        write_bytes: int,
-    ) -> None:
-        """`write_bytes`: payload bytes one write carries at most (one frame always)."""
-        self.peers = peers
-        self.links = links
-        self.clock = clock
-        self.forwarder = forwarder
-        self.write_bytes = write_bytes
+    `write_bytes`: payload bytes one write carries at most (one frame always)."""
+
+    peers: Peers
+    links: Links
+    clock: Clock
+    forwarder: Forwarder | None
+    write_bytes: int
 
     def soon(self, peer: Peer) -> None:
         """Pump once at the end of this loop iteration (many messages, one write)."""

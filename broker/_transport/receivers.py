@@ -28,7 +28,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ssb.protocol import (
     DialogEvent,
@@ -73,34 +73,24 @@ class HeldPartial:
     message: PartialMessage
 
 
+@dataclass(eq=False)
 class Receivers:
     """The directions other brokers send to this one, and who may open one."""
 
-    def __init__(
-        self,
-        instance: uuid.UUID,
-        endpoints: EndpointLookup,
-        catalog: PeerCatalog,
-        store: RemoteDialogStore,
-        clock: Clock,
-        trust: Trust,
-        peers: Peers,
-        refusals: RefusalLog,
-        settings: TransportSettings,
-    ) -> None:
-        self.instance = instance
-        self.endpoints = endpoints
-        self.catalog = catalog
-        self.store = store
-        self.clock = clock
-        self.trust = trust
-        self.peers = peers
-        self.refusals = refusals
-        self.settings = settings
-        self.envelopes: dict[DirectionId, Envelope] = {}
-        self.discarding: set[DirectionId] = set()
-        self.closed_conversations: set[uuid.UUID] = set()  # ended here recently
-        self._closed_order: deque[tuple[float, uuid.UUID]] = deque()
+    instance: uuid.UUID
+    endpoints: EndpointLookup
+    catalog: PeerCatalog
+    store: RemoteDialogStore
+    clock: Clock
+    trust: Trust
+    peers: Peers
+    refusals: RefusalLog
+    settings: TransportSettings
+    envelopes: dict[DirectionId, Envelope] = field(init=False, default_factory=dict)
+    discarding: set[DirectionId] = field(init=False, default_factory=set)
+    # ended here recently
+    closed_conversations: set[uuid.UUID] = field(init=False, default_factory=set)
+    _closed_order: deque[tuple[float, uuid.UUID]] = field(init=False, default_factory=deque)
 
     # ---- opening ---------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ssb.protocol import Role
@@ -14,20 +15,13 @@ from .peers import Peers
 from .ports import Clock
 
 
+@dataclass(eq=False)
 class TransportViews:
-    def __init__(
-        self,
-        links: Links,
-        peers: Peers,
-        forwarder: Forwarder | None,
-        clock: Clock,
-        wall_clock: Callable[[], float],
-    ) -> None:
-        self.links = links
-        self.peers = peers
-        self.forwarder = forwarder
-        self.clock = clock
-        self.wall_clock = wall_clock
+    links: Links
+    peers: Peers
+    forwarder: Forwarder | None
+    clock: Clock
+    wall_clock: Callable[[], float]
 
     def forwarded(self) -> list[dict[str, Any]]:
         """Conversations this broker relays for others (empty unless forwarding is on)."""
