@@ -58,7 +58,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Container, Coroutine, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any, Final
 
 from ssb.protocol import ErrorCode
@@ -156,56 +156,42 @@ class ActivationSettings:
 TaskEndHook = Callable[[ActivatedTask, "str | None"], None]
 
 
+@dataclass(eq=False)
 class ActivationManager:
     """Acts on the queue monitors: starts activated tasks and posts QUEUE_ACTIVATION
-    notifications; the operations and views of activation."""
+    notifications; the operations and views of activation.
 
-    def __init__(
-        self,
-        monitors: Monitors,
-        settings: ActivationSettings,
-        pool: WorkerPool,
-        *,
-        queues: Mapping[str, Queue],
-        notifications: Mapping[str, EventNotification],
-        waiting: Callable[[Queue], int],
-        end_wait: Callable[[Session], None],
-        fire: Callable[[str, str], int],
-        logins: Container[str],
-        procedures: ProcedurePolicy,
-        queue_owner: Callable[[str], str | None],
-        task_ended: TaskEndHook,
-        stored_procedure: Callable[[str], bool] = lambda key: False,
-    ) -> None:
-        """The parts of the daemon activation uses, passed in.
+    Args (the parts of the daemon activation uses):
+        monitors: the queue monitors the core tells of what happens to queues.
+        settings, pool: the [activation] section, and the worker processes.
+        queues, notifications: the core's queues and event notifications.
+        waiting: how many sessions wait in RECEIVE on a queue without WHERE.
+        end_wait: ends the RECEIVE a session waits in, empty.
+        fire: posts the event notifications of (event, queue); returns how many.
+        logins, procedures, queue_owner: who an activated task runs as, and whether
+            it may run its procedure.
+        task_ended: hears of every activated task that ended (with its error).
+        stored_procedure: whether a T-SQL stored procedure (its key) exists.
+    """
 
-        Args:
-            monitors: the queue monitors the core tells of what happens to queues.
-            settings, pool: the [activation] section, and the worker processes.
-            queues, notifications: the core's queues and event notifications.
-            waiting: how many sessions wait in RECEIVE on a queue without WHERE.
-            end_wait: ends the RECEIVE a session waits in, empty.
-            fire: posts the event notifications of (event, queue); returns how many.
-            logins, procedures, queue_owner: who an activated task runs as, and
-                whether it may run its procedure.
-            task_ended: hears of every activated task that ended (with its error).
-            stored_procedure: whether a T-SQL stored procedure (its key) exists.
-        """
-        self.monitors = monitors
-        self.settings = settings
-        self.pool = pool
-        self.queues = queues
-        self.notifications = notifications
-        self.waiting = waiting
-        self.end_wait = end_wait
-        self.fire = fire
-        self.logins = logins
-        self.procedures = procedures
-        self.queue_owner = queue_owner
-        self.task_ended = task_ended
-        self.stored_procedure = stored_procedure
-        self.tasks = monitors.tasks
-        self.tokens = monitors.tokens
+    monitors: Monitors
+    settings: ActivationSettings
+    pool: WorkerPool
+    _: KW_ONLY
+    queues: Mapping[str, Queue]
+    notifications: Mapping[str, EventNotification]
+    waiting: Callable[[Queue], int]
+    end_wait: Callable[[Session], None]
+    fire: Callable[[str, str], int]
+    logins: Container[str]
+    procedures: ProcedurePolicy
+    queue_owner: Callable[[str], str | None]
+    task_ended: TaskEndHook
+    stored_procedure: Callable[[str], bool] = lambda key: False
+
+    def __post_init__(self) -> None:
+        self.tasks = self.monitors.tasks
+        self.tokens = self.monitors.tokens
         self.stopped_activators: dict[str, float] = {}  # request_stop(activator=) -> when
         self.job_ids: dict[str, int] = {}  # label_job: job -> id, for readers still to come
         self._next_task = 1
