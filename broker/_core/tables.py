@@ -44,7 +44,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
@@ -355,19 +356,13 @@ class Tables:
         """`_run` when nothing makes it wait: its locks are free (or held already) and the
         store runs it at once. None when something would (what ran: the locks it could
         take; `_run` goes on from there)."""
-        try:
+        with self._failing_ends(txn):
             for key, mode in self._locks_of(statement):
                 if not self.locks.take(txn, key, mode):
                     return None
             answer = self.journal.run_table_statements_now(
                 txn, txn.table_statements, statement, many, self.statement_timeout
             )
-        except TableError as exc:
-            self._failed(txn)
-            raise table_error(exc) from None
-        except BaseException:
-            self._failed(txn)
-            raise
         if answer is not None:
             self._ran(txn, statement, many)
         return answer
@@ -381,7 +376,7 @@ class Tables:
     ) -> TableResult:
         """Run the statement once per values of `many` in `txn`, `session`'s transaction,
         after taking its locks; the transaction keeps each run."""
-        try:
+        with self._failing_ends(txn):
             for key, mode in self._locks_of(statement):
                 await self.locks.acquire(txn, key, mode, self.statement_timeout)
             if txn.explicit and session.txn is not txn:
@@ -389,12 +384,6 @@ class Tables:
             answer = await self.journal.run_table_statements(
                 txn, txn.table_statements, statement, many, self.statement_timeout
             )
-        except TableError as exc:
-            self._failed(txn)
-            raise table_error(exc) from None
-        except BaseException:
-            self._failed(txn)
-            raise
         self._ran(txn, statement, many)
         return answer
 
@@ -505,10 +494,18 @@ class Tables:
             page.append(list(row))
         return page
 
-    def _failed(self, txn: Transaction) -> None:
-        """A statement failed: a transaction of its own ends with it (its locks go)."""
-        if not txn.explicit:
-            self.undo(txn)
+    @contextmanager
+    def _failing_ends(self, txn: Transaction) -> Iterator[None]:
+        """Around a statement's run: if it fails, a transaction of its own ends with it
+        (its locks go), and the store's TableError becomes the statement's error."""
+        try:
+            yield
+        except BaseException as exc:
+            if not txn.explicit:
+                self.undo(txn)
+            if isinstance(exc, TableError):
+                raise table_error(exc) from None
+            raise
 
     # ---- the transaction's end ----------------------------------------------------------
 
