@@ -108,10 +108,11 @@ def _held_key(frame: Frame) -> tuple[Any, ...]:
     return (frame.conversation_id, frame.direction)
 
 
+@dataclass(eq=False)
 class Forwarder:
     """The relayed conversations of one broker and the frames it holds for them.
 
-    Args:
+    Attributes (given):
         instance: this broker's id.
         forward_size: bytes of held frames at most.
         loop_window: seconds within which the same fragment coming back from another hop
@@ -125,34 +126,26 @@ class Forwarder:
         notify: writes a notice to an adjacent broker if its connection is up.
     """
 
-    def __init__(
-        self,
-        instance: uuid.UUID,
-        forward_size: int,
-        loop_window: float,
-        route: Callable[[str, uuid.UUID], Hop | None],
-        send: Callable[[Hop, list[Frame]], bool],
-        takes_bundles: Callable[[Hop], bool] = lambda hop: True,
-        notify: Callable[[uuid.UUID, UnbundleFrame], None] = lambda hop, frame: None,
-    ) -> None:
-        self.instance = instance
-        self.forward_size = forward_size
-        self.loop_window = loop_window
-        self._route = route
-        self._send = send
-        self._takes_bundles = takes_bundles
-        self._notify = notify
-        self.relays: dict[uuid.UUID, Relay] = {}
-        # by hop, in arrival order: (frame, its relay, when it was first held)
-        self.held: dict[Hop, dict[tuple[Any, ...], tuple[Frame, Relay, float]]] = {}
-        self.held_bytes = 0
-        self.relayed = 0
-        self.refused = 0
-        self.loops = 0
-        self.unbundled = 0  # bundles dropped: their next hop takes no relayed bundles
-        self._seals: dict[bytes, tuple[uuid.UUID, float]] = {}
-        self._logged: dict[str, float] = {}
-        self._now = 0.0
+    instance: uuid.UUID
+    forward_size: int
+    loop_window: float
+    route: Callable[[str, uuid.UUID], Hop | None]
+    send: Callable[[Hop, list[Frame]], bool]
+    takes_bundles: Callable[[Hop], bool] = lambda hop: True
+    notify: Callable[[uuid.UUID, UnbundleFrame], None] = lambda hop, frame: None
+    relays: dict[uuid.UUID, Relay] = field(init=False, default_factory=dict)
+    # by hop, in arrival order: (frame, its relay, when it was first held)
+    held: dict[Hop, dict[tuple[Any, ...], tuple[Frame, Relay, float]]] = field(
+        init=False, default_factory=dict
+    )
+    held_bytes: int = field(init=False, default=0)
+    relayed: int = field(init=False, default=0)
+    refused: int = field(init=False, default=0)
+    loops: int = field(init=False, default=0)
+    unbundled: int = field(init=False, default=0)  # bundles dropped: next hop takes none
+    _seals: dict[bytes, tuple[uuid.UUID, float]] = field(init=False, default_factory=dict)
+    _logged: dict[str, float] = field(init=False, default_factory=dict)
+    _now: float = field(init=False, default=0.0)
 
     # ---- deciding -----------------------------------------------------------------------
 
@@ -201,7 +194,7 @@ class Forwarder:
         if hop == came_from or self._came_back(frame, came_from, now):
             self._loop(relay, frame, came_from, hop)
             return None
-        if isinstance(frame, BundleFrame) and not self._takes_bundles(hop):
+        if isinstance(frame, BundleFrame) and not self.takes_bundles(hop):
             self._unbundled(relay, hop, frame)
             return None
         return hop
@@ -209,7 +202,7 @@ class Forwarder:
     def _pass_on(self, hop: Hop, passing: list[tuple[Frame, Relay]]) -> None:
         if self.held.get(hop):
             self.flush(hop)  # the hop may take them now: they go first, in order
-        if not self.held.get(hop) and self._send(hop, [frame for frame, _ in passing]):
+        if not self.held.get(hop) and self.send(hop, [frame for frame, _ in passing]):
             for _, relay in passing:
                 relay.relayed += 1
                 relay.status = ""
@@ -249,7 +242,7 @@ class Forwarder:
         if back is None or (relay.unbundled_at is not None and now - relay.unbundled_at < 1.0):
             return
         relay.unbundled_at = now
-        self._notify(back, notice)
+        self.notify(back, notice)
 
     def _relay_for(self, frame: Frame, came_from: uuid.UUID, now: float) -> Relay | None:
         relay = self.relays.get(frame.conversation_id)
@@ -290,9 +283,9 @@ class Forwarder:
 
     def _next_hop(self, relay: Relay, travel: int) -> Hop | None:
         if travel == TOWARDS_TARGET:
-            hop = self._route(relay.target_service, relay.target)
+            hop = self.route(relay.target_service, relay.target)
         else:
-            hop = self._route(relay.initiator_service, relay.initiator)
+            hop = self.route(relay.initiator_service, relay.initiator)
         # no route: back the way the far side's frames come from
         return hop if hop is not None else relay.came_from[1 - travel]
 
@@ -366,7 +359,7 @@ class Forwarder:
         held = self.held.pop(hop, None)
         if not held:
             return
-        if not self._takes_bundles(hop):
+        if not self.takes_bundles(hop):
             for key in [k for k, (f, _, _) in held.items() if isinstance(f, BundleFrame)]:
                 frame, relay, _ = held.pop(key)
                 self._release(frame, relay)
@@ -374,7 +367,7 @@ class Forwarder:
             if not held:
                 return
         frames = [frame for frame, _, _ in held.values()]
-        if not self._send(hop, frames):
+        if not self.send(hop, frames):
             self.held[hop] = held
             return
         for frame, relay, _ in held.values():

@@ -51,7 +51,7 @@ def _relayed(f: Broker) -> list[Frame]:
     forwarder = f.transport.forwarder
     assert forwarder is not None
     written: list[Frame] = []
-    send = forwarder._send
+    send = forwarder.send
 
     def recording(hop: Hop, frames: list[Frame]) -> bool:
         taken = send(hop, frames)
@@ -59,7 +59,7 @@ def _relayed(f: Broker) -> list[Frame]:
             written.extend(frames)
         return taken
 
-    forwarder._send = recording
+    forwarder.send = recording
     return written
 
 
@@ -87,7 +87,7 @@ async def test_a_forwarder_cannot_alter_a_bundle_it_relays(tmp_path: Path) -> No
     handle = await _dialog(world, a, b)
     forwarder = f.transport.forwarder
     assert forwarder is not None
-    send = forwarder._send
+    send = forwarder.send
     altered: list[BundleFrame] = []
 
     def altering(hop: Hop, frames: list[Frame]) -> bool:
@@ -101,7 +101,7 @@ async def test_a_forwarder_cannot_alter_a_bundle_it_relays(tmp_path: Path) -> No
             out.append(frame)
         return send(hop, out)
 
-    forwarder._send = altering
+    forwarder.send = altering
     a.op("send", handle, "DEFAULT", _bodies())
     await world.settle()
     assert altered
