@@ -109,13 +109,7 @@ class Hello:
     @classmethod
     def decode(cls, obj: list[Any]) -> Hello:
         """Raises: RemoteProtocolError: malformed."""
-        f = frame_fields(obj, FrameKind.HELLO, 4)
-        return cls(
-            int_field(f[1], "version", 0, 0xFFFF),
-            uuid_field(f[2], "broker id"),
-            bytes_field(f[3], "certificate", MAX_CERTIFICATE_SIZE),
-            bytes_field(f[4], "nonce", NONCE_SIZE, NONCE_SIZE),
-        )
+        return cls(*_greeting(frame_fields(obj, FrameKind.HELLO, 4)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +137,18 @@ class HelloAccept:
     def decode(cls, obj: list[Any]) -> HelloAccept:
         """Raises: RemoteProtocolError: malformed."""
         f = frame_fields(obj, FrameKind.HELLO_ACCEPT, 5)
-        return cls(
-            int_field(f[1], "version", 0, 0xFFFF),
-            uuid_field(f[2], "broker id"),
-            bytes_field(f[3], "certificate", MAX_CERTIFICATE_SIZE),
-            bytes_field(f[4], "nonce", NONCE_SIZE, NONCE_SIZE),
-            bytes_field(f[5], "proof", MAX_PROOF_SIZE),
-        )
+        return cls(*_greeting(f), bytes_field(f[5], "proof", MAX_PROOF_SIZE))
+
+
+def _greeting(f: list[Any]) -> tuple[int, uuid.UUID, bytes, bytes]:
+    """The fields a Hello and a HelloAccept both begin with, checked: version, broker id,
+    certificate, nonce."""
+    return (
+        int_field(f[1], "version", 0, 0xFFFF),
+        uuid_field(f[2], "broker id"),
+        bytes_field(f[3], "certificate", MAX_CERTIFICATE_SIZE),
+        bytes_field(f[4], "nonce", NONCE_SIZE, NONCE_SIZE),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,19 +206,18 @@ class CloseFrame:
         return cls(str_field(f[1], "close reason", MAX_ERROR_TEXT))
 
 
-LinkFrame = (
-    Hello
-    | HelloAccept
-    | Proof
-    | FragmentFrame
+# what an open link carries once the handshake is done, either way
+TrafficFrame = (
+    FragmentFrame
     | BundleFrame
     | AckFrame
-    | ProtocolErrorFrame
-    | CloseFrame
     | LocateFrame
     | LocatedFrame
     | UnbundleFrame
+    | ProtocolErrorFrame
+    | CloseFrame
 )
+LinkFrame = Hello | HelloAccept | Proof | TrafficFrame
 
 _DECODERS: Final[dict[int, Any]] = {
     FrameKind.HELLO: Hello.decode,
@@ -393,18 +391,7 @@ class ConnectionClosed:
     mid_frame: bool = False
 
 
-LinkEvent = (
-    HandshakeCompleted
-    | FragmentFrame
-    | BundleFrame
-    | AckFrame
-    | LocateFrame
-    | LocatedFrame
-    | UnbundleFrame
-    | ProtocolErrorFrame
-    | CloseFrame
-    | ConnectionClosed
-)
+LinkEvent = HandshakeCompleted | TrafficFrame | ConnectionClosed
 
 
 @dataclass(slots=True)
@@ -700,17 +687,7 @@ class LinkConnection:
         self.counters.bytes_out += len(data)
         return data
 
-    def send(
-        self,
-        frame: FragmentFrame
-        | BundleFrame
-        | AckFrame
-        | LocateFrame
-        | LocatedFrame
-        | UnbundleFrame
-        | ProtocolErrorFrame
-        | CloseFrame,
-    ) -> bytes:
+    def send(self, frame: TrafficFrame) -> bytes:
         """Encode one frame for the wire.
 
         Fragments, acks, locate and unbundle frames are allowed only when ESTABLISHED
