@@ -133,7 +133,16 @@ class Operations:
         raise NotImplementedError
 
     def transaction(self) -> Any:
-        """BEGIN TRANSACTION; COMMIT on normal exit, ROLLBACK on an exception."""
+        """BEGIN TRANSACTION, the block, then COMMIT (ROLLBACK if the block raises).
+
+        BEGIN leaves in one write with the block's first request, and its answer is taken
+        at the block's end rather than before it (a round trip fewer), when nothing can
+        make the broker refuse it: this session has no transaction open by its own
+        record, the connection is up, and nothing lost waits to be settled. A plain BEGIN
+        is refused only while a transaction is open, so whatever the block sent behind it
+        never runs by itself; the refusal is raised at the block's end, as it would have
+        been at its start, and nothing is rolled back.
+        """
         raise NotImplementedError
 
     def run_transaction(self, fn: Any, retries: int = DEFAULT_RETRIES) -> Any:

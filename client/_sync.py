@@ -292,16 +292,6 @@ class SyncConnection(Operations):
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[SyncConnection]:
-        """BEGIN TRANSACTION, the block, then COMMIT (ROLLBACK if the block raises).
-
-        BEGIN leaves in one write with the block's first request, and its answer is taken
-        at the block's end rather than before it (a round trip fewer), when nothing can
-        make the broker refuse it: this session has no transaction open by its own
-        record, the connection is up, and nothing lost waits to be settled. A plain BEGIN
-        is refused only while a transaction is open, so whatever the block sent behind it
-        never runs by itself; the refusal is raised at the block's end, as it would have
-        been at its start, and nothing is rolled back.
-        """
         ahead = self._begin_ahead()
         if ahead is None:
             self.begin_transaction()
