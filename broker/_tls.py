@@ -30,6 +30,7 @@ import socket
 import ssl
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -128,6 +129,7 @@ def _self_signed(host: str) -> tuple[str, str]:
     return certificate.public_bytes(serialization.Encoding.PEM).decode("ascii"), key_pem
 
 
+@dataclass(eq=False, repr=False)
 class Door:
     """Accepts connections, sorts them into TLS and plain, hands them over (the client
     port's, and the broker port's, where plain TCP is allowed only when TLS is off).
@@ -136,24 +138,16 @@ class Door:
     it. `admit`, when given, decides per address at accept time, before any handshake
     work (the broker port's accept rate)."""
 
-    def __init__(
-        self,
-        factory: Callable[[], asyncio.Protocol],
-        context: ssl.SSLContext | None,
-        allow_plain: bool,
-        limits: ClientLimits,
-        open_count: Callable[[str], int],
-        admit: Callable[[str], bool] | None = None,
-    ) -> None:
-        self.factory = factory
-        self.context = context
-        self.allow_plain = allow_plain
-        self.limits = limits
-        self.open_count = open_count  # logged-in-or-logging-in connections per address
-        self.admit = admit
-        self.waiting: Counter[str] = Counter()  # connections not yet sorted, per address
-        self.sock: socket.socket | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+    factory: Callable[[], asyncio.Protocol]
+    context: ssl.SSLContext | None
+    allow_plain: bool
+    limits: ClientLimits
+    open_count: Callable[[str], int]  # logged-in-or-logging-in connections per address
+    admit: Callable[[str], bool] | None = None
+    # connections not yet sorted, per address
+    waiting: Counter[str] = field(default_factory=Counter, init=False)
+    sock: socket.socket | None = field(default=None, init=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self.allow_plain = self.allow_plain or is_loopback(host)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, MESSAGE_COLUMNS, ErrorCode
@@ -60,39 +61,28 @@ def _arriving(p: HeldPartial) -> str:
     )
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class Views:
-    def __init__(
-        self,
-        *,
-        catalog: cat.Catalog,
-        queues: Mapping[str, Queue],
-        endpoints: Endpoints,
-        delivery: Delivery,
-        transactions: Transactions,
-        cache: MessageCache,
-        capacity: Capacity,
-        timers: ConversationTimers,
-        identity: Identity,
-        store: Store,
-        clock: Clock,
-        partials: Callable[[], list[HeldPartial]],
-    ) -> None:
-        """The parts of the broker the views read, passed in: the core's parts, the
-        store (and `clock`, to wait until what a session applied is durable), and
-        `partials`: the messages from other brokers still arriving (the transport's)."""
-        self.catalog = catalog
-        self.queues = queues
-        self.endpoints = endpoints
-        self.delivery = delivery
-        self.transactions = transactions
-        self.cache = cache
-        self.capacity = capacity
-        self.timers = timers
-        self.identity = identity
-        self.store = store
-        self.clock = clock
-        self.partials = partials
-        self.table: dict[str, ViewFn] = {
+    """The views, over the parts of the broker they read, passed in: the core's parts,
+    the store (and `clock`, to wait until what a session applied is durable), and
+    `partials`: the messages from other brokers still arriving (the transport's)."""
+
+    catalog: cat.Catalog
+    queues: Mapping[str, Queue]
+    endpoints: Endpoints
+    delivery: Delivery
+    transactions: Transactions
+    cache: MessageCache
+    capacity: Capacity
+    timers: ConversationTimers
+    identity: Identity
+    store: Store
+    clock: Clock
+    partials: Callable[[], list[HeldPartial]]
+    table: dict[str, ViewFn] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.table = {
             "conversation_endpoints": self.conversation_endpoints,
             "conversation_groups": self.conversation_groups,
             "service_queues": self.service_queues,

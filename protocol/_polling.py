@@ -28,6 +28,7 @@ Pure: the clocks, the scheduling and the giving way come in as functions.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Final
 
 MAX_POLL_WINDOW: Final = 0.01  # seconds (a longer poll is a busy loop, not a wait)
@@ -101,27 +102,20 @@ class Backoffs:
         return backoff
 
 
+@dataclass(eq=False)
 class Poller:
     """One party's polling, one poll at a time (`awaiting`: whether what it polls for
     has still not come; `cpu_clock`: this thread's processor time)."""
 
-    def __init__(
-        self,
-        awaiting: Callable[[], object],
-        clock: Callable[[], float],
-        schedule: Callable[[Callable[[], None]], object],
-        give_way: Callable[[], object],
-        cpu_clock: Callable[[], float],
-    ) -> None:
-        self._awaiting = awaiting
-        self._clock = clock
-        self._schedule = schedule
-        self._give_way = give_way
-        self._cpu_clock = cpu_clock
-        self._polling: Backoff | None = None  # the backoff of the poll under way
-        self._deadline = 0.0
-        self._started = 0.0  # when the poll under way started, by `clock`
-        self._cpu_started = 0.0  # and by `cpu_clock`
+    awaiting: Callable[[], object]
+    clock: Callable[[], float]
+    schedule: Callable[[Callable[[], None]], object]
+    give_way: Callable[[], object]
+    cpu_clock: Callable[[], float]
+    _polling: Backoff | None = field(default=None, init=False)  # the backoff of the poll under way
+    _deadline: float = field(default=0.0, init=False)
+    _started: float = field(default=0.0, init=False)  # when the poll under way started
+    _cpu_started: float = field(default=0.0, init=False)  # and by `cpu_clock`
 
     @property
     def polling(self) -> bool:
@@ -133,21 +127,21 @@ class Poller:
         if self._polling is not None or not backoff.due():
             return
         self._polling = backoff
-        self._started = now = self._clock()
+        self._started = now = self.clock()
         self._deadline = now + backoff.window
-        self._cpu_started = self._cpu_clock()
-        self._schedule(self._turn)
+        self._cpu_started = self.cpu_clock()
+        self.schedule(self._turn)
 
     def _turn(self) -> None:
         backoff = self._polling
         assert backoff is not None
-        if not self._awaiting():
+        if not self.awaiting():
             self._polling = None
-            spent = self._clock() - self._started
-            backoff.ended(had_a_processor(spent, self._cpu_clock() - self._cpu_started))
-        elif self._clock() >= self._deadline:
+            spent = self.clock() - self._started
+            backoff.ended(had_a_processor(spent, self.cpu_clock() - self._cpu_started))
+        elif self.clock() >= self._deadline:
             self._polling = None
             backoff.ended(False)
         else:
-            self._give_way()
-            self._schedule(self._turn)
+            self.give_way()
+            self.schedule(self._turn)

@@ -54,6 +54,7 @@ import struct
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import psycopg
@@ -146,6 +147,7 @@ class Fence(Protocol):
     def held(self) -> bool: ...
 
 
+@dataclass(eq=False, repr=False)  # (no repr: the URL may hold a password)
 class Session:
     """One connection to the database that speaks the families' SQL, in autocommit mode;
     `reconnect` replaces a lost one and remembers which server session it was. Its
@@ -153,18 +155,16 @@ class Session:
     connection whose server stops answering is found lost within about that many
     seconds (TCP keepalives and user timeout), not the system's two hours."""
 
-    def __init__(
-        self,
-        url: str,
-        role: str,
-        settings: Sequence[str] = (),
-        keepalive: float | None = None,
-    ) -> None:
-        self.url = url
-        self.role = role
-        self.settings = settings
-        self.keepalive = keepalive
-        self.lost: tuple[int, Any] | None = None  # (pid, start) of a session lost unended
+    url: str
+    role: str
+    settings: Sequence[str] = ()
+    keepalive: float | None = None
+    # (pid, start) of a session lost unended
+    lost: tuple[int, Any] | None = field(default=None, init=False)
+    conn: psycopg.Connection[Any] = field(init=False)
+    backend: tuple[int, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
         self.conn, self.backend = self._connect()
 
     def _connect(self) -> tuple[psycopg.Connection[Any], tuple[int, Any]]:
