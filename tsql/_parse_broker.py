@@ -11,7 +11,8 @@ parse time, with what to do instead.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 from . import _ast as ast
 from ._errors import NotSupported
@@ -190,28 +191,39 @@ class BrokerParser(ExpressionParser):
 
     # ---- DDL -------------------------------------------------------------------------------
 
-    def message_type(self, line: int, action: str) -> ast.Statement:
-        self.expect("TYPE")
+    def broker_object(self, line: int, action: str, word: str) -> ast.Statement | None:
+        """CREATE, ALTER or DROP of the Service Broker object whose kind's first word is
+        `word` (read already); None when no kind begins with it. A DROP names the object
+        and says no more, but for an event notification's, which names its queue."""
+        found = _OBJECTS.get(word)
+        if found is None:
+            return None
+        kind, words, rest = found
+        for each in words:
+            self.expect(each)
         name = self.dotted_name()
+        if action == "DROP" and kind != "event_notification":
+            return ast.Ddl(line, action, kind, name)
+        return rest(self, line, action, name)
+
+    def message_type(self, line: int, action: str, name: str) -> ast.Statement:
         options: dict[str, Any] = {}
-        if action != "DROP":
-            self._authorization(options)
-            if self.take("VALIDATION"):
-                self.expect_op("=")
-                validation = self.expect(
-                    "NONE", "EMPTY", "WELL_FORMED_XML", "VALID_XML", "VALID_JSON"
-                ).upper
-                if validation == "VALID_XML":
-                    raise NotSupported(
-                        "VALIDATION = VALID_XML WITH SCHEMA COLLECTION",
-                        "ssb has no XML schema collections; use WELL_FORMED_XML and check the"
-                        " schema in the receiving code",
-                    ).at(line)
-                options["validation"] = validation
+        self._authorization(options)
+        if self.take("VALIDATION"):
+            self.expect_op("=")
+            validation = self.expect(
+                "NONE", "EMPTY", "WELL_FORMED_XML", "VALID_XML", "VALID_JSON"
+            ).upper
+            if validation == "VALID_XML":
+                raise NotSupported(
+                    "VALIDATION = VALID_XML WITH SCHEMA COLLECTION",
+                    "ssb has no XML schema collections; use WELL_FORMED_XML and check the"
+                    " schema in the receiving code",
+                ).at(line)
+            options["validation"] = validation
         return ast.Ddl(line, action, "message_type", name, options)
 
-    def contract(self, line: int, action: str) -> ast.Statement:
-        name = self.dotted_name()
+    def contract(self, line: int, action: str, name: str) -> ast.Statement:
         options: dict[str, Any] = {}
         if action == "CREATE":
             self._authorization(options)
@@ -228,11 +240,8 @@ class BrokerParser(ExpressionParser):
             options["messages"] = messages
         return ast.Ddl(line, action, "contract", name, options)
 
-    def queue(self, line: int, action: str) -> ast.Statement:
-        name = self.dotted_name()
+    def queue(self, line: int, action: str, name: str) -> ast.Statement:
         options: dict[str, Any] = {}
-        if action == "DROP":
-            return ast.Ddl(line, action, "queue", name, options)
         if action == "ALTER" and self.at("REBUILD", "REORGANIZE", "MOVE"):
             raise NotSupported(
                 f"ALTER QUEUE ... {self.token.upper}",
@@ -306,11 +315,8 @@ class BrokerParser(ExpressionParser):
         self.expect_op(")")
         return activation
 
-    def service(self, line: int, action: str) -> ast.Statement:
-        name = self.dotted_name()
+    def service(self, line: int, action: str, name: str) -> ast.Statement:
         options: dict[str, Any] = {}
-        if action == "DROP":
-            return ast.Ddl(line, action, "service", name, options)
         self._authorization(options)
         if action == "CREATE" or self.at("ON"):
             self.expect("ON")
@@ -339,11 +345,8 @@ class BrokerParser(ExpressionParser):
             self.expect_op(")")
         return ast.Ddl(line, action, "service", name, options)
 
-    def route(self, line: int, action: str) -> ast.Statement:
-        name = self.dotted_name()
+    def route(self, line: int, action: str, name: str) -> ast.Statement:
         options: dict[str, Any] = {}
-        if action == "DROP":
-            return ast.Ddl(line, action, "route", name, options)
         self._authorization(options)
         self.expect("WITH")
         while True:
@@ -356,12 +359,8 @@ class BrokerParser(ExpressionParser):
                 break
         return ast.Ddl(line, action, "route", name, options)
 
-    def broker_priority(self, line: int, action: str) -> ast.Statement:
-        self.expect("PRIORITY")
-        name = self.dotted_name()
+    def broker_priority(self, line: int, action: str, name: str) -> ast.Statement:
         options: dict[str, Any] = {}
-        if action == "DROP":
-            return ast.Ddl(line, action, "broker_priority", name, options)
         self.expect("FOR")
         self.expect("CONVERSATION")
         if self.take("SET"):
@@ -385,9 +384,7 @@ class BrokerParser(ExpressionParser):
             self.expect_op(")")
         return ast.Ddl(line, action, "broker_priority", name, options)
 
-    def event_notification(self, line: int, action: str) -> ast.Statement:
-        self.expect("NOTIFICATION")
-        name = self.dotted_name()
+    def event_notification(self, line: int, action: str, name: str) -> ast.Statement:
         options: dict[str, Any] = {}
         while action == "DROP" and self.take_op(","):
             self.dotted_name()
@@ -424,13 +421,8 @@ class BrokerParser(ExpressionParser):
         options["broker_instance"] = self.expression()
         return ast.Ddl(line, action, "event_notification", name, options)
 
-    def remote_service_binding(self, line: int, action: str) -> ast.Statement:
-        self.expect("SERVICE")
-        self.expect("BINDING")
-        name = self.dotted_name()
+    def remote_service_binding(self, line: int, action: str, name: str) -> ast.Statement:
         options: dict[str, Any] = {}
-        if action == "DROP":
-            return ast.Ddl(line, action, "remote_service_binding", name, options)
         self._authorization(options)
         if action == "CREATE":
             self.expect("TO")
@@ -448,11 +440,8 @@ class BrokerParser(ExpressionParser):
                 break
         return ast.Ddl(line, action, "remote_service_binding", name, options)
 
-    def certificate(self, line: int, action: str) -> ast.Statement:
-        name = self.dotted_name()
+    def certificate(self, line: int, action: str, name: str) -> ast.Statement:
         options: dict[str, Any] = {}
-        if action == "DROP":
-            return ast.Ddl(line, action, "certificate", name, options)
         self._authorization(options)
         if action == "CREATE" and self.take("FROM"):
             if self.take("FILE"):
@@ -545,3 +534,25 @@ def _text(name: str) -> Any:
     from ._types import SqlType, Value
 
     return Value(name, SqlType("NVARCHAR", max(1, len(name))))
+
+
+# the Service Broker objects of CREATE / ALTER / DROP, by their kind's first word: the
+# kind (as the client names it), its other words, and what reads the rest of a CREATE or
+# ALTER of it
+_OBJECTS: Final[
+    dict[str, tuple[str, tuple[str, ...], Callable[[BrokerParser, int, str, str], ast.Statement]]]
+] = {
+    "MESSAGE": ("message_type", ("TYPE",), BrokerParser.message_type),
+    "CONTRACT": ("contract", (), BrokerParser.contract),
+    "QUEUE": ("queue", (), BrokerParser.queue),
+    "SERVICE": ("service", (), BrokerParser.service),
+    "ROUTE": ("route", (), BrokerParser.route),
+    "BROKER": ("broker_priority", ("PRIORITY",), BrokerParser.broker_priority),
+    "EVENT": ("event_notification", ("NOTIFICATION",), BrokerParser.event_notification),
+    "REMOTE": (
+        "remote_service_binding",
+        ("SERVICE", "BINDING"),
+        BrokerParser.remote_service_binding,
+    ),
+    "CERTIFICATE": ("certificate", (), BrokerParser.certificate),
+}

@@ -367,24 +367,9 @@ class Parser(TableParser):
             if action == "DROP":
                 return self._drop_procedure(line)
             return self._procedure(line, action)
-        if word == "MESSAGE":
-            return self.message_type(line, action)
-        if word == "CONTRACT":
-            return self.contract(line, action)
-        if word == "QUEUE":
-            return self.queue(line, action)
-        if word == "SERVICE":
-            return self.service(line, action)
-        if word == "ROUTE":
-            return self.route(line, action)
-        if word == "BROKER":
-            return self.broker_priority(line, action)
-        if word == "EVENT":
-            return self.event_notification(line, action)
-        if word == "REMOTE":
-            return self.remote_service_binding(line, action)
-        if word == "CERTIFICATE":
-            return self.certificate(line, action)
+        broker_object = self.broker_object(line, action, word)
+        if broker_object is not None:
+            return broker_object
         if word == "DATABASE":
             return self._database(line, action)
         if word == "LOGIN":
