@@ -52,7 +52,6 @@ from ._recovery import (
     Retries,
     Sent,
     Settling,
-    Tracker,
     check_deadline,
     none_answered,
     opened_database,
@@ -150,15 +149,10 @@ class Connection(Operations):
         self._at = at  # which of the URL's addresses answered last
         self._pending: dict[int, tuple[asyncio.Future[Any], Sent]] = {}
         self._next_id = 1
-        self.broker_instance_id = welcome.broker_instance
-        self.server = welcome.server
-        self.max_message_size = welcome.max_message_size
-        self.url = url
-        self._options = options
+        self._open_session(welcome, url, options, database)
         self._polls = Backoffs(busy_poll)  # (when polling for an answer pays, by operation)
         self._poller = answers_poller(self._pending.__len__, self._loop)
         self._closed = False
-        self._tracker = Tracker(opened_database(welcome, database))
         self._redialing: asyncio.Future[None] | None = None
         self._unsettled = 0  # requests whose answers were lost, not yet settled
         self._corked: list[bytes] = []  # requests held to leave with the next one
@@ -167,7 +161,6 @@ class Connection(Operations):
         self._unheard: dict[asyncio.Future[Any], _Begun] = {}
         self._settled = asyncio.Event()
         self._settled.set()
-        self.reconnects = 0
         # coroutines run after each reconnect, before anything in flight is settled
         self.on_reconnect: list[Callable[[Connection], Awaitable[object]]] = []
         wire.connection = self

@@ -24,11 +24,13 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from ssb.protocol import Welcome
+
 from . import _calls as calls
 from . import _calls_databases as databases
 from . import _calls_tables as tables
 from ._calls import Call
-from ._recovery import DEFAULT_RETRIES, Tracker
+from ._recovery import DEFAULT_RETRIES, Options, Tracker, opened_database
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -94,7 +96,20 @@ class Operations:
     broker_instance_id: str
     max_message_size: int
     reconnects: int
+    _options: Options
     _tracker: Tracker
+
+    def _open_session(self, welcome: Welcome, url: str, options: Options, database: str) -> None:
+        """Keep what both connections know of their session from its start: the broker's
+        welcome, the URL and options it was opened with, and its tracker, in the database
+        the broker opened it in (`database`: the one asked for, "" for the default)."""
+        self.broker_instance_id = welcome.broker_instance
+        self.server = welcome.server
+        self.max_message_size = welcome.max_message_size
+        self.url = url
+        self._options = options
+        self._tracker = Tracker(opened_database(welcome, database))
+        self.reconnects = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

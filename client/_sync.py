@@ -53,7 +53,6 @@ from ._recovery import (
     Retries,
     Sent,
     Settling,
-    Tracker,
     check_deadline,
     none_answered,
     opened_database,
@@ -103,16 +102,10 @@ class SyncConnection(Operations):
         self._at = at  # which of the URL's addresses answered last
         self._decoder = decoder
         self._next_id = 1
-        self.broker_instance_id = welcome.broker_instance
-        self.server = welcome.server
-        self.max_message_size = welcome.max_message_size
-        self.url = url
-        self._options = options
+        self._open_session(welcome, url, options, database)
         self._lost: str | None = None
         self._closed = False
-        self._tracker = Tracker(opened_database(welcome, database))
         self._ahead: _Ahead | None = None  # a BEGIN held back (see `transaction`)
-        self.reconnects = 0
         # functions run after each reconnect, before anything in flight is settled
         self.on_reconnect: list[Callable[[SyncConnection], object]] = []
 
