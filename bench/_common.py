@@ -103,22 +103,30 @@ class Catalog:
 
 
 def command_line(
-    module: str, doc: str | None, options: type, *names: str
+    module: str, doc: str | None, options: type, *names: str, **helps: str
 ) -> argparse.ArgumentParser:
-    """The parser of `python -m bench.<module>`, described by its docstring's first line,
-    with `--json PATH` and an `--a-name` for each named field of the options dataclass
-    `options`, with its default: `durability` is one of the broker's (fsync, os), any other
-    of its default's type (a whole number or a float)."""
+    """The parser of `python -m bench.<module>`, described by its docstring's first paragraph,
+    with `--json [PATH]` (stdout without a path) and an `--a-name` for each field of the
+    options dataclass `options` named in `names` or `helps` (there with its help text),
+    with its default: `durability` is one of the broker's (fsync, os), any other of its
+    default's type (a whole number or a float)."""
     parser = argparse.ArgumentParser(
-        prog=f"python -m bench.{module}", description=(doc or "").split("\n")[0]
+        prog=f"python -m bench.{module}", description=(doc or "").split("\n\n")[0]
     )
-    for name in names:
+    for name, text in {**dict.fromkeys(names), **helps}.items():
         default = getattr(options, name)
         if name == "durability":
-            parser.add_argument("--durability", choices=["fsync", "os"], default=default)
+            parser.add_argument("--durability", choices=["fsync", "os"], default=default, help=text)
         else:
-            parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+            option = f"--{name.replace('_', '-')}"
+            parser.add_argument(option, type=type(default), default=default, help=text)
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="also write the results as JSON (to PATH, or to stdout without one)",
+    )
     return parser
 
 

@@ -22,25 +22,37 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import json
 import operator
-import os
-import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from ssb import client
 from ssb.tools import wait_until
 
-from ._common import REPO_ROOT, BrokerProcess, parse_args, percentile, run
+from ._common import (
+    REPO_ROOT,
+    broker,
+    command_line,
+    conclude,
+    options_from,
+    parse_args,
+    percentile,
+    run,
+)
 
 SMOKE = {"cold": 2, "warm": 3, "tasks": 20}
+
+
+@dataclass
+class Options:
+    durability: str = "fsync"
+    cold: int = 30
+    warm: int = 200
+    tasks: int = 1000
 
 
 def stamp(conn: client.SyncConnection, task: Any) -> None:
@@ -52,12 +64,6 @@ def stamp(conn: client.SyncConnection, task: Any) -> None:
 
 def noop() -> None:
     """An empty scheduler task."""
-
-
-def _daemon(root: Path, durability: str, activation: dict[str, Any]) -> BrokerProcess:
-    settings = {"check_interval": 1.0, "python_path": [str(REPO_ROOT)], **activation}
-    root.mkdir(parents=True, exist_ok=True)
-    return BrokerProcess(root / "data", durability=durability, config={"activation": settings})
 
 
 async def _wait_idle(conn: client.Connection, queue: str) -> None:
@@ -127,50 +133,41 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.activation", description=__doc__.splitlines()[0]
+    parser = command_line(
+        "activation",
+        __doc__,
+        Options,
+        "durability",
+        cold="cold latency samples",
+        warm="warm latency samples",
+        tasks="scheduler tasks per run",
     )
-    parser.add_argument("--durability", choices=("fsync", "os"), default="fsync")
-    parser.add_argument("--cold", type=int, default=30, help="cold latency samples")
-    parser.add_argument("--warm", type=int, default=200, help="warm latency samples")
-    parser.add_argument("--tasks", type=int, default=1000, help="scheduler tasks per run")
-    parser.add_argument("--json", type=Path, help="also write the results here")
     args = parse_args(parser, argv, SMOKE)
-    results: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
-        "durability": args.durability,
-    }
-    root = Path(tempfile.mkdtemp(prefix="ssb-bench-activation-"))
-    try:
-        runs: list[tuple[str, dict[str, Any], Any]] = [
-            ("latency_cold", {"idle_workers": 0}, lambda url: latency(url, args.cold, 1)),
+    opts = options_from(Options, args)
+    runs: list[tuple[str, dict[str, Any], Any]] = [
+        ("latency_cold", {"idle_workers": 0}, lambda url: latency(url, opts.cold, 1)),
+        (
+            "latency_warm",
+            {"idle_workers": 2, "prestart_workers": 1},
+            lambda url: latency(url, opts.warm, 5),
+        ),
+    ]
+    for readers in (2, 8):
+        runs.append(
             (
-                "latency_warm",
-                {"idle_workers": 2, "prestart_workers": 1},
-                lambda url: latency(url, args.warm, 5),
-            ),
-        ]
-        for readers in (2, 8):
-            runs.append(
-                (
-                    f"scheduler_tasks_per_s_readers_{readers}",
-                    {"idle_workers": readers, "prestart_workers": readers},
-                    lambda url, r=readers: throughput(url, r, args.tasks),
-                )
+                f"scheduler_tasks_per_s_readers_{readers}",
+                {"idle_workers": readers, "prestart_workers": readers},
+                lambda url, r=readers: throughput(url, r, opts.tasks),
             )
-        for name, activation, measure in runs:
-            process = _daemon(root / name, args.durability, activation).start()
-            try:
-                value = run(measure(process.url))
-            finally:
-                process.stop(timeout=30)
-            results[name] = _summary(value) if isinstance(value, list) else round(value, 1)
-            print(f"{name:40} {json.dumps(results[name])}", flush=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
-    return 0
+        )
+    results: dict[str, Any] = {}
+    for name, activation, measure in runs:
+        settings = {"check_interval": 1.0, "python_path": [str(REPO_ROOT)], **activation}
+        with broker(opts.durability, {"activation": settings}) as process:
+            value = run(measure(process.url))
+        results[name] = _summary(value) if isinstance(value, list) else round(value, 1)
+        print(f"{name:40} {json.dumps(results[name])}", flush=True)
+    return conclude(args, "activation", opts, True, **results)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,6 @@ disk in a temp dir):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -73,6 +72,7 @@ from ._common import (
     BenchFailure,
     Catalog,
     broker,
+    command_line,
     conclude,
     cpu_meter,
     figure_table,
@@ -658,30 +658,27 @@ def print_table(r: Result, opts: Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    doc = __doc__ or ""
-    parser = argparse.ArgumentParser(prog="python -m bench.backlog", description=doc.split("\n")[0])
-    parser.add_argument("--messages", type=int, default=Options.messages)
-    parser.add_argument("--conversations", type=int, default=Options.conversations)
-    parser.add_argument("--body-size", type=int, default=Options.body_size)
-    parser.add_argument("--durability", choices=["fsync", "os"], default=Options.durability)
+    parser = command_line(
+        "backlog",
+        __doc__,
+        Options,
+        "messages",
+        "conversations",
+        "body_size",
+        "durability",
+        "in_flight",
+        "receive_top",
+        "short_messages",
+        "short_repeats",
+        "restarts",
+        "settle",
+        "phase_timeout",
+        batch="bodies per send_many",
+        tidy_timeout="seconds to wait, after --settle, for the idle store to stop shrinking",
+    )
     parser.add_argument(
         "--cache-bytes", type=int, default=None, help="message_cache_bytes (default: the daemon's)"
     )
-    parser.add_argument("--batch", type=int, default=Options.batch, help="bodies per send_many")
-    parser.add_argument("--in-flight", type=int, default=Options.in_flight)
-    parser.add_argument("--receive-top", type=int, default=Options.receive_top)
-    parser.add_argument("--short-messages", type=int, default=Options.short_messages)
-    parser.add_argument("--short-repeats", type=int, default=Options.short_repeats)
-    parser.add_argument("--restarts", type=int, default=Options.restarts)
-    parser.add_argument("--settle", type=float, default=Options.settle)
-    parser.add_argument(
-        "--tidy-timeout",
-        type=float,
-        default=Options.tidy_timeout,
-        help="seconds to wait, after --settle, for the idle store to stop shrinking",
-    )
-    parser.add_argument("--phase-timeout", type=float, default=Options.phase_timeout)
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     counts = ("messages", "conversations", "batch", "in_flight", "receive_top")
     counts += ("short_messages", "short_repeats", "restarts")
     args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)

@@ -465,9 +465,10 @@ def main(argv: list[str] | None = None) -> int:
         "in_flight",
         "latency_iterations",
         "phase_timeout",
+        batch="send_many / receive top",
+        scrape_interval="turn the broker's HTTP port on and read /metrics every this many seconds",
     )
     parser.add_argument("--durability", choices=["fsync", "os", "both"], default="both")
-    parser.add_argument("--batch", type=int, default=Options.batch, help="send_many / receive top")
     parser.add_argument(
         "--consumer",
         choices=["txn", "pipelined"],
@@ -489,12 +490,6 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="the daemon's busy_poll setting and its clients' (default: their own; 0: they"
         " sleep at once while waiting)",
-    )
-    parser.add_argument(
-        "--scrape-interval",
-        type=float,
-        default=0.0,
-        help="turn the broker's HTTP port on and read /metrics every this many seconds",
     )
     parser.add_argument(
         "--store",

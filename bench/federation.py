@@ -36,7 +36,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -54,6 +53,7 @@ from ._common import (
     BenchFailure,
     BrokerProcess,
     broker,
+    command_line,
     conclude,
     cpu_meter,
     options_from,
@@ -301,30 +301,25 @@ def print_table(outcome: Outcome, opts: e2e.Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.federation", description=__doc__.split("\n")[0]
+    parser = command_line(
+        "federation",
+        __doc__,
+        e2e.Options,
+        "messages",
+        "batch",
+        "body_size",
+        "conversations",
+        "in_flight",
+        "phase_timeout",
     )
-    parser.add_argument("--messages", type=int, default=e2e.Options.messages)
     parser.add_argument("--durability", choices=["fsync", "os"], default="fsync")
-    parser.add_argument("--batch", type=int, default=e2e.Options.batch)
-    parser.add_argument("--body-size", type=int, default=e2e.Options.body_size)
-    parser.add_argument("--conversations", type=int, default=e2e.Options.conversations)
-    parser.add_argument("--in-flight", type=int, default=e2e.Options.in_flight)
-    parser.add_argument("--consumer", choices=["txn", "pipelined"], default="txn")
-    parser.add_argument("--phase-timeout", type=float, default=e2e.Options.phase_timeout)
+    parser.add_argument("--consumer", choices=["txn", "pipelined"], default=e2e.Options.consumer)
     parser.add_argument(
         "--plain-link", action="store_true", help="brokers talk plain TCP ([transport] tls = false)"
     )
     parser.add_argument("--runs", type=int, default=1, help="interleaved runs of each kind")
     parser.add_argument(
         "--no-forwarder", action="store_true", help="skip the run through a forwarding broker"
-    )
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        metavar="PATH",
-        help="also write the results as JSON (to PATH, or to stdout without one)",
     )
     counts = ("messages", "batch", "conversations", "in_flight", "runs")
     args = parse_args(parser, argv, SMOKE, *counts, body_size=e2e.TAG.size)

@@ -430,16 +430,21 @@ def ratios(results: list[Result]) -> list[Ratio]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_line(
-        "peers", __doc__, Options, "messages", "batch", "body_size", "in_flight", "round_trips"
+        "peers",
+        __doc__,
+        Options,
+        "messages",
+        "batch",
+        "body_size",
+        "in_flight",
+        "round_trips",
+        rounds="end-to-end runs of each peer",
     )
     parser.add_argument(
         "--durability",
         choices=["fsync", "os", "both"],
         default=Options.durability,
         help="ssb's (the other brokers run as they acknowledge: see the module's comment)",
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=Options.rounds, help="end-to-end runs of each peer"
     )
     parser.add_argument(
         "--peers", default=",".join(PEERS), help=f"which, comma-separated: {', '.join(PEERS)}"

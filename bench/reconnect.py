@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         "body_size",
         "timeout",
         "durability",
+        cut_every="commits",
     )
-    parser.add_argument("--cut-every", type=int, default=Options.cut_every, help="commits")
     counts = ("messages", "batch", "in_flight", "cut_every")
     args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
     opts = options_from(Options, args)

@@ -342,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         "conversations",
         "in_flight",
         "durability",
+        quota="max_messages, run 2",
     )
-    parser.add_argument("--quota", type=int, default=Options.quota, help="max_messages, run 2")
     parser.add_argument("--cache-bytes", type=int, default=None)
     counts = ("quota", "batch", "conversations", "in_flight")
     args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)

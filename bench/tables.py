@@ -31,7 +31,6 @@ benchmark runs). All traffic stays on 127.0.0.1.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import glob
 import statistics
@@ -41,7 +40,16 @@ from dataclasses import dataclass
 
 from ssb import client
 
-from ._common import BenchFailure, Catalog, broker, options_from, parse_args, run, write_json
+from ._common import (
+    BenchFailure,
+    Catalog,
+    broker,
+    command_line,
+    conclude,
+    options_from,
+    parse_args,
+    run,
+)
 
 CATALOG = Catalog("Tables")
 RATIO_TARGET = 1.3
@@ -54,8 +62,6 @@ class Options:
     batch: int = 100
     rounds: int = 20
     durability: str = "fsync"
-    smoke: bool = False
-    json: str | None = None
 
 
 def _cpu_ns(pid: int) -> int | None:
@@ -159,12 +165,9 @@ async def measure(url: str, options: Options, pid: int = 0) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.tables", description=__doc__)
-    parser.add_argument("--batch", type=int, default=Options.batch)
-    parser.add_argument("--rounds", type=int, default=Options.rounds)
-    parser.add_argument("--durability", choices=("fsync", "os"), default=Options.durability)
-    parser.add_argument("--json", help="write the results as JSON to this file ('-': stdout)")
-    options = options_from(Options, parse_args(parser, argv, {"batch": 10, "rounds": 2}))
+    parser = command_line("tables", __doc__, Options, "batch", "rounds", "durability")
+    args = parse_args(parser, argv, {"batch": 10, "rounds": 2})
+    options = options_from(Options, args)
     with broker(options.durability) as process:
         figures = run(measure(process.url, options, process.pid))
     ratio = figures["statements_ratio"]
@@ -186,21 +189,18 @@ def main(argv: list[str] | None = None) -> int:
                 for form in FORMS
             )
         )
-    if options.json:
-        write_json(
-            options.json,
-            "tables",
-            options,
-            **{
-                name if name.endswith("_ratio") else f"{name}_ms": (
-                    value if name.endswith("_ratio") else value * 1e3
-                )  # ("<side>_cpu" becomes "<side>_cpu_ms")
-                for name, value in figures.items()
-            },
-        )
-    if options.smoke:
-        return 0
-    return 0 if ratio <= RATIO_TARGET else 1
+    return conclude(
+        args,
+        "tables",
+        options,
+        ratio <= RATIO_TARGET,
+        **{
+            name if name.endswith("_ratio") else f"{name}_ms": (
+                value if name.endswith("_ratio") else value * 1e3
+            )  # ("<side>_cpu" becomes "<side>_cpu_ms")
+            for name, value in figures.items()
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ benchmark runs: a few messages, one round). All traffic stays on 127.0.0.1.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from ssb import client
 from ssb.tsql import Collect, Session, parse_batch, split_batches
 
-from ._common import Catalog, broker, options_from, parse_args, run, write_json
+from ._common import Catalog, broker, command_line, conclude, options_from, parse_args, run
 
 CATALOG = Catalog("TSql")
 PARSE_TARGET_MS = 50.0
@@ -49,8 +48,6 @@ UNIT = (
 class Options:
     messages: int = 2_000
     rounds: int = 3
-    smoke: bool = False
-    json: str | None = None
 
 
 def parse_script() -> str:
@@ -108,11 +105,9 @@ async def loop(url: str, options: Options) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.tsql", description=__doc__)
-    parser.add_argument("--messages", type=int, default=Options.messages)
-    parser.add_argument("--rounds", type=int, default=Options.rounds)
-    parser.add_argument("--json", help="write the results as JSON to this file ('-': stdout)")
-    options = options_from(Options, parse_args(parser, argv, {"messages": 20, "rounds": 1}))
+    parser = command_line("tsql", __doc__, Options, "messages", "rounds")
+    args = parse_args(parser, argv, {"messages": 20, "rounds": 1})
+    options = options_from(Options, args)
     parse = parse_ms(parse_script(), max(options.rounds, 3))
     print(f"parse   10 KB script: {parse:.1f} ms (target under {PARSE_TARGET_MS:.0f} ms)")
     with broker("os") as process:
@@ -122,19 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         f"loop    {options.messages} messages: client {python_s * 1e6:.0f} us/message,"
         f" T-SQL {tsql_s * 1e6:.0f} us/message, ratio {ratio:.2f} (target at most {RATIO_TARGET:.1f})"
     )
-    if options.json:
-        write_json(
-            options.json,
-            "tsql",
-            options,
-            parse_ms=parse,
-            client_us=python_s * 1e6,
-            tsql_us=tsql_s * 1e6,
-            ratio=ratio,
-        )
-    if options.smoke:
-        return 0
-    return 0 if parse < PARSE_TARGET_MS and ratio <= RATIO_TARGET else 1
+    met = parse < PARSE_TARGET_MS and ratio <= RATIO_TARGET
+    return conclude(
+        args,
+        "tsql",
+        options,
+        met,
+        parse_ms=parse,
+        client_us=python_s * 1e6,
+        tsql_us=tsql_s * 1e6,
+        ratio=ratio,
+    )
 
 
 if __name__ == "__main__":
