@@ -26,7 +26,8 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -190,6 +191,31 @@ async def receive_in_one_round_trip(
     messages: list[client.Message] = await received
     await commit
     return messages
+
+
+async def pipelined(
+    calls: Iterable[Awaitable[T]], in_flight: int, deadline: float, what: str
+) -> list[T]:
+    """Await `calls` with at most `in_flight` of them outstanding (each started as it is
+    taken, the oldest awaited first): their results, in order. BenchFailure, naming `what`,
+    when one is not answered by `deadline` (a time.monotonic())."""
+    results: list[T] = []
+    pending: deque[asyncio.Future[T]] = deque()
+
+    async def oldest() -> None:
+        left = max(0.0, deadline - time.monotonic())
+        try:
+            results.append(await asyncio.wait_for(pending.popleft(), left))
+        except TimeoutError:
+            raise BenchFailure(f"{what}: not done by the deadline") from None
+
+    for call in calls:
+        pending.append(asyncio.ensure_future(call))
+        if len(pending) >= in_flight:
+            await oldest()
+    while pending:
+        await oldest()
+    return results
 
 
 # a worker process's work: a module-level coroutine function (a spawned process finds it by

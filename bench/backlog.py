@@ -61,8 +61,7 @@ import struct
 import sys
 import time
 import uuid
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -78,6 +77,7 @@ from ._common import (
     figure_table,
     options_from,
     parse_args,
+    pipelined,
     rate,
     receive_in_one_round_trip,
     run,
@@ -247,26 +247,15 @@ async def fill(
     step = max(1, total_calls // 10)
     async with await client.connect(url) as conn:
         started = time.monotonic()
-        deadline = started + opts.phase_timeout
-        in_flight: deque[asyncio.Future[None]] = deque()
 
-        async def settle_one() -> None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BenchFailure(f"{label}: fill did not finish in {opts.phase_timeout:g} s")
-            await asyncio.wait_for(in_flight.popleft(), left)
+        def sends() -> Iterator[Awaitable[None]]:
+            for number, (c, first, n) in enumerate(plan(counts, opts.batch), 1):
+                bodies = [TAG.pack(phase, c, i) + pad for i in range(first, first + n)]
+                yield conn.send_many(handles[c], CATALOG.message_type, bodies)
+                if progress is not None and number % step == 0 and number < total_calls:
+                    progress(number / total_calls, time.monotonic() - started)
 
-        for number, (c, first, n) in enumerate(plan(counts, opts.batch), 1):
-            bodies = [TAG.pack(phase, c, i) + pad for i in range(first, first + n)]
-            in_flight.append(
-                asyncio.ensure_future(conn.send_many(handles[c], CATALOG.message_type, bodies))
-            )
-            if len(in_flight) >= opts.in_flight:
-                await settle_one()
-            if progress is not None and number % step == 0 and number < total_calls:
-                progress(number / total_calls, time.monotonic() - started)
-        while in_flight:
-            await settle_one()
+        await pipelined(sends(), opts.in_flight, started + opts.phase_timeout, f"{label}: fill")
         return time.monotonic() - started
 
 

@@ -47,8 +47,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -67,6 +66,7 @@ from ._common import (
     options_from,
     parse_args,
     percentile,
+    pipelined,
     postgres_databases,
     print_header,
     rate,
@@ -157,18 +157,15 @@ async def produce(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
     async with await connect(url, opts) as conn:
         handles = [await CATALOG.begin_dialog(conn) for _ in range(opts.conversations)]
         pad = b"p" * max(0, opts.body_size - TAG.size)
+
+        def batches() -> Iterator[Awaitable[None]]:
+            for number, first in enumerate(range(0, opts.messages, opts.batch)):
+                last = min(opts.messages, first + opts.batch)
+                bodies = [body(phase, i, pad) for i in range(first, last)]
+                yield _send_batch(conn, handles[number % len(handles)], bodies, opts)
+
         started = await started_together("producer", go, ready, opts.phase_timeout)
-        deadline = started + opts.phase_timeout
-        in_flight: deque[asyncio.Future[None]] = deque()
-        for number, first in enumerate(range(0, opts.messages, opts.batch)):
-            last = min(opts.messages, first + opts.batch)
-            bodies = [body(phase, i, pad) for i in range(first, last)]
-            handle = handles[number % len(handles)]
-            in_flight.append(asyncio.ensure_future(_send_batch(conn, handle, bodies, opts)))
-            if len(in_flight) >= opts.in_flight:
-                await asyncio.wait_for(in_flight.popleft(), max(0.1, deadline - time.monotonic()))
-        while in_flight:
-            await asyncio.wait_for(in_flight.popleft(), max(0.1, deadline - time.monotonic()))
+        await pipelined(batches(), opts.in_flight, started + opts.phase_timeout, "producer")
         finished = time.monotonic()
     return {"sent": opts.messages, "started": started, "finished": finished}
 

@@ -39,7 +39,6 @@ import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
 from ssb import client
 
@@ -51,6 +50,7 @@ from ._common import (
     cpu_meter,
     options_from,
     parse_args,
+    pipelined,
     print_header,
     rate,
     receive_in_one_round_trip,
@@ -102,19 +102,6 @@ class Run:
     per_level: dict[int, int] = field(default_factory=dict)
 
 
-async def _bounded(calls: list[Any], in_flight: int, deadline: float) -> list[Any]:
-    """Await coroutines with at most `in_flight` outstanding; results in order."""
-    results: list[Any] = []
-    pending: deque[asyncio.Future[Any]] = deque()
-    for call in calls:
-        pending.append(asyncio.ensure_future(call))
-        if len(pending) >= in_flight:
-            results.append(await asyncio.wait_for(pending.popleft(), deadline - time.monotonic()))
-    while pending:
-        results.append(await asyncio.wait_for(pending.popleft(), deadline - time.monotonic()))
-    return results
-
-
 async def setup(url: str, levels: list[int], opts: Options) -> int:
     """Catalog, priorities, dialogs and messages; returns the number of messages sent."""
     deadline = time.monotonic() + opts.timeout
@@ -134,13 +121,14 @@ async def setup(url: str, levels: list[int], opts: Options) -> int:
             )
         # dialog i goes to service (i % 10) + 1: services interleave in creation order
         services = [(i % LEVELS) + 1 for i in range(opts.groups)]
-        handles = await _bounded(
+        handles = await pipelined(
             [
                 conn.begin_dialog(INITIATOR_SERVICE, target_service(k), contract=CONTRACT)
                 for k in services
             ],
             opts.setup_in_flight,
             deadline,
+            "setup: BEGIN DIALOG",
         )
         pad = b"b" * max(0, opts.body_size - TAG.size)
         # lowest service number (= lowest level in the multi-level run) sends first
@@ -149,7 +137,7 @@ async def setup(url: str, levels: list[int], opts: Options) -> int:
         for i in order:
             bodies = [TAG.pack(i, j) + pad for j in range(opts.per_group)]
             sends.append(conn.send_many(handles[i], MESSAGE_TYPE, bodies))
-        await _bounded(sends, opts.setup_in_flight, deadline)
+        await pipelined(sends, opts.setup_in_flight, deadline, "setup: SEND")
     return opts.groups * opts.per_group
 
 
