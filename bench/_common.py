@@ -28,7 +28,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -216,6 +216,42 @@ async def pipelined(
     while pending:
         await oldest()
     return results
+
+
+@dataclass(eq=False)
+class Watchdog:
+    """A consumer's limits while it takes `total` messages, from `started` (a
+    time.monotonic()): all of them within `phase_timeout` seconds, and never `idle_timeout`
+    seconds without one. `check` fails the run (BenchFailure, naming `who`) once either is
+    passed; `heard` notes that messages came."""
+
+    who: str
+    total: int
+    started: float
+    phase_timeout: float
+    idle_timeout: float
+    last_message: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.last_message = self.started
+
+    def check(self, count: int) -> None:
+        """Fail the run if the limits are passed with `count` messages taken."""
+        now = time.monotonic()
+        if now - self.started > self.phase_timeout:
+            raise BenchFailure(
+                f"{self.who}: only {count} of {self.total} after {self.phase_timeout:g} s"
+            )
+        if now - self.last_message > self.idle_timeout:
+            raise BenchFailure(
+                f"{self.who}: no message for {self.idle_timeout:g} s with {count} of"
+                f" {self.total} received (messages lost or stuck in the queue)"
+            )
+
+    def heard(self) -> float:
+        """Messages came now; returns the time (a time.monotonic())."""
+        self.last_message = time.monotonic()
+        return self.last_message
 
 
 # a worker process's work: a module-level coroutine function (a spawned process finds it by

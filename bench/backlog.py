@@ -70,6 +70,7 @@ from ssb import client
 from ._common import (
     BenchFailure,
     Catalog,
+    Watchdog,
     broker,
     command_line,
     conclude,
@@ -280,26 +281,16 @@ async def drain(
     async with await client.connect(url) as conn:
         await conn.ping()
         started = time.monotonic()
-        deadline = started + opts.phase_timeout
-        last_message = started
+        watchdog = Watchdog(label, total, started, opts.phase_timeout, opts.idle_timeout)
         next_report = tenth
         while count < total:
-            now = time.monotonic()
-            if now > deadline:
-                raise BenchFailure(
-                    f"{label}: only {count} of {total} after {opts.phase_timeout:g} s"
-                )
-            if now - last_message > opts.idle_timeout:
-                raise BenchFailure(
-                    f"{label}: no message for {opts.idle_timeout:g} s with {count} of {total} "
-                    "received (messages lost or stuck in the queue)"
-                )
+            watchdog.check(count)
             messages = await receive_in_one_round_trip(
                 conn, CATALOG.target_queue, opts.receive_top, 1.0
             )
             if not messages:
                 continue
-            last_message = time.monotonic()
+            last_message = watchdog.heard()
             receives += 1
             for m in messages:
                 if m.message_type_name != CATALOG.message_type:
@@ -338,7 +329,7 @@ async def drain(
                     flush=True,
                 )
                 next_report += tenth
-        finished = last_message
+        finished = watchdog.last_message
         leftover = await conn.receive(CATALOG.target_queue, top=1, timeout=0)
         if leftover:
             raise BenchFailure(f"{label}: the queue is not empty after {count} messages")

@@ -58,6 +58,7 @@ from ._common import (
     BenchFailure,
     Catalog,
     Outcomes,
+    Watchdog,
     Work,
     broker,
     command_line,
@@ -201,24 +202,15 @@ async def consume(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
         await conn.ping()
         started = await started_together("consumer", go, ready, opts.phase_timeout)
         cpu_started = time.process_time()
-        deadline = started + opts.phase_timeout
-        last_message = started
+        watchdog = Watchdog(
+            "consumer", opts.messages, started, opts.phase_timeout, opts.idle_timeout
+        )
         while count < opts.messages:
-            now = time.monotonic()
-            if now > deadline:
-                raise BenchFailure(
-                    f"consumer: only {count} of {opts.messages} messages after "
-                    f"{opts.phase_timeout:g} s"
-                )
-            if now - last_message > opts.idle_timeout:
-                raise BenchFailure(
-                    f"consumer: no message for {opts.idle_timeout:g} s with {count} of "
-                    f"{opts.messages} received"
-                )
+            watchdog.check(count)
             messages = await _receive_batch(conn, opts)
             if not messages:
                 continue
-            last_message = time.monotonic()
+            watchdog.heard()
             batches += 1
             for m in messages:
                 got_phase, index = TAG.unpack_from(m.message_body)
