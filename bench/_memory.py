@@ -6,7 +6,8 @@ background thread every `interval` seconds, following the daemon across restarts
 reads the pid anew each time). The store is `<data_dir>/broker.db` plus its `-wal` file.
 
 The memory benchmarks start their daemon with `_common.broker()`, whose config (a dict of
-settings) sets `message_cache_bytes`.
+settings) sets `message_cache_bytes`, and read the daemon's own account of what it holds
+from its views (`queue_state`: a queue's `service_queues` row and `broker_resources`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ._common import BrokerProcess
+from ssb import client
+
+from ._common import BenchFailure, BrokerProcess
 
 __all__ = [
     "MB",
@@ -29,6 +33,8 @@ __all__ = [
     "daemon_rss",
     "mb",
     "peak_rss_bytes",
+    "queue_row",
+    "queue_state",
     "rss_bytes",
     "store_size",
     "timed_restart",
@@ -144,6 +150,22 @@ def store_size(data_dir: Path) -> StoreSize:
             return 0
 
     return StoreSize(db=size(data_dir / "broker.db"), wal=size(data_dir / "broker.db-wal"))
+
+
+async def queue_row(conn: client.Connection, queue: str) -> dict[str, Any]:
+    """The `service_queues` row of `queue` (BenchFailure when it has none)."""
+    rows: list[dict[str, Any]] = await conn.view("service_queues")
+    for row in rows:
+        if row.get("name") == queue:
+            return row
+    raise BenchFailure(f"{queue} is not in service_queues")
+
+
+async def queue_state(url: str, queue: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the `service_queues` row of `queue`, the `broker_resources` row) of the daemon at
+    `url`."""
+    async with await client.connect(url) as conn:
+        return await queue_row(conn, queue), (await conn.view("broker_resources"))[0]
 
 
 def timed_restart(process: BrokerProcess) -> float:

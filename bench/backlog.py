@@ -90,6 +90,7 @@ from ._memory import (
     daemon_peak,
     daemon_rss,
     mb,
+    queue_state,
     store_size,
     timed_restart,
 )
@@ -356,17 +357,6 @@ async def first_answer(url: str) -> float:
     return time.perf_counter() - started
 
 
-async def queue_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the target queue's service_queues row, the broker_resources row)."""
-    async with await client.connect(url) as conn:
-        queues = await conn.view("service_queues")
-        resources = (await conn.view("broker_resources"))[0]
-    row = next((q for q in queues if q.get("name") == CATALOG.target_queue), None)
-    if row is None:
-        raise BenchFailure(f"{CATALOG.target_queue} is not in service_queues")
-    return row, resources
-
-
 def _sizes(process: BrokerProcess) -> dict[str, int]:
     size = store_size(process.data_dir)
     return {"db": size.db, "wal": size.wal}
@@ -464,7 +454,7 @@ def bench(opts: Options) -> Result:
         )
         r.rss_growth = r.rss_peak_fill - r.rss_before_fill
         r.store_after_fill = _sizes(d)
-        row, r.resources_after_fill = run(queue_state(url))
+        row, r.resources_after_fill = run(queue_state(url, CATALOG.target_queue))
         print(
             f"  filled in {r.fill_s:.1f} s ({r.fill_msgs_s:,.0f} msgs/s); RSS {mb(r.rss_after_fill)}"
             f" MB, peak {mb(r.rss_peak_fill)} MB; queue: {row['messages_ready']:,} ready,"
@@ -477,7 +467,7 @@ def bench(opts: Options) -> Result:
             r.deep_restart_s.append(timed_restart(d))
             r.rss_after_deep_restart.append(daemon_rss(d))
             r.deep_first_answer_s.append(r.deep_restart_s[-1] + run(first_answer(url)))
-            row, _ = run(queue_state(url))
+            row, _ = run(queue_state(url, CATALOG.target_queue))
             stored = row["messages_ready"]
             if stored != opts.messages:
                 raise BenchFailure(
@@ -505,7 +495,7 @@ def bench(opts: Options) -> Result:
         r.rss_after_drain = daemon_rss(d)
         r.rss_after_drain_vs_empty = r.rss_after_drain - r.rss_empty
         r.store_after_tidy = _sizes(d)
-        _, r.resources_after_drain = run(queue_state(url))
+        _, r.resources_after_drain = run(queue_state(url, CATALOG.target_queue))
 
         # the reference again, on the same daemon: both bracket the deep drain in time
         short_phase("after the drain")

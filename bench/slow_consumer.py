@@ -63,7 +63,17 @@ from ._common import (
     run,
     started_together,
 )
-from ._memory import MB, BrokerProcess, daemon_peak, daemon_rss, mb, rss_bytes, store_size
+from ._memory import (
+    MB,
+    BrokerProcess,
+    daemon_peak,
+    daemon_rss,
+    mb,
+    queue_row,
+    queue_state,
+    rss_bytes,
+    store_size,
+)
 
 CATALOG = Catalog("Slow")
 TAG = struct.Struct(">Q")  # the producer's index of the message
@@ -195,14 +205,6 @@ async def consume(
 # ---- one run -------------------------------------------------------------------------------
 
 
-async def target_queue(conn: client.Connection) -> dict[str, Any]:
-    rows: list[dict[str, Any]] = await conn.view("service_queues")
-    for row in rows:
-        if row.get("name") == CATALOG.target_queue:
-            return row
-    raise BenchFailure(f"{CATALOG.target_queue} is not in service_queues")
-
-
 async def monitor(
     d: BrokerProcess, workers: Workers, limit: float, interval: float
 ) -> tuple[list[int], list[int]]:
@@ -214,17 +216,10 @@ async def monitor(
             value = rss_bytes(d.pid)
             if value is not None:
                 rss.append(value)
-            depth.append(int((await target_queue(conn))["messages_stored"]))
+            depth.append(int((await queue_row(conn, CATALOG.target_queue))["messages_stored"]))
             if workers.reported(limit):
                 return rss, depth
             await asyncio.sleep(interval)  # pacing of the samples
-
-
-async def final_state(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    async with await client.connect(url) as conn:
-        row = await target_queue(conn)
-        resources = (await conn.view("broker_resources"))[0]
-    return row, resources
 
 
 def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Options) -> RunResult:
@@ -260,7 +255,7 @@ def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Op
         r.received = consumer["received"]
         r.consumer_msgs_s = rate(r.received, consumer["seconds"])
         r.consumer_fraction = r.received / r.sent if r.sent else 0.0
-        row, r.resources_end = run(final_state(d.url))
+        row, r.resources_end = run(queue_state(d.url, CATALOG.target_queue))
         r.queued_end = int(row["messages_stored"])
         r.max_depth = max([*depth, r.queued_end])
         size = store_size(d.data_dir)
