@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
 T = TypeVar("T")
@@ -18,14 +19,17 @@ T = TypeVar("T")
 POLL_INTERVAL: Final = 0.05
 
 
+@dataclass(eq=False)
 class _Wait(Generic[T]):
     """One wait: whether a value ends it; fails once the deadline has passed."""
 
-    def __init__(self, what: str, timeout: float, until: Callable[[T], object]) -> None:
-        self.what = what
-        self.timeout = timeout
-        self.until = until
-        self.deadline = time.monotonic() + timeout
+    what: str
+    timeout: float
+    until: Callable[[T], object]
+    deadline: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
 
     def over(self, value: T) -> bool:
         if self.until(value):
