@@ -323,11 +323,15 @@ class Workers:
             self._take(*self._next_report(limit))
         return self.outcomes
 
-    def reported(self, limit: float) -> bool:
-        """Take the outcomes reported by now, without waiting; whether every worker has
-        reported (it is an error to be still waiting at `limit`)."""
-        while (report := self._report(0.0, limit)) is not None:
+    def reported(self, limit: float, wait: float = 0.0) -> bool:
+        """Take the outcomes reported by now (waiting up to `wait` seconds for one while
+        some are missing); whether every worker has reported (it is an error to be still
+        waiting at `limit`)."""
+        while len(self.outcomes) < len(self.procs):
+            if (report := self._report(wait, limit)) is None:
+                break
             self._take(*report)
+            wait = 0.0
         return len(self.outcomes) == len(self.procs)
 
     def _take(self, role: str, outcome: dict[str, Any]) -> None:

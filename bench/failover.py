@@ -24,9 +24,9 @@ Run from the repository root:
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing as mp
 import os
-import queue
 import shutil
 import signal
 import statistics
@@ -34,7 +34,6 @@ import struct
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,9 @@ from ._common import (
     BenchFailure,
     BrokerProcess,
     Catalog,
+    Outcomes,
+    Work,
+    Workers,
     command_line,
     conclude,
     options_from,
@@ -52,6 +54,7 @@ from ._common import (
     postgres_databases,
     rate,
     run,
+    started_together,
 )
 
 CATALOG = Catalog("Failover")
@@ -91,8 +94,9 @@ class Result:
 # ---- the producer and the consumer (each in its own process) -----------------------------
 
 
-async def produce(url: str, opts: Options, sent: Any) -> dict[str, Any]:
+async def produce(url: str, opts: Options, sent: Any, go: Any, ready: Any) -> dict[str, Any]:
     """Send opts.messages bodies, batch by batch, each batch one run_transaction."""
+    _stacks_on_signal("producer")
     async with await client.connect(url, reconnect_deadline=opts.timeout) as conn:
 
         async def begin(c: client.Connection) -> Any:
@@ -100,6 +104,7 @@ async def produce(url: str, opts: Options, sent: Any) -> dict[str, Any]:
 
         handles = [await conn.run_transaction(begin) for _ in range(opts.conversations)]
         pad = b"p" * max(0, opts.body_size - TAG.size)
+        await started_together("producer", go, ready, opts.timeout)
         numbers = [0] * opts.conversations
         done = 0
         turn = 0
@@ -120,18 +125,19 @@ async def produce(url: str, opts: Options, sent: Any) -> dict[str, Any]:
     return {"sent": done, "per_conversation": numbers}
 
 
-async def consume(url: str, opts: Options, received: Any) -> dict[str, Any]:
+async def consume(url: str, opts: Options, received: Any, go: Any, ready: Any) -> dict[str, Any]:
     """Receive until opts.messages have come, each in a run_transaction; check each."""
+    _stacks_on_signal("consumer")
     expected = [0] * opts.conversations
     seen: set[tuple[int, int]] = set()
     duplicated = out_of_order = 0
     count = 0
-    deadline = time.monotonic() + opts.timeout
     async with await client.connect(url, reconnect_deadline=opts.timeout) as conn:
 
         async def take(c: client.Connection) -> list[client.Message]:
             return await c.receive(CATALOG.target_queue, top=opts.batch, timeout=1.0)
 
+        deadline = await started_together("consumer", go, ready, opts.timeout) + opts.timeout
         while count < opts.messages:
             if time.monotonic() > deadline:
                 raise BenchFailure(f"consumer: {count} of {opts.messages} in time")
@@ -173,17 +179,9 @@ def _print_tasks(role: str) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-async def _with_stacks_on_signal(role: str, work: Any) -> Any:
+def _stacks_on_signal(role: str) -> None:
+    """On SIGUSR1, print where every task of this worker waits (see Progress)."""
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _print_tasks, role)
-    return await work
-
-
-def _child(role: str, url: str, opts: Options, counter: Any, results: Any) -> None:
-    try:
-        worker = produce if role == "producer" else consume
-        results.put((role, run(_with_stacks_on_signal(role, worker(url, opts, counter)))))
-    except BaseException:
-        results.put((role, {"error": traceback.format_exc()}))
 
 
 # ---- the run -------------------------------------------------------------------------------
@@ -197,86 +195,78 @@ def _daemon(opts: Options) -> Any:
     return make
 
 
+@dataclass(eq=False)
 class Progress:
-    """The producer and the consumer, watched: their results as they come (a failure is
-    raised at once: a child that failed has reported it and exited with 0), and the
-    consumer's count (a run that stops moving fails within STALL_SECONDS, with both
-    children's task stacks on stderr, rather than waiting out the run's timeout)."""
+    """The producer and the consumer, watched: their outcomes as they come (a failure, or
+    a worker's death, is raised at once: see `Workers`), and the consumer's count
+    (`counter`: a run that stops moving fails within STALL_SECONDS, with both workers'
+    task stacks on stderr, rather than waiting out the run's `deadline`)."""
 
-    def __init__(self, counter: Any, procs: list[Any], results: Any, deadline: float) -> None:
-        self.counter, self.procs, self.results, self.deadline = counter, procs, results, deadline
-        self.outcomes: dict[str, dict[str, Any]] = {}
-        self.seen, self.moved = -1, time.monotonic()
+    workers: Workers
+    counter: Any  # the consumer's count of messages received (a shared Value)
+    deadline: float  # a time.monotonic()
+    seen: int = field(init=False, default=-1)
+    moved: float = field(init=False, default_factory=time.monotonic)
 
-    def check(self, waiting_for: str, wait: float = 0.05) -> None:
-        """Take a result that came (waiting up to `wait` seconds for one); raise when a
-        child failed, or nothing moved for too long."""
-        try:
-            role, outcome = self.results.get(timeout=wait)
-        except queue.Empty:
-            pass
-        else:
-            if "error" in outcome:
-                raise BenchFailure(f"{role} failed:\n{outcome['error']}")
-            self.outcomes[role] = outcome
+    def check(self, waiting_for: str, wait: float = 0.05) -> bool:
+        """Take the outcomes that came (waiting up to `wait` seconds for one); whether both
+        have come. Raises when a worker failed, or nothing moved for too long."""
+        done = self.workers.reported(math.inf, wait)
         now = time.monotonic()
         if self.counter.value != self.seen:
             self.seen, self.moved = self.counter.value, now
-        if any(p.exitcode not in (None, 0) for p in self.procs):
-            raise BenchFailure("a producer or consumer process died without a word")
         stalled = now - self.moved > STALL_SECONDS
         if stalled or now > self.deadline:
-            for p in self.procs:
+            for p in self.workers.procs:
                 if p.exitcode is None and p.pid is not None:
                     os.kill(p.pid, signal.SIGUSR1)
             time.sleep(1.0)  # the stacks reach stderr (a diagnostic's pause, not a wait)
             why = f"nothing received for {STALL_SECONDS:g} s" if stalled else "out of time"
             raise BenchFailure(f"{why}: {self.seen} received, waiting for {waiting_for}")
+        return done
 
     def wait_for(self, at_least: int) -> None:
         """Until the consumer has received `at_least` messages."""
         while self.counter.value < at_least:
-            self.check(f"{at_least} received")
+            if self.check(f"{at_least} received"):
+                raise BenchFailure(
+                    f"the producer and the consumer ended with {self.counter.value} received,"
+                    f" short of {at_least}"
+                )
 
-    def finish(self) -> dict[str, dict[str, Any]]:
-        """Both children's results."""
-        while len(self.outcomes) < len(self.procs):
-            self.check("the producer's and the consumer's results", wait=1.0)
-        return self.outcomes
+    def finish(self) -> Outcomes:
+        """Both workers' outcomes."""
+        while not self.check("the producer's and the consumer's results", wait=1.0):
+            pass
+        return self.workers.outcomes
 
 
 def bench(opts: Options, database: str) -> Result:
     result = Result(messages=opts.messages, kills=opts.kills)
     root = Path(tempfile.mkdtemp(prefix="ssb-bench-failover-"))
     pair = tools.DaemonPair(root, database, _daemon(opts))
-    procs: list[Any] = []
     try:
         pair.start()
         run(CATALOG.create(pair.url))
-        url = pair.url
         ctx = mp.get_context("spawn")
         sent, received = ctx.Value("q", 0), ctx.Value("q", 0)
-        results = ctx.Queue()
-        procs += [
-            ctx.Process(target=_child, args=("consumer", url, opts, received, results)),
-            ctx.Process(target=_child, args=("producer", url, opts, sent, results)),
-        ]
-        started = time.monotonic()
-        deadline = started + opts.timeout
-        for p in procs:
-            p.start()
-        progress = Progress(received, procs, results, deadline)
-        step = max(1, opts.messages // (opts.kills + 2))
-        for kill in range(opts.kills):
-            progress.wait_for(min(opts.messages - 1, (kill + 1) * step))
-            took = pair.fail_over("kill")
-            result.takeover_seconds.append(took)
-            print(f"kill {kill + 1}: the standby served after {took:.2f} s", flush=True)
-            pair.restart()
-        outcomes = progress.finish()
-        result.seconds = time.monotonic() - started
-        for p in procs:
-            p.join(timeout=10)
+        work: dict[str, tuple[Work, tuple[Any, ...]]] = {
+            "consumer": (consume, (pair.url, opts, received)),
+            "producer": (produce, (pair.url, opts, sent)),
+        }
+        with Workers(work, "failover") as workers:
+            workers.ready()
+            started = workers.release()
+            progress = Progress(workers, received, started + opts.timeout)
+            step = max(1, opts.messages // (opts.kills + 2))
+            for kill in range(opts.kills):
+                progress.wait_for(min(opts.messages - 1, (kill + 1) * step))
+                took = pair.fail_over("kill")
+                result.takeover_seconds.append(took)
+                print(f"kill {kill + 1}: the standby served after {took:.2f} s", flush=True)
+                pair.restart()
+            outcomes = progress.finish()
+            result.seconds = time.monotonic() - started
     except BaseException:
         for daemon in pair.daemons:
             print(
@@ -284,9 +274,6 @@ def bench(opts: Options, database: str) -> Result:
             )
         raise
     finally:
-        for p in procs:  # after a failure they may wait for ever, and exit would join them
-            if p.is_alive():
-                p.kill()
         pair.stop()
         shutil.rmtree(root, ignore_errors=True)
     got = outcomes["consumer"]
