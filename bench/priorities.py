@@ -44,6 +44,7 @@ from ssb import client
 
 from ._common import (
     BenchFailure,
+    Catalog,
     broker,
     command_line,
     conclude,
@@ -57,11 +58,7 @@ from ._common import (
     run,
 )
 
-MESSAGE_TYPE = "PrioMessage"
-CONTRACT = "PrioContract"
-TARGET_QUEUE = "PrioTargetQueue"
-INITIATOR_QUEUE = "PrioInitiatorQueue"
-INITIATOR_SERVICE = "PrioInitiator"
+CATALOG = Catalog("Prio")  # its target service is one a level: target_service(k)
 LEVELS = 10
 SINGLE_LEVEL = 5
 REQUIRED_RATIO = 0.8
@@ -71,7 +68,7 @@ TAG = struct.Struct(">II")  # (dialog index, message index)
 
 
 def target_service(k: int) -> str:
-    return f"PrioTarget{k:02d}"
+    return f"{CATALOG.target_service}{k:02d}"
 
 
 @dataclass
@@ -106,16 +103,18 @@ async def setup(url: str, levels: list[int], opts: Options) -> int:
     """Catalog, priorities, dialogs and messages; returns the number of messages sent."""
     deadline = time.monotonic() + opts.timeout
     async with await client.connect(url) as conn:
-        await conn.create_message_type(MESSAGE_TYPE)
-        await conn.create_contract(CONTRACT, {MESSAGE_TYPE: "INITIATOR"})
-        await conn.create_queue(INITIATOR_QUEUE)
-        await conn.create_queue(TARGET_QUEUE)
-        await conn.create_service(INITIATOR_SERVICE, queue=INITIATOR_QUEUE)
+        await conn.create_message_type(CATALOG.message_type)
+        await conn.create_contract(CATALOG.contract, {CATALOG.message_type: "INITIATOR"})
+        await conn.create_queue(CATALOG.initiator_queue)
+        await conn.create_queue(CATALOG.target_queue)
+        await conn.create_service(CATALOG.initiator_service, queue=CATALOG.initiator_queue)
         for k in range(1, LEVELS + 1):
-            await conn.create_service(target_service(k), queue=TARGET_QUEUE, contracts=[CONTRACT])
+            await conn.create_service(
+                target_service(k), queue=CATALOG.target_queue, contracts=[CATALOG.contract]
+            )
             await conn.create_broker_priority(
                 f"PrioLevel{k:02d}",
-                contract=CONTRACT,
+                contract=CATALOG.contract,
                 local_service=target_service(k),
                 level=levels[k - 1],
             )
@@ -123,7 +122,9 @@ async def setup(url: str, levels: list[int], opts: Options) -> int:
         services = [(i % LEVELS) + 1 for i in range(opts.groups)]
         handles = await pipelined(
             [
-                conn.begin_dialog(INITIATOR_SERVICE, target_service(k), contract=CONTRACT)
+                conn.begin_dialog(
+                    CATALOG.initiator_service, target_service(k), contract=CATALOG.contract
+                )
                 for k in services
             ],
             opts.setup_in_flight,
@@ -136,15 +137,15 @@ async def setup(url: str, levels: list[int], opts: Options) -> int:
         sends = []
         for i in order:
             bodies = [TAG.pack(i, j) + pad for j in range(opts.per_group)]
-            sends.append(conn.send_many(handles[i], MESSAGE_TYPE, bodies))
+            sends.append(conn.send_many(handles[i], CATALOG.message_type, bodies))
         await pipelined(sends, opts.setup_in_flight, deadline, "setup: SEND")
     return opts.groups * opts.per_group
 
 
 async def _one_receive(conn: client.Connection, opts: Options) -> list[client.Message]:
     if opts.mode == "txn":
-        return await receive_in_one_round_trip(conn, TARGET_QUEUE, opts.top, 0)
-    return await conn.receive(TARGET_QUEUE, top=opts.top, timeout=0)
+        return await receive_in_one_round_trip(conn, CATALOG.target_queue, opts.top, 0)
+    return await conn.receive(CATALOG.target_queue, top=opts.top, timeout=0)
 
 
 async def drain(url: str, expected: int, levels: list[int], opts: Options, result: Run) -> None:
@@ -198,7 +199,7 @@ async def drain(url: str, expected: int, levels: list[int], opts: Options, resul
         for future in pending:  # receives issued past the end must come back empty
             if await asyncio.wait_for(future, 30.0):
                 raise BenchFailure("messages beyond the expected count")
-        if await conn.receive(TARGET_QUEUE, top=1, timeout=0):
+        if await conn.receive(CATALOG.target_queue, top=1, timeout=0):
             raise BenchFailure("queue not empty at the end")
     wanted: dict[int, int] = {}
     for i in range(opts.groups):
