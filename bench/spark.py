@@ -36,7 +36,6 @@ start with the first reader); "warm" reuses the workers.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import statistics
@@ -46,7 +45,17 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench import e2e
-from bench._common import broker, cpu_meter, cpu_seconds, parse_args, rate, run
+from bench._common import (
+    broker,
+    command_line,
+    conclude,
+    cpu_meter,
+    cpu_seconds,
+    options_from,
+    parse_args,
+    rate,
+    run,
+)
 from ssb import client
 from ssb.tools import wait_until_sync
 
@@ -64,6 +73,18 @@ SMOKE = {
 TARGET_OF_RECEIVE: Final = 0.8  # the Spark readers' rate / one plain reader's
 TARGET_WARM_MS: Final = 50.0  # activation to the first reader, median
 TARGET_COLD_MS: Final = 1000.0
+
+
+@dataclasses.dataclass
+class Options:
+    messages: int = 20_000
+    readers: int = 4
+    batch: int = 100
+    master: str = "local[4]"
+    rounds: int = 3
+    warm_rounds: int = 1
+    warm_samples: int = 10
+    cold_samples: int = 3
 
 
 def trivial(message: client.Message, conn: client.SyncConnection) -> None:
@@ -169,17 +190,17 @@ def spark_side_cpu(daemon_pid: int) -> dict[str, float]:
 
 
 def throughput(
-    spark: Any, url: str, daemon_pid: int, queue: str, args: argparse.Namespace, into: Round
+    spark: Any, url: str, daemon_pid: int, queue: str, opts: Options, into: Round
 ) -> None:
     from ssb.spark_bridge import QueueBinding, SparkActivator
 
     with client.connect_sync(url) as conn:
-        objects(conn, queue, args.readers)
-        load(conn, queue, into.messages, args.readers * 10)
+        objects(conn, queue, opts.readers)
+        load(conn, queue, into.messages, opts.readers * 10)
         activator = SparkActivator(
             spark,
             url,
-            [QueueBinding(queue, FUNCTIONS, batch_size=args.batch, idle_timeout=1.0)],
+            [QueueBinding(queue, FUNCTIONS, batch_size=opts.batch, idle_timeout=1.0)],
             name=f"bridge-{queue}",
         )
         daemon = cpu_meter(daemon_pid)
@@ -288,17 +309,17 @@ def _us(value: float | None) -> str:
     return "?" if value is None else f"{value:.1f}"
 
 
-def print_rounds(rounds: list[Round], args: argparse.Namespace) -> float:
+def print_rounds(rounds: list[Round], opts: Options) -> float:
     """Print each round and the medians of those after the warm rounds; returns the
     median share."""
     print(
         f"throughput: {rounds[0].messages} messages a half, {rounds[0].readers_max} Spark readers"
-        f" (max_queue_readers {args.readers}, {args.master}, TOP {args.batch}, 1 KiB) against"
+        f" (max_queue_readers {opts.readers}, {opts.master}, TOP {opts.batch}, 1 KiB) against"
         " one plain reader (bench.e2e's receive-only), interleaved"
     )
-    if args.warm_rounds:
+    if opts.warm_rounds:
         print("  rounds <= 0 are not counted (the JVM compiles the job's paths, as a new bridge's)")
-    for n, r in enumerate(rounds, 1 - args.warm_rounds):
+    for n, r in enumerate(rounds, 1 - opts.warm_rounds):
         side = " ".join(f"{kind} {us:.1f}" for kind, us in r.spark_side_us.items())
         print(
             f"  round {n}: Spark {r.spark_msgs_s:,.0f} msgs/s while reading"
@@ -310,7 +331,7 @@ def print_rounds(rounds: list[Round], args: argparse.Namespace) -> float:
             f"           plain {r.plain_msgs_s:,.0f} msgs/s, load {r.plain_load:.1f}; CPU us/msg:"
             f" daemon {_us(r.plain_daemon_us)}, reader {r.plain_reader_us:.1f}; share {r.share:.2f}"
         )
-    rounds = rounds[args.warm_rounds :]
+    rounds = rounds[opts.warm_rounds :]
     share = statistics.median(r.share for r in rounds)
     print(
         f"throughput medians over {len(rounds)} rounds: Spark"
@@ -340,13 +361,13 @@ def print_latency(name: str, values: list[Activation], warm_up: list[float], tar
 
 
 def cold_activations(
-    url: str, args: argparse.Namespace, first: int, warm_up: bool
+    url: str, opts: Options, first: int, warm_up: bool
 ) -> tuple[list[Activation], list[float]]:
-    """One activation per fresh SparkContext, `args.cold_samples` times."""
+    """One activation per fresh SparkContext, `opts.cold_samples` times."""
     values: list[Activation] = []
     warm_ups: list[float] = []
-    for n in range(first, first + args.cold_samples):
-        spark = session(args.master)
+    for n in range(first, first + opts.cold_samples):
+        spark = session(opts.master)
         try:
             got, seconds = latency(spark, url, f"Ping{n}", 1, warm_up)
         finally:
@@ -357,50 +378,64 @@ def cold_activations(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.spark", description=__doc__.splitlines()[0]
+    parser = command_line(
+        "spark",
+        __doc__,
+        Options,
+        "messages",
+        "readers",
+        "batch",
+        "master",
+        "rounds",
+        "warm_samples",
+        "cold_samples",
+        warm_rounds="rounds run first and not counted",
     )
-    parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--readers", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--master", default="local[4]")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--warm-rounds", type=int, default=1, help="rounds run first and not counted"
-    )
-    parser.add_argument("--warm-samples", type=int, default=10)
-    parser.add_argument("--cold-samples", type=int, default=3)
-    args = parse_args(parser, argv, SMOKE)
+    counts = ("readers", "batch", "rounds", "warm_samples", "cold_samples")
+    args = parse_args(parser, argv, SMOKE, *counts, warm_rounds=0)
+    if args.messages < 10 * args.readers:
+        parser.error("--messages must be >= 10 x --readers (ten conversations a reader)")
+    opts = options_from(Options, args)
     sys.path.insert(0, str(HERE.parent))
     with broker("os") as daemon:
         url = daemon.url  # the admin login: the broker refuses a URL without one
         with client.connect_sync(url) as conn:
-            for n in range(2 * args.cold_samples + 1):
+            for n in range(2 * opts.cold_samples + 1):
                 objects(conn, f"Ping{n}", 1)
-        cold, cold_warm_ups = cold_activations(url, args, 0, warm_up=True)
-        bare, _ = cold_activations(url, args, args.cold_samples, warm_up=False)
+        cold, cold_warm_ups = cold_activations(url, opts, 0, warm_up=True)
+        bare, _ = cold_activations(url, opts, opts.cold_samples, warm_up=False)
         run(e2e.CATALOG.create(url))
-        messages = (args.messages // (args.readers * 10)) * args.readers * 10
-        rounds = [Round(messages) for _ in range(args.warm_rounds + args.rounds)]
-        spark = session(args.master)
+        messages = (opts.messages // (opts.readers * 10)) * opts.readers * 10
+        rounds = [Round(messages) for _ in range(opts.warm_rounds + opts.rounds)]
+        spark = session(opts.master)
         try:
-            warm, _ = latency(spark, url, f"Ping{2 * args.cold_samples}", args.warm_samples + 1)
+            warm, _ = latency(spark, url, f"Ping{2 * opts.cold_samples}", opts.warm_samples + 1)
             for n, into in enumerate(rounds):
                 halves = [
                     lambda into=into, n=n: throughput(
-                        spark, url, daemon.pid, f"Bench{n}", args, into
+                        spark, url, daemon.pid, f"Bench{n}", opts, into
                     ),
-                    lambda into=into: receive_only(url, daemon.pid, args.batch, into),
+                    lambda into=into: receive_only(url, daemon.pid, opts.batch, into),
                 ]
                 for half in halves if n % 2 == 0 else reversed(halves):
                     half()
         finally:
             spark.stop()
-    met = print_rounds(rounds, args) >= TARGET_OF_RECEIVE
+    met = print_rounds(rounds, opts) >= TARGET_OF_RECEIVE
     met = print_latency("warm", warm[1:], [], TARGET_WARM_MS) and met
     met = print_latency("cold", cold, cold_warm_ups, TARGET_COLD_MS) and met
     print_latency("cold, no warm-up", bare, [], TARGET_COLD_MS)
-    return 0 if met or args.smoke else 1
+    return conclude(
+        args,
+        "spark",
+        opts,
+        met,
+        rounds=[dataclasses.asdict(r) for r in rounds],
+        activations={
+            name: [dataclasses.asdict(a) for a in values]
+            for name, values in (("warm", warm[1:]), ("cold", cold), ("cold_no_warm_up", bare))
+        },
+    )
 
 
 if __name__ == "__main__":
