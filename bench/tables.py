@@ -84,32 +84,23 @@ async def _fill(conn: client.Connection, handle: object, count: int) -> None:
         await conn.send_many(handle, CATALOG.message_type, bodies)  # type: ignore[arg-type]
 
 
-async def _plain(conn: client.Connection, batch: int) -> float:
+async def _batch(conn: client.Connection, batch: int, side: str) -> float:
+    """Seconds for one transaction: RECEIVE of `batch` messages, their rows inserted in
+    `side`'s form (one of FORMS; "plain": none), COMMIT."""
     started = time.perf_counter()
     begin = asyncio.ensure_future(conn.begin_transaction())
     got = await conn.receive(CATALOG.target_queue, top=batch)
     await begin
-    await conn.commit()
-    if len(got) != batch:
-        raise BenchFailure(f"received {len(got)} messages of {batch}")
-    return time.perf_counter() - started
-
-
-async def _rows(conn: client.Connection, batch: int, form: str) -> float:
-    started = time.perf_counter()
-    begin = asyncio.ensure_future(conn.begin_transaction())
-    got = await conn.receive(CATALOG.target_queue, top=batch)
-    await begin
-    inserts: list[asyncio.Future[client.Result]]
-    if form == "statements":
+    inserts: list[asyncio.Future[client.Result]] = []
+    if side == "statements":
         rows = [(m.queuing_order, m.message_body) for m in got]
         inserts = [asyncio.ensure_future(conn.executemany(INSERT_ONE, rows))]
-    elif form == "calls":
+    elif side == "calls":
         inserts = [
             asyncio.ensure_future(conn.execute(INSERT_ONE, m.queuing_order, m.message_body))
             for m in got
         ]
-    else:
+    elif side == "rows":
         values = ", ".join(f"(@p{2 * i + 1}, @p{2 * i + 2})" for i in range(len(got)))
         parameters = [v for m in got for v in (m.queuing_order, m.message_body)]
         inserts = [asyncio.ensure_future(conn.execute(INSERT_MANY + values, *parameters))]
@@ -141,10 +132,7 @@ async def measure(url: str, options: Options, pid: int = 0) -> dict[str, float]:
         for _ in range(options.rounds):
             for side in times:
                 before = _cpu_ns(pid) if pid else None
-                if side == "plain":
-                    times[side].append(await _plain(conn, options.batch))
-                else:
-                    times[side].append(await _rows(conn, options.batch, side))
+                times[side].append(await _batch(conn, options.batch, side))
                 after = _cpu_ns(pid) if pid else None
                 if before is not None and after is not None:
                     cpu[side].append(after - before)
