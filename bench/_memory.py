@@ -43,12 +43,14 @@ __all__ = [
 MB = 1_000_000  # the issue's "MB": figures are reported in 10^6 bytes
 
 
-def _status_kb(pid: int, field: str) -> int | None:
+def _status_bytes(pid: int, field: str) -> int | None:
+    """A size in /proc/<pid>/status (given there in kB), in bytes; None where it cannot be
+    read (the process is gone)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith(field + ":"):
-                    return int(line.split()[1])
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError):
         return None
     return None
@@ -56,14 +58,12 @@ def _status_kb(pid: int, field: str) -> int | None:
 
 def rss_bytes(pid: int) -> int | None:
     """The process's resident set size now (VmRSS), in bytes; None if it is gone."""
-    kb = _status_kb(pid, "VmRSS")
-    return None if kb is None else kb * 1024
+    return _status_bytes(pid, "VmRSS")
 
 
 def peak_rss_bytes(pid: int) -> int | None:
     """The process's peak resident set size since it started (VmHWM), in bytes."""
-    kb = _status_kb(pid, "VmHWM")
-    return None if kb is None else kb * 1024
+    return _status_bytes(pid, "VmHWM")
 
 
 def daemon_pid(process: BrokerProcess) -> int:
@@ -72,18 +72,21 @@ def daemon_pid(process: BrokerProcess) -> int:
     return int(process.proc.pid)
 
 
-def daemon_rss(process: BrokerProcess) -> int:
-    value = rss_bytes(daemon_pid(process))
+def _daemon_status(process: BrokerProcess, field: str) -> int:
+    value = _status_bytes(daemon_pid(process), field)
     if value is None:
-        raise RuntimeError("cannot read the daemon's VmRSS")
+        raise RuntimeError(f"cannot read the daemon's {field}")
     return value
+
+
+def daemon_rss(process: BrokerProcess) -> int:
+    """The running daemon's VmRSS, in bytes."""
+    return _daemon_status(process, "VmRSS")
 
 
 def daemon_peak(process: BrokerProcess) -> int:
-    value = peak_rss_bytes(daemon_pid(process))
-    if value is None:
-        raise RuntimeError("cannot read the daemon's VmHWM")
-    return value
+    """The running daemon's VmHWM (its peak resident set), in bytes."""
+    return _daemon_status(process, "VmHWM")
 
 
 class RssSampler:
