@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from ssb import client, tools
 
@@ -103,32 +103,52 @@ class Catalog:
             )
 
 
-def command_line(
-    module: str, doc: str | None, options: type, *names: str, **helps: str
-) -> argparse.ArgumentParser:
-    """The parser of `python -m bench.<module>`, described by its docstring's first paragraph,
-    with `--json [PATH]` (stdout without a path) and an `--a-name` for each field of the
-    options dataclass `options` named in `names` or `helps` (there with its help text),
-    with its default: `durability` is one of the broker's (fsync, os), any other of its
-    default's type (a whole number or a float)."""
-    parser = argparse.ArgumentParser(
-        prog=f"python -m bench.{module}", description=(doc or "").split("\n\n")[0]
-    )
-    for name, text in {**dict.fromkeys(names), **helps}.items():
-        default = getattr(options, name)
-        if name == "durability":
-            parser.add_argument("--durability", choices=["fsync", "os"], default=default, help=text)
-        else:
+class CommandLine(argparse.ArgumentParser, Generic[T]):
+    """The command line of `python -m bench.<module>`, described by its docstring's first
+    paragraph: `--json [PATH]` (stdout without a path), `--smoke`, and an `--a-name` for
+    each field of the options dataclass `options` named in `names` or `helps` (there with
+    its help text), with its default: `durability` is one of the broker's (fsync, os), any
+    other of its default's type (a whole number, a float or a string). A benchmark adds
+    its other arguments as to any parser, then `read`s it, and ends with `conclude`."""
+
+    def __init__(
+        self, module: str, doc: str | None, options: type[T], *names: str, **helps: str
+    ) -> None:
+        description = (doc or "").split("\n\n")[0]
+        super().__init__(prog=f"python -m bench.{module}", description=description)
+        self.benchmark = module
+        self.options = options
+        for name, text in {**dict.fromkeys(names), **helps}.items():
+            default = getattr(options, name)
             option = f"--{name.replace('_', '-')}"
-            parser.add_argument(option, type=type(default), default=default, help=text)
-    parser.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        metavar="PATH",
-        help="also write the results as JSON (to PATH, or to stdout without one)",
-    )
-    return parser
+            if name == "durability":
+                self.add_argument(option, choices=["fsync", "os"], default=default, help=text)
+            else:
+                self.add_argument(option, type=type(default), default=default, help=text)
+        self.add_argument(
+            "--json",
+            nargs="?",
+            const="-",
+            metavar="PATH",
+            help="also write the results as JSON (to PATH, or to stdout without one)",
+        )
+
+    def read(
+        self, argv: list[str] | None, smoke: dict[str, Any], *counts: str, **least: int
+    ) -> tuple[argparse.Namespace, T]:
+        """The arguments (see `parse_args`: `smoke`, `counts` and `least`), and the options
+        dataclass of every field they name (the rest keep their defaults)."""
+        args = parse_args(self, argv, smoke, *counts, **least)
+        named = [f.name for f in fields(self.options) if hasattr(args, f.name)]  # type: ignore[arg-type]
+        return args, self.options(**{name: getattr(args, name) for name in named})
+
+    def conclude(self, args: argparse.Namespace, options: T, met: bool, /, **results: Any) -> int:
+        """The benchmark's end: the results as JSON where `--json` asks, and its exit
+        status: 0 when its targets are met (or in smoke mode, where they are not judged),
+        else 1."""
+        if args.json:
+            write_json(args.json, self.benchmark, options, **results)
+        return 0 if met or args.smoke else 1
 
 
 def parse_args(
@@ -157,13 +177,6 @@ def parse_args(
         if getattr(args, name) < minimum:
             parser.error(f"--{name.replace('_', '-')} must be >= {minimum}")
     return args
-
-
-def options_from(cls: type[T], args: argparse.Namespace) -> T:
-    """A benchmark's options dataclass from its command line: every field the command line
-    names (the rest keep their defaults)."""
-    given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}  # type: ignore[arg-type]
-    return cls(**given)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -506,16 +519,6 @@ def figure_table(width: int, target_width: int) -> Callable[..., None]:
         print(f"{name:<{width}} {value:>14} {target:>{target_width}} {flag:>4}")
 
     return line
-
-
-def conclude(
-    args: argparse.Namespace, benchmark: str, options: object, met: bool, /, **results: Any
-) -> int:
-    """A benchmark's end: the results as JSON where `--json` asks, and its exit status: 0
-    when its targets are met (or in smoke mode, where they are not judged), else 1."""
-    if args.json:
-        write_json(args.json, benchmark, options, **results)
-    return 0 if met or args.smoke else 1
 
 
 def write_json(path: str, benchmark: str, options: object, **results: Any) -> None:

@@ -35,11 +35,8 @@ from ssb.tools import wait_until
 
 from ._common import (
     REPO_ROOT,
+    CommandLine,
     broker,
-    command_line,
-    conclude,
-    options_from,
-    parse_args,
     percentile,
     run,
 )
@@ -133,7 +130,7 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "activation",
         __doc__,
         Options,
@@ -142,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         warm="warm latency samples",
         tasks="scheduler tasks per run",
     )
-    args = parse_args(parser, argv, SMOKE)
-    opts = options_from(Options, args)
+    args, opts = parser.read(argv, SMOKE)
     runs: list[tuple[str, dict[str, Any], Any]] = [
         ("latency_cold", {"idle_workers": 0}, lambda url: latency(url, opts.cold, 1)),
         (
@@ -167,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             value = run(measure(process.url))
         results[name] = _summary(value) if isinstance(value, list) else round(value, 1)
         print(f"{name:40} {json.dumps(results[name])}", flush=True)
-    return conclude(args, "activation", opts, True, **results)
+    return parser.conclude(args, opts, True, **results)
 
 
 if __name__ == "__main__":

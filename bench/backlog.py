@@ -70,14 +70,11 @@ from ssb import client
 from ._common import (
     BenchFailure,
     Catalog,
+    CommandLine,
     Watchdog,
     broker,
-    command_line,
-    conclude,
     cpu_meter,
     figure_table,
-    options_from,
-    parse_args,
     pipelined,
     rate,
     receive_in_one_round_trip,
@@ -628,7 +625,7 @@ def print_table(r: Result, opts: Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "backlog",
         __doc__,
         Options,
@@ -651,17 +648,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     counts = ("messages", "conversations", "batch", "in_flight", "receive_top")
     counts += ("short_messages", "short_repeats", "restarts")
-    args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
+    args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
     if args.conversations > args.messages:
         parser.error("--conversations must be <= --messages")
     if not 0 <= args.settle <= 600 or not 0 < args.phase_timeout <= 86400:
         parser.error("--settle must be 0..600 s, --phase-timeout 0..86400 s")
     if not 0 < args.tidy_timeout <= 3600:
         parser.error("--tidy-timeout must be 0..3600 s")
-    opts = options_from(Options, args)
     result = bench(opts)
     print_table(result, opts)
-    return conclude(args, "backlog", opts, result.all_met, result=asdict(result))
+    return parser.conclude(args, opts, result.all_met, result=asdict(result))
 
 
 if __name__ == "__main__":

@@ -57,15 +57,12 @@ from ssb.protocol import check_poll_window
 from ._common import (
     BenchFailure,
     Catalog,
+    CommandLine,
     Outcomes,
     Watchdog,
     Work,
     broker,
-    command_line,
-    conclude,
     cpu_meter,
-    options_from,
-    parse_args,
     percentile,
     pipelined,
     postgres_databases,
@@ -444,7 +441,7 @@ def _us(value: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "e2e",
         __doc__,
         Options,
@@ -488,13 +485,12 @@ def main(argv: list[str] | None = None) -> int:
         " run starts), or both in turn (with the ratio of their end-to-end rates)",
     )
     counts = ("messages", "batch", "conversations", "in_flight")
-    args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
+    args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
     if args.busy_poll is not None:
         try:
             check_poll_window(args.busy_poll, "--busy-poll")
         except ValueError as exc:
             parser.error(str(exc))
-    opts = options_from(Options, args)
     settings = ["fsync", "os"] if args.durability == "both" else [args.durability]
     stores = ["sqlite", "postgresql"] if args.store == "both" else [args.store]
     with databases(stores) as database:
@@ -506,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     compare_stores(results)
     print_table(results, opts)
     met = all(r.target_met for r in results)
-    return conclude(args, "e2e", opts, met, results=[asdict(r) for r in results])
+    return parser.conclude(args, opts, met, results=[asdict(r) for r in results])
 
 
 if __name__ == "__main__":

@@ -47,12 +47,9 @@ from ssb import client
 from ._common import (
     BenchFailure,
     Catalog,
+    CommandLine,
     broker,
-    command_line,
-    conclude,
     figure_table,
-    options_from,
-    parse_args,
     rate,
     run,
 )
@@ -227,7 +224,7 @@ def print_table(r: Result, opts: Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "endpoints",
         __doc__,
         Options,
@@ -238,13 +235,12 @@ def main(argv: list[str] | None = None) -> int:
         "phase_timeout",
         "durability",
     )
-    args = parse_args(parser, argv, SMOKE, "per_transaction", "restarts", dialogs=2)
+    args, opts = parser.read(argv, SMOKE, "per_transaction", "restarts", dialogs=2)
     if not 0 <= args.settle <= 600 or not 0 < args.phase_timeout <= 86400:
         parser.error("--settle must be 0..600 s, --phase-timeout 0..86400 s")
-    opts = options_from(Options, args)
     result = bench(opts)
     print_table(result, opts)
-    return conclude(args, "endpoints", opts, result.target_met, result=asdict(result))
+    return parser.conclude(args, opts, result.target_met, result=asdict(result))
 
 
 if __name__ == "__main__":

@@ -44,13 +44,10 @@ from ._common import (
     BenchFailure,
     BrokerProcess,
     Catalog,
+    CommandLine,
     Outcomes,
     Work,
     Workers,
-    command_line,
-    conclude,
-    options_from,
-    parse_args,
     postgres_databases,
     rate,
     run,
@@ -295,7 +292,7 @@ def bench(opts: Options, database: str) -> Result:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "failover",
         __doc__,
         Options,
@@ -306,8 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         "failover_timeout",
         "durability",
     )
-    args = parse_args(parser, argv, SMOKE, "messages", "batch", "conversations", kills=0)
-    opts = options_from(Options, args)
+    args, opts = parser.read(argv, SMOKE, "messages", "batch", "conversations", kills=0)
     with postgres_databases() as database:
         result = bench(opts, database())
     print()
@@ -324,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{result.msgs_s:,.0f} msgs/s end to end through the kills; lost {result.lost},"
         f" duplicated {result.duplicated}, out of order {result.out_of_order}"
     )
-    return conclude(args, "failover", opts, result.target_met, result=asdict(result))
+    return parser.conclude(args, opts, result.target_met, result=asdict(result))
 
 
 if __name__ == "__main__":

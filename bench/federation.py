@@ -52,12 +52,9 @@ from . import e2e
 from ._common import (
     BenchFailure,
     BrokerProcess,
+    CommandLine,
     broker,
-    command_line,
-    conclude,
     cpu_meter,
-    options_from,
-    parse_args,
     print_header,
     rate,
     run,
@@ -301,7 +298,7 @@ def print_table(outcome: Outcome, opts: e2e.Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "federation",
         __doc__,
         e2e.Options,
@@ -322,8 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-forwarder", action="store_true", help="skip the run through a forwarding broker"
     )
     counts = ("messages", "batch", "conversations", "in_flight", "runs")
-    args = parse_args(parser, argv, SMOKE, *counts, body_size=e2e.TAG.size)
-    opts = options_from(e2e.Options, args)
+    args, opts = parser.read(argv, SMOKE, *counts, body_size=e2e.TAG.size)
     runs: dict[str, list[Run]] = {"one broker": [], "two brokers": []}
     if not args.no_forwarder:
         runs["forwarded"] = []
@@ -347,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         args.durability, single, cross, relayed, ratio, forwarded_ratio, target_met=met, runs=runs
     )
     print_table(outcome, opts)
-    return conclude(args, "federation", opts, outcome.target_met, **asdict(outcome))
+    return parser.conclude(args, opts, outcome.target_met, **asdict(outcome))
 
 
 if __name__ == "__main__":

@@ -62,12 +62,9 @@ from ssb import tools
 from . import e2e
 from ._common import (
     BenchFailure,
+    CommandLine,
     broker,
-    command_line,
-    conclude,
     cpu_meter,
-    options_from,
-    parse_args,
     percentile,
     postgres_databases,
     print_header,
@@ -429,7 +426,7 @@ def ratios(results: list[Result]) -> list[Ratio]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "peers",
         __doc__,
         Options,
@@ -450,12 +447,11 @@ def main(argv: list[str] | None = None) -> int:
         "--peers", default=",".join(PEERS), help=f"which, comma-separated: {', '.join(PEERS)}"
     )
     counts = ("messages", "batch", "in_flight", "round_trips", "rounds")
-    args = parse_args(parser, argv, SMOKE, *counts, body_size=e2e.TAG.size)
+    args, opts = parser.read(argv, SMOKE, *counts, body_size=e2e.TAG.size)
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     unknown = [n for n in names if n not in PEERS]
     if unknown:
         parser.error(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(PEERS)}")
-    opts = options_from(Options, args)
     results = measure([PEERS[name] for name in names], opts)
     print()
     print(
@@ -484,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         met = met and (value >= target if at_least else value <= target)
         bound = ">=" if at_least else "<="
         print(f"{what} (same run): {value:.2f}x (target {bound} {target:g})")
-    return conclude(args, "peers", opts, met, results=[asdict(r) for r in results])
+    return parser.conclude(args, opts, met, results=[asdict(r) for r in results])
 
 
 if __name__ == "__main__":

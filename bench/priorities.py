@@ -45,12 +45,9 @@ from ssb import client
 from ._common import (
     BenchFailure,
     Catalog,
+    CommandLine,
     broker,
-    command_line,
-    conclude,
     cpu_meter,
-    options_from,
-    parse_args,
     pipelined,
     print_header,
     rate,
@@ -234,7 +231,7 @@ def one_run(name: str, levels: list[int], opts: Options) -> Run:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "priorities",
         __doc__,
         Options,
@@ -255,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         help="skip the extra multi-level run at a tenth of the groups",
     )
     counts = ("groups", "per_group", "top", "in_flight", "repeat")
-    args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
-    opts = options_from(Options, args)
+    args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
     single_levels = [SINGLE_LEVEL] * LEVELS
     multi_levels = list(range(1, LEVELS + 1))
     singles: list[Run] = []
@@ -303,9 +299,8 @@ def main(argv: list[str] | None = None) -> int:
             f"scaling: multi-level msgs/s at {opts.groups} groups / at {small.groups} groups"
             f" = {scaling:.2f} (a scan per RECEIVE would fall far below 1)"
         )
-    return conclude(
+    return parser.conclude(
         args,
-        "priorities",
         opts,
         met,
         results=[asdict(r) for r in runs],

@@ -29,7 +29,7 @@ from typing import Any
 
 from ssb import client
 
-from ._common import broker, command_line, conclude, options_from, parse_args, rate, run
+from ._common import CommandLine, broker, rate, run
 
 TAG = struct.Struct(">BI")  # phase, index
 LENGTH = struct.Struct(">I")
@@ -190,7 +190,7 @@ async def measure(opts: Options) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "reconnect",
         __doc__,
         Options,
@@ -203,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         cut_every="commits",
     )
     counts = ("messages", "batch", "in_flight", "cut_every")
-    args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
-    opts = options_from(Options, args)
+    args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
     result = run(measure(opts))
     print(
         f"[{opts.durability}] {opts.messages} messages, {opts.batch} per transaction,"
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  cut    {result['cut_msgs_s']:>9,.0f} msgs/s  ({result['kept']:.2f} of clean;"
         f" {result['cuts']} cuts, {result['reconnects']} reconnects, settled {result['settled']})"
     )
-    return conclude(args, "reconnect", opts, True, **result)
+    return parser.conclude(args, opts, True, **result)
 
 
 if __name__ == "__main__":

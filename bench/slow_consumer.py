@@ -52,12 +52,9 @@ from ssb import client
 from ._common import (
     BenchFailure,
     Catalog,
+    CommandLine,
     Workers,
     broker,
-    command_line,
-    conclude,
-    options_from,
-    parse_args,
     print_header,
     rate,
     run,
@@ -326,7 +323,7 @@ def print_table(results: list[RunResult], opts: Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "slow_consumer",
         __doc__,
         Options,
@@ -341,18 +338,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cache-bytes", type=int, default=None)
     counts = ("quota", "batch", "conversations", "in_flight")
-    args = parse_args(parser, argv, SMOKE, *counts, body_size=TAG.size)
+    args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
     if not 0 < args.seconds <= 3600:
         parser.error("--seconds must be in (0, 3600]")
     if not 0 < args.fraction <= 1:
         parser.error("--fraction must be in (0, 1]")
-    opts = options_from(Options, args)
     free = one_run("no quota", None, None, opts)
     quota = one_run(f"quota {opts.quota:,}", opts.quota, free.producer_msgs_s, opts)
     results = [free, quota]
     print_table(results, opts)
     met = all(r.met for r in results)
-    return conclude(args, "slow_consumer", opts, met, results=[asdict(r) for r in results])
+    return parser.conclude(args, opts, met, results=[asdict(r) for r in results])
 
 
 if __name__ == "__main__":

@@ -46,13 +46,10 @@ from typing import Any, Final
 
 from bench import e2e
 from bench._common import (
+    CommandLine,
     broker,
-    command_line,
-    conclude,
     cpu_meter,
     cpu_seconds,
-    options_from,
-    parse_args,
     rate,
     run,
 )
@@ -378,7 +375,7 @@ def cold_activations(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(
+    parser = CommandLine(
         "spark",
         __doc__,
         Options,
@@ -392,10 +389,9 @@ def main(argv: list[str] | None = None) -> int:
         warm_rounds="rounds run first and not counted",
     )
     counts = ("readers", "batch", "rounds", "warm_samples", "cold_samples")
-    args = parse_args(parser, argv, SMOKE, *counts, warm_rounds=0)
+    args, opts = parser.read(argv, SMOKE, *counts, warm_rounds=0)
     if args.messages < 10 * args.readers:
         parser.error("--messages must be >= 10 x --readers (ten conversations a reader)")
-    opts = options_from(Options, args)
     sys.path.insert(0, str(HERE.parent))
     with broker("os") as daemon:
         url = daemon.url  # the admin login: the broker refuses a URL without one
@@ -425,9 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     met = print_latency("warm", warm[1:], [], TARGET_WARM_MS) and met
     met = print_latency("cold", cold, cold_warm_ups, TARGET_COLD_MS) and met
     print_latency("cold, no warm-up", bare, [], TARGET_COLD_MS)
-    return conclude(
+    return parser.conclude(
         args,
-        "spark",
         opts,
         met,
         rounds=[dataclasses.asdict(r) for r in rounds],

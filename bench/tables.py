@@ -43,11 +43,8 @@ from ssb import client
 from ._common import (
     BenchFailure,
     Catalog,
+    CommandLine,
     broker,
-    command_line,
-    conclude,
-    options_from,
-    parse_args,
     run,
 )
 
@@ -153,9 +150,8 @@ async def measure(url: str, options: Options, pid: int = 0) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line("tables", __doc__, Options, "batch", "rounds", "durability")
-    args = parse_args(parser, argv, {"batch": 10, "rounds": 2})
-    options = options_from(Options, args)
+    parser = CommandLine("tables", __doc__, Options, "batch", "rounds", "durability")
+    args, options = parser.read(argv, {"batch": 10, "rounds": 2})
     with broker(options.durability) as process:
         figures = run(measure(process.url, options, process.pid))
     ratio = figures["statements_ratio"]
@@ -177,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                 for form in FORMS
             )
         )
-    return conclude(
+    return parser.conclude(
         args,
-        "tables",
         options,
         ratio <= RATIO_TARGET,
         **{

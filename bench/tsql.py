@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ssb import client
 from ssb.tsql import Collect, Session, parse_batch, split_batches
 
-from ._common import Catalog, broker, command_line, conclude, options_from, parse_args, run
+from ._common import Catalog, CommandLine, broker, run
 
 CATALOG = Catalog("TSql")
 PARSE_TARGET_MS = 50.0
@@ -105,9 +105,8 @@ async def loop(url: str, options: Options) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line("tsql", __doc__, Options, "messages", "rounds")
-    args = parse_args(parser, argv, {"messages": 20, "rounds": 1})
-    options = options_from(Options, args)
+    parser = CommandLine("tsql", __doc__, Options, "messages", "rounds")
+    args, options = parser.read(argv, {"messages": 20, "rounds": 1})
     parse = parse_ms(parse_script(), max(options.rounds, 3))
     print(f"parse   10 KB script: {parse:.1f} ms (target under {PARSE_TARGET_MS:.0f} ms)")
     with broker("os") as process:
@@ -118,9 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         f" T-SQL {tsql_s * 1e6:.0f} us/message, ratio {ratio:.2f} (target at most {RATIO_TARGET:.1f})"
     )
     met = parse < PARSE_TARGET_MS and ratio <= RATIO_TARGET
-    return conclude(
+    return parser.conclude(
         args,
-        "tsql",
         options,
         met,
         parse_ms=parse,
