@@ -218,3 +218,32 @@ async def test_a_change_locks_the_tables_its_foreign_keys_connect_it_to() -> Non
     )
     core.flush()
     assert tables._lock_modes(deleting)["note"] == "S"
+
+
+@pytest.mark.parametrize("waits", [False, True], ids=["at once", "after a wait"])
+async def test_a_failed_statement_of_its_own_transaction_lets_its_locks_go(waits: bool) -> None:
+    """An autocommitted statement that fails (a key broken) ends its transaction with it,
+    whether it ran at once or had waited for a lock: its locks go, and the next writer of
+    the table does not wait for them."""
+    core = Core(statement_timeout=5.0)
+    await _execute(core, "CREATE TABLE T (k INT PRIMARY KEY)")
+    core.flush()  # (a change's locks go once it is durable)
+    await _execute(core, "INSERT INTO T VALUES (1)")
+    core.flush()
+    holder = core.new_session()
+    if waits:  # another transaction holds the table: the failing statement waits first
+        core.op("begin_transaction", session=holder)
+        await _execute(core, "SELECT k FROM T", session=holder)
+    failing = asyncio.ensure_future(_execute(core, "INSERT INTO T VALUES (1)"))
+    await asyncio.sleep(0)
+    if waits:
+        assert not failing.done()
+        core.op("commit", session=holder)
+        core.flush()
+    with pytest.raises(BrokerError, match="UNIQUE"):
+        await failing
+    core.op("begin_transaction", session=holder)
+    inserting = _execute(core, "INSERT INTO T VALUES (2)", session=holder)
+    assert (await asyncio.wait_for(inserting, 1.0))["rowcount"] == 1, "no lock was left"
+    core.op("commit", session=holder)
+    core.flush()
