@@ -646,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cache-bytes", type=int, default=None, help="message_cache_bytes (default: the daemon's)"
     )
-    counts = ("messages", "conversations", "batch", "in_flight", "receive_top")
+    counts: tuple[str, ...] = ("messages", "conversations", "batch", "in_flight", "receive_top")
     counts += ("short_messages", "short_repeats", "restarts")
     args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
     if args.conversations > args.messages:

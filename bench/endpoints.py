@@ -140,7 +140,7 @@ async def begin_dialogs(d: BrokerProcess, opts: Options, r: Result) -> float:
 
 async def resources(url: str) -> dict[str, Any]:
     async with await client.connect(url) as conn:
-        return (await conn.view("broker_resources"))[0]  # type: ignore[no-any-return]
+        return (await conn.view("broker_resources"))[0]
 
 
 def bench(opts: Options) -> Result:

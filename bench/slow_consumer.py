@@ -53,6 +53,7 @@ from ._common import (
     BenchFailure,
     Catalog,
     CommandLine,
+    Work,
     Workers,
     broker,
     print_header,
@@ -225,7 +226,7 @@ def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Op
     with broker(opts.durability, config, stop_timeout=60.0) as d:
         run(CATALOG.create(d.url, quota))
         counter = mp.get_context("spawn").Value("q", 0, lock=False)
-        work = {
+        work: dict[str, tuple[Work, tuple[Any, ...]]] = {
             "producer": (produce, (d.url, opts, counter)),
             "consumer": (consume, (d.url, opts, counter, reference_rate)),
         }

@@ -37,6 +37,7 @@ start with the first reader); "warm" reuses the workers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -99,6 +100,8 @@ def session(master: str) -> Any:
 
     from ssb.spark_bridge import DEFAULT_SPARK_SETTINGS
 
+    settings: dict[str, bool | float | int | str | None] = dict(DEFAULT_SPARK_SETTINGS)
+
     spark = (
         SparkSession.builder.master(master)
         .appName("ssb bench")
@@ -107,7 +110,7 @@ def session(master: str) -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.python.task.killTimeout", "200ms")
-        .config(map=DEFAULT_SPARK_SETTINGS)  # those of `ssb spark-bridge`
+        .config(map=settings)  # those of `ssb spark-bridge`
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -255,6 +258,10 @@ class Activation:
     reader: float  # the task running -> registered (connect, log in, register)
 
 
+def _more_than(items: list[Any], count: int) -> bool:
+    return len(items) > count
+
+
 def latency(
     spark: Any, url: str, queue: str, samples: int, warm_up: bool = True
 ) -> tuple[list[Activation], float | None]:
@@ -279,7 +286,10 @@ def latency(
                     conn.send(handle, "DEFAULT", b"ping")
                 sent = time.time()
                 wait_until_sync(
-                    lambda n=jobs: len(activator.jobs) > n, "the activation's Spark job", 60, 0.005
+                    functools.partial(_more_than, activator.jobs, jobs),
+                    "the activation's Spark job",
+                    60,
+                    0.005,
                 )
                 if not activator.wait_idle(60):
                     raise RuntimeError("the reader did not end")
@@ -354,7 +364,7 @@ def print_latency(name: str, values: list[Activation], warm_up: list[float], tar
         f" Spark {ms['spark']:.1f}, reader {ms['reader']:.1f} ms; SEND -> first reader"
         f" median {ms['send_to_reader']:.0f} ms{started}"
     )
-    return ms["event_to_reader"] < target
+    return bool(ms["event_to_reader"] < target)
 
 
 def cold_activations(
@@ -408,10 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             warm, _ = latency(spark, url, f"Ping{2 * opts.cold_samples}", opts.warm_samples + 1)
             for n, into in enumerate(rounds):
                 halves = [
-                    lambda into=into, n=n: throughput(
-                        spark, url, daemon.pid, f"Bench{n}", opts, into
-                    ),
-                    lambda into=into: receive_only(url, daemon.pid, opts.batch, into),
+                    functools.partial(throughput, spark, url, daemon.pid, f"Bench{n}", opts, into),
+                    functools.partial(receive_only, url, daemon.pid, opts.batch, into),
                 ]
                 for half in halves if n % 2 == 0 else reversed(halves):
                     half()
