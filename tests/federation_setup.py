@@ -256,6 +256,16 @@ async def dialog_services(a: Node, b: Node, target_status: str = "ON") -> tuple[
     return init_q, await create_target(b, "TargetB", status=target_status)
 
 
+async def two_brokers_with_a_dialog_pair(
+    fed: Federation, target_status: str = "ON"
+) -> tuple[Node, Node, str, str]:
+    """Initiator service on A, TargetB on B, contract on both, routes both ways."""
+    a, b = fed["A"], fed["B"]
+    init_q, target_q = await dialog_services(a, b, target_status)
+    await link(a, "Initiator", b, "TargetB")
+    return a, b, init_q, target_q
+
+
 async def route(
     node: Node,
     service: str,

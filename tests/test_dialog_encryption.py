@@ -21,9 +21,9 @@ from federation_setup import (
     endpoints,
     receive_count,
     request_and_reply,
+    two_brokers_with_a_dialog_pair,
 )
 from test_dialog_security import Rogue
-from test_federation import two_brokers_with_a_dialog_pair
 
 from ssb import client
 from ssb.protocol import Envelope, ErrorCode, generate_broker_identity

@@ -26,8 +26,8 @@ from federation_setup import (
     Node,
     endpoints,
     receive_count,
+    two_brokers_with_a_dialog_pair,
 )
-from test_federation import two_brokers_with_a_dialog_pair
 
 from ssb.protocol import (
     NEED_DATA,

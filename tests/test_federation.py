@@ -49,6 +49,7 @@ from federation_setup import (
     serve,
     transmission_queue,
     trust,
+    two_brokers_with_a_dialog_pair,
     wait_quiet,
 )
 from setup_objects import numbered_batches
@@ -102,16 +103,6 @@ def free_dead_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-async def two_brokers_with_a_dialog_pair(
-    fed: Federation, target_status: str = "ON"
-) -> tuple[Node, Node, str, str]:
-    """Initiator service on A, TargetB on B, contract on both, routes both ways."""
-    a, b = fed["A"], fed["B"]
-    init_q, target_q = await dialog_services(a, b, target_status)
-    await link(a, "Initiator", b, "TargetB")
-    return a, b, init_q, target_q
 
 
 async def endpoint_states(node: Node) -> dict[uuid.UUID, str]:

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from federation_setup import CONTRACT, REQUEST, Federation, Node, receive_count
+from federation_setup import (
+    CONTRACT,
+    REQUEST,
+    Federation,
+    Node,
+    receive_count,
+    two_brokers_with_a_dialog_pair,
+)
 from test_dialog_encryption import Relay, _through
-from test_federation import two_brokers_with_a_dialog_pair
 
 from ssb import client
 from ssb.tools import wait_until
