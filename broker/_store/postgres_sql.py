@@ -142,9 +142,14 @@ def user_name(name: str) -> str:
     return temporary.group(1) if temporary else name
 
 
-def sequence_name(database: str, table: str) -> str:
-    """The qualified, quoted name of `table`'s identity sequence."""
-    return _sequence(*qualified(database, table))
+def sequence_name(database: str, table: str) -> str | None:
+    """The qualified, quoted name of `table`'s identity sequence; None where the table
+    cannot have one (its name with the suffix is longer than PostgreSQL keeps: such an
+    identity column is refused, see `_check_length`)."""
+    schema, name = qualified(database, table)
+    if len(f"{name}:{IDENTITY}".encode()) > MAX_IDENTIFIER:
+        return None
+    return _sequence(schema, name)
 
 
 def _sequence(schema: str, table: str) -> str:

@@ -414,6 +414,18 @@ def test_postgresql_names_longer_than_it_keeps_are_refused(
     translate(sql.format(**names), database.format(**names))
 
 
+@pytest.mark.parametrize("size", [54, 55, 63])
+async def test_a_table_with_the_longest_name_takes_inserts(storage: ManualStore, size: int) -> None:
+    """A table whose name is as long as PostgreSQL keeps, and has no identity column,
+    takes INSERTs on every store (its identity sequence's longer name is never asked for)."""
+    name = "t" * size
+    txn: Done = []
+    await _run(storage, txn, f"CREATE TABLE {name} (k INT)")
+    await _run(storage, txn, f"INSERT INTO {name} VALUES (1)")
+    assert (await _run(storage, txn, f"SELECT k FROM {name}")).rows == [(1,)]
+    _commit(storage, txn)
+
+
 async def test_identities_committed_are_the_ones_answered(storage: ManualStore) -> None:
     """A transaction's identities are what its commit writes, after a statement that
     failed, after a rollback to a savepoint, and after another transaction rolled back
