@@ -404,7 +404,7 @@ class UserTables(Committer):
                 rowcount = db.execute(sql, together).rowcount
             except sqlite3.Error as exc:
                 if not db.in_transaction:  # (SQLite rolled all of it back: I/O, space)
-                    self._provisional = None
+                    self._end_provisional()
                 raise TableError(shown(str(exc))) from None
             self._ran(owner, len(done), bound)
             return TableAnswer(rowcount=max(rowcount, 0))
