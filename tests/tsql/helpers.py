@@ -17,7 +17,7 @@ from ssb.tsql import (
 )
 
 # Microsoft's published Service Broker tutorials, byte for byte (see SOURCES.md there)
-SCRIPTS = Path(__file__).resolve().parent / "sb-scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent / "third_party" / "sb-scripts"
 
 
 class MemoryProcedures:
