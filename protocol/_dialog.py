@@ -181,6 +181,11 @@ class DialogPeer:
         self._now = 0.0
         self._starvation_bound = starvation_bound
         self._starvation_checked = -1.0
+        self.unacked_messages = 0
+        """Messages queued on the senders and not yet fully acked (the broker's in-flight
+        budget counts them)."""
+        self.unacked_bytes = 0
+        """Their bodies' bytes, as the senders hold them (encrypted, if so)."""
         self.bundling = False
         """Whether fresh messages may go in bundles (`BundleFrame`): the owner sets it
         while the connection in use reaches this peer directly and speaks protocol
@@ -232,6 +237,8 @@ class DialogPeer:
             window=self._window,
         )
         self._senders[key] = sender
+        self.unacked_messages += sender.unacked_count
+        self.unacked_bytes += sender.unacked_bytes
         self._clock(now)
         self._make_ready(sender)
         return sender
@@ -288,6 +295,8 @@ class DialogPeer:
         sender = self._senders.pop((conversation_id, direction), None)
         if sender is not None:
             sender.closed = True
+            self.unacked_messages -= sender.unacked_count
+            self.unacked_bytes -= sender.unacked_bytes
 
     def close_receiver(self, conversation_id: uuid.UUID, direction: Direction) -> None:
         """Forget a direction's receiver; later fragments produce UnknownDialog."""
@@ -318,7 +327,10 @@ class DialogPeer:
             raise LocalProtocolError(
                 f"no sender for {conversation_id}/{direction.name}", ErrorCode.UNKNOWN_CONVERSATION
             )
+        held = sender.unacked_bytes
         sender.queue_message(seq, message_type, body)
+        self.unacked_messages += 1
+        self.unacked_bytes += sender.unacked_bytes - held
         self._clock(now)
         self._make_ready(sender)
 
@@ -608,7 +620,11 @@ class DialogPeer:
         ]
 
     def _apply_ack(self, sender: DialogSender, record: AckRecord) -> list[DialogEvent]:
+        count = sender.unacked_count
+        held = sender.unacked_bytes
         events: list[DialogEvent] = list(sender.handle_ack(record))
+        self.unacked_messages -= count - sender.unacked_count
+        self.unacked_bytes -= held - sender.unacked_bytes
         self._make_ready(sender)  # the window may have opened
         return events
 

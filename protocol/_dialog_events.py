@@ -71,11 +71,16 @@ class SessionKeyReceived:
 
 @dataclass(frozen=True, slots=True)
 class MessageAcked:
-    """The receiver durably stored message `seq`: delete it from the transmission queue."""
+    """The receiver durably stored messages `seq`..`last`, all of `message_type`: delete
+    them from the transmission queue. One event covers a run of consecutive messages of
+    one type that an ack completed (numbers in the run that an earlier ack completed are
+    acknowledged already and covered again)."""
 
     conversation_id: uuid.UUID
     direction: Direction
     seq: int
+    last: int
+    message_type: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,9 @@ The sender's rules:
     of the direction proves the receiver stored both.
   * When the envelope says `encrypted`, each message body is encrypted (`BodyCipher`)
     before it is fragmented; the fragments then carry ciphertext only.
-  * `MessageAcked(seq)` means the receiver durably stored every fragment of `seq`: the
-    broker may delete it from its transmission queue.
+  * `MessageAcked(seq, last)` means the receiver durably stored every fragment of the
+    messages `seq`..`last` (one event a run of one message type): the broker may delete
+    them from its transmission queue.
   * Between adjacent brokers that both speak protocol version 2 (`DialogPeer.bundling`),
     fresh whole messages of one type that follow each other in a confirmed direction go
     several to a `BundleFrame` (at most one fragment's worth of bytes, one signature):
@@ -163,6 +164,8 @@ class DialogSender:
         self._fragment_size = fragment_size
         self._window = window
         self._messages: dict[int, _OutMessage] = {}
+        self.unacked_bytes = 0
+        """The bodies of the messages not fully acked, as held (encrypted, if so)."""
         self._unsent: deque[_OutMessage] = deque()
         restored = sorted(pending, key=lambda m: m.seq)
         self._next_seq = next_seq
@@ -215,6 +218,7 @@ class DialogSender:
             body = self._cipher.encrypt(seq, message_type, body)
         message = _OutMessage(seq, message_type, bytes(body), self._fragment_size)
         self._messages[seq] = message
+        self.unacked_bytes += len(message.body)
         self._unsent.append(message)
 
     def skip_to(self, seq: int) -> None:
@@ -382,30 +386,48 @@ class DialogSender:
     def handle_ack(self, record: AckRecord) -> list[MessageAcked]:
         """Apply an (already verified) ack.
 
-        Returns: one MessageAcked per message that became fully acked, in this call.
+        Returns: the messages that became fully acked in this call, one MessageAcked per
+        run of consecutive messages of one type, in sequence order.
         """
         self.confirmed = True
         events: list[MessageAcked] = []
         messages = self._messages
+        cid = self.conversation_id
+        direction = self.direction
         below = min(record.below, self._next_seq)
+        released = 0
         if below > self._acked_floor:
+            first = -1
+            last = 0
+            run_type = ""
             for seq in range(self._acked_floor, below):
                 message = messages.pop(seq, None)
-                if message is not None:
-                    message.done = True
-                    events.append(MessageAcked(self.conversation_id, self.direction, seq))
+                if message is None:
+                    continue  # acked before, by a range
+                message.done = True
+                released += len(message.body)
+                if message.message_type != run_type or first < 0:
+                    if first >= 0:
+                        events.append(MessageAcked(cid, direction, first, last, run_type))
+                    first = seq
+                    run_type = message.message_type
+                last = seq
+            if first >= 0:
+                events.append(MessageAcked(cid, direction, first, last, run_type))
             self._acked_floor = below
-        for seq, count, first, end in record.ranges:
+        for seq, count, first_index, end in record.ranges:
             message = messages.get(seq)
             if message is None or message.count != count:
                 continue  # already acked, or a range for another fragment layout
             acked = message.acked
-            for index in range(first, end):
+            for index in range(first_index, end):
                 if not acked[index]:
                     acked[index] = 1
                     message.acked_count += 1
             if message.acked_count == message.count:
                 del messages[seq]
                 message.done = True
-                events.append(MessageAcked(self.conversation_id, self.direction, seq))
+                released += len(message.body)
+                events.append(MessageAcked(cid, direction, seq, seq, message.message_type))
+        self.unacked_bytes -= released
         return events

@@ -41,7 +41,6 @@ from ssb.protocol import (
     CloseFrame,
     ConnectionClosed,
     DialogPeer,
-    Direction,
     FragmentFrame,
     HandshakeCompleted,
     LinkState,
@@ -89,8 +88,6 @@ class Peer:
         "certificate_pem",
         "corrupt_fragments",
         "dialog",
-        "in_flight",
-        "in_flight_bytes",
         "instance",
         "link",
         "pump_scheduled",
@@ -119,10 +116,9 @@ class Peer:
         # bundles may go to it through a forwarder (until one says they cannot go on)
         self.relayed_bundles = True
         self.pump_scheduled = False
-        # outboxes with entries still to pull, and what is pulled and not yet acked
+        # outboxes with entries still to pull (what is pulled and not yet acked, the
+        # dialog layer counts: `dialog.unacked_messages`)
         self.boxes: dict[DirectionKey, DialogOutbox] = {}
-        self.in_flight: dict[tuple[uuid.UUID, Direction, int], tuple[int, str]] = {}
-        self.in_flight_bytes = 0
 
     def has_work(self) -> bool:
         """Frames to send now, or a retransmission or ack due later."""

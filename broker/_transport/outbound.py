@@ -13,12 +13,13 @@ A missing route or certificate is logged once, until a direction finds it.
 `feed` pulls durable entries into each direction's `DialogSender` (opened on first use
 with a fresh session key, wrapped for the peer's or the binding's certificate, signed by
 this broker as the origin and persisted), in order, while the peer's in-flight budget
-(IN_FLIGHT_MESSAGES, IN_FLIGHT_BYTES) allows: memory holds what is in flight, not the
-backlog. A direction the budget leaves out gets its first entry from a small reserve,
-so that the dialog layer's priorities and starvation bound apply to it too. The pump
-writes what the senders have (see `pump`). A `MessageAcked` deletes the message from
-the transmission queue (contiguous ranges in one delete), frees its budget and feeds
-more; an acknowledged EndDialog or Error lets the ending endpoint close.
+(IN_FLIGHT_MESSAGES, IN_FLIGHT_BYTES: what the senders hold unacknowledged, as the
+dialog layer counts it) allows: memory holds what is in flight, not the backlog. A
+direction the budget leaves out gets its first entry from a small reserve, so that the
+dialog layer's priorities and starvation bound apply to it too. The pump writes what
+the senders have (see `pump`). A `MessageAcked` (a run of messages) deletes them from
+the transmission queue (contiguous runs in one delete) and feeds more; an acknowledged
+EndDialog or Error lets the ending endpoint close.
 
 Restart: a sender resumes at its direction's first unacknowledged message (numbers in
 between that were acknowledged out of order are skipped, see `DialogSender.skip_to`).
@@ -284,9 +285,10 @@ class Transmission:
         delivery = self.delivery
         boxes = peer.boxes
         now = self.clock.time()
+        dialog = peer.dialog
         for key, box in list(boxes.items()):
-            room = IN_FLIGHT_MESSAGES - len(peer.in_flight)
-            room_bytes = IN_FLIGHT_BYTES - peer.in_flight_bytes
+            room = IN_FLIGHT_MESSAGES - dialog.unacked_messages
+            room_bytes = IN_FLIGHT_BYTES - dialog.unacked_bytes
             if room <= 0 or room_bytes <= 0:
                 break
             if not delivery.is_current(box):
@@ -313,8 +315,8 @@ class Transmission:
         if sender is not None and sender.unacked_count:
             return
         if (
-            len(peer.in_flight) >= IN_FLIGHT_MESSAGES + RESERVE_MESSAGES
-            or peer.in_flight_bytes >= IN_FLIGHT_BYTES + RESERVE_BYTES
+            peer.dialog.unacked_messages >= IN_FLIGHT_MESSAGES + RESERVE_MESSAGES
+            or peer.dialog.unacked_bytes >= IN_FLIGHT_BYTES + RESERVE_BYTES
         ):
             return
         now = self.clock.time()
@@ -340,8 +342,6 @@ class Transmission:
         dialog.queue_message(
             out.conversation_id, direction, out.seq, out.message_type, out.body, now
         )
-        peer.in_flight[(out.conversation_id, direction, out.seq)] = (out.size, out.message_type)
-        peer.in_flight_bytes += out.size
 
     def _open_sender(self, peer: Peer, out: Outbound, direction: Direction) -> None:
         """A direction's first message to `peer`: its sender, with a new session key."""
@@ -390,27 +390,23 @@ class Transmission:
     # ---- acknowledgements -------------------------------------------------------------
 
     def acked(self, peer: Peer, event: MessageAcked, link: Link | None, applying: Applying) -> None:
-        """The far broker stored a message: its budget is free, and its transmission-queue
-        entry goes (contiguous user messages of a direction in one delete, at the end of
-        the events: `flush_acked`)."""
-        done = peer.in_flight.pop((event.conversation_id, event.direction, event.seq), None)
-        mtype = ""
-        if done is not None:
-            peer.in_flight_bytes -= done[0]
-            mtype = done[1]
+        """The far broker stored messages (the dialog layer freed their budget): their
+        transmission-queue entries go (contiguous user messages of a direction in one
+        delete, at the end of the events: `flush_acked`)."""
         key = (event.conversation_id, event.direction)
         acked = applying.acked
         span = acked.get(key)
+        mtype = event.message_type
         if span is not None and span[1] + 1 == event.seq and mtype not in SYSTEM_TYPES:
-            span[1] = event.seq
+            span[1] = event.last
             return
         if span is not None:
             del acked[key]
             self._acknowledged(key, span[0], span[1])
         if mtype in SYSTEM_TYPES:  # may close the sender: after the range before it
-            self._acknowledged(key, event.seq, event.seq, mtype)
+            self._acknowledged(key, event.seq, event.last, mtype)
         else:
-            acked[key] = [event.seq, event.seq]
+            acked[key] = [event.seq, event.last]
 
     def flush_acked(self, applying: Applying) -> None:
         for key, span in applying.acked.items():

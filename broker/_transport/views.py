@@ -52,7 +52,7 @@ class TransportViews:
                     if peer
                     else counters.corrupt_fragments,
                     "refused_fragments": peer.refused_fragments if peer else 0,
-                    "in_flight": len(peer.in_flight) if peer else 0,
+                    "in_flight": peer.dialog.unacked_messages if peer else 0,
                     "retransmissions": peer.dialog.counters.retransmissions if peer else 0,
                     "last_activity": time.strftime(
                         "%Y-%m-%dT%H:%M:%SZ", time.gmtime(link.last_activity + offset)
@@ -83,7 +83,7 @@ class TransportViews:
                     "frames_received": 0,
                     "corrupt_fragments": peer.corrupt_fragments,
                     "refused_fragments": peer.refused_fragments,
-                    "in_flight": len(peer.in_flight),
+                    "in_flight": peer.dialog.unacked_messages,
                     "retransmissions": peer.dialog.counters.retransmissions,
                     "last_activity": None,
                     "via": None if via is None else str(via),

@@ -76,11 +76,11 @@ async def test_no_ack_leaves_before_the_batch_holding_the_message_is_durable(
     a.core.flush()
     await world.advance(5.0, flush=False)  # retransmitted, and the ack delay long past
     assert b.queue("Target") == 1
-    assert len(a.peer(b).in_flight) == 1
+    assert a.peer(b).dialog.unacked_messages == 1
     assert a.transmission_queue() == 1  # (commits A's own batch, not B's)
     b.core.flush()
     await world.settle(flush=False)
-    assert a.transmission_queue() == 0 and not a.peer(b).in_flight
+    assert a.transmission_queue() == 0 and not a.peer(b).dialog.unacked_messages
     assert [row[BODY] for row in b.core.receive_all()] == [b"once"]  # retransmissions dropped
 
 

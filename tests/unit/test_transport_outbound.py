@@ -41,7 +41,7 @@ async def test_entries_are_placed_once_durable_and_fed_within_the_in_flight_budg
     a.core.flush()
     await world.settle(flush=False)
     peer = a.peer(b)
-    assert len(peer.in_flight) == 4  # the budget; the rest waits in the transmission queue
+    assert peer.dialog.unacked_messages == 4  # the budget; the rest waits in the queue
     assert a.transmission_queue() == 10
     assert [address for address, _ in world.network.attempts] == [b.address]
     (box,) = a.core.engine.remote.remote_outboxes()
@@ -53,7 +53,7 @@ async def test_entries_are_placed_once_durable_and_fed_within_the_in_flight_budg
     assert b.queue("Target") == 10
     assert [row[BODY] for row in b.core.receive_all()] == [b"%d" % n for n in range(10)]
     assert a.transmission_queue() == 0
-    assert not peer.in_flight and peer.in_flight_bytes == 0
+    assert peer.dialog.unacked_messages == 0 and peer.dialog.unacked_bytes == 0
 
 
 async def test_a_direction_waits_with_its_reason_until_a_route_and_a_certificate_say_where(
@@ -134,7 +134,7 @@ async def test_a_later_direction_of_higher_priority_overtakes_a_backlog_from_the
     await world.settle()
     # the budget is full of the low direction's backlog: the high one's first entry
     # comes from the reserve, so that the dialog layer can put it first
-    assert len(a.peer(b).in_flight) == 5
+    assert a.peer(b).dialog.unacked_messages == 5
     world.network.listeners[b.address] = b.transport.links
     await world.advance(a.transport.settings.retry_initial)
     assert (b.queue("Low"), b.queue("High")) == (20, 3)
@@ -155,7 +155,7 @@ async def test_an_ack_deletes_the_entry_and_feeds_more(
     await world.settle(flush=False)
     peer = a.peer(b)
     assert b.queue("Target") == 2  # delivered; not acknowledged until B's batch is durable
-    assert len(peer.in_flight) == 2 and a.transmission_queue() == 6
+    assert peer.dialog.unacked_messages == 2 and a.transmission_queue() == 6
     for delivered in (4, 6):
         b.core.flush()  # B's batch is durable: its acks go
         await world.settle(flush=False)
@@ -164,7 +164,7 @@ async def test_an_ack_deletes_the_entry_and_feeds_more(
     b.core.flush()
     await world.settle()
     assert a.transmission_queue() == 0
-    assert not peer.in_flight
+    assert not peer.dialog.unacked_messages
 
 
 async def test_a_restarted_sender_resumes_with_its_session_key_at_the_first_unacked_message(

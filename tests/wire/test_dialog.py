@@ -161,7 +161,9 @@ class Broker:
                 self.integrity_failures.append(event)
             elif isinstance(event, MessageAcked):
                 self.acked.append(event)
-                del self.transmission_queue[(event.conversation_id, event.direction)][event.seq]
+                queue = self.transmission_queue[(event.conversation_id, event.direction)]
+                for seq in range(event.seq, event.last + 1):
+                    queue.pop(seq, None)  # a run may cover numbers acked before
             else:
                 self.uncommitted.append(event)
         if self.auto_store:
@@ -638,7 +640,7 @@ def test_ack_piggybacks_on_return_traffic_without_standalone_ack() -> None:
     assert len(b_frames) == 1
     (response,) = b_frames
     assert isinstance(response, FragmentFrame) and response.ack == AckRecord(1, ())
-    assert a.acked == [MessageAcked(conv, INIT, 0)]
+    assert a.acked == [MessageAcked(conv, INIT, 0, 0, "Msg")]
     # and a's ack for the response has no ride: it goes alone after the delay
     net.transfer(0.1 + 0.2 - 1e-6)
     assert not [f for _, path, f in net.log if path == "ab" and isinstance(f, AckFrame)]
@@ -646,7 +648,7 @@ def test_ack_piggybacks_on_return_traffic_without_standalone_ack() -> None:
     standalone = [f for _, path, f in net.log if path == "ab" and isinstance(f, AckFrame)]
     assert len(standalone) == 1 and standalone[0].direction is TARG
     assert not [f for _, path, f in net.log if path == "ba" and isinstance(f, AckFrame)]
-    assert b.acked == [MessageAcked(conv, TARG, 0)]
+    assert b.acked == [MessageAcked(conv, TARG, 0, 0, "Msg")]
     assert b.peer.counters.standalone_acks == 0 and b.peer.counters.piggybacked_acks == 1
 
 
@@ -682,7 +684,39 @@ def test_no_ack_before_the_broker_stores() -> None:
     assert b.peer.frames_to_send(now) == []  # still within the ack delay
     net.run(now, all_acked(a))
     assert [seq for seq, _, _ in b.delivered[(conv, INIT)]] == [0, 1]
-    assert len(a.acked) == 2
+    assert [(e.seq, e.last) for e in a.acked] == [(0, 1)]  # one run: one cumulative ack
+
+
+def test_an_ack_reports_each_run_of_one_type_and_the_peer_counts_what_is_unacked() -> None:
+    a, b, conv = begun_dialog(ack_delay=0.0)
+    b.auto_store = False
+    net = Network(a, b)
+    for body, message_type in [(b"a" * 10, "Job"), (b"b" * 20, "Job"), (b"c" * 30, "Done")]:
+        a.send(conv, INIT, body, message_type)
+    a.send(conv, INIT, b"d" * 40, "Job")
+    assert (a.peer.unacked_messages, a.peer.unacked_bytes) == (4, 100)
+    net.transfer(0.0)
+    assert a.acked == [] and a.peer.unacked_messages == 4  # not stored yet
+    b.commit(0.0)  # all four stored: one cumulative ack covers them
+    net.run(0.0, all_acked(a))
+    assert [(e.seq, e.last, e.message_type) for e in a.acked] == [
+        (0, 1, "Job"),
+        (2, 2, "Done"),
+        (3, 3, "Job"),
+    ]
+    assert (a.peer.unacked_messages, a.peer.unacked_bytes) == (0, 0)
+    # a restart counts the restored transmission queue; closing a sender gives it back
+    a.send(conv, INIT, b"e" * 50)
+    a.restart(1.0)
+    assert (a.peer.unacked_messages, a.peer.unacked_bytes) == (1, 50)
+    other = uuid.uuid4()
+    a.begin(other, INIT, encrypted=True)
+    a.send(other, INIT, b"f" * 50)
+    sender = a.peer.sender(other, INIT)
+    assert sender is not None and sender.unacked_bytes > 50  # held encrypted, with its tag
+    assert (a.peer.unacked_messages, a.peer.unacked_bytes) == (2, 50 + sender.unacked_bytes)
+    a.peer.close_sender(conv, INIT)
+    assert (a.peer.unacked_messages, a.peer.unacked_bytes) == (1, sender.unacked_bytes)
 
 
 def test_stored_fragments_are_acked_before_the_message_completes() -> None:
@@ -714,7 +748,7 @@ def test_duplicate_of_delivered_message_is_acked_again_not_redelivered() -> None
     (again,) = b.peer.frames_to_send(0.5)
     assert isinstance(again, AckFrame) and again.ack.below == 1
     a.receive([again], 0.5)
-    assert a.acked == [MessageAcked(conv, INIT, 0)]
+    assert a.acked == [MessageAcked(conv, INIT, 0, 0, "Msg")]
     assert a.peer.get_timer() is None
 
 
@@ -745,7 +779,7 @@ def test_reassembly_of_1000_fragments_fed_one_byte_at_a_time() -> None:
     assert b.delivered[(conv, INIT)] == [(0, "Msg", body)]
     assert b.held[(conv, INIT)] == {}
     net.run(0.0, all_acked(a))
-    assert a.acked == [MessageAcked(conv, INIT, 0)]
+    assert a.acked == [MessageAcked(conv, INIT, 0, 0, "Msg")]
 
 
 def test_fragment_layout() -> None:
