@@ -52,6 +52,13 @@ async def run(session: Session, text: str) -> bool:
     return ok
 
 
+async def each_fails(session: Session, *texts: str) -> None:
+    """Run each script of `texts` on `session`, one after the other: every one must fail
+    (else AssertionError, naming the script). The caller reads the errors in the output."""
+    for text in texts:
+        assert not await run(session, text), text
+
+
 def new_session(conn: Any = None, **options: Any) -> tuple[Session, Collect]:
     output = Collect()
     return Session(conn, output, **options), output

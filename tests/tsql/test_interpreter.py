@@ -7,7 +7,7 @@ import pytest
 
 from ssb.tsql import SqlError
 
-from .helpers import MemoryProcedures, new_session, ran, run, table
+from .helpers import MemoryProcedures, each_fails, new_session, ran, run, table
 
 
 async def test_variables_are_scoped_to_the_batch_as_sql_server_scopes_them() -> None:
@@ -247,9 +247,12 @@ async def test_alter_drop_and_unbalanced_transactions_in_procedures() -> None:
 
 async def test_without_a_broker_procedures_and_databases_are_refused() -> None:
     session, out = new_session()
-    assert not await run(session, "CREATE PROCEDURE p AS PRINT 1")
-    assert not await run(session, "USE AdventureWorks2008R2")
-    assert not await run(session, "ALTER DATABASE AdventureWorks2008R2 SET ENABLE_BROKER")
+    await each_fails(
+        session,
+        "CREATE PROCEDURE p AS PRINT 1",
+        "USE AdventureWorks2008R2",
+        "ALTER DATABASE AdventureWorks2008R2 SET ENABLE_BROKER",
+    )
     assert [e.number for e in out.errors] == [40517] * 3
     assert all("without a broker is not supported by ssb" in e.text for e in out.errors)
     assert await run(session, "USE master")
@@ -357,13 +360,13 @@ async def test_for_xml_path_and_raw_build_what_sql_server_builds() -> None:
 
 async def test_for_xml_that_ssb_does_not_build_is_refused() -> None:
     session, out = new_session()
-    for text in (
+    await each_fails(
+        session,
         "DECLARE @t TABLE (a INT); SELECT a FROM @t FOR XML AUTO",
         "DECLARE @t TABLE (a INT); SELECT a FROM @t FOR XML EXPLICIT",
         "DECLARE @t TABLE (a INT); SELECT * FROM @t FOR XML PATH('x')",
         "DECLARE @t TABLE (a INT); SELECT a FROM @t FOR XML PATH, XMLSCHEMA",
-    ):
-        assert not await run(session, text)
+    )
     assert [e.number for e in out.errors] == [40517] * 4
 
 
@@ -374,13 +377,13 @@ async def test_for_xml_orders_by_aliases_and_refuses_what_is_not_xml() -> None:
         "SELECT name AS n FROM @t ORDER BY n FOR XML PATH('');\n",
     )
     assert table(out.results[-1]) == [["<n>a</n><n>b</n>"]]
-    for text in (
+    await each_fails(
+        session,
         "SELECT 1 AS x FOR XML PATH('a b')",
         "SELECT 1 AS x FOR XML PATH('r'), ROOT('<z>')",
         "SELECT 1 AS [@x y] FOR XML PATH('r')",
         "SELECT 1 AS id, 2 AS id FOR XML RAW",
-    ):
-        assert not await run(session, text), text
+    )
     assert [e.number for e in out.errors] == [6850, 6850, 6850, 6810]
 
 
