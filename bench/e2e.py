@@ -39,6 +39,7 @@ Run from the repository root:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -440,6 +441,18 @@ def _us(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
+def add_consumer_argument(parser: argparse.ArgumentParser) -> None:
+    """`--consumer` (`Options.consumer`): the flag of every benchmark that runs these
+    consumers."""
+    parser.add_argument(
+        "--consumer",
+        choices=["txn", "pipelined"],
+        default=Options.consumer,
+        help="txn: async with conn.transaction() (3 round trips per batch); "
+        "pipelined: begin, receive and commit written together (1 round trip)",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = CommandLine(
         "e2e",
@@ -455,13 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         scrape_interval="turn the broker's HTTP port on and read /metrics every this many seconds",
     )
     parser.add_argument("--durability", choices=["fsync", "os", "both"], default="both")
-    parser.add_argument(
-        "--consumer",
-        choices=["txn", "pipelined"],
-        default=Options.consumer,
-        help="txn: async with conn.transaction() (3 round trips per batch); "
-        "pipelined: begin, receive and commit written together (1 round trip)",
-    )
+    add_consumer_argument(parser)
     parser.add_argument(
         "--producer",
         choices=["statement", "txn"],

@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "phase_timeout",
     )
     parser.add_argument("--durability", choices=["fsync", "os"], default="fsync")
-    parser.add_argument("--consumer", choices=["txn", "pipelined"], default=e2e.Options.consumer)
+    e2e.add_consumer_argument(parser)
     parser.add_argument(
         "--plain-link", action="store_true", help="brokers talk plain TCP ([transport] tls = false)"
     )
