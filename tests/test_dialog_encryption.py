@@ -23,7 +23,7 @@ from federation_setup import (
     request_and_reply,
     two_brokers_with_a_dialog_pair,
 )
-from test_dialog_security import Rogue
+from rogue_broker import Rogue
 
 from ssb import client
 from ssb.protocol import Envelope, ErrorCode, generate_broker_identity
