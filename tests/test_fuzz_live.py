@@ -15,6 +15,7 @@ import pytest
 from daemon import BrokerProcess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from wire_values import wire_values
 
 from ssb import client
 from ssb.protocol import NEED_DATA, WIRE_VERSION, ErrorCode, FrameDecoder, Hello, encode_frame
@@ -66,22 +67,7 @@ OPERATIONS = [
     "ping",
     "no_such_operation",
 ]
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**64 - 1)
-    | st.floats()
-    | st.text(max_size=40)
-    | st.binary(max_size=40)
-    | st.uuids()
-)
-values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
+values = wire_values(text=40, items=4, keys=8, leaves=12)
 arguments = st.dictionaries(
     st.sampled_from(
         [

@@ -23,6 +23,7 @@ from identities import (
     link,
     pump,
 )
+from wire_values import wire_values
 
 from ssb.protocol import (
     NEED_DATA,
@@ -443,22 +444,7 @@ def test_malformed_frames_raise_remote_protocol_error(obj: object) -> None:
     assert caught.value.code is ErrorCode.MALFORMED_FRAME
 
 
-msgpack_leaves = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**64 - 1)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=20)
-    | st.binary(max_size=40)
-    | st.uuids()
-)
-msgpack_values = st.recursive(
-    msgpack_leaves,
-    lambda children: (
-        st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=5), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+msgpack_values = wire_values(text=20, items=6, keys=5, leaves=20, nan=False)
 
 
 @settings(max_examples=300)
