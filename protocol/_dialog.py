@@ -48,6 +48,7 @@ from ._dialog_events import (
     HeldFragment,
     IntegrityFailure,
     MessageReceived,
+    MessagesReceived,
     PendingMessage,
     SessionKeyReceived,
     UnknownDialog,
@@ -628,7 +629,9 @@ class DialogPeer:
         self._make_ready(sender)  # the window may have opened
         return events
 
-    def mark_stored(self, events: Iterable[MessageReceived | FragmentReceived], now: float) -> None:
+    def mark_stored(
+        self, events: Iterable[MessageReceived | MessagesReceived | FragmentReceived], now: float
+    ) -> None:
         """The broker committed what these events reported; their acks may now go out."""
         for event in events:
             receiver = self._receivers.get((event.conversation_id, event.direction))

@@ -34,6 +34,24 @@ class MessageReceived:
 
 
 @dataclass(frozen=True, slots=True)
+class MessagesReceived:
+    """Complete messages are next in order, a bundle's worth: `bodies[i]` is message
+    `seq + i`'s, all of `message_type`. The same as a MessageReceived for each (none is
+    rejected), reported at once: store them all, then call `mark_stored`."""
+
+    conversation_id: uuid.UUID
+    direction: Direction
+    seq: int
+    message_type: str
+    bodies: tuple[bytes, ...]
+
+    @property
+    def last(self) -> int:
+        """The last message's sequence number."""
+        return self.seq + len(self.bodies) - 1
+
+
+@dataclass(frozen=True, slots=True)
 class FragmentReceived:
     """A fragment of a message that cannot be delivered yet: hold it durably, then call
     `mark_stored`. Handed back to `DialogReceiver(held_fragments=...)` after a restart."""
@@ -112,6 +130,7 @@ class UnknownDialog:
 
 DialogEvent = (
     MessageReceived
+    | MessagesReceived
     | FragmentReceived
     | PartialMessageDiscarded
     | SessionKeyReceived

@@ -6,8 +6,10 @@ The receiver's rules:
   * A fragment is accepted only if its sealed MD5 signature verifies under the session
     key; otherwise it is dropped, not acked, and reported as `IntegrityFailure`.
   * A message is delivered (`MessageReceived`) only when complete and when every earlier
-    message was delivered. Other accepted fragments are reported as `FragmentReceived` so
-    the broker can hold them durably (status "disabled" in Service Broker's words).
+    message was delivered; a bundle that comes in order with nothing else waiting is
+    delivered whole (`MessagesReceived`). Other accepted fragments are reported as
+    `FragmentReceived` so the broker can hold them durably (status "disabled" in Service
+    Broker's words).
   * An encrypted direction's message is decrypted when it is delivered. A body that does
     not decrypt (its signatures held, so the sender itself made it) is delivered as a
     `MessageReceived` with `rejected` set and an empty body: the broker ends the dialog
@@ -34,6 +36,7 @@ from ._dialog_events import (
     HeldFragment,
     IntegrityFailure,
     MessageReceived,
+    MessagesReceived,
     PartialMessage,
     PartialMessageDiscarded,
     SessionKeyReceived,
@@ -282,8 +285,17 @@ class DialogReceiver:
         Raises: RemoteProtocolError: the bundle names another dialog direction.
         """
         self._check_direction(frame)
-        events: list[DialogEvent] = []
         mtype = frame.message_type
+        if frame.seq == self._next_expected and not self._partials and self._cipher is None:
+            # in order with nothing held: every message is delivered as it stands (each is
+            # next in turn, so none can fall outside the window)
+            self._next_expected += len(frame.payloads)
+            return [
+                MessagesReceived(
+                    self.conversation_id, self.direction, frame.seq, mtype, frame.payloads
+                )
+            ]
+        events: list[DialogEvent] = []
         for seq, payload in enumerate(frame.payloads, frame.seq):
             events += self._accept(seq, 0, 1, mtype, payload)
         return events
@@ -369,21 +381,22 @@ class DialogReceiver:
 
     # -- durability and acks
 
-    def mark_stored(self, event: MessageReceived | FragmentReceived) -> None:
+    def mark_stored(self, event: MessageReceived | MessagesReceived | FragmentReceived) -> None:
         """The broker durably stored what `event` reported; it may now be acked.
 
-        For MessageReceived the confirmation is cumulative: store messages in order
-        (one call with the highest seq of a group commit is enough).
+        For MessageReceived and MessagesReceived the confirmation is cumulative: store
+        messages in order (one call with the highest seq of a group commit is enough).
 
         Raises: LocalProtocolError: the event was never emitted by this receiver.
         """
-        if isinstance(event, MessageReceived):
-            if event.seq >= self._next_expected:
+        if not isinstance(event, FragmentReceived):
+            last = event.seq if isinstance(event, MessageReceived) else event.last
+            if last >= self._next_expected:
                 raise LocalProtocolError(
-                    f"message {event.seq} was not delivered yet", ErrorCode.BAD_ARGUMENT
+                    f"message {last} was not delivered yet", ErrorCode.BAD_ARGUMENT
                 )
-            if event.seq >= self._stored_below:
-                self._stored_below = event.seq + 1
+            if last >= self._stored_below:
+                self._stored_below = last + 1
                 self.ack_pending = True
             return
         if event.seq < self._stored_below:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from ssb.protocol import Direction, Envelope, FragmentReceived, MessageReceived
+from ssb.protocol import Direction, Envelope, FragmentReceived, MessageReceived, MessagesReceived
 
 DirectionId = tuple[uuid.UUID, Direction]
 
@@ -14,10 +14,12 @@ class Arrivals:
 
     __slots__ = ("bodies", "envelope", "message_type", "seq")
 
-    def __init__(self, message_type: str, seq: int, body: bytes, envelope: Envelope) -> None:
+    def __init__(
+        self, message_type: str, seq: int, bodies: list[bytes], envelope: Envelope
+    ) -> None:
         self.message_type = message_type
         self.seq = seq
-        self.bodies = [body]
+        self.bodies = bodies
         self.envelope = envelope
 
 
@@ -31,7 +33,7 @@ class Applying:
     __slots__ = ("acked", "arrivals", "fragments", "next_seqs", "received")
 
     def __init__(self) -> None:
-        self.received: dict[DirectionId, MessageReceived] = {}
+        self.received: dict[DirectionId, MessageReceived | MessagesReceived] = {}
         self.fragments: list[FragmentReceived] = []
         self.next_seqs: dict[DirectionId, int] = {}
         self.arrivals: dict[DirectionId, Arrivals] = {}

@@ -15,16 +15,16 @@ the dialog ends with Service Broker's error 11215 (`_permitted`), and the rest o
 direction is acknowledged and dropped. EndDialog and Error always pass.
 
 The dialog layer turns frames into events, and `apply` hands each event to its handler
-(the table in `Reception.__init__`; an unknown event raises). A `MessageReceived` goes to
-the core, consecutive ones of a direction and type in one delivery (the core creates the
-target endpoint with the first message, or holds messages while the target queue is
-OFF); fragments of incomplete messages are held in the store; a `MessageAcked` is
-outbound's (see `outbound`); a frame of a direction without a receiver may open one (see
-`receivers`). The receivers' next sequence numbers are persisted in the store's open
-batch, each direction's once, as the batch is taken (it holds many reads). Only when
-that batch is durable does the dialog layer learn that the events were stored (once per
-broker and batch: each direction's last message, and the fragments held), so no ack
-ever leaves for something a crash could lose.
+(the table in `Reception.__init__`; an unknown event raises). A `MessageReceived` (or a
+bundle's `MessagesReceived`) goes to the core, consecutive messages of a direction and
+type in one delivery (the core creates the target endpoint with the first message, or
+holds messages while the target queue is OFF); fragments of incomplete messages are held
+in the store; a `MessageAcked` is outbound's (see `outbound`); a frame of a direction
+without a receiver may open one (see `receivers`). The receivers' next sequence numbers
+are persisted in the store's open batch, each direction's once, as the batch is taken
+(it holds many reads). Only when that batch is durable does the dialog layer learn that
+the events were stored (once per broker and batch: each direction's last message, and
+the fragments held), so no ack ever leaves for something a crash could lose.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from ssb.protocol import (
     IntegrityFailure,
     MessageAcked,
     MessageReceived,
+    MessagesReceived,
     PartialMessageDiscarded,
     ProtocolError,
     SessionKeyReceived,
@@ -108,10 +109,12 @@ class Reception:
         # what the reads of the store's open batch reported, per broker (`_when_stored`)
         self._storing_batch = -1
         self._storing: dict[
-            Peer, tuple[dict[DirectionId, MessageReceived], list[FragmentReceived]]
+            Peer,
+            tuple[dict[DirectionId, MessageReceived | MessagesReceived], list[FragmentReceived]],
         ] = {}
         self._handlers: dict[type[DialogEvent], Handler] = {
             MessageReceived: self._message_received,
+            MessagesReceived: self._messages_received,
             FragmentReceived: self._fragment_received,
             MessageAcked: self.transmission.acked,
             SessionKeyReceived: self._session_key_received,
@@ -226,7 +229,12 @@ class Reception:
         arrivals = applying.arrivals
         for event in events:
             kind = type(event)
-            if kind is not MessageReceived and kind is not FragmentReceived and arrivals:
+            if (
+                kind is not MessagesReceived
+                and kind is not MessageReceived
+                and kind is not FragmentReceived
+                and arrivals
+            ):
                 self._deliver(applying)  # what came before it, first
             handlers[kind](peer, event, link, applying)
         if applying.acked:
@@ -252,7 +260,7 @@ class Reception:
                     self._deliver(applying, key)
                     group = None
                 if group is None:
-                    arrivals[key] = Arrivals(event.message_type, event.seq, event.body, envelope)
+                    arrivals[key] = Arrivals(event.message_type, event.seq, [event.body], envelope)
                 else:
                     group.bodies.append(event.body)
             elif envelope is not None:
@@ -284,6 +292,38 @@ class Reception:
                 if held in self.held_seqs:
                     self.held_seqs.discard(held)
                     self.store.delete_held_message(key[0], int(key[1]), event.seq)
+        applying.received[key] = event  # its ack covers the direction's earlier ones
+
+    def _messages_received(
+        self, peer: Peer, event: MessagesReceived, link: Link | None, applying: Applying
+    ) -> None:
+        """A bundle's messages, complete and in order: gathered as `_message_received`
+        gathers one."""
+        key = (event.conversation_id, event.direction)
+        if key not in self.discarding:
+            envelope = self.envelopes.get(key)
+            if envelope is not None:
+                arrivals = applying.arrivals
+                group = arrivals.get(key)
+                if group is not None and (
+                    group.message_type != event.message_type
+                    or group.seq + len(group.bodies) != event.seq
+                ):
+                    self._deliver(applying, key)
+                    group = None
+                if group is None:
+                    arrivals[key] = Arrivals(
+                        event.message_type, event.seq, list(event.bodies), envelope
+                    )
+                else:
+                    group.bodies += event.bodies
+            applying.next_seqs[key] = event.last + 1
+            if self.held_seqs:
+                for seq in range(event.seq, event.last + 1):
+                    held = (key[0], key[1], seq)
+                    if held in self.held_seqs:
+                        self.held_seqs.discard(held)
+                        self.store.delete_held_message(key[0], int(key[1]), seq)
         applying.received[key] = event  # its ack covers the direction's earlier ones
 
     def _fragment_received(

@@ -28,6 +28,7 @@ from ssb.protocol import (
     LocalProtocolError,
     MessageAcked,
     MessageReceived,
+    MessagesReceived,
     PartialMessageDiscarded,
     PendingMessage,
     RemoteProtocolError,
@@ -172,7 +173,7 @@ class Broker:
     def commit(self, now: float) -> None:
         """Apply uncommitted events durably, then tell the dialog layer."""
         events, self.uncommitted = self.uncommitted, []
-        storable: list[MessageReceived | FragmentReceived] = []
+        storable: list[MessageReceived | MessagesReceived | FragmentReceived] = []
         for event in events:
             key = (event.conversation_id, event.direction)
             if isinstance(event, SessionKeyReceived):
@@ -192,15 +193,15 @@ class Broker:
                 held = self.held.get(key, {})
                 for entry in [entry for entry in held if entry[0] == event.seq]:
                     del held[entry]
-            elif isinstance(event, MessageReceived):
-                assert self.next_expected[key] == event.seq, "delivered out of order"
-                self.delivered.setdefault(key, []).append(
-                    (event.seq, event.message_type, event.body)
-                )
-                self.next_expected[key] = event.seq + 1
-                held = self.held.get(key, {})
-                for entry in [entry for entry in held if entry[0] == event.seq]:
-                    del held[entry]
+            elif isinstance(event, MessageReceived | MessagesReceived):
+                bodies = [event.body] if isinstance(event, MessageReceived) else event.bodies
+                for seq, body in enumerate(bodies, event.seq):
+                    assert self.next_expected[key] == seq, "delivered out of order"
+                    self.delivered.setdefault(key, []).append((seq, event.message_type, body))
+                    self.next_expected[key] = seq + 1
+                    held = self.held.get(key, {})
+                    for entry in [entry for entry in held if entry[0] == seq]:
+                        del held[entry]
                 storable.append(event)
             else:  # pragma: no cover - every event kind is handled above
                 raise AssertionError(event)
@@ -371,6 +372,17 @@ def bodies(rng: random.Random, count: int, max_size: int) -> list[bytes]:
     return [rng.randbytes(rng.randrange(max_size + 1)) for _ in range(count)]
 
 
+def received(events: Iterable[DialogEvent]) -> list[tuple[int, bytes]]:
+    """(seq, body) of every message the events deliver, a bundle's one by one."""
+    out: list[tuple[int, bytes]] = []
+    for event in events:
+        if isinstance(event, MessageReceived):
+            out.append((event.seq, event.body))
+        elif isinstance(event, MessagesReceived):
+            out += enumerate(event.bodies, event.seq)
+    return out
+
+
 def all_acked(*brokers: Broker) -> Callable[[], bool]:
     return lambda: all(
         not queue for broker in brokers for queue in broker.transmission_queue.values()
@@ -511,7 +523,32 @@ def test_a_bundle_for_an_unknown_direction_is_dropped_without_an_event() -> None
     assert stranger.peer.receive_frame(bundle, now) == []
     # the broker that knows the direction takes all five from the same bundle
     events = b.peer.receive_frame(bundle, now)
-    assert [e.seq for e in events if isinstance(e, MessageReceived)] == [1, 2, 3, 4, 5]
+    assert [seq for seq, _ in received(events)] == [1, 2, 3, 4, 5]
+
+
+def test_a_bundle_in_order_is_delivered_whole_and_one_behind_a_gap_message_by_message() -> None:
+    a, b, _, conv, now = _confirmed_dialog(bundling=True)
+    for i in range(3):
+        a.send(conv, INIT, bytes([i]))
+    (first,) = a.peer.frames_to_send(now)
+    for i in range(3, 5):
+        a.send(conv, INIT, bytes([i]))
+    (second,) = a.peer.frames_to_send(now)
+    assert isinstance(first, BundleFrame) and isinstance(second, BundleFrame)
+    # the second bundle first: its messages wait (held) behind the gap, one by one
+    later = b.peer.receive_frame(second, now)
+    assert {type(e) for e in later} == {FragmentReceived} and received(later) == []
+    # the gap filled: the first bundle's messages, then the held ones, each its own event
+    events = b.peer.receive_frame(first, now)
+    assert {type(e) for e in events} == {MessageReceived}
+    assert [seq for seq, _ in received(events)] == [1, 2, 3, 4, 5]
+    # in order with nothing held: the next bundle is one event for all its messages
+    for i in range(5, 9):
+        a.send(conv, INIT, bytes([i]))
+    (third,) = a.peer.frames_to_send(now)
+    (event,) = b.peer.receive_frame(third, now)
+    assert isinstance(event, MessagesReceived)
+    assert (event.seq, event.last, event.bodies) == (6, 9, (b"\x05", b"\x06", b"\x07", b"\x08"))
 
 
 def test_a_bundle_altered_in_a_payload_or_its_boundaries_is_refused() -> None:
@@ -531,7 +568,7 @@ def test_a_bundle_altered_in_a_payload_or_its_boundaries_is_refused() -> None:
         assert [type(e) for e in events] == [IntegrityFailure]
     assert len(b.delivered[(conv, INIT)]) == 1
     events = b.peer.receive_frame(bundle, now)
-    assert [e.body for e in events if isinstance(e, MessageReceived)] == [b"abc", b"def"]
+    assert [body for _, body in received(events)] == [b"abc", b"def"]
 
 
 def test_corrupted_fragment_is_dropped_reported_not_acked_and_repaired() -> None:
