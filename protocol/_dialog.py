@@ -323,17 +323,38 @@ class DialogPeer:
 
         Raises: LocalProtocolError: no such sender, wrong `seq`, or too large.
         """
+        self.queue_messages(conversation_id, direction, seq, [(message_type, body)], now)
+
+    def queue_messages(
+        self,
+        conversation_id: uuid.UUID,
+        direction: Direction,
+        seq: int,
+        messages: Iterable[tuple[str, bytes]],
+        now: float | None = None,
+    ) -> None:
+        """`queue_message` for each of `messages` ((message type, body)), numbered from
+        `seq` on: a direction's run of messages in one call.
+
+        Raises: LocalProtocolError: as `queue_message`; the messages before the one
+            refused stay queued.
+        """
         sender = self._senders.get((conversation_id, direction))
         if sender is None:
             raise LocalProtocolError(
                 f"no sender for {conversation_id}/{direction.name}", ErrorCode.UNKNOWN_CONVERSATION
             )
         held = sender.unacked_bytes
-        sender.queue_message(seq, message_type, body)
-        self.unacked_messages += 1
-        self.unacked_bytes += sender.unacked_bytes - held
-        self._clock(now)
-        self._make_ready(sender)
+        count = sender.unacked_count
+        try:
+            for message_type, body in messages:
+                sender.queue_message(seq, message_type, body)
+                seq += 1
+        finally:
+            self.unacked_messages += sender.unacked_count - count
+            self.unacked_bytes += sender.unacked_bytes - held
+            self._clock(now)
+            self._make_ready(sender)
 
     def _clock(self, now: float | None) -> None:
         if now is not None and now > self._now:

@@ -295,8 +295,8 @@ class Transmission:
                 del boxes[key]
                 continue
             entries = delivery.pull(box, min(room, FEED_CHUNK), room_bytes)
-            for out in entries:
-                self._queue(peer, out, now)
+            if entries:
+                self._queue(peer, entries, now)
             if not delivery.is_current(box):
                 del boxes[key]  # all pulled: a later entry makes a new outbox
             elif entries:
@@ -319,29 +319,40 @@ class Transmission:
             or peer.dialog.unacked_bytes >= IN_FLIGHT_BYTES + RESERVE_BYTES
         ):
             return
-        now = self.clock.time()
-        for out in self.delivery.pull(box, 1, RESERVE_BYTES):
-            self._queue(peer, out, now)
+        entries = self.delivery.pull(box, 1, RESERVE_BYTES)
+        if entries:
+            self._queue(peer, entries, self.clock.time())
         if not self.delivery.is_current(box):
             del peer.boxes[key]
         self.pump.soon(peer)
 
-    def _queue(self, peer: Peer, out: Outbound, now: float) -> None:
-        direction = _direction(out.is_initiator)
+    def _queue(self, peer: Peer, entries: list[Outbound], now: float) -> None:
+        """Entries of one direction, in order, into its sender (opened on the first)."""
+        first = entries[0]
+        conversation_id = first.conversation_id
+        direction = _direction(first.is_initiator)
         dialog = peer.dialog
-        peer.services.add(out.to_service)
-        sender = dialog.sender(out.conversation_id, direction)
+        peer.services.add(first.to_service)
+        sender = dialog.sender(conversation_id, direction)
         if sender is None:
-            self._open_sender(peer, out, direction)
-            sender = dialog.sender(out.conversation_id, direction)
+            self._open_sender(peer, first, direction)
+            sender = dialog.sender(conversation_id, direction)
             assert sender is not None
-        if out.seq < sender.next_seq:
-            return  # already on its way (a duplicate pull cannot happen; kept safe)
-        if out.seq > sender.next_seq:
-            sender.skip_to(out.seq)  # acknowledged out of order before a restart
-        dialog.queue_message(
-            out.conversation_id, direction, out.seq, out.message_type, out.body, now
-        )
+        start = sender.next_seq
+        run: list[tuple[str, bytes]] = []
+        for out in entries:
+            seq = start + len(run)
+            if out.seq < seq:
+                continue  # already on its way (a duplicate pull cannot happen; kept safe)
+            if out.seq > seq:  # acknowledged out of order before a restart
+                if run:
+                    dialog.queue_messages(conversation_id, direction, start, run, now)
+                    run = []
+                sender.skip_to(out.seq)
+                start = out.seq
+            run.append((out.message_type, out.body))
+        if run:
+            dialog.queue_messages(conversation_id, direction, start, run, now)
 
     def _open_sender(self, peer: Peer, out: Outbound, direction: Direction) -> None:
         """A direction's first message to `peer`: its sender, with a new session key."""
