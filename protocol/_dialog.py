@@ -110,8 +110,41 @@ class PeerCounters:
     unknown_acks: int = 0
 
 
+class _BundleSent:
+    """The messages of a bundle sent once, behind one retry entry: when it falls due,
+    those still unacked go again one by one, as fragments. `first`: the members before it
+    are acked (acks come mostly in order, so a check resumes there)."""
+
+    __slots__ = ("first", "members")
+
+    def __init__(self, members: list[_OutMessage]) -> None:
+        self.members = members
+        self.first = 0
+
+    def outstanding(self, sender: DialogSender) -> bool:
+        """Whether any member still waits for its ack."""
+        members = self.members
+        first = self.first
+        while first < len(members) and not sender.is_outstanding(members[first], 0):
+            first += 1
+        self.first = first
+        return first < len(members)
+
+
 _Key = tuple[uuid.UUID, Direction]
-_RetryEntry = tuple[float, int, DialogSender, _OutMessage, int, int]
+# (due, tick, sender, a fragment's message or a bundle's members, fragment index,
+# transmissions so far)
+_RetryEntry = tuple[float, int, DialogSender, "_OutMessage | _BundleSent", int, int]
+
+
+def _outstanding(entry: _RetryEntry) -> bool:
+    """Whether a retry entry still has something unacked."""
+    sent = entry[3]
+    if isinstance(sent, _BundleSent):
+        return sent.outstanding(entry[2])
+    return entry[2].is_outstanding(sent, entry[4])
+
+
 _AckEntry = tuple[float, int, DialogReceiver, int]
 
 
@@ -486,14 +519,14 @@ class DialogPeer:
                 else None
             )
             if bundle:
-                # each message keeps its own retry entry: a lost bundle is retransmitted
-                # message by message, as fragments
+                # one retry entry for the bundle: a lost bundle is retransmitted message by
+                # message, as fragments
                 bundle.insert(0, message)
                 frames.append(sender.build_bundle(bundle, ack))
                 counters.fragments_sent += len(bundle)
-                due = now + delays[1]
-                for member in bundle:
-                    self._retry_later((due, next(self._tick), sender, member, 0, 1))
+                self._retry_later(
+                    (now + delays[1], next(self._tick), sender, _BundleSent(bundle), 0, 1)
+                )
                 if room is not None:
                     room -= sum(len(member.body) for member in bundle)
                 continue
@@ -538,10 +571,10 @@ class DialogPeer:
     def get_timer(self) -> float | None:
         """When `handle_timer`/`frames_to_send` next has work (retry or ack due), or None."""
         heap = self._retry_heap
-        while heap and not heap[0][2].is_outstanding(heap[0][3], heap[0][4]):
+        while heap and not _outstanding(heap[0]):
             heapq.heappop(heap)
         fifo = self._retry_fifo
-        while fifo and not fifo[0][2].is_outstanding(fifo[0][3], fifo[0][4]):
+        while fifo and not _outstanding(fifo[0]):
             fifo.popleft()
         acks = self._ack_heap
         while acks and (acks[0][2].closed or acks[0][3] != acks[0][2]._ack_generation):
@@ -562,7 +595,10 @@ class DialogPeer:
                 _, _, sender, message, index, transmissions = heapq.heappop(heap)
             else:
                 return
-            if sender.is_outstanding(message, index):
+            if isinstance(message, _BundleSent):
+                # (`frames_to_send` passes over the members acked by then)
+                ready += [(sender, member, 0, transmissions) for member in message.members]
+            elif sender.is_outstanding(message, index):
                 ready.append((sender, message, index, transmissions))
 
     def retransmit_all(self, now: float) -> None:
@@ -571,8 +607,9 @@ class DialogPeer:
         entries = [*self._retry_heap, *self._retry_fifo]
         self._retry_heap = []
         self._retry_fifo.clear()
-        for due, tick, sender, message, index, transmissions in entries:
-            if sender.is_outstanding(message, index):
+        for entry in entries:
+            if _outstanding(entry):
+                due, tick, sender, message, index, transmissions = entry
                 self._retry_heap.append(
                     (min(due, now), tick, sender, message, index, transmissions)
                 )

@@ -18,8 +18,9 @@ The sender's rules:
   * Between adjacent brokers that both speak protocol version 2 (`DialogPeer.bundling`),
     fresh whole messages of one type that follow each other in a confirmed direction go
     several to a `BundleFrame` (at most one fragment's worth of bytes, one signature):
-    one frame to build, send, decode and verify instead of one each. Each message keeps
-    its own retry entry; a retransmission goes as a fragment.
+    one frame to build, send, decode and verify instead of one each. A bundle waits
+    behind one retry entry; what of it is unacked when that falls due goes again as
+    fragments, one a message.
 
 Time is never read here: the owning `DialogPeer` decides when a fragment goes (and goes
 again); the sender says which fragment is next and builds its signed frame.

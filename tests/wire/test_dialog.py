@@ -551,6 +551,31 @@ def test_a_bundle_in_order_is_delivered_whole_and_one_behind_a_gap_message_by_me
     assert (event.seq, event.last, event.bodies) == (6, 9, (b"\x05", b"\x06", b"\x07", b"\x08"))
 
 
+def test_a_lost_bundle_goes_again_as_fragments_of_its_unacked_messages_when_due() -> None:
+    a, _, _, conv, now = _confirmed_dialog(bundling=True)
+    for i in range(5):
+        a.send(conv, INIT, bytes([i]))
+    (bundle,) = a.peer.frames_to_send(now)  # lost on the way
+    assert isinstance(bundle, BundleFrame) and bundle.seq == 1
+    sender = a.peer.sender(conv, INIT)
+    assert sender is not None
+    sender.handle_ack(AckRecord(3, ()))  # meanwhile 1 and 2 are acked (an earlier copy)
+    due = a.peer.get_timer()
+    assert due is not None and due > now
+    assert a.peer.frames_to_send(due - 1e-6) == []
+    again = a.peer.frames_to_send(due)
+    assert [(type(f), f.seq) for f in again] == [(FragmentFrame, seq) for seq in (3, 4, 5)]
+    assert a.peer.counters.retransmissions == 3
+    sender.handle_ack(AckRecord(6, ()))
+    assert a.peer.get_timer() is None  # nothing left to retry
+    for i in range(5, 8):
+        a.send(conv, INIT, bytes([i]))
+    (bundle,) = a.peer.frames_to_send(due)
+    assert isinstance(bundle, BundleFrame) and a.peer.get_timer() is not None  # its retry
+    sender.handle_ack(AckRecord(9, ()))
+    assert a.peer.get_timer() is None  # acked before it fell due: nothing to retry
+
+
 def test_a_bundle_altered_in_a_payload_or_its_boundaries_is_refused() -> None:
     a, b, _, conv, now = _confirmed_dialog(bundling=True)
     a.send(conv, INIT, b"abc")
