@@ -88,7 +88,11 @@ class _OutMessage:
         self.seq = seq
         self.message_type = message_type
         self.body = body
-        self.count, self.stride = fragment_layout(len(body), fragment_size)
+        size = len(body)
+        # one fragment (the common case) without the general layout's arithmetic
+        self.count, self.stride = (
+            (1, size) if size <= fragment_size else fragment_layout(size, fragment_size)
+        )
         self.acked = bytearray(self.count)
         self.acked_count = 0
         self.next_unsent = 0
