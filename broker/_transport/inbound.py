@@ -41,6 +41,7 @@ from ssb.protocol import (
     BundleFrame,
     DialogEvent,
     Direction,
+    Envelope,
     FragmentFrame,
     FragmentReceived,
     HeldFragment,
@@ -250,19 +251,8 @@ class Reception:
         key = (event.conversation_id, event.direction)
         if key not in self.discarding:
             envelope = self.envelopes.get(key)
-            arrivals = applying.arrivals
             if envelope is not None and not event.rejected:
-                group = arrivals.get(key)
-                if group is not None and (
-                    group.message_type != event.message_type
-                    or group.seq + len(group.bodies) != event.seq
-                ):
-                    self._deliver(applying, key)
-                    group = None
-                if group is None:
-                    arrivals[key] = Arrivals(event.message_type, event.seq, [event.body], envelope)
-                else:
-                    group.bodies.append(event.body)
+                self._gather(applying, key, envelope, event.message_type, event.seq, (event.body,))
             elif envelope is not None:
                 self._deliver(applying, key)
                 self.delivery.deliver_remote(
@@ -286,45 +276,54 @@ class Reception:
                         peer.instance,
                         event.rejected,
                     )
-            applying.next_seqs[key] = event.seq + 1
-            if self.held_seqs:
-                held = (key[0], key[1], event.seq)
-                if held in self.held_seqs:
-                    self.held_seqs.discard(held)
-                    self.store.delete_held_message(key[0], int(key[1]), event.seq)
+            self._taken(applying, key, event.seq, event.seq)
         applying.received[key] = event  # its ack covers the direction's earlier ones
 
     def _messages_received(
         self, peer: Peer, event: MessagesReceived, link: Link | None, applying: Applying
     ) -> None:
-        """A bundle's messages, complete and in order: gathered as `_message_received`
-        gathers one."""
+        """A bundle's messages, complete and in order: gathered as one message is."""
         key = (event.conversation_id, event.direction)
         if key not in self.discarding:
             envelope = self.envelopes.get(key)
             if envelope is not None:
-                arrivals = applying.arrivals
-                group = arrivals.get(key)
-                if group is not None and (
-                    group.message_type != event.message_type
-                    or group.seq + len(group.bodies) != event.seq
-                ):
-                    self._deliver(applying, key)
-                    group = None
-                if group is None:
-                    arrivals[key] = Arrivals(
-                        event.message_type, event.seq, list(event.bodies), envelope
-                    )
-                else:
-                    group.bodies += event.bodies
-            applying.next_seqs[key] = event.last + 1
-            if self.held_seqs:
-                for seq in range(event.seq, event.last + 1):
-                    held = (key[0], key[1], seq)
-                    if held in self.held_seqs:
-                        self.held_seqs.discard(held)
-                        self.store.delete_held_message(key[0], int(key[1]), seq)
+                self._gather(applying, key, envelope, event.message_type, event.seq, event.bodies)
+            self._taken(applying, key, event.seq, event.last)
         applying.received[key] = event  # its ack covers the direction's earlier ones
+
+    def _gather(
+        self,
+        applying: Applying,
+        key: DirectionId,
+        envelope: Envelope,
+        message_type: str,
+        seq: int,
+        bodies: tuple[bytes, ...],
+    ) -> None:
+        """Messages `seq`.. of a direction join the ones gathered before them for one
+        delivery, when they follow them and are of their type (else those go first)."""
+        arrivals = applying.arrivals
+        group = arrivals.get(key)
+        if group is not None and (
+            group.message_type != message_type or group.seq + len(group.bodies) != seq
+        ):
+            self._deliver(applying, key)
+            group = None
+        if group is None:
+            arrivals[key] = Arrivals(message_type, seq, list(bodies), envelope)
+        else:
+            group.bodies += bodies
+
+    def _taken(self, applying: Applying, key: DirectionId, first: int, last: int) -> None:
+        """Messages `first`..`last` of a direction are taken: its next sequence number
+        follows them, and fragments held of them go."""
+        applying.next_seqs[key] = last + 1
+        if self.held_seqs:
+            for seq in range(first, last + 1):
+                held = (key[0], key[1], seq)
+                if held in self.held_seqs:
+                    self.held_seqs.discard(held)
+                    self.store.delete_held_message(key[0], int(key[1]), seq)
 
     def _fragment_received(
         self, peer: Peer, event: FragmentReceived, link: Link | None, applying: Applying

@@ -167,19 +167,27 @@ async def test_an_ack_deletes_the_entry_and_feeds_more(
     assert not peer.dialog.unacked_messages
 
 
+async def _stored_then_sent(world: World, bodies: list[bytes]) -> uuid.UUID:
+    """A dialog from A to B whose messages 0 and 1 B stored, and `bodies` after them
+    written to the connection and never delivered (A is about to crash); its handle."""
+    a, b = world.brokers
+    handle = _dialog(world)
+    a.op("send", handle, "DEFAULT", [b"0", b"1"])
+    await world.settle()
+    assert b.queue("Target") == 2 and a.transmission_queue() == 0
+    a.op("send", handle, "DEFAULT", bodies)
+    a.core.flush()
+    world.clock.run_soon()
+    assert world.network.pending(a.transport.links)
+    return handle
+
+
 async def test_a_restarted_sender_resumes_with_its_session_key_at_the_first_unacked_message(
     tmp_path: Path,
 ) -> None:
     world = World(tmp_path)
     a, b = world.pair()
-    handle = _dialog(world)
-    a.op("send", handle, "DEFAULT", [b"0", b"1"])
-    await world.settle()
-    assert b.queue("Target") == 2 and a.transmission_queue() == 0
-    a.op("send", handle, "DEFAULT", [b"2", b"3"])
-    a.core.flush()
-    world.clock.run_soon()  # written to the connection, never delivered: A crashes
-    assert world.network.pending(a.transport.links)
+    await _stored_then_sent(world, [b"2", b"3"])
     await a.restart()
     await world.settle()
     assert [row[BODY] for row in b.core.receive_all()] == [b"0", b"1", b"2", b"3"]
@@ -194,13 +202,8 @@ async def test_a_restarted_sender_skips_the_numbers_acknowledged_out_of_order(
 ) -> None:
     world = World(tmp_path)
     a, b = world.pair()
-    handle = _dialog(world)
-    a.op("send", handle, "DEFAULT", [b"0", b"1"])
-    await world.settle()
-    a.op("send", handle, "DEFAULT", [b"2", b"3", b"4", b"5"])
-    a.core.flush()
-    world.clock.run_soon()  # written to the connection, never delivered: A crashes
-    # ... after B had acknowledged message 3 alone (its entry went; B holds it)
+    handle = await _stored_then_sent(world, [b"2", b"3", b"4", b"5"])
+    # A crashes after B had acknowledged message 3 alone (its entry went; B holds it)
     endpoint = a.core.engine.endpoints.get(handle)
     assert endpoint is not None
     a.core.store.delete_transmission_seqs(endpoint.conversation_id, True, 3, 3)
