@@ -72,7 +72,7 @@ class Delivery:
 
     def __post_init__(self) -> None:
         self.outboxes = self.transmission.outboxes  # read here; the transmission queue owns it
-        self._hold = self.transmission.hold
+        self._hold_many = self.transmission.hold_many
         self.kick: Callable[[Queue], None] = lambda queue: None
         self.conversation_removed: Callable[[Endpoint], None] = lambda ep: None
         self.timer_set: Callable[[Endpoint], None] = lambda ep: None
@@ -164,17 +164,16 @@ class Delivery:
         ]
         if target is None:
             found = self.routes.find(ep.far_service, ep.far_broker_instance)
-            status = "" if found is not None else f"no route to service '{ep.far_service}'"
-            for out in outs:
-                out.status = status
-                box = self._hold(out, local=False)
-            self.sink.outbound(box)
+            if found is None:
+                for out in outs:
+                    out.status = f"no route to service '{ep.far_service}'"
+            self.sink.outbound(self._hold_many(outs, False))
             return
         reason = self.local_block(target)
         if (ep.conversation_id, ep.is_initiator) in self.outboxes or reason:
             for out in outs:
                 out.status = reason or "waiting behind earlier messages of this conversation"
-                self._hold(out, local=True)
+            self._hold_many(outs, True)
             return
         if mtype in SYSTEM_TYPES or len(outs) == 1:
             for out in outs:

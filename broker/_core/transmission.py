@@ -178,24 +178,29 @@ class TransmissionQueue:
     def hold(self, out: Outbound, local: bool) -> DialogOutbox:
         """Write `out`'s row and add it to its direction's outbox (`local`: it waits for
         a queue of this broker)."""
-        out.id = self._next_outbound
-        self._next_outbound += 1
-        self.journal.insert_transmission(out.row())
-        out.batch = self.journal.watermark()
-        box = self._add(out, local)
-        if local:
-            target = self.target_queue(out.to_service)
-            if target is not None:
-                target.held += 1
-                target.held_bytes += out.size
-        return box
+        return self.hold_many([out], local)
 
-    def _add(self, out: Outbound, local: bool) -> DialogOutbox:
-        key = (out.conversation_id, out.is_initiator)
+    def hold_many(self, outs: list[Outbound], local: bool) -> DialogOutbox:
+        """`hold` for entries of one direction, in order (a SEND's messages)."""
+        insert = self.journal.insert_transmission
+        for out in outs:
+            out.id = self._next_outbound
+            self._next_outbound += 1
+            insert(out.row())
+        batch = self.journal.watermark()
+        for out in outs:
+            out.batch = batch
+        first = outs[0]
+        key = (first.conversation_id, first.is_initiator)
         box = self.outboxes.get(key)
         if box is None:
-            box = self.outboxes[key] = DialogOutbox(self.cache, self.journal, out, local)
-        box.append(out)
+            box = self.outboxes[key] = DialogOutbox(self.cache, self.journal, first, local)
+        box.extend(outs)
+        if local:
+            target = self.target_queue(first.to_service)
+            if target is not None:
+                target.held += len(outs)
+                target.held_bytes += sum(out.size for out in outs)
         return box
 
     def restore(self, first: Outbound, count: int, local: bool) -> DialogOutbox:
