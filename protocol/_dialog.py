@@ -596,8 +596,11 @@ class DialogPeer:
             else:
                 return
             if isinstance(message, _BundleSent):
-                # (`frames_to_send` passes over the members acked by then)
-                ready += [(sender, member, 0, transmissions) for member in message.members]
+                ready += [
+                    (sender, member, 0, transmissions)
+                    for member in message.members[message.first :]
+                    if sender.is_outstanding(member, 0)
+                ]
             elif sender.is_outstanding(message, index):
                 ready.append((sender, message, index, transmissions))
 

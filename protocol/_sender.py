@@ -242,7 +242,8 @@ class DialogSender:
         self._next_seq = seq
 
     def queue_message(self, seq: int, message_type: str, body: bytes) -> None:
-        """Add the next sequenced message of this direction.
+        """Add the next sequenced message of this direction (a sender a DialogPeer owns
+        takes it through `DialogPeer.queue_message(s)`, which counts what is unacked).
 
         Raises: LocalProtocolError: `seq` is not `next_seq`, or the message is too large.
         """
@@ -389,7 +390,8 @@ class DialogSender:
         self._seal.verify(frame.signature, frame.signed_header())
 
     def handle_ack(self, record: AckRecord) -> list[MessageAcked]:
-        """Apply an (already verified) ack.
+        """Apply an (already verified) ack (a sender a DialogPeer owns takes acks through
+        the peer's `receive_frame`, which counts what is unacked).
 
         Returns: the messages that became fully acked in this call, one MessageAcked per
         run of consecutive messages of one type, in sequence order.
