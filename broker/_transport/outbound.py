@@ -19,7 +19,9 @@ direction the budget leaves out gets its first entry from a small reserve, so th
 dialog layer's priorities and starvation bound apply to it too. The pump writes what
 the senders have (see `pump`). A `MessageAcked` (a run of messages) deletes them from
 the transmission queue (contiguous runs in one delete) and feeds more; an acknowledged
-EndDialog or Error lets the ending endpoint close.
+EndDialog or Error lets the ending endpoint close. Its sender goes with it, or, when
+messages ahead of the EndDialog are still unacknowledged (acks may come out of order),
+with the ack of the last of them.
 
 Restart: a sender resumes at its direction's first unacknowledged message (numbers in
 between that were acknowledged out of order are skipped, see `DialogSender.skip_to`).
@@ -108,6 +110,9 @@ class Transmission:
         self._say = SaidOnce()  # why directions wait, logged once each until resolved
         # directions waiting in `unrouted` for the answer of a lookup (service, address)
         self.locating: dict[tuple[str, str], set[DirectionKey]] = {}
+        # senders whose endpoint went while messages were unacked (an EndDialog acked
+        # before a message ahead of it): each goes with the ack of its last message
+        self._ended: dict[DirectionId, Peer] = {}
 
     # ---- placing ---------------------------------------------------------------------
 
@@ -431,6 +436,10 @@ class Transmission:
         self.delivery.remote_acknowledged(
             key[0], key[1] is Direction.FROM_INITIATOR, first, last, message_type
         )
+        if self._ended and key in self._ended:
+            sender = self._ended[key].dialog.sender(*key)
+            if sender is None or sender.unacked_count == 0:
+                self._close_sender(self._ended.pop(key), *key)
 
     # ---- senders at restart and when their endpoint goes ---------------------------------
 
@@ -467,8 +476,15 @@ class Transmission:
 
     def endpoint_removed(self, peer: Peer, ep: Endpoint) -> None:
         """A local endpoint closed: its sender to `peer` goes once nothing is unacked."""
-        direction = _direction(ep.is_initiator)
-        sender = peer.dialog.sender(ep.conversation_id, direction)
-        if sender is not None and sender.unacked_count == 0:
-            peer.dialog.close_sender(ep.conversation_id, direction)
-            self.store.delete_remote_dialog(ep.conversation_id, int(direction), "send")
+        key = (ep.conversation_id, _direction(ep.is_initiator))
+        sender = peer.dialog.sender(*key)
+        if sender is None:
+            return
+        if sender.unacked_count == 0:
+            self._close_sender(peer, *key)
+        else:
+            self._ended[key] = peer
+
+    def _close_sender(self, peer: Peer, conversation_id: uuid.UUID, direction: Direction) -> None:
+        peer.dialog.close_sender(conversation_id, direction)
+        self.store.delete_remote_dialog(conversation_id, int(direction), "send")

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from ssb.broker._core.catalog import END_DIALOG
 from ssb.broker._core.transmission import Outbound
 from ssb.broker._transport import outbound
+from ssb.protocol import Direction
 
-from .core_harness import BODY
+from .core_harness import BODY, MTYPE
 from .transport_harness import A_ID, B_ID, World
 
 QUEUING_ORDER = 2  # column of a RECEIVE row
@@ -215,3 +217,33 @@ async def test_a_restarted_sender_skips_the_numbers_acknowledged_out_of_order(
     assert [row[BODY] for row in b.core.receive_all()] == [b"0", b"1", b"2"]
     assert a.transmission_queue() == 0
     assert a.peer(b).dialog.unacked_messages == 0
+
+
+async def test_a_sender_whose_end_dialog_was_acknowledged_first_goes_with_its_last_message(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path, retry_initial=1.0)
+    a, b = world.pair()
+    handle = await _stored_then_sent(world, [b"2"])
+    endpoint = a.core.engine.endpoints.get(handle)
+    assert endpoint is not None
+    (pipe,) = [p for p in world.network.pipes if p.sent and p.protocol.links is a.transport.links]
+    pipe.sent.clear()  # message 2 is lost on the way
+    a.op("end_conversation", handle)
+    await world.settle()
+    # B holds the EndDialog behind the 2 it never got and acknowledges it: A's endpoint
+    # goes while message 2 is unacknowledged
+    assert a.core.engine.endpoints.get(handle) is None
+    peer = a.peer(b)
+    assert a.transmission_queue() == 1 and peer.dialog.unacked_messages == 1
+    await world.advance(2.0)  # A retransmits message 2
+    received = b.core.receive_all()
+    assert [row[BODY] for row in received] == [b"0", b"1", b"2", b""]
+    assert received[-1][MTYPE] == END_DIALOG
+    assert a.transmission_queue() == 0
+    # nothing is left to send: the sender went too, and its persisted state
+    direction = Direction.FROM_INITIATOR
+    assert peer.dialog.sender(endpoint.conversation_id, direction) is None
+    assert [
+        row for row in a.core.store.load_remote()[0] if row[0] == endpoint.conversation_id
+    ] == []
