@@ -4,8 +4,6 @@ restart."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from daemon import BrokerProcess
 from setup_objects import new_logins
@@ -15,41 +13,39 @@ from ssb import client
 PASSWORD = "a-long-password"
 
 
-async def test_a_session_starts_in_the_database_it_names_and_keeps_it(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data").start()
+async def test_a_session_starts_in_the_database_it_names_and_keeps_it(
+    broker: BrokerProcess,
+) -> None:
+    async with await client.connect(broker.url) as admin:
+        assert admin.database == "master"
+        await admin.create_database("Sales")
+        await admin.create_queue("Q")  # master's
+    with pytest.raises(client.NotFoundError, match="database 'Nowhere' does not exist"):
+        await client.connect(broker.url, database="Nowhere")
+    with_database = await client.connect(broker.url, database="sales")
+    assert with_database.database == "Sales"
+    await with_database.close()
+    conn = await client.connect(broker.url)
+    assert await conn.use("sales") == "Sales"
+    await conn.create_queue("Q")  # the same name, in another database
+    await conn.create_service("S", queue="Q", contracts=["DEFAULT"])
+    rows = {(q["database"], q["name"]) for q in await conn.view("service_queues")}
+    assert rows == {("master", "Q"), ("Sales", "Q")}
+    handle = await conn.begin_dialog("S", "S")
+    await conn.send(handle, "DEFAULT", b"before")
+    broker.restart()  # kill -9: the client reconnects, into the same database
+    await conn.send(handle, "DEFAULT", b"after")
+    got = await conn.receive("Q", timeout=5)
+    assert [m.message_body for m in got] == [b"before", b"after"]
+    assert await conn.use("MASTER") == "master"
+    assert await conn.receive("Q") == []  # master's queue Q is another queue
+    await conn.close()
+    blocking = client.connect_sync(broker.url, database="Sales")
     try:
-        async with await client.connect(broker.url) as admin:
-            assert admin.database == "master"
-            await admin.create_database("Sales")
-            await admin.create_queue("Q")  # master's
-        with pytest.raises(client.NotFoundError, match="database 'Nowhere' does not exist"):
-            await client.connect(broker.url, database="Nowhere")
-        with_database = await client.connect(broker.url, database="sales")
-        assert with_database.database == "Sales"
-        await with_database.close()
-        conn = await client.connect(broker.url)
-        assert await conn.use("sales") == "Sales"
-        await conn.create_queue("Q")  # the same name, in another database
-        await conn.create_service("S", queue="Q", contracts=["DEFAULT"])
-        rows = {(q["database"], q["name"]) for q in await conn.view("service_queues")}
-        assert rows == {("master", "Q"), ("Sales", "Q")}
-        handle = await conn.begin_dialog("S", "S")
-        await conn.send(handle, "DEFAULT", b"before")
-        broker.restart()  # kill -9: the client reconnects, into the same database
-        await conn.send(handle, "DEFAULT", b"after")
-        got = await conn.receive("Q", timeout=5)
-        assert [m.message_body for m in got] == [b"before", b"after"]
-        assert await conn.use("MASTER") == "master"
-        assert await conn.receive("Q") == []  # master's queue Q is another queue
-        await conn.close()
-        blocking = client.connect_sync(broker.url, database="Sales")
-        try:
-            assert blocking.database == "Sales"
-            assert blocking.view("databases")[1]["name"] == "Sales"
-        finally:
-            blocking.close()
+        assert blocking.database == "Sales"
+        assert blocking.view("databases")[1]["name"] == "Sales"
     finally:
-        broker.kill()
+        blocking.close()
 
 
 async def test_database_owners_and_execute_on_procedures(broker: BrokerProcess) -> None:
@@ -83,24 +79,20 @@ async def test_database_owners_and_execute_on_procedures(broker: BrokerProcess) 
         assert {(g["permission"], g["kind"]) for g in grants} == {("CREATE", None)}
 
 
-async def test_procedures_and_databases_outlive_a_restart(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data").start()
-    try:
-        async with await client.connect(broker.url) as conn:
-            await conn.create_database("Kept")
-            await conn.use("Kept")
-            await conn.create_procedure("P", "CREATE PROCEDURE P AS RETURN 7")
-            await conn.alter_database("Kept", trustworthy=True)
-            guid = (await conn.view("databases"))[1]["service_broker_guid"]
-        broker.restart()
-        async with await client.connect(broker.url, database="Kept") as conn:
-            (kept,) = [d for d in await conn.view("databases") if d["name"] == "Kept"]
-            assert (kept["service_broker_guid"], kept["is_trustworthy_on"]) == (guid, True)
-            assert (await conn.procedure("p"))["text"] == "CREATE PROCEDURE P AS RETURN 7"
-            (row,) = await conn.view("procedures")
-            assert (row["database"], row["name"]) == ("Kept", "P")
-    finally:
-        broker.kill()
+async def test_procedures_and_databases_outlive_a_restart(broker: BrokerProcess) -> None:
+    async with await client.connect(broker.url) as conn:
+        await conn.create_database("Kept")
+        await conn.use("Kept")
+        await conn.create_procedure("P", "CREATE PROCEDURE P AS RETURN 7")
+        await conn.alter_database("Kept", trustworthy=True)
+        guid = (await conn.view("databases"))[1]["service_broker_guid"]
+    broker.restart()
+    async with await client.connect(broker.url, database="Kept") as conn:
+        (kept,) = [d for d in await conn.view("databases") if d["name"] == "Kept"]
+        assert (kept["service_broker_guid"], kept["is_trustworthy_on"]) == (guid, True)
+        assert (await conn.procedure("p"))["text"] == "CREATE PROCEDURE P AS RETURN 7"
+        (row,) = await conn.view("procedures")
+        assert (row["database"], row["name"]) == ("Kept", "P")
 
 
 async def test_a_dialog_begun_before_its_service_exists_waits_in_its_database(

@@ -83,42 +83,39 @@ async def test_kill_9_keeps_every_acknowledged_change(tmp_path: Path, durability
         broker.kill()
 
 
-async def test_restart_keeps_catalog_conversations_and_delivery_counts(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data").start()
-    try:
-        conn = await client.connect(broker.url)
-        init_svc, target_svc, init_q, target_q = await seed000(conn)
-        h = await conn.begin_dialog(init_svc, target_svc, contract="AsyncContract")
-        await conn.send_many(h, "AsyncSent", [b"1", b"2"])
-        for _ in range(2):
-            await conn.begin_transaction()
-            await conn.receive(target_q, timeout=5)
-            await conn.rollback()
-        await conn.begin_conversation_timer(h, timeout=1.0)
-        instance = await conn.broker_instance()
-        await conn.close()
-        broker.kill()
-        broker.start()
-        conn = await client.connect(broker.url)
-        assert await conn.broker_instance() == instance
-        got = await conn.receive(target_q, timeout=5)
-        assert [(m.message_body, m.delivery_count) for m in got] == [(b"1", 3), (b"2", 3)]
-        await conn.send(got[0].conversation_handle, "AsyncDone", b"reply")
-        # the reply and the timer, in whichever order (a slow restart lets the timer first)
-        seen = await conn.receive(init_q, timeout=10, conversation_handle=h)
-        if len(seen) < 2:
-            seen += await conn.receive(init_q, timeout=10, conversation_handle=h)
-        assert sorted((m.message_type_name, m.message_body) for m in seen) == [
-            ("AsyncDone", b"reply"),
-            (client.DIALOG_TIMER, b""),
-        ]
-        await conn.close()
-    finally:
-        broker.kill()
+async def test_restart_keeps_catalog_conversations_and_delivery_counts(
+    broker: BrokerProcess,
+) -> None:
+    conn = await client.connect(broker.url)
+    init_svc, target_svc, init_q, target_q = await seed000(conn)
+    h = await conn.begin_dialog(init_svc, target_svc, contract="AsyncContract")
+    await conn.send_many(h, "AsyncSent", [b"1", b"2"])
+    for _ in range(2):
+        await conn.begin_transaction()
+        await conn.receive(target_q, timeout=5)
+        await conn.rollback()
+    await conn.begin_conversation_timer(h, timeout=1.0)
+    instance = await conn.broker_instance()
+    await conn.close()
+    broker.kill()
+    broker.start()
+    conn = await client.connect(broker.url)
+    assert await conn.broker_instance() == instance
+    got = await conn.receive(target_q, timeout=5)
+    assert [(m.message_body, m.delivery_count) for m in got] == [(b"1", 3), (b"2", 3)]
+    await conn.send(got[0].conversation_handle, "AsyncDone", b"reply")
+    # the reply and the timer, in whichever order (a slow restart lets the timer first)
+    seen = await conn.receive(init_q, timeout=10, conversation_handle=h)
+    if len(seen) < 2:
+        seen += await conn.receive(init_q, timeout=10, conversation_handle=h)
+    assert sorted((m.message_type_name, m.message_body) for m in seen) == [
+        ("AsyncDone", b"reply"),
+        (client.DIALOG_TIMER, b""),
+    ]
+    await conn.close()
 
 
-async def test_sigterm_shuts_down_cleanly(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data").start()
+async def test_sigterm_shuts_down_cleanly(broker: BrokerProcess) -> None:
     conn = await client.connect(broker.url, reconnect_deadline=0.5)
     await conn.create_queue("Q")
     await conn.begin_transaction()

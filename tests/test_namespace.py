@@ -27,27 +27,25 @@ def _shadowed_workdir(tmp_path: Path) -> Path:
     return work
 
 
-def test_a_program_named_client_py_talks_to_the_broker(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data").start()
-    try:
-        work = _shadowed_workdir(tmp_path)
-        # the README's example, saved under the name a newcomer would pick
-        (work / "client.py").write_text(
-            "import asyncio\n"
-            "from ssb import client\n"
-            "async def main() -> None:\n"
-            f"    conn = await client.connect({broker.url!r})\n"
-            "    print(await conn.ping())\n"
-            "    await conn.close()\n"
-            "asyncio.run(main())\n"
-        )
-        done = subprocess.run(
-            [sys.executable, "client.py"], cwd=work, capture_output=True, text=True, timeout=60
-        )
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == "pong"
-    finally:
-        broker.kill()
+def test_a_program_named_client_py_talks_to_the_broker(
+    tmp_path: Path, broker: BrokerProcess
+) -> None:
+    work = _shadowed_workdir(tmp_path)
+    # the README's example, saved under the name a newcomer would pick
+    (work / "client.py").write_text(
+        "import asyncio\n"
+        "from ssb import client\n"
+        "async def main() -> None:\n"
+        f"    conn = await client.connect({broker.url!r})\n"
+        "    print(await conn.ping())\n"
+        "    await conn.close()\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "client.py"], cwd=work, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "pong"
 
 
 async def test_activated_procedures_ignore_the_daemons_working_directory(tmp_path: Path) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from daemon import BrokerProcess
 
@@ -218,29 +216,25 @@ async def test_record_policy_only_records(conn: client.Connection) -> None:
     assert b"bad" in [m.message_body for m in await conn.peek("Work")]
 
 
-async def test_delivery_count_and_dead_letters_survive_kill_9(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data").start()
-    try:
-        conn = await client.connect(broker.url)
-        await conn.create_queue("DLQ")
-        await _setup(
-            conn,
-            poison_policy={"threshold": 3, "action": "dead_letter", "dead_letter_queue": "DLQ"},
-        )
-        bad, _good = await _neighbours(conn)
-        await _fail(conn, "Work", 3)
-        await conn.end_conversation(bad)  # the dead letter outlives its conversation
-        await conn.begin_transaction()
-        (_g1,) = await conn.receive("Work", top=1, timeout=5)
-        await conn.rollback()
-        broker.kill()
-        broker.start()
-        conn = await client.connect(broker.url)
-        (letter,) = await conn.peek("DLQ")
-        assert letter.message_body == b"bad" and letter.dead_letter_reason
-        got = await conn.receive("Work", top=1, timeout=5)
-        assert [(m.message_body, m.delivery_count) for m in got] == [(b"g1", 2)]
-        assert [i["action"] for i in await conn.view("poison_messages")] == ["dead_letter"]
-        await conn.close()
-    finally:
-        broker.kill()
+async def test_delivery_count_and_dead_letters_survive_kill_9(broker: BrokerProcess) -> None:
+    conn = await client.connect(broker.url)
+    await conn.create_queue("DLQ")
+    await _setup(
+        conn,
+        poison_policy={"threshold": 3, "action": "dead_letter", "dead_letter_queue": "DLQ"},
+    )
+    bad, _good = await _neighbours(conn)
+    await _fail(conn, "Work", 3)
+    await conn.end_conversation(bad)  # the dead letter outlives its conversation
+    await conn.begin_transaction()
+    (_g1,) = await conn.receive("Work", top=1, timeout=5)
+    await conn.rollback()
+    broker.kill()
+    broker.start()
+    conn = await client.connect(broker.url)
+    (letter,) = await conn.peek("DLQ")
+    assert letter.message_body == b"bad" and letter.dead_letter_reason
+    got = await conn.receive("Work", top=1, timeout=5)
+    assert [(m.message_body, m.delivery_count) for m in got] == [(b"g1", 2)]
+    assert [i["action"] for i in await conn.view("poison_messages")] == ["dead_letter"]
+    await conn.close()

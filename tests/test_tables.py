@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -421,22 +420,18 @@ async def test_merge_on_a_key_inserts_or_updates(conn: client.Connection) -> Non
             await conn.execute(sql)
 
 
-async def test_a_table_outlives_a_restart(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data").start()
-    try:
-        async with await client.connect(broker.url) as conn:
-            await conn.execute("CREATE TABLE T (a INT)")
-            await conn.execute("CREATE INDEX ix_a ON T (a)")
-            await conn.execute("INSERT INTO T VALUES (1), (2)")
-        broker.restart()
-        async with await client.connect(broker.url) as conn:
-            assert (await conn.execute("SELECT SUM(a) FROM T")).scalar() == 3
-            await conn.execute("DROP INDEX ix_a ON T")
-            await conn.execute("DROP TABLE T")
-            with pytest.raises(client.SqlError, match="no such table"):
-                await conn.execute("SELECT a FROM T")
-    finally:
-        broker.kill()
+async def test_a_table_outlives_a_restart(broker: BrokerProcess) -> None:
+    async with await client.connect(broker.url) as conn:
+        await conn.execute("CREATE TABLE T (a INT)")
+        await conn.execute("CREATE INDEX ix_a ON T (a)")
+        await conn.execute("INSERT INTO T VALUES (1), (2)")
+    broker.restart()
+    async with await client.connect(broker.url) as conn:
+        assert (await conn.execute("SELECT SUM(a) FROM T")).scalar() == 3
+        await conn.execute("DROP INDEX ix_a ON T")
+        await conn.execute("DROP TABLE T")
+        with pytest.raises(client.SqlError, match="no such table"):
+            await conn.execute("SELECT a FROM T")
 
 
 async def test_a_dropped_database_takes_its_tables(broker: BrokerProcess) -> None:
