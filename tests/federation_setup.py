@@ -256,6 +256,15 @@ async def dialog_services(a: Node, b: Node, target_status: str = "ON") -> tuple[
     return init_q, await create_target(b, "TargetB", status=target_status)
 
 
+async def begin_dialogs(node: Node, count: int) -> list[uuid.UUID]:
+    """`count` dialogs from Initiator on `node` to TargetB (the services `dialog_services`
+    makes), on the contract: their handles, in the order they were begun."""
+    return [
+        await node.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
+        for _ in range(count)
+    ]
+
+
 async def two_brokers_with_a_dialog_pair(
     fed: Federation, target_status: str = "ON"
 ) -> tuple[Node, Node, str, str]:

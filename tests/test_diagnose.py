@@ -29,6 +29,7 @@ from federation_setup import (
     REQUEST,
     Federation,
     Node,
+    begin_dialogs,
     dialog_services,
     link,
     receive_count,
@@ -259,9 +260,7 @@ async def test_a_dialog_begun_before_its_route_waits_and_is_found(tmp_path: Path
         a, b = fed["A"], fed["B"]
         await dialog_services(a, b)
         await route(b, "Initiator", a)
-        handles = [
-            await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT) for _ in range(2)
-        ]
+        handles = await begin_dialogs(a, 2)
         for n, h in enumerate(handles):
             await a.conn.send(h, REQUEST, b"early %d" % n)
         await wait_until(lambda: status_of(a, "TargetB"), "the messages waiting on A", 15)

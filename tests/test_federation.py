@@ -35,6 +35,7 @@ from federation_setup import (
     Node,
     acknowledged,
     assert_eoio,
+    begin_dialogs,
     connections,
     create_contract,
     create_initiator,
@@ -317,9 +318,7 @@ async def test_messages_for_a_disabled_queue_wait_on_the_target_broker_until_it_
 ) -> None:
     async with Federation(tmp_path, ["A", "B"]) as fed:
         a, b, _, target_q = await two_brokers_with_a_dialog_pair(fed, target_status="OFF")
-        handles = [
-            await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT) for _ in range(2)
-        ]
+        handles = await begin_dialogs(a, 2)
         for dialog, h in enumerate(handles):
             await a.conn.send_many(h, REQUEST, [body(dialog, n) for n in range(25)])
 

@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 from faultproxy import LENGTH_SIZE, FaultPlan, FaultProxy, ThreadedFaultProxy
 from federation_setup import (
-    CONTRACT,
     PLAIN,
     REQUEST,
     ConnectionSampler,
     Exchange,
     Federation,
     Node,
+    begin_dialogs,
     dialog_services,
     end_dialogs,
     holds,
@@ -205,10 +205,7 @@ async def test_every_message_arrives_once_in_order_through_a_faulty_network(
         ):
             await route(a, "TargetB", ab.address)
             await route(b, "Initiator", ba.address)
-            handles = [
-                await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
-                for _ in range(DIALOGS)
-            ]
+            handles = await begin_dialogs(a, DIALOGS)
             sampler = await ConnectionSampler([a, b], interval=0.1).start()
             started = time.monotonic()
             exchange = Exchange(handles, PER_DIALOG, fault_body, _reply)
@@ -338,10 +335,7 @@ async def test_kill_9_of_the_receiving_broker_mid_transfer_loses_and_duplicates_
         _, target_q = await dialog_services(a, b)
         await route(a, "TargetB", b)
         await route(b, "Initiator", a)
-        handles = [
-            await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
-            for _ in range(KILL_DIALOGS)
-        ]
+        handles = await begin_dialogs(a, KILL_DIALOGS)
         instance = b.instance
         ledger = Ledger()
         stop = asyncio.Event()

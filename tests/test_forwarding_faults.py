@@ -34,6 +34,7 @@ from federation_setup import (
     Federation,
     Node,
     assert_eoio,
+    begin_dialogs,
     dialog_services,
     end_dialogs,
     forwarding_trio,
@@ -165,10 +166,7 @@ async def test_every_message_arrives_once_in_order_through_a_forwarder_on_a_faul
             await route(f, "TargetB", fb.to_y.address, broker_instance=b.instance)
             await route(f, "Initiator", af.to_x.address, broker_instance=a.instance)
             await route(b, "Initiator", fb.to_x.address, broker_instance=a.instance)
-            handles = [
-                await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
-                for _ in range(DIALOGS)
-            ]
+            handles = await begin_dialogs(a, DIALOGS)
             sampler = await ConnectionSampler([a, f, b], interval=0.1).start()
             exchange = Exchange(handles, PER_DIALOG, fault_body, _reply)
             started = time.monotonic()
@@ -249,10 +247,7 @@ async def test_kill_9_of_the_forwarder_mid_stream_loses_and_duplicates_nothing(
     async with forwarding_trio(tmp_path) as (fed, a, f, b):
         _, target_q = await dialog_services(a, b)
         await route_chain(a, [f], b)
-        handles = [
-            await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
-            for _ in range(KILL_DIALOGS)
-        ]
+        handles = await begin_dialogs(a, KILL_DIALOGS)
         total = KILL_DIALOGS * KILL_PER_DIALOG
         received: list[client.Message] = []
         sent = 0
@@ -351,10 +346,7 @@ async def test_a_dialog_through_two_forwarders_is_delivered_exactly_once_in_orde
         a, f1, f2, b = fed["A"], fed["F1"], fed["F2"], fed["B"]
         init_q, target_q = await dialog_services(a, b)
         await route_chain(a, [f1, f2], b)
-        handles = [
-            await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
-            for _ in range(CHAIN_DIALOGS)
-        ]
+        handles = await begin_dialogs(a, CHAIN_DIALOGS)
         for dialog, h in enumerate(handles):
             await a.conn.send_many(h, REQUEST, chain_bodies(dialog))
         per_dialog = len(chain_bodies(0))
