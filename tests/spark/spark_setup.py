@@ -41,12 +41,35 @@ def work_queue(conn: client.SyncConnection, name: str, readers: int, **queue: An
     conn.create_service(f"{name}ReplyService", queue=f"{name}Replies")
 
 
+def load_body(conversation: int, number: int) -> bytes:
+    """The body of message `number` of dialog `conversation` in a load (`send_load`)."""
+    return f"{conversation}:{number}".encode()
+
+
+def one_body_replaced(at: tuple[int, int], body: bytes) -> Callable[[int, int], bytes]:
+    """A load's bodies (`load_body`), but message `at` (dialog, number) is `body`."""
+    return lambda c, i: body if (c, i) == at else load_body(c, i)
+
+
+def replies_to_load(
+    conversations: int, per_conversation: int, but: tuple[int, int] | None = None
+) -> dict[bytes, int]:
+    """The replies "done:" + body (as `spark_funcs.reply` answers) to a load of that size,
+    each once (but none for message `but`, whose body the test replaced)."""
+    return {
+        f"done:{c}:{i}".encode(): 1
+        for c in range(conversations)
+        for i in range(per_conversation)
+        if (c, i) != but
+    }
+
+
 def send_load(
     conn: client.SyncConnection,
     name: str,
     conversations: int,
     per_conversation: int,
-    body: Callable[[int, int], bytes] = lambda c, i: f"{c}:{i}".encode(),
+    body: Callable[[int, int], bytes] = load_body,
 ) -> list[uuid.UUID]:
     """`conversations` dialogs to `name`Service with `per_conversation` messages each."""
     handles = []

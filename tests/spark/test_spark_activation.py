@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 from daemon import BrokerProcess
-from spark_setup import ReaderWatch, activated, collect_replies, send_load, work_queue
+from spark_setup import (
+    ReaderWatch,
+    activated,
+    collect_replies,
+    one_body_replaced,
+    replies_to_load,
+    send_load,
+    work_queue,
+)
 
 from ssb import client
 from ssb.spark_bridge import QueueBinding, SparkActivator
@@ -41,7 +49,7 @@ def test_thousand_messages_each_processed_once_within_the_reader_cap(
                 until=lambda rows: not rows,
             )
             assert activator.wait_idle(20)
-        assert seen == {f"done:{c}:{i}".encode(): 1 for c in range(50) for i in range(20)}
+        assert seen == replies_to_load(50, 20)
         assert conn.receive("OrdersReplies", timeout=0) == []  # nothing twice
         assert watch.samples > 10
         assert 1 <= watch.most <= 3, f"{watch.most} readers at once; MAX_QUEUE_READERS = 3"
@@ -100,19 +108,10 @@ def test_a_failing_message_rolls_back_and_the_others_are_processed(
     with client.connect_sync(broker.url) as conn:
         work_queue(conn, "Flaky", readers=2)
         with activated(spark, broker.url, "Flaky", "spark_funcs:flaky") as activator:
-            send_load(
-                conn,
-                "Flaky",
-                5,
-                10,
-                body=lambda c, i: b"bad" if (c, i) == (2, 3) else f"{c}:{i}".encode(),
-            )
+            send_load(conn, "Flaky", 5, 10, body=one_body_replaced((2, 3), b"bad"))
             seen = collect_replies(conn, "Flaky", 50, timeout=60)
             assert activator.wait_idle(20)
-        expected = {
-            f"done:{c}:{i}".encode(): 1 for c in range(5) for i in range(10) if (c, i) != (2, 3)
-        }
-        assert seen == {**expected, b"done:bad": 1}
+        assert seen == {**replies_to_load(5, 10, but=(2, 3)), b"done:bad": 1}
         reports = [r for job in activator.jobs for r in job.reports]
         assert sum(r["rolled_back"] for r in reports) == 1
         assert not [r for r in reports if r["error"]]  # the reader survived its function's error
@@ -126,21 +125,13 @@ def test_poison_message_ends_in_the_dead_letter_queue(spark: Any, broker: Broker
         policy = {"threshold": 3, "action": "dead_letter", "dead_letter_queue": "DLQ"}
         work_queue(conn, "Risky", readers=2, poison_policy=policy)
         with activated(spark, broker.url, "Risky", "spark_funcs:poison") as activator:
-            send_load(
-                conn,
-                "Risky",
-                4,
-                10,
-                body=lambda c, i: b"poison" if (c, i) == (1, 5) else f"{c}:{i}".encode(),
-            )
+            send_load(conn, "Risky", 4, 10, body=one_body_replaced((1, 5), b"poison"))
             seen = collect_replies(conn, "Risky", 39, timeout=60)
             dead = wait_until_sync(
                 lambda: conn.peek("DLQ"), "the dead letter", 30, until=lambda rows: len(rows) == 1
             )
             assert activator.wait_idle(20)
-        assert seen == {
-            f"done:{c}:{i}".encode(): 1 for c in range(4) for i in range(10) if (c, i) != (1, 5)
-        }
+        assert seen == replies_to_load(4, 10, but=(1, 5))
         assert dead[0].message_body == b"poison"
         assert "cannot process poison" in (dead[0].dead_letter_reason or "")
         incidents = conn.view("poison_messages")
@@ -194,7 +185,7 @@ def test_bridge_shutdown_mid_load_loses_nothing(spark: Any, broker: BrokerProces
             every = collect_replies(conn, "Busy", 600, timeout=60)
         finally:
             second.stop(grace=5)
-        assert every == {f"done:{c}:{i}".encode(): 1 for c in range(20) for i in range(30)}
+        assert every == replies_to_load(20, 30)
 
 
 def test_a_reader_that_does_not_stop_is_cancelled_and_its_message_returns(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from daemon import BrokerProcess
-from spark_setup import collect_replies, send_load, work_queue
+from spark_setup import collect_replies, replies_to_load, send_load, work_queue
 
 from ssb import client
 from ssb.tools import read_ready_line, wait_until_sync
@@ -53,7 +53,7 @@ def test_the_command_serves_queues_from_a_toml_config(
             assert "queues=Cli" in ready
             send_load(conn, "Cli", conversations=4, per_conversation=10)
             seen = collect_replies(conn, "Cli", 40, timeout=60)
-            assert seen == {f"done:{c}:{i}".encode(): 1 for c in range(4) for i in range(10)}
+            assert seen == replies_to_load(4, 10)
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
         finally:

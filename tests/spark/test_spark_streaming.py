@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from daemon import BrokerProcess
 from pyspark.errors import StreamingQueryException
-from spark_setup import send_load, work_queue
+from spark_setup import replies_to_load, send_load, work_queue
 
 from ssb import client
 from ssb.tools import wait_until_sync
@@ -239,8 +239,6 @@ def test_replies_commit_with_the_lease_that_received_their_messages(
                 QUERY_TIMEOUT,
                 until=lambda r: len(r) >= 100,
             )
-        assert sorted(replies) == sorted(
-            f"done:{c}:{i}".encode() for c in range(4) for i in range(25)
-        )
+        assert sorted(replies) == sorted(replies_to_load(4, 25))
         # a reply becomes visible only when its lease commits, and the lease's RECEIVE with it
         assert conn.peek("In") == []
