@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon import BrokerProcess
@@ -60,6 +60,12 @@ GO
 """
 
 
+@pytest.fixture
+def broker_settings() -> dict[str, Any]:
+    """This module's broker: quick activation checks."""
+    return {"config": {"activation": ACTIVATION}}
+
+
 async def _setup(broker: BrokerProcess) -> None:
     async with await client.connect(broker.url) as conn:
         await ran(SETUP, conn, login="admin")
@@ -72,79 +78,67 @@ async def _replies(conn: client.Connection, top: int = 100) -> list[client.Messa
     return await conn.run_transaction(take)
 
 
-async def test_a_t_sql_procedure_is_activated_in_its_queues_database(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data", config={"activation": ACTIVATION}).start()
-    try:
-        await _setup(broker)
-        async with await client.connect(broker.url, database="Shop") as conn:
-            handle = await conn.begin_dialog("InitiatorService", "TargetService", contract="Work")
-            await conn.send_many(handle, "Request", [b"one", b"two"])
-            got: list[client.Message] = []
-            deadline = time.monotonic() + 30
-            while len(got) < 2 and time.monotonic() < deadline:
-                got += await _replies(conn)
-            assert [m.message_body for m in got] == [b"one", b"two"]
-            tasks = await wait_until(
-                lambda: conn.view("activated_tasks"), "an activated task in the view", 10
-            )
-            assert (tasks[0]["database"], tasks[0]["queue"], tasks[0]["procedure"]) == (
-                "Shop",
-                "TargetQueue",
-                "Answer",
-            )
-            assert tasks[0]["execute_as"] == "admin"
-            # an error ends the task: the broker logs it, in SQL Server's words
-            await conn.send(handle, "Request", b"fail")
-            monitors = await wait_until(
-                lambda: conn.view("queue_monitors"),
-                "the failed task in the queue monitor",
-                30,
-                until=lambda rows: rows and rows[0]["last_task_error"],
-            )
-            assert monitors[0]["database"] == "Shop"
-            error = monitors[0]["last_task_error"]
-            assert "Msg 50000, Level 16, State 1, Procedure Answer" in error
-            assert "cannot do that" in error
-        log = broker.log_text()
-        assert "ssb.task: worker" in log and ": answered" in log
-        assert "cannot do that" in log
-        assert "Traceback" not in log
-    finally:
-        broker.kill()
+async def test_a_t_sql_procedure_is_activated_in_its_queues_database(broker: BrokerProcess) -> None:
+    await _setup(broker)
+    async with await client.connect(broker.url, database="Shop") as conn:
+        handle = await conn.begin_dialog("InitiatorService", "TargetService", contract="Work")
+        await conn.send_many(handle, "Request", [b"one", b"two"])
+        got: list[client.Message] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += await _replies(conn)
+        assert [m.message_body for m in got] == [b"one", b"two"]
+        tasks = await wait_until(
+            lambda: conn.view("activated_tasks"), "an activated task in the view", 10
+        )
+        assert (tasks[0]["database"], tasks[0]["queue"], tasks[0]["procedure"]) == (
+            "Shop",
+            "TargetQueue",
+            "Answer",
+        )
+        assert tasks[0]["execute_as"] == "admin"
+        # an error ends the task: the broker logs it, in SQL Server's words
+        await conn.send(handle, "Request", b"fail")
+        monitors = await wait_until(
+            lambda: conn.view("queue_monitors"),
+            "the failed task in the queue monitor",
+            30,
+            until=lambda rows: rows and rows[0]["last_task_error"],
+        )
+        assert monitors[0]["database"] == "Shop"
+        error = monitors[0]["last_task_error"]
+        assert "Msg 50000, Level 16, State 1, Procedure Answer" in error
+        assert "cannot do that" in error
+    log = broker.log_text()
+    assert "ssb.task: worker" in log and ": answered" in log
+    assert "cannot do that" in log
+    assert "Traceback" not in log
 
 
 @pytest.mark.slow
-async def test_replies_exactly_once_through_a_kill_9(tmp_path: Path) -> None:
+async def test_replies_exactly_once_through_a_kill_9(broker: BrokerProcess) -> None:
     """10,000 requests on 100 dialogs; the broker is killed when about half the replies
     are in; every reply arrives exactly once."""
-    broker = BrokerProcess(tmp_path / "data", config={"activation": ACTIVATION}).start()
-    try:
-        await _setup(broker)
-        async with await client.connect(
-            broker.url, database="Shop", reconnect_deadline=120
-        ) as conn:
-            expected: set[bytes] = set()
-            for dialog in range(100):
-                handle = await conn.begin_dialog(
-                    "InitiatorService", "TargetService", contract="Work"
-                )
-                bodies = [f"{dialog}:{n}:{uuid.uuid4()}".encode() for n in range(100)]
-                await conn.send_many(handle, "Request", bodies)
-                expected.update(bodies)
-            assert len(expected) == 10_000
-            seen: list[bytes] = []
-            killed = False
-            deadline = time.monotonic() + 600
-            while len(seen) < len(expected):
-                assert time.monotonic() < deadline, f"{len(seen)} replies of 10,000"
-                seen += [m.message_body for m in await _replies(conn)]
-                if not killed and len(seen) >= 5_000:
-                    broker.kill()
-                    broker.start()
-                    killed = True
-            assert killed
-            assert len(seen) == len(set(seen)) == 10_000  # none lost, none twice
-            assert set(seen) == expected
-            assert await _replies(conn) == []
-    finally:
-        broker.kill()
+    await _setup(broker)
+    async with await client.connect(broker.url, database="Shop", reconnect_deadline=120) as conn:
+        expected: set[bytes] = set()
+        for dialog in range(100):
+            handle = await conn.begin_dialog("InitiatorService", "TargetService", contract="Work")
+            bodies = [f"{dialog}:{n}:{uuid.uuid4()}".encode() for n in range(100)]
+            await conn.send_many(handle, "Request", bodies)
+            expected.update(bodies)
+        assert len(expected) == 10_000
+        seen: list[bytes] = []
+        killed = False
+        deadline = time.monotonic() + 600
+        while len(seen) < len(expected):
+            assert time.monotonic() < deadline, f"{len(seen)} replies of 10,000"
+            seen += [m.message_body for m in await _replies(conn)]
+            if not killed and len(seen) >= 5_000:
+                broker.kill()
+                broker.start()
+                killed = True
+        assert killed
+        assert len(seen) == len(set(seen)) == 10_000  # none lost, none twice
+        assert set(seen) == expected
+        assert await _replies(conn) == []
