@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from daemon import BrokerProcess
+from faultproxy import FaultPlan, ThreadedFaultProxy
 from setup_objects import numbered_batches
 
 from ssb import client
@@ -562,6 +563,65 @@ def assert_eoio(messages: Iterable[client.Message], first: int = 0) -> dict[uuid
             )
         bodies[handle] = [m.message_body for m in group]
     return bodies
+
+
+class Hop:
+    """The two fault proxies between brokers X and Y: `to_y` carries the connection X opens
+    (up = X -> Y), `to_x` the one Y opens (up = Y -> X). Which of the two the brokers keep
+    depends on their instance ids, so both inject faults both ways: `plan(seed, towards_y)`
+    is the plan of each direction, its seed one of seed .. seed + 3."""
+
+    def __init__(
+        self, name: str, x: Node, y: Node, seed: int, plan: Callable[[int, bool], FaultPlan]
+    ) -> None:
+        self.name = name
+        self.to_y = ThreadedFaultProxy(
+            y.broker_port, up=plan(seed, True), down=plan(seed + 1, False)
+        )
+        self.to_x = ThreadedFaultProxy(
+            x.broker_port, up=plan(seed + 2, False), down=plan(seed + 3, True)
+        )
+
+    def start(self) -> Hop:
+        self.to_y.start()
+        self.to_x.start()
+        return self
+
+    def stop(self) -> None:
+        self.to_y.stop()
+        self.to_x.stop()
+
+    def __enter__(self) -> Hop:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def set_clean(self) -> None:
+        self.to_y.set_clean()
+        self.to_x.set_clean()
+
+    @property
+    def cuts(self) -> int:
+        return self.to_y.stats.cuts + self.to_x.stats.cuts
+
+    @property
+    def duplicates(self) -> int:
+        return self.to_y.stats.duplicates + self.to_x.stats.duplicates
+
+    @property
+    def corrupted_towards_y(self) -> int:
+        return self.to_y.stats.up.payload_corruptions + self.to_x.stats.down.payload_corruptions
+
+    @property
+    def corrupted_towards_x(self) -> int:
+        return self.to_y.stats.down.payload_corruptions + self.to_x.stats.up.payload_corruptions
+
+    def describe(self) -> str:
+        return f"{self.name}: ->y {self.to_y.stats.as_dict()}, ->x {self.to_x.stats.as_dict()}"
+
+    def events(self) -> list[str]:
+        return [*self.to_y.stats.events, *self.to_x.stats.events]
 
 
 @dataclass

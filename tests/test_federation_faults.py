@@ -28,6 +28,7 @@ from federation_setup import (
     ConnectionSampler,
     Exchange,
     Federation,
+    Hop,
     Node,
     begin_dialogs,
     dialog_services,
@@ -169,6 +170,7 @@ def fault_body(dialog: int, number: int) -> bytes:
 
 
 def faulty(seed: int, corrupt_payloads: bool) -> FaultPlan:
+    """A hop's plan (`Hop`): fragment payloads are corrupted only on their way to B."""
     return FaultPlan(
         seed=seed,
         delay_probability=0.05,
@@ -195,16 +197,9 @@ async def test_every_message_arrives_once_in_order_through_a_faulty_network(
         # A -> B through one proxy, B -> A (when B connects) through another; faults both ways.
         # Which connection carries the traffic depends on the brokers' instance ids (the one
         # opened by the smaller id is kept), so both corrupt payloads travelling towards B.
-        with (
-            ThreadedFaultProxy(
-                b.broker_port, up=faulty(seed, True), down=faulty(seed + 1, False)
-            ) as ab,
-            ThreadedFaultProxy(
-                a.broker_port, up=faulty(seed + 2, False), down=faulty(seed + 3, True)
-            ) as ba,
-        ):
-            await route(a, "TargetB", ab.address)
-            await route(b, "Initiator", ba.address)
+        with Hop("A-B", a, b, seed, faulty) as hop:
+            await route(a, "TargetB", hop.to_y.address)
+            await route(b, "Initiator", hop.to_x.address)
             handles = await begin_dialogs(a, DIALOGS)
             sampler = await ConnectionSampler([a, b], interval=0.1).start()
             started = time.monotonic()
@@ -212,24 +207,20 @@ async def test_every_message_arrives_once_in_order_through_a_faulty_network(
             try:
                 await exchange.run(fed, init_q, target_q, BATCH)
             except TimeoutError:
-                for name, proxy in (("A->B", ab), ("B->A", ba)):
-                    print(f"faults injected by the {name} proxy:", *proxy.stats.events, sep="\n  ")
+                print(f"faults injected on {hop.name}:", *hop.events(), sep="\n  ")
                 raise AssertionError(await _progress(a, exchange)) from None
             finally:
                 await sampler.stop()
             print(
-                f"through the fault proxies in {time.monotonic() - started:.1f} s: "
-                f"A->B {ab.stats.as_dict()}, B->A {ba.stats.as_dict()}"
+                f"through the fault proxies in {time.monotonic() - started:.1f} s: {hop.describe()}"
             )
 
             # the network really was hostile (otherwise this test proves nothing)
-            stats = [ab.stats, ba.stats]
-            assert sum(s.cuts for s in stats) >= 1, "no connection was cut"
-            assert sum(s.duplicates for s in stats) >= 1, "no frame was duplicated"
-            # A -> B bytes use A's connection (through ab) or B's (through ba), whichever
-            # the brokers kept; both corrupt fragment payloads on their way to B
-            to_b = ab.stats.up.payload_corruptions + ba.stats.down.payload_corruptions
-            assert to_b >= 1, "no fragment payload on its way to B was corrupted"
+            assert hop.cuts >= 1, "no connection was cut"
+            assert hop.duplicates >= 1, "no frame was duplicated"
+            # A -> B bytes use A's connection or B's, whichever the brokers kept; both
+            # corrupt fragment payloads on their way to B
+            assert hop.corrupted_towards_y >= 1, "no fragment payload on its way to B was corrupted"
 
             # exactly once, in order, both ways (a reply is b"re:<dialog>:<number>")
             exchange.check()
@@ -239,8 +230,7 @@ async def test_every_message_arrives_once_in_order_through_a_faulty_network(
             assert sampler.peak(a, b, "retransmissions") > 0
             assert re.search(r"corrupt|integrity|signature", b.process.log_text(), re.IGNORECASE)
 
-            ab.set_clean()
-            ba.set_clean()
+            hop.set_clean()
             await end_dialogs(a, b, handles, target_q, PER_DIALOG)
 
 

@@ -32,7 +32,7 @@ from federation_setup import (
     ConnectionSampler,
     Exchange,
     Federation,
-    Node,
+    Hop,
     assert_eoio,
     begin_dialogs,
     dialog_services,
@@ -97,50 +97,9 @@ def faulty(seed: int) -> FaultPlan:
     )
 
 
-class Hop:
-    """The two proxies between a pair of brokers X and Y: `to_y` carries the connection X
-    opens (up = X -> Y), `to_x` the one Y opens (up = Y -> X). Which of the two the
-    brokers keep depends on their instance ids, so both inject faults both ways."""
-
-    def __init__(self, name: str, x: Node, y: Node, seed: int) -> None:
-        self.name = name
-        self.to_y = ThreadedFaultProxy(y.broker_port, up=faulty(seed), down=faulty(seed + 1))
-        self.to_x = ThreadedFaultProxy(x.broker_port, up=faulty(seed + 2), down=faulty(seed + 3))
-
-    def start(self) -> Hop:
-        self.to_y.start()
-        self.to_x.start()
-        return self
-
-    def stop(self) -> None:
-        self.to_y.stop()
-        self.to_x.stop()
-
-    def set_clean(self) -> None:
-        self.to_y.set_clean()
-        self.to_x.set_clean()
-
-    @property
-    def cuts(self) -> int:
-        return self.to_y.stats.cuts + self.to_x.stats.cuts
-
-    @property
-    def duplicates(self) -> int:
-        return self.to_y.stats.duplicates + self.to_x.stats.duplicates
-
-    @property
-    def corrupted_towards_y(self) -> int:
-        return self.to_y.stats.up.payload_corruptions + self.to_x.stats.down.payload_corruptions
-
-    @property
-    def corrupted_towards_x(self) -> int:
-        return self.to_y.stats.down.payload_corruptions + self.to_x.stats.up.payload_corruptions
-
-    def describe(self) -> str:
-        return f"{self.name}: ->y {self.to_y.stats.as_dict()}, ->x {self.to_x.stats.as_dict()}"
-
-    def events(self) -> list[str]:
-        return [*self.to_y.stats.events, *self.to_x.stats.events]
+def both_ways_alike(seed: int, towards_y: bool) -> FaultPlan:
+    """A hop's plan (`Hop`): the same faults towards either broker."""
+    return faulty(seed)
 
 
 def _numbers(body: bytes) -> tuple[int, int]:
@@ -158,8 +117,8 @@ async def test_every_message_arrives_once_in_order_through_a_forwarder_on_a_faul
 ) -> None:
     async with forwarding_trio(tmp_path) as (fed, a, f, b):
         init_q, target_q = await dialog_services(a, b)
-        af = Hop("A-F", a, f, SEED).start()
-        fb = Hop("F-B", f, b, SEED + 10).start()
+        af = Hop("A-F", a, f, SEED, both_ways_alike).start()
+        fb = Hop("F-B", f, b, SEED + 10, both_ways_alike).start()
         try:
             # A -> F -> B and back, every hop through its pair of proxies
             await route(a, "TargetB", af.to_y.address, broker_instance=b.instance)
