@@ -200,18 +200,21 @@ class BodyCipher:
 
 def new_session_key(random: RandomSource = os.urandom) -> bytes:
     """A fresh random session key for one direction of one dialog."""
-    key = random(SESSION_KEY_SIZE)
-    if len(key) != SESSION_KEY_SIZE:
-        raise LocalProtocolError("random source returned the wrong number of bytes")
-    return key
+    return _random_bytes(random, SESSION_KEY_SIZE)
 
 
 def new_nonce(random: RandomSource = os.urandom) -> bytes:
     """A fresh handshake nonce (NONCE_SIZE bytes)."""
-    nonce = random(NONCE_SIZE)
-    if len(nonce) != NONCE_SIZE:
+    return _random_bytes(random, NONCE_SIZE)
+
+
+def _random_bytes(random: RandomSource, size: int) -> bytes:
+    """`size` bytes from `random`, which must give exactly that many (an injected source
+    that gives fewer or more is a bug, not a weaker key)."""
+    data = random(size)
+    if len(data) != size:
         raise LocalProtocolError("random source returned the wrong number of bytes")
-    return nonce
+    return data
 
 
 _OAEP: Final = padding.OAEP(
