@@ -383,16 +383,7 @@ class Queue:
         `contract` are keys; it keeps the plain names RECEIVE shows)."""
         conv = group.conversations.get(handle)
         if conv is None:
-            conv = Conversation(
-                self.cache,
-                self.journal,
-                self.name,
-                group,
-                handle,
-                priority,
-                plain(service),
-                plain(contract),
-            )
+            conv = self._new_conversation(group, handle, priority, service, contract)
             group.conversations[handle] = conv
         return conv
 
@@ -401,11 +392,16 @@ class Queue:
     ) -> Conversation:
         """A record of one conversation's messages in this queue that the queue does not
         keep: to read stored messages through (parked ones, a view's)."""
+        return self._new_conversation(Group(group_id), handle, priority, service, contract)
+
+    def _new_conversation(
+        self, group: Group, handle: uuid.UUID, priority: int, service: str, contract: str
+    ) -> Conversation:
         return Conversation(
             self.cache,
             self.journal,
             self.name,
-            Group(group_id),
+            group,
             handle,
             priority,
             plain(service),
