@@ -352,11 +352,8 @@ class ActivationManager:
             started=now,
             entry=entry,
         )
-        self._next_task += 1
-        monitor.tasks[task.task_id] = task
-        self.tasks[task.task_id] = task
+        self._adopt(monitor, task)
         self.tokens[task.token] = task
-        monitor.tasks_started += 1
         monitor.last_activated = now
         monitor.feed(MonitorInput.ACTIVATED)
         log.info(
@@ -367,6 +364,14 @@ class ActivationManager:
             task.execute_as,
         )
         self.own(self._run(task))
+
+    def _adopt(self, monitor: QueueMonitor, task: ActivatedTask) -> None:
+        """A task just made, internal or external (it took `_next_task` as its id), counts
+        among its queue's readers (MAX_QUEUE_READERS) and in the views from now on."""
+        self._next_task += 1
+        monitor.tasks[task.task_id] = task
+        self.tasks[task.task_id] = task
+        monitor.tasks_started += 1
 
     async def _run(self, task: ActivatedTask) -> None:
         try:
@@ -507,10 +512,7 @@ class ActivationManager:
         )
         if who in self.stopped_activators:  # started before the stop, registered after it
             task.feed(ExternalInput.STOP)
-        self._next_task += 1
-        monitor.tasks[task.task_id] = task
-        self.tasks[task.task_id] = task
-        monitor.tasks_started += 1
+        self._adopt(monitor, task)
         session.task = task
         return {"task_id": task.task_id, "queue": plain(queue), "max_queue_readers": limit}
 
