@@ -414,6 +414,26 @@ def sign_handshake_proof(
     )
 
 
+def trusted_certificate(
+    certificate_pem: bytes, broker_id: uuid.UUID, trusted: TrustStore
+) -> x509.Certificate:
+    """A peer's certificate, parsed, if `trusted` holds it and it names `broker_id`.
+
+    Raises: RemoteProtocolError (HANDSHAKE_FAILED): malformed or untrusted certificate,
+        or one naming another broker.
+    """
+    certificate = load_certificate(certificate_pem)
+    if not trusted.is_trusted(certificate):
+        raise RemoteProtocolError(
+            f"certificate of broker {broker_id} is not trusted", ErrorCode.HANDSHAKE_FAILED
+        )
+    if certificate_broker_id(certificate_pem) != broker_id:
+        raise RemoteProtocolError(
+            f"certificate does not belong to broker {broker_id}", ErrorCode.HANDSHAKE_FAILED
+        )
+    return certificate
+
+
 def verify_handshake_proof(
     *,
     certificate_pem: bytes,
@@ -439,15 +459,7 @@ def verify_handshake_proof(
         naming another broker, or a proof that does not verify.
     """
     store = trusted if isinstance(trusted, TrustStore) else TrustStore(trusted)
-    certificate = load_certificate(certificate_pem)
-    if not store.is_trusted(certificate):
-        raise RemoteProtocolError(
-            f"certificate of broker {signer_id} is not trusted", ErrorCode.HANDSHAKE_FAILED
-        )
-    if certificate_broker_id(certificate_pem) != signer_id:
-        raise RemoteProtocolError(
-            f"certificate does not belong to broker {signer_id}", ErrorCode.HANDSHAKE_FAILED
-        )
+    certificate = trusted_certificate(certificate_pem, signer_id, store)
     public_key = certificate.public_key()
     if not isinstance(public_key, rsa.RSAPublicKey):
         raise RemoteProtocolError("certificate key is not RSA", ErrorCode.HANDSHAKE_FAILED)

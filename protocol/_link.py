@@ -76,10 +76,9 @@ from ._integrity import (
     NONCE_SIZE,
     RandomSource,
     TrustStore,
-    certificate_broker_id,
-    load_certificate,
     new_nonce,
     sign_handshake_proof,
+    trusted_certificate,
     verify_handshake_proof,
 )
 from ._locate import LOCATE_VERSION, LocatedFrame, LocateFrame
@@ -608,14 +607,7 @@ class LinkConnection:
                 f"expected broker {self._expected_peer_id}, peer is {broker_id}",
                 ErrorCode.HANDSHAKE_FAILED,
             )
-        if not self._trusted.is_trusted(load_certificate(certificate_pem)):
-            raise RemoteProtocolError(
-                f"certificate of broker {broker_id} is not trusted", ErrorCode.HANDSHAKE_FAILED
-            )
-        if certificate_broker_id(certificate_pem) != broker_id:
-            raise RemoteProtocolError(
-                f"certificate does not belong to broker {broker_id}", ErrorCode.HANDSHAKE_FAILED
-            )
+        trusted_certificate(certificate_pem, broker_id, self._trusted)
 
     def _on_hello(self, frame: Hello) -> None:
         self._check_peer(frame.version, frame.broker_id, frame.certificate_pem)
