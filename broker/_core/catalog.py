@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final, TypeVar
 
@@ -208,6 +209,13 @@ def check_name(kind: str, name: object) -> str:
     if has_control(plain(name)):
         raise bad_argument(f"a {kind} name may not hold control characters, got {name!r}")
     return name
+
+
+def check_changes(operation: str, changes: Mapping[str, object], known: Collection[str]) -> None:
+    """Refuses an ALTER whose `changes` name a part that `operation` does not change."""
+    unknown = set(changes).difference(known)
+    if unknown:
+        raise bad_argument(f"{operation} does not know {', '.join(sorted(unknown))}")
 
 
 def has_control(text: str) -> bool:
@@ -454,17 +462,19 @@ class Catalog:
 
     def altered_queue(self, name: str, changes: dict[str, object]) -> QueueDef:
         current = self.queue(name)
-        unknown = set(changes) - {
-            "status",
-            "retention",
-            "activation",
-            "poison_message_handling",
-            "poison_policy",
-            "max_messages",
-            "max_bytes",
-        }
-        if unknown:
-            raise bad_argument(f"alter_queue does not know {', '.join(sorted(unknown))}")
+        check_changes(
+            "alter_queue",
+            changes,
+            (
+                "status",
+                "retention",
+                "activation",
+                "poison_message_handling",
+                "poison_policy",
+                "max_messages",
+                "max_bytes",
+            ),
+        )
         updated = current
         if "status" in changes:
             updated = replace(updated, status=parse_switch("status", changes["status"]))

@@ -236,15 +236,11 @@ class Ddl:
         """ALTER ROUTE: the parts given change, the others stay."""
         if not isinstance(name, str) or name not in self.catalog.routes:
             raise not_found(ErrorCode.UNKNOWN_ROUTE, "route", name)
-        unknown = set(changes) - {
-            "service_name",
-            "address",
-            "broker_instance",
-            "lifetime",
-            "mirror_address",
-        }
-        if unknown:
-            raise bad_argument(f"alter_route does not know {', '.join(sorted(unknown))}")
+        cat.check_changes(
+            "alter_route",
+            changes,
+            ("service_name", "address", "broker_instance", "lifetime", "mirror_address"),
+        )
         current = self.catalog.routes[name]
         expires = current.expires
         if "lifetime" in changes:
@@ -279,9 +275,11 @@ class Ddl:
     def alter_broker_priority(self, session: Session, name: object, **changes: object) -> None:
         if not isinstance(name, str) or name not in self.catalog.priorities:
             raise not_found(ErrorCode.UNKNOWN_PRIORITY, "broker priority", name)
-        unknown = set(changes) - {"contract", "local_service", "remote_service", "level"}
-        if unknown:
-            raise bad_argument(f"alter_broker_priority does not know {', '.join(sorted(unknown))}")
+        cat.check_changes(
+            "alter_broker_priority",
+            changes,
+            ("contract", "local_service", "remote_service", "level"),
+        )
         current = self.catalog.priorities[name]
         merged = {
             "contract": current.contract,
