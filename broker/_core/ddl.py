@@ -79,6 +79,8 @@ class Ddl:
             self.count_quotas()
         elif kind in ("service", "route", "database"):
             self.routes.changed()
+            if kind == "route":
+                self.delivery.sink.routes_changed()
 
     def count_quotas(self) -> None:
         """Tell capacity how many queues carry a quota (none: SEND need not look)."""
@@ -223,14 +225,10 @@ class Ddl:
         lifetime: object = None,
         mirror_address: object = None,
     ) -> None:
-        seconds = as_seconds(lifetime, "lifetime", allow_none=True)
-        expires = None if seconds is None else self.clock.time() + seconds
         route = self.catalog.new_route(
-            name, service_name, address, broker_instance, expires, mirror_address
+            name, service_name, address, broker_instance, self._expires(lifetime), mirror_address
         )
         self.persist("route", route)
-        self.routes.changed()
-        self.delivery.sink.routes_changed()
 
     def alter_route(self, session: Session, name: object, **changes: object) -> None:
         """ALTER ROUTE: the parts given change, the others stay."""
@@ -242,21 +240,20 @@ class Ddl:
             ("service_name", "address", "broker_instance", "lifetime", "mirror_address"),
         )
         current = self.catalog.routes[name]
-        expires = current.expires
-        if "lifetime" in changes:
-            seconds = as_seconds(changes["lifetime"], "lifetime", allow_none=True)
-            expires = None if seconds is None else self.clock.time() + seconds
         route = self.catalog.checked_route(
             name,
             changes.get("service_name", current.service_name),
             changes.get("address", current.address),
             changes.get("broker_instance", current.broker_instance),
-            expires,
+            self._expires(changes["lifetime"]) if "lifetime" in changes else current.expires,
             changes.get("mirror_address", current.mirror_address),
         )
         self.persist("route", route)
-        self.routes.changed()
-        self.delivery.sink.routes_changed()
+
+    def _expires(self, lifetime: object) -> float | None:
+        """When a route of `lifetime` seconds from now expires (None: never)."""
+        seconds = as_seconds(lifetime, "lifetime", allow_none=True)
+        return None if seconds is None else self.clock.time() + seconds
 
     def create_broker_priority(
         self,
