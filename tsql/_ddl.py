@@ -7,7 +7,7 @@ service binding to a database user.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -347,23 +347,27 @@ async def _permission(session: Session, s: ast.Ddl, frame: Frame) -> None:
         await session.broker(call(permission, options["login"], kind, name))
 
 
+# what DROP drops, each kind by its client call (and only these kinds)
+_DROPS: Final[dict[str, Callable[[client.Connection, str], Awaitable[None]]]] = {
+    "message_type": lambda conn, name: conn.drop_message_type(name),
+    "contract": lambda conn, name: conn.drop_contract(name),
+    "queue": lambda conn, name: conn.drop_queue(name),
+    "service": lambda conn, name: conn.drop_service(name),
+    "route": lambda conn, name: conn.drop_route(name),
+    "broker_priority": lambda conn, name: conn.drop_broker_priority(name),
+    "event_notification": lambda conn, name: conn.drop_event_notification(name),
+    "remote_service_binding": lambda conn, name: conn.drop_remote_service_binding(name),
+    "certificate": lambda conn, name: conn.drop_certificate(name),
+}
+
+
 def _drop(kind: str) -> Callable[[Session, ast.Ddl, Frame], Coroutine[Any, Any, None]]:
+    call = _DROPS[kind]
+
     async def drop(session: Session, s: ast.Ddl, frame: Frame) -> None:
-        conn = session.connection()
         name = _own(session, s.name) if kind == "queue" else s.name
-        calls = {
-            "message_type": conn.drop_message_type,
-            "contract": conn.drop_contract,
-            "queue": conn.drop_queue,
-            "service": conn.drop_service,
-            "route": conn.drop_route,
-            "broker_priority": conn.drop_broker_priority,
-            "event_notification": conn.drop_event_notification,
-            "remote_service_binding": conn.drop_remote_service_binding,
-            "certificate": conn.drop_certificate,
-        }
         try:
-            await calls[kind](name)
+            await call(session.connection(), name)
         except client.NotFoundError:
             what = kind.replace("_", " ")
             raise SqlError(
@@ -398,19 +402,6 @@ _HANDLERS: Final[dict[tuple[str, str], Handler]] = {
     ("DROP", "login"): _login,
     ("GRANT", "permission"): _permission,
     ("REVOKE", "permission"): _permission,
-    **{
-        ("DROP", kind): _drop(kind)
-        for kind in (
-            "message_type",
-            "contract",
-            "queue",
-            "service",
-            "route",
-            "broker_priority",
-            "event_notification",
-            "remote_service_binding",
-            "certificate",
-        )
-    },
+    **{("DROP", kind): _drop(kind) for kind in _DROPS},
 }
 DDL_STATEMENTS: Final[dict[type, Handler]] = {ast.Ddl: ddl}
