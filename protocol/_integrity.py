@@ -81,6 +81,15 @@ RandomSource = Callable[[int], bytes]
 # --------------------------------------------------------------------------- signatures
 
 
+def _check_session_key(session_key: bytes) -> None:
+    """Raises: LocalProtocolError: the key is not SESSION_KEY_SIZE bytes (our misuse)."""
+    if len(session_key) != SESSION_KEY_SIZE:
+        raise LocalProtocolError(
+            f"session key must be {SESSION_KEY_SIZE} bytes, got {len(session_key)}",
+            ErrorCode.BAD_ARGUMENT,
+        )
+
+
 def _check(expected: bytes, signature: bytes) -> None:
     if not hmac.compare_digest(expected, signature):
         raise IntegrityError("message integrity check failed: signature mismatch")
@@ -100,11 +109,7 @@ class SessionSeal:
 
         Raises: LocalProtocolError: the key has the wrong size.
         """
-        if len(session_key) != SESSION_KEY_SIZE:
-            raise LocalProtocolError(
-                f"session key must be {SESSION_KEY_SIZE} bytes, got {len(session_key)}",
-                ErrorCode.BAD_ARGUMENT,
-            )
+        _check_session_key(session_key)
         # ECB on exactly one block is a keyed permutation of the digest; it has no state
         # between calls, so one encryptor serves every signature.
         self._encryptor = Cipher(algorithms.AES(bytes(session_key)), modes.ECB()).encryptor()
@@ -163,11 +168,7 @@ class BodyCipher:
 
     def __init__(self, session_key: bytes, conversation_id: uuid.UUID, direction: int) -> None:
         """Raises: LocalProtocolError: the key has the wrong size."""
-        if len(session_key) != SESSION_KEY_SIZE:
-            raise LocalProtocolError(
-                f"session key must be {SESSION_KEY_SIZE} bytes, got {len(session_key)}",
-                ErrorCode.BAD_ARGUMENT,
-            )
+        _check_session_key(session_key)
         derive = HKDF(algorithm=hashes.SHA256(), length=16, salt=None, info=_BODY_KEY_LABEL)
         self._aead = AESGCM(derive.derive(bytes(session_key)))
         self._aad_prefix = conversation_id.bytes + bytes([direction])
@@ -233,8 +234,7 @@ def wrap_session_key(session_key: bytes, recipient: rsa.RSAPublicKey | bytes) ->
         LocalProtocolError: the key has the wrong size.
         RemoteProtocolError: `recipient` is a certificate that does not parse or is not RSA.
     """
-    if len(session_key) != SESSION_KEY_SIZE:
-        raise LocalProtocolError("session key has the wrong size", ErrorCode.BAD_ARGUMENT)
+    _check_session_key(session_key)
     public_key = (
         recipient if isinstance(recipient, rsa.RSAPublicKey) else certificate_public_key(recipient)
     )
