@@ -15,7 +15,7 @@ from collections.abc import Awaitable
 
 from ssb import client
 
-from ._errors import NotSupported, SqlError, from_broker
+from ._errors import NotSupported, SqlError, found, from_broker
 from ._interfaces import DatabaseInfo, StoredProcedure
 from ._parser import BROKER_OPTIONS
 
@@ -92,12 +92,7 @@ class BrokerDatabases:
         return self.conn.database
 
     async def use(self, name: str) -> None:
-        try:
-            await self.conn.use(name)
-        except client.NotFoundError:
-            raise _no_database(name) from None
-        except client.BrokerError as exc:
-            raise from_broker(exc) from None
+        await found(self.conn.use(name), _no_database(name))
 
     async def create(self, name: str) -> None:
         await _create(
@@ -141,12 +136,10 @@ class BrokerDatabases:
                     f"ALTER DATABASE ... SET {option}",
                     "ssb's databases take SET ENABLE_BROKER, NEW_BROKER and TRUSTWORTHY ON | OFF",
                 )
-        try:
-            await self.conn.alter_database(name, broker=broker, trustworthy=trustworthy)
-        except client.NotFoundError:
-            raise _no_database(name) from None
-        except client.BrokerError as exc:
-            raise from_broker(exc) from None
+        await found(
+            self.conn.alter_database(name, broker=broker, trustworthy=trustworthy),
+            _no_database(name),
+        )
 
     def known(self) -> list[DatabaseInfo]:
         return self._known

@@ -15,7 +15,7 @@ from ssb import client
 
 from . import _ast as ast
 from ._broker import object_name
-from ._errors import NotSupported, SqlError, from_broker
+from ._errors import NotSupported, SqlError, found
 
 if TYPE_CHECKING:
     from ._context import Context as Session
@@ -362,21 +362,16 @@ _DROPS: Final[dict[str, Callable[[client.Connection, str], Awaitable[None]]]] = 
 
 
 def _drop(kind: str) -> Callable[[Session, ast.Ddl, Frame], Coroutine[Any, Any, None]]:
-    call = _DROPS[kind]
+    call, what = _DROPS[kind], kind.replace("_", " ")
 
     async def drop(session: Session, s: ast.Ddl, frame: Frame) -> None:
         name = _own(session, s.name) if kind == "queue" else s.name
-        try:
-            await call(session.connection(), name)
-        except client.NotFoundError:
-            what = kind.replace("_", " ")
-            raise SqlError(
-                3701 if kind == "queue" else 15151,
-                f"Cannot drop the {what} '{name}', because it does not exist or you do not"
-                " have permission.",
-            ) from None
-        except client.BrokerError as exc:
-            raise from_broker(exc) from None
+        missing = SqlError(
+            3701 if kind == "queue" else 15151,
+            f"Cannot drop the {what} '{name}', because it does not exist or you do not"
+            " have permission.",
+        )
+        await found(call(session.connection(), name), missing)
 
     return drop
 

@@ -11,10 +11,13 @@ disabled queue, ...), with the broker's own words kept in the text.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Awaitable
+from typing import Final, TypeVar
 
 from ssb import client
 from ssb.protocol import ErrorCode
+
+T = TypeVar("T")
 
 # levels: 0-10 informational, 11-16 user errors, 17+ resources and system
 INFORMATIONAL: Final = 10
@@ -169,6 +172,17 @@ _TABLE_NUMBERS: Final = (
     ("already exists", 2714),
     ("PRIMARY KEY constraint on nullable column", 8111),
 )
+
+
+async def found(call: Awaitable[T], missing: SqlError) -> T:
+    """Await a client call on a named object: `missing` where the broker has no such
+    object, any other refusal in SQL Server's terms (`from_broker`)."""
+    try:
+        return await call
+    except client.NotFoundError:
+        raise missing from None
+    except client.BrokerError as exc:
+        raise from_broker(exc) from None
 
 
 def from_broker(exc: client.BrokerError) -> SqlError:

@@ -38,6 +38,7 @@ from ._errors import (
     NotSupported,
     SqlError,
     assignment_with_retrieval,
+    found,
     from_broker,
 )
 from ._eval import Evaluator, xml_rows
@@ -392,12 +393,10 @@ class Session:
         return [r for r in rows if r.get("database", current) in (None, current)]
 
     async def _peek(self, name: str) -> list[dict[str, Any]]:
-        try:
-            rows: list[dict[str, Any]] = await self.connection().view(f"queue:{name}")
-        except client.NotFoundError:
-            raise SqlError(208, f"Invalid object name '{name}'.") from None
-        except client.BrokerError as exc:
-            raise from_broker(exc) from None
+        rows: list[dict[str, Any]] = await found(
+            self.connection().view(f"queue:{name}"),
+            SqlError(208, f"Invalid object name '{name}'."),
+        )
         return rows
 
     async def subquery(self, node: ast.Expr, frame: Frame) -> Any:
