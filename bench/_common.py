@@ -103,28 +103,62 @@ class Catalog:
             )
 
 
+@dataclass(frozen=True)
+class Option:
+    """How a field of a benchmark's options is given on its command line (see `option`)."""
+
+    help: str | None = None
+    at_least: int | None = None
+    choices: tuple[str, ...] | None = None
+    parse: Callable[[str], Any] | None = None
+    metavar: str | None = None
+
+
+def option(
+    default: T,
+    help: str | None = None,
+    *,
+    at_least: int | None = None,
+    choices: tuple[str, ...] | None = None,
+    parse: Callable[[str], Any] | None = None,
+    metavar: str | None = None,
+) -> T:
+    """A field of a benchmark's options that is also an argument of its command line,
+    `--a-name` for the field `a_name`, with the field's default and `help`.
+
+    Args:
+        default: the field's default, and the argument's; a bool is a flag (`--a-name`
+            sets it), anything else takes a value of the default's type unless `parse`
+            says how.
+        help: what the argument means, for `--help`.
+        at_least: the smallest value allowed (a usage error names the option otherwise).
+        choices: the values allowed; a `durability` field takes one of the broker's
+            (fsync, os) unless they are given.
+        parse: how the argument's text becomes a value (for a default of None).
+        metavar: the value's name in `--help`.
+    """
+    spec = Option(help, at_least, choices, parse, metavar)
+    return field(default=default, metadata={Option: spec})
+
+
 class CommandLine(argparse.ArgumentParser, Generic[T]):
     """The command line of `python -m bench.<module>`, described by its docstring's first
-    paragraph: `--json [PATH]` (stdout without a path), `--smoke`, and an `--a-name` for
-    each field of the options dataclass `options` named in `names` or `helps` (there with
-    its help text), with its default: `durability` is one of the broker's (fsync, os), any
-    other of its default's type (a whole number, a float or a string). A benchmark adds
-    its other arguments as to any parser, then `read`s it, and ends with `conclude`."""
+    paragraph: `--json [PATH]` (stdout without a path), `--smoke`, and an argument for
+    each field of the options dataclass `options` declared with `option` (only those in
+    `names`, when some are named). A benchmark adds its other arguments as to any parser,
+    then `read`s it, and ends with `conclude`."""
 
-    def __init__(
-        self, module: str, doc: str | None, options: type[T], *names: str, **helps: str
-    ) -> None:
+    def __init__(self, module: str, doc: str | None, options: type[T], *names: str) -> None:
         description = (doc or "").split("\n\n")[0]
         super().__init__(prog=f"python -m bench.{module}", description=description)
         self.benchmark = module
         self.options = options
-        for name, text in {**dict.fromkeys(names), **helps}.items():
-            default = getattr(options, name)
-            option = f"--{name.replace('_', '-')}"
-            if name == "durability":
-                self.add_argument(option, choices=["fsync", "os"], default=default, help=text)
-            else:
-                self.add_argument(option, type=type(default), default=default, help=text)
+        self.minimums: dict[str, int] = {}
+        for f in fields(options):  # type: ignore[arg-type]
+            spec = f.metadata.get(Option)
+            if spec is None or (names and f.name not in names):
+                continue
+            self._add_option(f.name, f.default, spec)
         self.add_argument(
             "--json",
             nargs="?",
@@ -133,12 +167,28 @@ class CommandLine(argparse.ArgumentParser, Generic[T]):
             help="also write the results as JSON (to PATH, or to stdout without one)",
         )
 
+    def _add_option(self, name: str, default: Any, spec: Option) -> None:
+        flag = f"--{name.replace('_', '-')}"
+        if spec.at_least is not None:
+            self.minimums[name] = spec.at_least
+        choices = spec.choices or (("fsync", "os") if name == "durability" else None)
+        if isinstance(default, bool):
+            self.add_argument(flag, action="store_true", help=spec.help)
+        elif choices is not None:
+            self.add_argument(flag, choices=choices, default=default, help=spec.help)
+        else:
+            parse = spec.parse or type(default)
+            self.add_argument(
+                flag, type=parse, default=default, help=spec.help, metavar=spec.metavar
+            )
+
     def read(
         self, argv: list[str] | None, smoke: dict[str, Any], *counts: str, **least: int
     ) -> tuple[argparse.Namespace, T]:
-        """The arguments (see `parse_args`: `smoke`, `counts` and `least`), and the options
-        dataclass of every field they name (the rest keep their defaults)."""
-        args = parse_args(self, argv, smoke, *counts, **least)
+        """The arguments (see `parse_args`: `smoke`, and `counts` and `least` for the
+        arguments the benchmark added itself; its options hold their own minimums), and
+        the options dataclass of every field they name (the rest keep their defaults)."""
+        args = parse_args(self, argv, smoke, *counts, **self.minimums, **least)
         named = [f.name for f in fields(self.options) if hasattr(args, f.name)]  # type: ignore[arg-type]
         return args, self.options(**{name: getattr(args, name) for name in named})
 

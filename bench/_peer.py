@@ -15,21 +15,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
-from ._common import BenchFailure, Work, released_together
+from . import e2e
+from ._common import BenchFailure, Work, option, released_together
 
 START_TIMEOUT: Final = 90.0  # seconds a peer may take to start
 
 
 @dataclass
 class Options:
-    messages: int = 50_000
-    batch: int = 100
-    body_size: int = 1024
-    in_flight: int = 4  # batches (ssb) or windows of `batch` messages (others) in flight
-    durability: str = "both"  # ssb's: fsync, os, or each in turn
-    round_trips: int = 2_000
+    messages: int = option(50_000, at_least=1)
+    batch: int = option(100, at_least=1)
+    body_size: int = option(1024, at_least=e2e.TAG.size)
+    # batches (ssb) or windows of `batch` messages (others) in flight
+    in_flight: int = option(4, at_least=1)
+    durability: str = option(  # "both": each in turn
+        "both",
+        "ssb's (the other brokers run as they acknowledge: see the module's comment)",
+        choices=("fsync", "os", "both"),
+    )
+    round_trips: int = option(2_000, at_least=1)
     round_trip_warmup: int = 20  # in each turn of round trips (see peers.measure)
-    rounds: int = 3  # end-to-end runs of each peer, taking turns (the median counts)
+    rounds: int = option(3, "end-to-end runs of each peer", at_least=1)  # the median counts
     phase_timeout: float = 600.0
 
 

@@ -37,6 +37,7 @@ from ._common import (
     REPO_ROOT,
     CommandLine,
     broker,
+    option,
     percentile,
     run,
 )
@@ -46,10 +47,10 @@ SMOKE = {"cold": 2, "warm": 3, "tasks": 20}
 
 @dataclass
 class Options:
-    durability: str = "fsync"
-    cold: int = 30
-    warm: int = 200
-    tasks: int = 1000
+    durability: str = option("fsync")
+    cold: int = option(30, "cold latency samples")
+    warm: int = option(200, "warm latency samples")
+    tasks: int = option(1000, "scheduler tasks per run")
 
 
 def stamp(conn: client.SyncConnection, task: Any) -> None:
@@ -130,15 +131,7 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine(
-        "activation",
-        __doc__,
-        Options,
-        "durability",
-        cold="cold latency samples",
-        warm="warm latency samples",
-        tasks="scheduler tasks per run",
-    )
+    parser = CommandLine("activation", __doc__, Options)
     args, opts = parser.read(argv, SMOKE)
     runs: list[tuple[str, dict[str, Any], Any]] = [
         ("latency_cold", {"idle_workers": 0}, lambda url: latency(url, opts.cold, 1)),

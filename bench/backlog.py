@@ -75,6 +75,7 @@ from ._common import (
     broker,
     cpu_meter,
     figure_table,
+    option,
     pipelined,
     rate,
     receive_in_one_round_trip,
@@ -116,20 +117,22 @@ SMOKE = {
 
 @dataclass
 class Options:
-    messages: int = 2_000_000
-    conversations: int = 10_000
-    body_size: int = 1024
-    durability: str = "os"
-    cache_bytes: int | None = None
-    batch: int = 100
-    in_flight: int = 8
-    receive_top: int = 100
-    short_messages: int = 20_000
-    short_repeats: int = 3
-    restarts: int = 3
-    settle: float = 12.0
-    tidy_timeout: float = 300.0
-    phase_timeout: float = 3600.0
+    messages: int = option(2_000_000, at_least=1)
+    conversations: int = option(10_000, at_least=1)
+    body_size: int = option(1024, at_least=TAG.size)
+    durability: str = option("os")
+    cache_bytes: int | None = option(None, "message_cache_bytes (default: the daemon's)", parse=int)
+    batch: int = option(100, "bodies per send_many", at_least=1)
+    in_flight: int = option(8, at_least=1)
+    receive_top: int = option(100, at_least=1)
+    short_messages: int = option(20_000, at_least=1)
+    short_repeats: int = option(3, at_least=1)
+    restarts: int = option(3, at_least=1)
+    settle: float = option(12.0)
+    tidy_timeout: float = option(
+        300.0, "seconds to wait, after --settle, for the idle store to stop shrinking"
+    )
+    phase_timeout: float = option(3600.0)
     idle_timeout: float = 60.0
 
 
@@ -625,30 +628,8 @@ def print_table(r: Result, opts: Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine(
-        "backlog",
-        __doc__,
-        Options,
-        "messages",
-        "conversations",
-        "body_size",
-        "durability",
-        "in_flight",
-        "receive_top",
-        "short_messages",
-        "short_repeats",
-        "restarts",
-        "settle",
-        "phase_timeout",
-        batch="bodies per send_many",
-        tidy_timeout="seconds to wait, after --settle, for the idle store to stop shrinking",
-    )
-    parser.add_argument(
-        "--cache-bytes", type=int, default=None, help="message_cache_bytes (default: the daemon's)"
-    )
-    counts: tuple[str, ...] = ("messages", "conversations", "batch", "in_flight", "receive_top")
-    counts += ("short_messages", "short_repeats", "restarts")
-    args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
+    parser = CommandLine("backlog", __doc__, Options)
+    args, opts = parser.read(argv, SMOKE)
     if args.conversations > args.messages:
         parser.error("--conversations must be <= --messages")
     if not 0 <= args.settle <= 600 or not 0 < args.phase_timeout <= 86400:

@@ -39,7 +39,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -64,6 +63,7 @@ from ._common import (
     Work,
     broker,
     cpu_meter,
+    option,
     percentile,
     pipelined,
     postgres_databases,
@@ -88,20 +88,39 @@ PHASE_LATENCY = 3
 
 @dataclass
 class Options:
-    messages: int = 100_000
-    batch: int = 100
-    body_size: int = 1024
-    conversations: int = 10
-    in_flight: int = 4
-    consumer: str = "txn"  # "txn": 3 round trips per batch; "pipelined": 1
-    producer: str = "statement"  # "statement": each send_many commits; "txn": in a transaction
-    latency_iterations: int = 2_000
+    messages: int = option(100_000, at_least=1)
+    batch: int = option(100, "send_many / receive top", at_least=1)
+    body_size: int = option(1024, at_least=TAG.size)
+    conversations: int = option(10, at_least=1)
+    in_flight: int = option(4, at_least=1)
+    consumer: str = option(
+        "txn",
+        "txn: async with conn.transaction() (3 round trips per batch); "
+        "pipelined: begin, receive and commit written together (1 round trip)",
+        choices=("txn", "pipelined"),
+    )
+    producer: str = option(
+        "statement",
+        "statement: each send_many commits by itself; txn: begin, send_many and commit"
+        " pipelined (one explicit transaction per batch)",
+        choices=("statement", "txn"),
+    )
+    latency_iterations: int = option(2_000)
     latency_warmup: int = 100
-    phase_timeout: float = 600.0
+    phase_timeout: float = option(600.0)
     idle_timeout: float = 30.0
-    tls: bool = False  # every client on ssbs:// (pinned to the broker's certificate)
-    scrape_interval: float = 0.0  # > 0: the HTTP port on, /metrics read this often
-    busy_poll: float | None = None  # seconds the daemon and the clients poll (None: defaults)
+    # every client on ssbs:// (pinned to the broker's certificate)
+    tls: bool = option(False, "clients connect with TLS (ssbs://)")
+    scrape_interval: float = option(
+        0.0, "turn the broker's HTTP port on and read /metrics every this many seconds"
+    )
+    busy_poll: float | None = option(
+        None,
+        "the daemon's busy_poll setting and its clients' (default: their own; 0: they"
+        " sleep at once while waiting)",
+        parse=float,
+        metavar="SECONDS",
+    )
 
 
 @dataclass
@@ -441,49 +460,9 @@ def _us(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
-def add_consumer_argument(parser: argparse.ArgumentParser) -> None:
-    """`--consumer` (`Options.consumer`): the flag of every benchmark that runs these
-    consumers."""
-    parser.add_argument(
-        "--consumer",
-        choices=["txn", "pipelined"],
-        default=Options.consumer,
-        help="txn: async with conn.transaction() (3 round trips per batch); "
-        "pipelined: begin, receive and commit written together (1 round trip)",
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine(
-        "e2e",
-        __doc__,
-        Options,
-        "messages",
-        "body_size",
-        "conversations",
-        "in_flight",
-        "latency_iterations",
-        "phase_timeout",
-        batch="send_many / receive top",
-        scrape_interval="turn the broker's HTTP port on and read /metrics every this many seconds",
-    )
+    parser = CommandLine("e2e", __doc__, Options)
     parser.add_argument("--durability", choices=["fsync", "os", "both"], default="both")
-    add_consumer_argument(parser)
-    parser.add_argument(
-        "--producer",
-        choices=["statement", "txn"],
-        default=Options.producer,
-        help="statement: each send_many commits by itself; txn: begin, send_many and commit"
-        " pipelined (one explicit transaction per batch)",
-    )
-    parser.add_argument("--tls", action="store_true", help="clients connect with TLS (ssbs://)")
-    parser.add_argument(
-        "--busy-poll",
-        type=float,
-        metavar="SECONDS",
-        help="the daemon's busy_poll setting and its clients' (default: their own; 0: they"
-        " sleep at once while waiting)",
-    )
     parser.add_argument(
         "--store",
         choices=["sqlite", "postgresql", "both"],
@@ -491,8 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the brokers' store: sqlite (default), postgresql (a database on a server this"
         " run starts), or both in turn (with the ratio of their end-to-end rates)",
     )
-    counts = ("messages", "batch", "conversations", "in_flight")
-    args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
+    args, opts = parser.read(argv, SMOKE)
     if args.busy_poll is not None:
         try:
             check_poll_window(args.busy_poll, "--busy-poll")

@@ -50,6 +50,7 @@ from ._common import (
     CommandLine,
     broker,
     figure_table,
+    option,
     rate,
     run,
 )
@@ -70,12 +71,12 @@ SMOKE = {"dialogs": 200, "per_transaction": 50, "restarts": 1, "settle": 0.0}
 
 @dataclass
 class Options:
-    dialogs: int = 1_000_000
-    per_transaction: int = 2_000
-    durability: str = "os"
-    restarts: int = 3
-    settle: float = 3.0
-    phase_timeout: float = 3600.0
+    dialogs: int = option(1_000_000, at_least=2)
+    per_transaction: int = option(2_000, at_least=1)
+    durability: str = option("os")
+    restarts: int = option(3, at_least=1)
+    settle: float = option(3.0)
+    phase_timeout: float = option(3600.0)
 
 
 @dataclass
@@ -224,18 +225,8 @@ def print_table(r: Result, opts: Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine(
-        "endpoints",
-        __doc__,
-        Options,
-        "dialogs",
-        "per_transaction",
-        "restarts",
-        "settle",
-        "phase_timeout",
-        "durability",
-    )
-    args, opts = parser.read(argv, SMOKE, "per_transaction", "restarts", dialogs=2)
+    parser = CommandLine("endpoints", __doc__, Options)
+    args, opts = parser.read(argv, SMOKE)
     if not 0 <= args.settle <= 600 or not 0 < args.phase_timeout <= 86400:
         parser.error("--settle must be 0..600 s, --phase-timeout 0..86400 s")
     result = bench(opts)

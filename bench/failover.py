@@ -48,6 +48,7 @@ from ._common import (
     Outcomes,
     Work,
     Workers,
+    option,
     postgres_databases,
     rate,
     run,
@@ -63,13 +64,13 @@ STALL_SECONDS = 60.0  # no message received for this long: the run fails, with s
 
 @dataclass
 class Options:
-    messages: int = 20_000
-    kills: int = 10
-    batch: int = 50
-    conversations: int = 4
+    messages: int = option(20_000, at_least=1)
+    kills: int = option(10, at_least=0)
+    batch: int = option(50, at_least=1)
+    conversations: int = option(4, at_least=1)
     body_size: int = 1024
-    failover_timeout: float = 5.0
-    durability: str = "fsync"
+    failover_timeout: float = option(5.0)
+    durability: str = option("fsync")
     timeout: float = 900.0  # seconds the whole run may take
 
 
@@ -292,18 +293,8 @@ def bench(opts: Options, database: str) -> Result:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine(
-        "failover",
-        __doc__,
-        Options,
-        "messages",
-        "kills",
-        "batch",
-        "conversations",
-        "failover_timeout",
-        "durability",
-    )
-    args, opts = parser.read(argv, SMOKE, "messages", "batch", "conversations", kills=0)
+    parser = CommandLine("failover", __doc__, Options)
+    args, opts = parser.read(argv, SMOKE)
     with postgres_databases() as database:
         result = bench(opts, database())
     print()

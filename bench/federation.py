@@ -307,10 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         "body_size",
         "conversations",
         "in_flight",
+        "consumer",
         "phase_timeout",
     )
     parser.add_argument("--durability", choices=["fsync", "os"], default="fsync")
-    e2e.add_consumer_argument(parser)
     parser.add_argument(
         "--plain-link", action="store_true", help="brokers talk plain TCP ([transport] tls = false)"
     )
@@ -318,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-forwarder", action="store_true", help="skip the run through a forwarding broker"
     )
-    counts = ("messages", "batch", "conversations", "in_flight", "runs")
-    args, opts = parser.read(argv, SMOKE, *counts, body_size=e2e.TAG.size)
+    args, opts = parser.read(argv, SMOKE, "runs")
     runs: dict[str, list[Run]] = {"one broker": [], "two brokers": []}
     if not args.no_forwarder:
         runs["forwarded"] = []

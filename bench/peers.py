@@ -426,28 +426,11 @@ def ratios(results: list[Result]) -> list[Ratio]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine(
-        "peers",
-        __doc__,
-        Options,
-        "messages",
-        "batch",
-        "body_size",
-        "in_flight",
-        "round_trips",
-        rounds="end-to-end runs of each peer",
-    )
-    parser.add_argument(
-        "--durability",
-        choices=["fsync", "os", "both"],
-        default=Options.durability,
-        help="ssb's (the other brokers run as they acknowledge: see the module's comment)",
-    )
+    parser = CommandLine("peers", __doc__, Options)
     parser.add_argument(
         "--peers", default=",".join(PEERS), help=f"which, comma-separated: {', '.join(PEERS)}"
     )
-    counts = ("messages", "batch", "in_flight", "round_trips", "rounds")
-    args, opts = parser.read(argv, SMOKE, *counts, body_size=e2e.TAG.size)
+    args, opts = parser.read(argv, SMOKE)
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     unknown = [n for n in names if n not in PEERS]
     if unknown:

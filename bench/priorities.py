@@ -48,6 +48,7 @@ from ._common import (
     CommandLine,
     broker,
     cpu_meter,
+    option,
     pipelined,
     print_header,
     rate,
@@ -70,15 +71,15 @@ def target_service(k: int) -> str:
 
 @dataclass
 class Options:
-    groups: int = 10_000
-    per_group: int = 5
-    body_size: int = 256
-    top: int = 100
-    in_flight: int = 8
-    mode: str = "autocommit"
-    durability: str = "os"
+    groups: int = option(10_000, at_least=1)
+    per_group: int = option(5, at_least=1)
+    body_size: int = option(256, at_least=TAG.size)
+    top: int = option(100, at_least=1)
+    in_flight: int = option(8, at_least=1)
+    mode: str = option("autocommit", choices=("autocommit", "txn"))
+    durability: str = option("os")
     setup_in_flight: int = 256
-    timeout: float = 600.0
+    timeout: float = option(600.0)
 
 
 @dataclass
@@ -231,19 +232,7 @@ def one_run(name: str, levels: list[int], opts: Options) -> Run:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine(
-        "priorities",
-        __doc__,
-        Options,
-        "groups",
-        "per_group",
-        "body_size",
-        "top",
-        "in_flight",
-        "timeout",
-        "durability",
-    )
-    parser.add_argument("--mode", choices=["autocommit", "txn"], default=Options.mode)
+    parser = CommandLine("priorities", __doc__, Options)
     parser.add_argument("--repeat", type=int, default=1, help="run both levels N times")
     parser.add_argument(
         "--no-scaling",
@@ -251,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="skip the extra multi-level run at a tenth of the groups",
     )
-    counts = ("groups", "per_group", "top", "in_flight", "repeat")
-    args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
+    args, opts = parser.read(argv, SMOKE, "repeat")
     single_levels = [SINGLE_LEVEL] * LEVELS
     multi_levels = list(range(1, LEVELS + 1))
     singles: list[Run] = []

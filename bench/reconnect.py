@@ -29,7 +29,7 @@ from typing import Any
 
 from ssb import client
 
-from ._common import CommandLine, broker, rate, run
+from ._common import CommandLine, broker, option, rate, run
 
 TAG = struct.Struct(">BI")  # phase, index
 LENGTH = struct.Struct(">I")
@@ -39,13 +39,13 @@ SMOKE = {"messages": 300, "cut_every": 5, "durability": "os"}
 
 @dataclass
 class Options:
-    messages: int = 100_000
-    batch: int = 10
-    in_flight: int = 4
-    body_size: int = 1024
-    cut_every: int = 1_000  # commits
-    durability: str = "fsync"
-    timeout: float = 600.0
+    messages: int = option(100_000, at_least=1)
+    batch: int = option(10, at_least=1)
+    in_flight: int = option(4, at_least=1)
+    body_size: int = option(1024, at_least=TAG.size)
+    cut_every: int = option(1_000, "commits", at_least=1)
+    durability: str = option("fsync")
+    timeout: float = option(600.0)
 
 
 class CuttingProxy:
@@ -190,20 +190,8 @@ async def measure(opts: Options) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine(
-        "reconnect",
-        __doc__,
-        Options,
-        "messages",
-        "batch",
-        "in_flight",
-        "body_size",
-        "timeout",
-        "durability",
-        cut_every="commits",
-    )
-    counts = ("messages", "batch", "in_flight", "cut_every")
-    args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
+    parser = CommandLine("reconnect", __doc__, Options)
+    args, opts = parser.read(argv, SMOKE)
     result = run(measure(opts))
     print(
         f"[{opts.durability}] {opts.messages} messages, {opts.batch} per transaction,"

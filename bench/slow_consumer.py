@@ -56,6 +56,7 @@ from ._common import (
     Work,
     Workers,
     broker,
+    option,
     print_header,
     rate,
     run,
@@ -82,15 +83,15 @@ SMOKE = {"seconds": 1.0, "quota": 200, "batch": 20}
 
 @dataclass
 class Options:
-    seconds: float = 60.0
-    quota: int = 100_000
-    fraction: float = 0.01
-    batch: int = 100
-    body_size: int = 1024
-    conversations: int = 10
-    in_flight: int = 4
-    durability: str = "os"
-    cache_bytes: int | None = None
+    seconds: float = option(60.0)
+    quota: int = option(100_000, "max_messages, run 2", at_least=1)
+    fraction: float = option(0.01)
+    batch: int = option(100, at_least=1)
+    body_size: int = option(1024, at_least=TAG.size)
+    conversations: int = option(10, at_least=1)
+    in_flight: int = option(4, at_least=1)
+    durability: str = option("os")
+    cache_bytes: int | None = option(None, parse=int)
     interval: float = 1.0
 
 
@@ -324,22 +325,8 @@ def print_table(results: list[RunResult], opts: Options) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine(
-        "slow_consumer",
-        __doc__,
-        Options,
-        "seconds",
-        "fraction",
-        "batch",
-        "body_size",
-        "conversations",
-        "in_flight",
-        "durability",
-        quota="max_messages, run 2",
-    )
-    parser.add_argument("--cache-bytes", type=int, default=None)
-    counts = ("quota", "batch", "conversations", "in_flight")
-    args, opts = parser.read(argv, SMOKE, *counts, body_size=TAG.size)
+    parser = CommandLine("slow_consumer", __doc__, Options)
+    args, opts = parser.read(argv, SMOKE)
     if not 0 < args.seconds <= 3600:
         parser.error("--seconds must be in (0, 3600]")
     if not 0 < args.fraction <= 1:

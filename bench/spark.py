@@ -51,6 +51,7 @@ from bench._common import (
     broker,
     cpu_meter,
     cpu_seconds,
+    option,
     rate,
     run,
 )
@@ -75,14 +76,14 @@ TARGET_COLD_MS: Final = 1000.0
 
 @dataclasses.dataclass
 class Options:
-    messages: int = 20_000
-    readers: int = 4
-    batch: int = 100
-    master: str = "local[4]"
-    rounds: int = 3
-    warm_rounds: int = 1
-    warm_samples: int = 10
-    cold_samples: int = 3
+    messages: int = option(20_000)
+    readers: int = option(4, at_least=1)
+    batch: int = option(100, at_least=1)
+    master: str = option("local[4]")
+    rounds: int = option(3, at_least=1)
+    warm_rounds: int = option(1, "rounds run first and not counted", at_least=0)
+    warm_samples: int = option(10, at_least=1)
+    cold_samples: int = option(3, at_least=1)
 
 
 def trivial(message: client.Message, conn: client.SyncConnection) -> None:
@@ -385,21 +386,8 @@ def cold_activations(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine(
-        "spark",
-        __doc__,
-        Options,
-        "messages",
-        "readers",
-        "batch",
-        "master",
-        "rounds",
-        "warm_samples",
-        "cold_samples",
-        warm_rounds="rounds run first and not counted",
-    )
-    counts = ("readers", "batch", "rounds", "warm_samples", "cold_samples")
-    args, opts = parser.read(argv, SMOKE, *counts, warm_rounds=0)
+    parser = CommandLine("spark", __doc__, Options)
+    args, opts = parser.read(argv, SMOKE)
     if args.messages < 10 * args.readers:
         parser.error("--messages must be >= 10 x --readers (ten conversations a reader)")
     sys.path.insert(0, str(HERE.parent))

@@ -45,6 +45,7 @@ from ._common import (
     Catalog,
     CommandLine,
     broker,
+    option,
     run,
 )
 
@@ -56,9 +57,9 @@ INSERT_MANY = "INSERT INTO Received (queuing_order, body) VALUES "
 
 @dataclass
 class Options:
-    batch: int = 100
-    rounds: int = 20
-    durability: str = "fsync"
+    batch: int = option(100)
+    rounds: int = option(20)
+    durability: str = option("fsync")
 
 
 def _cpu_ns(pid: int) -> int | None:
@@ -150,7 +151,7 @@ async def measure(url: str, options: Options, pid: int = 0) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine("tables", __doc__, Options, "batch", "rounds", "durability")
+    parser = CommandLine("tables", __doc__, Options)
     args, options = parser.read(argv, {"batch": 10, "rounds": 2})
     with broker(options.durability) as process:
         figures = run(measure(process.url, options, process.pid))

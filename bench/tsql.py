@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ssb import client
 from ssb.tsql import Collect, Session, parse_batch, split_batches
 
-from ._common import Catalog, CommandLine, broker, run
+from ._common import Catalog, CommandLine, broker, option, run
 
 CATALOG = Catalog("TSql")
 PARSE_TARGET_MS = 50.0
@@ -46,8 +46,8 @@ UNIT = (
 
 @dataclass
 class Options:
-    messages: int = 2_000
-    rounds: int = 3
+    messages: int = option(2_000)
+    rounds: int = option(3)
 
 
 def parse_script() -> str:
@@ -105,7 +105,7 @@ async def loop(url: str, options: Options) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandLine("tsql", __doc__, Options, "messages", "rounds")
+    parser = CommandLine("tsql", __doc__, Options)
     args, options = parser.read(argv, {"messages": 20, "rounds": 1})
     parse = parse_ms(parse_script(), max(options.rounds, 3))
     print(f"parse   10 KB script: {parse:.1f} ms (target under {PARSE_TARGET_MS:.0f} ms)")
