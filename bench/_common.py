@@ -242,18 +242,18 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         return runner.run(coro)
 
 
-async def receive_in_one_round_trip(
-    conn: client.Connection, queue: str, top: int, timeout: float
-) -> list[client.Message]:
-    """RECEIVE in a transaction of its own, BEGIN, RECEIVE and COMMIT written together:
-    the broker runs them in order, so the batch costs one round trip instead of three."""
+async def in_one_round_trip(conn: client.Connection, statement: Awaitable[T]) -> T:
+    """`statement` (a call on `conn` not yet awaited) in a transaction of its own, BEGIN,
+    it and COMMIT written together: the broker runs them in order, so the transaction
+    costs one round trip instead of three; returns the statement's answer once the
+    commit's has come."""
     begin = asyncio.ensure_future(conn.begin_transaction())
-    received = asyncio.ensure_future(conn.receive(queue, top=top, timeout=timeout))
+    answer = asyncio.ensure_future(statement)
     commit = asyncio.ensure_future(conn.commit())
     await begin
-    messages: list[client.Message] = await received
+    result = await answer
     await commit
-    return messages
+    return result
 
 
 async def pipelined(

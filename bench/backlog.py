@@ -75,10 +75,10 @@ from ._common import (
     broker,
     cpu_meter,
     figure_table,
+    in_one_round_trip,
     option,
     pipelined,
     rate,
-    receive_in_one_round_trip,
     run,
 )
 from ._memory import (
@@ -286,8 +286,8 @@ async def drain(
         next_report = tenth
         while count < total:
             watchdog.check(count)
-            messages = await receive_in_one_round_trip(
-                conn, CATALOG.target_queue, opts.receive_top, 1.0
+            messages = await in_one_round_trip(
+                conn, conn.receive(CATALOG.target_queue, top=opts.receive_top, timeout=1.0)
             )
             if not messages:
                 continue

@@ -39,7 +39,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import struct
@@ -63,13 +62,13 @@ from ._common import (
     Work,
     broker,
     cpu_meter,
+    in_one_round_trip,
     option,
     percentile,
     pipelined,
     postgres_databases,
     print_header,
     rate,
-    receive_in_one_round_trip,
     released_together,
     run,
     started_together,
@@ -191,21 +190,17 @@ async def produce(url: str, phase: int, opts: Options, go: Any, ready: Any) -> d
 async def _send_batch(
     conn: client.Connection, handle: Any, bodies: list[bytes], opts: Options
 ) -> None:
+    send = conn.send_many(handle, CATALOG.message_type, bodies)
     if opts.producer == "txn":
-        # begin, send and commit leave together (pipelined); the commit's answer counts
-        begin = asyncio.ensure_future(conn.begin_transaction())
-        sent = asyncio.ensure_future(conn.send_many(handle, CATALOG.message_type, bodies))
-        commit = asyncio.ensure_future(conn.commit())
-        await begin
-        await sent
-        await commit
-        return
-    await conn.send_many(handle, CATALOG.message_type, bodies)
+        await in_one_round_trip(conn, send)
+    else:
+        await send
 
 
 async def _receive_batch(conn: client.Connection, opts: Options) -> list[client.Message]:
     if opts.consumer == "pipelined":
-        return await receive_in_one_round_trip(conn, CATALOG.target_queue, opts.batch, 1.0)
+        receive = conn.receive(CATALOG.target_queue, top=opts.batch, timeout=1.0)
+        return await in_one_round_trip(conn, receive)
     async with conn.transaction():
         return await conn.receive(CATALOG.target_queue, top=opts.batch, timeout=1.0)
 

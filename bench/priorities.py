@@ -48,11 +48,11 @@ from ._common import (
     CommandLine,
     broker,
     cpu_meter,
+    in_one_round_trip,
     option,
     pipelined,
     print_header,
     rate,
-    receive_in_one_round_trip,
     run,
 )
 
@@ -141,9 +141,10 @@ async def setup(url: str, levels: list[int], opts: Options) -> int:
 
 
 async def _one_receive(conn: client.Connection, opts: Options) -> list[client.Message]:
+    receive = conn.receive(CATALOG.target_queue, top=opts.top, timeout=0)
     if opts.mode == "txn":
-        return await receive_in_one_round_trip(conn, CATALOG.target_queue, opts.top, 0)
-    return await conn.receive(CATALOG.target_queue, top=opts.top, timeout=0)
+        return await in_one_round_trip(conn, receive)
+    return await receive
 
 
 async def drain(url: str, expected: int, levels: list[int], opts: Options, result: Run) -> None:

@@ -23,13 +23,12 @@ import asyncio
 import struct
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from ssb import client
 
-from ._common import CommandLine, broker, option, rate, run
+from ._common import CommandLine, broker, option, pipelined, rate, run
 
 TAG = struct.Struct(">BI")  # phase, index
 LENGTH = struct.Struct(">I")
@@ -133,13 +132,8 @@ async def produce(url: str, phase: int, opts: Options) -> tuple[float, client.Co
         raise SystemExit("a transaction was rolled back 100 times")
 
     started = time.monotonic()
-    in_flight: deque[asyncio.Future[None]] = deque()
-    for first in range(0, opts.messages, opts.batch):
-        in_flight.append(asyncio.ensure_future(batch(first)))
-        if len(in_flight) >= opts.in_flight:
-            await in_flight.popleft()
-    while in_flight:
-        await in_flight.popleft()
+    batches = (batch(first) for first in range(0, opts.messages, opts.batch))
+    await pipelined(batches, opts.in_flight, started + opts.timeout, f"phase {phase}")
     return time.monotonic() - started, conn
 
 
