@@ -27,7 +27,15 @@ import tempfile
 import time
 import traceback
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -87,6 +95,24 @@ class Catalog:
         return await conn.begin_dialog(
             self.initiator_service, self.target_service, contract=self.contract
         )
+
+    async def begin_dialogs(
+        self, conn: Any, count: int, per_transaction: int, timeout: float
+    ) -> AsyncIterator[list[Any]]:
+        """BEGIN DIALOG `count` times on `conn`, in explicit transactions of
+        `per_transaction` (the calls of one written together, answered in order): each
+        transaction's handles once it has committed. BenchFailure when they are not all
+        begun within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        done = 0
+        while done < count:
+            if time.monotonic() > deadline:
+                raise BenchFailure(f"only {done} of {count} dialogs in {timeout:g} s")
+            n = min(per_transaction, count - done)
+            async with conn.transaction():
+                handles = await asyncio.gather(*(self.begin_dialog(conn) for _ in range(n)))
+            done += n
+            yield handles
 
     async def create(self, url: str, max_messages: int | None = None) -> None:
         """Create it all on the broker at `url` (`max_messages`: the target queue's quota)."""

@@ -33,6 +33,7 @@ __all__ = [
     "daemon_rss",
     "mb",
     "peak_rss_bytes",
+    "peak_since",
     "queue_row",
     "queue_state",
     "rss_bytes",
@@ -87,6 +88,14 @@ def daemon_rss(process: BrokerProcess) -> int:
 def daemon_peak(process: BrokerProcess) -> int:
     """The running daemon's VmHWM (its peak resident set), in bytes."""
     return _daemon_status(process, "VmHWM")
+
+
+def peak_since(process: BrokerProcess, peak_before: int, *readings: int) -> int:
+    """The daemon's peak RSS over a phase: the largest of `readings` (its RSS sampled and
+    read during the phase) and its VmHWM now, if that rose above `peak_before` (its
+    VmHWM as the phase began; one that did not rise was reached before it)."""
+    peak = daemon_peak(process)
+    return max([*readings, peak if peak > peak_before else 0])
 
 
 class RssSampler:

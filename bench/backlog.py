@@ -54,7 +54,6 @@ disk in a temp dir):
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
 import struct
@@ -88,6 +87,7 @@ from ._memory import (
     daemon_peak,
     daemon_rss,
     mb,
+    peak_since,
     queue_state,
     store_size,
     timed_restart,
@@ -222,15 +222,9 @@ def plan(counts: list[int], batch: int) -> Iterator[tuple[int, int, int]]:
 
 async def begin_dialogs(url: str, count: int, timeout: float) -> list[uuid.UUID]:
     handles: list[uuid.UUID] = []
-    deadline = time.monotonic() + timeout
     async with await client.connect(url) as conn:
-        for first in range(0, count, DIALOGS_PER_TRANSACTION):
-            if time.monotonic() > deadline:
-                raise BenchFailure(f"only {len(handles)} of {count} dialogs in {timeout:g} s")
-            n = min(DIALOGS_PER_TRANSACTION, count - first)
-            async with conn.transaction():
-                calls = [CATALOG.begin_dialog(conn) for _ in range(n)]
-                handles += await asyncio.gather(*calls)
+        async for begun in CATALOG.begin_dialogs(conn, count, DIALOGS_PER_TRANSACTION, timeout):
+            handles += begun
     return handles
 
 
@@ -448,10 +442,7 @@ def bench(opts: Options) -> Result:
             r.fill_s = run(fill(url, handles, deep_counts, PHASE_DEEP, opts, "fill", progress))
         r.fill_msgs_s = rate(opts.messages, r.fill_s)
         r.rss_after_fill = daemon_rss(d)
-        hwm_after = daemon_peak(d)
-        r.rss_peak_fill = max(
-            sampler.peak, r.rss_after_fill, hwm_after if hwm_after > hwm_before else 0
-        )
+        r.rss_peak_fill = peak_since(d, hwm_before, sampler.peak, r.rss_after_fill)
         r.rss_growth = r.rss_peak_fill - r.rss_before_fill
         r.store_after_fill = _sizes(d)
         row, r.resources_after_fill = run(queue_state(url, CATALOG.target_queue))

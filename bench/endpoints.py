@@ -34,7 +34,6 @@ Run from the repository root (the default is the full-size run):
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
 import sys
@@ -60,6 +59,7 @@ from ._memory import (
     daemon_peak,
     daemon_rss,
     mb,
+    peak_since,
     store_size,
     timed_restart,
 )
@@ -112,17 +112,12 @@ async def begin_dialogs(d: BrokerProcess, opts: Options, r: Result) -> float:
     half_done = False
     async with await client.connect(d.url) as conn:
         started = time.monotonic()
-        deadline = started + opts.phase_timeout
         done = 0
-        while done < total:
-            if time.monotonic() > deadline:
-                raise BenchFailure(f"only {done} of {total} dialogs in {opts.phase_timeout:g} s")
-            n = min(opts.per_transaction, total - done)
-            async with conn.transaction():
-                handles = await asyncio.gather(*(CATALOG.begin_dialog(conn) for _ in range(n)))
-            if len(set(handles)) != n:
+        dialogs = CATALOG.begin_dialogs(conn, total, opts.per_transaction, opts.phase_timeout)
+        async for handles in dialogs:
+            if len(set(handles)) != len(handles):
                 raise BenchFailure("begin_dialog returned a handle twice")
-            done += n
+            done += len(handles)
             if not half_done and done >= total // 2:
                 half_done = True
                 r.rss_half = daemon_rss(d)
@@ -160,10 +155,7 @@ def bench(opts: Options) -> Result:
         rss_now = daemon_rss(d)
         time.sleep(opts.settle)  # pacing: let the last batches become durable and unpinned
         r.rss_after = daemon_rss(d)
-        hwm_after = daemon_peak(d)
-        r.rss_peak = max(
-            sampler.peak, rss_now, r.rss_after, hwm_after if hwm_after > hwm_before else 0
-        )
+        r.rss_peak = peak_since(d, hwm_before, sampler.peak, rss_now, r.rss_after)
         r.store_after = store_size(d.data_dir).total
         n = opts.dialogs
         r.bytes_per_endpoint = (r.rss_after - r.rss_before) / n

@@ -68,6 +68,7 @@ from ._memory import (
     daemon_peak,
     daemon_rss,
     mb,
+    peak_since,
     queue_row,
     queue_state,
     rss_bytes,
@@ -241,8 +242,7 @@ def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Op
             rss, depth = run(monitor(d, workers, started + opts.seconds + 120, opts.interval))
         outcomes = workers.outcomes
         r.rss_end = daemon_rss(d)
-        hwm_end = daemon_peak(d)
-        r.rss_peak = max([*rss, r.rss_end, hwm_end if hwm_end > hwm_start else 0])
+        r.rss_peak = peak_since(d, hwm_start, *rss, r.rss_end)
         r.rss_growth = r.rss_peak - r.rss_start
         r.rss_samples = rss
         r.depth_samples = depth
