@@ -462,8 +462,16 @@ class Permissions:
         return {"permissions": self.rows}
 
     def _parse(
-        self, session: Session, permission: object, kind: object, name: object, login: object
+        self,
+        session: Session,
+        operation: str,
+        permission: object,
+        kind: object,
+        name: object,
+        login: object,
     ) -> tuple[str, str, str, str]:
+        """The (login, permission, kind, name) row of a GRANT or REVOKE (`operation`), once
+        its arguments are checked and `session` may change it."""
         if not isinstance(permission, str) or permission.upper() not in GRANTABLE:
             raise bad_argument(
                 f"permission must be one of {', '.join(GRANTABLE)}, not {permission!r}"
@@ -493,7 +501,7 @@ class Permissions:
             )
         # CONTROL of the broker, or of the object (its owner), may grant on it
         if not self.has(session.user, "CONTROL", kind, name):
-            self._refuse(session, "grant", "CONTROL", kind, name)
+            self._refuse(session, operation, "CONTROL", kind, name)
         return login, permission, kind, name
 
     def _grant(
@@ -504,7 +512,7 @@ class Permissions:
         kind: object = None,
         name: object = None,
     ) -> None:
-        row = self._parse(session, permission, kind, name, login)
+        row = self._parse(session, "grant", permission, kind, name, login)
         if not self.is_principal(row[0]):
             raise BrokerError(
                 ErrorCode.UNKNOWN_LOGIN, f"there is no login '{row[0]}' (nor is it PUBLIC)"
@@ -525,7 +533,7 @@ class Permissions:
         kind: object = None,
         name: object = None,
     ) -> None:
-        row = self._parse(session, permission, kind, name, login)
+        row = self._parse(session, "revoke", permission, kind, name, login)
         self.grants.discard(row)
         self.store.delete_grant(row)
         log.info(

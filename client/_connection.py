@@ -39,6 +39,7 @@ from ._errors import (
     ProtocolViolationError,
     TLSError,
     error_for,
+    handshake_unfinished,
     login_error,
 )
 from ._operations import Operations
@@ -612,10 +613,7 @@ async def _open_one(target: Target, timeout: float, database: str = "") -> tuple
         raise login_error(exc.code, str(exc), f"{target.host}:{target.port}") from exc
     except (TimeoutError, OSError) as exc:
         wire.transport.close()
-        raise ConnectionLostError(
-            f"the broker did not complete the handshake: {exc!r}; is {target.port} its client"
-            " port (4021 by default, not the broker-to-broker port)?"
-        ) from exc
+        raise handshake_unfinished(target.port, exc) from exc
     return wire, welcome
 
 

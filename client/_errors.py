@@ -173,6 +173,15 @@ _NOT_NOW: Final = frozenset(
 )
 
 
+def handshake_unfinished(port: int, exc: BaseException) -> ConnectionLostError:
+    """The broker connected to on `port` did not finish the handshake (`exc`): often a
+    client pointed at the broker-to-broker port."""
+    return ConnectionLostError(
+        f"the broker did not complete the handshake: {exc!r}; is {port} its client port"
+        " (4021 by default, not the broker-to-broker port)?"
+    )
+
+
 def login_error(code: ErrorCode, message: str, where: str) -> BrokerError:
     """The exception for the broker at `where` (host:port) answering a login with an
     error: the refusal it says, or, where its own fault stopped it for now,

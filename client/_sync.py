@@ -40,6 +40,7 @@ from ._errors import (
     ProtocolViolationError,
     TLSError,
     error_for,
+    handshake_unfinished,
     login_error,
 )
 from ._operations import Operations
@@ -409,7 +410,7 @@ def _open_one(
         raise login_error(exc.code, str(exc), f"{target.host}:{target.port}") from exc
     except OSError as exc:
         sock.close()
-        raise ConnectionLostError(f"the broker did not complete the handshake: {exc}") from exc
+        raise handshake_unfinished(target.port, exc) from exc
     sock.settimeout(None)
     return sock, welcome, decoder
 

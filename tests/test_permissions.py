@@ -93,6 +93,9 @@ async def test_grants_open_exactly_one_door_and_outlive_a_restart(
         handle = await app.begin_dialog("AppService", "AppService")
         await app.send(handle, "DEFAULT", b"for other")
     await app.grant("RECEIVE", "other", "queue", "AppQueue")  # the owner may grant
+    for change in (other.grant, other.revoke):  # another may neither grant nor revoke
+        with pytest.raises(client.PermissionDeniedError, match=f"which {change.__name__} needs"):
+            await change("RECEIVE", "other", "queue", "AppQueue")
     (message,) = await other.receive("AppQueue", top=1)
     assert message.message_body == b"for other"
     with pytest.raises(client.PermissionDeniedError, match="DROP"):
