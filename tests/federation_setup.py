@@ -584,7 +584,11 @@ class Hop:
 
     def start(self) -> Hop:
         self.to_y.start()
-        self.to_x.start()
+        try:
+            self.to_x.start()
+        except BaseException:
+            self.to_y.stop()
+            raise
         return self
 
     def stop(self) -> None:

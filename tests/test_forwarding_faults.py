@@ -117,9 +117,10 @@ async def test_every_message_arrives_once_in_order_through_a_forwarder_on_a_faul
 ) -> None:
     async with forwarding_trio(tmp_path) as (fed, a, f, b):
         init_q, target_q = await dialog_services(a, b)
-        af = Hop("A-F", a, f, SEED, both_ways_alike).start()
-        fb = Hop("F-B", f, b, SEED + 10, both_ways_alike).start()
-        try:
+        with (
+            Hop("A-F", a, f, SEED, both_ways_alike) as af,
+            Hop("F-B", f, b, SEED + 10, both_ways_alike) as fb,
+        ):
             # A -> F -> B and back, every hop through its pair of proxies
             await route(a, "TargetB", af.to_y.address, broker_instance=b.instance)
             await route(f, "TargetB", fb.to_y.address, broker_instance=b.instance)
@@ -179,9 +180,6 @@ async def test_every_message_arrives_once_in_order_through_a_forwarder_on_a_faul
             af.set_clean()
             fb.set_clean()
             await end_dialogs(a, b, handles, target_q, PER_DIALOG)
-        finally:
-            af.stop()
-            fb.stop()
 
 
 # ---- 2. kill -9 of the forwarder in the middle of a transfer ----------------------------------------

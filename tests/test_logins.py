@@ -261,9 +261,10 @@ async def test_the_failed_login_allowance_is_a_setting(tight: BrokerProcess) -> 
 
 class _NotNow:
     """A listener on 127.0.0.1 that answers every login with `code` (the broker's own
-    fault for now, not a refusal), as a daemon whose login check failed does."""
+    fault for now, not a refusal), as a daemon whose login check failed does; with no
+    code it hangs up without an answer."""
 
-    def __init__(self, code: ErrorCode) -> None:
+    def __init__(self, code: ErrorCode | None) -> None:
         self.code = code
         self.logins = 0
         self.server: asyncio.Server | None = None
@@ -287,6 +288,9 @@ class _NotNow:
             decoder.receive_data(chunk)
         Hello.decode(frame)
         self.logins += 1
+        if self.code is None:
+            writer.close()
+            return
         writer.write(
             encode_frame(encode_error(0, self.code, "the broker could not check the login"))
         )
@@ -318,3 +322,19 @@ async def test_a_login_the_broker_could_not_check_goes_to_the_next_address(
         with pytest.raises(client.LoginFailedError):
             await client.connect(wrong, reconnect=False)
         assert not_now.logins == 2, "a refused login tries no other address"
+
+
+async def test_a_server_that_hangs_up_on_the_hello_is_asked_about_its_port() -> None:
+    """Both clients say the same when the handshake does not finish: the likely mistake
+    is a URL naming another port than the broker's client port."""
+    async with _NotNow(None) as port:
+        url = f"ssb://admin:secret@{HOST}:{port}"
+        hint = f"is {port} its client port"
+        with pytest.raises(client.ConnectionLostError, match=hint):
+            await client.connect(url, timeout=5.0, reconnect=False)
+
+        def blocking() -> None:  # (in a thread: this loop runs the listener)
+            with pytest.raises(client.ConnectionLostError, match=hint):
+                client.connect_sync(url, timeout=5.0, reconnect=False)
+
+        await asyncio.to_thread(blocking)

@@ -111,7 +111,8 @@ class Transmission:
         # directions waiting in `unrouted` for the answer of a lookup (service, address)
         self.locating: dict[tuple[str, str], set[DirectionKey]] = {}
         # senders whose endpoint went while messages were unacked (an EndDialog acked
-        # before a message ahead of it): each goes with the ack of its last message
+        # before a message ahead of it), or restored without one to finish their entries:
+        # each goes with the ack of its last message
         self._ended: dict[DirectionId, Peer] = {}
 
     # ---- placing ---------------------------------------------------------------------
@@ -438,8 +439,9 @@ class Transmission:
         )
         if self._ended and key in self._ended:
             sender = self._ended[key].dialog.sender(*key)
-            if sender is None or sender.unacked_count == 0:
-                self._close_sender(self._ended.pop(key), *key)
+            box = self.delivery.outbox((key[0], key[1] is Direction.FROM_INITIATOR))
+            if sender is None or (sender.unacked_count == 0 and (box is None or not box.count)):
+                self._close_sender(self._ended[key], *key)  # nothing left to send
 
     # ---- senders at restart and when their endpoint goes ---------------------------------
 
@@ -462,6 +464,8 @@ class Transmission:
             return
         first = box.first_key() if box is not None and not box.local else None
         resume = first if first is not None else (ep.send_seq if ep else 0)
+        if ep is None:  # restored only to finish its entries: it goes with their last ack
+            self._ended[(conversation_id, direction)] = peer
         peer.dialog.open_sender(
             conversation_id,
             direction,
@@ -487,4 +491,5 @@ class Transmission:
 
     def _close_sender(self, peer: Peer, conversation_id: uuid.UUID, direction: Direction) -> None:
         peer.dialog.close_sender(conversation_id, direction)
+        self._ended.pop((conversation_id, direction), None)
         self.store.delete_remote_dialog(conversation_id, int(direction), "send")

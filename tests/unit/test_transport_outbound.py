@@ -219,14 +219,16 @@ async def test_a_restarted_sender_skips_the_numbers_acknowledged_out_of_order(
     assert a.peer(b).dialog.unacked_messages == 0
 
 
+@pytest.mark.parametrize("restarted", [False, True], ids=["running", "restarted"])
 async def test_a_sender_whose_end_dialog_was_acknowledged_first_goes_with_its_last_message(
-    tmp_path: Path,
+    tmp_path: Path, restarted: bool
 ) -> None:
     world = World(tmp_path, retry_initial=1.0)
     a, b = world.pair()
     handle = await _stored_then_sent(world, [b"2"])
     endpoint = a.core.engine.endpoints.get(handle)
     assert endpoint is not None
+    persisted = (endpoint.conversation_id.bytes, int(Direction.FROM_INITIATOR), "send")
     (pipe,) = [p for p in world.network.pipes if p.sent and p.protocol.links is a.transport.links]
     pipe.sent.clear()  # message 2 is lost on the way
     a.op("end_conversation", handle)
@@ -234,16 +236,15 @@ async def test_a_sender_whose_end_dialog_was_acknowledged_first_goes_with_its_la
     # B holds the EndDialog behind the 2 it never got and acknowledges it: A's endpoint
     # goes while message 2 is unacknowledged
     assert a.core.engine.endpoints.get(handle) is None
-    peer = a.peer(b)
-    assert a.transmission_queue() == 1 and peer.dialog.unacked_messages == 1
+    assert a.transmission_queue() == 1 and a.peer(b).dialog.unacked_messages == 1
+    assert persisted in [tuple(row[:3]) for row in a.core.store.load_remote()[0]]
+    if restarted:  # the sender comes back from its persisted state, with no endpoint
+        await a.restart()
     await world.advance(2.0)  # A retransmits message 2
     received = b.core.receive_all()
     assert [row[BODY] for row in received] == [b"0", b"1", b"2", b""]
     assert received[-1][MTYPE] == END_DIALOG
     assert a.transmission_queue() == 0
     # nothing is left to send: the sender went too, and its persisted state
-    direction = Direction.FROM_INITIATOR
-    assert peer.dialog.sender(endpoint.conversation_id, direction) is None
-    assert [
-        row for row in a.core.store.load_remote()[0] if row[0] == endpoint.conversation_id
-    ] == []
+    assert a.peer(b).dialog.sender(endpoint.conversation_id, Direction.FROM_INITIATOR) is None
+    assert persisted not in [tuple(row[:3]) for row in a.core.store.load_remote()[0]]
