@@ -9,7 +9,9 @@ Who may read what: /healthz answers anyone (it says only whether the broker is l
 and ready). /metrics answers loopback callers freely; from anywhere else it needs a
 broker login with VIEW (HTTP basic authentication, checked and throttled like a client
 login) or the configured bearer token (`http_token`). Every refusal is logged with the
-caller's address, never with a secret.
+caller's address, never with a secret. So is a request HTTP cannot parse (a line too
+long, a byte HTTP does not allow, too many headers): aiohttp answers it 400 and would log
+it as an error with a traceback; it is the caller's fault, so it becomes one warning.
 
 A request from loopback must name a loopback host in its Host header (`localhost`,
 127.0.0.1, [::1], or the address listened on): a web page of another site whose name an
@@ -33,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ._logins import LoginCheck
 from ._metrics import CONTENT_TYPE
@@ -42,6 +45,27 @@ log = logging.getLogger("ssb.http")
 
 REALM: Final = 'Basic realm="ssb", charset="UTF-8"'
 MAX_REQUEST_BYTES: Final = 64 * 1024  # the dashboard's forms are small
+MAX_REASON: Final = 200  # characters of what aiohttp says of a malformed request
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp's error record of a request it could not parse, made one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = None if record.exc_info is None else record.exc_info[1]
+        if isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500:
+            args = record.args if isinstance(record.args, tuple) else ()
+            reason = (exc.message.strip().splitlines() or ["malformed"])[0][:MAX_REASON]
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = "HTTP request from %s refused (%d): %s"
+            record.args = (args[0] if args else "?", exc.code, reason)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+# the logger the HTTP server's own errors go to
+_server_log = logging.getLogger("ssb.http.server")
+_server_log.addFilter(_MalformedRequests())
 
 
 class Rendered(Protocol):
@@ -91,7 +115,11 @@ class HttpServer:
         """Listen; `context` is used only beyond loopback. Returns the bound address."""
         # a stop must not wait long for a dashboard action: the last batch waits behind it
         runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, shutdown_timeout=2.0
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=2.0,
+            logger=_server_log,
         )
         await runner.setup()
         self._runner = runner

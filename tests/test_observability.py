@@ -185,6 +185,43 @@ async def test_a_foreign_host_name_on_loopback_is_refused(observed: BrokerProces
     await log_has(observed, "Host 'evil.example' is not this server")
 
 
+async def _raw_http(url: str, request: bytes) -> bytes:
+    """The status line the HTTP port answers `request` (raw bytes) with."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), 10)
+    finally:
+        writer.close()
+
+
+async def test_a_malformed_http_request_is_one_warning_not_a_traceback(
+    observed: BrokerProcess,
+) -> None:
+    """Requests HTTP cannot parse are the caller's fault: each is answered 400 and logged
+    as one line that names the caller and what was wrong, never as an error with a
+    traceback (anyone who can reach the port could fill the log with them)."""
+    tail = b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    malformed = {
+        "a request line too long": b"GET /metrics?" + b"q" * 20_000 + tail + b"\r\n",
+        "a byte HTTP does not allow": b"GET /dashboard/queues?\xff=1" + tail + b"\r\n",
+        "too many headers": b"GET /healthz"
+        + tail
+        + b"".join(b"X-%d: y\r\n" % i for i in range(500))
+        + b"\r\n",
+    }
+    for what, request in malformed.items():
+        status = await _raw_http(observed.http_url, request)
+        assert status.startswith(b"HTTP/1.0 400") or status.startswith(b"HTTP/1.1 400"), what
+    assert await health(observed.http_url) == (200, {"live": True, "ready": True, "role": "active"})
+    said = await log_has(observed, "HTTP request from 127.0.0.1 refused (400)")
+    lines = [line for line in said.splitlines() if "refused (400)" in line]
+    assert len(lines) == len(malformed) and all(" WARNING " in line for line in lines), lines
+    assert "Traceback" not in said and " ERROR " not in said, said[-3000:]
+
+
 def test_http_is_off_unless_configured(broker: BrokerProcess) -> None:
     assert broker.http_url == ""
     info = json.loads((broker.data_dir / "broker.json").read_text())
