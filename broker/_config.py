@@ -210,17 +210,6 @@ class Config:
                     "store must be a PostgreSQL URL (postgresql://USER@HOST:PORT/DATABASE);"
                     " leave it unset for the SQLite store in data_dir"
                 )
-            if self.min_free_disk not in (0, DEFAULT_MIN_FREE_DISK):
-                raise ConfigError(
-                    "min_free_disk does not apply to a PostgreSQL store (its disk is the"
-                    " database server's, which the broker cannot see): remove it, and watch"
-                    " the server's disk there"
-                )
-        elif self.failover_timeout != DEFAULT_FAILOVER:
-            raise ConfigError(
-                "failover_timeout applies to daemons sharing a PostgreSQL store (one serves,"
-                " the others stand by): set store too, or remove failover_timeout"
-            )
             for name, default in (
                 ("min_free_disk", DEFAULT_MIN_FREE_DISK),
                 ("disk_reserve", DEFAULT_DISK_RESERVE),
@@ -231,6 +220,11 @@ class Config:
                         " database server's, which the broker cannot see): remove it, and"
                         " watch the server's disk there"
                     )
+        elif self.failover_timeout != DEFAULT_FAILOVER:
+            raise ConfigError(
+                "failover_timeout applies to daemons sharing a PostgreSQL store (one serves,"
+                " the others stand by): set store too, or remove failover_timeout"
+            )
         for name in ("client_port", "broker_port"):
             port = getattr(self, name)
             if not isinstance(port, int) or not 0 <= port <= 65535:

@@ -353,6 +353,19 @@ def test_starting_on_a_full_disk_exits_with_one_line(small_disk: Path) -> None:
     assert "full" in words, line
 
 
+@pytest.mark.parametrize("setting", ["min_free_disk", "disk_reserve"])
+def test_a_disk_setting_with_a_postgresql_store_is_refused_at_start(
+    tmp_path: Path, setting: str
+) -> None:
+    """The broker cannot see a PostgreSQL server's disk: a disk setting given with such a
+    store would be accepted and do nothing, so the start refuses it, in one line, before
+    it connects (the server named here does not exist)."""
+    config = tmp_path / "ssb.toml"
+    config.write_text(f'store = "postgresql://ssb@127.0.0.1:1/ssb"\n{setting} = {32 * MIB}\n')
+    line = one_error_line(serve_once(tmp_path / "data", "--config", str(config)))
+    assert f"{setting} does not apply to a PostgreSQL store" in line, line
+
+
 async def test_a_broker_with_a_store_starts_on_a_full_disk_and_drains_it(
     small_disk: Path,
 ) -> None:
