@@ -7,7 +7,11 @@ it; the store reports failed writes): while the free space is below `min_free_di
 while the store cannot write, or while the store's disk reserve is given up (the disk
 filled, see the store), statements that add data (SEND, BEGIN DIALOG, a message from
 another broker) are refused with the reason, and everything that frees space (RECEIVE,
-END CONVERSATION) goes on. The refusal lifts by itself when the space comes back. Queue quotas are the queues' own (see `queues.Queue.over_quota`).
+END CONVERSATION) goes on. The refusal lifts by itself when the space comes back. Each
+cause is logged when it begins and ends, and the first statement it refuses; the
+statements refused after that are counted, and the count logged when the refusal lifts
+(a producer that retries must not fill the log, often on the very disk that is full).
+Queue quotas are the queues' own (see `queues.Queue.over_quota`).
 """
 
 from __future__ import annotations
@@ -34,10 +38,18 @@ class Capacity:
         self.no_reserve: str | None = None  # the store's disk reserve is given up, while it is
         self.refusal: str | None = None  # why new messages are refused now, if they are
         self.refusals = 0
+        self._said = False  # the first statement refused since the refusal began is logged
+        self._unsaid = 0  # statements refused after it, not logged
         self.queue_quotas = 0  # queues with a quota (none: SEND need not look)
 
     def _update(self) -> None:
         self.refusal = self.store_failure or self.low_space or self.no_reserve
+        if self.refusal is None and self._said:
+            log.info(
+                "%d statement(s) were refused in all while the broker refused new messages",
+                self._unsaid + 1,
+            )
+            self._said, self._unsaid = False, 0
 
     def check_body(self, size: int) -> None:
         if size > self.max_message_size:
@@ -54,7 +66,15 @@ class Capacity:
         reason = self.refusal
         if reason is not None:
             self.refusals += 1
-            log.info("refused %s: %s", what, reason)
+            if not self._said:
+                self._said = True
+                log.info(
+                    "refused %s: %s (statements refused after it are counted, not logged)",
+                    what,
+                    reason,
+                )
+            else:
+                self._unsaid += 1
             raise BrokerError(
                 ErrorCode.STORE_FAILED if self.store_failure is not None else ErrorCode.DISK_FULL,
                 f"{what} refused: {reason}; RECEIVE and END CONVERSATION still work and free"

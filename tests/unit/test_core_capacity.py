@@ -3,6 +3,7 @@ nothing half-applied, and the broker recovers by itself (core only)."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 
 import pytest
@@ -132,6 +133,37 @@ def test_low_disk_refuses_new_messages_keeps_receive_and_recovers() -> None:
     core.op("end_conversation", handle)
     capacity.measured(1000, "test")
     core.dialog()
+
+
+def test_refusals_for_want_of_disk_are_logged_once_until_they_lift(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A producer that retries while the disk is full must not fill the log (often on
+    that same disk) with a line per refused statement: the first refusal is logged, the
+    rest are counted and the count told when new messages are accepted again."""
+    core = Core(min_free_disk=1000)
+    core.services()
+    handle = core.dialog()
+    capacity = core.engine.capacity
+
+    def refused_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+
+    caplog.set_level(logging.INFO, logger="ssb.core")
+    capacity.measured(999, "test")
+    for _ in range(50):
+        with pytest.raises(BrokerError):
+            core.op("send", handle, "DEFAULT", [b"refused"])
+    with pytest.raises(BrokerError):
+        core.dialog()
+    (line,) = refused_lines()
+    assert line.startswith("refused SEND: free disk space") and "min_free_disk" in line
+    capacity.measured(1000, "test")
+    assert any("51 statement(s) were refused" in r.getMessage() for r in caplog.records)
+    capacity.measured(999, "test")  # a new shortage: its first refusal is logged again
+    with pytest.raises(BrokerError):
+        core.op("send", handle, "DEFAULT", [b"refused"])
+    assert len(refused_lines()) == 2
 
 
 def test_a_disk_reserve_given_up_refuses_new_messages_until_it_is_back() -> None:
