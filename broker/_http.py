@@ -13,6 +13,13 @@ caller's address, never with a secret. So is a request HTTP cannot parse (a line
 long, a byte HTTP does not allow, too many headers): aiohttp answers it 400 and would log
 it as an error with a traceback; it is the caller's fault, so it becomes one warning.
 
+What the port may cost: at most MAX_CONNECTIONS connections at once (TLS handshakes
+under way included); one more is closed at accept (logged at most once every
+REFUSAL_LOG_EVERY seconds, with how many), so that whoever can reach the port cannot
+take the file descriptors the client port and the store need. A connection that has
+not sent a whole request within IDLE_TIMEOUT seconds (of connecting, or of its last
+answer) is closed.
+
 A request from loopback must name a loopback host in its Host header (`localhost`,
 127.0.0.1, [::1], or the address listened on): a web page of another site whose name an
 attacker points at 127.0.0.1 (DNS rebinding) cannot use the trust loopback callers get.
@@ -27,9 +34,12 @@ clients to the pods whose /healthz/ready answers 200 routes them to the active d
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hmac
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
@@ -46,6 +56,9 @@ log = logging.getLogger("ssb.http")
 REALM: Final = 'Basic realm="ssb", charset="UTF-8"'
 MAX_REQUEST_BYTES: Final = 64 * 1024  # the dashboard's forms are small
 MAX_REASON: Final = 200  # characters of what aiohttp says of a malformed request
+MAX_CONNECTIONS: Final = 256  # scrapers, probes and a few browsers, with room to spare
+IDLE_TIMEOUT: Final = 15.0  # seconds a connection may wait for, or take over, its request
+REFUSAL_LOG_EVERY: Final = 60.0  # seconds between log lines about connections refused
 
 
 class _MalformedRequests(logging.Filter):
@@ -108,6 +121,12 @@ class HttpServer:
         self.app.router.add_get("/healthz/ready", self._ready)
         self.app.router.add_get("/healthz/live", self._live)
         self._runner: web.AppRunner | None = None
+        self._sock: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._connecting: set[asyncio.Task[None]] = set()  # TLS handshakes under way
+        self._open: set[asyncio.BaseTransport] = set()  # handed over (some closed since)
+        self._refused = 0  # connections refused for want of room, not logged yet
+        self._refusal_logged = -REFUSAL_LOG_EVERY  # (the loop's clock)
         self.address: tuple[str, int] | None = None
         self.scheme = "http"
 
@@ -120,23 +139,82 @@ class HttpServer:
             handle_signals=False,
             shutdown_timeout=2.0,
             logger=_server_log,
+            keepalive_timeout=IDLE_TIMEOUT,
         )
         await runner.setup()
         self._runner = runner
         tls = None if is_loopback(host) else context
         self.scheme = "http" if tls is None else "https"
-        site = web.TCPSite(runner, host, port, ssl_context=tls, reuse_address=True)
-        await site.start()
-        bound = runner.addresses[0]
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = sock = socket.create_server((host, port), family=family, backlog=1024)
+        sock.setblocking(False)
+        self._accepting = asyncio.get_running_loop().create_task(self._accept(sock, tls))
+        bound = sock.getsockname()
         self.address = (str(bound[0]), int(bound[1]))
         self.hosts |= {host.lower(), str(bound[0]).lower(), f"[{bound[0]}]".lower()}
         log.info("HTTP port %s://%s:%d (/metrics, /healthz)", self.scheme, *self.address)
         return self.address
 
     async def close(self) -> None:
+        for task in [self._accepting, *self._connecting]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._accepting = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    # ---- connections ------------------------------------------------------------------
+
+    async def _accept(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(sock)
+            except OSError as exc:  # e.g. out of file descriptors: wait, then go on
+                log.warning("accepting an HTTP connection failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            self._open = {t for t in self._open if not t.is_closing()}
+            if len(self._open) + len(self._connecting) >= MAX_CONNECTIONS:
+                conn.close()
+                self._refused += 1
+                if loop.time() - self._refusal_logged >= REFUSAL_LOG_EVERY:
+                    log.warning(
+                        "HTTP port full: refused %d connection(s) since the last such line,"
+                        " the latest from %s: %d are open, the most it takes; idle ones close"
+                        " after %g s",
+                        self._refused,
+                        peer[0],
+                        MAX_CONNECTIONS,
+                        IDLE_TIMEOUT,
+                    )
+                    self._refused, self._refusal_logged = 0, loop.time()
+                continue
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small answers
+            task = loop.create_task(self._hand_over(conn, tls))
+            self._connecting.add(task)
+            task.add_done_callback(self._connecting.discard)
+
+    async def _hand_over(self, conn: socket.socket, tls: ssl.SSLContext | None) -> None:
+        """Give an accepted socket to aiohttp, once its TLS handshake (if any) is done."""
+        assert self._runner is not None and self._runner.server is not None
+        try:
+            transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
+                self._runner.server,
+                conn,
+                ssl=tls,
+                ssl_handshake_timeout=None if tls is None else IDLE_TIMEOUT,
+            )
+            self._open.add(transport)
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            log.debug("HTTP connection failed before its first request: %s", exc)
+            conn.close()
 
     # ---- who may ----------------------------------------------------------------------
 

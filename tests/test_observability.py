@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import re
+import resource
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -220,6 +221,36 @@ async def test_a_malformed_http_request_is_one_warning_not_a_traceback(
     lines = [line for line in said.splitlines() if "refused (400)" in line]
     assert len(lines) == len(malformed) and all(" WARNING " in line for line in lines), lines
     assert "Traceback" not in said and " ERROR " not in said, said[-3000:]
+
+
+async def test_idle_http_connections_cannot_starve_the_broker_of_file_descriptors(
+    observed: BrokerProcess,
+) -> None:
+    """Whoever reaches the HTTP port may open connections and send nothing: beyond the
+    port's limit they are closed at once (logged once), and an idle one is closed after
+    IDLE_TIMEOUT, so the client port still takes new sessions and the broker works."""
+    from ssb.broker._http import IDLE_TIMEOUT, MAX_CONNECTIONS
+
+    descriptors = MAX_CONNECTIONS + 256  # the daemon's own files and sockets fit beside
+    resource.prlimit(observed.pid, resource.RLIMIT_NOFILE, (descriptors, descriptors))
+    host, port = observed.http_url.removeprefix("http://").rsplit(":", 1)
+    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(descriptors + 100):
+            held.append(await asyncio.open_connection(host, int(port)))
+        async with await client.connect(observed.url, reconnect=False) as conn:
+            assert await asyncio.wait_for(conn.ping(), 10) == "pong"
+        await log_has(observed, "HTTP port full: refused", f"{MAX_CONNECTIONS} are open")
+        # every connection ends: those beyond the limit at once, the rest once idle
+        closed = await asyncio.wait_for(
+            asyncio.gather(*(reader.read() for reader, _ in held)), IDLE_TIMEOUT + 10
+        )
+        assert closed == [b""] * len(held)
+    finally:
+        for _, writer in held:
+            writer.close()
+    assert await health(observed.http_url) == (200, {"live": True, "ready": True, "role": "active"})
+    assert observed.log_text().count("HTTP port full") == 1  # once a minute at most
 
 
 def test_http_is_off_unless_configured(broker: BrokerProcess) -> None:
