@@ -7,7 +7,9 @@ forwarder when forwarding is on (the read's together, after the rest). Before th
 layer sees a fragment, the core says whether a message for that direction could be
 stored now (`_refused`): a fragment for a full queue, or while the disk is full, is
 dropped unacknowledged and the sender retries with its usual backoff (the read's
-messages not yet delivered count as if they were in their queues).
+messages not yet delivered count as if they were in their queues). A full queue is
+logged per direction; a full disk, the whole broker's, in one line for every direction
+(both at most once a REFUSAL_LOG_EVERY).
 
 A message for a service of this broker needs SEND permission on it for the login its
 sending broker's certificate names (PUBLIC when none), as in Service Broker: without it
@@ -34,7 +36,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ssb.protocol import (
     AckFrame,
@@ -72,6 +74,8 @@ from .refusals import RefusalLog
 log = logging.getLogger("ssb.transport")
 
 Handler = Callable[[Peer, Any, "Link | None", Applying], None]
+# the refusal log's key for what the whole broker refuses (no dialog has this id)
+BROKER_WIDE: Final = (uuid.UUID(int=0), Direction.FROM_INITIATOR)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -202,6 +206,14 @@ class Reception:
         if reason is None:
             return False
         peer.refused_fragments += 1
+        if reason == self.delivery.capacity.refusal:  # the whole broker's: one line for all
+            self.refusals(
+                BROKER_WIDE,
+                "not acknowledging messages from other brokers: %s (they retry)",
+                reason,
+                level=logging.INFO,
+            )
+            return True
         self.refusals(
             key,
             "not acknowledging messages of conversation %s from broker %s: %s (it retries)",

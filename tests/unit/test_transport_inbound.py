@@ -5,6 +5,7 @@ clock; see transport_harness)."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,29 @@ async def test_fragments_are_dropped_unacknowledged_while_the_disk_is_full(
     await world.advance(4.0)
     assert [row[BODY] for row in b.core.receive_all()] == [b"kept"]
     assert a.transmission_queue() == 0
+
+
+async def test_a_full_disk_refusing_many_dialogs_is_one_log_line_not_one_per_dialog(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The disk is this broker's, not a dialog's: while it refuses, what another broker
+    sends on many dialogs is logged once a REFUSAL_LOG_EVERY, not once per dialog (each
+    retransmitting every minute would write thousands of lines onto the full disk)."""
+    world = World(tmp_path, retry_initial=1.0)
+    a, b = world.pair()
+    await world.settle()
+    b.core.engine.capacity.measured(0, "the test's disk")
+    caplog.set_level(logging.INFO, logger="ssb.transport")
+    for _ in range(20):
+        _send(a, [b"kept"])
+    await world.advance(3.0)  # sent, retransmitted, refused each time
+    assert b.peer(a).refused_fragments >= 40
+    said = [r.getMessage() for r in caplog.records if "not acknowledging" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "free disk space" in said[0] and "(they retry)" in said[0]
+    b.core.engine.capacity.measured(1 << 40, "the test's disk")
+    await world.advance(4.0)
+    assert len(b.core.receive_all()) == 20
 
 
 async def test_no_ack_leaves_before_the_batch_holding_the_message_is_durable(
