@@ -7,6 +7,7 @@ from setup_objects import seed000
 
 from ssb import client
 from ssb.protocol import ErrorCode
+from ssb.tools import wait_until
 
 
 async def test_unknown_objects(conn: client.Connection) -> None:
@@ -29,6 +30,40 @@ async def test_unknown_objects(conn: client.Connection) -> None:
     with pytest.raises(client.NotFoundError) as info:
         await conn.receive("NoQueue")
     assert info.value.code == ErrorCode.UNKNOWN_QUEUE
+
+
+async def test_a_route_that_leads_nowhere_says_what_to_do(conn: client.Connection) -> None:
+    """A route exists but cannot take the messages: a LOCAL route to a service this
+    broker lacks, a TRANSPORT route for a name that is no address. The status says so
+    (not "no route", which sends the operator to create one), and the messages go once
+    the service exists."""
+    await conn.create_queue("InitQ")
+    await conn.create_service("Init", queue="InitQ")
+    await conn.create_route("ToGhost", "Ghost", address="LOCAL")
+    await conn.create_route("Anywhere", "Anything", address="TRANSPORT")
+    ghost = await conn.begin_dialog("Init", "Ghost")
+    await conn.send(ghost, "DEFAULT", b"for the ghost")
+    plain = await conn.begin_dialog("Init", "NoAddress")
+    await conn.send(plain, "DEFAULT", b"for no address")
+
+    async def statuses() -> dict[str, str] | None:
+        rows = await conn.view("transmission_queue")
+        found = {r["to_service_name"]: r["transmission_status"] for r in rows}
+        return found if len(found) == 2 and all(found.values()) else None
+
+    found = await wait_until(statuses, "both messages to wait, saying why")
+    assert found["Ghost"] == (
+        "route 'ToGhost' is LOCAL, but this broker has no service 'Ghost':"
+        " create the service here, or alter the route"
+    )
+    assert found["NoAddress"] == (
+        "route 'Anywhere' is TRANSPORT, but the service name 'NoAddress' is no address"
+        " (tcp://HOST:PORT): create_route for it"
+    )
+    await conn.create_queue("GhostQ")
+    await conn.create_service("Ghost", queue="GhostQ", contracts=["DEFAULT"])
+    (got,) = await conn.receive("GhostQ", timeout=10)
+    assert got.message_body == b"for the ghost"
 
 
 async def test_contract_rules(conn: client.Connection) -> None:

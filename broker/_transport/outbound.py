@@ -46,6 +46,7 @@ from ssb.protocol import (
     wrap_session_key,
 )
 
+from .._core.catalog import Route
 from .._core.conversations import Endpoint
 from .._core.delivery import SYSTEM_TYPES
 from .._core.ports import EndpointLookup, RouteLookup
@@ -74,6 +75,19 @@ FEED_CHUNK: Final = 256  # messages pulled from one direction per turn
 @functools.lru_cache(maxsize=1024)
 def _instance_id(text: str) -> uuid.UUID:
     return uuid.UUID(text)
+
+
+def _leads_nowhere(route: Route, service: str) -> str:
+    """Why `route`, the best for `service`, names no broker to send its messages to."""
+    if route.address == "LOCAL":
+        return (
+            f"route '{route.name}' is LOCAL, but this broker has no service '{service}':"
+            " create the service here, or alter the route"
+        )
+    return (
+        f"route '{route.name}' is TRANSPORT, but the service name '{service}' is no address"
+        " (tcp://HOST:PORT): create_route for it"
+    )
 
 
 def _direction(from_initiator: bool) -> Direction:
@@ -152,7 +166,7 @@ class Transmission:
         key = box.direction
         route = self.routes.find(box.to_service, box.to_broker_instance)
         address = None if route is None else route_address(route.address, box.to_service)
-        if route is None or address is None:
+        if route is None:
             box.status = f"no route to service '{box.to_service}'"
             self.unrouted[key] = box
             self._say(
@@ -160,6 +174,16 @@ class Transmission:
                 "messages for service '%s' wait in the transmission queue: no route leads to"
                 " it; they go once one does (create_route)",
                 box.to_service,
+            )
+            return
+        if address is None:
+            box.status = _leads_nowhere(route, box.to_service)
+            self.unrouted[key] = box
+            self._say(
+                f"route:{box.to_service}",
+                "messages for service '%s' wait in the transmission queue: %s",
+                box.to_service,
+                box.status,
             )
             return
         self.unrouted.pop(key, None)
@@ -281,7 +305,7 @@ class Transmission:
             return f"no route to service '{out.to_service}'"
         address = route_address(route.address, out.to_service)
         if address is None:
-            return f"route '{route.name}' has no usable address"
+            return _leads_nowhere(route, out.to_service)
         return self.links.connect_errors.get(address, "")
 
     # ---- feeding senders within the in-flight budget ----------------------------------
