@@ -168,9 +168,12 @@ class DiskReserve:
         self.path = path
         self.size = size
 
-    @property
-    def in_place(self) -> bool:
-        return self.size == 0 or self.path.exists()
+    def _held(self) -> int | None:
+        """The bytes the file holds now (None: there is none)."""
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return None
 
     def release(self) -> bool:
         """Give the room back to the file system; whether there was any to give."""
@@ -186,12 +189,20 @@ class DiskReserve:
 
     def keep(self) -> bool:
         """Make the reserve again if it is not in place and the disk has room for it twice
-        over; whether it is in place."""
-        if self.in_place:
+        over; whether it is in place. One made for another `disk_reserve` is cut down
+        at once, or grown when there is room (until then it serves as it is)."""
+        held = self._held()
+        if self.size == 0 or held == self.size:
+            return True
+        if held is not None and held > self.size:
+            try:
+                os.truncate(self.path, self.size)  # the rest goes back to the file system
+            except OSError as exc:
+                log.info("the store's disk reserve cannot be cut down: %s", exc.strerror or exc)
             return True
         stat = os.statvfs(self.path.parent)
         if stat.f_bavail * stat.f_frsize < 2 * self.size:
-            return False
+            return held is not None
         partial = self.path.with_name(self.path.name + ".new")
         try:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -487,6 +498,9 @@ def open_store(data_dir: Path, durability: str, reserve: int = 0) -> Store:
             by name) and what to do.
     """
     room = DiskReserve(data_dir / RESERVE_FILE, reserve) if reserve else None
+    if room is None and (data_dir / RESERVE_FILE).exists():
+        (data_dir / RESERVE_FILE).unlink()  # disk_reserve = 0: the room goes back too
+        log.info("the store's disk reserve is removed (disk_reserve = 0)")
     for last in (room is None, True):
         try:
             store = SQLiteStore(data_dir / STORE_FILE, durability, reserve=room)

@@ -9,11 +9,17 @@ from pathlib import Path
 
 from ssb.broker._store import SQLiteStore
 from ssb.broker._store.schema import PAGE_SIZE
-from ssb.broker._store.sqlite import KEEP_FREE_PAGES, OS_AUTO_CHECKPOINT
+from ssb.broker._store.sqlite import (
+    KEEP_FREE_PAGES,
+    OS_AUTO_CHECKPOINT,
+    RESERVE_FILE,
+    open_store,
+)
 
 from .rows import message
 
 MESSAGES = 20_000
+MIB = 1024 * 1024
 BODY = b"x" * 1024
 
 
@@ -101,3 +107,23 @@ async def test_light_commits_keep_the_wal_checkpointed(tmp_path: Path) -> None:
     assert wal < limit, f"the WAL grew to {wal} bytes (checkpointed, it stays under {limit})"
     assert not failures
     await store.close()
+
+
+async def test_the_disk_reserve_follows_the_setting_it_is_opened_with(tmp_path: Path) -> None:
+    """A changed `disk_reserve` applies at the next start: a larger one is made once
+    there is room, a smaller one gives the difference back at once, and 0 removes the
+    file (the operator who sets it to free space on a full disk gets that space)."""
+    reserve = tmp_path / RESERVE_FILE
+
+    async def opened_with(size: int) -> int | None:
+        store = open_store(tmp_path, "os", size)
+        try:
+            assert store.keep_reserve()
+        finally:
+            await store.close()
+        return reserve.stat().st_size if reserve.exists() else None
+
+    assert await opened_with(MIB) == MIB
+    assert await opened_with(3 * MIB) == 3 * MIB
+    assert await opened_with(2 * MIB) == 2 * MIB
+    assert await opened_with(0) is None
