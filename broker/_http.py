@@ -49,7 +49,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from ._logins import LoginCheck
 from ._metrics import CONTENT_TYPE
-from ._tls import is_loopback
+from ._tls import ACCEPT_RETRY, is_loopback
 
 log = logging.getLogger("ssb.http")
 
@@ -173,13 +173,23 @@ class HttpServer:
 
     async def _accept(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
         loop = asyncio.get_running_loop()
+        failures = 0  # in a row: logged once, and their number when one succeeds
         while True:
             try:
                 conn, peer = await loop.sock_accept(sock)
             except OSError as exc:  # e.g. out of file descriptors: wait, then go on
-                log.warning("accepting an HTTP connection failed: %s", exc)
-                await asyncio.sleep(0.1)
+                if not failures:
+                    log.warning(
+                        "accepting an HTTP connection failed: %s; retrying every %g s",
+                        exc,
+                        ACCEPT_RETRY,
+                    )
+                failures += 1
+                await asyncio.sleep(ACCEPT_RETRY)
                 continue
+            if failures:
+                log.warning("accepting HTTP connections again (%d tries failed)", failures)
+                failures = 0
             self._open = {t for t in self._open if not t.is_closing()}
             if len(self._open) + len(self._connecting) >= MAX_CONNECTIONS:
                 conn.close()

@@ -49,6 +49,7 @@ log = logging.getLogger("ssb.tls")
 CERT_FILE: Final = "tls-cert.pem"
 KEY_FILE: Final = "tls-key.pem"
 TLS_RECORD_HANDSHAKE: Final = 0x16
+ACCEPT_RETRY: Final = 0.1  # seconds between tries while accepting fails (no descriptors)
 
 
 def is_loopback(host: str | None) -> bool:
@@ -173,13 +174,23 @@ class Door:
 
     async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        failures = 0  # in a row: logged once, and their number when one succeeds
         while True:
             try:
                 conn, peer = await loop.sock_accept(sock)
             except OSError as exc:  # e.g. out of file descriptors: wait, then go on
-                log.warning("accepting a client connection failed: %s", exc)
-                await asyncio.sleep(0.1)
+                if not failures:
+                    log.warning(
+                        "accepting a client connection failed: %s; retrying every %g s",
+                        exc,
+                        ACCEPT_RETRY,
+                    )
+                failures += 1
+                await asyncio.sleep(ACCEPT_RETRY)
                 continue
+            if failures:
+                log.warning("accepting client connections again (%d tries failed)", failures)
+                failures = 0
             host = str(peer[0])
             if self.admit is not None and not self.admit(f"{host}:{peer[1]}"):
                 conn.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import resource
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from test_logins import HOST, _error, session_frames
 from ssb import client
 from ssb.protocol import ErrorCode, encode_frame
 from ssb.protocol._client_wire import REPLY_OK
+from ssb.tools import wait_until
 
 
 @pytest.fixture
@@ -116,3 +118,39 @@ async def test_requests_after_a_refusal_are_still_answered(hbroker: BrokerProces
     frames = await session_frames(hbroker, bad + good, want=3)
     assert frames[1][0] == 1 and frames[1][1] != REPLY_OK
     assert frames[2][0] == 2 and frames[2][1] == REPLY_OK
+
+
+async def test_running_out_of_file_descriptors_is_logged_once_not_ten_times_a_second(
+    tmp_path: Path,
+) -> None:
+    """Connections that use up the daemon's file descriptors make accepting fail until
+    some close: each such spell is said once as it begins and once as it ends (with how
+    many tries failed), not at every retry, 10 a second; the daemon serves again by
+    itself."""
+    limits = {"connections_per_address": 10_000, "login_timeout": 1.0}
+    process = BrokerProcess(tmp_path / "data", config={"limits": limits}).start()
+    descriptors = 64
+    resource.prlimit(process.pid, resource.RLIMIT_NOFILE, (descriptors, descriptors))
+    writers = []
+    try:
+        for _ in range(2 * descriptors):
+            writers.append((await asyncio.open_connection(HOST, process.client_port))[1])
+
+        async def said(text: str) -> bool:
+            return text in process.log_text()
+
+        await wait_until(lambda: said("accepting a client connection failed"), "EMFILE")
+        # the accepted ones say nothing: a login timeout later they close, room comes back
+        await wait_until(lambda: said("nothing arrived within the login timeout"), "timeouts")
+        await wait_until(lambda: said("accepting client connections again"), "room again")
+        text = process.log_text()  # each spell without descriptors: a line as it begins
+        spells = text.count("accepting a client connection failed")
+        assert spells in (text.count("connections again"), text.count("connections again") + 1)
+        for writer in writers:
+            writer.close()
+        async with await client.connect(process.url) as conn:
+            assert await conn.ping() == "pong"
+    finally:
+        for writer in writers:
+            writer.close()
+        process.kill()
