@@ -240,7 +240,14 @@ class Broker:
             limits.failed_logins_per_address,
             limits.failed_logins_per_login,
         )
-        self.logins = logins = Logins(store, throttle, self._login_changed)
+        self.logins = logins = Logins(
+            store,
+            throttle,
+            self._login_changed,
+            mapped_by=lambda name: sorted(
+                c.name for c in engine.catalog.peer_certificates() if c.login == name
+            ),
+        )
         logins.load()
         created = logins.bootstrap(self.data_dir)
         if created is not None:

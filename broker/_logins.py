@@ -17,6 +17,10 @@ without checking anything, until the window passes. The key includes the address
 so a noisy client guessing one login does not lock out another login's workers on
 the same loopback address; the per-login count, with a larger allowance, bounds a
 guesser spread over many addresses.
+
+A login that a trusted certificate maps another broker to (`create_certificate(...,
+login=...)`) cannot be dropped while it does: the certificate would name no login, and
+a login made later under that name would speak for that broker.
 """
 
 from __future__ import annotations
@@ -185,10 +189,11 @@ class Logins:
         throttle: ThrottleSettings,
         on_change: Callable[[str], None] = lambda name: None,
         clock: Callable[[], float] = time.monotonic,
+        mapped_by: Callable[[str], list[str]] = lambda name: [],
     ) -> None:
         """The logins stored in `store`, failed attempts limited by `throttle`;
         `on_change` hears the name of a login whose password changed or that was
-        dropped."""
+        dropped; `mapped_by` names the certificates that map another broker to a login."""
         self.store = store
         self._hashes: dict[str, str] = {}
         self._created: dict[str, float] = {}
@@ -196,6 +201,7 @@ class Logins:
         self._key = secrets.token_bytes(32)
         self.failures = FailedLogins(throttle, clock)
         self.on_change = on_change
+        self.mapped_by = mapped_by
 
     def load(self) -> None:
         for name, stored, created in self.store.load_logins():
@@ -279,6 +285,15 @@ class Logins:
             raise BrokerError(
                 ErrorCode.BAD_ARGUMENT,
                 f"the '{ADMIN}' login cannot be dropped; change its password with alter_login",
+            )
+        certificates = self.mapped_by(name)
+        if certificates:
+            named = ", ".join(f"certificate '{c}'" for c in certificates)
+            raise BrokerError(
+                ErrorCode.IN_USE,
+                f"login '{name}' cannot be dropped: {named} maps another broker to it;"
+                " drop_certificate first (or create the certificate again with another"
+                " login)",
             )
         del self._hashes[name]
         self._created.pop(name, None)

@@ -56,6 +56,7 @@ from federation_setup import (
 from setup_objects import numbered_batches
 
 from ssb import client
+from ssb.protocol import ErrorCode
 from ssb.tools import wait_until
 
 TRANSMISSION_QUEUE_COLUMNS = {
@@ -679,6 +680,25 @@ async def test_another_brokers_login_needs_send_on_the_service(tmp_path: Path) -
         await a.conn.send(h2, REQUEST, b"allowed")
         (m,) = await receive_count(b.conn, target_q, 1, timeout=20)
         assert m.message_body == b"allowed"
+
+
+async def test_a_login_a_certificate_maps_a_broker_to_cannot_be_dropped(tmp_path: Path) -> None:
+    """Dropping it would leave the certificate naming no login, and a login created later
+    under that name (someone else's) would speak for the other broker, its grants with
+    it: the drop is refused, naming the certificate, and nothing changes."""
+    async with Federation(tmp_path, ["A", "B"], trust=False) as fed:
+        a, b = fed["A"], fed["B"]
+        await b.conn.create_login("shop", "a-long-password")
+        await b.conn.create_certificate("cert_A", a.certificate, login="shop")
+        with pytest.raises(client.BrokerError) as refused:
+            await b.conn.drop_login("shop")
+        assert refused.value.code == ErrorCode.IN_USE
+        assert "certificate 'cert_A'" in refused.value.message
+        assert "drop_certificate" in refused.value.message
+        assert "shop" in [r["name"] for r in await b.view("logins")]
+        await b.conn.drop_certificate("cert_A")
+        await b.conn.drop_login("shop")
+        assert "shop" not in [r["name"] for r in await b.view("logins")]
 
 
 async def _seen_failed_login(sampler: ConnectionSampler, a: Node, b: Node) -> bool:
