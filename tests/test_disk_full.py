@@ -415,6 +415,36 @@ async def test_a_broker_with_a_store_starts_on_a_full_disk_and_drains_it(
         broker.kill()
 
 
+async def test_a_reserve_there_is_no_room_for_yet_says_so_not_that_the_disk_is_full(
+    small_disk: Path,
+) -> None:
+    """A first start with less free space than the reserve needs (twice its size): new
+    messages wait for the reserve, and the refusal says what it waits for (how much room,
+    the setting), not that the disk filled and the reserve was given up, which never
+    happened and which the free space the operator sees contradicts."""
+    ballast = small_disk / "ballast"
+    fill(ballast, leave=24 * MIB)
+    config = {"min_free_disk": 0, "disk_reserve": 16 * MIB}
+    broker = BrokerProcess(small_disk / "data", config=config).start()
+    try:
+        conn = await client.connect(broker.url)
+        row = await _resources(conn)
+        assert row["accepting_messages"] is False
+        refusal = row["refusal"]
+        assert "disk is full" not in refusal and "gave up" not in refusal, refusal
+        assert "disk_reserve" in refusal and "32.0 MiB" in refusal, refusal
+        await initiator_and_target(conn)
+        with pytest.raises(client.DiskFullError, match="disk_reserve"):
+            await conn.begin_dialog("InitSvc", "TargetSvc")
+        assert "is full" not in broker.log_text()
+        ballast.unlink()
+        await _accepting_again(conn, 15)
+        await conn.begin_dialog("InitSvc", "TargetSvc")
+        await conn.close()
+    finally:
+        broker.kill()
+
+
 async def test_a_commit_that_cannot_be_written_is_rolled_back_within_disk_full_timeout(
     small_disk: Path,
 ) -> None:

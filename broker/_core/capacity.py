@@ -102,17 +102,14 @@ class Capacity:
             self.low_space = None
         self._update()
 
-    def reserve_kept(self, in_place: bool, where: str) -> None:
-        """Whether the store's disk reserve is in place (given up: the disk filled)."""
-        if not in_place and self.no_reserve is None:
-            log.warning("the disk holding %s is full: refusing new messages", where)
-            self.no_reserve = (
-                "the disk is full: the store gave up its disk reserve to write; free space"
-                " on the disk"
-            )
-        elif in_place and self.no_reserve is not None:
-            log.warning("the disk holding %s has room again: accepting new messages", where)
-            self.no_reserve = None
+    def reserve_kept(self, missing: str | None, where: str) -> None:
+        """Whether the store's disk reserve is in place (None), else why not (given up
+        when the disk filled, or no room to make it yet)."""
+        if missing is not None and self.no_reserve is None:
+            log.warning("refusing new messages (data in %s): %s", where, missing)
+        elif missing is None and self.no_reserve is not None:
+            log.warning("the disk reserve for %s is in place: accepting new messages", where)
+        self.no_reserve = missing
         self._update()
 
     def commit_failed(self, reason: str) -> None:

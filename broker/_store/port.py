@@ -274,10 +274,10 @@ class Space(Protocol):
         """
         ...
 
-    def keep_reserve(self) -> bool:
+    def keep_reserve(self) -> str | None:
         """Keep in place the room the store holds for a full disk (its disk reserve),
-        making it again if there is space; whether it is in place (True for a store that
-        holds none). Never raises."""
+        making it again if there is space; None when it is in place (or the store holds
+        none), else why it is not and what makes it, in words."""
         ...
 
     async def checkpoint(self) -> int | None:

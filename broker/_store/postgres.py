@@ -396,9 +396,9 @@ class PostgresStore(AllTables, PostgresUserTables, Committer):
         """None: the room is the database server's (see the module's comment)."""
         return None
 
-    def keep_reserve(self) -> bool:
-        """True: the room is the database server's, this store holds none."""
-        return True
+    def keep_reserve(self) -> str | None:
+        """None: the room is the database server's, this store holds none."""
+        return None
 
     async def checkpoint(self) -> int | None:
         """Nothing to do: the server's autovacuum returns the space of deleted rows."""

@@ -167,6 +167,7 @@ class DiskReserve:
     def __init__(self, path: Path, size: int) -> None:
         self.path = path
         self.size = size
+        self.given_up = False  # by this process, for want of space (not yet made again)
 
     def _held(self) -> int | None:
         """The bytes the file holds now (None: there is none)."""
@@ -181,28 +182,31 @@ class DiskReserve:
             self.path.unlink()
         except FileNotFoundError:
             return False
+        self.given_up = True
         log.warning(
             "the disk is full: the store's reserve of %.1f MiB is given up to write",
             self.size / MIB,
         )
         return True
 
-    def keep(self) -> bool:
+    def keep(self) -> str | None:
         """Make the reserve again if it is not in place and the disk has room for it twice
-        over; whether it is in place. One made for another `disk_reserve` is cut down
-        at once, or grown when there is room (until then it serves as it is)."""
+        over; None when it is in place, else why not, in words. One made for another
+        `disk_reserve` is cut down at once, or grown when there is room (until then it
+        serves as it is)."""
         held = self._held()
         if self.size == 0 or held == self.size:
-            return True
+            return None
         if held is not None and held > self.size:
             try:
                 os.truncate(self.path, self.size)  # the rest goes back to the file system
             except OSError as exc:
                 log.info("the store's disk reserve cannot be cut down: %s", exc.strerror or exc)
-            return True
+            return None
         stat = os.statvfs(self.path.parent)
-        if stat.f_bavail * stat.f_frsize < 2 * self.size:
-            return held is not None
+        free = stat.f_bavail * stat.f_frsize
+        if free < 2 * self.size:
+            return None if held is not None else self._missing(free)
         partial = self.path.with_name(self.path.name + ".new")
         try:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -214,9 +218,23 @@ class DiskReserve:
         except OSError as exc:
             partial.unlink(missing_ok=True)
             log.info("the store's disk reserve cannot be made yet: %s", exc.strerror or exc)
-            return False
+            return None if held is not None else self._missing(free)
+        self.given_up = False
         log.info("the store's disk reserve (%.1f MiB) is in place", self.size / MIB)
-        return True
+        return None
+
+    def _missing(self, free: int) -> str:
+        """Why new messages wait while there is no reserve, and what makes one."""
+        room = f"once the disk has {2 * self.size / MIB:.1f} MiB free (it has {free / MIB:.1f} MiB)"
+        if self.given_up:
+            return (
+                "the disk is full: the store gave up its disk reserve to write; it is made"
+                f" again {room}: free space on the disk"
+            )
+        return (
+            f"the store's disk reserve (disk_reserve, {self.size / MIB:.1f} MiB) is not in"
+            f" place: it is made {room}; free space on the disk, or lower disk_reserve"
+        )
 
 
 class SQLiteStore(AllTables, UserTables):
@@ -309,8 +327,8 @@ class SQLiteStore(AllTables, UserTables):
     def _make_room(self) -> bool:
         return self.reserve is not None and self.reserve.release()
 
-    def keep_reserve(self) -> bool:
-        return self.reserve is None or self.reserve.keep()
+    def keep_reserve(self) -> str | None:
+        return None if self.reserve is None else self.reserve.keep()
 
     def _commit(self, batches: list[Batch], checkpoint: bool = True) -> None:
         self._finish(self._apply(batches, checkpoint))

@@ -118,7 +118,7 @@ async def test_the_disk_reserve_follows_the_setting_it_is_opened_with(tmp_path: 
     async def opened_with(size: int) -> int | None:
         store = open_store(tmp_path, "os", size)
         try:
-            assert store.keep_reserve()
+            assert store.keep_reserve() is None
         finally:
             await store.close()
         return reserve.stat().st_size if reserve.exists() else None

@@ -171,14 +171,14 @@ def test_a_disk_reserve_given_up_refuses_new_messages_until_it_is_back() -> None
     core.services()
     handle = core.dialog()
     capacity = core.engine.capacity
-    capacity.reserve_kept(False, "test")
+    capacity.reserve_kept("the disk is full: the store gave up its disk reserve", "test")
     with pytest.raises(BrokerError) as refused:
         core.op("send", handle, "DEFAULT", [b"refused"])
     assert _code(refused) == ErrorCode.DISK_FULL
     assert "gave up its disk reserve" in refused.value.message
     assert "RECEIVE and END CONVERSATION still work" in refused.value.message
     core.op("end_conversation", handle)  # frees space: goes on
-    capacity.reserve_kept(True, "test")
+    capacity.reserve_kept(None, "test")
     core.op("send", core.dialog(), "DEFAULT", [b"after"])
 
 
