@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon import one_error_line, serve_once
 from federation_setup import (
     CONTRACT,
     FORWARDER,
@@ -303,3 +304,12 @@ async def test_an_encrypted_dialog_through_a_forwarder_is_unreadable_to_it(tmp_p
         captured = b"".join(bytes(tap.captured) for tap in taps)
         assert b"PLAIN-REQUEST" in captured
         assert b"SECRET" not in captured
+
+
+def test_forward_size_without_forwarding_is_refused_at_start(tmp_path: Path) -> None:
+    """forward_size bounds what a forwarder holds: on a broker that does not forward it
+    would be accepted and do nothing, so the start refuses it in one line."""
+    config = tmp_path / "ssb.toml"
+    config.write_text("[transport]\nforward_size = 50\n")
+    line = one_error_line(serve_once(tmp_path / "data", "--config", str(config)))
+    assert "forward_size" in line and "forwarding = true" in line, line

@@ -53,6 +53,11 @@ class TransportSettings:
         settings = cls(**checked_section("transport", section, ranges))
         if settings.retry_max < settings.retry_initial:
             raise ConfigError("[transport] retry_max must be at least retry_initial")
+        if settings.forward_size != cls.forward_size and not settings.forwarding:
+            raise ConfigError(
+                "[transport] forward_size bounds what a forwarder holds, and this broker does"
+                " not forward: set forwarding = true too, or remove forward_size"
+            )
         return settings
 
 
