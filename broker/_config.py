@@ -23,6 +23,7 @@ from ._store import is_database_url
 MIB: Final = 1024 * 1024
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_CHART_SECONDS: Final = 5.0  # the dashboard's depth samples, by default
+DEFAULT_HTTP_HOST: Final = "127.0.0.1"
 DEFAULT_MIN_FREE_DISK: Final = 1024 * MIB
 DEFAULT_FAILOVER: Final = 10.0
 MIN_FAILOVER: Final = 1.0  # seconds: a shorter lease would be lost to a slow round trip
@@ -147,7 +148,7 @@ class Config:
     """how the log is written: "text", lines for people; "json", one JSON object a line"""
     http_port: int | None = None
     """the HTTP port of /metrics, /healthz and the dashboard (unset: no HTTP port)"""
-    http_host: str = "127.0.0.1"
+    http_host: str = DEFAULT_HTTP_HOST
     """the address the HTTP port listens on (loopback unless set, whatever host says)"""
     http_token: str | None = None
     """a bearer token that also opens /metrics (beyond loopback /metrics needs a login);
@@ -241,12 +242,22 @@ class Config:
             )
         if not isinstance(self.http_host, str) or not self.http_host:
             raise ConfigError(f"http_host must be an address, not {self.http_host!r}")
-        if self.http_port is None and (
-            self.http_token is not None or self.chart_sample_seconds != DEFAULT_CHART_SECONDS
-        ):
-            raise ConfigError(
-                "http_token and chart_sample_seconds need the HTTP port: set http_port too"
-            )
+        if self.http_port is None:
+            given = [
+                name
+                for name, value, default in (
+                    ("http_host", self.http_host, DEFAULT_HTTP_HOST),
+                    ("http_token", self.http_token, None),
+                    ("chart_sample_seconds", self.chart_sample_seconds, DEFAULT_CHART_SECONDS),
+                )
+                if value != default
+            ]
+            if given:
+                one = len(given) == 1
+                raise ConfigError(
+                    f"{' and '.join(given)} {'needs' if one else 'need'} the HTTP port, which"
+                    f" is off: set http_port too, or remove {'it' if one else 'them'}"
+                )
         if not isinstance(self.log_format, str) or self.log_format not in ("text", "json"):
             raise ConfigError(f"log_format must be 'text' or 'json', not {self.log_format!r}")
         if self.http_token is not None and (

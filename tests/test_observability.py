@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import make_mocked_request
-from daemon import BrokerProcess
+from daemon import BrokerProcess, one_error_line, serve_once
 from federation_setup import (
     CONTRACT,
     REQUEST,
@@ -257,6 +257,20 @@ def test_http_is_off_unless_configured(broker: BrokerProcess) -> None:
     assert broker.http_url == ""
     info = json.loads((broker.data_dir / "broker.json").read_text())
     assert info["http_port"] is None
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ['http_host = "::1"', 'http_token = "a-token-of-20-chars!"', "chart_sample_seconds = 1"],
+)
+def test_an_http_setting_without_http_port_is_refused_at_start(
+    tmp_path: Path, setting: str
+) -> None:
+    """Without http_port there is no HTTP port: a setting of it would do nothing."""
+    config = tmp_path / "ssb.toml"
+    config.write_text(setting + "\n")
+    line = one_error_line(serve_once(tmp_path / "data", "--config", str(config)))
+    assert setting.split()[0] in line and "set http_port too" in line, line
 
 
 async def test_metrics_beyond_loopback_need_a_login_with_view() -> None:
