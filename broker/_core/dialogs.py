@@ -13,6 +13,11 @@ A quota is checked at the statement (counting what this transaction already send
 the same queue) and again at COMMIT, before anything is applied: a queue filled by
 others meanwhile makes the commit fail and the transaction roll back, all of it.
 
+A statement or COMMIT refused for want of disk space marks its transaction: the rollback
+that follows is the broker's doing, not the fault of what the transaction received, so
+it does not count toward the poison rules (a reader whose replies are refused while the
+disk is low would otherwise disable its queue).
+
 Timers and lifetimes fire from `endpoints.ConversationTimers`: a DialogTimer message,
 or an Error on both sides of a dialog whose LIFETIME ran out.
 """
@@ -144,7 +149,7 @@ class Dialogs:
         else:
             group_id = uuid.uuid4()
         if self.capacity.refusal is not None:
-            self.capacity.check_space("BEGIN DIALOG")
+            self._no_room(session.txn, "BEGIN DIALOG")
         txn = self.transactions.current(session)
 
         def act() -> uuid.UUID:
@@ -276,7 +281,7 @@ class Dialogs:
         for body in body_list:
             validate_body(mtype.name, mtype.validation, body)
         if capacity.refusal is not None:
-            capacity.check_space("SEND")
+            self._no_room(session.txn, "SEND")
         letter = cat.VALIDATIONS[mtype.validation]
         actions = [Send(ep, plain(mtype.name), letter, body_list) for ep in endpoints]
         if capacity.queue_quotas:
@@ -409,9 +414,15 @@ class Dialogs:
         sends = [a for a in txn.actions if isinstance(a, Send)]
         if sends:
             if self.capacity.refusal is not None:
-                self.capacity.check_space("COMMIT of a transaction that sends")
+                self._no_room(txn, "COMMIT of a transaction that sends")
             if self.capacity.queue_quotas:
                 self._check_quotas(Transaction(txn.session, explicit=False), sends, "COMMIT")
+
+    def _no_room(self, txn: Transaction | None, what: str) -> None:
+        """Refuse `what` for want of disk space (see the module's comment)."""
+        if txn is not None:
+            txn.refused_for_space = True
+        self.capacity.check_space(what)
 
     def apply_commit(self, txn: Transaction) -> None:
         now = self.clock.time()

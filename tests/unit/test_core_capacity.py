@@ -11,7 +11,7 @@ import pytest
 from ssb.broker._errors import BrokerError
 from ssb.protocol import ErrorCode
 
-from .core_harness import BODY, Core
+from .core_harness import BODY, HANDLE, Core
 
 
 def _code(excinfo: pytest.ExceptionInfo[BrokerError]) -> ErrorCode:
@@ -164,6 +164,39 @@ def test_refusals_for_want_of_disk_are_logged_once_until_they_lift(
     with pytest.raises(BrokerError):
         core.op("send", handle, "DEFAULT", [b"refused"])
     assert len(refused_lines()) == 2
+
+
+def test_replies_refused_for_want_of_room_do_not_make_the_request_poison() -> None:
+    """A reader that receives a request and replies in one transaction has its SEND (or
+    its COMMIT) refused while the disk is low, and rolls back: the request is not at
+    fault, so however often that happens the queue is not disabled as poisoned, and the
+    request is answered once there is room."""
+    core = Core(min_free_disk=1000)
+    core.services()
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [b"request"])
+    capacity = core.engine.capacity
+    capacity.measured(999, "test")
+    for attempt in range(8):  # more than the poison rule's 5
+        core.op("begin_transaction")
+        (request,) = core.op("receive", "Target", top=1)
+        with pytest.raises(BrokerError) as refused:
+            if attempt % 2:
+                core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
+            else:
+                capacity.measured(1000, "test")  # room while it sends, none at its COMMIT
+                core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
+                capacity.measured(999, "test")
+                core.op("commit")
+        assert _code(refused) == ErrorCode.DISK_FULL
+        if core.session.txn is not None:
+            core.op("rollback")
+    capacity.measured(1000, "test")
+    core.op("begin_transaction")
+    (request,) = core.op("receive", "Target", top=1)  # the queue is still enabled
+    core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
+    core.op("commit")
+    assert [r[BODY] for r in core.receive_all("Initiator")] == [b"reply"]
 
 
 def test_a_disk_reserve_given_up_refuses_new_messages_until_it_is_back() -> None:
