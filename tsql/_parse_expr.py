@@ -394,12 +394,16 @@ class ExpressionParser(Cursor):
         if self.take("FROM"):
             has_from = True
             self._table_sources()
+        # WHERE, GROUP BY and HAVING filter even without FROM: the SQL engine runs them
         if self.take("WHERE"):
+            has_from = True
             self.expression()
         if self.at_seq("GROUP", "BY"):
+            has_from = True
             self.i += 2
             self._expressions()
         if self.take("HAVING"):
+            has_from = True
             self.expression()
         return ast.Select(
             tuple(items), has_from, "", items_start, items_end, top, distinct, into, select.line

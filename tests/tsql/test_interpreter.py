@@ -455,3 +455,16 @@ async def test_selects_sql_server_refuses_get_its_error(
     session, out = new_session()
     assert not await run(session, script)
     assert [(e.number, e.text) for e in out.errors] == [(number, text)]
+
+
+async def test_where_without_from_filters_the_row() -> None:
+    _, out = await ran(
+        "DECLARE @x INT = 7;\n"
+        "SELECT 'a' AS a WHERE 1 = 0;\n"
+        "SELECT @x = 5 WHERE 1 = 0; SELECT @@ROWCOUNT AS rc, @x AS x;\n"
+        "SELECT @x = 5 WHERE @x = 7; SELECT @@ROWCOUNT AS rc, @x AS x;\n"
+        "IF EXISTS (SELECT 1 WHERE 1 = 0) PRINT 'exists' ELSE PRINT 'none';\n"
+        "SELECT COUNT(*) AS c WHERE 1 = 0"
+    )
+    assert [table(r) for r in out.results] == [[], [[0, 7]], [[1, 5]], [[0]]]
+    assert out.messages == ["none"]
