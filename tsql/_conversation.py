@@ -218,10 +218,11 @@ async def _timeout(session: Session, statement: ast.Receive, frame: Frame) -> fl
         return 0.0
     if statement.timeout is None:
         return None
-    milliseconds = (await session.value(statement.timeout, frame)).data
-    if milliseconds is None or int(milliseconds) < 0:  # type: ignore[call-overload]
+    value = await session.value(statement.timeout, frame)
+    if value.data is None:
         return None
-    return t.as_int(Value(milliseconds, t.BIGINT)) / _MILLISECONDS
+    milliseconds = t.as_int(value)
+    return None if milliseconds < 0 else milliseconds / _MILLISECONDS
 
 
 async def receive(session: Session, statement: ast.Receive, frame: Frame) -> None:
@@ -235,8 +236,10 @@ async def receive(session: Session, statement: ast.Receive, frame: Frame) -> Non
         return
     top = None
     if statement.top is not None:
-        top_value = (await session.value(statement.top, frame)).data
-        top = None if top_value is None else int(top_value)  # type: ignore[call-overload]
+        top = t.top_count(await session.value(statement.top, frame))
+        if top == 0:  # asks for no message: none taken, none waited for
+            await _deliver(session, statement, frame, [])
+            return
     where: dict[str, uuid.UUID] = {}
     if statement.where_value is not None and statement.where_column is not None:
         where[statement.where_column] = await _handle(session, statement.where_value, frame)

@@ -281,6 +281,8 @@ class Session:
 
     async def query(self, select: ast.Select, frame: Frame) -> ResultSet:
         """A SELECT that reads views, queues or table variables, on the SQL engine."""
+        if select.top is not None:  # the engine would take a negative count for no limit
+            t.top_count(await self.value(select.top, frame))
         if select.sql is None:
             select.sql = translate(select)
         translation = select.sql
@@ -503,11 +505,9 @@ class Session:
                 self.output.result(result, self.nocount)
             self.rowcount = len(result.rows)
             return
-        if select.top is not None:
-            top = (await self.value(select.top, frame)).data
-            if top is not None and int(top) <= 0:  # type: ignore[call-overload]
-                self.rowcount = 0
-                return
+        if select.top is not None and t.top_count(await self.value(select.top, frame)) == 0:
+            self.rowcount = 0
+            return
         values = [await self.value(item.expr, frame) for item in select.items]
         if select.assigns:
             if not all(item.target for item in select.items):

@@ -324,6 +324,17 @@ def as_int(value: Value) -> int:
     return converted
 
 
+def top_count(value: Value) -> int | None:
+    """TOP's row count as SQL Server takes it: converted to BIGINT (Msg 245 for text that
+    is not a number), never negative (Msg 1014); None for NULL."""
+    if value.data is None:
+        return None
+    count = as_int(value)
+    if count < 0:
+        raise SqlError(1014, "A TOP N or FETCH rows count value may not be negative.")
+    return count
+
+
 def truthy(value: Value) -> bool | None:
     """A BIT's truth (None for NULL)."""
     if value.data is None:

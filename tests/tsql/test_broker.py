@@ -215,6 +215,34 @@ async def test_receive_variants(tsql: tuple[Session, Collect], conn: client.Conn
     assert empty.rows == [] and table(none) == [[0]]
 
 
+async def test_receive_top_and_timeout_convert_as_sql_server_converts_them(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    session, out = tsql
+    await _requests(conn, b"<one/>")
+    await each_fails(
+        session,
+        "RECEIVE TOP ('abc') * FROM TargetQueue",
+        "RECEIVE TOP (-1) * FROM TargetQueue",
+        "WAITFOR (RECEIVE * FROM TargetQueue), TIMEOUT 'abc'",
+    )
+    conversion = "Conversion failed when converting the varchar value 'abc' to data type bigint."
+    assert [(e.number, e.text) for e in out.errors] == [
+        (245, conversion),
+        (1014, "A TOP N or FETCH rows count value may not be negative."),
+        (245, conversion),
+    ]
+    assert await run(
+        session,
+        "RECEIVE TOP (0) message_body FROM TargetQueue; SELECT @@ROWCOUNT AS n;\n"
+        "WAITFOR (RECEIVE TOP (0) message_body FROM TargetQueue);\n"
+        "SELECT COUNT(*) AS n FROM TargetQueue",
+    ), out.errors
+    none, rowcount, none_again, left = out.results
+    assert none.columns == ["message_body"] and none.rows == [] and none_again.rows == []
+    assert table(rowcount) == [[0]] and table(left) == [[1]]
+
+
 async def test_a_failing_statement_in_a_transaction_leaves_nothing_of_itself(
     tsql: tuple[Session, Collect], conn: client.Connection
 ) -> None:

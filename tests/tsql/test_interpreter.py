@@ -468,3 +468,23 @@ async def test_where_without_from_filters_the_row() -> None:
     )
     assert [table(r) for r in out.results] == [[], [[0, 7]], [[1, 5]], [[0]]]
     assert out.messages == ["none"]
+
+
+async def test_a_top_count_converts_as_sql_server_converts_it_and_may_not_be_negative() -> None:
+    session, out = new_session()
+    await each_fails(
+        session,
+        "DECLARE @t TABLE (n INT); INSERT @t VALUES (1), (2); SELECT TOP (-1) n FROM @t",
+        "SELECT TOP (-1) 1 AS one",
+        "SELECT TOP ('abc') 1 AS one",
+    )
+    negative = "A TOP N or FETCH rows count value may not be negative."
+    assert [(e.number, e.text) for e in out.errors] == [
+        (1014, negative),
+        (1014, negative),
+        (245, "Conversion failed when converting the varchar value 'abc' to data type bigint."),
+    ]
+    _, out = await ran(
+        "DECLARE @t TABLE (n INT); INSERT @t VALUES (1), (2); SELECT TOP ('1') n FROM @t"
+    )
+    assert table(out.results[0]) == [[1]]
