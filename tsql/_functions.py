@@ -298,6 +298,9 @@ def _sign(value: Value) -> Value:
     return Value(type(data)((data > 0) - (data < 0)), value.type)  # type: ignore[operator, call-arg]
 
 
+_DIGITS: Final = 38  # DECIMAL's most
+
+
 def _round(value: Value, length: Value, function: Value | None = None) -> Value:
     digits = _int(length)
     if value.data is None or digits is None:
@@ -307,11 +310,16 @@ def _round(value: Value, length: Value, function: Value | None = None) -> Value:
         return Value(round(data, digits), value.type)
     number = Decimal(data)  # type: ignore[arg-type]
     truncate = function is not None and _int(function)
-    quantum = Decimal(1).scaleb(-digits)
-    rounded = number.quantize(quantum, rounding="ROUND_DOWN" if truncate else "ROUND_HALF_UP")
+    # to more places than the number has, or past DECIMAL's 38 digits, nothing changes
+    places = max(0, -number.as_tuple().exponent)  # type: ignore[operator]
+    quantum = Decimal(1).scaleb(-max(-_DIGITS, min(digits, places)))
+    rounded = number.quantize(
+        quantum, rounding="ROUND_DOWN" if truncate else "ROUND_HALF_UP", context=t.DECIMALS
+    )
     if isinstance(data, int):
         return Value(int(rounded), value.type)
-    return Value(rounded.quantize(Decimal(1).scaleb(-(value.type.scale or 0))), value.type)
+    scale = Decimal(1).scaleb(-(value.type.scale or 0))
+    return Value(rounded.quantize(scale, context=t.DECIMALS), value.type)
 
 
 def _power(value: Value, exponent: Value) -> Value:

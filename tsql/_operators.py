@@ -5,7 +5,7 @@ trailing spaces ignored). Comparisons answer True, False or None (unknown, for N
 from __future__ import annotations
 
 import datetime as dt
-from decimal import Decimal, DivisionByZero, InvalidOperation
+from decimal import Decimal, DivisionByZero, InvalidOperation, localcontext
 from typing import Any, Final
 
 from . import _types as t
@@ -109,7 +109,8 @@ def arithmetic(op: str, a: Value, b: Value) -> Value:
     ):
         x, y = Decimal(x), Decimal(y)
     try:
-        result = _apply(op, x, y, target)
+        with localcontext(t.DECIMALS):
+            result = _apply(op, x, y, target)
     except (ZeroDivisionError, DivisionByZero, InvalidOperation):
         raise SqlError(8134, "Divide by zero error encountered.") from None
     if target.family == "int" and target.name != "BIT":

@@ -26,7 +26,7 @@ import math
 import re
 import uuid
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from typing import Final
 
 from ._errors import SqlError
@@ -34,6 +34,8 @@ from ._xml import Xml as Xml
 from ._xml import parse_xml
 
 MAX: Final = -1  # the length of (MAX) types
+# DECIMAL's arithmetic: its 38 digits (Python's default context keeps 28)
+DECIMALS: Final = Context(prec=38)
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +435,9 @@ def _to_decimal(value: Value, target: SqlType) -> Decimal:
         raise _overflow(value, target)
     scale = target.scale if target.scale is not None else 2
     quantum = Decimal(1).scaleb(-scale)
-    rounded = number.quantize(quantum)
+    if number and number.adjusted() >= (target.precision or 38) - scale:  # too many to fit
+        raise _overflow(value, target)
+    rounded = number.quantize(quantum, context=DECIMALS)
     if target.precision is not None and len(rounded.as_tuple().digits) > target.precision:
         raise _overflow(value, target)
     return rounded

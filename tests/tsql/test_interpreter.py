@@ -3,6 +3,8 @@ messages, and stored procedures on an in-process catalog."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from ssb.tsql import SqlError
@@ -488,3 +490,19 @@ async def test_a_top_count_converts_as_sql_server_converts_it_and_may_not_be_neg
         "DECLARE @t TABLE (n INT); INSERT @t VALUES (1), (2); SELECT TOP ('1') n FROM @t"
     )
     assert table(out.results[0]) == [[1]]
+
+
+async def test_decimals_hold_38_digits_and_overflow_with_sql_servers_error() -> None:
+    big = "12345678901234567890123456789012345678"
+    _, out = await ran(
+        f"SELECT CAST('{big}' AS DECIMAL(38, 0)) AS d, CAST(1e30 AS DECIMAL(38, 0)) AS f,"
+        f" CAST('{big}' AS DECIMAL(38, 0)) - 1 AS less, ROUND(1.5, 400) AS r"
+    )
+    assert table(out.results[0]) == [
+        [Decimal(big), Decimal(10**30), Decimal(int(big) - 1), Decimal("1.5")]
+    ]
+    session, out = new_session()
+    await each_fails(session, "SELECT CAST(1e50 AS DECIMAL(10, 0))")
+    assert [(e.number, e.text) for e in out.errors] == [
+        (8115, "Arithmetic overflow error converting float to data type decimal.")
+    ]
