@@ -275,25 +275,61 @@ def _iif(condition: Value, yes: Value, no: Value) -> Value:
     return yes if condition.data else no
 
 
+def _number(value: Value) -> Value:
+    """A math function's argument: a number as it is, anything else converted to FLOAT, as
+    SQL Server converts it (Msg 8114 for text that is not a number)."""
+    if value.type.family in ("int", "decimal", "float"):
+        return value
+    return t.convert(value, t.FLOAT)
+
+
+def _float_result(number: float) -> Value:
+    if not math.isfinite(number):
+        raise SqlError(3623, "An invalid floating point operation occurred.")
+    return Value(number, t.FLOAT)
+
+
+def _in_range(number: int | Decimal, kind: t.SqlType) -> Value:
+    """An integer function's result in its argument's type, or SQL Server's overflow."""
+    if isinstance(number, int) and kind.name != "BIT":
+        try:
+            t.convert(Value(number, t.DECIMAL), kind)
+        except SqlError:
+            raise SqlError(
+                8115,
+                f"Arithmetic overflow error converting expression to data type"
+                f" {kind.name.lower()}.",
+            ) from None
+    return Value(number, kind)
+
+
 def _numeric(fn: Callable[[float], float], integral: bool = False) -> Function:
     def apply(value: Value) -> Value:
         if value.data is None:
             return value
+        value = _number(value)
         data = value.data
         if isinstance(data, (int, Decimal)) and integral:
             return Value(type(data)(fn(data)), value.type)  # type: ignore[arg-type]
-        return Value(fn(float(data)), t.FLOAT)  # type: ignore[arg-type]
+        try:
+            return _float_result(float(fn(float(data))))  # type: ignore[arg-type]
+        except OverflowError:
+            raise SqlError(3623, "An invalid floating point operation occurred.") from None
 
     return apply
 
 
 def _abs(value: Value) -> Value:
-    return value if value.data is None else Value(abs(value.data), value.type)  # type: ignore[arg-type]
+    if value.data is None:
+        return value
+    value = _number(value)
+    return _in_range(abs(value.data), value.type)  # type: ignore[arg-type]
 
 
 def _sign(value: Value) -> Value:
     if value.data is None:
         return value
+    value = _number(value)
     data = value.data
     return Value(type(data)((data > 0) - (data < 0)), value.type)  # type: ignore[operator, call-arg]
 
@@ -325,16 +361,26 @@ def _round(value: Value, length: Value, function: Value | None = None) -> Value:
 def _power(value: Value, exponent: Value) -> Value:
     if value.data is None or exponent.data is None:
         return Value(None, value.type)
-    result = float(value.data) ** float(exponent.data)  # type: ignore[arg-type]
-    if isinstance(value.data, int):
-        return Value(int(result), value.type)
+    value, exponent = _number(value), _number(exponent)
+    try:
+        result = float(value.data) ** float(exponent.data)  # type: ignore[arg-type]
+    except OverflowError:
+        result = math.inf
+    if isinstance(value.data, int) and math.isfinite(result):
+        return _in_range(int(result), value.type)
+    if not math.isfinite(result):
+        kind = value.type if isinstance(value.data, int) else t.FLOAT
+        raise SqlError(
+            8115,
+            f"Arithmetic overflow error converting expression to data type {kind.name.lower()}.",
+        )
     return Value(result, t.FLOAT)
 
 
 def _sqrt(value: Value) -> Value:
     if value.data is None:
         return Value(None, t.FLOAT)
-    number = float(value.data)  # type: ignore[arg-type]
+    number = float(_number(value).data)  # type: ignore[arg-type]
     if number < 0:
         raise SqlError(3623, "An invalid floating point operation occurred.")
     return Value(math.sqrt(number), t.FLOAT)
@@ -520,6 +566,7 @@ def _patindex(pattern: Value, value: Value) -> Value:
 def _str(value: Value, length: Value | None = None, decimals: Value | None = None) -> Value:
     if value.data is None:
         return Value(None, t.VARCHAR)
+    value = _number(value)
     width = 10 if length is None else _int(length) or 0
     places = 0 if decimals is None else min(max(_int(decimals) or 0, 0), 16)
     if not 1 <= width <= 8000:
@@ -538,8 +585,8 @@ def _rand(seed: Value | None = None) -> Value:
 def _log(value: Value, base: Value | None = None) -> Value:
     if value.data is None or (base is not None and base.data is None):
         return Value(None, t.FLOAT)
-    number = float(value.data)  # type: ignore[arg-type]
-    radix = None if base is None else float(base.data)  # type: ignore[arg-type]
+    number = float(_number(value).data)  # type: ignore[arg-type]
+    radix = None if base is None else float(_number(base).data)  # type: ignore[arg-type]
     if number <= 0 or (radix is not None and (radix <= 0 or radix == 1)):
         raise SqlError(3623, "An invalid floating point operation occurred.")
     return Value(math.log(number) if radix is None else math.log(number, radix), t.FLOAT)
@@ -547,7 +594,9 @@ def _log(value: Value, base: Value | None = None) -> Value:
 
 def _log10(value: Value) -> Value:
     result = _log(value)
-    return result if result.data is None else Value(math.log10(float(value.data)), t.FLOAT)  # type: ignore[arg-type]
+    if result.data is None:
+        return result
+    return Value(math.log10(float(_number(value).data)), t.FLOAT)  # type: ignore[arg-type]
 
 
 def _datefromparts(year: Value, month: Value, day: Value) -> Value:

@@ -5,6 +5,7 @@ trailing spaces ignored). Comparisons answer True, False or None (unknown, for N
 from __future__ import annotations
 
 import datetime as dt
+import math
 from decimal import Decimal, DivisionByZero, InvalidOperation, localcontext
 from typing import Any, Final
 
@@ -122,6 +123,8 @@ def arithmetic(op: str, a: Value, b: Value) -> Value:
                 8115,
                 f"Arithmetic overflow error converting expression to data type {target.name.lower()}.",
             )
+    if isinstance(result, float) and not math.isfinite(result):
+        raise SqlError(8115, "Arithmetic overflow error converting expression to data type float.")
     if target.name == "BIT":
         target = t.INT
     if target.family == "decimal":

@@ -385,6 +385,12 @@ def _fit_binary(data: bytes, target: SqlType) -> bytes:
     return data
 
 
+# numbers written as SQL Server reads them (Python's int(), float() and Decimal() also take
+# underscores, other scripts' digits, nan and inf)
+_INTEGER_TEXT: Final = re.compile(r"[+-]?[0-9]+")
+_NUMBER_TEXT: Final = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def _to_int(value: Value, target: SqlType) -> int:
     data = value.data
     name = target.name
@@ -392,10 +398,9 @@ def _to_int(value: Value, target: SqlType) -> int:
         text = data.strip()
         if name == "BIT" and text.upper() in ("TRUE", "FALSE"):
             return 1 if text.upper() == "TRUE" else 0
-        try:
-            number = int(text) if text else 0
-        except ValueError:
-            raise conversion(value, target) from None
+        if text and not _INTEGER_TEXT.fullmatch(text):
+            raise conversion(value, target)
+        number = int(text) if text else 0
     elif isinstance(data, bool):
         number = int(data)
     elif isinstance(data, int):
@@ -422,6 +427,8 @@ def _to_decimal(value: Value, target: SqlType) -> Decimal:
     data = value.data
     try:
         if isinstance(data, str):
+            if not _NUMBER_TEXT.fullmatch(data.strip()):
+                raise InvalidOperation
             number = Decimal(data.strip())
         elif isinstance(data, (int, float, Decimal)):
             number = Decimal(str(data)) if isinstance(data, float) else Decimal(data)
@@ -429,7 +436,8 @@ def _to_decimal(value: Value, target: SqlType) -> Decimal:
             raise _explicit(value.type, target)
     except InvalidOperation:
         raise SqlError(
-            8114, f"Error converting data type {value.type} to {target.name.lower()}."
+            8114,
+            f"Error converting data type {value.type.name.lower()} to {target.name.lower()}.",
         ) from None
     if not number.is_finite():
         raise _overflow(value, target)
@@ -446,12 +454,13 @@ def _to_decimal(value: Value, target: SqlType) -> Decimal:
 def _to_float(value: Value, target: SqlType) -> float:
     data = value.data
     if isinstance(data, str):
-        try:
-            return float(data.strip())
-        except ValueError:
+        number = float(data.strip()) if _NUMBER_TEXT.fullmatch(data.strip()) else math.inf
+        if not math.isfinite(number):
             raise SqlError(
-                8114, f"Error converting data type {value.type} to {target.name.lower()}."
-            ) from None
+                8114,
+                f"Error converting data type {value.type.name.lower()} to {target.name.lower()}.",
+            )
+        return number
     if isinstance(data, (int, float, Decimal)):
         return float(data)
     raise _explicit(value.type, target)

@@ -506,3 +506,37 @@ async def test_decimals_hold_38_digits_and_overflow_with_sql_servers_error() -> 
     assert [(e.number, e.text) for e in out.errors] == [
         (8115, "Arithmetic overflow error converting float to data type decimal.")
     ]
+
+
+async def test_math_functions_convert_text_and_overflow_with_sql_servers_errors() -> None:
+    _, out = await ran(
+        "SELECT SQRT('4') AS s, POWER('2', 3) AS p, LOG('1') AS l, ABS('-1.5') AS a,"
+        " SIGN('-3') AS g, STR('1.5', 4, 1) AS t, EXP('0') AS e, CEILING('1.5') AS c"
+    )
+    assert table(out.results[0]) == [[2.0, 8.0, 0.0, 1.5, -1.0, " 1.5", 1.0, 2.0]]
+    session, out = new_session()
+    await each_fails(
+        session,
+        "SELECT SQRT('x')",
+        "SELECT POWER('a', 2)",
+        "SELECT LOG('a')",
+        "SELECT STR('a')",
+        "SELECT ABS('abc')",
+        "SELECT EXP(1000)",
+        "SELECT SQUARE(1e200)",
+        "SELECT POWER(2, 100)",
+        "SELECT 1e300 * 1e300",
+        "SELECT CAST('nan' AS FLOAT)",
+        "SELECT CAST('1_000' AS INT)",
+    )
+    not_a_float = (8114, "Error converting data type varchar to float.")
+    invalid = (3623, "An invalid floating point operation occurred.")
+    assert [(e.number, e.text) for e in out.errors] == [
+        *[not_a_float] * 5,
+        invalid,
+        invalid,
+        (8115, "Arithmetic overflow error converting expression to data type int."),
+        (8115, "Arithmetic overflow error converting expression to data type float."),
+        (8114, "Error converting data type varchar to float."),
+        (245, "Conversion failed when converting the varchar value '1_000' to data type int."),
+    ]
