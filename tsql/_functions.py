@@ -444,15 +444,22 @@ def _dateadd(part: Value, number: Value, date: Value) -> Value:
     kind = date.type if date.type.family in ("datetime", "date") else t.DATETIME
     if n is None or moment is None:
         return Value(None, kind)
-    if unit in ("year", "quarter", "month"):
-        months = n * {"year": 12, "quarter": 3, "month": 1}[unit]
-        total = moment.year * 12 + moment.month - 1 + months
-        year, month = divmod(total, 12)
-        day = min(moment.day, _days_in(year, month + 1))
-        result = moment.replace(year=year, month=month + 1, day=day)
-    else:
-        result = moment + dt.timedelta(seconds=n * _SECONDS_IN[unit])
-    return t.convert(Value(result, t.DATETIME2), kind)
+    try:
+        if unit in ("year", "quarter", "month"):
+            months = n * {"year": 12, "quarter": 3, "month": 1}[unit]
+            total = moment.year * 12 + moment.month - 1 + months
+            year, month = divmod(total, 12)
+            day = min(moment.day, _days_in(year, month + 1))
+            result = moment.replace(year=year, month=month + 1, day=day)
+        else:
+            result = moment + dt.timedelta(seconds=n * _SECONDS_IN[unit])
+        return t.convert(Value(result, t.DATETIME2), kind)
+    except (ValueError, OverflowError, SqlError):  # past year 9999, or the type's range
+        raise _date_overflow(kind) from None
+
+
+def _date_overflow(kind: t.SqlType) -> SqlError:
+    return SqlError(517, f"Adding a value to a '{kind.name.lower()}' column caused an overflow.")
 
 
 def _days_in(year: int, month: int) -> int:
@@ -479,6 +486,13 @@ def _datediff(part: Value, start: Value, end: Value) -> Value:
         floor_a = math.floor(a.timestamp() / size) if unit != "microsecond" else a.timestamp() * 1e6
         floor_b = math.floor(b.timestamp() / size) if unit != "microsecond" else b.timestamp() * 1e6
         result = int(floor_b - floor_a)
+    if not -(2**31) <= result < 2**31:
+        raise SqlError(
+            535,
+            "The datediff function resulted in an overflow. The number of dateparts separating"
+            " two date/time instances is too large. Try to use datediff with a less precise"
+            " datepart.",
+        )
     return Value(result, t.INT)
 
 
@@ -619,8 +633,11 @@ def _eomonth(date: Value, months: Value | None = None) -> Value:
     shift = 0 if months is None else _int(months) or 0
     index = moment.year * 12 + moment.month - 1 + shift
     year, month = divmod(index, 12)
-    following = dt.date(year + (month + 1) // 12, (month + 1) % 12 + 1, 1)
-    return Value(following - dt.timedelta(days=1), _DATE)
+    try:
+        following = dt.date(year + (month + 1) // 12, (month + 1) % 12 + 1, 1)
+        return Value(following - dt.timedelta(days=1), _DATE)
+    except (ValueError, OverflowError):
+        raise _date_overflow(_DATE) from None
 
 
 def _version() -> str:

@@ -87,8 +87,15 @@ def arithmetic(op: str, a: Value, b: Value) -> Value:
         assert isinstance(days, float)
         moment = a.data
         assert isinstance(moment, (dt.datetime, dt.date))
-        delta = dt.timedelta(days=days if op == "+" else -days)
-        return Value(moment + delta, a.type)
+        try:
+            delta = dt.timedelta(days=days if op == "+" else -days)
+            return t.convert(Value(moment + delta, t.DATETIME2), a.type)
+        except (OverflowError, SqlError):  # past year 9999, or the type's range
+            raise SqlError(
+                8115,
+                f"Arithmetic overflow error converting expression to data type"
+                f" {a.type.name.lower()}.",
+            ) from None
     target = common_type(a.type, b.type)
     if target.family not in _NUMBER:
         if target.family in _TEXT | {"binary"}:

@@ -487,6 +487,13 @@ def _to_guid(value: Value) -> uuid.UUID:
     raise _explicit(value.type, GUID)
 
 
+# the types narrower than Python's datetime (DATETIME2 and DATE span years 1 to 9999 as it does)
+_DATE_RANGES: Final = {
+    "DATETIME": (dt.datetime(1753, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 997000)),
+    "SMALLDATETIME": (dt.datetime(1900, 1, 1), dt.datetime(2079, 6, 6, 23, 59)),
+}
+
+
 def _to_datetime(value: Value, target: SqlType) -> object:
     data = value.data
     family = target.family
@@ -498,9 +505,23 @@ def _to_datetime(value: Value, target: SqlType) -> object:
     elif isinstance(data, str):
         moment = _parse_datetime(data, value, target)
     elif isinstance(data, (int, float, Decimal)) and target.name != "DATETIME2":
-        moment = dt.datetime(1900, 1, 1) + dt.timedelta(days=float(data))
+        try:
+            moment = dt.datetime(1900, 1, 1) + dt.timedelta(days=float(data))
+        except OverflowError:
+            raise SqlError(
+                8115,
+                f"Arithmetic overflow error converting expression to data type"
+                f" {target.name.lower()}.",
+            ) from None
     else:
         raise _explicit(value.type, target)
+    low, high = _DATE_RANGES.get(target.name, (dt.datetime.min, dt.datetime.max))
+    if not low <= moment <= high:
+        raise SqlError(
+            242,
+            f"The conversion of a {value.type.name.lower()} data type to a"
+            f" {target.name.lower()} data type resulted in an out-of-range value.",
+        )
     if family == "date":
         return moment.date()
     if family == "time":

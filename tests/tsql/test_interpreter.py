@@ -540,3 +540,35 @@ async def test_math_functions_convert_text_and_overflow_with_sql_servers_errors(
         (8114, "Error converting data type varchar to float."),
         (245, "Conversion failed when converting the varchar value '1_000' to data type int."),
     ]
+
+
+async def test_dates_out_of_range_give_sql_servers_errors() -> None:
+    session, out = new_session()
+    await each_fails(
+        session,
+        "SELECT DATEADD(year, 100000, GETDATE())",
+        "SELECT DATEADD(day, -1, CAST('0001-01-01' AS DATE))",
+        "SELECT DATEADD(year, -500, CAST('2000-01-01' AS DATETIME))",
+        "SELECT EOMONTH(CAST('2000-01-01' AS DATE), 100000)",
+        "SELECT CAST('20240101' AS DATETIME) + 3000000",
+        "SELECT DATEDIFF(ms, '1900-01-01', '2024-01-01')",
+        "SELECT CAST('1500-01-01' AS DATETIME)",
+    )
+    assert [(e.number, e.text) for e in out.errors] == [
+        (517, "Adding a value to a 'datetime' column caused an overflow."),
+        (517, "Adding a value to a 'date' column caused an overflow."),
+        (517, "Adding a value to a 'datetime' column caused an overflow."),
+        (517, "Adding a value to a 'date' column caused an overflow."),
+        (8115, "Arithmetic overflow error converting expression to data type datetime."),
+        (
+            535,
+            "The datediff function resulted in an overflow. The number of dateparts separating"
+            " two date/time instances is too large. Try to use datediff with a less precise"
+            " datepart.",
+        ),
+        (
+            242,
+            "The conversion of a varchar data type to a datetime data type resulted in an"
+            " out-of-range value.",
+        ),
+    ]
