@@ -197,8 +197,8 @@ class Evaluator:
         value = self.sync(node.operand, frame)
         style = None
         if node.style is not None:
-            style_value = self.sync(node.style, frame).data
-            style = int(style_value) if style_value is not None else None  # type: ignore[call-overload]
+            style_value = self.sync(node.style, frame)
+            style = None if style_value.data is None else t.as_int(style_value)
         if not node.safe:
             return t.convert(value, node.type, style)
         try:

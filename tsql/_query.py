@@ -390,7 +390,7 @@ class Engine:
         converted = t.convert(
             Value(value, t.infer(value)),
             target,
-            None if style is None else int(style),  # type: ignore[call-overload]
+            None if style is None else t.as_int(Value(style, t.infer(style))),
         )
         return to_sqlite(converted.data)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from decimal import Context, Decimal, InvalidOperation
 from typing import Final
 
-from ._errors import SqlError
+from ._errors import NotSupported, SqlError
 from ._xml import Xml as Xml
 from ._xml import parse_xml
 
@@ -215,6 +215,8 @@ def convert(value: Value, target: SqlType, style: int | None = None) -> Value:
     Raises:
         SqlError: the conversion SQL Server refuses, with its number and text.
     """
+    if style is not None:
+        _check_style(value.type, target, style)
     if value.data is None:
         return Value(None, target)
     source = value.type
@@ -225,6 +227,8 @@ def convert(value: Value, target: SqlType, style: int | None = None) -> Value:
     if family in ("nchar", "char"):
         return Value(_fit_text(to_text(value, style, target), target), target)
     if family == "binary":
+        if style in (1, 2) and isinstance(data, str):
+            return Value(_fit_binary(_hex_bytes(value, style), target), target)
         return Value(_fit_binary(to_bytes(value), target), target)
     if family == "int":
         return Value(_to_int(value, target), target)
@@ -235,7 +239,7 @@ def convert(value: Value, target: SqlType, style: int | None = None) -> Value:
     if family == "guid":
         return Value(_to_guid(value), target)
     if family in ("datetime", "date", "time"):
-        return Value(_to_datetime(value, target), target)
+        return Value(_to_datetime(value, target, style), target)
     if family == "xml":
         if isinstance(data, Xml):
             return Value(data, target)
@@ -247,6 +251,75 @@ def convert(value: Value, target: SqlType, style: int | None = None) -> Value:
     if family == "variant":
         return Value(data, source)
     raise _explicit(source, target)
+
+
+# CONVERT's styles: those SQL Server has for dates and times, and those ssb applies
+_DATE_STYLES: Final = frozenset(
+    (*range(15), *range(20, 26), *range(100, 115), 120, 121, 126, 127, 130, 131)
+)
+_DATETIME_STYLES: Final = frozenset((0, 100, 101, 103, 108, 112, 20, 120, 21, 25, 121, 126, 127))
+_STYLES_APPLIED: Final = {
+    ("datetime", "text"): _DATETIME_STYLES,
+    ("date", "text"): frozenset((101, 103, 112)),
+    ("time", "text"): frozenset((108,)),
+    ("text", "datetime"): _DATETIME_STYLES,
+    ("text", "date"): _DATETIME_STYLES,
+    ("text", "time"): _DATETIME_STYLES,
+    ("binary", "text"): frozenset((0, 1, 2)),
+    ("text", "binary"): frozenset((0, 1, 2)),
+    ("float", "text"): frozenset((0,)),
+    ("money", "text"): frozenset((0,)),
+}
+# the styles SQL Server has for the conversions ssb applies fewer of
+_STYLES: Final = {
+    "datetime": _DATE_STYLES,
+    "date": _DATE_STYLES,
+    "time": _DATE_STYLES,
+    "binary": frozenset((0, 1, 2)),
+    "float": frozenset((0, 1, 2, 3, 126, 128, 129)),
+    "money": frozenset((0, 1, 2, 126)),
+}
+
+
+def _style_family(kind: SqlType) -> str:
+    if kind.name in ("MONEY", "SMALLMONEY"):
+        return "money"
+    family = kind.family
+    return "text" if family in ("char", "nchar") else family
+
+
+def _check_style(source: SqlType, target: SqlType, style: int) -> None:
+    """Refuse a CONVERT style SQL Server does not have for the conversion (Msg 281) or
+    ssb does not apply (Msg 40517); where SQL Server ignores a style, so does ssb."""
+    pair = (_style_family(source), _style_family(target))
+    applied = _STYLES_APPLIED.get(pair)
+    if applied is None or style in applied:
+        return
+    other = pair[1] if pair[0] == "text" else pair[0]
+    if style not in _STYLES[other]:
+        towards = (
+            f"from {source.name.lower()} to a character string"
+            if pair[1] == "text"
+            else f"from a character string to {target.name.lower()}"
+        )
+        raise SqlError(281, f"{style} is not a valid style number when converting {towards}.")
+    raise NotSupported(
+        f"CONVERT style {style} from {source.name.lower()} to {target.name.lower()}",
+        f"use one of the styles {', '.join(map(str, sorted(applied)))}",
+    )
+
+
+def _hex_bytes(value: Value, style: int) -> bytes:
+    """CONVERT(VARBINARY, text, 1 | 2): the hex digits as bytes (style 1 with its 0x)."""
+    text = str(value.data).strip()
+    prefixed = text[:2].lower() == "0x"
+    digits = text[2:] if prefixed else text
+    if prefixed != (style == 1) or len(digits) % 2 or not _HEX_TEXT.fullmatch(digits):
+        raise SqlError(8114, f"Error converting data type {value.type.name.lower()} to varbinary.")
+    return bytes.fromhex(digits)
+
+
+_HEX_TEXT: Final = re.compile(r"[0-9a-fA-F]*")
 
 
 def assign(value: Value, target: SqlType) -> Value:
@@ -288,8 +361,12 @@ def to_text(value: Value, style: int | None = None, target: SqlType | None = Non
     if isinstance(data, dt.datetime):
         return datetime_text(data, value.type, style)
     if isinstance(data, dt.date):
+        if style in (101, 103, 112):
+            return datetime_text(dt.datetime(data.year, data.month, data.day), value.type, style)
         return data.isoformat()
     if isinstance(data, dt.time):
+        if style == 108:
+            return f"{data:%H:%M:%S}"
         return data.isoformat()
     raise AssertionError(f"no text for {family} {data!r}")
 
@@ -494,7 +571,7 @@ _DATE_RANGES: Final = {
 }
 
 
-def _to_datetime(value: Value, target: SqlType) -> object:
+def _to_datetime(value: Value, target: SqlType, style: int | None = None) -> object:
     data = value.data
     family = target.family
     moment: dt.datetime
@@ -503,7 +580,7 @@ def _to_datetime(value: Value, target: SqlType) -> object:
     elif isinstance(data, dt.date):
         moment = dt.datetime(data.year, data.month, data.day)
     elif isinstance(data, str):
-        moment = _parse_datetime(data, value, target)
+        moment = _parse_datetime(data, value, target, style)
     elif isinstance(data, (int, float, Decimal)) and target.name != "DATETIME2":
         try:
             moment = dt.datetime(1900, 1, 1) + dt.timedelta(days=float(data))
@@ -533,8 +610,12 @@ def _to_datetime(value: Value, target: SqlType) -> object:
     return moment
 
 
-def _parse_datetime(text: str, value: Value, target: SqlType) -> dt.datetime:
+def _parse_datetime(
+    text: str, value: Value, target: SqlType, style: int | None = None
+) -> dt.datetime:
     cleaned = text.strip().replace("T", " ")
+    if style == 103:  # dd/mm/yyyy (ISO forms are read whatever the style)
+        cleaned = _DAY_FIRST.sub(r"\2/\1/\3", cleaned)
     if cleaned.endswith("Z"):
         cleaned = cleaned[:-1]
     for form in (
@@ -566,9 +647,12 @@ def _parse_datetime(text: str, value: Value, target: SqlType) -> dt.datetime:
     raise SqlError(241, f"Conversion failed when converting {kind} from character string.")
 
 
+_DAY_FIRST: Final = re.compile(r"^(\d{1,2})/(\d{1,2})/(\d{4})")
+
+
 def datetime_text(moment: dt.datetime, source: SqlType, style: int | None = None) -> str:
     """A datetime as CONVERT(NVARCHAR, ..., style) gives it (a few common styles)."""
-    if style in (None, 0, 100) and source.name in ("DATETIME", "SMALLDATETIME"):
+    if style in (0, 100) or (style is None and source.name in ("DATETIME", "SMALLDATETIME")):
         hour = moment.hour % 12 or 12
         suffix = "AM" if moment.hour < 12 else "PM"
         return f"{moment:%b} {moment.day:2d} {moment.year} {hour:2d}:{moment:%M}{suffix}"

@@ -3,6 +3,7 @@ messages, and stored procedures on an in-process catalog."""
 
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 
 import pytest
@@ -571,4 +572,51 @@ async def test_dates_out_of_range_give_sql_servers_errors() -> None:
             "The conversion of a varchar data type to a datetime data type resulted in an"
             " out-of-range value.",
         ),
+    ]
+
+
+async def test_convert_applies_its_style_or_refuses_it() -> None:
+    _, out = await ran(
+        "SELECT CONVERT(DATETIME, '01/02/2024', 103) AS british,"
+        " CONVERT(DATETIME, '01/02/2024', 101) AS us,"
+        " CONVERT(VARCHAR(10), CAST('2024-01-02' AS DATE), 103) AS date_text,"
+        " CONVERT(VARBINARY(10), '0x0102', 1) AS prefixed, CONVERT(VARBINARY(10), '0A0b', 2) AS bare,"
+        " CONVERT(VARCHAR(30), CAST('2024-01-02 03:04:05' AS DATETIME2), 0) AS default_style"
+    )
+    assert table(out.results[0]) == [
+        [
+            dt.datetime(2024, 2, 1),
+            dt.datetime(2024, 1, 2),
+            "02/01/2024",
+            b"\x01\x02",
+            b"\x0a\x0b",
+            "Jan  2 2024  3:04AM",
+        ]
+    ]
+    session, out = new_session()
+    await each_fails(
+        session,
+        "SELECT CONVERT(VARCHAR(30), GETDATE(), 'x')",
+        "SELECT CONVERT(VARCHAR(30), GETDATE(), 99)",
+        "SELECT CONVERT(VARCHAR(30), GETDATE(), 23)",
+        "SELECT CONVERT(VARCHAR(30), 1.5e0, 2)",
+        "SELECT CONVERT(VARBINARY(10), '0x012', 1)",
+    )
+    assert [(e.number, e.text) for e in out.errors] == [
+        (245, "Conversion failed when converting the varchar value 'x' to data type bigint."),
+        (
+            281,
+            "99 is not a valid style number when converting from datetime to a character string.",
+        ),
+        (
+            40517,
+            "CONVERT style 23 from datetime to varchar is not supported by ssb: use one of the"
+            " styles 0, 20, 21, 25, 100, 101, 103, 108, 112, 120, 121, 126, 127",
+        ),
+        (
+            40517,
+            "CONVERT style 2 from float to varchar is not supported by ssb: use one of the"
+            " styles 0",
+        ),
+        (8114, "Error converting data type varchar to varbinary."),
     ]
