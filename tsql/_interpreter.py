@@ -631,19 +631,27 @@ class Session:
         raise Return(None if value.data is None else int(t.convert(value, t.INT).data))  # type: ignore[call-overload]
 
     async def _waitfor_delay(self, statement: ast.WaitforDelay, frame: Frame) -> None:
-        text = await self.text_value(statement.delay, frame)
-        match = re.fullmatch(
-            r"\s*(\d{1,2}):(\d{1,2})(?::(\d{1,2})(?:\.(\d{1,3}))?)?\s*", text or ""
-        )
-        if match is None:
-            raise SqlError(148, f"Incorrect time syntax in time string '{text}' used with WAITFOR.")
-        hours, minutes, seconds = int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
-        millis = int((match.group(4) or "0").ljust(3, "0"))
+        value = await self.value(statement.delay, frame)
+        moment = value.data
+        if isinstance(moment, dt.datetime):  # a DATETIME's time of day, as SQL Server takes it
+            hours, minutes, seconds = moment.hour, moment.minute, moment.second
+            millis = moment.microsecond // 1000
+        else:
+            text = None if moment is None else t.to_text(value)
+            match = re.fullmatch(
+                r"\s*(\d{1,2}):(\d{1,2})(?::(\d{1,2})(?:\.(\d{1,3}))?)?\s*", text or ""
+            )
+            if match is None:
+                raise _waitfor_syntax(text)
+            hours, minutes, seconds = (int(part or 0) for part in match.groups()[:3])
+            if hours > 23 or minutes > 59 or seconds > 59:  # a time of day, 23:59:59.999 at most
+                raise _waitfor_syntax(text)
+            millis = int((match.group(4) or "0").ljust(3, "0"))
         span = hours * 3600 + minutes * 60 + seconds + millis / 1000
         if statement.until:
             now = dt.datetime.now()
             target = now.replace(
-                hour=hours % 24, minute=minutes, second=seconds, microsecond=millis * 1000
+                hour=hours, minute=minutes, second=seconds, microsecond=millis * 1000
             )
             if target <= now:
                 target += dt.timedelta(days=1)
@@ -690,6 +698,10 @@ def _bind(
         await handler(session, statement, frame)
 
     return run
+
+
+def _waitfor_syntax(text: str | None) -> SqlError:
+    return SqlError(148, f"Incorrect time syntax in time string '{text}' used with WAITFOR.")
 
 
 def _column_name(item: ast.SelectItem) -> str:

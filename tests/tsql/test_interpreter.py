@@ -3,6 +3,7 @@ messages, and stored procedures on an in-process catalog."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from decimal import Decimal
 
@@ -620,3 +621,22 @@ async def test_convert_applies_its_style_or_refuses_it() -> None:
         ),
         (8114, "Error converting data type varchar to varbinary."),
     ]
+
+
+async def test_waitfor_takes_a_time_of_day_and_refuses_what_is_not_one() -> None:
+    session, out = new_session()
+    async with asyncio.timeout(10):  # unfixed, these waited an hour and more
+        await each_fails(
+            session,
+            "WAITFOR DELAY '00:60'",
+            "WAITFOR DELAY '25:00'",
+            "WAITFOR TIME '24:00'",
+        )
+        _, done = await ran(
+            "DECLARE @d DATETIME = '00:00:00.010'; WAITFOR DELAY @d; PRINT 'waited'"
+        )
+    assert [(e.number, e.text) for e in out.errors] == [
+        (148, f"Incorrect time syntax in time string '{time}' used with WAITFOR.")
+        for time in ("00:60", "25:00", "24:00")
+    ]
+    assert done.messages == ["waited"]
