@@ -136,9 +136,9 @@ async def begin_dialog(session: Session, statement: ast.BeginDialog, frame: Fram
             session, statement.related_group, frame, group=True
         )
     if statement.lifetime is not None:
-        lifetime = (await session.value(statement.lifetime, frame)).data
-        if lifetime is not None:
-            options["lifetime"] = float(int(lifetime))  # type: ignore[call-overload]
+        lifetime = await session.value(statement.lifetime, frame)
+        if lifetime.data is not None:
+            options["lifetime"] = float(t.as_int(lifetime))
     handle = await session.broker(
         session.connection().begin_dialog(
             from_service,
@@ -199,10 +199,11 @@ async def conversation_timer(
     session: Session, statement: ast.ConversationTimer, frame: Frame
 ) -> None:
     handle = await _handle(session, statement.handle, frame)
-    seconds = (await session.value(statement.timeout, frame)).data
-    if seconds is None:
+    seconds = await session.value(statement.timeout, frame)
+    if seconds.data is None:
         raise SqlError(8439, "The TIMEOUT of BEGIN CONVERSATION TIMER is NULL; give seconds.")
-    await session.broker(session.connection().begin_conversation_timer(handle, float(seconds)))  # type: ignore[arg-type]
+    timeout = float(t.as_int(seconds))
+    await session.broker(session.connection().begin_conversation_timer(handle, timeout))
 
 
 async def move_conversation(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ssb import client
 
 from . import _ast as ast
+from . import _types as t
 from ._broker import object_name
 from ._errors import NotSupported, SqlError, found
 
@@ -169,8 +170,8 @@ async def _route_parts(session: Session, s: ast.Ddl, frame: Frame) -> dict[str, 
         if parts.get(option) is not None:
             parts[option] = _address(parts[option])
     if "lifetime" in options:
-        seconds = (await session.value(options["lifetime"], frame)).data
-        parts["lifetime"] = None if seconds is None else float(seconds)  # type: ignore[arg-type]
+        seconds = await session.value(options["lifetime"], frame)
+        parts["lifetime"] = None if seconds.data is None else float(t.as_int(seconds))
     return parts
 
 

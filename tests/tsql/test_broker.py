@@ -243,6 +243,28 @@ async def test_receive_top_and_timeout_convert_as_sql_server_converts_them(
     assert table(rowcount) == [[0]] and table(left) == [[1]]
 
 
+async def test_lifetimes_and_timer_timeouts_convert_as_sql_server_converts_them(
+    tsql: tuple[Session, Collect],
+) -> None:
+    session, out = tsql
+    begin = (
+        "DECLARE @h UNIQUEIDENTIFIER; BEGIN DIALOG @h FROM SERVICE [//t/Initiator]"
+        " TO SERVICE '//t/Target' ON CONTRACT [//t/Contract]"
+    )
+    await each_fails(
+        session,
+        f"{begin} WITH LIFETIME = 'x'",
+        f"{begin}; BEGIN CONVERSATION TIMER (@h) TIMEOUT = 'x'",
+        "CREATE ROUTE R WITH SERVICE_NAME = '//far', ADDRESS = 'LOCAL', LIFETIME = 'x'",
+    )
+    conversion = "Conversion failed when converting the varchar value 'x' to data type bigint."
+    assert [(e.number, e.text) for e in out.errors] == [(245, conversion)] * 3
+    assert await run(
+        session,
+        f"{begin} WITH LIFETIME = '60'; BEGIN CONVERSATION TIMER (@h) TIMEOUT = '30'",
+    ), out.errors
+
+
 async def test_a_failing_statement_in_a_transaction_leaves_nothing_of_itself(
     tsql: tuple[Session, Collect], conn: client.Connection
 ) -> None:
