@@ -171,12 +171,19 @@ def _replicate(value: Value, count: Value) -> Value:
     n = _int(count)
     if value.data is None or n is None or n < 0:
         return Value(None, _string_type(value))
-    return Value(t.to_text(value) * n, _string_type(value))
+    text = t.to_text(value)
+    room = t.text_room(value.type)
+    if len(text) * n > room:  # computed before the text is made: it may not fit in memory
+        if value.type.length == t.MAX:
+            raise t.lob_overflow()
+        n = -(-room // len(text))  # cut at 8000 bytes, as SQL Server cuts a value not (MAX)
+    return Value((text * n)[:room], _string_type(value))
 
 
 def _space(count: Value) -> Value:
     n = _int(count)
-    return Value(None if n is None or n < 0 else " " * n, t.VARCHAR_MAX)
+    room = t.text_room(t.VARCHAR)  # SPACE's type is VARCHAR: 8000 spaces at most
+    return Value(None if n is None or n < 0 else " " * min(n, room), t.VARCHAR_MAX)
 
 
 def _stuff(value: Value, start: Value, length: Value, insert: Value) -> Value:

@@ -74,11 +74,16 @@ def arithmetic(op: str, a: Value, b: Value) -> Value:
         kind = t.NVARCHAR_MAX if "nchar" in (fa, fb) else t.VARCHAR_MAX
         if a.data is None or b.data is None:
             return Value(None, kind)
-        return Value(str(a.data) + str(b.data), kind)
+        left, right = str(a.data), str(b.data)
+        if len(left) + len(right) > t.text_room(kind):
+            raise t.lob_overflow()
+        return Value(left + right, kind)
     if op == "+" and fa == "binary" and fb == "binary":
         if a.data is None or b.data is None:
             return Value(None, t.VARBINARY_MAX)
         assert isinstance(a.data, bytes) and isinstance(b.data, bytes)
+        if len(a.data) + len(b.data) > t.MAX_BYTES:
+            raise t.lob_overflow()
         return Value(a.data + b.data, t.VARBINARY_MAX)
     if fa in ("datetime", "date") and fb in _NUMBER | _TEXT and op in ("+", "-"):
         if a.data is None or b.data is None:

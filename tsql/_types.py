@@ -34,6 +34,8 @@ from ._xml import Xml as Xml
 from ._xml import parse_xml
 
 MAX: Final = -1  # the length of (MAX) types
+MAX_BYTES: Final = 2**31 - 1  # what a (MAX) value holds at most, as in SQL Server
+_ROW_BYTES: Final = 8000  # what a character or binary value of a declared length holds
 # DECIMAL's arithmetic: its 38 digits (Python's default context keeps 28)
 DECIMALS: Final = Context(prec=38)
 
@@ -412,6 +414,20 @@ def top_count(value: Value) -> int | None:
     if count < 0:
         raise SqlError(1014, "A TOP N or FETCH rows count value may not be negative.")
     return count
+
+
+def text_room(kind: SqlType) -> int:
+    """The characters a text value of `kind` holds at most: 8000 bytes' worth, or
+    MAX_BYTES' for (MAX)."""
+    per_character = 2 if kind.family == "nchar" else 1
+    return (MAX_BYTES if kind.length == MAX else _ROW_BYTES) // per_character
+
+
+def lob_overflow() -> SqlError:
+    """Msg 7119: a (MAX) value grown past MAX_BYTES."""
+    return SqlError(
+        7119, f"Attempting to grow LOB beyond maximum allowed size of {MAX_BYTES} bytes."
+    )
 
 
 def truthy(value: Value) -> bool | None:

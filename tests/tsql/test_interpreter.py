@@ -640,3 +640,17 @@ async def test_waitfor_takes_a_time_of_day_and_refuses_what_is_not_one() -> None
         for time in ("00:60", "25:00", "24:00")
     ]
     assert done.messages == ["waited"]
+
+
+async def test_replicate_and_space_are_bounded_as_in_sql_server() -> None:
+    _, out = await ran(
+        "SELECT DATALENGTH(REPLICATE('ab', 10000)) AS short, DATALENGTH(REPLICATE(N'ab', 10000))"
+        " AS unicode, DATALENGTH(SPACE(2000000000)) AS spaces,"
+        " DATALENGTH(REPLICATE(CAST('ab' AS VARCHAR(MAX)), 10000)) AS max"
+    )
+    assert table(out.results[0]) == [[8000, 8000, 8000, 20000]]
+    session, out = new_session()
+    await each_fails(session, "SELECT REPLICATE(CAST('ab' AS VARCHAR(MAX)), 2000000000)")
+    assert [(e.number, e.text) for e in out.errors] == [
+        (7119, "Attempting to grow LOB beyond maximum allowed size of 2147483647 bytes.")
+    ]
