@@ -186,6 +186,8 @@ def make_type(name: str, args: tuple[int, ...] = (), *, declared: bool = True) -
         return SqlType(upper, None, precision, scale)
     if upper in ("DATETIME2", "TIME", "DATETIMEOFFSET"):
         return SqlType(upper, None, args[0] if args else 7)
+    if upper in _MONEY_RANGES:  # four decimal places, as SQL Server keeps them
+        return SqlType(upper, None, 19 if upper == "MONEY" else 10, 4)
     return SqlType(upper)
 
 
@@ -516,6 +518,12 @@ def _to_int(value: Value, target: SqlType) -> int:
     return number
 
 
+_MONEY_RANGES: Final = {
+    "MONEY": (Decimal("-922337203685477.5808"), Decimal("922337203685477.5807")),
+    "SMALLMONEY": (Decimal("-214748.3648"), Decimal("214748.3647")),
+}
+
+
 def _to_decimal(value: Value, target: SqlType) -> Decimal:
     data = value.data
     try:
@@ -540,6 +548,9 @@ def _to_decimal(value: Value, target: SqlType) -> Decimal:
         raise _overflow(value, target)
     rounded = number.quantize(quantum, context=DECIMALS)
     if target.precision is not None and len(rounded.as_tuple().digits) > target.precision:
+        raise _overflow(value, target)
+    low, high = _MONEY_RANGES.get(target.name, (rounded, rounded))
+    if not low <= rounded <= high:
         raise _overflow(value, target)
     return rounded
 
@@ -700,6 +711,8 @@ def display(value: Value) -> str:
         if value.type.name == "DATETIME2":
             return f"{data:%Y-%m-%d %H:%M:%S}.{data.microsecond:06d}0"
         return f"{data:%Y-%m-%d %H:%M:%S}.{data.microsecond // 1000:03d}"
+    if isinstance(data, Decimal) and value.type.name in _MONEY_RANGES:
+        return f"{data:.4f}"  # sqlcmd shows money's four places (CONVERT gives two)
     return to_text(value)
 
 

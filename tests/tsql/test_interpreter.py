@@ -10,6 +10,7 @@ from decimal import Decimal
 import pytest
 
 from ssb.tsql import SqlError
+from ssb.tsql import _types as t
 
 from .helpers import MemoryProcedures, each_fails, new_session, ran, run, table
 
@@ -653,4 +654,19 @@ async def test_replicate_and_space_are_bounded_as_in_sql_server() -> None:
     await each_fails(session, "SELECT REPLICATE(CAST('ab' AS VARCHAR(MAX)), 2000000000)")
     assert [(e.number, e.text) for e in out.errors] == [
         (7119, "Attempting to grow LOB beyond maximum allowed size of 2147483647 bytes.")
+    ]
+
+
+async def test_money_keeps_four_decimal_places_and_its_range() -> None:
+    _, out = await ran(
+        "DECLARE @m MONEY = 1.23456;"
+        " SELECT @m AS m, CAST(@m AS DECIMAL(10, 4)) AS d, CAST(@m AS VARCHAR(20)) AS t"
+    )
+    assert table(out.results[0]) == [[Decimal("1.2346"), Decimal("1.2346"), "1.23"]]
+    assert t.display(out.results[0].rows[0][0]) == "1.2346"
+    session, out = new_session()
+    await each_fails(session, "DECLARE @m SMALLMONEY = 1000000", "SELECT CAST(1e15 AS MONEY)")
+    assert [(e.number, e.text) for e in out.errors] == [
+        (8115, "Arithmetic overflow error converting int to data type smallmoney."),
+        (8115, "Arithmetic overflow error converting float to data type money."),
     ]
