@@ -182,6 +182,19 @@ class Statement:
     line: int
 
 
+@dataclass(frozen=True, slots=True)
+class TableConstraints:
+    """What a table variable's declaration holds its rows to: the columns (positions)
+    that take no NULL, its PRIMARY KEY's and its UNIQUE column sets."""
+
+    not_null: frozenset[int] = frozenset()
+    primary: tuple[int, ...] = ()
+    unique: tuple[tuple[int, ...], ...] = ()
+
+
+NO_CONSTRAINTS = TableConstraints()
+
+
 @dataclass(slots=True)
 class DeclareItem:
     name: str
@@ -189,6 +202,7 @@ class DeclareItem:
     type: SqlType | None  # None: a table variable (columns below)
     init: Expr | None = None
     columns: tuple[tuple[str, SqlType], ...] = ()
+    constraints: TableConstraints = NO_CONSTRAINTS
 
 
 @dataclass(slots=True)

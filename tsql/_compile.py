@@ -23,6 +23,7 @@ class Declared:
     name: str
     type: SqlType | None  # None: a table variable
     columns: tuple[tuple[str, SqlType], ...] = ()
+    constraints: ast.TableConstraints = ast.NO_CONSTRAINTS
 
 
 def check(
@@ -64,7 +65,9 @@ def _statement(node: ast.Statement, declared: dict[str, Declared], loops: int) -
                     level=SYNTAX_LEVEL,
                     line=node.line,
                 )
-            declared[item.key] = Declared(item.key, item.name, item.type, item.columns)
+            declared[item.key] = Declared(
+                item.key, item.name, item.type, item.columns, item.constraints
+            )
         return
     if isinstance(node, (ast.Break, ast.Continue)) and loops == 0:
         word = "BREAK" if isinstance(node, ast.Break) else "CONTINUE"

@@ -360,10 +360,7 @@ async def _deliver(
                 213,
                 "Column name or number of supplied values does not match table definition.",
             )
-        for values in rows:
-            slot.table.rows.append(
-                [t.assign(v, kind) for v, (_, kind) in zip(values, slot.table.columns, strict=True)]
-            )
+        slot.table.admit(slot.table.rows + rows)
         return
     if rows:
         types = [

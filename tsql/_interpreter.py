@@ -326,13 +326,12 @@ class Session:
             translation, frame_parameters(translation, frame, self.system_function), target
         )
         columns = slot.table.columns
-        slot.table.rows = [
+        slot.table.admit(
             [
-                t.assign(from_sqlite(v, kind), kind)
-                for v, (_, kind) in zip(row, columns, strict=True)
+                [from_sqlite(v, kind) for v, (_, kind) in zip(row, columns, strict=True)]
+                for row in rows
             ]
-            for row in rows
-        ]
+        )
         self.rowcount = count
         if not self.nocount:
             self.output.message(f"({count} row{'s' if count != 1 else ''} affected)")

@@ -22,7 +22,8 @@ def common_type(a: t.SqlType, b: t.SqlType) -> t.SqlType:
     return a if t.PRECEDENCE[a.name] <= t.PRECEDENCE[b.name] else b
 
 
-def _key(value: Value) -> Any:
+def sort_key(value: Value) -> Any:
+    """What a value compares by: text as the default collation compares it."""
     data = value.data
     if isinstance(data, str):
         return data.rstrip(" ").lower()
@@ -45,7 +46,7 @@ def compare(op: str, a: Value, b: Value) -> bool | None:
     ):
         target = common_type(a.type, b.type)
         a, b = t.convert(a, target), t.convert(b, target)
-    x, y = _key(a), _key(b)
+    x, y = sort_key(a), sort_key(b)
     try:
         if op == "=":
             return bool(x == y)

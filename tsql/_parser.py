@@ -94,10 +94,9 @@ class Parser(TableParser):
             variable = self.variable()
             self.take("AS")
             if self.take("TABLE"):
+                columns, constraints = self._table_columns()
                 items.append(
-                    ast.DeclareItem(
-                        variable.text, variable.upper, None, columns=self._table_columns()
-                    )
+                    ast.DeclareItem(variable.text, variable.upper, None, None, columns, constraints)
                 )
             elif self.at("CURSOR"):
                 raise NotSupported(
@@ -110,28 +109,94 @@ class Parser(TableParser):
             if not self.take_op(","):
                 return ast.Declare(line, items)
 
-    def _table_columns(self) -> tuple[tuple[str, SqlType], ...]:
-        self.expect_op("(")
-        columns = []
+    def _table_columns(
+        self,
+    ) -> tuple[tuple[tuple[str, SqlType], ...], ast.TableConstraints]:
+        """A table variable's columns and the constraints it keeps: NULL / NOT NULL,
+        PRIMARY KEY, UNIQUE (of a column or of several) and INDEX; the others refused."""
+        line = self.expect_op("(").line
+        columns: list[tuple[str, SqlType]] = []
+        not_null: set[str] = set()
+        keys: dict[str, list[tuple[str, ...]]] = {"PRIMARY": [], "UNIQUE": []}
         while True:
             if self.at("PRIMARY", "UNIQUE", "INDEX", "CHECK", "CONSTRAINT"):
-                self._skip_constraint()
+                self._table_constraint(None, not_null, keys)
             else:
                 name = self.name()
-                kind = self.data_type()
-                self._skip_constraint()
-                columns.append((name, kind))
+                columns.append((name, self.data_type()))
+                while not self.at_op(",", ")") and not self.at_end:
+                    if self.take("NOT"):
+                        self.expect("NULL")
+                        not_null.add(name.lower())
+                    elif not self.take("NULL"):
+                        self._table_constraint(name, not_null, keys)
             if not self.take_op(","):
                 break
         self.expect_op(")")
-        return tuple(columns)
+        positions = {name.lower(): index for index, (name, _) in enumerate(columns)}
+        for name in not_null.union(*keys["PRIMARY"], *keys["UNIQUE"]):
+            if name not in positions:
+                raise SqlError(
+                    1911, f"Column name '{name}' does not exist in the target table."
+                ).at(line)
+        if len(keys["PRIMARY"]) > 1:
+            raise SqlError(8110, "Cannot add multiple PRIMARY KEY constraints to table.").at(
+                self.token.line
+            )
+        placed = {
+            kind: tuple(tuple(positions[name] for name in key) for key in found)
+            for kind, found in keys.items()
+        }
+        return tuple(columns), ast.TableConstraints(
+            frozenset(positions[name] for name in not_null),
+            placed["PRIMARY"][0] if placed["PRIMARY"] else (),
+            placed["UNIQUE"],
+        )
 
-    def _skip_constraint(self) -> None:
-        while not self.at_op(",", ")") and not self.at_end:
-            if self.at_op("("):
-                self._skip_parenthesised()
-            else:
-                self.advance()
+    def _table_constraint(
+        self, column: str | None, not_null: set[str], keys: dict[str, list[tuple[str, ...]]]
+    ) -> None:
+        """One constraint of a table variable, of `column` or (None) of the table: a key
+        goes into `keys` under PRIMARY or UNIQUE, a primary key's columns also into
+        `not_null`."""
+        if self.take("CONSTRAINT"):
+            self.name()
+        primary = bool(self.take("PRIMARY"))
+        if primary:
+            self.expect("KEY")
+        elif self.take("INDEX"):
+            self.name()
+            if not self.take("UNIQUE"):  # an index changes no answer
+                self.take("CLUSTERED", "NONCLUSTERED")
+                if self.at_op("("):
+                    self._skip_parenthesised()
+                return
+        elif not self.take("UNIQUE"):
+            what = self.token.text.upper()
+            raise NotSupported(
+                f"{what} in a table variable",
+                "a temporary table (CREATE TABLE #name) takes DEFAULT, IDENTITY and CHECK",
+            ).at(self.token.line)
+        self.take("CLUSTERED", "NONCLUSTERED")
+        key: list[str] = []
+        if self.take_op("("):
+            while True:
+                key.append(self.name().lower())
+                self.take("ASC", "DESC")
+                if not self.take_op(","):
+                    break
+            self.expect_op(")")
+        elif column is not None:
+            key.append(column.lower())
+        else:
+            self.fail()
+        if self.at("WITH"):
+            raise NotSupported(
+                "WITH options of a table variable's key", "declare the key without them"
+            ).at(self.token.line)
+        keys["PRIMARY" if primary else "UNIQUE"].append(tuple(key))
+        if primary:
+            not_null.update(key)
 
     def _set(self, line: int) -> ast.Statement:
         token = self.token

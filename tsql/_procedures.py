@@ -58,7 +58,8 @@ def new_frame(declared: list[Declared], procedure: str | None = None, nesting: i
 def declare(frame: Frame, declared: list[Declared]) -> None:
     for item in declared:
         if item.type is None:
-            frame.variables[item.key] = Slot(t.NULL.type, t.NULL, TableVariable(item.columns))
+            table = TableVariable(item.columns, constraints=item.constraints, name=item.name)
+            frame.variables[item.key] = Slot(t.NULL.type, t.NULL, table)
         else:
             frame.variables[item.key] = Slot(item.type, Value(None, item.type))
 

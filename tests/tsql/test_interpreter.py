@@ -670,3 +670,55 @@ async def test_money_keeps_four_decimal_places_and_its_range() -> None:
         (8115, "Arithmetic overflow error converting int to data type smallmoney."),
         (8115, "Arithmetic overflow error converting float to data type money."),
     ]
+
+
+async def test_a_table_variable_keeps_its_declared_constraints_or_refuses_them() -> None:
+    session, out = new_session()
+    await each_fails(
+        session,
+        "DECLARE @t TABLE (id INT PRIMARY KEY, v VARCHAR(3));"
+        " INSERT @t VALUES (1, 'a'); INSERT @t VALUES (2, 'b'), (1, 'c')",
+        "DECLARE @t TABLE (id INT NOT NULL); INSERT @t VALUES (1), (NULL)",
+        "DECLARE @t TABLE (s VARCHAR(3)); INSERT @t VALUES ('abc   '); INSERT @t VALUES ('abcd')",
+        "DECLARE @t TABLE (a INT, b NVARCHAR(5), UNIQUE (a, b));"
+        " INSERT @t VALUES (1, N'X'), (NULL, NULL); UPDATE @t SET b = N'x ' WHERE a IS NULL;"
+        " INSERT @t VALUES (1, N'x ')",
+        "DECLARE @t TABLE (a INT DEFAULT 5)",
+        "DECLARE @t TABLE (a INT IDENTITY(1, 1))",
+        "DECLARE @t TABLE (a INT, CHECK (a > 0))",
+    )
+    refused = (
+        "in a table variable is not supported by ssb: a temporary table (CREATE TABLE #name)"
+        " takes DEFAULT, IDENTITY and CHECK"
+    )
+    assert [(e.number, e.text) for e in out.errors] == [
+        (
+            2627,
+            "Violation of PRIMARY KEY constraint. Cannot insert duplicate key in object '@t'."
+            " The duplicate key value is (1).",
+        ),
+        (
+            515,
+            "Cannot insert the value NULL into column 'id', table '@t'; column does not allow"
+            " nulls. INSERT fails.",
+        ),
+        (8152, "String or binary data would be truncated."),
+        (
+            2627,
+            "Violation of UNIQUE KEY constraint. Cannot insert duplicate key in object '@t'."
+            " The duplicate key value is (1, x ).",
+        ),
+        (40517, f"DEFAULT {refused}"),
+        (40517, f"IDENTITY {refused}"),
+        (40517, f"CHECK {refused}"),
+    ]
+    # a statement that fails leaves the table as it was
+    session, out = new_session()
+    assert not await run(
+        session,
+        "DECLARE @t TABLE (id INT PRIMARY KEY); INSERT @t VALUES (1), (2);\n"
+        "BEGIN TRY UPDATE @t SET id = 1 END TRY BEGIN CATCH PRINT ERROR_NUMBER() END CATCH;\n"
+        "SELECT id FROM @t ORDER BY id;\n"
+        "INSERT @t VALUES (3), (3)",
+    )
+    assert out.messages[-1] == "2627" and table(out.results[-1]) == [[1], [2]]
