@@ -283,7 +283,10 @@ _SAFE_COLUMNS: Final = frozenset(
 
 def _may_fail(statement: ast.Receive, frame: Frame) -> bool:
     """Whether evaluating the column list can fail after the messages were taken: an
-    expression, or a column read into a variable of a type it may not convert to."""
+    expression, a column read into a variable of a type it may not convert to, or rows
+    put INTO a table variable, which its columns and constraints may refuse."""
+    if statement.into is not None:
+        return True
     for item in statement.items:
         expr = item.expr
         if isinstance(expr, ast.Star):

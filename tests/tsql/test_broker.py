@@ -314,6 +314,20 @@ async def test_a_receive_whose_columns_fail_gives_its_messages_back(
     assert [m.message_body for m in waiting] == [b"<ok/>", "<before/>".encode("utf-16")]
 
 
+async def test_a_receive_into_a_table_that_refuses_the_rows_gives_its_messages_back(
+    tsql: tuple[Session, Collect], conn: client.Connection
+) -> None:
+    session, out = tsql
+    await _requests(conn, b"<longer-than-the-column/>")
+    await each_fails(
+        session,
+        "DECLARE @t TABLE (b VARBINARY(4)); RECEIVE message_body FROM TargetQueue INTO @t",
+    )
+    assert [e.number for e in out.errors] == [8152]
+    assert await run(session, "SELECT COUNT(*) AS n FROM TargetQueue"), out.errors
+    assert table(out.results[-1]) == [[1]]
+
+
 async def test_save_transaction_and_rollback_to_it(
     tsql: tuple[Session, Collect], conn: client.Connection
 ) -> None:
