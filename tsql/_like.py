@@ -43,14 +43,32 @@ def _compile(pattern: str, escape: str | None) -> re.Pattern[str]:
             if close < 0:
                 out.append(re.escape(c))
             else:
-                body = pattern[i + 1 : close]
-                negate = body.startswith("^")
-                if negate:
-                    body = body[1:]
-                escaped = "".join("\\" + ch if ch in "\\]^" else ch for ch in body)
-                out.append(f"[{'^' if negate else ''}{escaped}]")
+                out.append(_character_set(pattern[i + 1 : close]))
                 i = close
         else:
             out.append(re.escape(c))
         i += 1
     return re.compile("".join(out), re.IGNORECASE | re.DOTALL)
+
+
+def _character_set(body: str) -> str:
+    """A LIKE set's body (between [ and ]) as a regular expression: its characters and
+    ranges taken literally (a range whose ends are backwards holds nothing, as in SQL
+    Server), every character that means something in a Python set escaped."""
+    negate = body.startswith("^")
+    if negate:
+        body = body[1:]
+    parts: list[str] = []
+    j = 0
+    while j < len(body):
+        if j + 2 < len(body) and body[j + 1] == "-":  # a range: first-last
+            low, high = body[j], body[j + 2]
+            if low <= high:
+                parts.append(f"{re.escape(low)}-{re.escape(high)}")
+            j += 3
+        else:
+            parts.append(re.escape(body[j]))
+            j += 1
+    if not parts:  # an empty set matches no character (its negation any)
+        return "." if negate else "(?!)"
+    return f"[{'^' if negate else ''}{''.join(parts)}]"
