@@ -547,11 +547,15 @@ def _isnumeric(value: Value) -> Value:
         return Value(0, t.INT)
     if value.type.family in ("int", "decimal", "float"):
         return Value(1, t.INT)
-    try:
-        float(t.to_text(value).strip().replace("$", "").replace(",", ""))
-    except ValueError:
-        return Value(0, t.INT)
-    return Value(1, t.INT)
+    text = t.to_text(value).strip()
+    if text in _NUMERIC_ALONE:
+        return Value(1, t.INT)
+    body = text.removeprefix("$").replace(",", "")
+    return Value(1 if body and t.is_number_text(body) else 0, t.INT)
+
+
+# what ISNUMERIC counts as numeric on its own, as SQL Server documents (signs, currency)
+_NUMERIC_ALONE: Final = frozenset(("+", "-", "$", "."))
 
 
 def _hashbytes(algorithm: Value, data: Value) -> Value:

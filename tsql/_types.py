@@ -486,6 +486,11 @@ _INTEGER_TEXT: Final = re.compile(r"[+-]?[0-9]+")
 _NUMBER_TEXT: Final = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
+def is_number_text(text: str) -> bool:
+    """Whether `text` is a number as SQL Server reads one (signs, a point, an exponent)."""
+    return _NUMBER_TEXT.fullmatch(text.strip()) is not None
+
+
 def _to_int(value: Value, target: SqlType) -> int:
     data = value.data
     name = target.name

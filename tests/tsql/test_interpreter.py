@@ -737,3 +737,12 @@ async def test_like_sets_take_every_character_literally() -> None:
     # a backwards range and an empty set run (they were a Python error); what they match
     # is not asserted
     assert table(out.results[0])[0][:5] == [1, 1, 1, 1, 1]
+
+
+async def test_isnumeric_answers_as_sql_server_documents() -> None:
+    _, out = await ran(
+        "SELECT ISNUMERIC('+') AS plus, ISNUMERIC('$') AS dollar, ISNUMERIC('$1,000') AS money,"
+        " ISNUMERIC(' 1.5e3 ') AS number, ISNUMERIC('nan') AS nan, ISNUMERIC('1_000') AS py,"
+        " ISNUMERIC('') AS empty, ISNUMERIC('abc') AS text"
+    )
+    assert table(out.results[0]) == [[1, 1, 1, 1, 0, 0, 0, 0]]
