@@ -348,6 +348,7 @@ def _round(value: Value, length: Value, function: Value | None = None) -> Value:
     digits = _int(length)
     if value.data is None or digits is None:
         return value
+    value = _number(value)
     data = value.data
     if isinstance(data, float):
         return Value(round(data, digits), value.type)
@@ -373,6 +374,8 @@ def _power(value: Value, exponent: Value) -> Value:
         result = float(value.data) ** float(exponent.data)  # type: ignore[arg-type]
     except OverflowError:
         result = math.inf
+    except ZeroDivisionError:  # 0 to a negative power
+        raise SqlError(3623, "An invalid floating point operation occurred.") from None
     if isinstance(value.data, int) and math.isfinite(result):
         return _in_range(int(result), value.type)
     if not math.isfinite(result):

@@ -531,6 +531,8 @@ async def test_math_functions_convert_text_and_overflow_with_sql_servers_errors(
         "SELECT 1e300 * 1e300",
         "SELECT CAST('nan' AS FLOAT)",
         "SELECT CAST('1_000' AS INT)",
+        "SELECT ROUND('x', 1)",
+        "SELECT POWER(0, -1)",
     )
     not_a_float = (8114, "Error converting data type varchar to float.")
     invalid = (3623, "An invalid floating point operation occurred.")
@@ -542,6 +544,8 @@ async def test_math_functions_convert_text_and_overflow_with_sql_servers_errors(
         (8115, "Arithmetic overflow error converting expression to data type float."),
         (8114, "Error converting data type varchar to float."),
         (245, "Conversion failed when converting the varchar value '1_000' to data type int."),
+        not_a_float,
+        invalid,
     ]
 
 
