@@ -571,6 +571,16 @@ class Session:
         severity = small_int(await self.value(statement.severity, frame))
         state = small_int(await self.value(statement.state, frame))
         args = [await self.value(a, frame) for a in statement.args]
+        if "SETERROR" in statement.options:
+            raise NotSupported(
+                "RAISERROR ... WITH SETERROR", "read ERROR_NUMBER() in a CATCH block instead"
+            )
+        if severity > _USER_SEVERITY and "LOG" not in statement.options:
+            raise SqlError(
+                2754,
+                "Error severity levels greater than 18 can only be specified by members of the"
+                " sysadmin role, using the WITH LOG option.",
+            )
         if message.type.family == "int":
             number = int(message.data or 0)  # type: ignore[call-overload]
             text = (
@@ -697,6 +707,9 @@ def _bind(
         await handler(session, statement, frame)
 
     return run
+
+
+_USER_SEVERITY: Final = 18  # RAISERROR's highest severity without WITH LOG
 
 
 def _waitfor_syntax(text: str | None) -> SqlError:

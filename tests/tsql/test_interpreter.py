@@ -750,3 +750,16 @@ async def test_isnumeric_answers_as_sql_server_documents() -> None:
         " ISNUMERIC('') AS empty, ISNUMERIC('abc') AS text"
     )
     assert table(out.results[0]) == [[1, 1, 1, 1, 0, 0, 0, 0]]
+
+
+async def test_raiserror_above_severity_18_needs_with_log_and_seterror_is_refused() -> None:
+    session, out = new_session()
+    await each_fails(
+        session,
+        "BEGIN TRY RAISERROR('fatal', 20, 1) END TRY"
+        " BEGIN CATCH PRINT ERROR_NUMBER(); THROW; END CATCH",
+        "RAISERROR('note', 10, 1) WITH SETERROR",
+    )
+    assert out.messages == ["2754"]
+    assert [(e.number, e.level) for e in out.errors] == [(2754, 16), (40517, 16)]
+    assert out.errors[1].text.startswith("RAISERROR ... WITH SETERROR is not supported by ssb")
