@@ -12,6 +12,8 @@ anything of it runs (Msg 102 / 156, with the line and column of the token).
 
 from __future__ import annotations
 
+from typing import Final
+
 from . import _ast as ast
 from ._cursor import STATEMENT_WORDS
 from ._errors import NotSupported, SqlError
@@ -228,6 +230,8 @@ class Parser(TableParser):
         if value.kind is Kind.NAME and value.upper in ("ON", "OFF"):
             self.advance()
             text = value.upper
+        elif _SWITCHES.intersection(names):  # SET option { ON | OFF }: nothing else
+            self.fail()
         elif value.kind in (Kind.INTEGER, Kind.STRING, Kind.NSTRING, Kind.NAME):
             self.advance()
             text = str(value.value)
@@ -661,6 +665,29 @@ _NO_RETURN_VALUE = frozenset(
     ]
 )
 _SET_OPTIONS = frozenset(("NOCOUNT", "XACT_ABORT", "ANSI_NULLS", "QUOTED_IDENTIFIER"))
+# the SET options SQL Server's grammar gives ON or OFF, and no other value
+_SWITCHES: Final = frozenset(
+    (
+        "NOCOUNT",
+        "XACT_ABORT",
+        "PARSEONLY",
+        "ANSI_NULLS",
+        "QUOTED_IDENTIFIER",
+        "ANSI_WARNINGS",
+        "ARITHABORT",
+        "CONCAT_NULL_YIELDS_NULL",
+        "ANSI_PADDING",
+        "ANSI_NULL_DFLT_ON",
+        "ANSI_NULL_DFLT_OFF",
+        "ANSI_DEFAULTS",
+        "IMPLICIT_TRANSACTIONS",
+        "NOEXEC",
+        "FMTONLY",
+        "NUMERIC_ROUNDABORT",
+        "CURSOR_CLOSE_ON_COMMIT",
+        "FORCEPLAN",
+    )
+)
 _REFUSED = {
     "MASTER": ("MASTER KEY", "ssb keeps its keys in its data directory; nothing to create"),
     "USER": (

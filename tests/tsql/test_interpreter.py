@@ -763,3 +763,13 @@ async def test_raiserror_above_severity_18_needs_with_log_and_seterror_is_refuse
     assert out.messages == ["2754"]
     assert [(e.number, e.level) for e in out.errors] == [(2754, 16), (40517, 16)]
     assert out.errors[1].text.startswith("RAISERROR ... WITH SETERROR is not supported by ssb")
+
+
+async def test_an_on_off_set_option_takes_on_or_off_only() -> None:
+    session, out = new_session()
+    await each_fails(session, "SET XACT_ABORT 1\nPRINT 'ran'", "SET NOCOUNT 'ON'")
+    assert [(e.number, e.text) for e in out.errors] == [
+        (102, "Incorrect syntax near '1'. (column 16)"),
+        (102, "Incorrect syntax near ''ON''. (column 13)"),
+    ]
+    assert out.messages == []
