@@ -463,7 +463,11 @@ class Session:
         self.rowcount = 1
 
     async def _set_option(self, statement: ast.SetOption, frame: Frame) -> None:
-        option, value = statement.option, statement.value
+        for option in statement.option.split(","):  # SET ANSI_NULLS, QUOTED_IDENTIFIER ON
+            self._set_one_option(option, statement.value)
+        self.rowcount = 0
+
+    def _set_one_option(self, option: str, value: str) -> None:
         if option == "NOCOUNT":
             self.nocount = value == "ON"
         elif option == "PARSEONLY":
@@ -480,7 +484,6 @@ class Session:
                 "ssb's T-SQL knows SET NOCOUNT, XACT_ABORT, PARSEONLY, and ANSI_NULLS,"
                 " QUOTED_IDENTIFIER, ANSI_WARNINGS, ARITHABORT, CONCAT_NULL_YIELDS_NULL ON",
             )
-        self.rowcount = 0
 
     async def _select(self, statement: ast.SelectStatement, frame: Frame) -> None:
         select = statement.query

@@ -773,3 +773,13 @@ async def test_an_on_off_set_option_takes_on_or_off_only() -> None:
         (102, "Incorrect syntax near ''ON''. (column 13)"),
     ]
     assert out.messages == []
+
+
+async def test_set_takes_several_on_off_options_at_once() -> None:
+    session, out = await ran(
+        "SET ANSI_NULLS, QUOTED_IDENTIFIER ON\n"
+        "SET NOCOUNT, XACT_ABORT ON\n"
+        "DECLARE @t TABLE (a INT); INSERT @t VALUES (1)"
+    )
+    assert session.nocount and session.xact_abort
+    assert out.messages == []  # no "(1 row affected)"
