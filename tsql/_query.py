@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import itertools
 import sqlite3
 import uuid
@@ -188,6 +189,8 @@ def translate_text(text: str) -> Translation:
                     expressions=[deep(node.this), *map(deep, node.expression.expressions)],
                 )
             raise _refuse(f"the xml {method.lower()}() method")
+        if isinstance(node, exp.Avg):  # SQL Server's: an integer's average is an integer
+            return exp.Anonymous(this="tsql_avg", expressions=[deep(node.this)])
         if isinstance(node, exp.WithinGroup):
             raise NotSupported(
                 "STRING_AGG ... WITHIN GROUP (ORDER BY ...)",
@@ -301,6 +304,38 @@ def _nodes(
 # ---- SQLite values ----------------------------------------------------------------------
 
 
+class _Average:
+    """AVG as SQL Server computes it: of integers an integer (the quotient cut toward
+    zero), of anything else a FLOAT (DECIMAL reaches SQLite as a float)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine  # where an error goes, for the statement to raise
+        self.total: int | float = 0
+        self.count = 0
+        self.integral = True
+
+    def step(self, value: object) -> None:
+        if value is None:
+            return
+        if not isinstance(value, (int, float)):
+            kind = t.infer(value).name.lower()
+            self.engine.failure = SqlError(
+                8117, f"Operand data type {kind} is invalid for avg operator."
+            )
+            raise self.engine.failure
+        self.total += value
+        self.count += 1
+        self.integral = self.integral and isinstance(value, int)
+
+    def finalize(self) -> int | float | None:
+        if not self.count:
+            return None
+        if self.integral:
+            quotient = abs(int(self.total)) // self.count
+            return quotient if self.total >= 0 else -quotient
+        return self.total / self.count
+
+
 def to_sqlite(data: object) -> object:
     if data is None or isinstance(data, (int, float, str, bytes)):
         return int(data) if isinstance(data, bool) else data
@@ -350,6 +385,7 @@ class Engine:
                 self._register(f"tsql_{name.lower()}", lambda *a, name=name: session(name, list(a)))
         self._register("tsql_add", lambda a, b: arithmetic("+", a, b))
         self.db.create_aggregate("tsql_for_xml", -1, self._for_xml)  # type: ignore[arg-type]
+        self.db.create_aggregate("tsql_avg", 1, functools.partial(_Average, self))  # type: ignore[arg-type]
         self.db.create_function("tsql_cast", 3, self._guard(self._cast), deterministic=True)
         self.db.create_function("tsql_try_cast", 3, self._guard(self._try_cast), deterministic=True)
         self.db.create_function(

@@ -783,3 +783,18 @@ async def test_set_takes_several_on_off_options_at_once() -> None:
     )
     assert session.nocount and session.xact_abort
     assert out.messages == []  # no "(1 row affected)"
+
+
+async def test_avg_of_integers_is_an_integer_as_in_sql_server() -> None:
+    _, out = await ran(
+        "DECLARE @t TABLE (g INT, a INT, d DECIMAL(5, 1));"
+        " INSERT @t VALUES (1, 1, 1.0), (1, 2, 2.0), (2, -1, NULL), (2, -2, NULL);"
+        " SELECT g, AVG(a) AS a, AVG(d) AS d, AVG(CAST(a AS FLOAT)) AS f FROM @t"
+        " GROUP BY g ORDER BY g"
+    )
+    assert table(out.results[0]) == [[1, 1, 1.5, 1.5], [2, -1, None, -1.5]]
+    session, out = new_session()
+    await each_fails(
+        session, "DECLARE @t TABLE (a VARCHAR(5)); INSERT @t VALUES ('x'); SELECT AVG(a) FROM @t"
+    )
+    assert out.errors[0].number == 8117
