@@ -303,9 +303,10 @@ class WaitforDelay(Statement):
 
 @dataclass(slots=True)
 class Argument:
-    name: str | None  # @param = value
+    name: str | None  # @param = value (upper-case key)
     expr: Expr | None  # None: DEFAULT
     output: bool = False
+    written: str = ""  # the @param as the call writes it
 
 
 @dataclass(slots=True)

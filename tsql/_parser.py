@@ -391,11 +391,13 @@ class Parser(TableParser):
 
     def _argument(self) -> ast.Argument:
         name = None
+        written = ""
         if self.token.kind is Kind.VARIABLE and self.peek().text == "=":
+            written = self.token.text
             name = self.advance().upper
             self.advance()
         if self.take("DEFAULT"):
-            return ast.Argument(name, None)
+            return ast.Argument(name, None, written=written)
         token = self.token
         if self.is_name(token) and token.kind is Kind.NAME and self.peek().text != "(":
             self.advance()  # a bare word is a string argument, as SQL Server reads it
@@ -405,7 +407,7 @@ class Parser(TableParser):
         else:
             expr = self.expression()
         output = self.take("OUTPUT", "OUT") is not None
-        return ast.Argument(name, expr, output)
+        return ast.Argument(name, expr, output, written)
 
     def _use(self, line: int) -> ast.Statement:
         return ast.Use(line, self.name())

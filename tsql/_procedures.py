@@ -163,9 +163,9 @@ class Procedures:
                 if named:
                     raise SqlError(
                         119,
-                        "Must pass parameter number 2 and subsequent parameters as '@name ="
-                        " value'. After the form '@name = value' has been used, all subsequent"
-                        " parameters must be passed in the form '@name = value'.",
+                        f"Must pass parameter number {index + 1} and subsequent parameters as"
+                        " '@name = value'. After the form '@name = value' has been used, all"
+                        " subsequent parameters must be passed in the form '@name = value'.",
                     )
                 if index >= len(definition.parameters):
                     raise SqlError(
@@ -177,7 +177,8 @@ class Procedures:
                 named = True
                 if argument.name not in parameters:
                     raise SqlError(
-                        8145, f"{argument.name} is not a parameter for procedure {definition.name}."
+                        8145,
+                        f"{argument.written} is not a parameter for procedure {definition.name}.",
                     )
                 given[argument.name] = argument
         outputs: list[tuple[str, str]] = []

@@ -798,3 +798,18 @@ async def test_avg_of_integers_is_an_integer_as_in_sql_server() -> None:
         session, "DECLARE @t TABLE (a VARCHAR(5)); INSERT @t VALUES ('x'); SELECT AVG(a) FROM @t"
     )
     assert out.errors[0].number == 8117
+
+
+async def test_procedure_argument_errors_name_what_the_call_wrote() -> None:
+    session, out = new_session(procedures=MemoryProcedures())
+    await run(session, "CREATE PROCEDURE p @a INT, @b INT = 1, @c INT = 2 AS PRINT @a")
+    await each_fails(session, "EXEC p @Nope = 1", "EXEC p 1, @b = 2, 3")
+    assert [(e.number, e.text) for e in out.errors] == [
+        (8145, "@Nope is not a parameter for procedure p."),
+        (
+            119,
+            "Must pass parameter number 3 and subsequent parameters as '@name = value'. After"
+            " the form '@name = value' has been used, all subsequent parameters must be passed"
+            " in the form '@name = value'.",
+        ),
+    ]
