@@ -154,3 +154,36 @@ async def test_running_out_of_file_descriptors_is_logged_once_not_ten_times_a_se
         for writer in writers:
             writer.close()
         process.kill()
+
+
+POISON_POLICY_FAULTS = [
+    ("threshold", 2**63, "threshold"),
+    ("threshold", True, "threshold"),
+    ("delay", math.nan, "delay"),
+    ("delay", math.inf, "delay"),
+    ("delay", True, "delay"),
+    ("max_parks", True, "max_parks"),
+    ("max_parks", 2**63, "max_parks"),
+    ("error_code", math.nan, "error_code"),
+    ("error_code", "500", "error_code"),
+    ("error_code", 2**40, "error_code"),
+    ("error_code", 0, "error_code"),
+    ("description", ["a list"], "description"),
+    ("description", "x" * 5000, "description"),
+    ("notify_service", ["S"], "notify_service"),
+    ("dead_letter_queue", {"Q": 1}, "dead_letter_queue"),
+]
+
+
+async def test_bad_poison_policy_options_are_refused_by_name(hbroker: BrokerProcess) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        await _objects(conn)
+        for option, bad, named in POISON_POLICY_FAULTS:
+            policy = {"threshold": 2, "action": "park", option: bad}
+            with pytest.raises(client.InvalidArgumentError, match=named):
+                await conn.create_queue("Poisoned", poison_policy=policy)
+            with pytest.raises(client.InvalidArgumentError, match=named):
+                await conn.alter_queue("Q", poison_policy=policy)
+        assert [q["name"] for q in await conn.view("service_queues")] == ["Q"]
+        assert await conn.ping()
+    assert "Traceback" not in hbroker.log_text()

@@ -94,6 +94,9 @@ def parse_activation(value: object, current: Activation = Activation()) -> Activ
 
 
 _POISON_ACTIONS: Final = ("dead_letter", "end_conversation", "park", "record")
+_MAX_DELAY: Final = 366 * 24 * 3600.0  # as any other wait (a year and a day)
+_MAX_COUNT: Final = 2**31 - 1  # threshold and max_parks
+_MAX_DESCRIPTION: Final = 4000  # as END CONVERSATION's description
 
 
 def parse_poison_policy(value: object) -> PoisonPolicy | None:
@@ -105,30 +108,67 @@ def parse_poison_policy(value: object) -> PoisonPolicy | None:
     unknown = set(value) - known
     if unknown:
         raise bad_argument(f"unknown poison_policy option(s): {', '.join(sorted(unknown))}")
-    threshold = value.get("threshold")
-    if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 1:
-        raise bad_argument("poison_policy threshold must be an integer >= 1")
+    threshold = _count(value, "threshold", None, 1)
     action = value.get("action")
     if action not in _POISON_ACTIONS:
         raise bad_argument(f"poison_policy action must be one of {', '.join(_POISON_ACTIONS)}")
-    if action == "dead_letter" and not isinstance(value.get("dead_letter_queue"), str):
+    dead_letter_queue = _optional_name(value, "dead_letter_queue")
+    if action == "dead_letter" and dead_letter_queue is None:
         raise bad_argument("poison_policy action 'dead_letter' needs dead_letter_queue")
     delay = value.get("delay", 60.0)
-    if not isinstance(delay, (int, float)) or delay < 0:
-        raise bad_argument("poison_policy delay must be a number of seconds >= 0")
-    max_parks = value.get("max_parks", 3)
-    if not isinstance(max_parks, int) or max_parks < 0:
-        raise bad_argument("poison_policy max_parks must be an integer >= 0")
+    if (
+        isinstance(delay, bool)
+        or not isinstance(delay, (int, float))
+        or not 0 <= delay <= _MAX_DELAY  # NaN fails this too
+    ):
+        raise bad_argument(
+            f"poison_policy delay must be a number of seconds from 0 to {_MAX_DELAY:g},"
+            f" got {delay!r}"
+        )
+    error_code = value.get("error_code", 500)
+    if (
+        isinstance(error_code, bool)
+        or not isinstance(error_code, int)
+        or error_code == 0
+        or not -(2**31) <= error_code < 2**31
+    ):
+        raise bad_argument(
+            f"poison_policy error_code must be a non-zero integer that fits in 32 bits,"
+            f" got {error_code!r}"
+        )
+    description = value.get("description", "")
+    if not isinstance(description, str) or len(description) > _MAX_DESCRIPTION:
+        raise bad_argument(
+            f"poison_policy description must be a text of at most {_MAX_DESCRIPTION} characters"
+        )
     return PoisonPolicy(
         threshold=threshold,
         action=action,
-        dead_letter_queue=value.get("dead_letter_queue"),
+        dead_letter_queue=dead_letter_queue,
         delay=float(delay),
-        max_parks=max_parks,
-        notify_service=value.get("notify_service"),
-        error_code=int(value.get("error_code", 500)),
-        description=str(value.get("description", "")),
+        max_parks=_count(value, "max_parks", 3, 0),
+        notify_service=_optional_name(value, "notify_service"),
+        error_code=error_code,
+        description=description,
     )
+
+
+def _count(policy: dict[object, object], option: str, default: int | None, low: int) -> int:
+    """A poison_policy option that counts (`default`: None when it must be given)."""
+    number = policy.get(option, default)
+    if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= _MAX_COUNT:
+        raise bad_argument(
+            f"poison_policy {option} must be an integer from {low} to {_MAX_COUNT}, got {number!r}"
+        )
+    return number
+
+
+def _optional_name(policy: dict[object, object], option: str) -> str | None:
+    """A poison_policy option naming an object, if given (its existence is checked later)."""
+    name = policy.get(option)
+    if name is not None and not isinstance(name, str):
+        raise bad_argument(f"poison_policy {option} must be a name, got {name!r}")
+    return name
 
 
 def is_python(procedure: str) -> bool:
