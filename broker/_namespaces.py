@@ -87,7 +87,7 @@ class Namespaces:
                 continue
             if kind == "by kind":
                 named = arguments.get("kind")
-                if named not in IN_DATABASE:
+                if not isinstance(named, str) or named not in IN_DATABASE:
                     _check(value)  # the broker's own objects: plain names
                     continue
                 kind = str(named)

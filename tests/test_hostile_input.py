@@ -187,3 +187,19 @@ async def test_bad_poison_policy_options_are_refused_by_name(hbroker: BrokerProc
         assert [q["name"] for q in await conn.view("service_queues")] == ["Q"]
         assert await conn.ping()
     assert "Traceback" not in hbroker.log_text()
+
+
+@pytest.mark.parametrize("kind", [["queue"], {"queue": 1}])
+async def test_an_object_kind_that_is_not_text_is_refused(
+    hbroker: BrokerProcess, kind: object
+) -> None:
+    drop = encode_frame([1, "drop", {"kind": kind, "name": "Q"}])
+    frames = await session_frames(hbroker, drop, want=2)
+    code, message = _error(frames)
+    assert code == ErrorCode.BAD_ARGUMENT and "kind" in message
+    async with await client.connect(hbroker.url) as conn:
+        await conn.create_login("reader", "reader-password")
+        for grant_or_revoke in (conn.grant, conn.revoke):
+            with pytest.raises(client.InvalidArgumentError, match="kind"):
+                await grant_or_revoke("RECEIVE", "reader", kind, "Q")  # type: ignore[arg-type]
+    assert "Traceback" not in hbroker.log_text()
