@@ -203,3 +203,15 @@ async def test_an_object_kind_that_is_not_text_is_refused(
             with pytest.raises(client.InvalidArgumentError, match="kind"):
                 await grant_or_revoke("RECEIVE", "reader", kind, "Q")  # type: ignore[arg-type]
     assert "Traceback" not in hbroker.log_text()
+
+
+@pytest.mark.parametrize("order", [2**63, 2**64 - 1, -(2**63), 0, True, 1.0])
+async def test_a_queuing_order_out_of_range_is_refused(
+    hbroker: BrokerProcess, order: object
+) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        await _objects(conn)
+        with pytest.raises(client.InvalidArgumentError, match="queuing_order"):
+            await conn.requeue_dead_letter("Q", order)  # type: ignore[arg-type]
+        assert await conn.ping()
+    assert "Traceback" not in hbroker.log_text()

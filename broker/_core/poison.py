@@ -51,6 +51,7 @@ from .queues import Message, Queue, Status
 log = logging.getLogger("ssb.core")
 
 POISON_ROLLBACKS: Final = 5
+MAX_QUEUING_ORDER: Final = 2**63 - 1  # a signed 64-bit column in the store
 
 
 @dataclass(eq=False)
@@ -286,8 +287,15 @@ class Poison:
     def requeue(self, queue_name: object, queuing_order: object) -> None:
         if not isinstance(queue_name, str) or queue_name not in self.queues:
             raise not_found(ErrorCode.UNKNOWN_QUEUE, "queue", queue_name)
-        if isinstance(queuing_order, bool) or not isinstance(queuing_order, int):
-            raise bad_argument("queuing_order must be the dead letter's queuing_order")
+        if (
+            isinstance(queuing_order, bool)
+            or not isinstance(queuing_order, int)
+            or not 1 <= queuing_order <= MAX_QUEUING_ORDER
+        ):
+            raise bad_argument(
+                "queuing_order must be the dead letter's queuing_order, an integer from 1 to"
+                f" {MAX_QUEUING_ORDER}; got {queuing_order!r}"
+            )
         dlq = self.queues[queue_name]
         row = self.journal.read_message(queuing_order)
         letter = self._dead_letter_in(dlq, row) if row is not None else None
