@@ -215,3 +215,24 @@ async def test_a_queuing_order_out_of_range_is_refused(
             await conn.requeue_dead_letter("Q", order)  # type: ignore[arg-type]
         assert await conn.ping()
     assert "Traceback" not in hbroker.log_text()
+
+
+async def test_a_table_parameter_beyond_64_bits_is_a_statement_error(
+    hbroker: BrokerProcess,
+) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        await conn.execute("CREATE TABLE T (a BIGINT)")
+        await conn.execute("INSERT INTO T VALUES (@p1)", 1)
+        await conn.begin_transaction()
+        await conn.execute("INSERT INTO T VALUES (@p1)", 2)
+        for huge in (2**63, 2**64 - 1):  # (msgpack carries no integer below -2**63)
+            with pytest.raises(client.SqlError, match=r"64 bits|bigint out of range"):
+                await conn.execute("INSERT INTO T VALUES (@p1)", huge)
+            with pytest.raises(client.SqlError, match=r"64 bits|bigint out of range"):
+                await conn.execute("INSERT INTO T OUTPUT inserted.a VALUES (@p1)", huge)
+            with pytest.raises(client.SqlError, match=r"64 bits|bigint out of range"):
+                await conn.executemany("INSERT INTO T VALUES (@p1)", [[3], [huge]])
+        await conn.commit()  # the transaction goes on without the refused statements
+        result = await conn.execute("SELECT a FROM T ORDER BY a")
+        assert result.rows == [(1,), (2,)]
+    assert "Traceback" not in hbroker.log_text()

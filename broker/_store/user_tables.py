@@ -83,6 +83,11 @@ def shown(text: str) -> str:
 
 
 _AS_IS: Final = frozenset((type(None), int, float, str, bytes))  # bound as they are
+# SQLite's integers are 64 bits; it refuses to bind a larger one (OverflowError)
+_TOO_LARGE: Final = (
+    "a parameter is an integer beyond 64 bits (-2**63 to 2**63-1, as a bigint); give a larger"
+    " number as a Decimal (for a DECIMAL column)"
+)
 
 
 def _bound(value: Any) -> Any:
@@ -402,6 +407,8 @@ class UserTables(Committer):
                 [(sql, together, _)] = _together(statement, bound, statement.sql)
             try:
                 rowcount = db.execute(sql, together).rowcount
+            except OverflowError:
+                raise TableError(_TOO_LARGE) from None  # (not bound: nothing ran)
             except sqlite3.Error as exc:
                 if not db.in_transaction:  # (SQLite rolled all of it back: I/O, space)
                     self._end_provisional()
@@ -423,7 +430,7 @@ class UserTables(Committer):
                         for sql, values, _ in _together(statement, bound, statement.sql)
                     )
                 )
-        except (sqlite3.Error, TableError) as exc:
+        except (sqlite3.Error, TableError, OverflowError) as exc:
             if db.in_transaction:
                 db.execute("ROLLBACK TO statement")
                 db.execute("RELEASE statement")
@@ -434,6 +441,8 @@ class UserTables(Committer):
                 self._end_provisional()
             if isinstance(exc, TableError):
                 raise
+            if isinstance(exc, OverflowError):
+                raise TableError(_TOO_LARGE) from None
             if time.monotonic() > deadline:
                 raise TableError(
                     f"the statement ran longer than statement_timeout ({timeout:g} s) and was"
