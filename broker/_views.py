@@ -40,6 +40,7 @@ from ._transport import HeldPartial
 
 DEFAULT_LIMIT: Final = 10_000
 MAX_LIMIT: Final = 100_000
+MAX_AFTER: Final = 2**63 - 1  # queuing orders and ids are signed 64-bit columns in the store
 
 ViewFn = Callable[[int, int | None], list[dict[str, Any]]]
 # (queue, conversation handle, first queuing order) -> (group, priority, service,
@@ -124,8 +125,13 @@ class Views:
             isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT
         ):
             raise bad_argument(f"limit must be a whole number 1..{MAX_LIMIT}, got {limit!r}")
-        if after is not None and (isinstance(after, bool) or not isinstance(after, int)):
-            raise bad_argument("after must be a queuing order (or id) to page from")
+        if after is not None and (
+            isinstance(after, bool) or not isinstance(after, int) or after > MAX_AFTER
+        ):
+            raise bad_argument(
+                f"after must be a queuing order (or id) to page from, at most {MAX_AFTER};"
+                f" got {after!r}"
+            )
         view: ViewFn
         if name.startswith("queue:"):
             queue = name[len("queue:") :]

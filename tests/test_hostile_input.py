@@ -236,3 +236,18 @@ async def test_a_table_parameter_beyond_64_bits_is_a_statement_error(
         result = await conn.execute("SELECT a FROM T ORDER BY a")
         assert result.rows == [(1,), (2,)]
     assert "Traceback" not in hbroker.log_text()
+
+
+@pytest.mark.parametrize("after", [2**63, 2**64 - 1, True, 1.5])
+async def test_paging_after_an_order_out_of_range_is_refused(
+    hbroker: BrokerProcess, after: object
+) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        await _objects(conn)
+        for name in ("queue:Q", "transmission_queue"):
+            with pytest.raises(client.InvalidArgumentError, match="after"):
+                await conn.view(name, after=after)  # type: ignore[arg-type]
+        with pytest.raises(client.InvalidArgumentError, match="after"):
+            await conn.peek("Q", after=after)  # type: ignore[arg-type]
+        assert await conn.view("queue:Q", after=2**63 - 1) == []
+    assert "Traceback" not in hbroker.log_text()
