@@ -251,3 +251,15 @@ async def test_paging_after_an_order_out_of_range_is_refused(
             await conn.peek("Q", after=after)  # type: ignore[arg-type]
         assert await conn.view("queue:Q", after=2**63 - 1) == []
     assert "Traceback" not in hbroker.log_text()
+
+
+async def test_a_timeout_for_an_ordinary_transaction_is_refused(hbroker: BrokerProcess) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        for bad in (math.nan, -1.0, "soon"):
+            with pytest.raises(client.InvalidArgumentError, match="timeout"):
+                await conn.begin_transaction(timeout=bad)  # type: ignore[arg-type]
+        with pytest.raises(client.InvalidArgumentError, match="detached"):
+            await conn.begin_transaction(timeout=5.0)  # it would never roll back at 5 s
+        assert await conn.view("open_transactions") == []
+        await conn.begin_transaction()
+        await conn.rollback()

@@ -289,6 +289,12 @@ class Transactions:
             )
         if not isinstance(detached, bool):
             raise bad_argument("detached must be True or False")
+        seconds = as_seconds(timeout, "timeout", allow_none=True)
+        if seconds is not None and not detached:
+            raise bad_argument(
+                "timeout is how long a detached transaction may stay open: give it with"
+                " detached=True (an ordinary transaction has none)"
+            )
         if detached:
             mine = sum(1 for t in self.detached.values() if t.session.user == session.user)
             if mine >= self.max_detached:
@@ -304,8 +310,7 @@ class Transactions:
             self._check_unresolved(session, name)
         txn = Transaction(session, explicit=True, txn_id=name, login=session.user)
         if detached:
-            seconds = as_seconds(DETACHED_TIMEOUT if timeout is None else timeout, "timeout")
-            assert seconds is not None
+            seconds = DETACHED_TIMEOUT if seconds is None else seconds
             ident = txn.ident = txn.txn_id = uuid.uuid4()
             txn.expires = self.clock.time() + seconds
             self.detached[ident] = txn
