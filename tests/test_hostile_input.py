@@ -263,3 +263,19 @@ async def test_a_timeout_for_an_ordinary_transaction_is_refused(hbroker: BrokerP
         assert await conn.view("open_transactions") == []
         await conn.begin_transaction()
         await conn.rollback()
+
+
+async def test_a_target_service_name_longer_than_a_service_name_is_refused(
+    hbroker: BrokerProcess,
+) -> None:
+    # another broker refuses a frame naming it (a link frame's names are at most 512
+    # characters) and closes the link: through a TRANSPORT route, that link was dialled again
+    # and closed again for as long as the dialog lived
+    async with await client.connect(hbroker.url) as conn:
+        await _objects(conn)
+        await conn.create_route("anywhere", "any", "TRANSPORT")
+        far = "tcp://127.0.0.1:1/" + "x" * 600
+        with pytest.raises(client.InvalidArgumentError, match=r"to_service.*256"):
+            await conn.begin_dialog("S", far)
+        await conn.begin_dialog("S", "x" * 256)  # as long as a service name may be
+        assert len(await conn.view("conversation_endpoints")) == 1

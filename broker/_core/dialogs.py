@@ -110,6 +110,11 @@ class Dialogs:
             raise bad_argument("begin_dialog needs the name of a local service (from_service)")
         if not isinstance(to_service, str) or not to_service:
             raise bad_argument("begin_dialog needs the name of the target service (to_service)")
+        if len(to_service) > cat.MAX_NAME:  # as any service's name, here or on another broker
+            raise bad_argument(
+                f"to_service names a service: at most {cat.MAX_NAME} characters, got"
+                f" {len(to_service)}"
+            )
         if not isinstance(contract, str):
             raise bad_argument("contract must be a contract name")
         if not isinstance(encryption, bool):
