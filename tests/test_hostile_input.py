@@ -279,3 +279,20 @@ async def test_a_target_service_name_longer_than_a_service_name_is_refused(
             await conn.begin_dialog("S", far)
         await conn.begin_dialog("S", "x" * 256)  # as long as a service name may be
         assert len(await conn.view("conversation_endpoints")) == 1
+
+
+@pytest.mark.parametrize("instance", [math.nan, ["a list"], "not a broker id"])
+async def test_an_event_notification_for_a_broker_instance_that_is_no_id_is_refused(
+    hbroker: BrokerProcess, instance: object
+) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        await _objects(conn)
+        with pytest.raises(client.InvalidArgumentError, match="broker_instance"):
+            await conn.create_event_notification(
+                "Note",
+                "QUEUE_ACTIVATION",
+                "Q",
+                "S",
+                broker_instance=instance,  # type: ignore[arg-type]
+            )
+        assert await conn.view("event_notifications") == []

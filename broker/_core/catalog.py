@@ -211,6 +211,18 @@ def check_name(kind: str, name: object) -> str:
     return name
 
 
+def check_broker_instance(value: object) -> str | None:
+    """A broker instance id as a route or an event notification names it (None: any)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_argument(f"broker_instance must be a broker instance id string, got {value!r}")
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise bad_argument(f"broker_instance {value!r} is not a UUID") from None
+
+
 def check_changes(operation: str, changes: Mapping[str, object], known: Collection[str]) -> None:
     """Refuses an ALTER whose `changes` name a part that `operation` does not change."""
     unknown = set(changes).difference(known)
@@ -600,13 +612,7 @@ class Catalog:
             raise bad_argument(
                 f"route address must be 'tcp://host:port', 'LOCAL' or 'TRANSPORT', got {address!r}"
             )
-        if broker_instance is not None and not isinstance(broker_instance, str):
-            raise bad_argument("broker_instance must be a broker instance id string")
-        if broker_instance is not None:
-            try:
-                broker_instance = str(uuid.UUID(broker_instance))
-            except ValueError:
-                raise bad_argument(f"broker_instance {broker_instance!r} is not a UUID") from None
+        broker_instance = check_broker_instance(broker_instance)
         if mirror_address is not None:
             if not isinstance(mirror_address, str) or not mirror_address.startswith("tcp://"):
                 raise bad_argument(
@@ -680,11 +686,7 @@ class Catalog:
         self.queue(queue)
         service = check_name("service", service)
         return EventNotification(
-            name,
-            str(event),
-            queue,
-            service,
-            None if broker_instance is None else str(broker_instance),
+            name, str(event), queue, service, check_broker_instance(broker_instance)
         )
 
     def check_drop(self, kind: str, name: str) -> None:
