@@ -122,7 +122,8 @@ class Config:
     daemon dies or loses the database (its lease lasts half of this; the broker's state
     must be recovered in less than the rest)"""
     host: str = "127.0.0.1"
-    """the address the client port and the broker port listen on"""
+    """the address the client port and the broker port listen on (0.0.0.0: every IPv4
+    address of this machine)"""
     client_port: int = 4021
     """the port of client sessions (0: any free port)"""
     broker_port: int = 4022
@@ -226,9 +227,14 @@ class Config:
                 "failover_timeout applies to daemons sharing a PostgreSQL store (one serves,"
                 " the others stand by): set store too, or remove failover_timeout"
             )
+        if not isinstance(self.host, str) or not self.host:
+            # (an empty host would listen on every address)
+            raise ConfigError(
+                f"host must be an address (0.0.0.0 for every address), not {self.host!r}"
+            )
         for name in ("client_port", "broker_port"):
             port = getattr(self, name)
-            if not isinstance(port, int) or not 0 <= port <= 65535:
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be a port number 0..65535, not {port!r}")
         if self.http_port is not None and (
             isinstance(self.http_port, bool)
@@ -394,9 +400,11 @@ def load(path: Path | None, overrides: dict[str, Any]) -> Config:
                         'procedures must be a list of patterns, e.g. ["myapp.tasks.*"]'
                     )
                 config.procedures = tuple(value)
-            elif key == "limits" and isinstance(value, dict):
+            elif key in ("limits", *SECTIONS) and not isinstance(value, dict):
+                raise ConfigError(f"{key} must be a section ([{key}]), not {value!r}")
+            elif key == "limits":
                 config.limits = ClientLimits.from_section(value)
-            elif key in SECTIONS and isinstance(value, dict):
+            elif key in SECTIONS:
                 config.sections[key] = value
             else:
                 raise ConfigError(

@@ -81,6 +81,30 @@ def test_a_section_setting_out_of_range_is_one_line(
     assert not data.exists()
 
 
+@pytest.mark.parametrize(
+    ("setting", "says"),
+    [
+        ("host = 5\n", "host must be an address"),
+        ('host = ""\n', "host must be an address"),  # (not every address)
+        ("client_port = true\nbroker_port = 0\n", "client_port must be a port number"),
+        ("client_port = 0\nbroker_port = false\n", "broker_port must be a port number"),
+        ("limits = 5\n", "limits must be a section"),
+        ("transport = 5\n", "transport must be a section"),
+    ],
+)
+def test_a_setting_of_the_wrong_type_is_one_line(tmp_path: Path, setting: str, says: str) -> None:
+    config = tmp_path / "ssb.toml"
+    config.write_text(
+        setting if "port" in setting else setting + "client_port = 0\nbroker_port = 0\n"
+    )
+    data = tmp_path / "data"
+    # (the file's ports, not the command line's: a broker that starts fails the test)
+    result = run_ssb("serve", "--data-dir", str(data), "--config", str(config), timeout=30)
+    assert says in one_error_line(result)
+    assert result.returncode == 2
+    assert not data.exists()
+
+
 def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
