@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 from ssb import client
 
-from ._reader import EXECUTOR_SETTINGS
+from ._reader import EXECUTOR_SETTINGS, QueueBinding
 
 DEFAULT_BROKER: Final = "ssb://127.0.0.1:4021"
 # the Spark settings of the bridge's own driver, under the [spark] table's: FAIR pools (one
@@ -126,12 +126,24 @@ def load_config(args: argparse.Namespace) -> dict[str, Any]:
         spark_conf[key] = value
     if not queues and not schedulers:
         raise BridgeConfigError("nothing to serve: give --queue or --scheduler (or the TOML)")
-    return {
-        "broker": args.broker
+    for entry in queues:  # checked before Spark takes seconds to start
+        try:
+            QueueBinding(**{k: v for k, v in entry.items() if k != "name"}, queue=entry["name"])
+        except (TypeError, ValueError) as exc:
+            raise BridgeConfigError(f"queue {entry['name']!r}: {exc}") from None
+    broker = (
+        args.broker
         or config.get("broker")
         or os.environ.get("SSB_URL")
         or client.local_url("ssb-data")
-        or DEFAULT_BROKER,
+        or DEFAULT_BROKER
+    )
+    try:
+        client.url_addresses(broker)
+    except ValueError as exc:
+        raise BridgeConfigError(str(exc)) from None
+    return {
+        "broker": broker,
         "master": args.master or config.get("master"),
         "name": args.name or config.get("name", "spark-bridge"),
         "python_path": [*config.get("python_path", []), *args.python_path],
@@ -166,7 +178,6 @@ def main(args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
 
     from ._activator import SparkActivator
-    from ._reader import QueueBinding
 
     builder = SparkSession.builder.appName(f"ssb {config['name']}")
     if config["master"]:

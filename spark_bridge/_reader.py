@@ -27,6 +27,7 @@ fails the whole job); it reports what happened instead.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import time
@@ -272,5 +273,17 @@ class QueueBinding:
             raise ValueError(f"mode is 'message' or 'procedure', got {self.mode!r}")
         if ":" not in self.function:
             raise ValueError(f"function is 'package.module:function', got {self.function!r}")
-        if self.batch_size < 1 or self.idle_timeout <= 0:
-            raise ValueError("batch_size must be >= 1 and idle_timeout > 0")
+        batch, idle = self.batch_size, self.idle_timeout
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch_size must be a whole number >= 1, got {batch!r}")
+        if (
+            isinstance(idle, bool)
+            or not isinstance(idle, (int, float))
+            or not 0 < idle < math.inf  # (NaN fails too)
+        ):
+            raise ValueError(f"idle_timeout must be a finite number of seconds > 0, got {idle!r}")
+        readers = self.max_readers
+        if readers is not None and (
+            isinstance(readers, bool) or not isinstance(readers, int) or readers < 1
+        ):
+            raise ValueError(f"max_readers must be a whole number >= 1, got {readers!r}")

@@ -164,6 +164,26 @@ def test_spark_bridge_without_java_is_one_line(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (("--batch-size", "0"), "batch_size must be a whole number >= 1"),
+        (("--idle-timeout", "nan"), "idle_timeout must be a finite number of seconds > 0"),
+        (("--idle-timeout", "inf"), "idle_timeout must be a finite number of seconds > 0"),
+        (("--idle-timeout", "-1"), "idle_timeout must be a finite number of seconds > 0"),
+        (("--broker", "ssb://admin:pw@127.0.0.1:99999"), "has a bad port"),
+    ],
+)
+def test_spark_bridge_mistakes_are_one_line_before_spark_starts(
+    option: tuple[str, ...], says: str
+) -> None:
+    pytest.importorskip("pyspark")
+    result = run_ssb("spark-bridge", "--queue", "Orders=jobs:process", *option, timeout=120)
+    assert says in one_error_line(result)
+    assert result.returncode == 2
+    assert "Spark session" not in result.stdout
+
+
 def test_serve_help_documents_the_options() -> None:
     out = run_ssb("serve", "--help").stdout
     for option in ("--data-dir", "--config", "--host", "--client-port", "--broker-port"):
