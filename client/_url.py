@@ -88,46 +88,59 @@ def _shown(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _addresses(url: str, hosts: str) -> tuple[tuple[str, int], ...]:
-    """The (host, port) of each address in a URL's comma-separated host list."""
+def _without_password(url: str) -> str:
+    """`url` as an error may show it: its password (if any) as ***."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    if not colon:
+        return url
+    return parts._replace(netloc=f"{user}:***{at}{hosts}").geturl()
+
+
+def _addresses(shown: str, hosts: str) -> tuple[tuple[str, int], ...]:
+    """The (host, port) of each address in a URL's comma-separated host list (`shown`:
+    the URL as its errors show it)."""
     found: list[tuple[str, int]] = []
     for item in hosts.split(","):
         parts = urlsplit(f"//{item}")  # one host[:port], parsed as a URL's netloc
         if not item or not parts.hostname:
-            raise ValueError(f"broker URL {url!r} names no host in {item!r}")
+            raise ValueError(f"broker URL {shown!r} names no host in {item!r}")
         try:
             port = parts.port or DEFAULT_PORT
         except ValueError:
-            raise ValueError(f"broker URL {url!r} has a bad port in {item!r}") from None
+            raise ValueError(f"broker URL {shown!r} has a bad port in {item!r}") from None
         found.append((parts.hostname, port))
     if len(found) > MAX_ADDRESSES:
-        raise ValueError(f"broker URL {url!r} names more than {MAX_ADDRESSES} addresses")
+        raise ValueError(f"broker URL {shown!r} names more than {MAX_ADDRESSES} addresses")
     return tuple(found)
 
 
 def parse_url(url: str) -> Target:
-    """Split a broker URL; raise ValueError saying what is wrong with it."""
+    """Split a broker URL; raise ValueError saying what is wrong with it (never with its
+    password: the message may be printed or logged)."""
     parts = urlsplit(url)
+    shown = _without_password(url)
     if parts.scheme not in ("ssb", "ssbs"):
         raise ValueError(
-            f"broker URL must start with ssb:// (plain TCP) or ssbs:// (TLS), got {url!r}"
+            f"broker URL must start with ssb:// (plain TCP) or ssbs:// (TLS), got {shown!r}"
         )
     userinfo, _, hosts = parts.netloc.rpartition("@")
     if not hosts:
-        raise ValueError(f"broker URL {url!r} names no host")
-    addresses = _addresses(url, hosts)
+        raise ValueError(f"broker URL {shown!r} names no host")
+    addresses = _addresses(shown, hosts)
     user, _, password = userinfo.partition(":")
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     unknown = set(query) - {"ca", "fingerprint"}
     if unknown:
-        raise ValueError(f"broker URL {url!r}: unknown option(s) {', '.join(sorted(unknown))}")
+        raise ValueError(f"broker URL {shown!r}: unknown option(s) {', '.join(sorted(unknown))}")
     if query and parts.scheme != "ssbs":
-        raise ValueError(f"broker URL {url!r}: ?ca= and ?fingerprint= need ssbs:// (TLS)")
+        raise ValueError(f"broker URL {shown!r}: ?ca= and ?fingerprint= need ssbs:// (TLS)")
     fingerprint = query.get("fingerprint")
     if fingerprint is not None:
         fingerprint = fingerprint.replace(":", "").lower()
         if len(fingerprint) != 64 or any(c not in "0123456789abcdef" for c in fingerprint):
-            raise ValueError(f"broker URL {url!r}: fingerprint must be 64 hex digits (SHA-256)")
+            raise ValueError(f"broker URL {shown!r}: fingerprint must be 64 hex digits (SHA-256)")
     host, port = addresses[0]
     return Target(
         host,

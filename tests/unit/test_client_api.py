@@ -88,3 +88,23 @@ def test_every_request_builder_is_a_method() -> None:
     builders = {name for name in builders if name[0] != "_"}
     builders -= {"encode_request", "transaction_outcome"}  # plumbing; the method takes an id
     assert builders <= _public(client.Connection).keys()
+
+
+BAD_URLS = [
+    "ssb://admin:s3cret-pw@127.0.0.1:99999",  # a bad port
+    "ssb://admin:s3cret-pw@:4021",  # no host
+    "ssb://admin:s3cret-pw@127.0.0.1:4021?nonsense=1",  # an unknown option
+    "ssb://admin:s3cret-pw@127.0.0.1:4021?fingerprint=ab",  # needs ssbs://
+    "ssbs://admin:s3cret-pw@127.0.0.1:4021?fingerprint=ab",  # not 64 hex digits
+]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+async def test_a_malformed_url_is_refused_without_showing_its_password(url: str) -> None:
+    with pytest.raises(ValueError) as by_async:
+        await client.connect(url)
+    with pytest.raises(ValueError) as by_sync:
+        client.connect_sync(url)
+    for refused in (by_async.value, by_sync.value):
+        assert "s3cret-pw" not in str(refused) and "admin:***@" in str(refused)
+    assert str(by_async.value) == str(by_sync.value)
