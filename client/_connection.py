@@ -53,6 +53,7 @@ from ._recovery import (
     Retries,
     Sent,
     Settling,
+    check_connect_timeout,
     check_deadline,
     none_answered,
     opened_database,
@@ -630,6 +631,8 @@ async def connect(
     addresses of one broker, host1:port1,host2:port2, are tried in turn).
 
     Args:
+        timeout: seconds one attempt to connect and log in may take (above 0, at most
+            3600; else ValueError).
         reconnect: when the connection drops, connect again by itself (with backoff, to
             the same broker, at any of the URL's addresses) and settle what was in
             flight (see `run_transaction`).
@@ -647,6 +650,7 @@ async def connect(
         LoginFailedError: the broker refused the login.
         NotFoundError: there is no such database.
     """
+    timeout = check_connect_timeout(timeout)
     options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
     window = check_poll_window(busy_poll)
     wire, welcome, at = await _open(parse_url(url), timeout, 0, database or "")

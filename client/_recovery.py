@@ -186,6 +186,23 @@ def opened_database(welcome: Welcome, wanted: str) -> str:
     return welcome.database
 
 
+MAX_CONNECT_TIMEOUT: Final = 3600.0
+
+
+def check_connect_timeout(value: object) -> float:
+    """A connect timeout from a caller: a finite number of seconds, above 0, at most an
+    hour (both clients refuse the same values the same way)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 < value <= MAX_CONNECT_TIMEOUT  # (NaN fails too)
+    ):
+        raise ValueError(
+            f"timeout must be seconds above 0, at most {MAX_CONNECT_TIMEOUT:g}, not {value!r}"
+        )
+    return float(value)
+
+
 def check_deadline(value: object) -> float:
     """A reconnect deadline from a caller: a finite number of seconds, 0..1 day."""
     if (

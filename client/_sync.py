@@ -54,6 +54,7 @@ from ._recovery import (
     Retries,
     Sent,
     Settling,
+    check_connect_timeout,
     check_deadline,
     none_answered,
     opened_database,
@@ -428,6 +429,8 @@ def connect_sync(
     several addresses of one broker, host1:port1,host2:port2, are tried in turn).
 
     Args:
+        timeout: seconds one attempt to connect and log in may take (above 0, at most
+            3600; else ValueError).
         reconnect: when the connection drops, connect again by itself (with backoff, to
             the same broker, at any of the URL's addresses) and settle what was in
             flight (see `run_transaction`).
@@ -437,6 +440,7 @@ def connect_sync(
         busy_poll: seconds the connection reads without waiting for an answer before
             it sleeps in the kernel (0: never; see `connect`).
     """
+    timeout = check_connect_timeout(timeout)
     options = Options(timeout, reconnect, check_deadline(reconnect_deadline))
     window = check_poll_window(busy_poll)
     sock, welcome, decoder, at = _open(parse_url(url), timeout, 0, database or "")

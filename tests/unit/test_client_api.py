@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import textwrap
 from typing import Any
 
@@ -107,4 +108,14 @@ async def test_a_malformed_url_is_refused_without_showing_its_password(url: str)
         client.connect_sync(url)
     for refused in (by_async.value, by_sync.value):
         assert "s3cret-pw" not in str(refused) and "admin:***@" in str(refused)
+    assert str(by_async.value) == str(by_sync.value)
+
+
+@pytest.mark.parametrize("timeout", [math.nan, math.inf, -1.0, 0, True, "10", 2**64])
+async def test_a_bad_connect_timeout_is_refused_alike_by_both_clients(timeout: object) -> None:
+    url = "ssb://admin:pw@127.0.0.1:1"  # nothing is dialled
+    with pytest.raises(ValueError, match="timeout must be") as by_async:
+        await client.connect(url, timeout=timeout)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout must be") as by_sync:
+        client.connect_sync(url, timeout=timeout)  # type: ignore[arg-type]
     assert str(by_async.value) == str(by_sync.value)
