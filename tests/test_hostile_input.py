@@ -296,3 +296,21 @@ async def test_an_event_notification_for_a_broker_instance_that_is_no_id_is_refu
                 broker_instance=instance,  # type: ignore[arg-type]
             )
         assert await conn.view("event_notifications") == []
+
+
+async def test_a_send_of_more_messages_than_one_request_may_carry_is_refused(
+    hbroker: BrokerProcess,
+) -> None:
+    # each message costs the daemon's event loop some microseconds: millions in one SEND
+    # held every other session (a login waited past its timeout)
+    async with await client.connect(hbroker.url) as conn:
+        await _objects(conn)
+        handles = [await conn.begin_dialog("S", "S") for _ in range(2)]
+        with pytest.raises(client.InvalidArgumentError, match="100000 messages"):
+            await conn.send_many(handles[0], "DEFAULT", [b""] * 100_001)
+        with pytest.raises(client.InvalidArgumentError, match="100000 messages"):
+            await conn.send_many(handles, "DEFAULT", [b""] * 50_001)  # to each conversation
+        assert await conn.view("queue:Q") == []
+        await conn.send_many(handles, "DEFAULT", [b""] * 50_000)
+        (queue,) = await conn.view("service_queues")
+        assert queue["messages_ready"] == 100_000

@@ -62,6 +62,9 @@ log = logging.getLogger("ssb.core")
 LIFETIME_ERROR_CODE: Final = -8489
 LIFETIME_ERROR_TEXT: Final = "The conversation dialog has exceeded the lifetime."
 MAX_LIFETIME: Final = 2**31 - 1
+# messages one SEND makes (each body on each conversation): they are made in one pass of
+# the event loop, so this bounds how long one request keeps every other session waiting
+MAX_SEND_MESSAGES: Final = 100_000
 
 
 def as_body(value: object) -> bytes:
@@ -246,6 +249,11 @@ class Dialogs:
             bodies = [b""]
         if not isinstance(bodies, (list, tuple)):
             raise bad_argument("bodies must be a list of message bodies")
+        if len(handle_list) * len(bodies) > MAX_SEND_MESSAGES:
+            raise bad_argument(
+                f"one send makes at most {MAX_SEND_MESSAGES} messages (each body on each"
+                f" conversation), this one {len(handle_list) * len(bodies)}; split it"
+            )
         body_list = [as_body(b) for b in bodies]
         if not body_list:
             raise bad_argument("send needs at least one message body")
