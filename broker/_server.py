@@ -72,6 +72,8 @@ log = logging.getLogger("ssb.server")
 MAX_QUEUED_REQUESTS: Final = 1024
 RESUME_READING_AT: Final = 128
 SERVER_NAME: Final = "ssb/0.2"
+# characters of an error's message at most: a refusal may quote the value it refuses
+MAX_ERROR_TEXT: Final = 16 * 1024
 
 # (user, password, peer address) -> None when the login may open a session, else why not
 Login = Callable[[str, str, str], Awaitable[str | None]]
@@ -81,6 +83,13 @@ _give_way: Callable[[], object] = getattr(os, "sched_yield", lambda: None)
 
 def _never(_: Callable[[], None]) -> None:
     raise AssertionError("a window of 0 never polls")
+
+
+def _bounded(text: str) -> str:
+    """An error's message cut to `MAX_ERROR_TEXT` characters, saying so."""
+    if len(text) <= MAX_ERROR_TEXT:
+        return text
+    return f"{text[:MAX_ERROR_TEXT]}... ({len(text) - MAX_ERROR_TEXT} characters cut)"
 
 
 class NextRequests:
@@ -379,13 +388,13 @@ class ClientConnection(asyncio.Protocol):
         if exc.code == ErrorCode.TRANSACTION_RESOLVED:  # what follows it must not run
             self.abort(exc.message)
             return
-        text = self.operations.shown(self.session, exc.message)
+        text = _bounded(self.operations.shown(self.session, exc.message))
         self._answer(encode_error(request.request_id, exc.code, text), after=0)
 
     def _failed(self, request: Request, exc: Exception) -> None:
         """An operation failed by a bug: logged, and the client told so."""
         log.exception("operation %s failed", request.operation)
-        text = f"internal error in {request.operation}: {exc!r}; the broker logged it"
+        text = _bounded(f"internal error in {request.operation}: {exc!r}; the broker logged it")
         self._answer(encode_error(request.request_id, ErrorCode.INTERNAL_ERROR, text))
 
     def _answer(self, frame: list[Any], *, after: int | None = None) -> None:

@@ -314,3 +314,16 @@ async def test_a_send_of_more_messages_than_one_request_may_carry_is_refused(
         await conn.send_many(handles, "DEFAULT", [b""] * 50_000)
         (queue,) = await conn.view("service_queues")
         assert queue["messages_ready"] == 100_000
+
+
+async def test_a_refusal_quoting_a_huge_argument_is_cut_to_a_readable_length(
+    hbroker: BrokerProcess,
+) -> None:
+    # the refusal quotes the value it refuses: 20 MB of NULs quote as 80 MB, beyond a frame
+    huge = encode_frame([1, "end_conversation", {"handle": b"\x00" * 20_000_000}])
+    frames = await session_frames(hbroker, huge + encode_frame([2, "ping", {}]), want=3)
+    code, message = frames[1][2]
+    assert code == ErrorCode.BAD_ARGUMENT and "must be a UUID" in message
+    assert len(message) < 20_000 and message.endswith("characters cut)")
+    assert frames[2][1] == REPLY_OK
+    assert "Traceback" not in hbroker.log_text()
