@@ -327,3 +327,13 @@ async def test_a_refusal_quoting_a_huge_argument_is_cut_to_a_readable_length(
     assert len(message) < 20_000 and message.endswith("characters cut)")
     assert frames[2][1] == REPLY_OK
     assert "Traceback" not in hbroker.log_text()
+
+
+async def test_a_contract_named_twice_for_a_service_is_refused(hbroker: BrokerProcess) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        await _objects(conn)
+        with pytest.raises(client.InvalidArgumentError, match="'DEFAULT' twice"):
+            await conn.create_service("Twice", queue="Q", contracts=["DEFAULT", "DEFAULT"])
+        with pytest.raises(client.InvalidArgumentError, match="'DEFAULT' twice"):
+            await conn.alter_service("S", drop_contracts=["DEFAULT", "DEFAULT"])
+        assert [s["name"] for s in await conn.view("services")] == ["S"]

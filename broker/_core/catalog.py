@@ -564,6 +564,11 @@ class Catalog:
             return []
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise bad_argument(f"{what} must be a list of contract names")
+        seen: set[str] = set()
+        for contract in value:
+            if contract in seen:
+                raise bad_argument(f"{what} names contract '{contract}' twice")
+            seen.add(contract)
         return list(value)
 
     def new_service(self, name: object, queue: object, contracts: object) -> Service:
@@ -572,13 +577,10 @@ class Catalog:
         if not isinstance(queue, str):
             raise bad_argument("a service needs the name of its queue")
         self.queue(queue)
-        if contracts is None:
-            contracts = []
-        if not isinstance(contracts, (list, tuple)):
-            raise bad_argument("contracts must be a list of contract names")
-        for contract in contracts:
+        names = self._names("contracts", contracts)
+        for contract in names:
             self.contract(contract)
-        return Service(name, queue, tuple(contracts))
+        return Service(name, queue, tuple(names))
 
     def new_route(
         self,
