@@ -337,3 +337,18 @@ async def test_a_contract_named_twice_for_a_service_is_refused(hbroker: BrokerPr
         with pytest.raises(client.InvalidArgumentError, match="'DEFAULT' twice"):
             await conn.alter_service("S", drop_contracts=["DEFAULT", "DEFAULT"])
         assert [s["name"] for s in await conn.view("services")] == ["S"]
+
+
+async def test_poison_message_handling_with_an_unknown_key_is_refused(
+    hbroker: BrokerProcess,
+) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        await _objects(conn)
+        typo = {"stauts": "OFF"}  # was taken as {} and so as STATUS = ON
+        with pytest.raises(client.InvalidArgumentError, match="stauts"):
+            await conn.alter_queue("Q", poison_message_handling=typo)
+        with pytest.raises(client.InvalidArgumentError, match="stauts"):
+            await conn.create_queue("Typo", poison_message_handling=typo)
+        await conn.alter_queue("Q", poison_message_handling={"status": "OFF"})
+        (queue,) = await conn.view("service_queues")
+        assert queue["is_poison_message_handling_enabled"] is False

@@ -530,6 +530,12 @@ class Catalog:
         if value is None:
             return default
         if isinstance(value, dict):
+            unknown = set(value) - {"status"}
+            if unknown:
+                raise bad_argument(
+                    "unknown poison_message_handling option(s)"
+                    f" {', '.join(sorted(map(str, unknown)))}; it takes status (ON or OFF)"
+                )
             return parse_switch("poison_message_handling status", value.get("status", "ON"))
         return parse_switch("poison_message_handling", value)
 
