@@ -49,7 +49,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from ._logins import LoginCheck
 from ._metrics import CONTENT_TYPE
-from ._tls import ACCEPT_RETRY, is_loopback
+from ._tls import accepted, is_loopback
 
 log = logging.getLogger("ssb.http")
 
@@ -173,23 +173,7 @@ class HttpServer:
 
     async def _accept(self, sock: socket.socket, tls: ssl.SSLContext | None) -> None:
         loop = asyncio.get_running_loop()
-        failures = 0  # in a row: logged once, and their number when one succeeds
-        while True:
-            try:
-                conn, peer = await loop.sock_accept(sock)
-            except OSError as exc:  # e.g. out of file descriptors: wait, then go on
-                if not failures:
-                    log.warning(
-                        "accepting an HTTP connection failed: %s; retrying every %g s",
-                        exc,
-                        ACCEPT_RETRY,
-                    )
-                failures += 1
-                await asyncio.sleep(ACCEPT_RETRY)
-                continue
-            if failures:
-                log.warning("accepting HTTP connections again (%d tries failed)", failures)
-                failures = 0
+        async for conn, peer in accepted(sock, "an HTTP connection", log):
             self._open = {t for t in self._open if not t.is_closing()}
             if len(self._open) + len(self._connecting) >= MAX_CONNECTIONS:
                 conn.close()
@@ -206,7 +190,6 @@ class HttpServer:
                     )
                     self._refused, self._refusal_logged = 0, loop.time()
                 continue
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small answers
             task = loop.create_task(self._hand_over(conn, tls))
             self._connecting.add(task)
             task.add_done_callback(self._connecting.discard)

@@ -29,7 +29,7 @@ import logging
 import socket
 import ssl
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -50,6 +50,34 @@ CERT_FILE: Final = "tls-cert.pem"
 KEY_FILE: Final = "tls-key.pem"
 TLS_RECORD_HANDSHAKE: Final = 0x16
 ACCEPT_RETRY: Final = 0.1  # seconds between tries while accepting fails (no descriptors)
+
+
+async def accepted(
+    sock: socket.socket, one: str, logger: logging.Logger
+) -> AsyncIterator[tuple[socket.socket, Any]]:
+    """The connections the listening `sock` accepts, for ever, each with Nagle's delay
+    off (as the loop's own servers do: small answers leave at once). While accepting
+    fails (out of file descriptors) it tries again every ACCEPT_RETRY seconds; each such
+    spell is logged once as it begins and once as it ends, with how many tries failed
+    (`one`: what is accepted, e.g. "a client connection")."""
+    loop = asyncio.get_running_loop()
+    failures = 0  # in a row
+    while True:
+        try:
+            conn, peer = await loop.sock_accept(sock)
+        except OSError as exc:
+            if not failures:
+                logger.warning(
+                    "accepting %s failed: %s; retrying every %g s", one, exc, ACCEPT_RETRY
+                )
+            failures += 1
+            await asyncio.sleep(ACCEPT_RETRY)
+            continue
+        if failures:
+            logger.warning("accepting %s again (%d tries failed)", one, failures)
+            failures = 0
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        yield conn, peer
 
 
 def is_loopback(host: str | None) -> bool:
@@ -173,24 +201,7 @@ class Door:
         task.add_done_callback(self._tasks.discard)
 
     async def _accept(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        failures = 0  # in a row: logged once, and their number when one succeeds
-        while True:
-            try:
-                conn, peer = await loop.sock_accept(sock)
-            except OSError as exc:  # e.g. out of file descriptors: wait, then go on
-                if not failures:
-                    log.warning(
-                        "accepting a client connection failed: %s; retrying every %g s",
-                        exc,
-                        ACCEPT_RETRY,
-                    )
-                failures += 1
-                await asyncio.sleep(ACCEPT_RETRY)
-                continue
-            if failures:
-                log.warning("accepting client connections again (%d tries failed)", failures)
-                failures = 0
+        async for conn, peer in accepted(sock, "a client connection", log):
             host = str(peer[0])
             if self.admit is not None and not self.admit(f"{host}:{peer[1]}"):
                 conn.close()
@@ -204,8 +215,6 @@ class Door:
                 )
                 self._refuse(conn, f"too many connections from {host}; close some and retry")
                 continue
-            # as the loop's own servers do: small answers leave at once (no Nagle delay)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.waiting[host] += 1
             self._own(self._sort(conn, host, f"{host}:{peer[1]}"))
 
