@@ -50,7 +50,7 @@ from ._interfaces import (
     SingleDatabase,
 )
 from ._output import Output, ResultSet
-from ._parser import parse_batch
+from ._parser import SQL_SERVER_DEFAULTS, parse_batch
 from ._procedures import Procedures, new_frame
 from ._query import (
     Engine,
@@ -474,7 +474,7 @@ class Session:
             self.parse_only = value == "ON"
         elif option == "XACT_ABORT":
             self.xact_abort = value == "ON"
-        elif option in _SQL_SERVER_DEFAULTS and value == "ON":
+        elif option in SQL_SERVER_DEFAULTS and value == "ON":
             pass  # ssb always behaves as these options ON say
         elif option == "TRANSACTION ISOLATION LEVEL" and value == "READ COMMITTED":
             pass  # what ssb's transactions give
@@ -688,19 +688,6 @@ class Session:
 
     async def _refused(self, statement: ast.Refused, frame: Frame) -> None:
         raise NotSupported(statement.what, statement.instead)
-
-
-_SQL_SERVER_DEFAULTS: Final = frozenset(
-    (
-        "ANSI_NULLS",
-        "QUOTED_IDENTIFIER",
-        "ANSI_WARNINGS",
-        "ARITHABORT",
-        "CONCAT_NULL_YIELDS_NULL",
-        "ANSI_PADDING",
-        "ANSI_NULL_DFLT_ON",
-    )
-)
 
 
 def _bind(

@@ -667,12 +667,9 @@ _NO_RETURN_VALUE = frozenset(
     ]
 )
 _SET_OPTIONS = frozenset(("NOCOUNT", "XACT_ABORT", "ANSI_NULLS", "QUOTED_IDENTIFIER"))
-# the SET options SQL Server's grammar gives ON or OFF, and no other value
-_SWITCHES: Final = frozenset(
+# the SET options ON by default in SQL Server (ssb behaves as they say, and takes only ON)
+SQL_SERVER_DEFAULTS: Final = frozenset(
     (
-        "NOCOUNT",
-        "XACT_ABORT",
-        "PARSEONLY",
         "ANSI_NULLS",
         "QUOTED_IDENTIFIER",
         "ANSI_WARNINGS",
@@ -680,6 +677,14 @@ _SWITCHES: Final = frozenset(
         "CONCAT_NULL_YIELDS_NULL",
         "ANSI_PADDING",
         "ANSI_NULL_DFLT_ON",
+    )
+)
+# the SET options SQL Server's grammar gives ON or OFF, and no other value
+_SWITCHES: Final = SQL_SERVER_DEFAULTS | frozenset(
+    (
+        "NOCOUNT",
+        "XACT_ABORT",
+        "PARSEONLY",
         "ANSI_NULL_DFLT_OFF",
         "ANSI_DEFAULTS",
         "IMPLICIT_TRANSACTIONS",

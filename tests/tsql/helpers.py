@@ -59,6 +59,14 @@ async def each_fails(session: Session, *texts: str) -> None:
         assert not await run(session, text), text
 
 
+async def failures(*texts: str, **options: Any) -> list[tuple[int, str]]:
+    """The errors (number, text) of the scripts `texts`, run one after the other in a new
+    session (`new_session(**options)`), every one failing (else AssertionError)."""
+    session, output = new_session(**options)
+    await each_fails(session, *texts)
+    return [(e.number, e.text) for e in output.errors]
+
+
 def new_session(conn: Any = None, **options: Any) -> tuple[Session, Collect]:
     output = Collect()
     return Session(conn, output, **options), output

@@ -12,7 +12,7 @@ import pytest
 from ssb.tsql import SqlError
 from ssb.tsql import _types as t
 
-from .helpers import MemoryProcedures, each_fails, new_session, ran, run, table
+from .helpers import MemoryProcedures, each_fails, failures, new_session, ran, run, table
 
 
 async def test_variables_are_scoped_to_the_batch_as_sql_server_scopes_them() -> None:
@@ -504,9 +504,7 @@ async def test_decimals_hold_38_digits_and_overflow_with_sql_servers_error() -> 
     assert table(out.results[0]) == [
         [Decimal(big), Decimal(10**30), Decimal(int(big) - 1), Decimal("1.5")]
     ]
-    session, out = new_session()
-    await each_fails(session, "SELECT CAST(1e50 AS DECIMAL(10, 0))")
-    assert [(e.number, e.text) for e in out.errors] == [
+    assert await failures("SELECT CAST(1e50 AS DECIMAL(10, 0))") == [
         (8115, "Arithmetic overflow error converting float to data type decimal.")
     ]
 
@@ -654,9 +652,7 @@ async def test_replicate_and_space_are_bounded_as_in_sql_server() -> None:
         " DATALENGTH(REPLICATE(CAST('ab' AS VARCHAR(MAX)), 10000)) AS max"
     )
     assert table(out.results[0]) == [[8000, 8000, 8000, 20000]]
-    session, out = new_session()
-    await each_fails(session, "SELECT REPLICATE(CAST('ab' AS VARCHAR(MAX)), 2000000000)")
-    assert [(e.number, e.text) for e in out.errors] == [
+    assert await failures("SELECT REPLICATE(CAST('ab' AS VARCHAR(MAX)), 2000000000)") == [
         (7119, "Attempting to grow LOB beyond maximum allowed size of 2147483647 bytes.")
     ]
 
@@ -668,9 +664,7 @@ async def test_money_keeps_four_decimal_places_and_its_range() -> None:
     )
     assert table(out.results[0]) == [[Decimal("1.2346"), Decimal("1.2346"), "1.23"]]
     assert t.display(out.results[0].rows[0][0]) == "1.2346"
-    session, out = new_session()
-    await each_fails(session, "DECLARE @m SMALLMONEY = 1000000", "SELECT CAST(1e15 AS MONEY)")
-    assert [(e.number, e.text) for e in out.errors] == [
+    assert await failures("DECLARE @m SMALLMONEY = 1000000", "SELECT CAST(1e15 AS MONEY)") == [
         (8115, "Arithmetic overflow error converting int to data type smallmoney."),
         (8115, "Arithmetic overflow error converting float to data type money."),
     ]
