@@ -141,6 +141,7 @@ class Broker:
         self.door: Door | None = None
         self._closers: list[Callable[[], Any]] = []
         self._jobs: set[asyncio.Task[Any]] = set()
+        self._unmeasured = 0  # free-space measurements failed in a row
         self._lock_file: Any = None
         self.keeper: LeaseKeeper | None = None  # the lease, with a PostgreSQL store
         self.files: BrokerFiles
@@ -593,9 +594,20 @@ class Broker:
             free = store.free_bytes()
             if free is not None:  # (None: a database server's disk)
                 capacity.measured(free, str(self.data_dir))
+            capacity.reserve_kept(store.keep_reserve(), str(self.data_dir))
         except (OSError, StoreError) as exc:
-            log.warning("cannot measure free space for %s: %s", self.data_dir, exc)
-        capacity.reserve_kept(store.keep_reserve(), str(self.data_dir))
+            if not self._unmeasured:  # once a spell: the next tries come every second
+                log.warning(
+                    "cannot measure free space for %s: %s; new messages are taken or refused"
+                    " as the last measurement said until it can be measured again",
+                    self.data_dir,
+                    exc,
+                )
+            self._unmeasured += 1
+            return
+        if self._unmeasured:
+            log.warning("free space is measured again (%d tries failed)", self._unmeasured)
+            self._unmeasured = 0
 
     async def _watch_space(self) -> None:
         store = self.store

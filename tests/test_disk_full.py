@@ -35,6 +35,7 @@ from daemon import BrokerProcess, one_error_line, serve_once
 from setup_objects import initiator_and_target
 
 from ssb import client
+from ssb.broker._store import RESERVE_FILE
 from ssb.protocol import ErrorCode
 from ssb.tools import wait_until
 
@@ -502,3 +503,35 @@ async def test_a_commit_that_cannot_be_written_is_rolled_back_within_disk_full_t
     finally:
         broker.kill()
         ballast.unlink(missing_ok=True)
+
+
+async def test_free_space_is_measured_again_once_the_reserve_can_be_read(tmp_path: Path) -> None:
+    """A disk reserve the daemon cannot look at (here a link to itself, which fails as
+    an I/O error would) is said once, and the daemon goes on measuring free space: once
+    the path is mended, it makes the reserve again."""
+    size = 1024 * 1024
+    process = BrokerProcess(tmp_path / "data", config={"disk_reserve": size}).start()
+    reserve = tmp_path / "data" / RESERVE_FILE
+
+    async def made() -> bool:
+        return not reserve.is_symlink() and reserve.is_file() and reserve.stat().st_size == size
+
+    async def said() -> bool:
+        return "cannot measure free space" in process.log_text()
+
+    try:
+        await wait_until(made, "the disk reserve made")
+        loop = reserve.with_name("loop")
+        loop.symlink_to(reserve.name)
+        os.replace(loop, reserve)  # (at once: the daemon makes a missing reserve again)
+        # now stat() of the reserve fails: too many levels of links
+        await wait_until(said, "the failure to measure logged")
+        reserve.unlink()
+        await wait_until(made, "the disk reserve made again")
+        text = process.log_text()
+        assert text.count("cannot measure free space") == 1, text
+        assert "free space is measured again" in text
+        async with await client.connect(process.url) as conn:
+            assert await conn.ping() == "pong"
+    finally:
+        process.kill()
