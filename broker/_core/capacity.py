@@ -11,7 +11,13 @@ END CONVERSATION) goes on. The refusal lifts by itself when the space comes back
 cause is logged when it begins and ends, and the first statement it refuses; the
 statements refused after that are counted, and the count logged when the refusal lifts
 (a producer that retries must not fill the log, often on the very disk that is full).
-Queue quotas are the queues' own (see `queues.Queue.over_quota`).
+Queue quotas are the queues' own (see `queues.Queue.over_quota`); a statement one would
+break is refused here too.
+
+A statement or COMMIT refused for want of room (disk or a queue's quota) marks its
+transaction (`Transaction.refused_for_room`): the rollback that follows is the broker's
+doing, not the fault of what the transaction received, so it does not count toward the
+poison rules (a reader whose replies are refused would otherwise disable its own queue).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import logging
 from ssb.protocol import ErrorCode
 
 from .._errors import BrokerError
+from .queues import Queue
+from .transactions import Transaction
 
 log = logging.getLogger("ssb.core")
 
@@ -60,11 +68,13 @@ class Capacity:
                 " broker's config",
             )
 
-    def check_space(self, what: str) -> None:
+    def check_space(self, txn: Transaction | None, what: str) -> None:
         """Raise STORE_FAILED while the store cannot write, DISK_FULL while free space is
-        below `min_free_disk`."""
+        below `min_free_disk`, marking `txn` (see the module's comment)."""
         reason = self.refusal
         if reason is not None:
+            if txn is not None:
+                txn.refused_for_room = True
             self.refusals += 1
             if not self._said:
                 self._said = True
@@ -79,6 +89,22 @@ class Capacity:
                 ErrorCode.STORE_FAILED if self.store_failure is not None else ErrorCode.DISK_FULL,
                 f"{what} refused: {reason}; RECEIVE and END CONVERSATION still work and free"
                 " space, and the broker accepts new messages again by itself when there is room",
+            )
+
+    def check_quota(
+        self, txn: Transaction, queue: Queue, count: int, nbytes: int, what: str
+    ) -> None:
+        """Raise QUEUE_FULL if `count` more messages of `nbytes` would break `queue`'s
+        quota, marking `txn` (see the module's comment)."""
+        reason = queue.over_quota(count, nbytes)
+        if reason is not None:
+            txn.refused_for_room = True
+            log.info("refused %s: %s", what, reason)
+            raise BrokerError(
+                ErrorCode.QUEUE_FULL,
+                f"{what} refused: {reason}; nothing of it was applied. Receive from the"
+                f" queue, or raise its quota with alter_queue('{queue.name}', max_messages=...,"
+                " max_bytes=...)",
             )
 
     def measured(self, free: int, where: str) -> None:

@@ -13,10 +13,8 @@ A quota is checked at the statement (counting what this transaction already send
 the same queue) and again at COMMIT, before anything is applied: a queue filled by
 others meanwhile makes the commit fail and the transaction roll back, all of it.
 
-A statement or COMMIT refused for want of disk space marks its transaction: the rollback
-that follows is the broker's doing, not the fault of what the transaction received, so
-it does not count toward the poison rules (a reader whose replies are refused while the
-disk is low would otherwise disable its queue).
+A statement or COMMIT refused for want of room (disk space, a queue's quota) marks its
+transaction, so its rollback does not count toward the poison rules (see `capacity`).
 
 Timers and lifetimes fire from `endpoints.ConversationTimers`: a DialogTimer message,
 or an Error on both sides of a dialog whose LIFETIME ran out.
@@ -157,7 +155,7 @@ class Dialogs:
         else:
             group_id = uuid.uuid4()
         if self.capacity.refusal is not None:
-            self._no_room(session.txn, "BEGIN DIALOG")
+            self.capacity.check_space(session.txn, "BEGIN DIALOG")
         txn = self.transactions.current(session)
 
         def act() -> uuid.UUID:
@@ -294,11 +292,12 @@ class Dialogs:
         for body in body_list:
             validate_body(mtype.name, mtype.validation, body)
         if capacity.refusal is not None:
-            self._no_room(session.txn, "SEND")
+            capacity.check_space(session.txn, "SEND")
         letter = cat.VALIDATIONS[mtype.validation]
         actions = [Send(ep, plain(mtype.name), letter, body_list) for ep in endpoints]
         if capacity.queue_quotas:
-            self._check_quotas(txn, actions, "SEND")
+            earlier = [a for a in txn.actions if isinstance(a, Send)] if txn.actions else []
+            self._check_quotas(txn, earlier + actions, "SEND")
         targets = [(self.queues[ep.queue], ep.group_id) for ep in endpoints]
 
         def act() -> None:
@@ -316,12 +315,11 @@ class Dialogs:
         queue = None if service is None else self.queues.get(service.queue)
         return queue if queue is not None and queue.has_quota else None
 
-    def _check_quotas(self, txn: Transaction, new: list[Send], what: str) -> None:
-        """Raise QUEUE_FULL if the sends of `txn` and `new` would break a local queue's quota."""
+    def _check_quotas(self, txn: Transaction, sends: list[Send], what: str) -> None:
+        """Raise QUEUE_FULL if `sends` (of `txn`) would break a local queue's quota."""
         wanted: dict[str, list[int]] = {}
         queues: dict[str, Queue] = {}
-        earlier = [a for a in txn.actions if isinstance(a, Send)] if txn.actions else []
-        for action in earlier + new:
+        for action in sends:
             target = self._quota_target(action.endpoint)
             if target is None:
                 continue
@@ -330,15 +328,7 @@ class Dialogs:
             counts[1] += sum(len(b) for b in action.bodies)
             queues[target.name] = target
         for name, (count, nbytes) in wanted.items():
-            reason = queues[name].over_quota(count, nbytes)
-            if reason is not None:
-                log.info("refused %s: %s", what, reason)
-                raise BrokerError(
-                    ErrorCode.QUEUE_FULL,
-                    f"{what} refused: {reason}; nothing of it was applied. Receive from the"
-                    f" queue, or raise its quota with alter_queue('{name}', max_messages=...,"
-                    " max_bytes=...)",
-                )
+            self.capacity.check_quota(txn, queues[name], count, nbytes, what)
 
     # ---- END CONVERSATION, timers, MOVE --------------------------------------------------------
 
@@ -427,15 +417,9 @@ class Dialogs:
         sends = [a for a in txn.actions if isinstance(a, Send)]
         if sends:
             if self.capacity.refusal is not None:
-                self._no_room(txn, "COMMIT of a transaction that sends")
+                self.capacity.check_space(txn, "COMMIT of a transaction that sends")
             if self.capacity.queue_quotas:
-                self._check_quotas(Transaction(txn.session, explicit=False), sends, "COMMIT")
-
-    def _no_room(self, txn: Transaction | None, what: str) -> None:
-        """Refuse `what` for want of disk space (see the module's comment)."""
-        if txn is not None:
-            txn.refused_for_space = True
-        self.capacity.check_space(what)
+                self._check_quotas(txn, sends, "COMMIT")
 
     def apply_commit(self, txn: Transaction) -> None:
         now = self.clock.time()

@@ -243,7 +243,7 @@ class Engine:
 
     def after_rollback(self, txn: Transaction, error: str) -> None:
         for queue, messages in txn.restored:
-            if messages and not txn.refused_for_space:
+            if messages and not txn.refused_for_room:
                 self.poison.after_rollback(queue, messages)
             self.listener.rolled_back(queue)
         txn.restored = []

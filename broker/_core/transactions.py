@@ -131,9 +131,9 @@ class Transaction:
     savepoints: list[Savepoint] = field(default_factory=list)
     # its statements on users' tables, with their values (see `tables`)
     table_statements: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
-    # a statement or its COMMIT was refused for want of disk space: its rollback is no
-    # sign of a poison message
-    refused_for_space: bool = False
+    # a statement or its COMMIT was refused for want of room (disk space, a queue's
+    # quota): its rollback is no sign of a poison message
+    refused_for_room: bool = False
 
     def received_messages(self) -> list[Message]:
         return [m for _, messages in self.received for m in messages]

@@ -199,6 +199,42 @@ def test_replies_refused_for_want_of_room_do_not_make_the_request_poison() -> No
     assert [r[BODY] for r in core.receive_all("Initiator")] == [b"reply"]
 
 
+def test_replies_refused_by_a_full_queue_do_not_make_the_request_poison() -> None:
+    """The same for a reply refused because the queue it goes to is at its quota: the
+    request is not at fault, at the reply's SEND or at the COMMIT (filled meanwhile)."""
+    core = Core()
+    core.op("create_queue", "Target")
+    core.op("create_queue", "Initiator", max_messages=1)
+    core.op("create_service", "TargetService", "Target", ["DEFAULT"])
+    core.op("create_service", "InitiatorService", "Initiator")
+    handle, other = core.dialog(), core.dialog()
+    writer = core.new_session()
+    core.op("send", other, "DEFAULT", [b"its reply fills the queue replies go to"])
+    (filler,) = core.op("receive", "Target", top=1)
+    core.op("send", filler[HANDLE], "DEFAULT", [b"first reply"])  # Initiator is full
+    core.op("send", handle, "DEFAULT", [b"request"])
+    for attempt in range(8):  # more than the poison rule's 5
+        core.op("begin_transaction")
+        (request,) = core.op("receive", "Target", top=1)
+        with pytest.raises(BrokerError) as refused:
+            if attempt % 2:
+                core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
+            else:
+                core.receive_all("Initiator")  # room while it sends, none at its COMMIT
+                core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
+                core.op("send", filler[HANDLE], "DEFAULT", [b"another reply"], session=writer)
+                core.op("commit")
+        assert _code(refused) == ErrorCode.QUEUE_FULL
+        if core.session.txn is not None:
+            core.op("rollback")
+    core.receive_all("Initiator")
+    core.op("begin_transaction")
+    (request,) = core.op("receive", "Target", top=1)  # the queue is still enabled
+    core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
+    core.op("commit")
+    assert [r[BODY] for r in core.receive_all("Initiator")] == [b"reply"]
+
+
 def test_a_disk_reserve_given_up_refuses_new_messages_until_it_is_back() -> None:
     core = Core()
     core.services()
