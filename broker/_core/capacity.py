@@ -12,7 +12,9 @@ cause is logged when it begins and ends, and the first statement it refuses; the
 statements refused after that are counted, and the count logged when the refusal lifts
 (a producer that retries must not fill the log, often on the very disk that is full).
 Queue quotas are the queues' own (see `queues.Queue.over_quota`); a statement one would
-break is refused here too.
+break is refused here too, and logged the same way for each queue: its first refusal,
+then a count, told when the queue next takes a statement (it has room again), its quota
+is changed or it is dropped.
 
 A statement or COMMIT refused for want of room (disk or a queue's quota) marks its
 transaction (`Transaction.refused_for_room`): the rollback that follows is the broker's
@@ -97,15 +99,35 @@ class Capacity:
         """Raise QUEUE_FULL if `count` more messages of `nbytes` would break `queue`'s
         quota, marking `txn` (see the module's comment)."""
         reason = queue.over_quota(count, nbytes)
-        if reason is not None:
+        if reason is None:
+            if queue.refused:
+                self.quota_spell_over(queue, "has room again")
+        else:
             txn.refused_for_room = True
-            log.info("refused %s: %s", what, reason)
+            if not queue.refused:
+                log.info(
+                    "refused %s: %s (statements refused after it, until the queue takes one"
+                    " again, are counted, not logged)",
+                    what,
+                    reason,
+                )
+            queue.refused += 1
             raise BrokerError(
                 ErrorCode.QUEUE_FULL,
                 f"{what} refused: {reason}; nothing of it was applied. Receive from the"
                 f" queue, or raise its quota with alter_queue('{queue.name}', max_messages=...,"
                 " max_bytes=...)",
             )
+
+    def quota_spell_over(self, queue: Queue, how: str) -> None:
+        """`queue` was refusing statements for its quota and is no more: `how`."""
+        log.info(
+            "queue '%s' %s: %d statement(s) were refused while it was full",
+            queue.name,
+            how,
+            queue.refused,
+        )
+        queue.refused = 0
 
     def measured(self, free: int, where: str) -> None:
         """The daemon measured `free` bytes available for the store at `where`."""

@@ -159,8 +159,12 @@ class Ddl:
 
     def set_queue(self, updated: cat.QueueDef, reason: str = "") -> None:
         queue = self.queues[updated.name]
-        was_on = queue.definition.status
+        was = queue.definition
+        was_on = was.status
         queue.definition = updated
+        quota = (updated.max_messages, updated.max_bytes)
+        if queue.refused and quota != (was.max_messages, was.max_bytes):
+            self.capacity.quota_spell_over(queue, "has a new quota")
         self.persist("queue", updated)
         if updated.status and not was_on:
             log.info(
@@ -374,6 +378,8 @@ class Ddl:
         if kind == "queue":
             self.count_quotas()
             queue = self.queues.pop(name)
+            if queue.refused:
+                self.capacity.quota_spell_over(queue, "was dropped")
             if queue.messages:
                 queue.drop_all()
                 self.journal.delete_queue_messages(name)

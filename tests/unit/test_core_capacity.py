@@ -166,6 +166,48 @@ def test_refusals_for_want_of_disk_are_logged_once_until_they_lift(
     assert len(refused_lines()) == 2
 
 
+def test_refusals_for_a_full_queue_are_logged_once_per_queue_until_it_has_room(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A producer retrying in a loop against a full queue must not fill the log either:
+    the first refusal of each queue is logged, the rest counted, and the count told when
+    that queue takes a statement again (or its quota is changed)."""
+    core = Core()
+    core.services(max_messages=1)
+    core.op("create_queue", "Other", max_messages=1)
+    core.op("create_service", "OtherService", "Other", ["DEFAULT"])
+    handle = core.dialog()
+    other = core.op("begin_dialog", "InitiatorService", "OtherService")
+    core.op("send", handle, "DEFAULT", [b"fills Target"])
+    core.op("send", other, "DEFAULT", [b"fills Other"])
+
+    def lines(start: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith(start)]
+
+    caplog.set_level(logging.INFO, logger="ssb.core")
+    for _ in range(50):
+        for h in (handle, other):
+            with pytest.raises(BrokerError):
+                core.op("send", h, "DEFAULT", [b"refused"])
+    core.op("begin_transaction")
+    with pytest.raises(BrokerError):
+        core.op("send", handle, "DEFAULT", [b"refused", b"too"])
+    core.op("rollback")
+    first, second = lines("refused")
+    assert first.startswith("refused SEND: queue 'Target' is full") and "counted" in first
+    assert second.startswith("refused SEND: queue 'Other' is full")
+    core.receive_all()
+    core.op("send", handle, "DEFAULT", [b"room again"])
+    (told,) = lines("queue 'Target' has room again")
+    assert "51 statement(s) were refused while it was full" in told
+    core.op("alter_queue", "Other", max_messages=None)
+    (told,) = lines("queue 'Other'")
+    assert "50 statement(s) were refused while it was full" in told
+    with pytest.raises(BrokerError):  # full again: a new spell, its first refusal logged
+        core.op("send", handle, "DEFAULT", [b"refused"])
+    assert len(lines("refused")) == 3
+
+
 def test_replies_refused_for_want_of_room_do_not_make_the_request_poison() -> None:
     """A reader that receives a request and replies in one transaction has its SEND (or
     its COMMIT) refused while the disk is low, and rolls back: the request is not at
