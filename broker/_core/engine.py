@@ -230,7 +230,7 @@ class Engine:
         self.tables.apply_commit(txn)
 
     def undo(self, txn: Transaction, error: str) -> None:
-        txn.restored = self.receiving.restore_received(txn, error)
+        txn.restored = self.receiving.restore_received(txn, error, failed=not txn.refused_for_room)
         self.dialogs.undo(txn)
         self.tables.undo(txn)
 

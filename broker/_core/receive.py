@@ -402,16 +402,21 @@ class Receiving:
             queue.rollback_streak = 0
 
     def restore_received(
-        self, txn: Transaction, error: str, first: int = 0
+        self, txn: Transaction, error: str, first: int = 0, failed: bool = True
     ) -> list[tuple[Queue, list[Message]]]:
-        """Put received messages back, a delivery counted; returns them by queue. `first`:
-        only those of RECEIVEs from that one on (a rollback to a savepoint)."""
+        """Put received messages back, a failed delivery counted (and `error` kept) unless
+        not `failed` (the broker refused the transaction for want of room: they go back as
+        they were); returns them by queue. `first`: only those of RECEIVEs from that one
+        on (a rollback to a savepoint)."""
         by_queue: dict[str, tuple[Queue, list[Message]]] = {}
         for queue, messages in reversed(txn.received[first:]):
             alive = self._still_conversing(queue, messages)
             queue.restore(alive)
             queue.rolled_back += len(alive)
             for m in alive:
+                if not failed:
+                    m.delivery_count -= 1  # the count the store has
+                    continue
                 if error:
                     m.last_error = error
                     self.journal.set_message_extra(m.queuing_order, m.extra())

@@ -156,3 +156,4 @@ BODY = 10  # column of the message body in a RECEIVE row
 HANDLE = 4
 SEQ = 5
 MTYPE = 8
+DELIVERY_COUNT = 12

@@ -11,7 +11,7 @@ import pytest
 from ssb.broker._errors import BrokerError
 from ssb.protocol import ErrorCode
 
-from .core_harness import BODY, HANDLE, Core
+from .core_harness import BODY, DELIVERY_COUNT, HANDLE, Core
 
 
 def _code(excinfo: pytest.ExceptionInfo[BrokerError]) -> ErrorCode:
@@ -275,6 +275,34 @@ def test_replies_refused_by_a_full_queue_do_not_make_the_request_poison() -> Non
     core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
     core.op("commit")
     assert [r[BODY] for r in core.receive_all("Initiator")] == [b"reply"]
+
+
+def test_a_rollback_for_want_of_room_is_not_counted_as_a_failed_delivery() -> None:
+    """delivery_count counts the times readers received a message and rolled back: a
+    rollback after a refusal for want of room is the broker's doing, so it is not
+    counted (on RECEIVE, nor after a restart), and refusals cannot bring a message to its
+    poison policy's threshold."""
+    core = Core(min_free_disk=1000)
+    core.op("create_queue", "Dead")
+    policy = {"threshold": 2, "action": "dead_letter", "dead_letter_queue": "Dead"}
+    core.services(poison_policy=policy)
+    core.op("send", core.dialog(), "DEFAULT", [b"request"])
+    capacity = core.engine.capacity
+    capacity.measured(999, "test")
+    for _ in range(3):
+        core.op("begin_transaction")
+        (request,) = core.op("receive", "Target", top=1)
+        with pytest.raises(BrokerError):
+            core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
+        core.op("rollback", error="the reply was refused")
+    capacity.measured(1000, "test")
+    core.op("begin_transaction")
+    (request,) = core.op("receive", "Target", top=1)
+    assert request[DELIVERY_COUNT] == 1
+    core.op("rollback", error="cannot handle it")  # its first failed delivery of 2
+    core.flush()
+    (request,) = core.restart().op("receive", "Target", top=1)
+    assert request[BODY] == b"request" and request[DELIVERY_COUNT] == 2
 
 
 def test_a_disk_reserve_given_up_refuses_new_messages_until_it_is_back() -> None:
