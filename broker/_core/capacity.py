@@ -35,8 +35,14 @@ from .transactions import Transaction
 log = logging.getLogger("ssb.core")
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1024 * 1024):.1f} MiB"
+def readable_size(n: int) -> str:
+    """`n` bytes in the unit that shows them best: 900 bytes, 6.0 KiB, 1.5 MiB, 3.0 GiB."""
+    if n < 1024:
+        return f"{n} bytes"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / 1024:.1f} KiB"
 
 
 class Capacity:
@@ -136,16 +142,18 @@ class Capacity:
                 log.warning(
                     "free disk space for %s is %s, below min_free_disk %s: refusing new messages",
                     where,
-                    _mib(free),
-                    _mib(self.min_free_disk),
+                    readable_size(free),
+                    readable_size(self.min_free_disk),
                 )
             self.low_space = (
-                f"free disk space for the store is {_mib(free)}, below min_free_disk"
-                f" ({_mib(self.min_free_disk)})"
+                f"free disk space for the store is {readable_size(free)}, below min_free_disk"
+                f" ({readable_size(self.min_free_disk)})"
             )
         elif self.low_space is not None:
             log.warning(
-                "free disk space for %s is %s again: accepting new messages", where, _mib(free)
+                "free disk space for %s is %s again: accepting new messages",
+                where,
+                readable_size(free),
             )
             self.low_space = None
         self._update()

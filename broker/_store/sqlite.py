@@ -94,6 +94,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from .._core.capacity import readable_size
 from .._core.ports import Row
 from .commit import Batch, Connection, Plan, apply_statements
 from .errors import StoreError, StoreFailure, StoreUnavailable, describe_failure
@@ -116,7 +117,6 @@ STORE_FILES: Final = frozenset(
 BROKER_INSTANCE: Final = "broker_instance"  # the meta key of the broker's instance id
 NEARLY_FULL: Final = 1024 * 1024  # free bytes below which a store that cannot open blames the disk
 RESERVE_FILE: Final = "disk-reserve"  # the disk reserve's file in the data directory
-MIB: Final = 1024 * 1024
 BUSY_TIMEOUT: Final = 30.0  # seconds the online copy waits for the daemon's store (a checkpoint)
 KEEP_FREE_PAGES: Final = 2048  # free pages an idle store keeps for the next inserts
 IDLE_VACUUM_PAGES: Final = 8192  # free pages returned per idle checkpoint
@@ -184,8 +184,8 @@ class DiskReserve:
             return False
         self.given_up = True
         log.warning(
-            "the disk is full: the store's reserve of %.1f MiB is given up to write",
-            self.size / MIB,
+            "the disk is full: the store's reserve of %s is given up to write",
+            readable_size(self.size),
         )
         return True
 
@@ -220,19 +220,21 @@ class DiskReserve:
             log.info("the store's disk reserve cannot be made yet: %s", exc.strerror or exc)
             return None if held is not None else self._missing(free)
         self.given_up = False
-        log.info("the store's disk reserve (%.1f MiB) is in place", self.size / MIB)
+        log.info("the store's disk reserve (%s) is in place", readable_size(self.size))
         return None
 
     def _missing(self, free: int) -> str:
         """Why new messages wait while there is no reserve, and what makes one."""
-        room = f"once the disk has {2 * self.size / MIB:.1f} MiB free (it has {free / MIB:.1f} MiB)"
+        room = (
+            f"once the disk has {readable_size(2 * self.size)} free (it has {readable_size(free)})"
+        )
         if self.given_up:
             return (
                 "the disk is full: the store gave up its disk reserve to write; it is made"
                 f" again {room}: free space on the disk"
             )
         return (
-            f"the store's disk reserve (disk_reserve, {self.size / MIB:.1f} MiB) is not in"
+            f"the store's disk reserve (disk_reserve, {readable_size(self.size)}) is not in"
             f" place: it is made {room}; free space on the disk, or lower disk_reserve"
         )
 
@@ -543,7 +545,7 @@ def _cannot_open(data_dir: Path, exc: BaseException) -> str:
         free_bytes = None
     full = (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "full" in text.lower()
     if full or (free_bytes is not None and free_bytes < NEARLY_FULL):
-        free = "no space" if free_bytes is None else f"{free_bytes / (1024 * 1024):.1f} MiB free"
+        free = "no space" if free_bytes is None else f"{readable_size(free_bytes)} free"
         return (
             f"cannot start: the disk holding {data_dir} is full ({free}; SQLite said: {text});"
             " free some space and start again"

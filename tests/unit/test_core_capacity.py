@@ -135,6 +135,22 @@ def test_low_disk_refuses_new_messages_keeps_receive_and_recovers() -> None:
     core.dialog()
 
 
+def test_refusals_show_small_sizes_in_bytes_or_kib(caplog: pytest.LogCaptureFixture) -> None:
+    """A min_free_disk of a few KiB must not read '0.0 MiB below min_free_disk (0.0 MiB)'."""
+    core = Core(min_free_disk=6 * 1024)
+    core.services()
+    caplog.set_level(logging.INFO, logger="ssb.core")
+    core.engine.capacity.measured(900, "test")
+    with pytest.raises(BrokerError) as refused:
+        core.dialog()
+    assert "is 900 bytes, below min_free_disk (6.0 KiB)" in refused.value.message
+    assert any(
+        "is 900 bytes, below min_free_disk 6.0 KiB" in r.getMessage() for r in caplog.records
+    )
+    core.engine.capacity.measured(3 << 30, "test")
+    assert any("is 3.0 GiB again" in r.getMessage() for r in caplog.records)
+
+
 def test_refusals_for_want_of_disk_are_logged_once_until_they_lift(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
