@@ -176,11 +176,15 @@ def encode_error(request_id: int, code: int, text: str) -> list[Any]:
 
 
 def _error_pair(body: Any) -> tuple[ErrorCode, str]:
-    if isinstance(body, list) and len(body) == 2:
+    if isinstance(body, list) and len(body) == 2 and type(body[0]) is int:
+        number, text = body[0], str(body[1])
         try:
-            return ErrorCode(body[0]), str(body[1])
+            return ErrorCode(number), text
         except ValueError:
-            return ErrorCode.INTERNAL_ERROR, str(body[1])
+            return ErrorCode.UNRECOGNISED_CODE, (
+                f"the broker answered with error {number}, which this client does not know"
+                f" (a newer broker's; upgrade the client): {text}"
+            )
     raise RemoteProtocolError("malformed error reply", ErrorCode.MALFORMED_FRAME)
 
 

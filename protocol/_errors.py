@@ -20,6 +20,9 @@ class ErrorCode(IntEnum):
     HANDSHAKE_FAILED = 1005
     INTEGRITY_CHECK_FAILED = 1006
     UNEXPECTED_FRAME = 1007
+    # (a client's own) the broker answered with a code this client does not know, a newer
+    # broker's: its number leads the message
+    UNRECOGNISED_CODE = 1008
     # catalog
     UNKNOWN_MESSAGE_TYPE = 2001
     UNKNOWN_CONTRACT = 2002

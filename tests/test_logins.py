@@ -264,7 +264,7 @@ class _NotNow:
     fault for now, not a refusal), as a daemon whose login check failed does; with no
     code it hangs up without an answer."""
 
-    def __init__(self, code: ErrorCode | None) -> None:
+    def __init__(self, code: int | None) -> None:
         self.code = code
         self.logins = 0
         self.server: asyncio.Server | None = None
@@ -322,6 +322,26 @@ async def test_a_login_the_broker_could_not_check_goes_to_the_next_address(
         with pytest.raises(client.LoginFailedError):
             await client.connect(wrong, reconnect=False)
         assert not_now.logins == 2, "a refused login tries no other address"
+
+
+async def test_a_login_answered_with_a_code_this_client_does_not_know_is_not_retried(
+    broker: BrokerProcess,
+) -> None:
+    """A newer broker's refusal, by a code this client does not know, is no fault of the
+    broker's for now: the client says so with the number, and tries no other address."""
+    password = broker.admin_password()
+    newer = _NotNow(6099)
+    async with newer as port:
+        url = f"ssb://admin:{password}@{HOST}:{port},{HOST}:{broker.client_port}"
+        with pytest.raises(client.ProtocolViolationError, match="error 6099, which this client"):
+            await client.connect(url, timeout=5.0)
+
+        def blocking() -> None:  # (in a thread: this loop answers for the first address)
+            with pytest.raises(client.ProtocolViolationError, match="error 6099"):
+                client.connect_sync(url, timeout=5.0)
+
+        await asyncio.to_thread(blocking)
+        assert newer.logins == 2
 
 
 async def test_a_server_that_hangs_up_on_the_hello_is_asked_about_its_port() -> None:

@@ -56,6 +56,20 @@ def test_requests_and_replies_survive_one_byte_at_a_time() -> None:
     )
 
 
+def test_an_error_code_this_client_does_not_know_keeps_its_number() -> None:
+    """A newer broker's code is not taken for the broker's own fault (which a login
+    retries elsewhere): it is a disagreement about the protocol, its number kept."""
+    reply = Reply.decode(encode_error(8, 6099, "a refusal a newer broker has"))
+    assert reply.code is ErrorCode.UNRECOGNISED_CODE
+    assert reply.text.startswith("the broker answered with error 6099, which this client")
+    assert reply.text.endswith(": a refusal a newer broker has")
+    for body in (["6099", "text"], [True, "text"], [6099], "text"):
+        malformed = encode_error(8, 6099, "text")
+        malformed[2] = body
+        with pytest.raises(RemoteProtocolError, match="malformed error reply"):
+            Reply.decode(malformed)
+
+
 def test_oversized_frame_is_refused_before_buffering_it() -> None:
     decoder = FrameDecoder(max_frame_size=1024)
     decoder.receive_data((10_000).to_bytes(4, "big"))
