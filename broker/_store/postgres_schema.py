@@ -137,6 +137,23 @@ OPERATORS: Final = tuple(
     " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$"
     for kind, function in (("text", "textcat"), ("bytea", "byteacat"))
 )
+# SUM of users' table statements as SQL Server's, of its argument's type (see
+# `user_kinds`): of SMALLINT or INT an INT, which fails past INT's range, of BIGINT a
+# BIGINT, of the others their own type; made where missing at every start, as OPERATORS
+AGGREGATES: Final = (
+    "DO $$ BEGIN IF to_regprocedure('ssb_sum(integer)') IS NULL THEN"
+    " CREATE FUNCTION ssb_int_total(bigint) RETURNS integer LANGUAGE sql IMMUTABLE"
+    " AS 'SELECT CAST($1 AS integer)';"
+    " CREATE AGGREGATE ssb_sum(smallint)"
+    " (SFUNC = int2_sum, STYPE = bigint, FINALFUNC = ssb_int_total);"
+    " CREATE AGGREGATE ssb_sum(integer)"
+    " (SFUNC = int4_sum, STYPE = bigint, FINALFUNC = ssb_int_total);"
+    " CREATE AGGREGATE ssb_sum(bigint) (SFUNC = int8pl, STYPE = bigint);"
+    " CREATE AGGREGATE ssb_sum(numeric) (SFUNC = numeric_add, STYPE = numeric);"
+    " CREATE AGGREGATE ssb_sum(real) (SFUNC = float4pl, STYPE = real);"
+    " CREATE AGGREGATE ssb_sum(double precision) (SFUNC = float8pl, STYPE = double precision);"
+    " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
+)
 INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS messages_by_conversation"
     " ON messages (status, queue, handle, queuing_order) INCLUDE (size)",
@@ -163,7 +180,7 @@ def create(db: psycopg.Connection[Any], where: str) -> None:
                 f"the store {where} was written by a newer ssb (schema {version}); run that"
                 " version, or start from a backup"
             )
-        for statement in (*TABLES[1:], *INDEXES, *OPERATORS):
+        for statement in (*TABLES[1:], *INDEXES, *OPERATORS, *AGGREGATES):
             db.execute(statement)
         if version is None or int(str(version)) < SCHEMA_VERSION:
             for statement in FUNCTIONS:

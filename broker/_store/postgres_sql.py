@@ -24,7 +24,8 @@ stores accept and refuse exactly the same statements. What changes:
 - Values. T-SQL's `+` stays `+`: the store defines `+` on two texts and on two byte
   strings (`postgres_schema.OPERATORS`), so it joins them as SQL Server does; `0x01` is a
   `bytea`. Parameters are PostgreSQL's own `$1`, `$2`... (the store binds them with a
-  raw cursor: `%` is not special).
+  raw cursor: `%` is not special). SUM is the store's `ssb_sum` and AVG its quotient by
+  COUNT, of SQL Server's types (`user_kinds`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from sqlglot import exp
 from sqlglot.errors import ErrorLevel, SqlglotError
 
 from .._core.ports import TableError
-from . import user_sql
+from . import user_kinds, user_sql
 
 IDENTITY: Final = "identity"  # the suffix of a table's identity sequence
 MAX_IDENTIFIER: Final = 63  # bytes of a name PostgreSQL keeps (it cuts longer ones)
@@ -216,6 +217,7 @@ def write(node: exp.Expression) -> str:
     if node.find(exp.CurrentUser, exp.SessionUser) is not None:
         raise user_sql.refused("the store's user (CURRENT_USER, SUSER_NAME())")
     tree = node.copy()
+    user_kinds.postgresql(tree)  # (first: its SQLite-only parts name no store table)
     for table in list(tree.find_all(exp.Table)):
         _split(table)
     for index in list(tree.find_all(exp.Index)):

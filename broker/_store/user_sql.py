@@ -27,7 +27,8 @@ when the statement runs, and bound as parameters: the statement then gives the s
 result when the store runs it again at commit (see `user_tables`). Columns keep their
 declared SQL Server type as SQLite's type name (it gives the column SQLite's matching
 affinity); `INT IDENTITY(1,1) PRIMARY KEY` becomes SQLite's INTEGER PRIMARY KEY
-AUTOINCREMENT, whose values never repeat either.
+AUTOINCREMENT, whose values never repeat either. SUM and AVG are of their argument's
+type, as SQL Server's (`user_kinds.aggregates`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from sqlglot.dialects.sqlite import SQLite
 from sqlglot.errors import ErrorLevel, SqlglotError
 
 from .._core.ports import TableError
+from . import user_kinds
 
 MAX_NAME: Final = 128
 ADD: Final = "ssb_add"  # T-SQL's + (see `user_tables.add_functions`)
@@ -528,6 +530,7 @@ def translate(text: str, database: str, session: int = 0, write: Writer | None =
         for add in list(node.find_all(exp.Add)):  # T-SQL's + joins text, SQLite's adds
             add.replace(exp.Anonymous(this=ADD, expressions=[add.this, add.expression]))
     names, volatile = _values(node)
+    user_kinds.aggregates(node)
     written = write or _written
     sql = written(node)
     counted = (

@@ -51,7 +51,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from .._core.ports import TableError, TableStatement
-from . import user_sql
+from . import user_kinds, user_sql
 from .commit import Batch, Committer
 from .user_sql import Statement
 
@@ -80,6 +80,12 @@ def shown(text: str) -> str:
     """A database message in the user's names (the store's names of tables and indexes
     become theirs)."""
     return _STORE_NAME.sub(lambda m: m.group(2) or _SESSION.sub("", m.group(1)), text)
+
+
+def _said(exc: sqlite3.Error) -> str:
+    """A failed statement's error, in SQL Server's words where it has them, in the
+    user's names."""
+    return shown(user_kinds.said(str(exc)))
 
 
 _AS_IS: Final = frozenset((type(None), int, float, str, bytes))  # bound as they are
@@ -141,6 +147,7 @@ def add_functions(db: sqlite3.Connection) -> None:
     """What users' statements call on the writer connection besides SQLite's own, and
     their FOREIGN KEYs enforced there (the store's own tables have none)."""
     db.create_function(user_sql.ADD, 2, _add, deterministic=True)
+    user_kinds.add_functions(db)
     db.execute("PRAGMA foreign_keys=ON")
 
 
@@ -389,9 +396,7 @@ class UserTables(Committer):
                     db.execute(earlier.sql, self._runs[-1]).fetchall()
                 except sqlite3.Error as exc:
                     self._end_provisional()
-                    raise TableError(
-                        f"an earlier statement failed again: {shown(str(exc))}"
-                    ) from None
+                    raise TableError(f"an earlier statement failed again: {_said(exc)}") from None
             self._provisional = (owner, len(done))
         if (
             statement.light
@@ -412,7 +417,7 @@ class UserTables(Committer):
             except sqlite3.Error as exc:
                 if not db.in_transaction:  # (SQLite rolled all of it back: I/O, space)
                     self._end_provisional()
-                raise TableError(shown(str(exc))) from None
+                raise TableError(_said(exc)) from None
             self._ran(owner, len(done), bound)
             return TableAnswer(rowcount=max(rowcount, 0))
         db.execute("SAVEPOINT statement")
@@ -448,7 +453,7 @@ class UserTables(Committer):
                     f"the statement ran longer than statement_timeout ({timeout:g} s) and was"
                     " undone"
                 ) from None
-            raise TableError(shown(str(exc))) from None
+            raise TableError(_said(exc)) from None
         finally:
             db.set_progress_handler(None, 0)
         db.execute("RELEASE statement")

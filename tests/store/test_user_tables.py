@@ -285,6 +285,49 @@ async def test_plus_joins_text_and_adds_numbers_as_t_sql_does(storage: ManualSto
         await _run(storage, txn, "SELECT n + 'x' FROM T")
 
 
+async def test_an_average_is_of_its_arguments_type(storage: ManualStore) -> None:
+    """AVG of integers is an integer, the quotient cut toward zero; of DECIMAL or FLOAT
+    it keeps its fraction, whole though the values are (as SQL Server's AVG)."""
+    txn: Done = []
+    await _run(
+        storage,
+        txn,
+        "CREATE TABLE T (g INT, i INT, s SMALLINT, b BIGINT, d DECIMAL(10, 2), f FLOAT)",
+    )
+    await _run(storage, txn, "CREATE TABLE #g (g INT, n INT)")
+    await _run(
+        storage,
+        txn,
+        "INSERT INTO T VALUES (1, 1, 1, 1, 1, 1), (1, 2, 2, 2, 2, 2),"
+        " (2, -3, -3, -3, -3, -3), (2, -4, -4, -4, -4, -4)",
+    )
+    await _run(storage, txn, "INSERT INTO #g VALUES (1, 1), (1, 2)")
+    averages = await _run(
+        storage,
+        txn,
+        "SELECT AVG(i), AVG(s), AVG(b), AVG(d), AVG(f), AVG(t.i * 2 + 1),"
+        " AVG(CASE WHEN i > 1 THEN 1 ELSE 0 END), AVG(CAST(i AS FLOAT)) FROM T AS t GROUP BY g"
+        " ORDER BY g",
+    )
+    assert averages.rows == [
+        (1, 1, 1, 1.5, 1.5, 4, 0, 1.5),
+        (-3, -3, -3, -3.5, -3.5, -6, 0, -3.5),
+    ]
+    joined = await _run(
+        storage, txn, "SELECT AVG(n), AVG(DISTINCT x.d) FROM #g JOIN T x ON x.g = #g.g"
+    )
+    assert joined.rows == [(1, 1.5)]
+    inserted = await _run(storage, txn, "INSERT INTO #g SELECT 3, AVG(i) FROM T WHERE g = 1")
+    assert inserted.rowcount == 1
+    assert (await _run(storage, txn, "SELECT n FROM #g WHERE g = 3")).rows == [(1,)]
+    windowed = await _run(
+        storage, txn, "SELECT DISTINCT g, AVG(i) OVER (PARTITION BY g) FROM T ORDER BY g"
+    )
+    assert windowed.rows == [(1, 1), (2, -3)]
+    empty = await _run(storage, txn, "SELECT AVG(i), AVG(d) FROM T WHERE g = 9")
+    assert empty.rows == [(None, None)]
+
+
 async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however

@@ -1,0 +1,234 @@
+"""SQL Server's types where a user's statement depends on them and the store's database
+does not keep them: aggregates whose result takes their argument's type.
+
+Theory of operation. SQL Server's SUM and AVG are of their argument's type: AVG of an
+INT is an INT (the quotient cut toward zero), SUM of an INT fails past INT's range
+(Msg 8115), and of a DECIMAL or a FLOAT both keep their fraction. SQLite knows a value's
+storage class only (a DECIMAL 2.00 is stored as the integer 2), so `aggregates` writes
+SUM(x) as `ssb_total(SUM(x), kind)` and AVG(x) as `ssb_average(SUM(x), COUNT(x), kind)`,
+where `kind` is SQL giving the SQL Server type of x: a column's declared type, read from
+its table's schema (pragma_table_info, once per statement), a CAST's type, a number's,
+the widest of an arithmetic's operands (`ssb_kind`); NULL for anything else, whose
+average then follows its total's storage class (of integers, an integer). The sums and
+counts stay SQLite's own: what Python adds runs once per group, never per row.
+PostgreSQL knows every expression's type: `postgresql` writes the same tree's SUM as
+`ssb_sum(x)`, an aggregate the store defines for each numeric type with SQL Server's
+result type and range (`postgres_schema.AGGREGATES`), and AVG as
+`ssb_sum(x) / COUNT(x)`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import Final
+
+from sqlglot import exp
+
+TOTAL: Final = "ssb_total"  # SUM(x), checked against its type's range
+AVERAGE: Final = "ssb_average"  # AVG(x) from SUM(x) and COUNT(x), of x's type
+KIND: Final = "ssb_kind"  # the type of an arithmetic of two typed operands
+# SQL Server's integer types, narrowest first, and their ranges; the sum or average of
+# one is an INT at least
+_INTEGERS: Final = {
+    "TINYINT": (0, 255),
+    "SMALLINT": (-(2**15), 2**15 - 1),
+    "INT": (-(2**31), 2**31 - 1),
+    "BIGINT": (-(2**63), 2**63 - 1),
+}
+_WIDER: Final = tuple(_INTEGERS)
+_FUNCTION_FAILED: Final = "user-defined function raised exception"  # (SQLite's words)
+_failed = threading.local()  # what a function of ours raised, for the statement's error
+
+
+def overflow(kind: str) -> str:
+    """SQL Server's words for a value past the range of `kind` (Msg 8115)."""
+    return f"Arithmetic overflow error converting expression to data type {kind.lower()}."
+
+
+def aggregates(node: exp.Expression) -> None:
+    """Write each SUM and AVG of the translated statement `node` (its tables already the
+    store's) as its argument's type has it (see the module's comment)."""
+    for aggregate in list(node.find_all(exp.Sum, exp.Avg)):
+        window = aggregate.parent if isinstance(aggregate.parent, exp.Window) else None
+        argument = aggregate.this
+        typed = argument.expressions[0] if isinstance(argument, exp.Distinct) else argument
+        kind = _kind(typed) or exp.null()
+        total = exp.Sum(this=argument.copy())
+        if isinstance(aggregate, exp.Sum):
+            call = exp.Anonymous(this=TOTAL, expressions=[_over(total, window), kind])
+        else:
+            count = _over(exp.Count(this=argument.copy()), window)
+            call = exp.Anonymous(this=AVERAGE, expressions=[_over(total, window), count, kind])
+        (window or aggregate).replace(call)
+
+
+def postgresql(node: exp.Expression) -> None:
+    """`aggregates`' SUM and AVG in `node` as PostgreSQL's store writes them (see the
+    module's comment)."""
+    for call in list(node.find_all(exp.Anonymous)):
+        if call.name not in (TOTAL, AVERAGE):
+            continue
+        total = _typed_sum(call.expressions[0])
+        if call.name == TOTAL:
+            call.replace(total)
+            continue
+        count = exp.Nullif(this=call.expressions[1], expression=exp.Literal.number(0))
+        call.replace(exp.Div(this=total, expression=count, typed=True))
+
+
+def _typed_sum(total: exp.Expression) -> exp.Expression:
+    """SUM(x) (in its window, if any) as the store's `ssb_sum(x)`."""
+    plain = total.this if isinstance(total, exp.Window) else total
+    typed = exp.Anonymous(this="ssb_sum", expressions=[plain.this])
+    if isinstance(total, exp.Window):
+        total.set("this", typed)
+        return total
+    return typed
+
+
+def _over(aggregate: exp.Expression, window: exp.Window | None) -> exp.Expression:
+    if window is None:
+        return aggregate
+    copy = window.copy()
+    copy.set("this", aggregate)
+    return copy
+
+
+def _kind(node: exp.Expression) -> exp.Expression | None:
+    """SQL giving the SQL Server type of `node`'s value (its name, as a column declares
+    it), or None where it is not known here."""
+    if isinstance(node, exp.Paren | exp.Neg | exp.Abs):
+        return _kind(node.this)
+    if isinstance(node, exp.Column):
+        return _declared(node)
+    if isinstance(node, exp.Cast):
+        return exp.Literal.string(node.to.sql("tsql").upper())
+    if isinstance(node, exp.Literal) and not node.is_string:
+        text = str(node.this)
+        whole = text.lstrip("-").isdigit() and int(text) in range(-(2**31), 2**31)
+        return exp.Literal.string("INT" if whole else "DECIMAL")
+    operands: list[exp.Expression]
+    if isinstance(node, exp.Sub | exp.Mul | exp.Div | exp.Mod):
+        operands = [node.this, node.expression]
+    elif isinstance(node, exp.Anonymous) and node.name == "ssb_add":  # (T-SQL's +)
+        operands = list(node.expressions)
+    elif isinstance(node, exp.Case):
+        operands = [i.args["true"] for i in node.args.get("ifs") or ()]
+        operands += [node.args["default"]] if node.args.get("default") is not None else []
+    elif isinstance(node, exp.Coalesce):
+        operands = [node.this, *node.expressions]
+    else:
+        return None
+    kinds = [_kind(operand) for operand in operands]
+    if not kinds or any(kind is None for kind in kinds):
+        return None
+    combined = kinds[0]
+    for kind in kinds[1:]:
+        combined = exp.Anonymous(this=KIND, expressions=[combined, kind])
+    return combined
+
+
+def _declared(column: exp.Column) -> exp.Expression | None:
+    """The declared type of `column`, read from the schema of the table it is in: the
+    one its qualifier names, or the first of its query's tables that has it (a column
+    two of them have is an error of SQLite's)."""
+    select = column.find_ancestor(exp.Select)
+    if select is None:
+        return None
+    sources = [select.args.get("from_") or select.args.get("from")]
+    sources += select.args.get("joins") or []
+    tables = {}
+    for source in sources:
+        table = source.this if source is not None else None
+        if isinstance(table, exp.Table) and table.name.startswith("u:"):
+            tables[table.alias_or_name.lower()] = table.name
+    qualifier = column.table.lower()
+    if qualifier:
+        names = [tables[qualifier]] if qualifier in tables else []
+    else:
+        names = list(tables.values())
+    found = [_schema_type(name, column.name) for name in names]
+    if not found:
+        return None
+    return found[0] if len(found) == 1 else exp.Coalesce(this=found[0], expressions=found[1:])
+
+
+def _schema_type(table: str, column: str) -> exp.Expression:
+    """`(SELECT type FROM pragma_table_info('table') WHERE name = 'column' COLLATE NOCASE)`:
+    the column's declared type, NULL when the table has no such column."""
+    schema = exp.Table(
+        this=exp.Anonymous(this="pragma_table_info", expressions=[exp.Literal.string(table)])
+    )
+    name = exp.Collate(this=exp.Literal.string(column), expression=exp.var("NOCASE"))
+    query = exp.select("type").from_(schema).where(exp.EQ(this=exp.column("name"), expression=name))
+    return exp.Subquery(this=query)
+
+
+# ---- the functions SQLite's store registers ---------------------------------------------
+
+
+def _integer(kind: str | None) -> str | None:
+    """The SQL Server integer type of a declared type, or None (not an integer)."""
+    if kind is None:
+        return None
+    base = kind.split("(")[0].strip().upper()
+    if base == "INTEGER":  # (an identity column, INT or BIGINT: SQLite's rowid)
+        return "BIGINT"
+    return base if base in _INTEGERS else None
+
+
+def _kind_of(left: str | None, right: str | None) -> str | None:
+    """`ssb_kind`: the type of an arithmetic of operands of these types (None: unknown)."""
+    if left is None or right is None:
+        return None
+    first, second = _integer(left), _integer(right)
+    if first is None or second is None:
+        return "FLOAT"
+    return max(first, second, key=_WIDER.index)
+
+
+def _fail(message: str) -> None:
+    _failed.message = message
+    raise ArithmeticError(message)
+
+
+def _total(total: int | float | None, kind: str | None) -> int | float | None:
+    """`ssb_total`: SUM's total, in the range of its type (an INT at least)."""
+    integer = _integer(kind)
+    if isinstance(total, int) and integer in ("TINYINT", "SMALLINT", "INT"):
+        low, high = _INTEGERS["INT"]
+        if not low <= total <= high:
+            _fail(overflow("INT"))
+    return total
+
+
+def _average(total: int | float | None, count: int, kind: str | None) -> int | float | None:
+    """`ssb_average`: AVG from its SUM and COUNT: of integers an integer, the quotient cut
+    toward zero (a kind not known: when the total is one), else a float."""
+    total = _total(total, kind)
+    if total is None or not count:
+        return None
+    integral = _integer(kind) is not None if kind is not None else isinstance(total, int)
+    if integral and isinstance(total, int):
+        quotient = abs(total) // count
+        return quotient if total >= 0 else -quotient
+    return total / count
+
+
+def add_functions(db: sqlite3.Connection) -> None:
+    """Register `aggregates`' functions on a SQLite connection."""
+    db.create_function(KIND, 2, _kind_of, deterministic=True)
+    db.create_function(TOTAL, 2, _total, deterministic=True)
+    db.create_function(AVERAGE, 3, _average, deterministic=True)
+
+
+def said(message: str) -> str:
+    """A SQLite error's message, as SQL Server words it where one of ours failed."""
+    raised: str | None = getattr(_failed, "message", None)
+    _failed.message = None
+    if raised is not None and _FUNCTION_FAILED in message:
+        return raised
+    if message == "integer overflow":  # (SQLite's SUM of integers, past 64 bits)
+        return overflow("BIGINT")
+    return message
