@@ -171,6 +171,7 @@ _TABLE_NUMBERS: Final = (
     ("no such column", 207),
     ("already exists", 2714),
     ("PRIMARY KEY constraint on nullable column", 8111),
+    ("String or binary data would be truncated", 8152),
 )
 
 

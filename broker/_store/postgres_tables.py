@@ -61,7 +61,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from .._core.ports import TableError, TableStatement
-from . import postgres_sql, user_sql
+from . import postgres_sql, user_kinds, user_sql
 from .commit import Committer
 from .errors import StoreError, describe_failure
 from .user_sql import Statement
@@ -151,7 +151,9 @@ def _described(exc: psycopg.Error) -> str:
     if state == "23502":
         return f"NOT NULL constraint failed: {table}.{diag.column_name}"
     if state == "23514":
-        return f"CHECK constraint failed: {diag.constraint_name}"
+        return user_kinds.checked(f"CHECK constraint failed: {diag.constraint_name}")
+    if state == "22001":  # (a text longer than its VARCHAR(n))
+        return user_kinds.TRUNCATED
     if state == "23503":
         return f"FOREIGN KEY constraint failed ({primary})"
     if state == "42P01":

@@ -1,5 +1,6 @@
 """SQL Server's types where a user's statement depends on them and the store's database
-does not keep them: aggregates whose result takes their argument's type.
+does not keep them: aggregates whose result takes their argument's type, and columns
+that refuse what their type cannot hold.
 
 Theory of operation. SQL Server's SUM and AVG are of their argument's type: AVG of an
 INT is an INT (the quotient cut toward zero), SUM of an INT fails past INT's range
@@ -15,12 +16,22 @@ PostgreSQL knows every expression's type: `postgresql` writes the same tree's SU
 `ssb_sum(x)`, an aggregate the store defines for each numeric type with SQL Server's
 result type and range (`postgres_schema.AGGREGATES`), and AVG as
 `ssb_sum(x) / COUNT(x)`.
+
+Columns. SQLite keeps any value in any column, where SQL Server refuses one its
+column's type cannot hold. `checks` gives a column of a sized text or binary type a
+CHECK of its length (trailing spaces of a text do not count, as SQL Server cuts them);
+PostgreSQL checks a text's length itself, and the same CHECK holds its bytea. Each is
+named `ssb:<what>:<the column's name's crc32>` (short, unique in its table), so that
+`checked` puts its failure in SQL Server's words on both stores: Msg 8152's, as ssb's
+table variables and RECEIVE INTO say it.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
+import zlib
 from typing import Final
 
 from sqlglot import exp
@@ -37,6 +48,12 @@ _INTEGERS: Final = {
     "BIGINT": (-(2**63), 2**63 - 1),
 }
 _WIDER: Final = tuple(_INTEGERS)
+CHECKED: Final = "ssb:"  # the name of a check of a column's type begins so
+TRUNCATED: Final = "String or binary data would be truncated."  # (Msg 8152)
+_TEXTS: Final = frozenset({"CHAR", "VARCHAR", "NCHAR", "NVARCHAR"})
+_BINARIES: Final = frozenset({"BINARY", "VARBINARY"})
+_SIZE: Final = re.compile(r"\(\s*(\d+)\s*\)")
+_CHECK_FAILED: Final = re.compile(r"CHECK constraint failed: (ssb:[a-z]+):[0-9a-f]+")
 _FUNCTION_FAILED: Final = "user-defined function raised exception"  # (SQLite's words)
 _failed = threading.local()  # what a function of ours raised, for the statement's error
 
@@ -165,6 +182,36 @@ def _schema_type(table: str, column: str) -> exp.Expression:
     return exp.Subquery(this=query)
 
 
+def checks(column: exp.ColumnDef, declared: str) -> None:
+    """Add to `column`, of the SQL Server type `declared`, the CHECKs of what its type
+    holds (see the module's comment)."""
+    base = declared.split("(")[0].strip().upper()
+    size = _SIZE.search(declared)
+    name = exp.column(column.name, quoted=True)
+    if size is not None and base in _TEXTS | _BINARIES:
+        value = exp.Trim(this=name, expression=exp.Literal.string(" "), position="TRAILING")
+        length = exp.Length(this=value if base in _TEXTS else name)
+        _check(column, "length", exp.LTE(this=length, expression=exp.Literal.number(size[1])))
+
+
+def _check(column: exp.ColumnDef, what: str, holds: exp.Expression) -> None:
+    crc = zlib.crc32(column.name.lower().encode())
+    constraint = exp.ColumnConstraint(
+        this=exp.to_identifier(f"{CHECKED}{what}:{crc:08x}", quoted=True),
+        kind=exp.CheckColumnConstraint(this=holds),
+    )
+    column.append("constraints", constraint)
+
+
+def checked(message: str) -> str:
+    """A store's message of a failed check of `checks`, in SQL Server's words (any other
+    as it is)."""
+    failed = _CHECK_FAILED.search(message)
+    if failed is None:
+        return message
+    return TRUNCATED
+
+
 # ---- the functions SQLite's store registers ---------------------------------------------
 
 
@@ -231,4 +278,4 @@ def said(message: str) -> str:
         return raised
     if message == "integer overflow":  # (SQLite's SUM of integers, past 64 bits)
         return overflow("BIGINT")
-    return message
+    return checked(message)

@@ -258,6 +258,7 @@ def _column(column: exp.ColumnDef, keyed: bool = False) -> None:
             raise refused(f"the column constraint {constraint.sql('tsql')}")
     if identity is None:
         column.set("kind", _column_type(kind))
+        user_kinds.checks(column, kind.sql("tsql"))
         if (primary or keyed) and not any(
             isinstance(c.kind, exp.NotNullColumnConstraint) for c in column.constraints
         ):  # SQLite lets NULL into a PRIMARY KEY column; SQL Server does not

@@ -328,6 +328,33 @@ async def test_an_average_is_of_its_arguments_type(storage: ManualStore) -> None
     assert empty.rows == [(None, None)]
 
 
+async def test_a_value_longer_than_its_column_is_refused(storage: ManualStore) -> None:
+    """Text or bytes longer than a sized column fail the statement, whole (trailing
+    spaces of a text may go), as SQL Server's do."""
+    txn: Done = []
+    await _run(
+        storage,
+        txn,
+        "CREATE TABLE T (k INT PRIMARY KEY, n NVARCHAR(10), v VARCHAR(3), c CHAR(2),"
+        " b VARBINARY(2), m NVARCHAR(MAX))",
+    )
+    await _run(storage, txn, "INSERT INTO T VALUES (1, N'0123456789', 'abc', 'ab', 0x0102, N'')")
+    await _run(storage, txn, "INSERT INTO T (k, v) VALUES (2, 'ab   ')")
+    for sql in (
+        "INSERT INTO T (k, n) VALUES (3, N'fourteen chars')",
+        "INSERT INTO T (k, v) VALUES (3, 'abcd')",
+        "INSERT INTO T (k, c) VALUES (3, 'abc')",
+        "INSERT INTO T (k, b) VALUES (3, 0x010203)",
+        "INSERT INTO T (k, n) VALUES (3, N'short'), (4, N'much too long')",
+        "UPDATE T SET n = n + N'!'",
+    ):
+        with pytest.raises(TableError, match=r"\AString or binary data would be truncated\."):
+            await _run(storage, txn, sql)
+    await _run(storage, txn, "UPDATE T SET m = @m", m="x" * 9000)
+    rows = await _run(storage, txn, "SELECT k, n FROM T ORDER BY k")
+    assert rows.rows == [(1, "0123456789"), (2, None)]
+
+
 async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however

@@ -131,3 +131,19 @@ async def test_merge_keeps_a_running_total(conn: client.Connection) -> None:
     assert "(1 row affected)" in out.messages
     assert not await run(session, "MERGE Totals t USING Totals s ON t.g = s.g")
     assert out.errors[-1].number == 10713
+
+
+async def test_what_a_column_cannot_hold_fails_with_sql_servers_number(
+    conn: client.Connection,
+) -> None:
+    session, out = await ran(
+        "CREATE TABLE Notes (id INT PRIMARY KEY, note NVARCHAR(10));\n"
+        "INSERT INTO Notes VALUES (1, N'short');\n",
+        conn,
+        login="admin",
+    )
+    assert not await run(session, "INSERT INTO Notes VALUES (2, N'fourteen chars');")
+    assert out.errors[-1].number == 8152
+    assert out.errors[-1].text == "String or binary data would be truncated."
+    assert await run(session, "SELECT COUNT(*) AS n FROM Notes;")
+    assert table(out.results[-1]) == [[1]]
