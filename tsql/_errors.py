@@ -172,6 +172,7 @@ _TABLE_NUMBERS: Final = (
     ("already exists", 2714),
     ("PRIMARY KEY constraint on nullable column", 8111),
     ("String or binary data would be truncated", 8152),
+    ("Arithmetic overflow error", 8115),
 )
 
 

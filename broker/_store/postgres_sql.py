@@ -290,6 +290,9 @@ def _column(column: exp.ColumnDef, tree: exp.Expression) -> None:
             [c for c in constraints if not isinstance(c.kind, exp.AutoIncrementColumnConstraint)],
         )
         return
+    for constraint in constraints:
+        if constraint.name.startswith(user_kinds.CHECKED):
+            user_kinds.for_postgresql(constraint)
     declared = str(kind.args.get("kind") or kind.sql("tsql")).upper()
     base = declared.split("(")[0].strip()
     target = _TYPES.get(base)

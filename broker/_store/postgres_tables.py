@@ -154,6 +154,8 @@ def _described(exc: psycopg.Error) -> str:
         return user_kinds.checked(f"CHECK constraint failed: {diag.constraint_name}")
     if state == "22001":  # (a text longer than its VARCHAR(n))
         return user_kinds.TRUNCATED
+    if state == "22003":
+        return user_kinds.out_of_range(primary)
     if state == "23503":
         return f"FOREIGN KEY constraint failed ({primary})"
     if state == "42P01":

@@ -18,12 +18,15 @@ result type and range (`postgres_schema.AGGREGATES`), and AVG as
 `ssb_sum(x) / COUNT(x)`.
 
 Columns. SQLite keeps any value in any column, where SQL Server refuses one its
-column's type cannot hold. `checks` gives a column of a sized text or binary type a
-CHECK of its length (trailing spaces of a text do not count, as SQL Server cuts them);
-PostgreSQL checks a text's length itself, and the same CHECK holds its bytea. Each is
-named `ssb:<what>:<the column's name's crc32>` (short, unique in its table), so that
-`checked` puts its failure in SQL Server's words on both stores: Msg 8152's, as ssb's
-table variables and RECEIVE INTO say it.
+column's type cannot hold. `checks` gives a column of an integer type a CHECK of its
+type's range (of a number: text is left as SQLite keeps it), and one of a sized text or
+binary type a CHECK of its length (trailing spaces of a text do not count, as SQL
+Server cuts them). PostgreSQL checks a text's length and its integers' ranges itself,
+but for TINYINT (its smallint) and bytea: it keeps the same CHECKs, written without
+SQLite's TYPEOF. Each is named `ssb:<what>:<the column's name's crc32>` (short, unique
+in its table), so that `checked` puts its failure in SQL Server's words on both stores:
+Msg 8115's for a range, Msg 8152's for a length (as ssb's table variables and RECEIVE
+INTO say it).
 """
 
 from __future__ import annotations
@@ -188,6 +191,19 @@ def checks(column: exp.ColumnDef, declared: str) -> None:
     base = declared.split("(")[0].strip().upper()
     size = _SIZE.search(declared)
     name = exp.column(column.name, quoted=True)
+    if base in _INTEGERS:
+        low, high = (exp.Literal.number(end) for end in _INTEGERS[base])
+        text = exp.Not(
+            this=exp.In(
+                this=exp.Typeof(this=name.copy()),
+                expressions=[exp.Literal.string("integer"), exp.Literal.string("real")],
+            )
+        )
+        _check(
+            column,
+            base.lower(),
+            exp.Or(this=text, expression=exp.Between(this=name, low=low, high=high)),
+        )
     if size is not None and base in _TEXTS | _BINARIES:
         value = exp.Trim(this=name, expression=exp.Literal.string(" "), position="TRAILING")
         length = exp.Length(this=value if base in _TEXTS else name)
@@ -209,7 +225,31 @@ def checked(message: str) -> str:
     failed = _CHECK_FAILED.search(message)
     if failed is None:
         return message
-    return TRUNCATED
+    what = failed[1][len(CHECKED) :]
+    return overflow(what) if what.upper() in _INTEGERS else TRUNCATED
+
+
+# PostgreSQL's words for a value past an integer type's range (SQLSTATE 22003)
+_OUT_OF_RANGE: Final = {
+    "smallint out of range": "SMALLINT",
+    "integer out of range": "INT",
+    "bigint out of range": "BIGINT",
+}
+
+
+def out_of_range(message: str) -> str:
+    """PostgreSQL's message of an integer past its range in SQL Server's words (any
+    other as it is)."""
+    kind = _OUT_OF_RANGE.get(message)
+    return message if kind is None else overflow(kind)
+
+
+def for_postgresql(check: exp.ColumnConstraint) -> None:
+    """A check of `checks`, written for PostgreSQL: its column's type holds nothing but
+    numbers (SQLite's TYPEOF goes)."""
+    holds = check.kind.this if isinstance(check.kind, exp.CheckColumnConstraint) else None
+    if isinstance(holds, exp.Or) and isinstance(holds.expression, exp.Between):
+        check.kind.set("this", holds.expression)
 
 
 # ---- the functions SQLite's store registers ---------------------------------------------

@@ -257,8 +257,9 @@ def _column(column: exp.ColumnDef, keyed: bool = False) -> None:
         ):
             raise refused(f"the column constraint {constraint.sql('tsql')}")
     if identity is None:
-        column.set("kind", _column_type(kind))
-        user_kinds.checks(column, kind.sql("tsql"))
+        declared = _column_type(kind)
+        column.set("kind", declared)
+        user_kinds.checks(column, str(declared.args["kind"]))
         if (primary or keyed) and not any(
             isinstance(c.kind, exp.NotNullColumnConstraint) for c in column.constraints
         ):  # SQLite lets NULL into a PRIMARY KEY column; SQL Server does not

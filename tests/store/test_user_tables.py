@@ -355,6 +355,34 @@ async def test_a_value_longer_than_its_column_is_refused(storage: ManualStore) -
     assert rows.rows == [(1, "0123456789"), (2, None)]
 
 
+async def test_an_integer_past_its_types_range_is_refused(storage: ManualStore) -> None:
+    """A value past its integer column's range, and a SUM or AVG of INTs whose total is
+    past INT's, fail the statement, whole, as SQL Server's arithmetic overflow."""
+    txn: Done = []
+    await _run(
+        storage, txn, "CREATE TABLE N (k INT PRIMARY KEY, i INT, s SMALLINT, t TINYINT, b BIGINT)"
+    )
+    await _run(storage, txn, "INSERT INTO N VALUES (1, 2147483647, 32767, 255, 1), (2, 1, 0, 0, 0)")
+    for sql, kind in (
+        ("SELECT SUM(i) FROM N", "int"),
+        ("SELECT AVG(i) FROM N", "int"),
+        ("INSERT INTO N (k, i) VALUES (3, 2147483648)", "int"),
+        ("INSERT INTO N (k, i) VALUES (3, 1), (4, -2147483649)", "int"),
+        ("UPDATE N SET i = i + 1", "int"),
+        ("INSERT INTO N (k, s) VALUES (3, 32768)", "smallint"),
+        ("INSERT INTO N (k, t) VALUES (3, 256)", "tinyint"),
+        ("UPDATE N SET t = t - 1", "tinyint"),
+        ("INSERT INTO N (k, b) VALUES (3, 9223372036854775808)", "bigint"),
+    ):
+        said = f"Arithmetic overflow error converting expression to data type {kind}."
+        with pytest.raises(TableError, match=re.escape(said)):
+            await _run(storage, txn, sql)
+    sums = await _run(storage, txn, "SELECT SUM(CAST(i AS BIGINT)), SUM(s), SUM(b) FROM N")
+    assert sums.rows == [(2147483648, 32767, 1)]
+    rows = await _run(storage, txn, "SELECT k, i, t FROM N ORDER BY k")
+    assert rows.rows == [(1, 2147483647, 255), (2, 1, 0)]
+
+
 async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however

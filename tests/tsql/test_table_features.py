@@ -138,12 +138,23 @@ async def test_what_a_column_cannot_hold_fails_with_sql_servers_number(
 ) -> None:
     session, out = await ran(
         "CREATE TABLE Notes (id INT PRIMARY KEY, note NVARCHAR(10));\n"
-        "INSERT INTO Notes VALUES (1, N'short');\n",
+        "INSERT INTO Notes VALUES (1, N'short'), (2147483647, N'last');\n",
         conn,
         login="admin",
     )
     assert not await run(session, "INSERT INTO Notes VALUES (2, N'fourteen chars');")
-    assert out.errors[-1].number == 8152
-    assert out.errors[-1].text == "String or binary data would be truncated."
+    assert (out.errors[-1].number, out.errors[-1].text) == (
+        8152,
+        "String or binary data would be truncated.",
+    )
+    for statement in (
+        "INSERT INTO Notes VALUES (2147483648, N'big');",
+        "SELECT SUM(id) FROM Notes;",
+    ):
+        assert not await run(session, statement)
+        assert (out.errors[-1].number, out.errors[-1].text) == (
+            8115,
+            "Arithmetic overflow error converting expression to data type int.",
+        )
     assert await run(session, "SELECT COUNT(*) AS n FROM Notes;")
-    assert table(out.results[-1]) == [[1]]
+    assert table(out.results[-1]) == [[2]]
