@@ -51,15 +51,19 @@ python -m ruff check broker protocol client spark_bridge tools tsql tests bench 
 python -m ruff format --check --quiet broker protocol client spark_bridge tools tsql tests bench examples
 bash scripts/typecheck.sh
 NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet  # a broken link fails
+# The whole suite runs in two worker processes (pytest-xdist), a test file to a worker
+# (its module fixtures shared): most tests wait on daemons, disks and sockets, not on a
+# processor. One processor: one worker. A later -n in the arguments wins.
+parallel="-n $(( $(nproc) >= 2 ? 2 : 1 )) --dist loadfile"
 if $fast; then
     python -m pytest -q -p no:cacheprovider -m "not slow" tests/unit tests/store tests/wire \
         tests/test_smoke.py "$@"
 else
-    python -m pytest -q -p no:cacheprovider tests "$@"
+    python -m pytest -q -p no:cacheprovider $parallel tests "$@"
     if [ $# -eq 0 ]; then
         # the daemon tests closest to the store, again with the broker's state in PostgreSQL
         # (every daemon test: python -m pytest --store postgresql tests)
-        python -m pytest -q -p no:cacheprovider --store postgresql tests/test_smoke.py \
+        python -m pytest -q -p no:cacheprovider $parallel --store postgresql tests/test_smoke.py \
             tests/test_transactions.py tests/test_durability.py tests/test_reconnect.py \
             tests/test_poison.py tests/test_activation.py tests/tsql/test_tutorials.py \
             tests/test_tables.py tests/test_tables_durability.py tests/tsql/test_table_features.py \
