@@ -20,7 +20,7 @@ import ssl
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qs, quote, unquote, urlsplit
 
 DEFAULT_PORT: Final = 4021
 MAX_ADDRESSES: Final = 16  # addresses one URL may name
@@ -89,13 +89,28 @@ def _shown(host: str, port: int) -> str:
 
 
 def _without_password(url: str) -> str:
-    """`url` as an error may show it: its password (if any) as ***."""
-    parts = urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
+    """`url` as an error may show it: its password (if any) as ***. Read without urlsplit,
+    which refuses some of the URLs whose errors show them (a malformed IPv6 host)."""
+    scheme, slashes, rest = url.partition("://")
+    if not slashes:
+        scheme, rest = "", url
+    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    userinfo, at, hosts = rest[:end].rpartition("@")
     user, colon, _ = userinfo.partition(":")
     if not colon:
         return url
-    return parts._replace(netloc=f"{user}:***{at}{hosts}").geturl()
+    return f"{scheme}{slashes}{user}:***{at}{hosts}{rest[end:]}"
+
+
+def _split(url: str, shown: str) -> SplitResult:
+    """urlsplit, its error for a malformed IPv6 host naming the URL (as `shown`)."""
+    try:
+        return urlsplit(url)
+    except ValueError as exc:  # 'Invalid IPv6 URL', or which host is no address
+        raise ValueError(
+            f"broker URL {shown!r} has a malformed IPv6 host ({exc}); write an IPv6"
+            " address in brackets, e.g. [::1]:4021"
+        ) from None
 
 
 def _addresses(shown: str, hosts: str) -> tuple[tuple[str, int], ...]:
@@ -103,7 +118,7 @@ def _addresses(shown: str, hosts: str) -> tuple[tuple[str, int], ...]:
     the URL as its errors show it)."""
     found: list[tuple[str, int]] = []
     for item in hosts.split(","):
-        parts = urlsplit(f"//{item}")  # one host[:port], parsed as a URL's netloc
+        parts = _split(f"//{item}", shown)  # one host[:port], parsed as a URL's netloc
         if not item or not parts.hostname:
             raise ValueError(f"broker URL {shown!r} names no host in {item!r}")
         try:
@@ -119,8 +134,8 @@ def _addresses(shown: str, hosts: str) -> tuple[tuple[str, int], ...]:
 def parse_url(url: str) -> Target:
     """Split a broker URL; raise ValueError saying what is wrong with it (never with its
     password: the message may be printed or logged)."""
-    parts = urlsplit(url)
     shown = _without_password(url)
+    parts = _split(url, shown)
     if parts.scheme not in ("ssb", "ssbs"):
         raise ValueError(
             f"broker URL must start with ssb:// (plain TCP) or ssbs:// (TLS), got {shown!r}"

@@ -97,6 +97,10 @@ BAD_URLS = [
     "ssb://admin:s3cret-pw@127.0.0.1:4021?nonsense=1",  # an unknown option
     "ssb://admin:s3cret-pw@127.0.0.1:4021?fingerprint=ab",  # needs ssbs://
     "ssbs://admin:s3cret-pw@127.0.0.1:4021?fingerprint=ab",  # not 64 hex digits
+    "ssb://admin:s3cret-pw@[::1:4021",  # an IPv6 host without its closing bracket
+    "ssb://admin:s3cret-pw@[no-address]:4021",  # brackets around what is no address
+    "ssb://admin:s3cret-pw@[::1]:4021,[::2",  # the second of two hosts
+    "admin:s3cret-pw@127.0.0.1:4021",  # no scheme
 ]
 
 
@@ -109,6 +113,14 @@ async def test_a_malformed_url_is_refused_without_showing_its_password(url: str)
     for refused in (by_async.value, by_sync.value):
         assert "s3cret-pw" not in str(refused) and "admin:***@" in str(refused)
     assert str(by_async.value) == str(by_sync.value)
+
+
+@pytest.mark.parametrize("url", [u for u in BAD_URLS if "[" in u])
+def test_a_malformed_ipv6_host_is_refused_naming_the_url(url: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        client.url_addresses(url)
+    shown = url.replace("s3cret-pw", "***")
+    assert str(refused.value).startswith(f"broker URL {shown!r} has a malformed IPv6 host")
 
 
 @pytest.mark.parametrize("timeout", [math.nan, math.inf, -1.0, 0, True, "10", 2**64])
