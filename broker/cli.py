@@ -188,9 +188,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _broker_url(given: str) -> str:
+    """A broker URL option's value: an empty one is a mistake, never the default."""
+    if not given:
+        raise argparse.ArgumentTypeError(
+            f"the broker URL is empty; give {URL_FORM}, or leave the option out for the default"
+        )
+    return given
+
+
 def _url_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
+        type=_broker_url,
         help="broker URL (default: $SSB_URL, else the broker of ./ssb-data as admin, else "
         f"{DEFAULT_URL})",
     )
@@ -199,7 +209,9 @@ def _url_argument(parser: argparse.ArgumentParser) -> None:
 def _bridge_arguments(parser: argparse.ArgumentParser) -> None:
     # declared here, run by ssb.spark_bridge.main: `ssb serve` never imports pyspark
     parser.add_argument("--config", type=Path, help="TOML file (see the documentation, Spark)")
-    parser.add_argument("--broker", help=f"broker URL (default env SSB_URL or {DEFAULT_URL})")
+    parser.add_argument(
+        "--broker", type=_broker_url, help=f"broker URL (default env SSB_URL or {DEFAULT_URL})"
+    )
     parser.add_argument("--master", help="Spark master, e.g. local[4] (omit under spark-submit)")
     parser.add_argument(
         "--queue",

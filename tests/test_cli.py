@@ -136,6 +136,27 @@ def test_no_broker_answering_is_one_line_with_what_to_do(command: tuple[str, ...
     assert "ssb serve" in line and "$SSB_URL" in line and "ssb://USER:PASSWORD@HOST:PORT" in line
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("status", "--url", ""),
+        ("view", "service_queues", "--url", ""),
+        ("sql", "--url", ""),
+        ("spark-bridge", "--queue", "Orders=jobs:process", "--broker", ""),
+    ],
+)
+def test_an_empty_broker_url_is_refused_not_taken_as_the_default(
+    broker: BrokerProcess, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    # an empty --url fell back to $SSB_URL (else the default): this broker answered it
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PYSPARK_GATEWAY_PORT")}
+    env.update(SSB_URL=broker.url, PATH=str(tmp_path))  # (no java: Spark would not start)
+    result = run_ssb(*command, env=env, stdin="")
+    line = one_error_line(result)
+    assert result.returncode == 2
+    assert "is empty" in line and "ssb://USER:PASSWORD@HOST:PORT" in line, line
+
+
 def test_a_url_without_login_says_how_to_give_one(broker: BrokerProcess) -> None:
     line = one_error_line(run_ssb("status", "--url", f"ssb://127.0.0.1:{broker.client_port}"))
     assert "login failed" in line and "--url or $SSB_URL" in line and "admin.password" in line
