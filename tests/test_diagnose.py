@@ -406,6 +406,18 @@ async def test_an_unreachable_broker_and_a_usage_mistake_exit_2_with_one_line(
     assert code == 2 and err.count("\n") == 1, err
 
 
+async def test_a_malformed_url_is_shown_with_only_its_password_hidden() -> None:
+    # a one-letter password: hiding it must not touch the letter elsewhere in the line
+    for url, says in (
+        ("ssb://admin:a@", "broker URL 'ssb://admin:***@' names no host"),
+        ("ssbs://admin:a@h?fingerprint=aa", "'ssbs://admin:***@h?fingerprint=aa': fingerprint"),
+        ("ssb://admin:a@[::1:4021", "'ssb://admin:***@[::1:4021' has a malformed IPv6 host"),
+    ):
+        code, out, err = await ssb_diagnose(url)
+        assert (code, out) == (2, ""), err
+        assert err.count("\n") == 1 and says in err, err
+
+
 # ---- trust read from a `certificates` view ------------------------------------------------------
 
 

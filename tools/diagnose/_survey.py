@@ -100,8 +100,9 @@ def label_of(url: str) -> str:
     password)."""
     try:
         return ",".join(client.url_addresses(url))
-    except ValueError:
-        return f"{urlsplit(url).netloc.rpartition('@')[2] or '?'}"
+    except ValueError:  # (urlsplit may refuse it too: a malformed IPv6 host)
+        after_login = url.partition("://")[2].rpartition("@")[2]
+        return after_login.split("/")[0].split("?")[0] or "?"
 
 
 async def survey(url: str, timeout: float = CONNECT_TIMEOUT) -> Broker:
@@ -111,15 +112,10 @@ async def survey(url: str, timeout: float = CONNECT_TIMEOUT) -> Broker:
         CannotDiagnose: the URL is malformed, the broker cannot be reached or refused the login.
     """
     label = label_of(url)
-    password = urlsplit(url).password
-
-    def redacted(text: str) -> str:
-        return text.replace(password, "***") if password else text
-
     try:
         conn = await client.connect(url, timeout=timeout, reconnect=False)
-    except ValueError as exc:
-        raise CannotDiagnose(redacted(str(exc))) from None
+    except ValueError as exc:  # a malformed URL: the client shows it as USER:***@HOST
+        raise CannotDiagnose(str(exc)) from None
     except client.LoginFailedError as exc:
         raise CannotDiagnose(f"broker {label} refused the login: {exc.message}") from None
     except client.BrokerError as exc:
