@@ -387,9 +387,7 @@ def load(path: Path | None, overrides: dict[str, Any]) -> Config:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         for key, value in data.items():
             if key in _SCALARS:
-                if key in _PATHS and not isinstance(value, str):
-                    raise ConfigError(f"{key} must be a path in quotes, not {value!r}")
-                setattr(config, key, Path(value) if key in _PATHS else value)
+                setattr(config, key, _path(key, value) if key in _PATHS else value)
             elif key == "users":
                 raise ConfigError(PLAINTEXT_USERS)
             elif key == "procedures":
@@ -413,6 +411,15 @@ def load(path: Path | None, overrides: dict[str, Any]) -> Config:
                 )
     for key, value in overrides.items():
         if value is not None:
-            setattr(config, key, Path(value) if key in _PATHS else value)
+            setattr(config, key, _path(key, value) if key in _PATHS else value)
     config.check()
     return config
+
+
+def _path(key: str, value: object) -> Path:
+    """A path setting's value (an empty one would be the working directory)."""
+    if not isinstance(value, (str, Path)):
+        raise ConfigError(f"{key} must be a path in quotes, not {value!r}")
+    if not str(value):
+        raise ConfigError(f'{key} = "" names no path; give one, or leave {key} out for the default')
+    return Path(value)

@@ -69,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
         "cleanly (open transactions roll back).",
     )
     serve.add_argument("--config", type=Path, help="TOML config file (see deploy/ssb.toml)")
-    serve.add_argument("--data-dir", type=Path, help="where the store lives (default ./ssb-data)")
+    # (as text: an empty --data-dir is refused, where Path("") would be the working directory)
+    serve.add_argument("--data-dir", help="where the store lives (default ./ssb-data)")
     serve.add_argument(
         "--store",
         metavar="URL",

@@ -105,6 +105,22 @@ def test_a_setting_of_the_wrong_type_is_one_line(tmp_path: Path, setting: str, s
     assert not data.exists()
 
 
+def test_an_empty_data_directory_is_refused_not_taken_as_the_working_directory(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "ssb.toml"
+    config.write_text('data_dir = ""\nclient_port = 0\nbroker_port = 0\n')
+    for args in (
+        ("--config", str(config)),
+        ("--data-dir", "", "--client-port", "0", "--broker-port", "0"),
+    ):
+        # (a broker that starts fails the test: it serves until the timeout)
+        result = run_ssb("serve", *args, cwd=tmp_path, timeout=30)
+        assert 'data_dir = "" names no path' in one_error_line(result)
+        assert result.returncode == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["ssb.toml"]  # no store was made here
+
+
 def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
