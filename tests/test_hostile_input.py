@@ -352,3 +352,17 @@ async def test_poison_message_handling_with_an_unknown_key_is_refused(
         await conn.alter_queue("Q", poison_message_handling={"status": "OFF"})
         (queue,) = await conn.view("service_queues")
         assert queue["is_poison_message_handling_enabled"] is False
+
+
+async def test_a_route_lifetime_of_no_time_is_refused(hbroker: BrokerProcess) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        for lifetime in (0, 0.5, -1, math.nan):  # a route expired as it is made
+            with pytest.raises(client.InvalidArgumentError, match="lifetime is seconds from 1"):
+                await conn.create_route("Far", "FarService", "LOCAL", lifetime=lifetime)
+        assert await conn.view("routes") == []
+        await conn.create_route("Far", "FarService", "LOCAL")
+        with pytest.raises(client.InvalidArgumentError, match="None: it never expires"):
+            await conn.alter_route("Far", lifetime=0)
+        (route,) = await conn.view("routes")
+        assert route["lifetime"] is None
+        await conn.alter_route("Far", lifetime=1)  # a second is the least

@@ -42,12 +42,15 @@ from .queue_options import is_python
 from .queues import Queue
 from .receive import Receiving
 from .routes import Routes
-from .transactions import MaybeAwaitable, Session, Transactions, as_seconds
+from .transactions import MAX_TIMEOUT, MaybeAwaitable, Session, Transactions
 
 # the error a dropped service's conversations end with: SQL Server's 8490, "Cannot find
 # the remote service ... because it does not exist", negated as Service Broker does
 DROPPED_SERVICE_ERROR: Final = -8490
 MAX_PROCEDURE_TEXT: Final = 1 << 20
+# LIFETIME is how long a route stays (SQL Server's whole seconds): less would make a route
+# that has expired as it is made, never used, where None is a route that never expires
+MIN_ROUTE_LIFETIME: Final = 1
 
 log = logging.getLogger("ssb.core")
 
@@ -256,8 +259,18 @@ class Ddl:
 
     def _expires(self, lifetime: object) -> float | None:
         """When a route of `lifetime` seconds from now expires (None: never)."""
-        seconds = as_seconds(lifetime, "lifetime", allow_none=True)
-        return None if seconds is None else self.clock.time() + seconds
+        if lifetime is None:
+            return None
+        if (
+            isinstance(lifetime, bool)
+            or not isinstance(lifetime, (int, float))
+            or not MIN_ROUTE_LIFETIME <= lifetime <= MAX_TIMEOUT  # NaN fails this too
+        ):
+            raise bad_argument(
+                f"a route's lifetime is seconds from {MIN_ROUTE_LIFETIME:g} to {MAX_TIMEOUT:g}"
+                f" (None: it never expires), got {lifetime!r}"
+            )
+        return self.clock.time() + lifetime
 
     def create_broker_priority(
         self,
