@@ -366,3 +366,26 @@ async def test_a_route_lifetime_of_no_time_is_refused(hbroker: BrokerProcess) ->
         (route,) = await conn.view("routes")
         assert route["lifetime"] is None
         await conn.alter_route("Far", lifetime=1)  # a second is the least
+
+
+@pytest.mark.parametrize(
+    ("numbers", "says"),
+    [
+        ({"pid": 0}, "pid must be a process id from 1 to 2147483647"),
+        ({"pid": 2**31}, "pid must be a process id"),
+        ({"pid": 2**63}, "pid must be a process id"),
+        ({"job_id": 2**63}, "job_id must be an integer from 0 to 2\\*\\*63-1"),
+        ({"job_task_id": 2**64 - 1}, "job_task_id must be an integer from 0"),
+    ],
+)
+async def test_an_external_readers_numbers_out_of_range_are_refused(
+    hbroker: BrokerProcess, numbers: dict[str, int], says: str
+) -> None:
+    async with await client.connect(hbroker.url) as conn:
+        await conn.create_queue("Q", activation={"max_queue_readers": 2})
+        async with await client.connect(hbroker.url) as reader:
+            with pytest.raises(client.InvalidArgumentError, match=says):
+                await reader.register_task("Q", "bridge", job="j", **numbers)
+            with pytest.raises(client.InvalidArgumentError, match="job_id must be an integer"):
+                await reader.label_job("j", 2**63)
+        assert await conn.view("activated_tasks") == []

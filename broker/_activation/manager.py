@@ -93,6 +93,8 @@ READER_GONE: Final = "the reader's connection closed before it ended"
 
 
 _TEXT_LIMIT: Final = 200  # activator, job and executor names
+_MAX_ID: Final = 2**63 - 1  # job_id and job_task_id
+_MAX_PID: Final = 2**31 - 1  # a process id on any system (Linux: at most 2**22)
 _JOBS_KEPT: Final = 1000  # job ids remembered for readers that register late
 _STOPPED_KEPT: Final = 3600.0  # how long a stopped activator's late readers are stopped
 
@@ -106,10 +108,20 @@ def _text(value: object, what: str, required: bool = False) -> str | None:
 
 
 def _number(value: object, what: str) -> int | None:
+    """A Spark job or task id (Spark's are 64 bits), if given."""
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise bad_argument(f"{what} must be an integer >= 0")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_ID:
+        raise bad_argument(f"{what} must be an integer from 0 to 2**63-1, got {value!r}")
+    return value
+
+
+def _pid(value: object) -> int | None:
+    """A reader's process id, if given."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= _MAX_PID:
+        raise bad_argument(f"pid must be a process id from 1 to {_MAX_PID}, got {value!r}")
     return value
 
 
@@ -471,7 +483,7 @@ class ActivationManager:
         what = _text(procedure, "procedure") or who
         job_text = _text(job, "job")
         job_number, task_number = _number(job_id, "job_id"), _number(job_task_id, "job_task_id")
-        where, process = _text(executor, "executor"), _number(pid, "pid")
+        where, process = _text(executor, "executor"), _pid(pid)
         if session.task is not None:
             raise BrokerError(
                 ErrorCode.TRANSACTION_ACTIVE,
