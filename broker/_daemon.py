@@ -250,6 +250,7 @@ class Broker:
             ),
         )
         logins.load()
+        engine.ddl.is_login = logins.__contains__
         created = logins.bootstrap(self.data_dir)
         if created is not None:
             print(f"ssb: created the login 'admin'; its password is in {created}", flush=True)

@@ -42,6 +42,7 @@ from typing import Final
 
 from ssb.protocol import ErrorCode
 
+from ._core.names import MAX_LOGIN_NAME, is_login_name
 from ._core.transactions import Session
 from ._errors import BrokerError
 from ._store import Store
@@ -56,7 +57,7 @@ SCRYPT_N: Final = 1 << 14
 SCRYPT_R: Final = 8
 SCRYPT_P: Final = 1
 SALT_BYTES: Final = 16
-MAX_NAME: Final = 128
+MAX_NAME: Final = MAX_LOGIN_NAME
 MAX_PASSWORD: Final = 1024
 MIN_PASSWORD: Final = 8
 
@@ -93,15 +94,12 @@ def _b64(data: bytes) -> str:
 
 
 def check_name(name: object) -> str:
-    if (
-        not isinstance(name, str)
-        or not 0 < len(name) <= MAX_NAME
-        or not all(c.isalnum() or c in "_-." for c in name)
-    ):
+    if not is_login_name(name):
         raise BrokerError(
             ErrorCode.BAD_ARGUMENT,
             f"a login name is 1..{MAX_NAME} letters, digits, '_', '-' or '.', not {name!r}",
         )
+    assert isinstance(name, str)
     return name
 
 

@@ -273,14 +273,20 @@ async def test_activation_status_off_stops_starting_readers(conn: client.Connect
 
 
 async def test_execute_as_must_be_a_login(conn: client.Connection) -> None:
-    await reply_service(conn)
-    await conn.create_queue(
-        "NobodyQueue",
-        activation={"status": "ON", "procedure": "activation_procs:echo", "execute_as": "nobody"},
-    )
-    await conn.create_service("NobodyService", queue="NobodyQueue", contracts=["DEFAULT"])
-    await ask(conn, "Nobody", b"x")
-    assert "not a login" in await failed_task(conn, "NobodyQueue", "the refused activation")
+    echo = {"status": "ON", "procedure": "activation_procs:echo"}
+    # as EXECUTE AS 'user' in SQL Server, the login must exist when the queue is made
+    with pytest.raises(client.NotFoundError, match=r"no login 'nobody'.*create_login"):
+        await conn.create_queue("NobodyQueue", activation={**echo, "execute_as": "nobody"})
+    await conn.create_queue("NobodyQueue", activation=echo)
+    with pytest.raises(client.NotFoundError, match="no login 'nobody'"):
+        await conn.alter_queue("NobodyQueue", activation={"execute_as": "nobody"})
+    for name in ("", "x" * 129, "two words", 5):  # and it is a login's name
+        with pytest.raises(client.InvalidArgumentError, match="execute_as must be a login's name"):
+            await conn.alter_queue("NobodyQueue", activation={"execute_as": name})
+    await conn.alter_queue("NobodyQueue", activation={"execute_as": "admin"})
+    await conn.alter_queue("NobodyQueue", activation={"execute_as": None})  # the owner again
+    (queue,) = [q for q in await conn.view("service_queues") if q["name"] == "NobodyQueue"]
+    assert queue["execute_as"] is None
     # a made-up token neither logs in nor attaches
     host, port = conn.url.rsplit("@", 1)[1].split(":")
     with pytest.raises(client.LoginFailedError):

@@ -95,7 +95,7 @@ async def _create_contract(session: Session, s: ast.Ddl, frame: Frame) -> None:
 def _activation(session: Session, given: dict[str, Any]) -> dict[str, Any]:
     activation: dict[str, Any] = {}
     if given.get("drop"):  # the queue forgets its activation: off, no procedure
-        return {"status": False, "procedure": "", "max_queue_readers": 1, "execute_as": ""}
+        return {"status": False, "procedure": "", "max_queue_readers": 1, "execute_as": None}
     if "status" in given:
         activation["status"] = given["status"]
     if "procedure" in given:
@@ -110,8 +110,8 @@ def _activation(session: Session, given: dict[str, Any]) -> dict[str, Any]:
         if who == "SELF":
             if session.login is not None:
                 activation["execute_as"] = session.login
-        elif who != "OWNER":
-            activation["execute_as"] = who
+        else:  # OWNER: None, the queue's owner
+            activation["execute_as"] = None if who == "OWNER" else who
     return activation
 
 

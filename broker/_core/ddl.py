@@ -74,6 +74,8 @@ class Ddl:
     transactions: Transactions
     # ends a conversation at once with an error to the far side (the dialogs')
     end_conversation: Callable[[Endpoint, int, str], None]
+    # whether a login exists (the daemon's logins, set once they are loaded)
+    is_login: Callable[[str], bool] = lambda login: True
 
     def persist(self, kind: str, obj: Any) -> None:
         self.catalog.table(kind)[obj.name] = obj
@@ -133,6 +135,7 @@ class Ddl:
             max_bytes,
         )
         self._check_activation(definition.activation.procedure)
+        self._check_execute_as(definition.activation.execute_as)
         self.persist("queue", definition)
         self.listener.altered(self.add_queue(definition))
 
@@ -140,9 +143,11 @@ class Ddl:
         if not isinstance(name, str):
             raise bad_argument("alter_queue needs a queue name")
         updated = self.catalog.altered_queue(name, changes)
-        procedure = updated.activation.procedure
-        if procedure != self.catalog.queues[name].activation.procedure:
-            self._check_activation(procedure)
+        current = self.catalog.queues[name].activation
+        if updated.activation.procedure != current.procedure:
+            self._check_activation(updated.activation.procedure)
+        if updated.activation.execute_as != current.execute_as:
+            self._check_execute_as(updated.activation.execute_as)
         self.set_queue(updated)
 
     def _check_activation(self, procedure: str) -> None:
@@ -158,6 +163,17 @@ class Ddl:
                 plain(procedure),
                 f"CREATE PROCEDURE it in database '{database_of(procedure)}' first (a Python"
                 " procedure is written 'package.module:function')",
+            )
+
+    def _check_execute_as(self, login: str) -> None:
+        """The login an activation runs as must exist, as EXECUTE AS 'user' needs its
+        user in SQL Server ("": the queue's owner)."""
+        if login and not self.is_login(login):
+            raise BrokerError(
+                ErrorCode.UNKNOWN_LOGIN,
+                f"there is no login '{login}' for the queue's activation to run as (EXECUTE"
+                " AS): create_login it first, or leave execute_as out (None) for the queue's"
+                " owner",
             )
 
     def set_queue(self, updated: cat.QueueDef, reason: str = "") -> None:

@@ -17,6 +17,9 @@ are never qualified.
 
 Databases are named without case (SQL Server's default collation); a database's
 canonical spelling is the one it was created with, and keys use it.
+
+Logins are the broker's, not a database's: their names (`is_login_name`) are never
+qualified.
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ from typing import Final
 
 DEFAULT_DATABASE: Final = "master"
 SEPARATOR: Final = "\x1f"
+MAX_LOGIN_NAME: Final = 128
+
+
+def is_login_name(name: object) -> bool:
+    """Whether `name` may name a login: 1..MAX_LOGIN_NAME letters, digits, '_', '-' or '.'."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_LOGIN_NAME
+        and all(c.isalnum() or c in "_-." for c in name)
+    )
 
 
 def qualify(database: str, name: str) -> str:

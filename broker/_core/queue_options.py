@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._errors import bad_argument
-from .names import plain
+from .names import MAX_LOGIN_NAME, is_login_name, plain
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +22,7 @@ class Activation:
     status: bool = False
     procedure: str = ""
     max_queue_readers: int = 1
-    execute_as: str = ""
+    execute_as: str = ""  # the login it runs as; "": the queue's owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +88,13 @@ def parse_activation(value: object, current: Activation = Activation()) -> Activ
     if not isinstance(readers, int) or isinstance(readers, bool) or not 0 <= readers <= 32767:
         raise bad_argument(f"max_queue_readers must be an integer 0..32767, got {readers!r}")
     execute_as = value.get("execute_as", current.execute_as)
-    if not isinstance(execute_as, str):
-        raise bad_argument("activation execute_as must be a user name")
+    if "execute_as" in value:  # (whether the login exists, the caller checks)
+        if execute_as is not None and not is_login_name(execute_as):
+            raise bad_argument(
+                f"activation execute_as must be a login's name (1..{MAX_LOGIN_NAME} letters,"
+                f" digits, '_', '-' or '.'), or None for the queue's owner; got {execute_as!r}"
+            )
+        execute_as = execute_as or ""
     return Activation(status, procedure, readers, execute_as)
 
 

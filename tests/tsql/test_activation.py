@@ -15,7 +15,7 @@ from daemon import BrokerProcess
 from ssb import client
 from ssb.tools import wait_until
 
-from .helpers import ran
+from .helpers import each_fails, new_session, ran
 
 ACTIVATION = {"check_interval": 0.2, "empty_rowset_window": 0.5}
 
@@ -113,6 +113,27 @@ async def test_a_t_sql_procedure_is_activated_in_its_queues_database(broker: Bro
     assert "ssb.task: worker" in log and ": answered" in log
     assert "cannot do that" in log
     assert "Traceback" not in log
+
+
+async def test_execute_as_names_a_login_and_owner_is_the_queues_owner(
+    broker: BrokerProcess,
+) -> None:
+    await _setup(broker)
+    async with await client.connect(broker.url, database="Shop") as conn:
+        session, out = new_session(conn, login="admin")
+        await each_fails(session, "ALTER QUEUE TargetQueue WITH ACTIVATION (EXECUTE AS 'nobody')")
+        assert "there is no login 'nobody'" in out.errors[0].text
+
+        async def execute_as() -> object:
+            (queue,) = [q for q in await conn.view("service_queues") if q["name"] == "TargetQueue"]
+            return queue["execute_as"]
+
+        assert await execute_as() == "admin"  # (SELF, the setup's)
+        await ran("ALTER QUEUE TargetQueue WITH ACTIVATION (EXECUTE AS OWNER)", conn)
+        assert await execute_as() is None
+        await ran("ALTER QUEUE TargetQueue WITH ACTIVATION (EXECUTE AS 'admin')", conn)
+        await ran("ALTER QUEUE TargetQueue WITH ACTIVATION (DROP)", conn)
+        assert await execute_as() is None
 
 
 @pytest.mark.slow
