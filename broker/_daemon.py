@@ -248,6 +248,11 @@ class Broker:
             mapped_by=lambda name: sorted(
                 c.name for c in engine.catalog.peer_certificates() if c.login == name
             ),
+            activated_as=lambda name: sorted(
+                display(q.name)
+                for q in engine.catalog.queues.values()
+                if q.activation.execute_as == name
+            ),
         )
         logins.load()
         engine.ddl.is_login = logins.__contains__

@@ -20,7 +20,9 @@ guesser spread over many addresses.
 
 A login that a trusted certificate maps another broker to (`create_certificate(...,
 login=...)`) cannot be dropped while it does: the certificate would name no login, and
-a login made later under that name would speak for that broker.
+a login made later under that name would speak for that broker. So too a login a queue's
+activation runs as (`execute_as`): a login made later under that name would run its
+procedures.
 """
 
 from __future__ import annotations
@@ -188,10 +190,12 @@ class Logins:
         on_change: Callable[[str], None] = lambda name: None,
         clock: Callable[[], float] = time.monotonic,
         mapped_by: Callable[[str], list[str]] = lambda name: [],
+        activated_as: Callable[[str], list[str]] = lambda name: [],
     ) -> None:
         """The logins stored in `store`, failed attempts limited by `throttle`;
         `on_change` hears the name of a login whose password changed or that was
-        dropped; `mapped_by` names the certificates that map another broker to a login."""
+        dropped; `mapped_by` names the certificates that map another broker to a login,
+        `activated_as` the queues whose activation runs as it."""
         self.store = store
         self._hashes: dict[str, str] = {}
         self._created: dict[str, float] = {}
@@ -200,6 +204,7 @@ class Logins:
         self.failures = FailedLogins(throttle, clock)
         self.on_change = on_change
         self.mapped_by = mapped_by
+        self.activated_as = activated_as
 
     def load(self) -> None:
         for name, stored, created in self.store.load_logins():
@@ -292,6 +297,15 @@ class Logins:
                 f"login '{name}' cannot be dropped: {named} maps another broker to it;"
                 " drop_certificate first (or create the certificate again with another"
                 " login)",
+            )
+        queues = self.activated_as(name)
+        if queues:
+            named = ", ".join(f"queue '{q}'" for q in queues)
+            raise BrokerError(
+                ErrorCode.IN_USE,
+                f"login '{name}' cannot be dropped: the activation of {named} runs as it"
+                " (EXECUTE AS); give each another login first, alter_queue(QUEUE,"
+                " activation={'execute_as': None}) for the queue's owner, or drop the queue",
             )
         del self._hashes[name]
         self._created.pop(name, None)

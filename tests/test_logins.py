@@ -83,6 +83,27 @@ async def test_anonymous_and_wrong_logins_are_refused(
         assert password not in broker.log_text()
 
 
+async def test_a_login_an_activation_runs_as_cannot_be_dropped(broker: BrokerProcess) -> None:
+    """Dropping it would leave the queue's activation naming no login, and a login created
+    later under that name would run its procedures: the drop is refused, naming the queue
+    and what to do, and nothing changes."""
+    async with await client.connect(broker.url) as admin:
+        await admin.create_login("reader", "a-long-password")
+        await admin.create_database("Shop")
+        await admin.use("Shop")
+        await admin.create_queue(
+            "Orders", activation={"procedure": "activation_procs:echo", "execute_as": "reader"}
+        )
+        with pytest.raises(client.InUseError) as refused:
+            await admin.drop_login("reader")
+        assert "queue 'Shop.Orders'" in refused.value.message
+        assert "execute_as" in refused.value.message
+        assert "reader" in [r["name"] for r in await admin.view("logins")]
+        await admin.alter_queue("Orders", activation={"execute_as": None})
+        await admin.drop_login("reader")
+        assert "reader" not in [r["name"] for r in await admin.view("logins")]
+
+
 async def test_logins_are_added_changed_and_dropped_and_outlive_a_restart(
     broker: BrokerProcess,
 ) -> None:
