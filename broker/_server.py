@@ -25,7 +25,10 @@ Before login a connection may send only a small Hello frame and must finish logg
 within the login timeout; the password check runs off the loop (see `_logins`) and
 reading pauses until it has answered. The door in front (`_tls`) has already sorted
 TLS from plain TCP and bounded the connections per address.
-Every refusal is logged with the peer's address, never with a secret.
+Every refusal is logged with the peer's address, never with a secret: a refused request
+at INFO the first time its code is refused on the connection, at DEBUG after that (a
+client retrying in a loop must not fill the log); the refusals whose cause logs them
+itself (disk, quota, permission) at DEBUG only.
 
 Having answered, the daemon polls a moment for the next request rather than sleeping in
 the kernel (`NextRequests`, see `ssb.protocol`'s `Poller`): a request on any connection
@@ -74,6 +77,11 @@ RESUME_READING_AT: Final = 128
 SERVER_NAME: Final = "ssb/0.2"
 # characters of an error's message at most: a refusal may quote the value it refuses
 MAX_ERROR_TEXT: Final = 16 * 1024
+_LOGGED_TEXT: Final = 300  # characters of a refusal's message in its log line
+# refusals whose cause logs them itself (once a spell, or each with who was refused)
+_LOGGED_WHERE_CAUSED: Final = frozenset(
+    {ErrorCode.DISK_FULL, ErrorCode.STORE_FAILED, ErrorCode.QUEUE_FULL, ErrorCode.PERMISSION_DENIED}
+)
 
 # (user, password, peer address) -> None when the login may open a session, else why not
 Login = Callable[[str, str, str], Awaitable[str | None]]
@@ -163,6 +171,7 @@ class ClientConnection(asyncio.Protocol):
         self.write_paused = False
         self.read_paused = False
         self.closed = False
+        self.refused: set[ErrorCode] = set()  # codes of requests refused so far
 
     # ---- asyncio.Protocol ---------------------------------------------------
 
@@ -389,7 +398,27 @@ class ClientConnection(asyncio.Protocol):
             self.abort(exc.message)
             return
         text = _bounded(self.operations.shown(self.session, exc.message))
+        self._log_refusal(request.operation, exc.code, text)
         self._answer(encode_error(request.request_id, exc.code, text), after=0)
+
+    def _log_refusal(self, operation: str, code: ErrorCode, text: str) -> None:
+        first = code not in self.refused and code not in _LOGGED_WHERE_CAUSED
+        if not first and not log.isEnabledFor(logging.DEBUG):
+            return
+        self.refused.add(code)
+        session = self.session
+        who = f"{session.user!r}, session {session.ident}" if session is not None else "no login"
+        log.log(
+            logging.INFO if first else logging.DEBUG,
+            "refused %s from client %s (%s): [%d %s] %s%s",
+            operation,
+            self.peer,
+            who,
+            code,
+            code.name,
+            text[:_LOGGED_TEXT] + ("..." if len(text) > _LOGGED_TEXT else ""),
+            " (this connection's next refusals with this code at debug level)" if first else "",
+        )
 
     def _failed(self, request: Request, exc: Exception) -> None:
         """An operation failed by a bug: logged, and the client told so."""

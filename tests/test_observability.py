@@ -402,6 +402,24 @@ async def test_the_log_tells_what_happens(tmp_path: Path) -> None:
     assert any(e["message"] == "stopping" for e in entries)
 
 
+async def test_a_refused_request_is_logged_with_who_asked_once_a_code(
+    broker: BrokerProcess,
+) -> None:
+    """A client that retries a refused request in a loop does not fill the log: the
+    first refusal of each code on a connection is logged, with the client's address."""
+    async with await client.connect(broker.url) as conn:
+        for _ in range(3):
+            with pytest.raises(client.NotFoundError):
+                await conn.drop_queue("NoQueueOfThisName")
+        with pytest.raises(client.BrokerError, match="max_messages"):
+            await conn.create_queue("Refused", max_messages=-1)
+        await log_has(broker, "refused create_queue from client 127.0.0.1:")
+    text = broker.log_text()
+    assert "refused drop from client 127.0.0.1:" in text
+    assert "('admin', session" in text and "[2003 UNKNOWN_QUEUE]" in text
+    assert text.count("NoQueueOfThisName") == 1
+
+
 async def test_debug_logs_each_statement(tmp_path: Path) -> None:
     process = BrokerProcess(tmp_path / "data", extra_args=["--log-level", "DEBUG"]).start()
     try:
