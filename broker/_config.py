@@ -385,6 +385,10 @@ def load(path: Path | None, overrides: dict[str, Any]) -> Config:
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not UTF-8 text: {exc}") from None
+        except OSError as exc:  # a directory, no permission, an I/O error
+            raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
         for key, value in data.items():
             if key in _SCALARS:
                 setattr(config, key, _path(key, value) if key in _PATHS else value)

@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         "client port 4021 and broker port 4022 on 127.0.0.1. SIGTERM or Ctrl-C stops it "
         "cleanly (open transactions roll back).",
     )
-    serve.add_argument("--config", type=Path, help="TOML config file (see deploy/ssb.toml)")
+    serve.add_argument("--config", type=_given_path, help="TOML config file (see deploy/ssb.toml)")
     # (as text: an empty --data-dir is refused, where Path("") would be the working directory)
     serve.add_argument("--data-dir", help="where the store lives (default ./ssb-data)")
     serve.add_argument(
@@ -145,10 +145,12 @@ def _parser() -> argparse.ArgumentParser:
         " one consistent snapshot, the broker keeps running), its identity and TLS keys and "
         "admin.password. `ssb serve --data-dir DIR` then starts the same broker.",
     )
-    backup.add_argument("dir", type=Path, help="where the copy goes: a new or empty directory")
+    backup.add_argument(
+        "dir", type=_given_path, help="where the copy goes: a new or empty directory"
+    )
     backup.add_argument(
         "--data-dir",
-        type=Path,
+        type=_given_path,
         default=Path("ssb-data"),
         help="the data directory of the broker to copy (default ./ssb-data)",
     )
@@ -198,6 +200,14 @@ def _broker_url(given: str) -> str:
     return given
 
 
+def _given_path(given: str) -> Path:
+    """A file or directory option's value: an empty one is a mistake (Path("") would be
+    the working directory), never the default."""
+    if not given:
+        raise argparse.ArgumentTypeError("the path is empty; name a file or directory")
+    return Path(given)
+
+
 def _url_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
@@ -209,7 +219,9 @@ def _url_argument(parser: argparse.ArgumentParser) -> None:
 
 def _bridge_arguments(parser: argparse.ArgumentParser) -> None:
     # declared here, run by ssb.spark_bridge.main: `ssb serve` never imports pyspark
-    parser.add_argument("--config", type=Path, help="TOML file (see the documentation, Spark)")
+    parser.add_argument(
+        "--config", type=_given_path, help="TOML file (see the documentation, Spark)"
+    )
     parser.add_argument(
         "--broker", type=_broker_url, help=f"broker URL (default env SSB_URL or {DEFAULT_URL})"
     )

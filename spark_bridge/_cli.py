@@ -92,8 +92,8 @@ def load_config(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if args.config is not None:
         try:
-            config = tomllib.loads(args.config.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            config = tomllib.loads(args.config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise BridgeConfigError(f"cannot read {args.config}: {exc}") from None
     unknown = set(config) - _TOP_KEYS
     if unknown:

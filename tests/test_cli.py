@@ -121,6 +121,26 @@ def test_an_empty_data_directory_is_refused_not_taken_as_the_working_directory(
     assert [p.name for p in tmp_path.iterdir()] == ["ssb.toml"]  # no store was made here
 
 
+def test_a_config_file_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "latin1.toml").write_bytes(b'host = "caf\xe9"\n')
+    for given, said in (
+        ("", "the path is empty"),
+        (str(tmp_path), "cannot be read: Is a directory"),
+        (str(tmp_path / "latin1.toml"), "is not UTF-8 text"),
+    ):
+        result = run_ssb("serve", "--config", given, cwd=tmp_path, timeout=30)
+        assert said in one_error_line(result)
+        assert result.returncode == 2
+
+
+def test_an_empty_path_to_backup_is_refused(tmp_path: Path) -> None:
+    for args in (("", "--data-dir", str(tmp_path)), (str(tmp_path / "copy"), "--data-dir", "")):
+        result = run_ssb("backup", *args, cwd=tmp_path, timeout=30)
+        assert "the path is empty" in one_error_line(result)
+        assert result.returncode == 2
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_port_in_use_is_one_line(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
