@@ -245,14 +245,9 @@ class Broker:
             store,
             throttle,
             self._login_changed,
-            mapped_by=lambda name: sorted(
-                c.name for c in engine.catalog.peer_certificates() if c.login == name
-            ),
-            activated_as=lambda name: sorted(
-                display(q.name)
-                for q in engine.catalog.queues.values()
-                if q.activation.execute_as == name
-            ),
+            mapped_by=engine.catalog.mapping_to,
+            activated_as=engine.catalog.activated_as,
+            owned_by=lambda name: self.permissions.owned_by(name),
         )
         logins.load()
         engine.ddl.is_login = logins.__contains__

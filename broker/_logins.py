@@ -22,7 +22,9 @@ A login that a trusted certificate maps another broker to (`create_certificate(.
 login=...)`) cannot be dropped while it does: the certificate would name no login, and
 a login made later under that name would speak for that broker. So too a login a queue's
 activation runs as (`execute_as`): a login made later under that name would run its
-procedures.
+procedures. And a login that owns objects (as SQL Server will not drop a login that
+owns a database): a login made later under that name would own them, and an activation
+that runs as its queue's owner would run as it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ SALT_BYTES: Final = 16
 MAX_NAME: Final = MAX_LOGIN_NAME
 MAX_PASSWORD: Final = 1024
 MIN_PASSWORD: Final = 8
+_NAMED_AT_MOST: Final = 5  # objects a refused drop names
 
 
 def hash_password(password: str) -> str:
@@ -191,11 +194,13 @@ class Logins:
         clock: Callable[[], float] = time.monotonic,
         mapped_by: Callable[[str], list[str]] = lambda name: [],
         activated_as: Callable[[str], list[str]] = lambda name: [],
+        owned_by: Callable[[str], list[str]] = lambda name: [],
     ) -> None:
         """The logins stored in `store`, failed attempts limited by `throttle`;
         `on_change` hears the name of a login whose password changed or that was
         dropped; `mapped_by` names the certificates that map another broker to a login,
-        `activated_as` the queues whose activation runs as it."""
+        `activated_as` the queues whose activation runs as it, `owned_by` the objects it
+        owns (as "kind 'name'")."""
         self.store = store
         self._hashes: dict[str, str] = {}
         self._created: dict[str, float] = {}
@@ -205,6 +210,7 @@ class Logins:
         self.on_change = on_change
         self.mapped_by = mapped_by
         self.activated_as = activated_as
+        self.owned_by = owned_by
 
     def load(self) -> None:
         for name, stored, created in self.store.load_logins():
@@ -306,6 +312,17 @@ class Logins:
                 f"login '{name}' cannot be dropped: the activation of {named} runs as it"
                 " (EXECUTE AS); give each another login first, alter_queue(QUEUE,"
                 " activation={'execute_as': None}) for the queue's owner, or drop the queue",
+            )
+        owned = self.owned_by(name)
+        if owned:
+            named = ", ".join(owned[:_NAMED_AT_MOST])
+            more = len(owned) - _NAMED_AT_MOST
+            raise BrokerError(
+                ErrorCode.IN_USE,
+                f"login '{name}' cannot be dropped: it owns {named}"
+                + (f" and {more} more" if more > 0 else "")
+                + "; drop what it owns first (a login made later under that name would own"
+                " it)",
             )
         del self._hashes[name]
         self._created.pop(name, None)

@@ -40,7 +40,7 @@ from ssb.protocol import ErrorCode
 
 from ._core.catalog import IN_DATABASE, Catalog
 from ._core.endpoints import Endpoints
-from ._core.names import DEFAULT_DATABASE, database_of, plain, qualify
+from ._core.names import DEFAULT_DATABASE, database_of, display, plain, qualify
 from ._core.ports import TableStatement
 from ._core.queue_options import is_python
 from ._core.tables import is_temporary
@@ -277,6 +277,14 @@ class Permissions:
         """A table's CREATE committed: its creator owns it."""
         self.owners[("table", key)] = login
         self.store.put_owner(("table", key, login))
+
+    def owned_by(self, login: str) -> list[str]:
+        """What `login` owns, in words ("queue 'Shop.Orders'")."""
+        return sorted(
+            f"{kind.replace('_', ' ')} '{display(key)}'"
+            for (kind, key), owner in self.owners.items()
+            if owner == login
+        )
 
     def owner(self, kind: str, name: str) -> str | None:
         return self.owners.get((kind, name))

@@ -104,6 +104,35 @@ async def test_a_login_an_activation_runs_as_cannot_be_dropped(broker: BrokerPro
         assert "reader" not in [r["name"] for r in await admin.view("logins")]
 
 
+async def test_a_login_that_owns_objects_cannot_be_dropped(broker: BrokerProcess) -> None:
+    """A login made later under its name would own them (and an activation that runs as
+    its queue's owner would run as it): the drop is refused, naming what it owns."""
+    async with await client.connect(broker.url) as admin:
+        await admin.create_login("app", "a-long-password")
+        await admin.grant("CREATE", "app")
+        await admin.grant("EXECUTE", "app")
+        await admin.create_database("Shop")
+        await admin.grant("CREATE", "app", "database", "Shop")
+        async with await client.connect(broker.url_for("app", "a-long-password")) as app:
+            await app.create_queue("AppQueue")
+            await app.use("Shop")
+            await app.create_queue("Orders", activation={"procedure": "activation_procs:echo"})
+            await app.execute("CREATE TABLE dbo.Notes (id INT)")
+        with pytest.raises(client.InUseError) as refused:
+            await admin.drop_login("app")
+        said = refused.value.message
+        for owned in ("queue 'AppQueue'", "queue 'Shop.Orders'", "table 'Shop.notes'"):
+            assert owned in said, said
+        assert "drop what it owns first" in said
+        assert "app" in [r["name"] for r in await admin.view("logins")]
+        await admin.drop_queue("AppQueue")
+        await admin.use("Shop")
+        await admin.drop_queue("Orders")
+        await admin.execute("DROP TABLE dbo.Notes")
+        await admin.drop_login("app")
+        assert "app" not in [r["name"] for r in await admin.view("logins")]
+
+
 async def test_logins_are_added_changed_and_dropped_and_outlive_a_restart(
     broker: BrokerProcess,
 ) -> None:
@@ -258,10 +287,11 @@ async def test_dropping_a_login_closes_its_sessions_and_rolls_them_back(
 ) -> None:
     async with await client.connect(broker.url) as admin:
         await admin.create_login("leaving", "leaving-password")
-        await admin.grant("CREATE", "leaving")
+        await admin.create_queue("Q")
+        await admin.create_service("S", queue="Q", contracts=["DEFAULT"])
+        await admin.grant("RECEIVE", "leaving", "queue", "Q")
+        await admin.grant("SEND", "leaving", "service", "S")
         leaving = await client.connect(broker.url_for("leaving", "leaving-password"))
-        await leaving.create_queue("Q")
-        await leaving.create_service("S", queue="Q", contracts=["DEFAULT"])
         await leaving.begin_transaction()
         await leaving.begin_dialog("S", "S")
         await admin.drop_login("leaving")

@@ -24,7 +24,7 @@ from typing import Any, Final, TypeVar
 from ssb.protocol import ErrorCode
 
 from .._errors import BrokerError, bad_argument, not_found
-from .names import DEFAULT_DATABASE, database_of, plain, qualify
+from .names import DEFAULT_DATABASE, database_of, display, plain, qualify
 from .queue_options import (
     Activation,
     PoisonPolicy,
@@ -343,6 +343,19 @@ class Catalog:
             return found
         folded = key.casefold()
         return next((p for k, p in self.procedures.items() if k.casefold() == folded), None)
+
+    # ---- what holds a login ----------------------------------------------------------------
+
+    def mapping_to(self, login: str) -> list[str]:
+        """The certificates that map another broker to `login`."""
+        return sorted(c.name for c in self.certificates.values() if c.login == login)
+
+    def activated_as(self, login: str) -> list[str]:
+        """The queues (in words: `database.name` outside master) whose activation runs as
+        `login`."""
+        return sorted(
+            display(q.name) for q in self.queues.values() if q.activation.execute_as == login
+        )
 
     # ---- what the broker-to-broker transport reads ------------------------
 
