@@ -318,6 +318,15 @@ class BrokerCollector(Collector):
             "1 while new messages are refused (low disk space or the store cannot write)",
             value=1 if self.capacity.refusal else 0,
         )
+        refused = CounterMetricFamily(
+            "ssb_refused_for_room",
+            "Statements and commits refused for want of room: disk (low free space, or the"
+            " store cannot write) or a queue's quota",
+            labels=["reason"],
+        )
+        refused.add_metric(["disk"], self.capacity.refusals)
+        refused.add_metric(["quota"], self.capacity.quota_refusals)
+        yield refused
         yield GaugeMetricFamily(
             "ssb_message_cache_bytes", "Message bodies held in memory", value=self.cache.resident
         )

@@ -105,6 +105,17 @@ async def test_metrics_match_the_views(observed: BrokerProcess) -> None:
         samples = await scrape(observed.http_url)
         assert of_queue(samples, "ssb_queue_enabled", "Orders") == 0
 
+        # a SEND refused for a queue's quota counts
+        quota = ("ssb_refused_for_room_total", (("reason", "quota"),))
+        before = samples[quota]
+        await conn.create_queue("Small", max_messages=1)
+        await conn.create_service("SmallService", queue="Small", contracts=["DEFAULT"])
+        small = await conn.begin_dialog("SmallService", "SmallService")
+        await conn.send(small, body=b"one")
+        with pytest.raises(client.QueueFullError):
+            await conn.send(small, body=b"two")
+        assert (await scrape(observed.http_url))[quota] == before + 1
+
     assert await health(observed.http_url) == (200, {"live": True, "ready": True, "role": "active"})
     assert (await health(observed.http_url, "/healthz/live"))[0] == 200
 
@@ -148,9 +159,13 @@ async def test_healthz_says_not_ready_while_messages_are_refused(tmp_path: Path)
         async with await client.connect(process.url) as conn:
             await conn.create_queue("Q")
             await conn.create_service("S", queue="Q", contracts=["DEFAULT"])
-            with pytest.raises(client.BrokerError):
-                await conn.begin_dialog("S", "S")
+            for _ in range(2):
+                with pytest.raises(client.DiskFullError):
+                    await conn.begin_dialog("S", "S")
         await log_has(process, "below min_free_disk", "refusing new messages", "refused ")
+        samples = await scrape(process.http_url)
+        assert samples[("ssb_refused_for_room_total", (("reason", "disk"),))] == 2
+        assert samples[("ssb_refused_for_room_total", (("reason", "quota"),))] == 0
     finally:
         process.kill()
 

@@ -53,7 +53,8 @@ class Capacity:
         self.store_failure: str | None = None  # why the last commit failed, until one succeeds
         self.no_reserve: str | None = None  # the store's disk reserve is given up, while it is
         self.refusal: str | None = None  # why new messages are refused now, if they are
-        self.refusals = 0
+        self.refusals = 0  # statements and commits refused for want of disk, in all
+        self.quota_refusals = 0  # and for a queue's quota
         self._said = False  # the first statement refused since the refusal began is logged
         self._unsaid = 0  # statements refused after it, not logged
         self.queue_quotas = 0  # queues with a quota (none: SEND need not look)
@@ -110,6 +111,7 @@ class Capacity:
                 self.quota_spell_over(queue, "has room again")
         else:
             txn.refused_for_room = True
+            self.quota_refusals += 1
             if not queue.refused:
                 log.info(
                     "refused %s: %s (statements refused after it, until the queue takes one"
