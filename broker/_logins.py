@@ -295,35 +295,32 @@ class Logins:
                 ErrorCode.BAD_ARGUMENT,
                 f"the '{ADMIN}' login cannot be dropped; change its password with alter_login",
             )
-        certificates = self.mapped_by(name)
-        if certificates:
-            named = ", ".join(f"certificate '{c}'" for c in certificates)
-            raise BrokerError(
-                ErrorCode.IN_USE,
-                f"login '{name}' cannot be dropped: {named} maps another broker to it;"
-                " drop_certificate first (or create the certificate again with another"
-                " login)",
-            )
-        queues = self.activated_as(name)
-        if queues:
-            named = ", ".join(f"queue '{q}'" for q in queues)
-            raise BrokerError(
-                ErrorCode.IN_USE,
-                f"login '{name}' cannot be dropped: the activation of {named} runs as it"
-                " (EXECUTE AS); give each another login first, alter_queue(QUEUE,"
-                " activation={'execute_as': None}) for the queue's owner, or drop the queue",
-            )
-        owned = self.owned_by(name)
-        if owned:
-            named = ", ".join(owned[:_NAMED_AT_MOST])
-            more = len(owned) - _NAMED_AT_MOST
-            raise BrokerError(
-                ErrorCode.IN_USE,
-                f"login '{name}' cannot be dropped: it owns {named}"
-                + (f" and {more} more" if more > 0 else "")
-                + "; drop what it owns first (a login made later under that name would own"
-                " it)",
-            )
+        for holders, why in (
+            (
+                [f"certificate '{c}'" for c in self.mapped_by(name)],
+                "{} maps another broker to it; drop_certificate first (or create the"
+                " certificate again with another login)",
+            ),
+            (
+                [f"queue '{q}'" for q in self.activated_as(name)],
+                "the activation of {} runs as it (EXECUTE AS); give each another login"
+                " first, alter_queue(QUEUE, activation={{'execute_as': None}}) for the"
+                " queue's owner, or drop the queue",
+            ),
+            (
+                self.owned_by(name),
+                "it owns {}; drop what it owns first (a login made later under that name"
+                " would own it)",
+            ),
+        ):
+            if holders:
+                more = len(holders) - _NAMED_AT_MOST
+                named = ", ".join(holders[:_NAMED_AT_MOST]) + (
+                    f" and {more} more" if more > 0 else ""
+                )
+                raise BrokerError(
+                    ErrorCode.IN_USE, f"login '{name}' cannot be dropped: {why.format(named)}"
+                )
         del self._hashes[name]
         self._created.pop(name, None)
         self._verified.pop(name, None)
