@@ -3,7 +3,8 @@
 A frame holds every variable the batch declares, from the start: SQL Server resolves
 names at compile time, so a variable DECLAREd inside an IF block exists after the
 block (NULL if the block did not run) and a DECLARE without a value inside a loop
-does not reset it. The checker (see _compile) has already refused references to
+does not reset it (nor does a table variable's DECLARE empty it: its rows stay from one
+pass to the next). The checker (see _compile) has already refused references to
 variables declared later in the text.
 """
 

@@ -450,13 +450,11 @@ class Session:
     # ---- procedural statements ---------------------------------------------------------------
 
     async def _declare(self, statement: ast.Declare, frame: Frame) -> None:
+        # a DECLARE made the variable when the batch began (see _frame): run again, in a
+        # loop, only its `= value` assigns; a table variable keeps its rows, as in SQL Server
         for item in statement.items:
             if item.init is not None:
                 self.assign(frame, item.key, await self.value(item.init, frame))
-            elif item.type is None:
-                slot = frame.variables[item.key]
-                assert slot.table is not None
-                slot.table.rows.clear()
 
     async def _set_variable(self, statement: ast.SetVariable, frame: Frame) -> None:
         self.assign(frame, statement.key, await self.value(statement.expr, frame), statement.op)

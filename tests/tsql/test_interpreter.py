@@ -28,6 +28,23 @@ async def test_variables_are_scoped_to_the_batch_as_sql_server_scopes_them() -> 
     assert [table(r) for r in out.results] == [[[None]], [[3, 3]], [[1]]]
 
 
+async def test_a_declare_in_a_loop_keeps_what_its_variable_holds() -> None:
+    # SQL Server runs a DECLARE once, when the batch is compiled: a table variable declared
+    # in a WHILE keeps its rows from one pass to the next, a scalar without `= value` its
+    # value; a DECLARE with a value assigns it on every pass
+    _, out = await ran(
+        "DECLARE @n INT = 0\n"
+        "WHILE @n < 3 BEGIN\n"
+        "  DECLARE @t TABLE (a INT); DECLARE @kept INT; DECLARE @set INT = 10;\n"
+        "  INSERT INTO @t VALUES (@n); SET @kept = ISNULL(@kept, 0) + 1; SET @set += 1;\n"
+        "  SET @n += 1\n"
+        "END\n"
+        "SELECT COUNT(*) AS c, SUM(a) AS s FROM @t\n"
+        "SELECT @kept AS kept, @set AS [set]",
+    )
+    assert [table(r) for r in out.results] == [[[3, 3]], [[3, 11]]]
+
+
 async def test_a_variable_of_another_batch_is_not_declared() -> None:
     session, out = new_session()
     assert not await run(session, "DECLARE @x INT = 1\nGO\nPRINT 'runs'\nPRINT @x\n")
