@@ -618,17 +618,26 @@ class Session:
                 line=caught.line,
                 procedure=caught.procedure,
             )
-        number = (await self.value(statement.number, frame)).data
+        # as SQL Server takes the arguments: the number an INT (NULL reads as 0), checked
+        # before the state; the state a TINYINT of which only the low byte is kept, and a
+        # negative one refused
+        given = await self.value(statement.number, frame)
+        number = 0 if given.data is None else t.as_int(t.convert(given, t.INT))
         assert statement.message is not None and statement.state is not None
         text = await self.text_value(statement.message, frame)
-        state = small_int(await self.value(statement.state, frame))
-        if not isinstance(number, int) or number < 50000:
+        if number < 50000:
             raise SqlError(
                 35100,
                 f"Error number {number} in the THROW statement is outside the valid range."
                 " Specify an error number in the valid range of 50000 to 2147483647.",
+                state=10,
             )
-        raise SqlError(number, text or "", level=16, state=state)
+        state = small_int(await self.value(statement.state, frame))
+        if state < 0:
+            raise SqlError(
+                2756, f"Invalid value {state} for state. State value must not be less than 0."
+            )
+        raise SqlError(number, text or "", level=16, state=state & 0xFF)
 
     async def _return(self, statement: ast.Return, frame: Frame) -> None:
         if statement.expr is None:

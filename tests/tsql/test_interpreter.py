@@ -132,6 +132,43 @@ async def test_throw_and_raiserror_raise_and_rethrow() -> None:
     )
 
 
+async def test_throw_takes_its_arguments_as_sql_server_types_them() -> None:
+    # the state is a TINYINT of which SQL Server keeps the low byte (256 is state 0, 300 is
+    # 44), a negative one is Msg 2756; the number is an INT, NULL reads as 0, and a number
+    # under 50000 is Msg 35100 (state 10), checked before the state
+    session, out = new_session()
+    scripts = [
+        "THROW 50000, 'x', 255",
+        "THROW 50000, 'x', 256",
+        "DECLARE @s INT = 300; THROW 50000, 'x', @s",
+        "DECLARE @s INT = 2147483647; THROW 50000, 'x', @s",
+        "DECLARE @s INT; THROW 50000, 'x', @s",
+        "THROW 50000, 'x', -1",
+        "DECLARE @n INT; THROW @n, 'x', 1",
+        "THROW 49999, 'x', -1",
+        "DECLARE @n VARCHAR(10) = '50002'; THROW @n, 'x', 1",
+        "DECLARE @n BIGINT = 3000000000; THROW @n, 'x', 1",
+    ]
+    await each_fails(session, *scripts)
+    assert [(e.number, e.state) for e in out.errors] == [
+        (50000, 255),
+        (50000, 0),
+        (50000, 44),
+        (50000, 255),
+        (50000, 0),
+        (2756, 1),
+        (35100, 10),
+        (35100, 10),
+        (50002, 1),
+        (8115, 1),
+    ]
+    assert out.errors[5].text == "Invalid value -1 for state. State value must not be less than 0."
+    assert out.errors[6].text == (
+        "Error number 0 in the THROW statement is outside the valid range. Specify an error"
+        " number in the valid range of 50000 to 2147483647."
+    )
+
+
 async def test_rowcount_trancount_and_error_outside_a_catch() -> None:
     session, out = new_session()
     await run(
