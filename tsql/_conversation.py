@@ -16,11 +16,12 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final
 
 from ssb import client
+from ssb.protocol import ErrorCode
 
 from . import _ast as ast
 from . import _types as t
 from ._broker import object_name
-from ._errors import SqlError
+from ._errors import SSB_NUMBERS, SqlError
 from ._output import ResultSet
 from ._types import Value
 
@@ -122,7 +123,7 @@ async def begin_dialog(session: Session, statement: ast.BeginDialog, frame: Fram
     if statement.broker_instance is not None:
         given = await session.text_value(statement.broker_instance, frame)
         if given is not None and given.strip().upper() != "CURRENT DATABASE":
-            instance = given.strip()
+            instance = _broker_instance(given)
     contract = "DEFAULT"
     if statement.contract is not None:
         contract = await _name(session, statement.contract, frame, "contract name")
@@ -151,6 +152,23 @@ async def begin_dialog(session: Session, statement: ast.BeginDialog, frame: Fram
     )
     session.assign(frame, statement.handle, Value(handle, t.GUID))
     session.rowcount = 0
+
+
+def _broker_instance(text: str) -> str:
+    """A broker instance id as the broker's routes keep it: a GUID in lower case, however
+    it was written (SQL Server prints them in upper case), with or without braces.
+
+    Raises:
+        SqlError: for text that is not a GUID (SQL Server would take it and find no route).
+    """
+    try:
+        return str(uuid.UUID(text.strip()))
+    except ValueError:
+        raise SqlError(
+            SSB_NUMBERS + int(ErrorCode.BAD_ARGUMENT),
+            f"the broker instance '{text}' of BEGIN DIALOG is not a GUID: name the far"
+            " broker's service_broker_guid, as sys.databases shows it, or 'CURRENT DATABASE'",
+        ) from None
 
 
 async def send(session: Session, statement: ast.Send, frame: Frame) -> None:

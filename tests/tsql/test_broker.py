@@ -484,6 +484,34 @@ async def test_databases_in_t_sql(tsql: tuple[Session, Collect], conn: client.Co
     assert [d["name"] for d in await conn.view("databases")] == ["master"]
 
 
+async def test_begin_dialog_names_a_broker_instance_as_the_routes_keep_it(
+    tsql: tuple[Session, Collect],
+) -> None:
+    # SQL Server prints GUIDs in upper case; the broker's routes keep them in lower case
+    session, out = tsql
+    far = uuid.uuid4()
+    assert await run(
+        session,
+        f"CREATE ROUTE Far WITH SERVICE_NAME = '//far', BROKER_INSTANCE = '{far}',"
+        " ADDRESS = 'TCP://127.0.0.1:9'\n"
+        "DECLARE @h UNIQUEIDENTIFIER\n"
+        f"BEGIN DIALOG @h FROM SERVICE [//t/Initiator] TO SERVICE '//far', '{str(far).upper()}'"
+        " ON CONTRACT [//t/Contract] WITH ENCRYPTION = OFF\n"
+        "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (N'<a/>')\n"
+        "SELECT to_broker_instance, transmission_status FROM sys.transmission_queue",
+    ), out.errors
+    ((instance, status),) = table(out.results[-1])
+    assert instance == str(far)
+    assert "no route" not in (status or "").lower(), status  # the route was found
+    assert not await run(
+        session,
+        "DECLARE @h UNIQUEIDENTIFIER\n"
+        "BEGIN DIALOG @h FROM SERVICE [//t/Initiator] TO SERVICE '//far', 'not a guid'",
+    )
+    assert out.errors[-1].number == 101004
+    assert "'not a guid' of BEGIN DIALOG is not a GUID" in out.errors[-1].text
+
+
 async def test_a_certificates_authorization_is_the_login_its_broker_acts_as(
     tsql: tuple[Session, Collect], conn: client.Connection, tmp_path: Path
 ) -> None:
