@@ -401,15 +401,11 @@ def _newid() -> Value:
 
 
 def _getdate() -> Value:
-    return Value(
-        dt.datetime.now().replace(microsecond=dt.datetime.now().microsecond // 1000 * 1000),
-        t.DATETIME,
-    )
+    return Value(t.round_datetime(dt.datetime.now()), t.DATETIME)
 
 
 def _getutcdate() -> Value:
-    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
-    return Value(now.replace(microsecond=now.microsecond // 1000 * 1000), t.DATETIME)
+    return Value(t.round_datetime(dt.datetime.now(dt.UTC).replace(tzinfo=None)), t.DATETIME)
 
 
 def _sysdatetime() -> Value:
@@ -430,6 +426,8 @@ def _part(name: Value) -> str:
 def _moment(value: Value) -> dt.datetime | None:
     if value.data is None:
         return None
+    if value.type.family in ("int", "decimal", "float"):  # days since 1900-01-01
+        value = t.convert(value, t.DATETIME)  # (DATEDIFF(day, 0, @d))
     converted = t.convert(value, t.DATETIME2).data
     assert isinstance(converted, dt.datetime)
     return converted

@@ -511,8 +511,9 @@ def _to_int(value: Value, target: SqlType) -> int:
         number = int(data)
     elif isinstance(data, bytes):
         number = int.from_bytes(data[-_INT_BYTES.get(name, 4) :] or b"\0", "big", signed=True)
-    elif isinstance(data, (dt.datetime,)):
-        number = (data - dt.datetime(1900, 1, 1)).days
+    elif isinstance(data, dt.datetime) and value.type.name in _DAY_COUNTED:
+        # the days since 1900-01-01, rounded: a time after noon counts as the next day
+        number = int(Decimal(repr(days_since_1900(data))).to_integral_value("ROUND_HALF_UP"))
     else:
         raise _explicit(value.type, target)
     if name == "BIT":
@@ -538,6 +539,8 @@ def _to_decimal(value: Value, target: SqlType) -> Decimal:
             number = Decimal(data.strip())
         elif isinstance(data, (int, float, Decimal)):
             number = Decimal(str(data)) if isinstance(data, float) else Decimal(data)
+        elif isinstance(data, dt.datetime) and value.type.name in _DAY_COUNTED:
+            number = Decimal(repr(days_since_1900(data)))
         else:
             raise _explicit(value.type, target)
     except InvalidOperation:
@@ -572,6 +575,8 @@ def _to_float(value: Value, target: SqlType) -> float:
         return number
     if isinstance(data, (int, float, Decimal)):
         return float(data)
+    if isinstance(data, dt.datetime) and value.type.name in _DAY_COUNTED:
+        return days_since_1900(data)
     raise _explicit(value.type, target)
 
 
@@ -613,9 +618,9 @@ def _to_datetime(value: Value, target: SqlType, style: int | None = None) -> obj
         moment = dt.datetime(data.year, data.month, data.day)
     elif isinstance(data, str):
         moment = _parse_datetime(data, value, target, style)
-    elif isinstance(data, (int, float, Decimal)) and target.name != "DATETIME2":
+    elif isinstance(data, (int, float, Decimal)) and target.name in _DAY_COUNTED:
         try:
-            moment = dt.datetime(1900, 1, 1) + dt.timedelta(days=float(data))
+            moment = _EPOCH + dt.timedelta(days=float(data))
         except OverflowError:
             raise SqlError(
                 8115,
@@ -625,6 +630,15 @@ def _to_datetime(value: Value, target: SqlType, style: int | None = None) -> obj
     else:
         raise _explicit(value.type, target)
     low, high = _DATE_RANGES.get(target.name, (dt.datetime.min, dt.datetime.max))
+    try:
+        if target.name == "DATETIME":
+            moment = round_datetime(moment)
+        elif target.name == "SMALLDATETIME":  # to the minute: 29.999 seconds go up
+            moment = round_datetime(moment)
+            up = dt.timedelta(minutes=1) if moment.second >= 30 else dt.timedelta()
+            moment = moment.replace(second=0, microsecond=0) + up
+    except OverflowError:  # rounded past 9999-12-31
+        moment = dt.datetime.max
     if not low <= moment <= high:
         raise SqlError(
             242,
@@ -635,11 +649,33 @@ def _to_datetime(value: Value, target: SqlType, style: int | None = None) -> obj
         return moment.date()
     if family == "time":
         return moment.time()
-    if target.name == "DATETIME":
-        return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
-    if target.name == "SMALLDATETIME":
-        return moment.replace(second=0, microsecond=0)
     return moment
+
+
+_EPOCH: Final = dt.datetime(1900, 1, 1)
+# the types that convert to and from numbers, as days since 1900-01-01 (DATETIME2, DATE
+# and TIME do not: Msg 529)
+_DAY_COUNTED: Final = frozenset(("DATETIME", "SMALLDATETIME"))
+
+
+def round_datetime(moment: dt.datetime) -> dt.datetime:
+    """`moment` as a DATETIME holds it: in ticks of 1/300 second, each shown as the nearest
+    millisecond (.000, .003, .007), as SQL Server rounds it (.999 is the next second).
+
+    Raises:
+        OverflowError: rounded past 9999-12-31.
+    """
+    ticks = (moment.microsecond * 6 + 10_000) // 20_000  # 1/300 s, rounded half up
+    millis = (ticks * 20 + 3) // 6  # the nearest millisecond of the tick
+    return moment.replace(microsecond=0) + dt.timedelta(milliseconds=millis)
+
+
+def days_since_1900(moment: dt.datetime) -> float:
+    """A DATETIME as a number: days since 1900-01-01, the time of day the fraction (in
+    DATETIME's ticks of 1/300 second), as CAST(datetime AS FLOAT) gives it."""
+    ticks = (moment.microsecond * 6 + 10_000) // 20_000
+    since = moment.replace(microsecond=0) - _EPOCH
+    return since.days + (since.seconds * 300 + ticks) / (86_400 * 300)
 
 
 def _parse_datetime(

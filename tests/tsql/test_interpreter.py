@@ -197,6 +197,25 @@ async def test_expressions_and_functions() -> None:
     assert row[12:] == ["master", 3, "aba"]
 
 
+async def test_a_number_is_a_date_as_days_since_1900_and_datetime_a_number() -> None:
+    # the idiom that cuts the time off a DATETIME, and CAST of a DATETIME to FLOAT
+    _, out = await ran(
+        "DECLARE @d DATETIME = '2024-05-06 18:00:00.001'\n"
+        "SELECT DATEADD(day, DATEDIFF(day, 0, @d), 0) AS midnight, @d AS held,"
+        " CAST(@d AS FLOAT) AS days, CAST(0.25 AS DATETIME) AS six, DATEPART(ms, @d) AS ms"
+    )
+    assert table(out.results[0]) == [
+        [
+            dt.datetime(2024, 5, 6),
+            dt.datetime(2024, 5, 6, 18),
+            45416.75,
+            dt.datetime(1900, 1, 1, 6),
+            0,
+        ]
+    ]
+    assert [v.type.name for v in out.results[0].rows[0][:2]] == ["DATETIME", "DATETIME"]
+
+
 async def test_left_right_distinct_and_the_date_parts_of_a_fixed_length() -> None:
     session, out = await ran(
         "DECLARE @t DATETIME = CAST('2024-01-01 10:00' AS DATETIME);"

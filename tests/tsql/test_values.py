@@ -97,6 +97,66 @@ def test_conversions(value: t.Value, target: t.SqlType, expected: object) -> Non
     assert t.convert(value, target).data == expected
 
 
+DATETIME_TEXT = t.SqlType("VARCHAR", 30)
+
+
+@pytest.mark.parametrize(
+    ("text", "held"),
+    [  # SQL Server's own examples: DATETIME holds 1/300 seconds, shown .000, .003 or .007
+        ("2024-05-06 23:59:59.999", dt.datetime(2024, 5, 7)),
+        ("2024-05-06 07:08:09.998", dt.datetime(2024, 5, 6, 7, 8, 9, 997000)),
+        ("2024-05-06 07:08:09.995", dt.datetime(2024, 5, 6, 7, 8, 9, 997000)),
+        ("2024-05-06 07:08:09.994", dt.datetime(2024, 5, 6, 7, 8, 9, 993000)),
+        ("2024-05-06 07:08:09.992", dt.datetime(2024, 5, 6, 7, 8, 9, 993000)),
+        ("2024-05-06 07:08:09.991", dt.datetime(2024, 5, 6, 7, 8, 9, 990000)),
+        ("2024-05-06 07:08:09.002", dt.datetime(2024, 5, 6, 7, 8, 9, 3000)),
+        ("2024-05-06 07:08:09.001", dt.datetime(2024, 5, 6, 7, 8, 9)),
+        ("2024-05-06 07:08:09.0055", dt.datetime(2024, 5, 6, 7, 8, 9, 7000)),
+    ],
+)
+def test_datetime_rounds_to_its_three_hundredths_of_a_second(text: str, held: dt.datetime) -> None:
+    assert t.convert(t.Value(text, DATETIME_TEXT), t.DATETIME).data == held
+    precise = t.convert(t.Value(text, DATETIME_TEXT), t.DATETIME2)  # DATETIME2 keeps it all
+    assert precise.data == dt.datetime.fromisoformat(text)
+    assert t.convert(precise, t.DATETIME).data == held
+
+
+def test_datetime_rounding_past_its_range_and_smalldatetime_to_the_minute() -> None:
+    with pytest.raises(SqlError) as caught:
+        t.convert(t.Value("9999-12-31 23:59:59.999", DATETIME_TEXT), t.DATETIME)
+    assert caught.value.number == 242
+    small = t.SqlType("SMALLDATETIME")
+    assert t.convert(t.Value("2024-05-06 07:08:29.998", DATETIME_TEXT), small).data == (
+        dt.datetime(2024, 5, 6, 7, 8)
+    )
+    assert t.convert(t.Value("2024-05-06 07:08:29.999", DATETIME_TEXT), small).data == (
+        dt.datetime(2024, 5, 6, 7, 9)
+    )
+
+
+def test_datetime_and_numbers_convert_as_days_since_1900() -> None:
+    evening = t.convert(t.Value("2024-05-06 18:00", DATETIME_TEXT), t.DATETIME)
+    assert t.convert(evening, t.FLOAT).data == 45416.75
+    assert t.convert(evening, t.SqlType("DECIMAL", None, 12, 4)).data == Decimal("45416.7500")
+    assert t.convert(evening, t.INT).data == 45417  # rounded: after noon, the next day
+    morning = t.convert(t.Value("2024-05-06 11:59:59.997", DATETIME_TEXT), t.DATETIME)
+    assert t.convert(morning, t.INT).data == 45416
+    tick = t.convert(t.Value("1900-01-01 00:00:00.003", DATETIME_TEXT), t.DATETIME)
+    assert t.convert(tick, t.FLOAT).data == 1 / (86400 * 300)
+    assert t.convert(t.Value(-0.5, t.FLOAT), t.DATETIME).data == dt.datetime(1899, 12, 31, 12)
+    assert t.convert(t.Value(45416.75, t.FLOAT), t.DATETIME).data == dt.datetime(2024, 5, 6, 18)
+    assert t.convert(t.Value(2, t.INT), t.SqlType("SMALLDATETIME")).data == dt.datetime(1900, 1, 3)
+    for value, target in [
+        (t.Value(dt.datetime(2024, 5, 6), t.DATETIME2), t.FLOAT),
+        (t.Value(dt.datetime(2024, 5, 6), t.DATETIME2), t.INT),
+        (t.Value(1, t.INT), t.SqlType("DATE")),
+        (t.Value(1.5, t.FLOAT), t.DATETIME2),
+    ]:
+        with pytest.raises(SqlError) as caught:
+            t.convert(value, target)
+        assert caught.value.number == 529
+
+
 def test_uniqueidentifier_as_text_and_bytes() -> None:
     handle = uuid.UUID("6f9619ff-8b86-d011-b42d-00c04fc964ff")
     assert t.to_text(t.Value(handle, t.GUID)) == "6F9619FF-8B86-D011-B42D-00C04FC964FF"
