@@ -140,23 +140,50 @@ def _string_op(fn: Callable[[str], str]) -> Function:
     return apply
 
 
+def _result_type(values: tuple[Value, ...], lob: bool) -> t.SqlType:
+    """A string function's result type: NVARCHAR if any argument is, (MAX) when `lob`
+    (an argument that decides it is (MAX)), else at most 8000 bytes."""
+    nchar = any(v.type.family == "nchar" for v in values)
+    if lob:
+        return t.NVARCHAR_MAX if nchar else t.VARCHAR_MAX
+    return t.NVARCHAR if nchar else t.VARCHAR
+
+
+def _too_long(length: int, kind: t.SqlType) -> int:
+    """The room left for a result of `length` characters, measured before it is made (it
+    may not fit in memory): Msg 7119 past (MAX)'s, else the 8000 bytes' worth it is cut to."""
+    room = t.text_room(kind)
+    if length > room and kind.length == t.MAX:
+        raise t.lob_overflow()
+    return min(length, room)
+
+
 def _replace(value: Value, old: Value, new: Value) -> Value:
+    # cut at 8000 bytes unless the string searched is (MAX), as SQL Server's REPLACE is
+    kind = _result_type((value, old, new), t.is_lob(value.type))
     if value.data is None or old.data is None or new.data is None:
-        return Value(None, _string_type(value, old, new))
+        return Value(None, kind)
     text, pattern, replacement = t.to_text(value), t.to_text(old), t.to_text(new)
     if not pattern:
-        return Value(text, _string_type(value, old, new))
+        return t.fit_text(text, kind)
     # SQL Server's default collation compares without case
-    out, i, lower, lowered = [], 0, text.lower(), pattern.lower()
-    while True:
-        found = lower.find(lowered, i)
-        if found < 0:
-            out.append(text[i:])
+    lower, lowered = text.lower(), pattern.lower()
+    found: list[int] = []
+    i = 0
+    while (at := lower.find(lowered, i)) >= 0:
+        found.append(at)
+        i = at + len(pattern)
+    room = _too_long(len(text) + len(found) * (len(replacement) - len(pattern)), kind)
+    out: list[str] = []
+    i = made = 0
+    for at in found:
+        if made >= room:
             break
-        out.append(text[i:found])
-        out.append(replacement)
-        i = found + len(pattern)
-    return Value("".join(out), _string_type(value, old, new))
+        out += (text[i:at], replacement)
+        made += at - i + len(replacement)
+        i = at + len(pattern)
+    out.append(text[i : i + max(room - made, 0)])
+    return Value("".join(out)[:room], kind)
 
 
 def _charindex(needle: Value, haystack: Value, start: Value | None = None) -> Value:
@@ -187,26 +214,46 @@ def _space(count: Value) -> Value:
 
 
 def _stuff(value: Value, start: Value, length: Value, insert: Value) -> Value:
+    kind = _result_type((value, insert), t.is_lob(value.type) or t.is_lob(insert.type))
     first, count = _int(start), _int(length)
     if value.data is None or first is None or count is None:
-        return Value(None, _string_type(value))
+        return Value(None, kind)
     text = t.to_text(value)
     if first < 1 or first > len(text) or count < 0:
-        return Value(None, _string_type(value))
+        return Value(None, kind)
     middle = "" if insert.data is None else t.to_text(insert)
-    return Value(
-        text[: first - 1] + middle + text[first - 1 + count :], _string_type(value, insert)
-    )
+    rest = text[first - 1 + count :]
+    room = _too_long(first - 1 + len(middle) + len(rest), kind)
+    return Value((text[: first - 1] + middle[:room] + rest[:room])[:room], kind)
+
+
+def _joined(glue: str, parts: list[str], kind: t.SqlType) -> Value:
+    """CONCAT's and CONCAT_WS's result: `parts` joined, within the room of `kind`."""
+    length = sum(map(len, parts)) + len(glue) * max(len(parts) - 1, 0)
+    room = _too_long(length, kind)
+    if length <= room:
+        return Value(glue.join(parts), kind)
+    out: list[str] = []
+    made = 0
+    for n, part in enumerate(parts):
+        piece = (glue if n else "") + part
+        out.append(piece[: room - made])
+        made += len(out[-1])
+        if made >= room:
+            break
+    return Value("".join(out), kind)
 
 
 def _concat(*values: Value) -> Value:
-    return Value("".join(t.to_text(v) for v in values if v.data is not None), _string_type(*values))
+    # cut at 8000 bytes unless an argument is (MAX), as SQL Server's CONCAT is
+    kind = _result_type(values, any(t.is_lob(v.type) for v in values))
+    return _joined("", [t.to_text(v) for v in values if v.data is not None], kind)
 
 
 def _concat_ws(separator: Value, *values: Value) -> Value:
+    kind = _result_type((separator, *values), any(t.is_lob(v.type) for v in (separator, *values)))
     glue = "" if separator.data is None else t.to_text(separator)
-    parts = [t.to_text(v) for v in values if v.data is not None]
-    return Value(glue.join(parts), _string_type(separator, *values))
+    return _joined(glue, [t.to_text(v) for v in values if v.data is not None], kind)
 
 
 def _quotename(value: Value, quote: Value | None = None) -> Value:

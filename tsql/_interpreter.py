@@ -54,6 +54,7 @@ from ._parser import SQL_SERVER_DEFAULTS, parse_batch
 from ._procedures import Procedures, new_frame
 from ._query import (
     Engine,
+    Schema,
     Source,
     Translation,
     column_kinds,
@@ -284,7 +285,7 @@ class Session:
         if select.top is not None:  # the engine would take a negative count for no limit
             t.top_count(await self.value(select.top, frame))
         if select.sql is None:
-            select.sql = translate(select)
+            select.sql = translate(select, self._schema(frame))
         translation = select.sql
         names = {s.name.lower() for s in translation.sources if s.kind == "queue"}
         views = [s for s in translation.sources if s.kind == "view"]
@@ -312,10 +313,24 @@ class Session:
             translation, frame_parameters(translation, frame, self.system_function), _KINDS
         )
 
+    @staticmethod
+    def _schema(frame: Frame) -> Schema:
+        """The types of the frame's table variables and variables, for a translation."""
+
+        def table(key: str) -> Sequence[tuple[str, t.SqlType]] | None:
+            slot = frame.variables.get(key)
+            return None if slot is None or slot.table is None else slot.table.columns
+
+        def variable(key: str) -> t.SqlType | None:
+            slot = frame.variables.get(key)
+            return None if slot is None or slot.table is not None else slot.type
+
+        return Schema(table, variable)
+
     async def _table_change(self, statement: ast.TableChange, frame: Frame) -> None:
         """INSERT, UPDATE or DELETE of a table variable, on the SQL engine."""
         if statement.sql is None:
-            statement.sql = translate_text(statement.text)
+            statement.sql = translate_text(statement.text, self._schema(frame))
         translation: Translation = statement.sql
         slot = frame.variables[statement.variable]
         if slot.table is None:

@@ -183,11 +183,11 @@ class ExpressionParser(Cursor):
         if kind is Kind.NSTRING:
             self.advance()
             text = str(token.value)
-            return ast.Literal(types.Value(text, types.SqlType("NVARCHAR", max(1, len(text)))))
+            return ast.Literal(types.Value(text, types.literal_text_type("NVARCHAR", text)))
         if kind is Kind.STRING:
             self.advance()
             text = str(token.value)
-            return ast.Literal(types.Value(text, types.SqlType("VARCHAR", max(1, len(text)))))
+            return ast.Literal(types.Value(text, types.literal_text_type("VARCHAR", text)))
         if kind is Kind.INTEGER:
             self.advance()
             number = int(token.value)  # type: ignore[call-overload]

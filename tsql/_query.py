@@ -84,6 +84,23 @@ class Translation:
     assigns: list[tuple[str, str | None, str]] = field(default_factory=list)  # (key, name, op)
 
 
+Columns = Sequence[tuple[str, t.SqlType]]
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """The types of what a statement names that the views and queues do not fix: a table
+    variable's columns and a variable's type, by key (None: not known). SQLite keeps no SQL
+    type, so the translation tells the functions that need one (SUM, CONVERT ...) what
+    their argument is."""
+
+    table: Callable[[str], Columns | None]
+    variable: Callable[[str], t.SqlType | None]
+
+
+NO_SCHEMA: Final = Schema(lambda key: None, lambda key: None)
+
+
 def _refuse(what: str) -> SqlError:
     return SqlError(
         40517,
@@ -92,12 +109,13 @@ def _refuse(what: str) -> SqlError:
     )
 
 
-def translate(select: ast.Select) -> Translation:
-    """The query's SQLite form (made once per syntax node)."""
+def translate(select: ast.Select, schema: Schema = NO_SCHEMA) -> Translation:
+    """The query's SQLite form (made once per syntax node: `schema`'s types are the same
+    for every run of it)."""
     text, assigns = _without_assignments(select)
     if select.into is not None:
         raise _refuse("SELECT ... INTO")
-    translation = translate_text(text)
+    translation = translate_text(text, schema)
     translation.assigns = assigns
     return translation
 
@@ -127,7 +145,7 @@ def _without_assignments(select: ast.Select) -> tuple[str, list[tuple[str, str |
     return text, assigns
 
 
-def translate_text(text: str) -> Translation:
+def translate_text(text: str, schema: Schema = NO_SCHEMA) -> Translation:
     """A SELECT, or an INSERT / UPDATE / DELETE of a table variable, in SQLite's words."""
     try:
         tree = sqlglot.parse_one(text, read=_Reader)
@@ -140,6 +158,7 @@ def translate_text(text: str) -> Translation:
     parameters: list[str] = []
     ctes = {cte.alias_or_name.upper() for cte in tree.find_all(exp.CTE)}
     names = itertools.count()
+    typing = _Typing(tree, ctes, schema)
 
     def deep(node: exp.Expression) -> exp.Expression:
         # sqlglot does not descend into what a rewrite returns: its children are done here
@@ -163,15 +182,23 @@ def translate_text(text: str) -> Translation:
         if isinstance(node, (exp.Cast, exp.TryCast)):
             type_name = node.to.sql(dialect="tsql")
             name = "tsql_try_cast" if isinstance(node, exp.TryCast) else "tsql_cast"
+            source = typing.name(node.this)  # what SQLite forgot: a DATETIME, a DECIMAL...
             return exp.Anonymous(
-                this=name, expressions=[deep(node.this), exp.Literal.string(type_name), exp.null()]
+                this=name,
+                expressions=[deep(node.this), exp.Literal.string(type_name), exp.null(), source],
             )
         if isinstance(node, exp.Convert):
             type_name = node.this.sql(dialect="tsql")
             style = node.args.get("style") or exp.null()
+            source = typing.name(node.expression)
             return exp.Anonymous(
                 this="tsql_cast",
-                expressions=[deep(node.expression), exp.Literal.string(type_name), deep(style)],
+                expressions=[
+                    deep(node.expression),
+                    exp.Literal.string(type_name),
+                    deep(style),
+                    source,
+                ],
             )
         if isinstance(node, exp.National):
             return exp.Literal.string(node.this)
@@ -189,8 +216,15 @@ def translate_text(text: str) -> Translation:
                     expressions=[deep(node.this), *map(deep, node.expression.expressions)],
                 )
             raise _refuse(f"the xml {method.lower()}() method")
-        if isinstance(node, exp.Avg):  # SQL Server's: an integer's average is an integer
-            return exp.Anonymous(this="tsql_avg", expressions=[deep(node.this)])
+        if isinstance(node, (exp.Avg, exp.Sum)):  # in the argument's type, as SQL Server's
+            name = "tsql_avg" if isinstance(node, exp.Avg) else "tsql_sum"
+            argument = node.this
+            if isinstance(argument, exp.Distinct) and len(argument.expressions) == 1:
+                argument = argument.expressions[0]
+            kind = typing.of(argument)  # named in the aggregate's name: DISTINCT takes one
+            if kind is not None:
+                name += "_" + kind.name.lower()
+            return exp.Anonymous(this=name, expressions=[deep(node.this)])
         if isinstance(node, exp.WithinGroup):
             raise NotSupported(
                 "STRING_AGG ... WITHIN GROUP (ORDER BY ...)",
@@ -202,8 +236,16 @@ def translate_text(text: str) -> Translation:
             if name == "STRING_AGG":  # SQLite's group_concat: NULLs skipped, NULL of no rows
                 if len(node.expressions) != 2:
                     raise SqlError(174, "The STRING_AGG function requires 2 argument(s).")
+                kind = typing.of(node.expressions[0])
                 value, separator = (deep(arg) for arg in node.expressions)
-                return exp.GroupConcat(this=value, separator=separator)
+                return exp.Anonymous(
+                    this="tsql_string_agg",
+                    expressions=[
+                        value,
+                        separator,
+                        exp.Literal.string("" if kind is None else str(kind)),
+                    ],
+                )
             if name in SCALARS or name in SESSION_IN_QUERIES:
                 args = [deep(arg) for arg in node.expressions]
                 if name in DATE_PART_FUNCTIONS and args and isinstance(args[0], exp.Column):
@@ -231,6 +273,111 @@ def translate_text(text: str) -> Translation:
 
 # what sqlglot models as functions and SQLite runs as T-SQL means them
 _PLAIN: Final = (exp.Anonymous, exp.AggFunc, exp.Count, exp.Binary, exp.Case, exp.If)
+
+
+class _Typing:
+    """The SQL type of an expression of a query, where the text fixes it: a column of a
+    view, a queue or a table variable, a variable, a literal, a CAST, and arithmetic on
+    those. None where it does not (the value's own type is taken then)."""
+
+    def __init__(self, tree: exp.Expr, ctes: set[str], schema: Schema) -> None:
+        self.schema = schema
+        self.tables: dict[str, dict[str, t.SqlType] | None] = {}  # by alias; None: unsure
+        for table in tree.find_all(exp.Table):
+            columns = self._columns(table, ctes)
+            if columns is None:
+                continue
+            inner = table.this
+            alias = (
+                table.alias
+                or (inner.name if isinstance(inner, exp.Parameter) else "")
+                or table.name
+            ).upper()
+            known = {name.lower(): kind for name, kind in columns}
+            # one alias for two tables (in two subqueries): neither is sure
+            self.tables[alias] = known if self.tables.get(alias, known) == known else None
+
+    def _columns(self, table: exp.Table, ctes: set[str]) -> Columns | None:
+        inner = table.this
+        if isinstance(inner, exp.Parameter):
+            return self.schema.table("@" + inner.name.upper())
+        schema = table.db.lower() if table.db else ""
+        if schema == "sys":
+            view = SYS_VIEWS.get(f"sys.{table.name.lower()}")
+            return None if view is None else view.columns
+        if (not schema and table.name.upper() in ctes) or not isinstance(inner, exp.Identifier):
+            return None
+        return QUEUE_COLUMNS
+
+    def of(self, node: exp.Expression) -> t.SqlType | None:
+        try:
+            return self._of(node)
+        except SqlError:  # a type name SQL Server lacks: its CAST says so when it runs
+            return None
+
+    def name(self, node: exp.Expression) -> exp.Expression:
+        """The type of `node` as a literal for a function of ours ('' for not known)."""
+        kind = self.of(node)
+        return exp.Literal.string("" if kind is None else str(kind))
+
+    def _of(self, node: exp.Expression) -> t.SqlType | None:
+        if isinstance(node, exp.Column):
+            return self._column(node)
+        if isinstance(node, exp.Parameter) and not isinstance(node.this, exp.Parameter):
+            return self.schema.variable("@" + node.name.upper())
+        if isinstance(node, (exp.Cast, exp.TryCast)):
+            return t.parse_type_name(node.to.sql(dialect="tsql"))
+        if isinstance(node, exp.Convert):
+            return t.parse_type_name(node.this.sql(dialect="tsql"))
+        if isinstance(node, (exp.Paren, exp.Neg)):
+            return self._of(node.this)
+        if isinstance(node, exp.National):
+            return t.literal_text_type("NVARCHAR", node.name)
+        if isinstance(node, exp.Literal):
+            return _literal_type(node)
+        if isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)):
+            left, right = self._of(node.this), self._of(node.expression)
+            if left is None or right is None:
+                return None
+            if {left.family, right.family} <= _NUMBERS:
+                kind = left if t.PRECEDENCE[left.name] <= t.PRECEDENCE[right.name] else right
+                return t.INT if kind.name in ("TINYINT", "SMALLINT", "BIT") else kind
+            if isinstance(node, exp.Add) and {left.family, right.family} <= {"char", "nchar"}:
+                nchar = "nchar" in (left.family, right.family)
+                lob = t.is_lob(left) or t.is_lob(right)
+                return (
+                    (t.NVARCHAR_MAX if lob else t.NVARCHAR)
+                    if nchar
+                    else (t.VARCHAR_MAX if lob else t.VARCHAR)
+                )
+        return None
+
+    def _column(self, node: exp.Column) -> t.SqlType | None:
+        name = node.name.lower()
+        if node.table:
+            columns = self.tables.get(node.table.upper())
+            return None if columns is None else columns.get(name)
+        found = {columns[name] for columns in self.tables.values() if columns and name in columns}
+        return found.pop() if len(found) == 1 else None
+
+
+_NUMBERS: Final = frozenset(("int", "decimal", "float"))
+
+
+def _literal_type(node: exp.Literal) -> t.SqlType | None:
+    text = node.name
+    if node.is_string:
+        return t.literal_text_type("VARCHAR", text)
+    if text.isdigit():
+        number = int(text)
+        if number < 2**31:
+            return t.INT
+        return t.SqlType("NUMERIC", None, len(text), 0) if len(text) <= 38 else None
+    if "e" in text.lower():
+        return t.FLOAT
+    whole, _, fraction = text.partition(".")
+    digits = len(whole.lstrip("0")) + len(fraction)
+    return t.SqlType("NUMERIC", None, max(digits, len(fraction), 1), len(fraction))
 
 
 def _table(
@@ -304,36 +451,122 @@ def _nodes(
 # ---- SQLite values ----------------------------------------------------------------------
 
 
-class _Average:
-    """AVG as SQL Server computes it: of integers an integer (the quotient cut toward
-    zero), of anything else a FLOAT (DECIMAL reaches SQLite as a float)."""
+class _Total:
+    """SUM as SQL Server computes it, in the type of its argument (`kind`, when the query
+    fixes it): of TINYINT, SMALLINT and INT an INT, of BIGINT a BIGINT, of MONEY a MONEY,
+    each overflowing as SQL Server's does (Msg 8115), the total of DECIMAL and FLOAT as a
+    float (as SQLite holds them); of what is no number Msg 8117. AVG is the total over the
+    count (an integer's average an integer, the quotient cut toward zero)."""
 
-    def __init__(self, engine: Engine) -> None:
+    operator = "sum"
+
+    def __init__(self, engine: Engine, kind: t.SqlType | None) -> None:
         self.engine = engine  # where an error goes, for the statement to raise
+        self.kind = kind
         self.total: int | float = 0
         self.count = 0
         self.integral = True
+        self.range = _TOTAL_RANGES.get(kind.name) if kind is not None else None
+        if kind is not None and (kind.family not in _NUMBERS or kind.name == "BIT"):
+            self._fail(kind.name.lower())
+
+    def _fail(self, kind: str) -> None:
+        self.engine.failure = SqlError(
+            8117, f"Operand data type {kind} is invalid for {self.operator} operator."
+        )
+        raise self.engine.failure
 
     def step(self, value: object) -> None:
         if value is None:
             return
-        if not isinstance(value, (int, float)):
-            kind = t.infer(value).name.lower()
-            self.engine.failure = SqlError(
-                8117, f"Operand data type {kind} is invalid for avg operator."
-            )
-            raise self.engine.failure
-        self.total += value
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            self._fail(t.infer(value).name.lower())
+        self.total += value  # type: ignore[operator]
         self.count += 1
         self.integral = self.integral and isinstance(value, int)
+        if self.range is not None:
+            name, low, high = self.range
+            if not low <= self.total <= high:
+                self.engine.failure = SqlError(
+                    8115, f"Arithmetic overflow error converting expression to data type {name}."
+                )
+                raise self.engine.failure
 
     def finalize(self) -> int | float | None:
         if not self.count:
             return None
-        if self.integral:
-            quotient = abs(int(self.total)) // self.count
-            return quotient if self.total >= 0 else -quotient
-        return self.total / self.count
+        if self.integral and self.kind is None and not -(2**63) <= self.total < 2**63:
+            self.engine.failure = SqlError(
+                8115, "Arithmetic overflow error converting expression to data type bigint."
+            )
+            raise self.engine.failure
+        return self.total
+
+
+class _Average(_Total):
+    operator = "avg"
+
+    def finalize(self) -> int | float | None:
+        total = super().finalize()
+        if total is None:
+            return None
+        if self.integral and (self.kind is None or self.kind.family == "int"):
+            quotient = abs(int(total)) // self.count
+            return quotient if total >= 0 else -quotient
+        return total / self.count
+
+
+# SUM's result type and its range, by its argument's type
+_TOTAL_RANGES: Final = {
+    **dict.fromkeys(("TINYINT", "SMALLINT", "INT"), ("int", -(2**31), 2**31 - 1)),
+    "BIGINT": ("bigint", -(2**63), 2**63 - 1),
+    "MONEY": ("money", -922337203685477.5808, 922337203685477.5807),
+    "SMALLMONEY": ("smallmoney", -214748.3648, 214748.3647),
+}
+
+
+class _StringAgg:
+    """STRING_AGG(value, separator) as SQL Server's: NULLs skipped, NULL of no values; the
+    result within 8000 bytes (Msg 9829) unless the value is (MAX), or the value's type is
+    not known here, within 2 GB then (Msg 7119)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.parts: list[str] = []
+        self.length = 0
+        self.kind: t.SqlType | None = None
+
+    def step(self, value: object, separator: object, kind: str) -> None:
+        if value is None:
+            return
+        if self.kind is None:
+            given = t.parse_type_name(kind) if kind else None
+            nchar = given is None or given.family != "char"
+            lob = given is None or t.is_lob(given)
+            self.kind = (
+                (t.NVARCHAR_MAX if lob else t.NVARCHAR)
+                if nchar
+                else (t.VARCHAR_MAX if lob else t.VARCHAR)
+            )
+        text = t.to_text(Value(value, t.infer(value)))
+        if self.parts and separator is not None:
+            text = t.to_text(Value(separator, t.infer(separator))) + text
+        self.length += len(text)
+        if self.length > t.text_room(self.kind):
+            self.engine.failure = (
+                t.lob_overflow()
+                if self.kind.length == t.MAX
+                else SqlError(
+                    9829,
+                    "STRING_AGG aggregation result exceeded the limit of 8000 bytes. Use LOB"
+                    " types to avoid result truncation.",
+                )
+            )
+            raise self.engine.failure
+        self.parts.append(text)
+
+    def finalize(self) -> str | None:
+        return "".join(self.parts) if self.parts else None
 
 
 def to_sqlite(data: object) -> object:
@@ -361,6 +594,23 @@ def from_sqlite(data: object, kind: t.SqlType | None = None) -> Value:
     return Value(data, t.infer(data))
 
 
+def typed(data: object, type_name: str) -> Value:
+    """A value SQLite gives back, as the SQL type the query fixed for it (`type_name`, ''
+    when it fixes none: the type of the data then), e.g. a DATETIME SQLite keeps as text."""
+    found = Value(data, t.infer(data))
+    if not type_name:
+        return found
+    kind = t.parse_type_name(type_name)
+    if data is None:
+        return Value(None, kind)
+    if found.type.family == kind.family and kind.family not in ("decimal", "datetime"):
+        return Value(data, kind)
+    try:
+        return t.convert(found, kind)
+    except SqlError:  # not what the query said after all: as it is
+        return found
+
+
 def _collate(a: str, b: str) -> int:
     x, y = a.rstrip(" ").lower(), b.rstrip(" ").lower()
     return (x > y) - (x < y)
@@ -385,9 +635,19 @@ class Engine:
                 self._register(f"tsql_{name.lower()}", lambda *a, name=name: session(name, list(a)))
         self._register("tsql_add", lambda a, b: arithmetic("+", a, b))
         self.db.create_aggregate("tsql_for_xml", -1, self._for_xml)  # type: ignore[arg-type]
-        self.db.create_aggregate("tsql_avg", 1, functools.partial(_Average, self))  # type: ignore[arg-type]
-        self.db.create_function("tsql_cast", 3, self._guard(self._cast), deterministic=True)
-        self.db.create_function("tsql_try_cast", 3, self._guard(self._try_cast), deterministic=True)
+        kinds: list[str | None] = [None, *t.FAMILIES]
+        for average, kind_name in itertools.product((False, True), kinds):
+            aggregate = _Average if average else _Total
+            kind = None if kind_name is None else t.make_type(kind_name)
+            self.db.create_aggregate(  # SUM and AVG of an argument of each type
+                f"tsql_{aggregate.operator}"
+                + ("" if kind_name is None else f"_{kind_name.lower()}"),
+                1,
+                functools.partial(aggregate, self, kind),  # type: ignore[arg-type]
+            )
+        self.db.create_aggregate("tsql_string_agg", 3, functools.partial(_StringAgg, self))  # type: ignore[arg-type]
+        self.db.create_function("tsql_cast", 4, self._guard(self._cast), deterministic=True)
+        self.db.create_function("tsql_try_cast", 4, self._guard(self._try_cast), deterministic=True)
         self.db.create_function(
             "tsql_xml_value", 3, self._guard(self._xml_value), deterministic=True
         )
@@ -421,19 +681,19 @@ class Engine:
         self.db.create_function(name, -1, self._guard(call))
 
     @staticmethod
-    def _cast(value: object, type_name: str, style: object) -> object:
+    def _cast(value: object, type_name: str, style: object, source: str) -> object:
         target = t.parse_type_name(type_name)
         converted = t.convert(
-            Value(value, t.infer(value)),
+            typed(value, source),
             target,
             None if style is None else t.as_int(Value(style, t.infer(style))),
         )
         return to_sqlite(converted.data)
 
     @classmethod
-    def _try_cast(cls, value: object, type_name: str, style: object) -> object:
+    def _try_cast(cls, value: object, type_name: str, style: object, source: str) -> object:
         try:
-            return cls._cast(value, type_name, style)
+            return cls._cast(value, type_name, style, source)
         except SqlError:
             return None
 

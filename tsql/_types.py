@@ -425,6 +425,33 @@ def text_room(kind: SqlType) -> int:
     return (MAX_BYTES if kind.length == MAX else _ROW_BYTES) // per_character
 
 
+def literal_text_type(name: str, text: str) -> SqlType:
+    """A string literal's type: as long as the text, (MAX) past 8000 bytes (4000 characters
+    of N'...'), as SQL Server types it."""
+    limit = _ROW_BYTES // (2 if name == "NVARCHAR" else 1)
+    return SqlType(name, max(1, len(text)) if len(text) <= limit else MAX)
+
+
+def is_lob(kind: SqlType) -> bool:
+    """Whether a value of `kind` is (MAX): a large value, not held to 8000 bytes."""
+    return kind.length == MAX and kind.family in ("char", "nchar", "binary")
+
+
+def fit_text(text: str, kind: SqlType) -> Value:
+    """A string function's result of type `kind`: cut at 8000 bytes when `kind` is not
+    (MAX), as SQL Server cuts it.
+
+    Raises:
+        SqlError: Msg 7119 when a (MAX) result would grow past MAX_BYTES.
+    """
+    room = text_room(kind)
+    if len(text) > room:
+        if kind.length == MAX:
+            raise lob_overflow()
+        text = text[:room]
+    return Value(text, kind)
+
+
 def lob_overflow() -> SqlError:
     """Msg 7119: a (MAX) value grown past MAX_BYTES."""
     return SqlError(

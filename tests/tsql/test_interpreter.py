@@ -387,6 +387,78 @@ async def test_table_variables_take_insert_update_delete_and_select() -> None:
     assert "needs a broker" in out.errors[-1].text
 
 
+TYPED_ROWS = (
+    "SET NOCOUNT ON\n"
+    "DECLARE @t TABLE (a INT, b BIGINT, d DATETIME, s VARCHAR(10), n NVARCHAR(MAX), f BIT)\n"
+    "INSERT INTO @t VALUES (2147483647, 2147483647, '2024-01-05 10:00', 'abc', N'x', 1),"
+    " (1, 1, '2024-02-06 18:00', 'de', N'y', 0)\n"
+)
+
+
+async def test_sum_and_avg_over_a_table_have_their_arguments_type() -> None:
+    # SUM of INT is an INT and overflows as one, Msg 8115; of BIGINT a BIGINT; SUM of what
+    # is no number (text, BIT, a DATETIME) is Msg 8117
+    _, out = await ran(
+        TYPED_ROWS + "SELECT SUM(b) AS b, SUM(CAST(a AS BIGINT)) AS a, AVG(b) AS av,"
+        " SUM(DISTINCT b) AS d FROM @t\n"
+        "SELECT SUM(a * 2) AS small FROM @t WHERE a = 1"
+    )
+    assert [table(r) for r in out.results] == [
+        [[2147483648, 2147483648, 1073741824, 2147483648]],
+        [[2]],
+    ]
+    errors = await failures(
+        *(
+            TYPED_ROWS + query
+            for query in (
+                "SELECT SUM(a) FROM @t",
+                "SELECT AVG(a) FROM @t",
+                "SELECT f, SUM(a + 0) FROM @t GROUP BY f HAVING COUNT(*) > 0 UNION ALL SELECT 1, SUM(a) FROM @t",
+                "SELECT SUM(s) FROM @t",
+                "SELECT AVG(f) FROM @t",
+                "SELECT SUM(d) FROM @t",
+            )
+        )
+    )
+    overflow = "Arithmetic overflow error converting expression to data type int."
+    assert errors == [
+        (8115, overflow),
+        (8115, overflow),
+        (8115, overflow),
+        (8117, "Operand data type varchar is invalid for sum operator."),
+        (8117, "Operand data type bit is invalid for avg operator."),
+        (8117, "Operand data type datetime is invalid for sum operator."),
+    ]
+
+
+async def test_a_query_knows_a_columns_type_for_convert_and_string_agg() -> None:
+    # SQLite keeps a DATETIME as text: CONVERT's style and CAST to FLOAT still apply
+    _, out = await ran(
+        TYPED_ROWS + "SELECT CONVERT(VARCHAR(30), d, 103) AS uk, CAST(d AS FLOAT) AS days,"
+        " CONVERT(VARCHAR(8), d, 108) AS t FROM @t ORDER BY d\n"
+        "SELECT STRING_AGG(s, ',') AS s, STRING_AGG(n, N';') AS n FROM @t"
+    )
+    assert [table(r) for r in out.results] == [
+        [["05/01/2024", 45294 + 10 / 24, "10:00:00"], ["06/02/2024", 45326.75, "18:00:00"]],
+        [["abc,de", "x;y"]],
+    ]
+    # past 8000 bytes: Msg 9829 for a value not (MAX); (MAX) holds more
+    many = (
+        "SET NOCOUNT ON\nDECLARE @t TABLE (s VARCHAR(100), n NVARCHAR(MAX)), @i INT = 0\n"
+        "WHILE @i < 100 BEGIN INSERT @t VALUES (REPLICATE('a', 100), REPLICATE(N'b', 100));"
+        " SET @i += 1 END\n"
+    )
+    _, out = await ran(many + "SELECT LEN(STRING_AGG(n, ',')) AS n FROM @t")
+    assert table(out.results[0]) == [[10099]]
+    assert await failures(many + "SELECT STRING_AGG(s, ',') FROM @t") == [
+        (
+            9829,
+            "STRING_AGG aggregation result exceeded the limit of 8000 bytes. Use LOB types to"
+            " avoid result truncation.",
+        )
+    ]
+
+
 async def test_xml_nodes_in_from_and_apply() -> None:
     _, out = await ran(
         "SET NOCOUNT ON\n"
@@ -726,6 +798,28 @@ async def test_replicate_and_space_are_bounded_as_in_sql_server() -> None:
     )
     assert table(out.results[0]) == [[8000, 8000, 8000, 20000]]
     assert await failures("SELECT REPLICATE(CAST('ab' AS VARCHAR(MAX)), 2000000000)") == [
+        (7119, "Attempting to grow LOB beyond maximum allowed size of 2147483647 bytes.")
+    ]
+
+
+async def test_replace_stuff_and_concat_are_bounded_as_in_sql_server() -> None:
+    # a result of values not (MAX) is cut at 8000 bytes; of a (MAX) value it may grow to
+    # 2 GB, measured before it is made (Msg 7119)
+    _, out = await ran(
+        "DECLARE @a VARCHAR(8000) = REPLICATE('a', 8000), @n NVARCHAR(4000) = REPLICATE(N'n', 4000),"
+        " @m VARCHAR(MAX) = REPLICATE(CAST('a' AS VARCHAR(MAX)), 8000)\n"
+        "SELECT DATALENGTH(REPLACE(@a, 'a', 'bb')) AS r, DATALENGTH(REPLACE(@n, N'n', N'nn')) AS rn,"
+        " DATALENGTH(REPLACE(@m, 'a', 'bb')) AS rm, DATALENGTH(STUFF(@a, 1, 0, @a)) AS s,"
+        " DATALENGTH(STUFF(@m, 1, 0, @a)) AS sm, DATALENGTH(CONCAT(@a, 'x')) AS c,"
+        " DATALENGTH(CONCAT(@m, 'x')) AS cm, DATALENGTH(CONCAT_WS(',', @n, @n)) AS w,"
+        " REPLACE('aXbxc', 'x', '-') AS small, STUFF('abcdef', 2, 3, 'ijk') AS st,"
+        " CONCAT('a', NULL, 1) AS co, LEFT(REPLACE(@a, 'a', 'bc'), 4) AS cut"
+    )
+    assert table(out.results[0]) == [
+        [8000, 8000, 16000, 8000, 16000, 8000, 8001, 8000, "a-b-c", "aijkef", "a1", "bcbc"]
+    ]
+    huge = "REPLICATE(CAST('a' AS VARCHAR(MAX)), 100000)"
+    assert await failures(f"SELECT REPLACE({huge}, 'a', {huge})") == [
         (7119, "Attempting to grow LOB beyond maximum allowed size of 2147483647 bytes.")
     ]
 
