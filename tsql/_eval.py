@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 
 from . import _ast as ast
@@ -140,6 +141,10 @@ class Evaluator:
         if op in _COMPARISONS:
             truth = compare(op, a, b)
             return Value(None if truth is None else int(truth), t.BIT)
+        if (a.type.name in _DECIMALS) != (b.type.name in _DECIMALS):
+            # an integer constant meets a DECIMAL as a DECIMAL of its own digits (1.0 / 3 is
+            # DECIMAL(2,1) / DECIMAL(1,0)), as SQL Server types constants
+            a, b = _constant(node.left, a), _constant(node.right, b)
         return arithmetic(op, a, b)
 
     def _is_null(self, node: ast.IsNull, frame: Frame) -> Value:
@@ -266,6 +271,19 @@ class Evaluator:
 _COMPARISONS: Final = frozenset(("=", "<>", "!=", "<", ">", "<=", ">=", "!<", "!>"))
 # functions whose answer the broker gives: run before the expression, as subqueries are
 ASKS_THE_BROKER: Final = frozenset(("OBJECT_ID", "DB_ID", "DB_NAME"))
+
+
+_DECIMALS: Final = frozenset(("DECIMAL", "NUMERIC"))
+
+
+def _constant(node: ast.Expr, value: Value) -> Value:
+    """An integer literal (or its negation) as the DECIMAL of its digits; else `value`."""
+    if isinstance(node, ast.Unary) and node.op in ("-", "+"):
+        node = node.operand
+    data = value.data
+    if not isinstance(node, ast.Literal) or value.type.name != "INT" or not isinstance(data, int):
+        return value
+    return Value(Decimal(data), t.SqlType("NUMERIC", None, len(str(abs(data))), 0))
 
 
 def _truth(truth: bool | None, negated: bool) -> Value:

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from decimal import Decimal, DivisionByZero, InvalidOperation, localcontext
+from decimal import (
+    ROUND_DOWN,
+    ROUND_HALF_UP,
+    Context,
+    Decimal,
+    DivisionByZero,
+    InvalidOperation,
+    localcontext,
+)
 from typing import Any, Final
 
 from . import _types as t
@@ -112,6 +120,8 @@ def arithmetic(op: str, a: Value, b: Value) -> Value:
                 f"Operand data type {target.name.lower()} is invalid for {_OP_NAMES.get(op, op)}"
                 " operator.",
             )
+    if target.name in ("DECIMAL", "NUMERIC"):
+        return _decimal(op, a, b, target)
     if a.data is None or b.data is None:
         return Value(None, target)
     x = t.convert(a, target).data if a.type.family != target.family else a.data
@@ -140,14 +150,97 @@ def arithmetic(op: str, a: Value, b: Value) -> Value:
         raise SqlError(8115, "Arithmetic overflow error converting expression to data type float.")
     if target.name == "BIT":
         target = t.INT
-    if target.family == "decimal":
-        return Value(
-            result,
-            t.SqlType(
-                "DECIMAL", None, 38, max(target.scale or 0, 6) if op == "/" else target.scale
-            ),
-        )
+    if target.family == "decimal":  # MONEY: four places, and its range
+        try:
+            return t.convert(Value(result, t.SqlType("DECIMAL", None, _DIGITS + 4, 4)), target)
+        except SqlError:
+            raise SqlError(
+                8115,
+                f"Arithmetic overflow error converting expression to data type"
+                f" {target.name.lower()}.",
+            ) from None
     return Value(result, target)
+
+
+_MONEY: Final = frozenset(("MONEY", "SMALLMONEY"))
+# the precision and scale of what meets a DECIMAL in arithmetic
+_SHAPES: Final = {
+    "BIT": (1, 0),
+    "TINYINT": (3, 0),
+    "SMALLINT": (5, 0),
+    "INT": (10, 0),
+    "BIGINT": (19, 0),
+    "MONEY": (19, 4),
+    "SMALLMONEY": (10, 4),
+}
+_WIDE: Final = Context(prec=100)  # exact for any two DECIMALs' sum, product or remainder
+
+
+def _shape(kind: t.SqlType) -> tuple[int, int]:
+    if kind.name in ("DECIMAL", "NUMERIC"):
+        return kind.precision or 18, kind.scale or 0
+    return _SHAPES[kind.name]
+
+
+def decimal_type(op: str, first: t.SqlType, second: t.SqlType) -> t.SqlType:
+    """The DECIMAL an operator gives of two operands, by SQL Server's rules: its precision
+    and scale from theirs, at most 38 digits, the scale given up first (down to 6 for `*`
+    and `/` when the integral part needs it)."""
+    (p1, s1), (p2, s2) = _shape(first), _shape(second)
+    if op in ("+", "-"):
+        scale = max(s1, s2)
+        integral = max(p1 - s1, p2 - s2) + 1
+        precision = scale + integral
+        if precision > _DIGITS:
+            precision, scale = _DIGITS, max(_DIGITS - integral, 0)
+    elif op == "%":
+        scale = max(s1, s2)
+        precision = min(p1 - s1, p2 - s2) + scale
+    else:
+        if op == "*":
+            precision, scale = p1 + p2 + 1, s1 + s2
+        else:
+            scale = max(6, s1 + p2 + 1)
+            precision = p1 - s1 + s2 + scale
+        integral = precision - scale
+        if precision > _DIGITS:
+            precision = _DIGITS
+            scale = min(scale, _DIGITS - integral) if integral < 32 else min(scale, 6)
+    return t.SqlType("DECIMAL", None, precision, scale)
+
+
+_DIGITS: Final = 38
+
+
+def _decimal(op: str, a: Value, b: Value, target: t.SqlType) -> Value:
+    """`a op b` where the result is a DECIMAL (SQL Server's precision and scale): exact, then
+    rounded to the result's scale (a quotient cut, as SQL Server cuts it)."""
+    if op in ("&", "|", "^"):
+        raise SqlError(402, f"The data types are incompatible in the '{op}' operator.")
+    operands = []
+    for value in (a, b):
+        if value.type.family not in ("int", "decimal"):  # text: as the DECIMAL it meets
+            value = t.convert(value, a.type if value is b else b.type)
+        operands.append(value)
+    kind = decimal_type(op, operands[0].type, operands[1].type)
+    if a.data is None or b.data is None:
+        return Value(None, kind)
+    x, y = (Decimal(v.data) for v in operands)  # type: ignore[arg-type]
+    try:
+        with localcontext(_WIDE):
+            exact = _apply(op, x, y, kind)
+    except (ZeroDivisionError, DivisionByZero, InvalidOperation):
+        raise SqlError(8134, "Divide by zero error encountered.") from None
+    result = exact.quantize(
+        Decimal(1).scaleb(-(kind.scale or 0)),
+        rounding=ROUND_DOWN if op == "/" else ROUND_HALF_UP,
+        context=_WIDE,
+    )
+    if result and result.adjusted() >= (kind.precision or 0) - (kind.scale or 0):
+        raise SqlError(
+            8115, "Arithmetic overflow error converting expression to data type numeric."
+        )
+    return Value(result, kind)
 
 
 def _apply(op: str, x: Any, y: Any, target: t.SqlType) -> Any:

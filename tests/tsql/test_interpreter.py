@@ -824,6 +824,39 @@ async def test_replace_stuff_and_concat_are_bounded_as_in_sql_server() -> None:
     ]
 
 
+async def test_decimal_arithmetic_has_sql_servers_precision_and_scale() -> None:
+    # division: scale max(6, s1 + p2 + 1), the quotient cut; an integer constant is a
+    # DECIMAL of its own digits, an INT variable a DECIMAL(10,0); past 38 digits the
+    # scale gives way, to 6 at least (SQL Server's own examples)
+    _, out = await ran(
+        "DECLARE @d NUMERIC(9,6) = 1.0, @i INT = 3\n"
+        "SELECT CAST(1 AS DECIMAL(10,2)) / CAST(3 AS DECIMAL(10,2)) AS a, 1.0 / 3 AS b,"
+        " @d / 3 AS c, CAST(1.67574 AS DECIMAL(38,10)) / CAST(10000 AS DECIMAL(38,10)) AS d,"
+        " CAST(0.0000009000 AS DECIMAL(30,20)) * CAST(1.0000000000 AS DECIMAL(30,20)) AS e,"
+        " CAST(0.0000009000 AS DECIMAL(30,10)) * CAST(1.0000000000 AS DECIMAL(30,10)) AS f,"
+        " 2.0 / 3 AS g, 1.0 / @i AS h, 1.5 + 2.25 AS i, 10.5 % 3 AS j, -3 * 1.5 AS k,"
+        " CAST(10 AS MONEY) / 3 AS m"
+    )
+    shown = [(t.display(v), str(v.type)) for v in out.results[0].rows[0]]
+    assert shown == [
+        ("0.3333333333333", "decimal(23,13)"),
+        ("0.333333", "decimal(7,6)"),
+        ("0.33333333", "decimal(11,8)"),
+        ("0.000167", "decimal(38,6)"),
+        ("0.00000090000000000", "decimal(38,17)"),
+        ("0.000001", "decimal(38,6)"),
+        ("0.666666", "decimal(7,6)"),
+        ("0.333333333333", "decimal(13,12)"),
+        ("3.75", "decimal(4,2)"),
+        ("1.5", "decimal(2,1)"),
+        ("-4.5", "decimal(4,1)"),
+        ("3.3333", "money"),
+    ]
+    assert await failures(
+        "SELECT CAST(99999999999999999999999999999999999999 AS DECIMAL(38,0)) + 1"
+    ) == [(8115, "Arithmetic overflow error converting expression to data type numeric.")]
+
+
 async def test_money_keeps_four_decimal_places_and_its_range() -> None:
     _, out = await ran(
         "DECLARE @m MONEY = 1.23456;"
