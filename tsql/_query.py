@@ -588,10 +588,25 @@ def to_sqlite(data: object) -> object:
 def from_sqlite(data: object, kind: t.SqlType | None = None) -> Value:
     if kind is not None and data is not None and kind.family in ("guid", "datetime"):
         try:
-            return t.convert(Value(str(data), t.NVARCHAR_MAX), kind)
+            return _as(Value(data, t.infer(data)), kind)
         except SqlError:
             pass
     return Value(data, t.infer(data))
+
+
+def _as(value: Value, kind: t.SqlType) -> Value:
+    """`value` as `kind`; a time as the broker's views give it, ISO 8601 with its offset
+    from UTC (2024-05-06T07:08:09.123+00:00), as the UTC time it names."""
+    if isinstance(value.data, str) and kind.family in ("datetime", "date", "time"):
+        try:
+            moment = dt.datetime.fromisoformat(value.data.strip())
+        except ValueError:
+            moment = None
+        if moment is not None:
+            if moment.tzinfo is not None:
+                moment = moment.astimezone(dt.UTC).replace(tzinfo=None)
+            return t.convert(Value(moment, t.DATETIME2), kind)
+    return t.convert(value, kind)
 
 
 def typed(data: object, type_name: str) -> Value:
@@ -606,7 +621,7 @@ def typed(data: object, type_name: str) -> Value:
     if found.type.family == kind.family and kind.family not in ("decimal", "datetime"):
         return Value(data, kind)
     try:
-        return t.convert(found, kind)
+        return _as(found, kind)
     except SqlError:  # not what the query said after all: as it is
         return found
 

@@ -392,6 +392,16 @@ async def test_queries_over_the_catalog_views_and_queues(
     assert table(endpoint) == [["CONVERSING", 1]]
     assert table(databases) == [["master", 1]]
     assert table(objects) == [[1]]
+    # a queue's columns have their SQL types in a query: CONVERT's style applies to
+    # message_enqueue_time, a DATETIME, and SUM adds in the column's type
+    assert await run(
+        session,
+        "SELECT MIN(CONVERT(VARCHAR(8), message_enqueue_time, 112)) AS day,"
+        " SUM(status) AS status, SUM(message_sequence_number) AS numbers FROM TargetQueue",
+    ), out.errors
+    ((day, status, numbers),) = table(out.results[-1])
+    assert len(day) == 8 and day.isdigit(), day
+    assert (status, numbers) == (2, 1)
 
 
 async def test_what_a_query_cannot_translate_is_refused(tsql: tuple[Session, Collect]) -> None:
