@@ -82,6 +82,8 @@ class Translation:
     sources: list[Source]
     parameters: list[str]  # variable keys, in the order of their :pN names
     assigns: list[tuple[str, str | None, str]] = field(default_factory=list)  # (key, name, op)
+    # the SQL type of each column of the result, where the query fixes it (None: not known)
+    columns: list[t.SqlType | None] = field(default_factory=list)
 
 
 Columns = Sequence[tuple[str, t.SqlType]]
@@ -159,6 +161,11 @@ def translate_text(text: str, schema: Schema = NO_SCHEMA) -> Translation:
     ctes = {cte.alias_or_name.upper() for cte in tree.find_all(exp.CTE)}
     names = itertools.count()
     typing = _Typing(tree, ctes, schema)
+    columns = (
+        [typing.result(e) for e in tree.expressions]
+        if isinstance(tree, exp.Select) and tree.args.get("for_") is None
+        else []
+    )
 
     def deep(node: exp.Expression) -> exp.Expression:
         # sqlglot does not descend into what a rewrite returns: its children are done here
@@ -247,9 +254,17 @@ def translate_text(text: str, schema: Schema = NO_SCHEMA) -> Translation:
                     ],
                 )
             if name in SCALARS or name in SESSION_IN_QUERIES:
+                kinds = [typing.of(arg) for arg in node.expressions]  # before deep() moves them
                 args = [deep(arg) for arg in node.expressions]
                 if name in DATE_PART_FUNCTIONS and args and isinstance(args[0], exp.Column):
                     args[0] = exp.Literal.string(args[0].name)
+                    kinds[0] = None  # a date part, not a column
+                if name in SCALARS and any(kinds):  # told the types SQLite forgot
+                    types = ";".join("" if kind is None else str(kind) for kind in kinds)
+                    return exp.Anonymous(
+                        this=f"tsql_typed_{name.lower()}",
+                        expressions=[exp.Literal.string(types), *args],
+                    )
                 return exp.Anonymous(this=f"tsql_{name.lower()}", expressions=args)
             if name.startswith("TSQL_"):
                 return node
@@ -268,7 +283,7 @@ def translate_text(text: str, schema: Schema = NO_SCHEMA) -> Translation:
     for node in translated.walk():
         if isinstance(node, exp.Func) and not isinstance(node, _PLAIN):
             raise _refuse(f"{node.sql(dialect='tsql')[:40]}")
-    return Translation(translated.sql(dialect="sqlite"), sources, parameters)
+    return Translation(translated.sql(dialect="sqlite"), sources, parameters, columns=columns)
 
 
 # what sqlglot models as functions and SQLite runs as T-SQL means them
@@ -335,6 +350,8 @@ class _Typing:
             return t.literal_text_type("NVARCHAR", node.name)
         if isinstance(node, exp.Literal):
             return _literal_type(node)
+        if isinstance(node, exp.Anonymous) and node.name.upper() in SCALARS:
+            return self._function(node.name.upper(), node.expressions)
         if isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)):
             left, right = self._of(node.this), self._of(node.expression)
             if left is None or right is None:
@@ -351,6 +368,45 @@ class _Typing:
                     else (t.VARCHAR_MAX if lob else t.VARCHAR)
                 )
         return None
+
+    def result(self, node: exp.Expression) -> t.SqlType | None:
+        """The type of a column of the result: an expression's, or an aggregate's."""
+        if isinstance(node, exp.Alias):
+            node = node.this
+        if isinstance(node, exp.Count):
+            return t.INT
+        if isinstance(node, (exp.Sum, exp.Avg, exp.Min, exp.Max)):
+            argument = node.this
+            if isinstance(argument, exp.Distinct) and len(argument.expressions) == 1:
+                argument = argument.expressions[0]
+            kind = self.of(argument)
+            if kind is None or isinstance(node, (exp.Min, exp.Max)):
+                return kind
+            if kind.name in ("TINYINT", "SMALLINT", "INT"):
+                return t.INT
+            if kind.family == "decimal" and kind.name not in ("MONEY", "SMALLMONEY"):
+                scale = kind.scale or 0  # as SQL Server's: an average to 6 places at least
+                return t.SqlType(
+                    "DECIMAL", None, 38, max(scale, 6) if isinstance(node, exp.Avg) else scale
+                )
+            return kind
+        return self.of(node)
+
+    def _function(self, name: str, args: list[exp.Expression]) -> t.SqlType | None:
+        """A scalar function's result type, where its arguments' are known: the type it
+        gives for NULL arguments of those types (REPLACE of a VARCHAR(8000) is one)."""
+        if name in DATE_PART_FUNCTIONS:
+            if name == "DATEADD" and len(args) == 3:
+                kind = self._of(args[2])
+                return kind if kind is not None and kind.family in ("datetime", "date") else None
+            return t.INT if name in ("DATEDIFF", "DATEPART") else None
+        kinds = [kind for kind in map(self._of, args) if kind is not None]
+        if not kinds or len(kinds) < len(args):
+            return None
+        try:
+            return SCALARS[name](*(Value(None, kind) for kind in kinds)).type
+        except (SqlError, TypeError, ValueError, ArithmeticError):
+            return None
 
     def _column(self, node: exp.Column) -> t.SqlType | None:
         name = node.name.lower()
@@ -586,12 +642,20 @@ def to_sqlite(data: object) -> object:
 
 
 def from_sqlite(data: object, kind: t.SqlType | None = None) -> Value:
-    if kind is not None and data is not None and kind.family in ("guid", "datetime"):
+    """A value SQLite gives back, as `kind` (what the column or the query makes it) where
+    SQLite's own form would tell it wrong: a time or a GUID kept as text, a DECIMAL as a
+    float, a BIGINT or a TINYINT as an integer."""
+    if kind is not None and data is not None and kind.family in _RETYPED:
+        if kind.family == "int" and isinstance(data, int):
+            return Value(data, kind)
         try:
             return _as(Value(data, t.infer(data)), kind)
         except SqlError:
             pass
     return Value(data, t.infer(data))
+
+
+_RETYPED: Final = frozenset(("guid", "datetime", "date", "time", "decimal", "int"))
 
 
 def _as(value: Value, kind: t.SqlType) -> Value:
@@ -645,6 +709,7 @@ class Engine:
         self.failure: SqlError | None = None
         for name, function in SCALARS.items():
             self._register(f"tsql_{name.lower()}", function)
+            self._register_typed(f"tsql_typed_{name.lower()}", function)
         if session is not None:
             for name in SESSION_IN_QUERIES:
                 self._register(f"tsql_{name.lower()}", lambda *a, name=name: session(name, list(a)))
@@ -692,6 +757,18 @@ class Engine:
     def _register(self, name: str, function: Callable[..., Value]) -> None:
         def call(*args: Any) -> Any:
             return to_sqlite(function(*(Value(a, t.infer(a)) for a in args)).data)
+
+        self.db.create_function(name, -1, self._guard(call))
+
+    def _register_typed(self, name: str, function: Callable[..., Value]) -> None:
+        """`function` called with the SQL types of its arguments first, as 'type;type...'
+        ('' where the query does not fix one)."""
+
+        def call(types: str, *args: Any) -> Any:
+            kinds = types.split(";")
+            return to_sqlite(
+                function(*(typed(a, k) for a, k in zip(args, kinds, strict=True))).data
+            )
 
         self.db.create_function(name, -1, self._guard(call))
 
@@ -778,7 +855,11 @@ class Engine:
             cursor = self.db.execute(translation.sql, parameters)
             names = [d[0] for d in cursor.description or ()]
             raw = cursor.fetchall()
-        column_kinds = [kinds.get(n.lower()) for n in names]
+        fixed = translation.columns if len(translation.columns) == len(names) else []
+        column_kinds = [
+            (fixed[i] if fixed and fixed[i] is not None else kinds.get(n.lower()))
+            for i, n in enumerate(names)
+        ]
         rows = [[from_sqlite(v, k) for v, k in zip(row, column_kinds, strict=True)] for row in raw]
         types = [
             next((r[i].type for r in rows if r[i].data is not None), column_kinds[i] or t.INT)

@@ -459,6 +459,30 @@ async def test_a_query_knows_a_columns_type_for_convert_and_string_agg() -> None
     ]
 
 
+async def test_a_querys_functions_and_result_have_the_types_of_its_columns() -> None:
+    # a scalar function is told its arguments' types (REPLACE of a VARCHAR(8000) column is
+    # cut at 8000 bytes, DATEPART reads a DATETIME), and the result's columns have the
+    # types the query gives them (SUM of BIGINT, AVG of DECIMAL(10,2) is DECIMAL(38,6))
+    _, out = await ran(
+        "SET NOCOUNT ON\n"
+        "DECLARE @t TABLE (s VARCHAR(8000), d DATETIME, b BIGINT, x DECIMAL(10,2), m MONEY)\n"
+        "INSERT @t VALUES (REPLICATE('a', 8000), '2024-05-06 10:00:00.003', 1, 1.25, 2),"
+        " (NULL, '2024-05-07 10:00', 2, 2.5, 3)\n"
+        "SELECT DATALENGTH(REPLACE(s, 'a', 'bb')) AS r, DATEPART(ms, d) AS ms,"
+        " DATEADD(day, 1, d) AS later FROM @t WHERE s IS NOT NULL\n"
+        "SELECT SUM(b) AS b, AVG(x) AS x, SUM(m) AS m, MAX(d) AS d, COUNT(*) AS n FROM @t"
+    )
+    first, second = out.results
+    assert table(first) == [[8000, 3, dt.datetime(2024, 5, 7, 10, 0, 0, 3000)]]
+    assert [(t.display(v), str(v.type)) for v in second.rows[0]] == [
+        ("3", "bigint"),
+        ("1.875000", "decimal(38,6)"),
+        ("5.0000", "money"),
+        ("2024-05-07 10:00:00.000", "datetime"),
+        ("2", "int"),
+    ]
+
+
 async def test_xml_nodes_in_from_and_apply() -> None:
     _, out = await ran(
         "SET NOCOUNT ON\n"
