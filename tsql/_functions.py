@@ -70,9 +70,10 @@ def _text(value: Value) -> str | None:
 
 
 def _string_type(*values: Value) -> t.SqlType:
-    if any(v.type.family == "nchar" for v in values):
-        return t.NVARCHAR_MAX
-    return t.VARCHAR_MAX
+    """The type of a string function's result that is no longer than its argument: NVARCHAR
+    if any argument is, (MAX) if any is (a function of a VARCHAR(8000) stays within 8000
+    bytes, so that one of it after that is held to them too, as in SQL Server)."""
+    return _result_type(values, any(t.is_lob(v.type) for v in values))
 
 
 def _int(value: Value) -> int | None:

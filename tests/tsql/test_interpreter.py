@@ -837,10 +837,11 @@ async def test_replace_stuff_and_concat_are_bounded_as_in_sql_server() -> None:
         " DATALENGTH(STUFF(@m, 1, 0, @a)) AS sm, DATALENGTH(CONCAT(@a, 'x')) AS c,"
         " DATALENGTH(CONCAT(@m, 'x')) AS cm, DATALENGTH(CONCAT_WS(',', @n, @n)) AS w,"
         " REPLACE('aXbxc', 'x', '-') AS small, STUFF('abcdef', 2, 3, 'ijk') AS st,"
-        " CONCAT('a', NULL, 1) AS co, LEFT(REPLACE(@a, 'a', 'bc'), 4) AS cut"
+        " CONCAT('a', NULL, 1) AS co, LEFT(REPLACE(@a, 'a', 'bc'), 4) AS cut,"
+        " DATALENGTH(REPLACE(UPPER(@a), 'A', 'bb')) AS upper"  # UPPER's stays within 8000
     )
     assert table(out.results[0]) == [
-        [8000, 8000, 16000, 8000, 16000, 8000, 8001, 8000, "a-b-c", "aijkef", "a1", "bcbc"]
+        [8000, 8000, 16000, 8000, 16000, 8000, 8001, 8000, "a-b-c", "aijkef", "a1", "bcbc", 8000]
     ]
     huge = "REPLICATE(CAST('a' AS VARCHAR(MAX)), 100000)"
     assert await failures(f"SELECT REPLACE({huge}, 'a', {huge})") == [
