@@ -311,6 +311,17 @@ class _Typing:
             known = {name.lower(): kind for name, kind in columns}
             # one alias for two tables (in two subqueries): neither is sure
             self.tables[alias] = known if self.tables.get(alias, known) == known else None
+        # a column named without its table is looked up in every table, unless a derived
+        # table or a CTE may name it too (with a type of its own); nor where an alias names
+        # columns (@x.nodes(...) AS T(c))
+        self.unqualified = not ctes and not any(
+            isinstance(sub.parent, (exp.From, exp.Join)) for sub in tree.find_all(exp.Subquery)
+        )
+        self.renamed = {
+            column.name.lower()
+            for alias in tree.find_all(exp.TableAlias)
+            for column in alias.columns
+        }
 
     def _columns(self, table: exp.Table, ctes: set[str]) -> Columns | None:
         inner = table.this
@@ -413,6 +424,8 @@ class _Typing:
         if node.table:
             columns = self.tables.get(node.table.upper())
             return None if columns is None else columns.get(name)
+        if not self.unqualified or name in self.renamed:
+            return None
         found = {columns[name] for columns in self.tables.values() if columns and name in columns}
         return found.pop() if len(found) == 1 else None
 

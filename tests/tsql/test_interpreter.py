@@ -401,11 +401,14 @@ async def test_sum_and_avg_over_a_table_have_their_arguments_type() -> None:
     _, out = await ran(
         TYPED_ROWS + "SELECT SUM(b) AS b, SUM(CAST(a AS BIGINT)) AS a, AVG(b) AS av,"
         " SUM(DISTINCT b) AS d FROM @t\n"
-        "SELECT SUM(a * 2) AS small FROM @t WHERE a = 1"
+        "SELECT SUM(a * 2) AS small FROM @t WHERE a = 1\n"
+        # a derived table's column is its own: a BIGINT here, however @t's is typed
+        "SELECT SUM(a) AS derived FROM (SELECT CAST(a AS BIGINT) AS a FROM @t) d"
     )
     assert [table(r) for r in out.results] == [
         [[2147483648, 2147483648, 1073741824, 2147483648]],
         [[2]],
+        [[2147483648]],
     ]
     errors = await failures(
         *(
