@@ -66,6 +66,21 @@ async def test_a_route_that_leads_nowhere_says_what_to_do(conn: client.Connectio
     assert got.message_body == b"for the ghost"
 
 
+async def test_a_broker_instance_is_a_guid_in_any_case(conn: client.Connection) -> None:
+    """SQL Server prints GUIDs in upper case; a dialog to this broker's own instance so
+    named is delivered here, and text that is no GUID is refused before anything."""
+    await conn.create_queue("InQ")
+    await conn.create_service("In", queue="InQ", contracts=["DEFAULT"])
+    shouted = str(conn.broker_instance_id).upper()
+    handle = await conn.begin_dialog("In", "In", broker_instance=shouted)
+    await conn.send(handle, "DEFAULT", b"here")
+    (got,) = await conn.receive("InQ", timeout=10)
+    assert got.message_body == b"here"
+    with pytest.raises(client.BrokerError, match="'not a guid' is not a UUID") as refused:
+        await conn.begin_dialog("In", "In", broker_instance="not a guid")
+    assert refused.value.code == ErrorCode.BAD_ARGUMENT
+
+
 async def test_contract_rules(conn: client.Connection) -> None:
     init_svc, target_svc, _init_q, target_q = await seed000(conn)
     with pytest.raises(client.ContractViolationError) as info:

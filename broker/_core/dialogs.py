@@ -122,8 +122,7 @@ class Dialogs:
             raise bad_argument("encryption must be True or False")
         if isinstance(broker_instance, uuid.UUID):
             broker_instance = str(broker_instance)
-        if broker_instance is not None and not isinstance(broker_instance, str):
-            raise bad_argument("broker_instance must be a broker instance id string")
+        broker_instance = cat.check_broker_instance(broker_instance)  # (as routes keep it)
         service = self.catalog.service(from_service)
         contract_def = self.catalog.contract(contract)
         database = database_of(service.name)
