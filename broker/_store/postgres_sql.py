@@ -9,7 +9,10 @@ stores accept and refuse exactly the same statements. What changes:
   (table `t` of database `sales` is `"u:sales"."t"`): SQLite's one name `"u:sales:t"` is
   split in two. An index is `"t:ix"` in the same schema (SQL Server names an index per
   table, PostgreSQL per schema), a table's identity sequence `"t:identity"`. No name of
-  the store's own holds a colon, and a user's name never does.
+  the store's own holds a colon, and a user's name never does. SQL Server's names are
+  without case and PostgreSQL's quoted ones are not, so every name of a table, an alias
+  or a column is written in lower case; a column declared otherwise keeps its declared
+  name in its COMMENT, which names it in the answer to a `*` (`postgres_tables`).
 - Temporary tables. SQLite's `"u:tempdb:#work#12"` (session 12's `#work`, see
   `user_sql`) is `"ssb_tempdb"."12#work"`: an ordinary table in a schema of its own, so
   that every connection of the store sees it once its CREATE has committed, as it sees
@@ -43,6 +46,7 @@ IDENTITY: Final = "identity"  # the suffix of a table's identity sequence
 MAX_IDENTIFIER: Final = 63  # bytes of a name PostgreSQL keeps (it cuts longer ones)
 TEMPORARY_SCHEMA: Final = "ssb_tempdb"  # every session's temporary tables (#name)
 _TEXT: Final = 'COLLATE "C"'
+_BLOCK: Final = "$ssb_declared$"  # quotes a DO block's body
 # SQL Server's type (as `user_sql` keeps it) -> PostgreSQL's (None: the length given)
 _TYPES: Final[dict[str, str]] = {
     "INT": "integer",
@@ -78,6 +82,7 @@ _TYPES: Final[dict[str, str]] = {
 _SIZED: Final = frozenset({"DECIMAL", "NUMERIC", "CHAR", "VARCHAR", "NCHAR", "NVARCHAR"})
 _TEXTS: Final = frozenset({"varchar", "text"})
 _PLACEHOLDER: Final = re.compile(r"\?(\d+)\Z")
+_NAME: Final = re.compile(r"[A-Za-z_@#$][A-Za-z0-9_@#$]*")  # a regular identifier
 _TEMPORARY_NAME: Final = re.compile(r"\d+(#.+)")  # see `qualified`
 # what a cast may name (sqlglot's own types, from T-SQL's names)
 _CASTS: Final = frozenset(
@@ -248,15 +253,77 @@ def write(node: exp.Expression) -> str:
     if isinstance(tree, exp.Select) and into is not None:  # SELECT ... INTO #name
         tree.set("into", None)
         tree = exp.Create(this=into.this, kind="TABLE", expression=tree)
+    declared = _declared_names(tree)
+    _fold_names(tree)
     for identifier in tree.find_all(exp.Identifier):
         _check_length(identifier.name)
     for hexa in list(tree.find_all(exp.HexString)):
         literal = exp.Literal.string("\\x" + str(hexa.this))
         hexa.replace(exp.Cast(this=literal, to=exp.DataType.build("bytea", dialect="postgres")))
     try:
-        return tree.sql(dialect="postgres", identify=True, unsupported_level=ErrorLevel.RAISE)
+        sql = tree.sql(dialect="postgres", identify=True, unsupported_level=ErrorLevel.RAISE)
     except SqlglotError as exc:
         raise TableError(f"cannot translate the statement: {exc}") from None
+    if not declared:
+        return sql
+    # one statement (a commit's are pipelined, one command each): a block that runs both
+    body = "; ".join([sql, *declared])
+    if _BLOCK in body:
+        raise TableError(f"{_BLOCK} in a statement that declares columns")
+    return f"DO {_BLOCK} BEGIN {body}; END {_BLOCK}"
+
+
+def _declared_names(tree: exp.Expression) -> list[str]:
+    """The COMMENTs that keep the names of the columns a CREATE TABLE or an ALTER TABLE
+    ADD declares, where they are not in lower case (`_fold_names` makes them so): a
+    `*` names its columns as declared (`postgres_tables`)."""
+    if not isinstance(tree, exp.Create | exp.Alter):
+        return []
+    table = tree.find(exp.Table)
+    if table is None or not table.db:
+        return []
+    names = [column.name for column in tree.find_all(exp.ColumnDef)]
+    query = tree.expression
+    bound = any(v.name.startswith("$") for v in tree.find_all(exp.Var))
+    if isinstance(query, exp.Select) and not bound:  # SELECT ... INTO (a block takes no $n)
+        names = [column.alias_or_name for column in query.expressions]
+    where = f"{_quote(table.db)}.{_quote(table.name)}"
+    return [
+        f"COMMENT ON COLUMN {where}.{_quote(name.lower())} IS '{name}'"
+        for name in names
+        if name != name.lower() and _NAME.fullmatch(name)  # (a regular identifier: no quote)
+    ]
+
+
+def _fold_names(tree: exp.Expression) -> None:
+    """Every name of a table, an alias or a column in lower case: SQL Server's names are
+    without case, PostgreSQL's quoted ones are not (the tables' own are lower case
+    already, `user_sql.store_name`; their schemas keep the database's name as it is).
+    The names of the result's columns stay as the query wrote them."""
+    shown = _result_names(tree)
+    for identifier in tree.find_all(exp.Identifier):
+        if id(identifier) in shown:
+            continue
+        if isinstance(identifier.parent, exp.Table) and identifier.arg_key == "db":
+            continue
+        identifier.set("this", identifier.name.lower())
+
+
+def _result_names(tree: exp.Expression) -> set[int]:
+    """The identifiers naming the result's columns (by id, see `user_sql`'s
+    `_name_results`); an ORDER BY that names one of them is given its spelling."""
+    names: dict[str, exp.Identifier] = {}
+    for column in user_sql.result_columns(tree):
+        if isinstance(column, exp.Alias):
+            names.setdefault(column.alias.lower(), column.args["alias"])
+    kept = [*names.values()]
+    order = tree.args.get("order")
+    for ordered in order.expressions if order is not None else []:
+        key = ordered.this
+        if isinstance(key, exp.Column) and not key.table and key.name.lower() in names:
+            kept.append(names[key.name.lower()].copy())
+            key.set("this", kept[-1])
+    return {id(name) for name in kept}
 
 
 def _split(table: exp.Table) -> None:

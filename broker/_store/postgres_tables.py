@@ -97,6 +97,11 @@ _FOREIGN_KEYS: Final = (
     " JOIN pg_class p ON p.oid = k.confrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
     " WHERE k.contype = 'f' AND n.nspname = ? AND p.relnamespace = c.relnamespace"
 )
+# the declared names of columns (`postgres_sql` keeps those not in lower case so)
+_DECLARED: Final = (
+    "SELECT objoid, objsubid, description FROM pg_description"
+    " WHERE classoid = 'pg_class'::regclass AND objoid = ANY($1::oid[]) AND objsubid > 0"
+)
 _SCHEMAS: Final = "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'u:%' OR nspname = ?"
 # a quoted name, qualified or not, and a qualified one unquoted (in 'relation "s.t"')
 _QUOTED: Final = re.compile(rf'"(?:(?:u:[^".]+|{postgres_sql.TEMPORARY_SCHEMA})"\.")?([^"]+)"')
@@ -555,4 +560,25 @@ def _answer(cursor: psycopg.Cursor[Any], statement: Statement) -> TableAnswer:
         counts = statement.kind == "change" or statement.counted is not None
         return TableAnswer(rowcount=max(cursor.rowcount, 0) if counts else 0)
     rows = bounded_rows(tuple(map(_value, row)) for row in cursor)
-    return TableAnswer([d.name for d in cursor.description or ()], rows, len(rows))
+    return TableAnswer(_column_names(cursor, statement), rows, len(rows))
+
+
+def _column_names(cursor: psycopg.Cursor[Any], statement: Statement) -> list[str]:
+    """The names of an answer's columns: a `*`'s named as their table declares them
+    (`postgres_sql` keeps the names in lower case, a declared one in a COMMENT), the
+    others as the query gave them."""
+    names = [d.name for d in cursor.description or ()]
+    result = cursor.pgresult
+    if statement.named is None or result is None:
+        return names
+    origins = [(result.ftable(i), result.ftablecol(i)) for i in range(len(names))]
+    tables = sorted({table for table, _ in origins if table})
+    if not tables:
+        return names
+    found = cursor.connection.cursor().execute(_DECLARED, (tables,)).fetchall()
+    declared = {(int(table), int(column)): str(name) for table, column, name in found}
+    for i, origin in enumerate(origins):
+        name = declared.get(origin)
+        if name is not None and names[i] == name.lower() and names[i] not in statement.named:
+            names[i] = name
+    return names

@@ -16,7 +16,8 @@ case), and its indexes `"u:sales:t:index"`. The store's own tables never hold a 
 so the two can never meet; a name must be a regular identifier (letters, digits, `_`,
 `@`, `#`, `$`, not starting with a digit), at most 128 characters, in schema `dbo` of
 the session's database. A table named without an alias keeps its own name as alias, so
-`t.col` still means its column. A temporary table `#t` of session 12 is SQLite's TEMP
+`t.col` still means its column; a column of the result is named as written (SQLite
+names `t.Col` as declared, SQL Server as written). A temporary table `#t` of session 12 is SQLite's TEMP
 table `"u:tempdb:#t#12"` (on the writer connection, the only one that runs users'
 statements), `#t#12` to the table locks and the transaction.
 
@@ -98,6 +99,8 @@ class Statement:
             for `inserted_together`.
         counted: a SELECT ... INTO's count of the rows it put in its new table (the
             store's SQL), which it answers as its row count.
+        named: the names its result's columns were given, where a `*` gives it others
+            too (named as their tables declare them); None: no `*`.
     """
 
     kind: str
@@ -112,6 +115,7 @@ class Statement:
     light: bool = False
     values: exp.Values | None = field(default=None, compare=False, repr=False)
     counted: str | None = field(default=None, compare=False, repr=False)
+    named: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def tables(self) -> frozenset[str]:
@@ -392,7 +396,7 @@ def _output(node: exp.Expression, allowed: str) -> bool:
         return False
     if returning.args.get("into"):
         raise refused("OUTPUT ... INTO")
-    for column in returning.find_all(exp.Column):
+    for column in list(returning.find_all(exp.Column)):
         table = column.table.lower()
         if table and table != allowed:
             raise refused(
@@ -400,6 +404,32 @@ def _output(node: exp.Expression, allowed: str) -> bool:
             )
         column.set("table", None)
     return True
+
+
+def result_columns(node: exp.Expression) -> list[exp.Expression]:
+    """The expressions of a statement's result: its (first) SELECT's, or its OUTPUT's."""
+    top = node
+    while isinstance(top, exp.Union):
+        top = top.this
+    if isinstance(top, exp.Select):
+        return list(top.expressions)
+    returning = node.args.get("returning")
+    return list(returning.expressions) if returning is not None else []
+
+
+def _name_results(node: exp.Expression) -> frozenset[str] | None:
+    """Name each column of the result that is a table's column as the query wrote it, as
+    SQL Server does (SQLite names `t.Col` as its table declares it); the names given
+    when a `*` is among them (see `Statement.named`)."""
+    names = []
+    star = False
+    for column in result_columns(node):
+        if isinstance(column, exp.Star) or isinstance(column.this, exp.Star):
+            star = True
+        elif isinstance(column, exp.Column):
+            column.replace(exp.alias_(column.copy(), column.this.copy()))
+        names.append(column.alias_or_name)
+    return frozenset(names) if star else None
 
 
 def _values(node: exp.Expression) -> tuple[list[str], list[tuple[str, str]]]:
@@ -528,6 +558,7 @@ def translate(text: str, database: str, session: int = 0, write: Writer | None =
         kind, returns_rows = _dml(node, database, reads, writes)
     else:
         raise refused(f"the statement {node.key.upper()}")
+    named = _name_results(node) if returns_rows else None
     if kind != "ddl":  # (a table's schema keeps SQLite's own +: it outlives this process)
         for add in list(node.find_all(exp.Add)):  # T-SQL's + joins text, SQLite's adds
             add.replace(exp.Anonymous(this=ADD, expressions=[add.this, add.expression]))
@@ -560,6 +591,7 @@ def translate(text: str, database: str, session: int = 0, write: Writer | None =
         light,
         node.expression if light and replay == sql else None,
         counted,
+        named,
     )
 
 

@@ -84,8 +84,8 @@ def test_what_the_translation_refuses_before_anything_runs(sql: str, words: str)
 def test_names_live_in_their_database_and_keep_their_alias() -> None:
     statement = translate("SELECT t.a, o.b FROM dbo.T JOIN Other AS o ON t.a = o.a", "Sales")
     assert statement.sql == (
-        "SELECT `t`.`a`, `o`.`b` FROM `u:Sales:t` AS `T` JOIN `u:Sales:other` AS `o`"
-        " ON `t`.`a` = `o`.`a`"
+        "SELECT `t`.`a` AS `a`, `o`.`b` AS `b` FROM `u:Sales:t` AS `T`"
+        " JOIN `u:Sales:other` AS `o` ON `t`.`a` = `o`.`a`"
     )
     assert statement.reads == {"t", "other"} and statement.writes == {}
     change = translate("UPDATE T SET a = a + @Step WHERE b IN (SELECT b FROM U)", "master")
@@ -401,6 +401,50 @@ async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> No
             await _run(storage, txn, sql)
     rows = await _run(storage, txn, "SELECT id, note FROM T")
     assert rows.rows == [(1, "x")]
+
+
+async def test_names_are_without_case_as_sql_servers_are(storage: ManualStore) -> None:
+    """A table, an alias or a column is the same name in any case, in every clause and
+    on every store; a result's column is named as the query wrote it (`*`'s as they were
+    declared)."""
+    txn: Done = []
+    await _run(storage, txn, "CREATE TABLE Orders (OrderId INT PRIMARY KEY, Item NVARCHAR(10))")
+    await _run(storage, txn, "CREATE INDEX IX_Item ON ORDERS (ITEM)")
+    await _run(storage, txn, "ALTER TABLE orders ADD Qty INT")
+    inserted = await _run(
+        storage,
+        txn,
+        "INSERT INTO orders (orderid, ITEM, qty) OUTPUT inserted.ORDERID"
+        " VALUES (1, N'a', 1), (2, N'b', 2), (3, N'b', 3)",
+    )
+    assert inserted.columns == ["ORDERID"]
+    await _run(storage, txn, "UPDATE ORDERS SET item = N'c', QTY = qty + 1 WHERE OrderID = 3")
+    await _run(storage, txn, "DELETE FROM Orders WHERE ORDERID = 1")
+    joined = await _run(
+        storage,
+        txn,
+        "SELECT o.OrderId, O.item, P.QTY AS Quantity FROM Orders AS O"
+        " JOIN orders p ON P.ORDERID = o.orderid ORDER BY O.orderID DESC",
+    )
+    assert joined.columns == ["OrderId", "item", "Quantity"]
+    assert joined.rows == [(3, "c", 4), (2, "b", 2)]
+    qualified = await _run(storage, txn, "SELECT orders.orderid FROM ORDERS WHERE Orders.Qty > 2")
+    assert qualified.rows == [(3,)]
+    grouped = await _run(
+        storage,
+        txn,
+        "SELECT ITEM, SUM(qty) AS Total FROM orders GROUP BY item ORDER BY total",
+    )
+    assert grouped.columns == ["ITEM", "Total"] and grouped.rows == [("b", 2), ("c", 4)]
+    starred = await _run(storage, txn, "SELECT * FROM ORDERS ORDER BY orderid")
+    assert starred.columns == ["OrderId", "Item", "Qty"]
+    await _run(storage, txn, "SELECT OrderId, qty AS Amount INTO #Copy FROM orders")
+    copied = await _run(storage, txn, "SELECT * FROM #copy ORDER BY AMOUNT")
+    assert copied.columns == ["OrderId", "Amount"] and copied.rows == [(2, 2), (3, 4)]
+    _commit(storage, txn)
+    assert storage.trouble is None, storage.trouble
+    later: Done = []
+    assert (await _run(storage, later, "SELECT orders.ITEM FROM Orders")).rows == [("b",), ("c",)]
 
 
 async def test_many_runs_answer_and_commit_as_the_runs_one_by_one(storage: ManualStore) -> None:
