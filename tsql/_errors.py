@@ -173,6 +173,7 @@ _TABLE_NUMBERS: Final = (
     ("PRIMARY KEY constraint on nullable column", 8111),
     ("String or binary data would be truncated", 8152),
     ("Arithmetic overflow error", 8115),
+    ("Attempting to grow LOB beyond maximum allowed size", 7119),
 )
 
 

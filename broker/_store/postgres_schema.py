@@ -29,7 +29,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any, Final
 
-from . import sql
+from . import sql, user_kinds
 from .errors import LEASE_LOST_STATE, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -154,6 +154,21 @@ AGGREGATES: Final = (
     " CREATE AGGREGATE ssb_sum(double precision) (SFUNC = float8pl, STYPE = double precision);"
     " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
 )
+# T-SQL's REPLICATE, as `user_kinds.replicate` writes it; made where missing at every
+# start, as OPERATORS
+REPLICATE: Final = (
+    "DO $$ BEGIN IF to_regprocedure('ssb_replicate(text, bigint, integer)') IS NULL THEN"
+    " CREATE FUNCTION ssb_replicate(value text, times bigint, room integer) RETURNS text"
+    " LANGUAGE plpgsql IMMUTABLE AS $f$ BEGIN"
+    " IF value IS NULL OR times IS NULL OR times < 0 THEN RETURN NULL; END IF;"
+    " IF room IS NOT NULL THEN"
+    " RETURN left(repeat(value, least(times, room / greatest(length(value), 1) + 1)::integer),"
+    " room); END IF;"
+    f" IF octet_length(value)::numeric * times > {user_kinds.LONGEST} THEN"
+    f" RAISE EXCEPTION '{user_kinds.grown()}'; END IF;"
+    " RETURN repeat(value, times::integer); END $f$;"
+    " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
+)
 INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS messages_by_conversation"
     " ON messages (status, queue, handle, queuing_order) INCLUDE (size)",
@@ -180,7 +195,7 @@ def create(db: psycopg.Connection[Any], where: str) -> None:
                 f"the store {where} was written by a newer ssb (schema {version}); run that"
                 " version, or start from a backup"
             )
-        for statement in (*TABLES[1:], *INDEXES, *OPERATORS, *AGGREGATES):
+        for statement in (*TABLES[1:], *INDEXES, *OPERATORS, *AGGREGATES, *REPLICATE):
             db.execute(statement)
         if version is None or int(str(version)) < SCHEMA_VERSION:
             for statement in FUNCTIONS:

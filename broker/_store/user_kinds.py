@@ -17,6 +17,10 @@ PostgreSQL knows every expression's type: `postgresql` writes the same tree's SU
 result type and range (`postgres_schema.AGGREGATES`), and AVG as
 `ssb_sum(x) / COUNT(x)`.
 
+REPLICATE's result is cut at 8000 bytes unless its text is of a (MAX) type, which
+neither store's text keeps: `replicate` reads the bound from how the text is written
+and passes it to the function both stores define, `ssb_replicate`.
+
 Columns. SQLite keeps any value in any column, where SQL Server refuses one its
 column's type cannot hold. `checks` gives a column of an integer type a CHECK of its
 type's range (of a number: text is left as SQLite keeps it), and one of a sized text or
@@ -39,6 +43,9 @@ from typing import Final
 
 from sqlglot import exp
 
+from .._core.ports import TableError
+
+REPLICATE: Final = "ssb_replicate"  # REPLICATE(text, times, room), see `replicate`
 TOTAL: Final = "ssb_total"  # SUM(x), checked against its type's range
 AVERAGE: Final = "ssb_average"  # AVG(x) from SUM(x) and COUNT(x), of x's type
 KIND: Final = "ssb_kind"  # the type of an arithmetic of two typed operands
@@ -51,9 +58,12 @@ _INTEGERS: Final = {
     "BIGINT": (-(2**63), 2**63 - 1),
 }
 _WIDER: Final = tuple(_INTEGERS)
+ROW_BYTES: Final = 8000  # the longest text not of a (MAX) type
+LONGEST: Final = 10**9  # bytes of the longest value both stores keep (SQLite's limit)
 CHECKED: Final = "ssb:"  # the name of a check of a column's type begins so
 TRUNCATED: Final = "String or binary data would be truncated."  # (Msg 8152)
 _TEXTS: Final = frozenset({"CHAR", "VARCHAR", "NCHAR", "NVARCHAR"})
+_NATIONAL: Final = frozenset({exp.DataType.Type.NCHAR, exp.DataType.Type.NVARCHAR})
 _BINARIES: Final = frozenset({"BINARY", "VARBINARY"})
 _SIZE: Final = re.compile(r"\(\s*(\d+)\s*\)")
 _CHECK_FAILED: Final = re.compile(r"CHECK constraint failed: (ssb:[a-z]+):[0-9a-f]+")
@@ -83,11 +93,35 @@ def aggregates(node: exp.Expression) -> None:
         (window or aggregate).replace(call)
 
 
+def replicate(node: exp.Expression) -> None:
+    """Write each REPLICATE(text, times) of `node` as the stores' `ssb_replicate(text,
+    times, room)`: its text repeated, NULL for a negative count, cut at `room`
+    characters, SQL Server's 8000 bytes (4000 characters of an N'...' text or a cast to
+    NCHAR or NVARCHAR; a column's text counts as 8000), None for a cast to a (MAX) type.
+
+    Raises:
+        TableError: REPLICATE in a column's definition.
+    """
+    for call in list(node.find_all(exp.Repeat)):
+        if call.find_ancestor(exp.ColumnDef, exp.ColumnConstraint) is not None:
+            raise TableError("REPLICATE in a column's definition is not supported by ssb's tables")
+        value = call.this
+        cast = value.to if isinstance(value, exp.Cast) else None
+        room: exp.Expression = exp.Literal.number(ROW_BYTES)
+        if cast is not None and cast.sql("tsql").upper().endswith("(MAX)"):
+            room = exp.null()
+        elif isinstance(value, exp.National) or (cast is not None and cast.this in _NATIONAL):
+            room = exp.Literal.number(ROW_BYTES // 2)
+        text = exp.Cast(this=value, to=exp.DataType.build("TEXT"))
+        times = call.args["times"]
+        call.replace(exp.Anonymous(this=REPLICATE, expressions=[text, times, room]))
+
+
 def postgresql(node: exp.Expression) -> None:
     """`aggregates`' SUM and AVG in `node` as PostgreSQL's store writes them (see the
     module's comment)."""
     for call in list(node.find_all(exp.Anonymous)):
-        if call.name not in (TOTAL, AVERAGE):
+        if call.name not in (TOTAL, AVERAGE):  # (REPLICATE is the store's function too)
             continue
         total = _typed_sum(call.expressions[0])
         if call.name == TOTAL:
@@ -303,8 +337,25 @@ def _average(total: int | float | None, count: int, kind: str | None) -> int | f
     return total / count
 
 
+def _replicate(text: str | None, times: int | None, room: int | None) -> str | None:
+    """`ssb_replicate`: see `replicate`."""
+    if text is None or times is None or times < 0:
+        return None
+    if room is not None:  # (counted first: the whole would not fit in memory)
+        times = min(times, room // max(len(text), 1) + 1)
+    elif len(text.encode()) * times > LONGEST:
+        _fail(grown())
+    return (text * times)[:room]
+
+
+def grown() -> str:
+    """SQL Server's words for a (MAX) value grown past what the store keeps (Msg 7119)."""
+    return f"Attempting to grow LOB beyond maximum allowed size of {LONGEST} bytes."
+
+
 def add_functions(db: sqlite3.Connection) -> None:
-    """Register `aggregates`' functions on a SQLite connection."""
+    """Register `aggregates`' and `replicate`'s functions on a SQLite connection."""
+    db.create_function(REPLICATE, 3, _replicate, deterministic=True)
     db.create_function(KIND, 2, _kind_of, deterministic=True)
     db.create_function(TOTAL, 2, _total, deterministic=True)
     db.create_function(AVERAGE, 3, _average, deterministic=True)

@@ -443,7 +443,7 @@ def _values(node: exp.Expression) -> tuple[list[str], list[tuple[str, str]]]:
         if function is None and isinstance(call, exp.Anonymous):
             function = _VOLATILE_NAMES.get(call.name.upper())
         if function is None:
-            if isinstance(call, exp.Anonymous) and call.name != ADD:
+            if isinstance(call, exp.Anonymous) and call.name not in (ADD, user_kinds.REPLICATE):
                 raise refused(f"the function {call.name.upper()}()")
             continue
         name = f"__v{len(volatile)}"
@@ -559,6 +559,10 @@ def translate(text: str, database: str, session: int = 0, write: Writer | None =
     else:
         raise refused(f"the statement {node.key.upper()}")
     named = _name_results(node) if returns_rows else None
+    user_kinds.replicate(node)
+    for cast in node.find_all(exp.Cast):  # (MAX) is the length the stores' text has
+        if cast.to.sql("tsql").upper().endswith("(MAX)"):
+            cast.to.set("expressions", [])
     if kind != "ddl":  # (a table's schema keeps SQLite's own +: it outlives this process)
         for add in list(node.find_all(exp.Add)):  # T-SQL's + joins text, SQLite's adds
             add.replace(exp.Anonymous(this=ADD, expressions=[add.this, add.expression]))

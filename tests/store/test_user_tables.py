@@ -447,6 +447,25 @@ async def test_names_are_without_case_as_sql_servers_are(storage: ManualStore) -
     assert (await _run(storage, later, "SELECT orders.ITEM FROM Orders")).rows == [("b",), ("c",)]
 
 
+async def test_replicate_repeats_a_text_as_sql_server_does(storage: ManualStore) -> None:
+    """REPLICATE repeats its text, NULL for a negative count; a result longer than 8000
+    bytes is cut there unless its text is of a (MAX) type."""
+    txn: Done = []
+    await _run(storage, txn, "CREATE TABLE T (k INT PRIMARY KEY, s VARCHAR(10))")
+    await _run(storage, txn, "INSERT INTO T VALUES (1, 'ab')")
+    await _run(storage, txn, "UPDATE T SET s = REPLICATE(s, 2) + REPLICATE('-', k)")
+    rows = await _run(
+        storage,
+        txn,
+        "SELECT s, REPLICATE(s, 2), REPLICATE('x', 0), REPLICATE('x', -1), REPLICATE(5, 2),"
+        " LEN(REPLICATE('abc', 5000)), LEN(REPLICATE(N'é', 5000)),"
+        " LEN(REPLICATE(CAST('a' AS VARCHAR(MAX)), 9000)) FROM T",
+    )
+    assert rows.rows == [("abab-", "abab-abab-", "", None, "55", 8000, 4000, 9000)]
+    with pytest.raises(TableError, match=r"\AAttempting to grow LOB beyond maximum allowed size"):
+        await _run(storage, txn, "SELECT REPLICATE(CAST(s AS NVARCHAR(MAX)), 1000000000) FROM T")
+
+
 async def test_many_runs_answer_and_commit_as_the_runs_one_by_one(storage: ManualStore) -> None:
     txn: Done = []
     await _run(

@@ -156,5 +156,9 @@ async def test_what_a_column_cannot_hold_fails_with_sql_servers_number(
             8115,
             "Arithmetic overflow error converting expression to data type int.",
         )
+    assert not await run(
+        session, "SELECT REPLICATE(CAST(note AS NVARCHAR(MAX)), 1000000000) FROM Notes;"
+    )
+    assert out.errors[-1].number == 7119
     assert await run(session, "SELECT COUNT(*) AS n FROM Notes;")
     assert table(out.results[-1]) == [[2]]
