@@ -97,6 +97,13 @@ async def table_query(session: Session, select: ast.Select, frame: Frame) -> Res
 _LONG: Final = frozenset(("NVARCHAR", "VARBINARY"))  # declared (MAX) in a view's copy
 
 
+def _copy_type(kind: t.SqlType) -> str:
+    """A view's column's type in its copy (a text's or a binary's with its length)."""
+    if kind.name in _LONG:
+        return f"{kind.name}(MAX)"
+    return f"{kind.name}({kind.length})" if kind.name in t.SIZED else kind.name
+
+
 def _view_table(view: str) -> str:
     """The temporary table a catalog view's rows are copied into: #ssb_sys_<name>."""
     return "#ssb_" + view.replace(".", "_")
@@ -134,10 +141,7 @@ async def joined_query(
         for view in {v.name: v for v in views}.values():
             columns = SYS_VIEWS[view.name].columns
             table = _view_table(view.name)
-            declared = ", ".join(
-                f"[{name}] {kind.name}{'(MAX)' if kind.name in _LONG else ''}"
-                for name, kind in columns
-            )
+            declared = ", ".join(f"[{name}] {_copy_type(kind)}" for name, kind in columns)
             await session.broker(conn.execute(f"CREATE TABLE {table} ({declared})"))
             made.append(table)
             rows = await session.catalog_rows(view, fetched)

@@ -220,6 +220,9 @@ _TYPES: Final = {
 }
 
 
+_LENGTH_ONE: Final = frozenset({"CHAR", "VARCHAR", "NCHAR", "NVARCHAR", "BINARY", "VARBINARY"})
+
+
 def _column_type(kind: exp.DataType) -> exp.DataType:
     """The column's SQL Server type, written as SQLite's type name."""
     text = kind.sql("tsql").upper()
@@ -228,6 +231,8 @@ def _column_type(kind: exp.DataType) -> exp.DataType:
         raise refused(f"the column type {text}")
     if base == "INTEGER":  # (sqlglot writes INT so) SQLite's INTEGER PRIMARY KEY would be
         text = "INT"  # its rowid, numbering a NULL key where SQL Server refuses it
+    if base in _LENGTH_ONE and "(" not in text:  # SQL Server's length when none is given
+        text += "(1)"
     return exp.DataType(this=exp.DataType.Type.USERDEFINED, kind=re.sub(r"\(\s*MAX\s*\)", "", text))
 
 

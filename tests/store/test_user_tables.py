@@ -355,6 +355,30 @@ async def test_a_value_longer_than_its_column_is_refused(storage: ManualStore) -
     assert rows.rows == [(1, "0123456789"), (2, None)]
 
 
+async def test_a_text_or_binary_column_without_a_length_holds_one(storage: ManualStore) -> None:
+    """CHAR, VARCHAR, NCHAR, NVARCHAR, BINARY and VARBINARY declared without a length
+    are of length 1, as SQL Server's are."""
+    txn: Done = []
+    await _run(
+        storage,
+        txn,
+        "CREATE TABLE T (k INT PRIMARY KEY, v VARCHAR, n NVARCHAR, c CHAR, b VARBINARY)",
+    )
+    await _run(storage, txn, "ALTER TABLE T ADD a NCHAR")
+    await _run(storage, txn, "INSERT INTO T VALUES (1, 'v', N'n', 'c', 0x01, N'a')")
+    for column, value in (
+        ("v", "'vv'"),
+        ("n", "N'nn'"),
+        ("c", "'cc'"),
+        ("b", "0x0102"),
+        ("a", "N'aa'"),
+    ):
+        with pytest.raises(TableError, match=r"\AString or binary data would be truncated\."):
+            await _run(storage, txn, f"INSERT INTO T (k, {column}) VALUES (2, {value})")
+    rows = await _run(storage, txn, "SELECT * FROM T")
+    assert rows.rows == [(1, "v", "n", "c", b"\x01", "a")]
+
+
 async def test_an_integer_past_its_types_range_is_refused(storage: ManualStore) -> None:
     """A value past its integer column's range, and a SUM or AVG of INTs whose total is
     past INT's, fail the statement, whole, as SQL Server's arithmetic overflow."""
