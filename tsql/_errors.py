@@ -174,6 +174,7 @@ _TABLE_NUMBERS: Final = (
     ("String or binary data would be truncated", 8152),
     ("Arithmetic overflow error", 8115),
     ("Attempting to grow LOB beyond maximum allowed size", 7119),
+    ("Conversion failed when converting", 245),
 )
 
 

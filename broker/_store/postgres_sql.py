@@ -358,8 +358,10 @@ def _column(column: exp.ColumnDef, tree: exp.Expression) -> None:
         )
         return
     for constraint in constraints:
-        if constraint.name.startswith(user_kinds.CHECKED):
-            user_kinds.for_postgresql(constraint)
+        if constraint.name.startswith(user_kinds.CHECKED) and not user_kinds.for_postgresql(
+            constraint
+        ):
+            constraint.pop()
     declared = str(kind.args.get("kind") or kind.sql("tsql")).upper()
     base = declared.split("(")[0].strip()
     target = _TYPES.get(base)

@@ -161,6 +161,8 @@ def _described(exc: psycopg.Error) -> str:
         return user_kinds.TRUNCATED
     if state == "22003":
         return user_kinds.out_of_range(primary)
+    if state == "22P02":
+        return user_kinds.unconverted(primary)
     if state == "23503":
         return f"FOREIGN KEY constraint failed ({primary})"
     if state == "42P01":

@@ -23,11 +23,13 @@ and passes it to the function both stores define, `ssb_replicate`.
 
 Columns. SQLite keeps any value in any column, where SQL Server refuses one its
 column's type cannot hold. `checks` gives a column of an integer type a CHECK of its
-type's range (of a number: text is left as SQLite keeps it), and one of a sized text or
+type's range (of a number) and one that text SQLite did not make a number of fails
+(`ssb_unconverted`, in SQL Server's words, Msg 245), and one of a sized text or
 binary type a CHECK of its length (trailing spaces of a text do not count, as SQL
 Server cuts them). PostgreSQL checks a text's length and its integers' ranges itself,
 but for TINYINT (its smallint) and bytea: it keeps the same CHECKs, written without
-SQLite's TYPEOF. Each is named `ssb:<what>:<the column's name's crc32>` (short, unique
+SQLite's TYPEOF; it converts text to an integer itself (`unconverted` words its
+refusal as SQL Server does). Each is named `ssb:<what>:<the column's name's crc32>` (short, unique
 in its table), so that `checked` puts its failure in SQL Server's words on both stores:
 Msg 8115's for a range, Msg 8152's for a length (as ssb's table variables and RECEIVE
 INTO say it).
@@ -45,6 +47,7 @@ from sqlglot import exp
 
 from .._core.ports import TableError
 
+UNCONVERTED: Final = "ssb_unconverted"  # fails: the text in an integer column
 REPLICATE: Final = "ssb_replicate"  # REPLICATE(text, times, room), see `replicate`
 TOTAL: Final = "ssb_total"  # SUM(x), checked against its type's range
 AVERAGE: Final = "ssb_average"  # AVG(x) from SUM(x) and COUNT(x), of x's type
@@ -61,6 +64,7 @@ _WIDER: Final = tuple(_INTEGERS)
 ROW_BYTES: Final = 8000  # the longest text not of a (MAX) type
 LONGEST: Final = 10**9  # bytes of the longest value both stores keep (SQLite's limit)
 CHECKED: Final = "ssb:"  # the name of a check of a column's type begins so
+_CONVERSION: Final = "text"  # the check's `what` (see `checks`) of text in an integer column
 TRUNCATED: Final = "String or binary data would be truncated."  # (Msg 8152)
 _TEXTS: Final = frozenset({"CHAR", "VARCHAR", "NCHAR", "NVARCHAR"})
 _NATIONAL: Final = frozenset({exp.DataType.Type.NCHAR, exp.DataType.Type.NVARCHAR})
@@ -236,8 +240,12 @@ def checks(column: exp.ColumnDef, declared: str) -> None:
         _check(
             column,
             base.lower(),
-            exp.Or(this=text, expression=exp.Between(this=name, low=low, high=high)),
+            exp.Or(this=text, expression=exp.Between(this=name.copy(), low=low, high=high)),
         )
+        # text SQLite did not make a number of (SQL Server converts '42', refuses 'abc')
+        not_text = exp.NEQ(this=exp.Typeof(this=name.copy()), expression=exp.Literal.string("text"))
+        failed = exp.Anonymous(this=UNCONVERTED, expressions=[name, exp.Literal.string(base)])
+        _check(column, _CONVERSION, exp.Or(this=not_text, expression=failed))
     if size is not None and base in _TEXTS | _BINARIES:
         value = exp.Trim(this=name, expression=exp.Literal.string(" "), position="TRAILING")
         length = exp.Length(this=value if base in _TEXTS else name)
@@ -278,12 +286,37 @@ def out_of_range(message: str) -> str:
     return message if kind is None else overflow(kind)
 
 
-def for_postgresql(check: exp.ColumnConstraint) -> None:
+def for_postgresql(check: exp.ColumnConstraint) -> bool:
     """A check of `checks`, written for PostgreSQL: its column's type holds nothing but
-    numbers (SQLite's TYPEOF goes)."""
+    numbers (SQLite's TYPEOF goes). False: PostgreSQL needs none (it converts text to
+    its column's type itself, see `unconverted`)."""
+    if check.name.startswith(f"{CHECKED}{_CONVERSION}:"):
+        return False
     holds = check.kind.this if isinstance(check.kind, exp.CheckColumnConstraint) else None
     if isinstance(holds, exp.Or) and isinstance(holds.expression, exp.Between):
         check.kind.set("this", holds.expression)
+    return True
+
+
+def conversion_failed(value: str, kind: str) -> str:
+    """SQL Server's words for text that is no number of the integer type `kind` (Msg 245)."""
+    return f"Conversion failed when converting the varchar value '{value}' to data type {kind.lower()}."
+
+
+# PostgreSQL's words for text that is no integer (SQLSTATE 22P02)
+_NOT_CONVERTED: Final = re.compile(
+    r'invalid input syntax for type (smallint|integer|bigint): "(.*)"'
+)
+_POSTGRES_INTEGERS: Final = {"smallint": "SMALLINT", "integer": "INT", "bigint": "BIGINT"}
+
+
+def unconverted(message: str) -> str:
+    """PostgreSQL's message of text that is no integer in SQL Server's words (any other
+    as it is)."""
+    failed = _NOT_CONVERTED.fullmatch(message)
+    if failed is None:
+        return message
+    return conversion_failed(failed[2], _POSTGRES_INTEGERS[failed[1]])
 
 
 # ---- the functions SQLite's store registers ---------------------------------------------
@@ -353,8 +386,16 @@ def grown() -> str:
     return f"Attempting to grow LOB beyond maximum allowed size of {LONGEST} bytes."
 
 
+def _unconverted(value: object, kind: str) -> bool:
+    """`ssb_unconverted`: the text `value` went into an integer column of type `kind`."""
+    _fail(conversion_failed(str(value), kind))
+    return False
+
+
 def add_functions(db: sqlite3.Connection) -> None:
-    """Register `aggregates`' and `replicate`'s functions on a SQLite connection."""
+    """Register `aggregates`', `replicate`'s and `checks`' functions on a SQLite
+    connection."""
+    db.create_function(UNCONVERTED, 2, _unconverted, deterministic=True)
     db.create_function(REPLICATE, 3, _replicate, deterministic=True)
     db.create_function(KIND, 2, _kind_of, deterministic=True)
     db.create_function(TOTAL, 2, _total, deterministic=True)

@@ -70,6 +70,8 @@ _VOLATILE_NAMES: Final = {
     "SYSUTCDATETIME": "utcnow",
     "NEWID": "newid",
 }
+# the functions the translation writes (the stores define them)
+_OURS: Final = frozenset({ADD, user_kinds.REPLICATE, user_kinds.UNCONVERTED})
 _STATEMENTS: Final = (exp.Select, exp.Union, exp.Insert, exp.Update, exp.Delete)
 _REFUSED: Final = {
     exp.Lateral: "APPLY",
@@ -448,7 +450,7 @@ def _values(node: exp.Expression) -> tuple[list[str], list[tuple[str, str]]]:
         if function is None and isinstance(call, exp.Anonymous):
             function = _VOLATILE_NAMES.get(call.name.upper())
         if function is None:
-            if isinstance(call, exp.Anonymous) and call.name not in (ADD, user_kinds.REPLICATE):
+            if isinstance(call, exp.Anonymous) and call.name not in _OURS:
                 raise refused(f"the function {call.name.upper()}()")
             continue
         name = f"__v{len(volatile)}"

@@ -407,6 +407,29 @@ async def test_an_integer_past_its_types_range_is_refused(storage: ManualStore) 
     assert rows.rows == [(1, 2147483647, 255), (2, 1, 0)]
 
 
+async def test_text_in_an_integer_column_converts_or_fails_as_sql_servers_does(
+    storage: ManualStore,
+) -> None:
+    """A number given as text goes into an integer column as that number; other text
+    fails the statement, whole, with SQL Server's Msg 245."""
+    txn: Done = []
+    await _run(storage, txn, "CREATE TABLE N (k INT PRIMARY KEY, i INT, b BIGINT)")
+    await _run(storage, txn, "INSERT INTO N VALUES (1, '42', @b)", b="7")
+    for sql, values in (
+        ("INSERT INTO N (k, i) VALUES (2, 'abc')", {}),
+        ("INSERT INTO N (k, i) VALUES (2, 3), (3, @i)", {"i": "x1"}),
+        ("UPDATE N SET b = 'seven'", {}),
+    ):
+        said = "Conversion failed when converting the varchar value '"
+        with pytest.raises(
+            TableError,
+            match=r"\A" + re.escape(said) + r"(abc|x1|seven)' to data type (int|bigint)\.\Z",
+        ):
+            await _run(storage, txn, sql, **values)
+    rows = await _run(storage, txn, "SELECT k, i, b FROM N")
+    assert rows.rows == [(1, 42, 7)]
+
+
 async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however

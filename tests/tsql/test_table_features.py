@@ -160,5 +160,10 @@ async def test_what_a_column_cannot_hold_fails_with_sql_servers_number(
         session, "SELECT REPLICATE(CAST(note AS NVARCHAR(MAX)), 1000000000) FROM Notes;"
     )
     assert out.errors[-1].number == 7119
+    assert not await run(session, "INSERT INTO Notes VALUES ('abc', N'text');")
+    assert (out.errors[-1].number, out.errors[-1].text) == (
+        245,
+        "Conversion failed when converting the varchar value 'abc' to data type int.",
+    )
     assert await run(session, "SELECT COUNT(*) AS n FROM Notes;")
     assert table(out.results[-1]) == [[2]]
