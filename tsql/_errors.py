@@ -175,6 +175,7 @@ _TABLE_NUMBERS: Final = (
     ("Arithmetic overflow error", 8115),
     ("Attempting to grow LOB beyond maximum allowed size", 7119),
     ("Conversion failed when converting", 245),
+    ("Operand data type", 8117),
 )
 
 

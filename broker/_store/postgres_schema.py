@@ -139,20 +139,25 @@ OPERATORS: Final = tuple(
 )
 # SUM of users' table statements as SQL Server's, of its argument's type (see
 # `user_kinds`): of SMALLINT or INT an INT, which fails past INT's range, of BIGINT a
-# BIGINT, of the others their own type; made where missing at every start, as OPERATORS
+# BIGINT, of the others their own type; made where missing at every start, as OPERATORS.
+# AVG's sum is the same aggregate by another name (a type neither takes fails naming it)
+_SUMS: Final = (
+    "(smallint) (SFUNC = int2_sum, STYPE = bigint, FINALFUNC = ssb_int_total)",
+    "(integer) (SFUNC = int4_sum, STYPE = bigint, FINALFUNC = ssb_int_total)",
+    "(bigint) (SFUNC = int8pl, STYPE = bigint)",
+    "(numeric) (SFUNC = numeric_add, STYPE = numeric)",
+    "(real) (SFUNC = float4pl, STYPE = real)",
+    "(double precision) (SFUNC = float8pl, STYPE = double precision)",
+)
 AGGREGATES: Final = (
     "DO $$ BEGIN IF to_regprocedure('ssb_sum(integer)') IS NULL THEN"
     " CREATE FUNCTION ssb_int_total(bigint) RETURNS integer LANGUAGE sql IMMUTABLE"
     " AS 'SELECT CAST($1 AS integer)';"
-    " CREATE AGGREGATE ssb_sum(smallint)"
-    " (SFUNC = int2_sum, STYPE = bigint, FINALFUNC = ssb_int_total);"
-    " CREATE AGGREGATE ssb_sum(integer)"
-    " (SFUNC = int4_sum, STYPE = bigint, FINALFUNC = ssb_int_total);"
-    " CREATE AGGREGATE ssb_sum(bigint) (SFUNC = int8pl, STYPE = bigint);"
-    " CREATE AGGREGATE ssb_sum(numeric) (SFUNC = numeric_add, STYPE = numeric);"
-    " CREATE AGGREGATE ssb_sum(real) (SFUNC = float4pl, STYPE = real);"
-    " CREATE AGGREGATE ssb_sum(double precision) (SFUNC = float8pl, STYPE = double precision);"
-    " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
+    + "".join(f" CREATE AGGREGATE ssb_sum{form};" for form in _SUMS)
+    + " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
+    "DO $$ BEGIN IF to_regprocedure('ssb_avg_sum(integer)') IS NULL THEN"
+    + "".join(f" CREATE AGGREGATE ssb_avg_sum{form};" for form in _SUMS)
+    + " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
 )
 # T-SQL's REPLICATE, as `user_kinds.replicate` writes it; made where missing at every
 # start, as OPERATORS

@@ -163,6 +163,8 @@ def _described(exc: psycopg.Error) -> str:
         return user_kinds.out_of_range(primary)
     if state == "22P02":
         return user_kinds.unconverted(primary)
+    if state in ("42883", "42725"):  # (no such function, or no one of its kind)
+        return user_kinds.no_sum(primary)
     if state == "23503":
         return f"FOREIGN KEY constraint failed ({primary})"
     if state == "42P01":

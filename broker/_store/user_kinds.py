@@ -11,11 +11,13 @@ where `kind` is SQL giving the SQL Server type of x: a column's declared type, r
 its table's schema (pragma_table_info, once per statement), a CAST's type, a number's,
 the widest of an arithmetic's operands (`ssb_kind`); NULL for anything else, whose
 average then follows its total's storage class (of integers, an integer). The sums and
-counts stay SQLite's own: what Python adds runs once per group, never per row.
+counts stay SQLite's own: what Python adds runs once per group, never per row. A type
+that is no number (text, a time, a UNIQUEIDENTIFIER) fails there (Msg 8117).
 PostgreSQL knows every expression's type: `postgresql` writes the same tree's SUM as
 `ssb_sum(x)`, an aggregate the store defines for each numeric type with SQL Server's
 result type and range (`postgres_schema.AGGREGATES`), and AVG as
-`ssb_sum(x) / COUNT(x)`.
+`ssb_avg_sum(x) / COUNT(x)` (the same aggregate named for AVG: PostgreSQL's refusal of
+a type neither takes, `no_sum`, then names AVG).
 
 REPLICATE's result is cut at 8000 bytes unless its text is of a (MAX) type, which
 neither store's text keeps: `replicate` reads the bound from how the text is written
@@ -61,6 +63,13 @@ _INTEGERS: Final = {
     "BIGINT": (-(2**63), 2**63 - 1),
 }
 _WIDER: Final = tuple(_INTEGERS)
+# the types SUM and AVG refuse (a BIT is PostgreSQL's smallint: summed on both stores)
+_NOT_NUMBERS: Final = frozenset(
+    {"CHAR", "VARCHAR", "NCHAR", "NVARCHAR", "TEXT", "NTEXT", "XML", "UNIQUEIDENTIFIER"}
+    | {"BINARY", "VARBINARY", "IMAGE", "DATE", "TIME", "DATETIME", "DATETIME2"}
+    | {"SMALLDATETIME", "DATETIMEOFFSET"}
+)
+POSTGRES_SUMS: Final = ("ssb_sum", "ssb_avg_sum")  # SUM's, AVG's (`postgres_schema`)
 ROW_BYTES: Final = 8000  # the longest text not of a (MAX) type
 LONGEST: Final = 10**9  # bytes of the longest value both stores keep (SQLite's limit)
 CHECKED: Final = "ssb:"  # the name of a check of a column's type begins so
@@ -75,6 +84,39 @@ _FUNCTION_FAILED: Final = "user-defined function raised exception"  # (SQLite's 
 _failed = threading.local()  # what a function of ours raised, for the statement's error
 
 
+def invalid_operand(kind: str, operator: str) -> str:
+    """SQL Server's words for SUM or AVG (`operator`: "sum", "avg") of a type that is no
+    number (Msg 8117)."""
+    return f"Operand data type {kind.lower()} is invalid for {operator} operator."
+
+
+# PostgreSQL's words for SUM or AVG of a type `postgres_schema.AGGREGATES` does not take
+_NO_SUM: Final = re.compile(
+    r"function (ssb_sum|ssb_avg_sum)\((.*)\) (?:does not exist|is not unique)"
+)
+# PostgreSQL's name of a column's type -> SQL Server's (NCHAR, NVARCHAR: varchar)
+_POSTGRES_TYPES: Final = {
+    "character varying": "varchar",
+    "character": "char",
+    "unknown": "varchar",  # (a text written in the statement)
+    "bytea": "varbinary",
+    "uuid": "uniqueidentifier",
+    "time without time zone": "time",
+    "timestamp without time zone": "datetime2",
+    "timestamp with time zone": "datetimeoffset",
+}
+
+
+def no_sum(message: str) -> str:
+    """PostgreSQL's message of a SUM or AVG of a type that is no number in SQL Server's
+    words (any other as it is)."""
+    failed = _NO_SUM.fullmatch(message)
+    if failed is None:
+        return message
+    kind = _POSTGRES_TYPES.get(failed[2], failed[2])
+    return invalid_operand(kind, "sum" if failed[1] == POSTGRES_SUMS[0] else "avg")
+
+
 def overflow(kind: str) -> str:
     """SQL Server's words for a value past the range of `kind` (Msg 8115)."""
     return f"Arithmetic overflow error converting expression to data type {kind.lower()}."
@@ -87,7 +129,8 @@ def aggregates(node: exp.Expression) -> None:
         window = aggregate.parent if isinstance(aggregate.parent, exp.Window) else None
         argument = aggregate.this
         typed = argument.expressions[0] if isinstance(argument, exp.Distinct) else argument
-        kind = _kind(typed) or exp.null()
+        text = isinstance(typed, exp.Literal) and typed.is_string
+        kind = exp.Literal.string("VARCHAR") if text else _kind(typed) or exp.null()
         total = exp.Sum(this=argument.copy())
         if isinstance(aggregate, exp.Sum):
             call = exp.Anonymous(this=TOTAL, expressions=[_over(total, window), kind])
@@ -127,7 +170,7 @@ def postgresql(node: exp.Expression) -> None:
     for call in list(node.find_all(exp.Anonymous)):
         if call.name not in (TOTAL, AVERAGE):  # (REPLICATE is the store's function too)
             continue
-        total = _typed_sum(call.expressions[0])
+        total = _typed_sum(call.expressions[0], call.name)
         if call.name == TOTAL:
             call.replace(total)
             continue
@@ -135,10 +178,15 @@ def postgresql(node: exp.Expression) -> None:
         call.replace(exp.Div(this=total, expression=count, typed=True))
 
 
-def _typed_sum(total: exp.Expression) -> exp.Expression:
-    """SUM(x) (in its window, if any) as the store's `ssb_sum(x)`."""
+def _typed_sum(total: exp.Expression, aggregate: str) -> exp.Expression:
+    """SUM(x) (in its window, if any) as the store's `ssb_sum(x)`, or `ssb_avg_sum(x)`,
+    the same, where it is AVG's (a refusal of x's type then names AVG)."""
     plain = total.this if isinstance(total, exp.Window) else total
-    typed = exp.Anonymous(this="ssb_sum", expressions=[plain.this])
+    name = POSTGRES_SUMS[0] if aggregate == TOTAL else POSTGRES_SUMS[1]
+    argument = plain.this
+    if isinstance(argument, exp.Literal) and argument.is_string:  # (else taken as a number)
+        argument = exp.Cast(this=argument, to=exp.DataType.build("VARCHAR"))
+    typed = exp.Anonymous(this=name, expressions=[argument])
     if isinstance(total, exp.Window):
         total.set("this", typed)
         return total
@@ -347,8 +395,14 @@ def _fail(message: str) -> None:
     raise ArithmeticError(message)
 
 
-def _total(total: int | float | None, kind: str | None) -> int | float | None:
-    """`ssb_total`: SUM's total, in the range of its type (an INT at least)."""
+def _total(
+    total: int | float | None, kind: str | None, operator: str = "sum"
+) -> int | float | None:
+    """`ssb_total`: SUM's total, in the range of its type (an INT at least); of a type
+    that is no number, a failure (AVG's `operator` is "avg")."""
+    base = (kind or "").split("(")[0].strip().upper()
+    if base in _NOT_NUMBERS:
+        _fail(invalid_operand(base, operator))
     integer = _integer(kind)
     if isinstance(total, int) and integer in ("TINYINT", "SMALLINT", "INT"):
         low, high = _INTEGERS["INT"]
@@ -360,7 +414,7 @@ def _total(total: int | float | None, kind: str | None) -> int | float | None:
 def _average(total: int | float | None, count: int, kind: str | None) -> int | float | None:
     """`ssb_average`: AVG from its SUM and COUNT: of integers an integer, the quotient cut
     toward zero (a kind not known: when the total is one), else a float."""
-    total = _total(total, kind)
+    total = _total(total, kind, "avg")
     if total is None or not count:
         return None
     integral = _integer(kind) is not None if kind is not None else isinstance(total, int)

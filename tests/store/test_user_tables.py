@@ -328,6 +328,27 @@ async def test_an_average_is_of_its_arguments_type(storage: ManualStore) -> None
     assert empty.rows == [(None, None)]
 
 
+async def test_a_sum_or_average_of_text_is_refused(storage: ManualStore) -> None:
+    """SUM and AVG take numbers only: of a text column or a text they fail with SQL
+    Server's Msg 8117, whatever the text holds."""
+    txn: Done = []
+    await _run(
+        storage, txn, "CREATE TABLE T (k INT PRIMARY KEY, v VARCHAR(10), u UNIQUEIDENTIFIER)"
+    )
+    await _run(storage, txn, "INSERT INTO T VALUES (1, '1', NEWID())")
+    for sql, kind, operator in (
+        ("SELECT SUM(v) FROM T", "varchar", "sum"),
+        ("SELECT k, AVG(v) FROM T GROUP BY k", "varchar", "avg"),
+        ("SELECT SUM(t.v) OVER (PARTITION BY k) FROM T AS t", "varchar", "sum"),
+        ("SELECT SUM('1') FROM T", "varchar", "sum"),
+        ("SELECT AVG(u) FROM T", "uniqueidentifier", "avg"),
+    ):
+        said = f"Operand data type {kind} is invalid for {operator} operator."
+        with pytest.raises(TableError, match=r"\A" + re.escape(said) + r"\Z"):
+            await _run(storage, txn, sql)
+    assert (await _run(storage, txn, "SELECT SUM(k), AVG(k) FROM T")).rows == [(1, 1)]
+
+
 async def test_a_value_longer_than_its_column_is_refused(storage: ManualStore) -> None:
     """Text or bytes longer than a sized column fail the statement, whole (trailing
     spaces of a text may go), as SQL Server's do."""

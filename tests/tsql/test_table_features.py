@@ -165,5 +165,10 @@ async def test_what_a_column_cannot_hold_fails_with_sql_servers_number(
         245,
         "Conversion failed when converting the varchar value 'abc' to data type int.",
     )
+    assert not await run(session, "SELECT AVG(CAST(note AS VARCHAR(10))) FROM Notes;")
+    assert (out.errors[-1].number, out.errors[-1].text) == (
+        8117,
+        "Operand data type varchar is invalid for avg operator.",
+    )
     assert await run(session, "SELECT COUNT(*) AS n FROM Notes;")
     assert table(out.results[-1]) == [[2]]
