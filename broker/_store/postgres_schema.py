@@ -8,7 +8,9 @@ the database's locale. A message's and an outcome record's count of bytes or ids
 `integer`, so that their sums are `bigint`s, which the driver reads as ints.
 
 Beside them: `ssb_schema` holds the schema version (1 was the first layout, 2 adds the
-lease; a database written by a newer ssb is refused, left as it is), and `commit_marks`
+lease, 3 keeps users' column names in lower case, their declared names in the columns'
+comments: an older database's are so renamed; a database written by a newer ssb is
+refused, left as it is), and `commit_marks`
 one row whose token every commit rewrites in its own transaction, so that a commit whose
 answer was lost with the connection can be settled afterwards by reading the token back
 (see `postgres`). `broker_lease` is one row, the lease that says which of the daemons
@@ -26,6 +28,7 @@ same database is the same broker.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import TYPE_CHECKING, Any, Final
 
@@ -35,7 +38,9 @@ from .errors import LEASE_LOST_STATE, StoreUnavailable
 if TYPE_CHECKING:
     import psycopg
 
-SCHEMA_VERSION: Final = 2
+log = logging.getLogger("ssb.store")
+
+SCHEMA_VERSION: Final = 3
 BROKER_INSTANCE: Final = "broker_instance"  # the meta key of the broker's instance id
 # the advisory locks (64-bit keys): held while the schema is made or upgraded, and by
 # the lease session of the daemon that serves (see `lease`)
@@ -205,6 +210,8 @@ def create(db: psycopg.Connection[Any], where: str) -> None:
         if version is None or int(str(version)) < SCHEMA_VERSION:
             for statement in FUNCTIONS:
                 db.execute(statement)
+        if version is not None and int(str(version)) < 3:
+            fold_column_names(db)
         if version is None:
             db.execute("INSERT INTO ssb_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
         elif int(str(version)) < SCHEMA_VERSION:  # what it lacked was made just now
@@ -216,6 +223,49 @@ def create(db: psycopg.Connection[Any], where: str) -> None:
             "INSERT INTO broker_lease (id, epoch, holder, expires, renewed, taken)"
             " VALUES (1, 0, '', '-infinity', '-infinity', '-infinity')"
             " ON CONFLICT (id) DO NOTHING"
+        )
+
+
+# users' columns named otherwise than in lower case, with whether their table also has
+# one of that name in lower case
+_UNFOLDED: Final = (
+    "SELECT n.nspname, c.relname, a.attname, EXISTS (SELECT 1 FROM pg_attribute b"
+    " WHERE b.attrelid = c.oid AND b.attname = lower(a.attname) AND NOT b.attisdropped)"
+    " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname LIKE 'u:%' AND c.relkind IN ('r', 'p') AND a.attnum > 0"
+    " AND NOT a.attisdropped AND a.attname <> lower(a.attname)"
+)
+
+
+def fold_column_names(db: psycopg.Connection[Any]) -> None:
+    """Rename the columns of users' tables to lower case, keeping each declared name in
+    its comment, as statements now write them (a database of schema 2 quoted them as
+    declared); a column whose table has another of that name in lower case keeps its
+    name, and the log says so."""
+    from psycopg import sql as pgsql  # (imported with the store, as psycopg is)
+
+    for schema, table, column, clash in db.execute(_UNFOLDED).fetchall():
+        where = pgsql.SQL("{}.{}").format(pgsql.Identifier(schema), pgsql.Identifier(table))
+        if clash:
+            log.warning(
+                "column %r of table %s.%s keeps its name: the table has a column %r too;"
+                " rename one of them",
+                column,
+                schema,
+                table,
+                column.lower(),
+            )
+            continue
+        db.execute(
+            pgsql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(
+                where, pgsql.Identifier(column), pgsql.Literal(column)
+            )
+        )
+        db.execute(
+            pgsql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}").format(
+                where, pgsql.Identifier(column), pgsql.Identifier(column.lower())
+            )
         )
 
 

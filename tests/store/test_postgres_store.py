@@ -403,3 +403,41 @@ async def test_the_tables_view_does_not_wait_for_a_transactions_alter(database: 
         assert store.table_sizes() == [("master", "t", 2)]
     finally:
         await store.close()
+
+
+async def test_an_older_databases_columns_named_in_capitals_are_found_after_the_upgrade(
+    database: str, tmp_path: Path
+) -> None:
+    """A database of schema 2 kept a user's column as declared ("OrderId"), where
+    statements now write names in lower case: starting on it renames such columns,
+    keeping the declared names for `*`, and leaves a column whose table has its lower
+    case name too, saying so."""
+    broker = BrokerProcess(tmp_path / "data")
+    broker.store = database
+    broker.start()
+    try:
+        async with await client.connect(broker.url) as conn:
+            await conn.execute("CREATE TABLE Orders (OrderId INT, Note NVARCHAR(10))")
+            await conn.execute("INSERT INTO Orders VALUES (7, N'seven')")
+            await conn.execute("CREATE TABLE Pairs (Code INT)")
+    finally:
+        broker.stop()
+    with psycopg.connect(database, autocommit=True) as db:  # as schema 2 left them
+        db.execute('ALTER TABLE "u:master".orders RENAME COLUMN orderid TO "OrderId"')
+        db.execute('COMMENT ON COLUMN "u:master".orders."OrderId" IS NULL')
+        db.execute('ALTER TABLE "u:master".pairs RENAME COLUMN code TO "Code"')
+        db.execute('ALTER TABLE "u:master".pairs ADD COLUMN code integer')
+        db.execute("UPDATE ssb_schema SET version = 2")
+    broker.start()
+    try:
+        async with await client.connect(broker.url) as conn:
+            found = await conn.execute("SELECT orderid, ORDERID AS again FROM orders")
+            assert found.rows == [(7, 7)]
+            everything = await conn.execute("SELECT * FROM Orders")
+            assert list(everything.columns) == ["OrderId", "Note"]
+        said = "column 'Code' of table u:master.pairs keeps its name: the table has a column"
+        assert said in broker.log_text()
+    finally:
+        broker.kill()
+    with psycopg.connect(database, autocommit=True) as db:
+        assert db.execute("SELECT max(version) FROM ssb_schema").fetchone() == (SCHEMA_VERSION,)
