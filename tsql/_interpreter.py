@@ -587,6 +587,13 @@ class Session:
         severity = small_int(await self.value(statement.severity, frame))
         state = small_int(await self.value(statement.state, frame))
         args = [await self.value(a, frame) for a in statement.args]
+        # as SQL Server takes RAISERROR's state (not as THROW's): past 255 refused, a
+        # negative one read as 1
+        if state > _MAX_STATE:
+            raise SqlError(
+                2756, f"Invalid value {state} for state. Valid range is from 0 to {_MAX_STATE}."
+            )
+        state = 1 if state < 0 else state
         if "SETERROR" in statement.options:
             raise NotSupported(
                 "RAISERROR ... WITH SETERROR", "read ERROR_NUMBER() in a CATCH block instead"
@@ -722,6 +729,7 @@ def _bind(
 
 
 _USER_SEVERITY: Final = 18  # RAISERROR's highest severity without WITH LOG
+_MAX_STATE: Final = 255  # RAISERROR's highest state
 
 
 def _waitfor_syntax(text: str | None) -> SqlError:

@@ -987,6 +987,30 @@ async def test_raiserror_above_severity_18_needs_with_log_and_seterror_is_refuse
     assert out.errors[1].text.startswith("RAISERROR ... WITH SETERROR is not supported by ssb")
 
 
+async def test_raiserror_takes_a_state_from_0_to_255() -> None:
+    # unlike THROW's, RAISERROR's state past 255 is Msg 2756, whether the error raises or
+    # prints; a negative one reads as 1
+    session, out = new_session()
+    await each_fails(
+        session,
+        "RAISERROR('x', 16, 255)",
+        "RAISERROR('x', 16, -5)",
+        "DECLARE @s INT = 256; RAISERROR('x', 16, @s)",
+        "RAISERROR('note', 10, 300)\nPRINT 'not run'",
+    )
+    assert [(e.number, e.level, e.state) for e in out.errors] == [
+        (50000, 16, 255),
+        (50000, 16, 1),
+        (2756, 16, 1),
+        (2756, 16, 1),
+    ]
+    assert [e.text for e in out.errors[2:]] == [
+        "Invalid value 256 for state. Valid range is from 0 to 255.",
+        "Invalid value 300 for state. Valid range is from 0 to 255.",
+    ]
+    assert out.messages == []
+
+
 async def test_an_on_off_set_option_takes_on_or_off_only() -> None:
     session, out = new_session()
     await each_fails(session, "SET XACT_ABORT 1\nPRINT 'ran'", "SET NOCOUNT 'ON'")
