@@ -211,7 +211,7 @@ def _replicate(value: Value, count: Value) -> Value:
 def _space(count: Value) -> Value:
     n = _int(count)
     room = t.text_room(t.VARCHAR)  # SPACE's type is VARCHAR: 8000 spaces at most
-    return Value(None if n is None or n < 0 else " " * min(n, room), t.VARCHAR_MAX)
+    return Value(None if n is None or n < 0 else " " * min(n, room), t.VARCHAR)
 
 
 def _stuff(value: Value, start: Value, length: Value, insert: Value) -> Value:

@@ -80,12 +80,20 @@ def compare(op: str, a: Value, b: Value) -> bool | None:
 def arithmetic(op: str, a: Value, b: Value) -> Value:
     fa, fb = a.type.family, b.type.family
     if op == "+" and fa in _TEXT and fb in _TEXT:
-        kind = t.NVARCHAR_MAX if "nchar" in (fa, fb) else t.VARCHAR_MAX
+        # cut at 8000 bytes, silently, unless an operand is (MAX), as SQL Server's + is
+        lob = t.is_lob(a.type) or t.is_lob(b.type)
+        if "nchar" in (fa, fb):
+            kind = t.NVARCHAR_MAX if lob else t.NVARCHAR
+        else:
+            kind = t.VARCHAR_MAX if lob else t.VARCHAR
         if a.data is None or b.data is None:
             return Value(None, kind)
         left, right = str(a.data), str(b.data)
-        if len(left) + len(right) > t.text_room(kind):
-            raise t.lob_overflow()
+        room = t.text_room(kind)
+        if len(left) + len(right) > room:
+            if lob:
+                raise t.lob_overflow()
+            return Value((left + right[:room])[:room], kind)
         return Value(left + right, kind)
     if op == "+" and fa == "binary" and fb == "binary":
         if a.data is None or b.data is None:

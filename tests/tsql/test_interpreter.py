@@ -852,6 +852,28 @@ async def test_replace_stuff_and_concat_are_bounded_as_in_sql_server() -> None:
     ]
 
 
+async def test_plus_on_strings_is_bounded_as_in_sql_server() -> None:
+    # + of values not (MAX) is cut at 8000 bytes (4000 characters when one is NVARCHAR),
+    # silently, and a variable keeps what its type holds; with a (MAX) operand it is (MAX)
+    _, out = await ran(
+        "DECLARE @a VARCHAR(5000) = REPLICATE('a', 5000), @n NVARCHAR(3000) = REPLICATE(N'n', 3000),"
+        " @m VARCHAR(MAX) = 'm', @into VARCHAR(MAX)\n"
+        "SET @into = @a + @a\n"
+        "SET @a += @a\n"
+        "SELECT LEN(@into) AS v, LEN(@a) AS compound, LEN(@n + @n) AS n, LEN(@a + @n) AS mixed,"
+        " LEN(@m + @a + @a) AS lob, LEN(REPLICATE('b', 6000) + REPLICATE('c', 6000)) AS fn,"
+        f" LEN('{'x' * 7999}' + 'yz') AS literals, DATALENGTH(SPACE(6000) + SPACE(6000)) AS spaces,"
+        " RIGHT(REPLICATE('b', 7999) + 'cd', 1) AS kept, @m + 'n' AS small\n"
+        "DECLARE @t TABLE (s VARCHAR(6000))\n"
+        "INSERT @t VALUES (REPLICATE('t', 6000))\n"
+        "SELECT LEN(s + s) AS col, LEN(CAST(s AS VARCHAR(MAX)) + s) AS col_lob FROM @t"
+    )
+    assert [table(r) for r in out.results] == [
+        [[8000, 5000, 4000, 4000, 10001, 8000, 8000, 8000, "c", "mn"]],
+        [[8000, 12000]],
+    ]
+
+
 async def test_decimal_arithmetic_has_sql_servers_precision_and_scale() -> None:
     # division: scale max(6, s1 + p2 + 1), the quotient cut; an integer constant is a
     # DECIMAL of its own digits, an INT variable a DECIMAL(10,0); past 38 digits the
