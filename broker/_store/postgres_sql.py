@@ -84,6 +84,7 @@ _TEXTS: Final = frozenset({"varchar", "text"})
 _PLACEHOLDER: Final = re.compile(r"\?(\d+)\Z")
 _NAME: Final = re.compile(r"[A-Za-z_@#$][A-Za-z0-9_@#$]*")  # a regular identifier
 _TEMPORARY_NAME: Final = re.compile(r"\d+(#.+)")  # see `qualified`
+_TINY: Final = frozenset({exp.DataType.Type.TINYINT, exp.DataType.Type.UTINYINT})
 # what a cast may name (sqlglot's own types, from T-SQL's names)
 _CASTS: Final = frozenset(
     {
@@ -236,8 +237,12 @@ def write(node: exp.Expression) -> str:
     for column in list(tree.find_all(exp.ColumnDef)):
         _column(column, tree)
     for kind in list(tree.find_all(exp.DataType)):
-        if kind.find_ancestor(exp.ColumnDef) is None and kind.this not in _CASTS:
+        if kind.find_ancestor(exp.ColumnDef) is not None:
+            continue
+        if kind.this not in _CASTS:
             raise user_sql.refused(f"the type {kind.sql('tsql').upper()}")
+        if kind.this in _TINY:  # (a TINYINT column is a smallint too)
+            kind.replace(exp.DataType.build("SMALLINT"))
     for call in list(tree.find_all(exp.Anonymous)):
         if call.name.lower() == user_sql.ADD:
             call.replace(exp.Add(this=call.expressions[0], expression=call.expressions[1]))

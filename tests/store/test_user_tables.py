@@ -428,6 +428,15 @@ async def test_an_integer_past_its_types_range_is_refused(storage: ManualStore) 
     assert rows.rows == [(1, 2147483647, 255), (2, 1, 0)]
 
 
+async def test_a_cast_to_tinyint_runs_on_both_stores(storage: ManualStore) -> None:
+    """CAST and CONVERT to TINYINT give the number, as to any other integer type."""
+    txn: Done = []
+    await _run(storage, txn, "CREATE TABLE T (k INT PRIMARY KEY, d DECIMAL(5, 2))")
+    await _run(storage, txn, "INSERT INTO T VALUES (1, 7)")
+    rows = await _run(storage, txn, "SELECT CAST(k AS TINYINT), CONVERT(TINYINT, d) FROM T")
+    assert rows.rows == [(1, 7)]
+
+
 async def test_text_in_an_integer_column_converts_or_fails_as_sql_servers_does(
     storage: ManualStore,
 ) -> None:
