@@ -34,7 +34,9 @@ SQLite's TYPEOF; it converts text to an integer itself (`unconverted` words its
 refusal as SQL Server does). Each is named `ssb:<what>:<the column's name's crc32>` (short, unique
 in its table), so that `checked` puts its failure in SQL Server's words on both stores:
 Msg 8115's for a range, Msg 8152's for a length (as ssb's table variables and RECEIVE
-INTO say it).
+INTO say it). A CAST or CONVERT of text to an integer type converts as SQL Server's does,
+or fails with Msg 245, on both stores: SQLite's through `ssb_integer` (`integer_casts`),
+PostgreSQL's by its own CAST.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from sqlglot import exp
 from .._core.ports import TableError
 
 UNCONVERTED: Final = "ssb_unconverted"  # fails: the text in an integer column
+INTEGER: Final = "ssb_integer"  # CAST(text AS an integer type), see `integer_casts`
 REPLICATE: Final = "ssb_replicate"  # REPLICATE(text, times, room), see `replicate`
 TOTAL: Final = "ssb_total"  # SUM(x), checked against its type's range
 AVERAGE: Final = "ssb_average"  # AVG(x) from SUM(x) and COUNT(x), of x's type
@@ -164,10 +167,41 @@ def replicate(node: exp.Expression) -> None:
         call.replace(exp.Anonymous(this=REPLICATE, expressions=[text, times, room]))
 
 
+def integer_casts(node: exp.Expression) -> None:
+    """Write each CAST or CONVERT of `node` to an integer type, of a value that may be
+    text, as a cast of `ssb_integer(value, type)`: the number SQL Server makes of a text
+    (see `_integer_of`), any other value as it is (SQLite's CAST makes 0 of 'abc' and 4
+    of '4.5'). A column's value goes to it only where it is text (`CASE WHEN
+    typeof(column) = 'text' ...`): a column of numbers costs no call a row. Not in a
+    table's schema, which outlives the function."""
+    for cast in list(node.find_all(exp.Cast, exp.Convert)):
+        if isinstance(cast, exp.TryCast) or cast.find_ancestor(exp.ColumnDef) is not None:
+            continue
+        kind, key = (cast.to, "this") if isinstance(cast, exp.Cast) else (cast.this, "expression")
+        base = kind.sql("tsql").upper() if isinstance(kind, exp.DataType) else ""
+        base = "INT" if base == "INTEGER" else base
+        value = cast.args.get(key)
+        if base not in _INTEGERS or value is None or isinstance(value, exp.Null):
+            continue
+        if isinstance(value, exp.Literal) and not value.is_string:
+            continue
+        call = exp.Anonymous(this=INTEGER, expressions=[value.copy(), exp.Literal.string(base)])
+        if isinstance(value, exp.Column):
+            text = exp.EQ(this=exp.Typeof(this=value.copy()), expression=exp.Literal.string("text"))
+            cast.set(key, exp.Case(ifs=[exp.If(this=text, true=call)], default=value.copy()))
+        else:
+            cast.set(key, call)
+
+
 def postgresql(node: exp.Expression) -> None:
     """`aggregates`' SUM and AVG in `node` as PostgreSQL's store writes them (see the
-    module's comment)."""
+    module's comment), and `integer_casts`' values as they were (PostgreSQL's CAST
+    converts text as SQL Server's does)."""
     for call in list(node.find_all(exp.Anonymous)):
+        if call.name == INTEGER:
+            guard = call.parent.parent if isinstance(call.parent, exp.If) else None
+            (guard if isinstance(guard, exp.Case) else call).replace(call.expressions[0])
+            continue
         if call.name not in (TOTAL, AVERAGE):  # (REPLICATE is the store's function too)
             continue
         total = _typed_sum(call.expressions[0], call.name)
@@ -446,10 +480,29 @@ def _unconverted(value: object, kind: str) -> bool:
     return False
 
 
+# the text of a whole number as SQL Server converts it: spaces around it, a sign, no
+# digits at all being 0
+_WHOLE: Final = re.compile(r" *([+-]?)([0-9]*) *")
+
+
+def _integer_of(value: int | float | str | bytes | None, kind: str) -> int | float | bytes | None:
+    """`ssb_integer`: the whole number the text `value` is, for a cast to the integer
+    type `kind`; any other value as it is."""
+    if not isinstance(value, str):
+        return value
+    whole = _WHOLE.fullmatch(value)
+    if whole is None:
+        _fail(conversion_failed(value, kind))
+        return None
+    number = int(whole[2] or 0)
+    return -number if whole[1] == "-" else number
+
+
 def add_functions(db: sqlite3.Connection) -> None:
     """Register `aggregates`', `replicate`'s and `checks`' functions on a SQLite
     connection."""
     db.create_function(UNCONVERTED, 2, _unconverted, deterministic=True)
+    db.create_function(INTEGER, 2, _integer_of, deterministic=True)
     db.create_function(REPLICATE, 3, _replicate, deterministic=True)
     db.create_function(KIND, 2, _kind_of, deterministic=True)
     db.create_function(TOTAL, 2, _total, deterministic=True)

@@ -71,7 +71,7 @@ _VOLATILE_NAMES: Final = {
     "NEWID": "newid",
 }
 # the functions the translation writes (the stores define them)
-_OURS: Final = frozenset({ADD, user_kinds.REPLICATE, user_kinds.UNCONVERTED})
+_OURS: Final = frozenset({ADD, user_kinds.REPLICATE, user_kinds.UNCONVERTED, user_kinds.INTEGER})
 _STATEMENTS: Final = (exp.Select, exp.Union, exp.Insert, exp.Update, exp.Delete)
 _REFUSED: Final = {
     exp.Lateral: "APPLY",
@@ -567,6 +567,7 @@ def translate(text: str, database: str, session: int = 0, write: Writer | None =
         raise refused(f"the statement {node.key.upper()}")
     named = _name_results(node) if returns_rows else None
     user_kinds.replicate(node)
+    user_kinds.integer_casts(node)
     for cast in node.find_all(exp.Cast):  # (MAX) is the length the stores' text has
         if cast.to.sql("tsql").upper().endswith("(MAX)"):
             cast.to.set("expressions", [])

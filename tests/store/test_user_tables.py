@@ -460,6 +460,37 @@ async def test_text_in_an_integer_column_converts_or_fails_as_sql_servers_does(
     assert rows.rows == [(1, 42, 7)]
 
 
+async def test_a_cast_of_text_to_an_integer_converts_or_fails_as_sql_servers_does(
+    storage: ManualStore,
+) -> None:
+    """CAST and CONVERT of text to an integer type take a whole number, spaces around it
+    allowed; anything else ('abc', '4.5', '1e2') fails the statement with Msg 245, where
+    SQLite's own CAST would give 0, 4 or 100."""
+    txn: Done = []
+    await _run(storage, txn, "CREATE TABLE C (k INT PRIMARY KEY, s VARCHAR(10))")
+    await _run(storage, txn, "INSERT INTO C VALUES (1, ' 12 '), (2, 'x1')")
+    rows = await _run(
+        storage,
+        txn,
+        "SELECT CAST('42' AS INT), CAST(' 42 ' AS BIGINT), CONVERT(SMALLINT, '-7'),"
+        " CAST('+5' AS TINYINT), CAST(s AS INT), CAST(@p AS BIGINT) FROM C WHERE k = 1",
+        p="8",
+    )
+    assert rows.rows == [(42, 42, -7, 5, 12, 8)]
+    for sql, values, value, kind in (
+        ("SELECT CAST('abc' AS INT)", {}, "abc", "int"),
+        ("SELECT CAST('4.5' AS INT)", {}, "4.5", "int"),
+        ("SELECT CONVERT(BIGINT, s) FROM C", {}, "x1", "bigint"),
+        ("SELECT CAST(@p AS SMALLINT)", {"p": "1e2"}, "1e2", "smallint"),
+        ("INSERT INTO C VALUES (3, CAST('4.0' AS INT))", {}, "4.0", "int"),
+    ):
+        said = f"Conversion failed when converting the varchar value '{value}' to data type {kind}."
+        with pytest.raises(TableError, match=r"\A" + re.escape(said) + r"\Z"):
+            await _run(storage, txn, sql, **values)
+    rows = await _run(storage, txn, "SELECT COUNT(*) FROM C")
+    assert rows.rows == [(2,)]
+
+
 async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however
