@@ -226,11 +226,12 @@ def create(db: psycopg.Connection[Any], where: str) -> None:
         )
 
 
-# users' columns named otherwise than in lower case, with whether their table also has
-# one of that name in lower case
+# users' columns named otherwise than in lower case, with whether another column of
+# their table has the same name but for case (`OrderId` beside `orderid` or `ORDERID`)
 _UNFOLDED: Final = (
     "SELECT n.nspname, c.relname, a.attname, EXISTS (SELECT 1 FROM pg_attribute b"
-    " WHERE b.attrelid = c.oid AND b.attname = lower(a.attname) AND NOT b.attisdropped)"
+    " WHERE b.attrelid = c.oid AND b.attnum > 0 AND NOT b.attisdropped"
+    " AND b.attnum <> a.attnum AND lower(b.attname) = lower(a.attname))"
     " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
     " JOIN pg_namespace n ON n.oid = c.relnamespace"
     " WHERE n.nspname LIKE 'u:%' AND c.relkind IN ('r', 'p') AND a.attnum > 0"
@@ -241,16 +242,16 @@ _UNFOLDED: Final = (
 def fold_column_names(db: psycopg.Connection[Any]) -> None:
     """Rename the columns of users' tables to lower case, keeping each declared name in
     its comment, as statements now write them (a database of schema 2 quoted them as
-    declared); a column whose table has another of that name in lower case keeps its
-    name, and the log says so."""
+    declared); columns of one table whose names differ only in case keep theirs, and
+    the log says so."""
     from psycopg import sql as pgsql  # (imported with the store, as psycopg is)
 
     for schema, table, column, clash in db.execute(_UNFOLDED).fetchall():
         where = pgsql.SQL("{}.{}").format(pgsql.Identifier(schema), pgsql.Identifier(table))
         if clash:
             log.warning(
-                "column %r of table %s.%s keeps its name: the table has a column %r too;"
-                " rename one of them",
+                "column %r of table %s.%s keeps its name: another column of the table has"
+                " the name %r in another case; rename one of them",
                 column,
                 schema,
                 table,
