@@ -94,12 +94,34 @@ def _without_password(url: str) -> str:
     scheme, slashes, rest = url.partition("://")
     if not slashes:
         scheme, rest = "", url
-    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
-    userinfo, at, hosts = rest[:end].rpartition("@")
+    head, tail = _address_part(rest)
+    if "@" in head:
+        userinfo, at, after = head.rpartition("@")
+        after += tail
+    else:  # a password with an unencoded /, ? or # hides its @ past them: up to the last
+        userinfo, at, after = rest.rpartition("@")
     user, colon, _ = userinfo.partition(":")
     if not colon:
         return url
-    return f"{scheme}{slashes}{user}:***{at}{hosts}{rest[end:]}"
+    return f"{scheme}{slashes}{user}:***{at}{after}"
+
+
+def _address_part(rest: str) -> tuple[str, str]:
+    """A URL after its scheme, split where its address part ends (at a /, ? or #)."""
+    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    return rest[:end], rest[end:]
+
+
+def _check_userinfo(url: str, shown: str) -> None:
+    """Refuse a URL whose @ comes only after a /, ? or #: a password holding one of
+    those, unencoded, would split the URL before its @ (and put a piece of the password
+    where the host is read)."""
+    head, tail = _address_part(url.partition("://")[2])
+    if "@" not in head and "@" in tail:
+        raise ValueError(
+            f"broker URL {shown!r}: a '/', '?' or '#' in its user name or password must be"
+            " percent-encoded (%2F, %3F, %23)"
+        )
 
 
 def _split(url: str, shown: str) -> SplitResult:
@@ -135,6 +157,7 @@ def parse_url(url: str) -> Target:
     """Split a broker URL; raise ValueError saying what is wrong with it (never with its
     password: the message may be printed or logged)."""
     shown = _without_password(url)
+    _check_userinfo(url, shown)
     parts = _split(url, shown)
     if parts.scheme not in ("ssb", "ssbs"):
         raise ValueError(

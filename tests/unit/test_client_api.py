@@ -101,6 +101,9 @@ BAD_URLS = [
     "ssb://admin:s3cret-pw@[no-address]:4021",  # brackets around what is no address
     "ssb://admin:s3cret-pw@[::1]:4021,[::2",  # the second of two hosts
     "admin:s3cret-pw@127.0.0.1:4021",  # no scheme
+    "ssb://admin:s3cret-pw/x@127.0.0.1:4021",  # a / in the password, not percent-encoded
+    "ssb://admin:s3cret-pw?x@127.0.0.1:4021",  # a ?
+    "ssbs://admin:s3cret-pw#x@127.0.0.1:4021",  # a #
 ]
 
 
