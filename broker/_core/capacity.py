@@ -12,9 +12,11 @@ cause is logged when it begins and ends, and the first statement it refuses; the
 statements refused after that are counted, and the count logged when the refusal lifts
 (a producer that retries must not fill the log, often on the very disk that is full).
 Queue quotas are the queues' own (see `queues.Queue.over_quota`); a statement one would
-break is refused here too, and logged the same way for each queue: its first refusal,
-then a count, told when the queue next takes a statement (it has room again), its quota
-is changed or it is dropped.
+break is refused here too, and logged for each queue: its first refusal, then at most a
+line a minute with the count since the last (a queue held at its quota, a reader taking
+a message and a producer filling its place, would otherwise log twice a message), until
+the queue takes a statement a minute or more after the last line (it has room again),
+its quota is changed or it is dropped.
 
 A statement or COMMIT refused for want of room (disk or a queue's quota) marks its
 transaction (`Transaction.refused_for_room`): the rollback that follows is the broker's
@@ -25,6 +27,7 @@ poison rules (a reader whose replies are refused would otherwise disable its own
 from __future__ import annotations
 
 import logging
+from typing import Final
 
 from ssb.protocol import ErrorCode
 
@@ -33,6 +36,8 @@ from .queues import Queue
 from .transactions import Transaction
 
 log = logging.getLogger("ssb.core")
+
+QUOTA_LOG_EVERY: Final = 60.0  # seconds between lines about one queue's quota refusals
 
 
 def readable_size(n: int) -> str:
@@ -101,41 +106,51 @@ class Capacity:
             )
 
     def check_quota(
-        self, txn: Transaction, queue: Queue, count: int, nbytes: int, what: str
+        self, txn: Transaction, queue: Queue, count: int, nbytes: int, what: str, now: float
     ) -> None:
         """Raise QUEUE_FULL if `count` more messages of `nbytes` would break `queue`'s
         quota, marking `txn` (see the module's comment)."""
         reason = queue.over_quota(count, nbytes)
+        told = queue.refusals_told
         if reason is None:
-            if queue.refused:
+            if told is not None and now - told >= QUOTA_LOG_EVERY:
                 self.quota_spell_over(queue, "has room again")
-        else:
-            txn.refused_for_room = True
-            self.quota_refusals += 1
-            if not queue.refused:
-                log.info(
-                    "refused %s: %s (statements refused after it, until the queue takes one"
-                    " again, are counted, not logged)",
-                    what,
-                    reason,
-                )
-            queue.refused += 1
-            raise BrokerError(
-                ErrorCode.QUEUE_FULL,
-                f"{what} refused: {reason}; nothing of it was applied. Receive from the"
-                f" queue, or raise its quota with alter_queue('{queue.name}', max_messages=...,"
-                " max_bytes=...)",
+            return
+        txn.refused_for_room = True
+        self.quota_refusals += 1
+        if told is None:
+            log.info(
+                "refused %s: %s (refusals for this queue are counted, told at most once a minute)",
+                what,
+                reason,
             )
+            queue.refusals_told = now
+        elif now - told >= QUOTA_LOG_EVERY:
+            log.info(
+                "refused %s: %s (and %d statement(s) since the last line)",
+                what,
+                reason,
+                queue.refused,
+            )
+            queue.refusals_told, queue.refused = now, 0
+        else:
+            queue.refused += 1
+        raise BrokerError(
+            ErrorCode.QUEUE_FULL,
+            f"{what} refused: {reason}; nothing of it was applied. Receive from the"
+            f" queue, or raise its quota with alter_queue('{queue.name}', max_messages=...,"
+            " max_bytes=...)",
+        )
 
     def quota_spell_over(self, queue: Queue, how: str) -> None:
         """`queue` was refusing statements for its quota and is no more: `how`."""
         log.info(
-            "queue '%s' %s: %d statement(s) were refused while it was full",
+            "queue '%s' %s: %d statement(s) were refused after the last line about it",
             queue.name,
             how,
             queue.refused,
         )
-        queue.refused = 0
+        queue.refusals_told, queue.refused = None, 0
 
     def measured(self, free: int, where: str) -> None:
         """The daemon measured `free` bytes available for the store at `where`."""

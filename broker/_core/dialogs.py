@@ -327,7 +327,7 @@ class Dialogs:
             counts[1] += sum(len(b) for b in action.bodies)
             queues[target.name] = target
         for name, (count, nbytes) in wanted.items():
-            self.capacity.check_quota(txn, queues[name], count, nbytes, what)
+            self.capacity.check_quota(txn, queues[name], count, nbytes, what, self.clock.time())
 
     # ---- END CONVERSATION, timers, MOVE --------------------------------------------------------
 

@@ -333,7 +333,8 @@ class Queue:
         self.waiters: deque[Any] = deque()
         self.kick_scheduled = False
         self.rollback_streak = 0
-        self.refused = 0  # statements refused for its quota since it last took one
+        self.refused = 0  # statements refused for its quota since the last line about them
+        self.refusals_told: float | None = None  # when that line was logged (None: none due)
         self.disabled_reason = ""
         self.last_empty_rowset: float | None = None
         self.last_receive: float | None = None

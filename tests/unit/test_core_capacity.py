@@ -182,12 +182,14 @@ def test_refusals_for_want_of_disk_are_logged_once_until_they_lift(
     assert len(refused_lines()) == 2
 
 
-def test_refusals_for_a_full_queue_are_logged_once_per_queue_until_it_has_room(
+def test_refusals_for_a_full_queue_are_logged_at_most_once_a_minute_per_queue(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A producer retrying in a loop against a full queue must not fill the log either:
-    the first refusal of each queue is logged, the rest counted, and the count told when
-    that queue takes a statement again (or its quota is changed)."""
+    """A producer retrying in a loop against a full queue must not fill the log either,
+    nor a queue held at its quota (a reader takes a message, a producer fills its place):
+    the first refusal of each queue is logged, then at most a line a minute with the
+    count, until the queue takes a statement a minute after the last line (or its quota
+    is changed)."""
     core = Core()
     core.services(max_messages=1)
     core.op("create_queue", "Other", max_messages=1)
@@ -212,16 +214,28 @@ def test_refusals_for_a_full_queue_are_logged_once_per_queue_until_it_has_room(
     first, second = lines("refused")
     assert first.startswith("refused SEND: queue 'Target' is full") and "counted" in first
     assert second.startswith("refused SEND: queue 'Other' is full")
+    for _ in range(20):  # held at its quota, within the minute: no more lines
+        core.receive_all()
+        core.op("send", handle, "DEFAULT", [b"fills it again"])
+        with pytest.raises(BrokerError):
+            core.op("send", handle, "DEFAULT", [b"refused"])
+    assert len(lines("refused")) == 2 and lines("queue 'Target'") == []
+    core.clock.advance(60)
+    with pytest.raises(BrokerError):
+        core.op("send", handle, "DEFAULT", [b"refused"])
+    (_, summary) = lines("refused SEND: queue 'Target'")
+    assert summary.endswith("(and 70 statement(s) since the last line)")  # 50 + 20
+    core.clock.advance(60)
     core.receive_all()
     core.op("send", handle, "DEFAULT", [b"room again"])
     (told,) = lines("queue 'Target' has room again")
-    assert "51 statement(s) were refused while it was full" in told
+    assert "0 statement(s) were refused after the last line about it" in told
     core.op("alter_queue", "Other", max_messages=None)
-    (told,) = lines("queue 'Other'")
-    assert "50 statement(s) were refused while it was full" in told
+    (told,) = lines("queue 'Other' has a new quota")
+    assert "49 statement(s) were refused" in told
     with pytest.raises(BrokerError):  # full again: a new spell, its first refusal logged
         core.op("send", handle, "DEFAULT", [b"refused"])
-    assert len(lines("refused")) == 3
+    assert len(lines("refused SEND: queue 'Target'")) == 3
 
 
 def test_replies_refused_for_want_of_room_do_not_make_the_request_poison() -> None:
