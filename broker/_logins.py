@@ -310,7 +310,8 @@ class Logins:
             (
                 self.owned_by(name),
                 "it owns {}; drop what it owns first (a login made later under that name"
-                " would own it)",
+                " would own it), or keep the login and shut it out: alter_login to a long"
+                " random password told to no one",
             ),
         ):
             if holders:
