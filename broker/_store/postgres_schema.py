@@ -179,6 +179,28 @@ REPLICATE: Final = (
     " RETURN repeat(value, times::integer); END $f$;"
     " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
 )
+# the value a cast to an integer type converts, as `user_kinds.integer_casts` writes it: a
+# number cut toward zero (PostgreSQL's CAST rounds it), an integer or text as it is;
+# SQL functions, which PostgreSQL writes into the statement (no call a row); made where
+# missing at every start, as OPERATORS
+_WHOLES: Final = (
+    ("smallint", "$1"),
+    ("integer", "$1"),
+    ("bigint", "$1"),
+    ("numeric", "trunc($1)"),
+    ("real", "CAST(trunc($1) AS real)"),
+    ("double precision", "trunc($1)"),
+    ("text", "$1"),
+)
+WHOLE: Final = (
+    f"DO $$ BEGIN IF to_regprocedure('{user_kinds.WHOLE}(text)') IS NULL THEN"
+    + "".join(
+        f" CREATE FUNCTION {user_kinds.WHOLE}({kind}) RETURNS {kind} LANGUAGE sql IMMUTABLE"
+        f" AS 'SELECT {value}';"
+        for kind, value in _WHOLES
+    )
+    + " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
+)
 INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS messages_by_conversation"
     " ON messages (status, queue, handle, queuing_order) INCLUDE (size)",
@@ -205,7 +227,7 @@ def create(db: psycopg.Connection[Any], where: str) -> None:
                 f"the store {where} was written by a newer ssb (schema {version}); run that"
                 " version, or start from a backup"
             )
-        for statement in (*TABLES[1:], *INDEXES, *OPERATORS, *AGGREGATES, *REPLICATE):
+        for statement in (*TABLES[1:], *INDEXES, *OPERATORS, *AGGREGATES, *REPLICATE, *WHOLE):
             db.execute(statement)
         if version is None or int(str(version)) < SCHEMA_VERSION:
             for statement in FUNCTIONS:

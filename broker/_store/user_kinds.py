@@ -36,7 +36,8 @@ in its table), so that `checked` puts its failure in SQL Server's words on both 
 Msg 8115's for a range, Msg 8152's for a length (as ssb's table variables and RECEIVE
 INTO say it). A CAST or CONVERT of text to an integer type converts as SQL Server's does,
 or fails with Msg 245, on both stores: SQLite's through `ssb_integer` (`integer_casts`),
-PostgreSQL's by its own CAST.
+PostgreSQL's by its own CAST, of the store's `ssb_whole`, which cuts a number's fraction
+toward zero as SQL Server and SQLite do (PostgreSQL's CAST rounds it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import re
 import sqlite3
 import threading
 import zlib
+from decimal import Decimal
 from typing import Final
 
 from sqlglot import exp
@@ -53,6 +55,7 @@ from .._core.ports import TableError
 
 UNCONVERTED: Final = "ssb_unconverted"  # fails: the text in an integer column
 INTEGER: Final = "ssb_integer"  # CAST(text AS an integer type), see `integer_casts`
+WHOLE: Final = "ssb_whole"  # the same, PostgreSQL's (`postgres_schema.WHOLE`)
 REPLICATE: Final = "ssb_replicate"  # REPLICATE(text, times, room), see `replicate`
 TOTAL: Final = "ssb_total"  # SUM(x), checked against its type's range
 AVERAGE: Final = "ssb_average"  # AVG(x) from SUM(x) and COUNT(x), of x's type
@@ -171,7 +174,8 @@ def integer_casts(node: exp.Expression) -> None:
     """Write each CAST or CONVERT of `node` to an integer type, of a value that may be
     text, as a cast of `ssb_integer(value, type)`: the number SQL Server makes of a text
     (see `_integer_of`), any other value as it is (SQLite's CAST makes 0 of 'abc' and 4
-    of '4.5'). A column's value goes to it only where it is text (`CASE WHEN
+    of '4.5'; it cuts a number's fraction as SQL Server does). A number written in the
+    statement is cut here (PostgreSQL's CAST would round it). A column's value goes to it only where it is text (`CASE WHEN
     typeof(column) = 'text' ...`): a column of numbers costs no call a row. Not in a
     table's schema, which outlives the function."""
     for cast in list(node.find_all(exp.Cast, exp.Convert)):
@@ -184,6 +188,7 @@ def integer_casts(node: exp.Expression) -> None:
         if base not in _INTEGERS or value is None or isinstance(value, exp.Null):
             continue
         if isinstance(value, exp.Literal) and not value.is_string:
+            value.replace(exp.Literal.number(int(Decimal(value.this))))  # (4.5: 4)
             continue
         call = exp.Anonymous(this=INTEGER, expressions=[value.copy(), exp.Literal.string(base)])
         if isinstance(value, exp.Column):
@@ -195,12 +200,14 @@ def integer_casts(node: exp.Expression) -> None:
 
 def postgresql(node: exp.Expression) -> None:
     """`aggregates`' SUM and AVG in `node` as PostgreSQL's store writes them (see the
-    module's comment), and `integer_casts`' values as they were (PostgreSQL's CAST
-    converts text as SQL Server's does)."""
+    module's comment), and `integer_casts`' values as the store's `ssb_whole` of them
+    (PostgreSQL's CAST converts text as SQL Server's does, and rounds a number's
+    fraction, which `ssb_whole` cuts)."""
     for call in list(node.find_all(exp.Anonymous)):
         if call.name == INTEGER:
             guard = call.parent.parent if isinstance(call.parent, exp.If) else None
-            (guard if isinstance(guard, exp.Case) else call).replace(call.expressions[0])
+            whole = exp.Anonymous(this=WHOLE, expressions=[call.expressions[0]])
+            (guard if isinstance(guard, exp.Case) else call).replace(whole)
             continue
         if call.name not in (TOTAL, AVERAGE):  # (REPLICATE is the store's function too)
             continue

@@ -491,6 +491,21 @@ async def test_a_cast_of_text_to_an_integer_converts_or_fails_as_sql_servers_doe
     assert rows.rows == [(2,)]
 
 
+async def test_a_cast_of_a_number_to_an_integer_cuts_its_fraction(storage: ManualStore) -> None:
+    """CAST and CONVERT of a number with a fraction to an integer type cut it toward
+    zero, as SQL Server does (PostgreSQL's own CAST rounds 4.5 to 5)."""
+    txn: Done = []
+    await _run(storage, txn, "CREATE TABLE N (k INT PRIMARY KEY, d DECIMAL(5, 2), f FLOAT)")
+    await _run(storage, txn, "INSERT INTO N VALUES (1, 4.5, -4.5)")
+    rows = await _run(
+        storage,
+        txn,
+        "SELECT CAST(4.5 AS INT), CAST(-4.5 AS INT), CONVERT(BIGINT, 2.99), CAST(d AS INT),"
+        " CAST(f AS SMALLINT), CAST(d * 3 AS TINYINT), CAST(k AS INT) FROM N",
+    )
+    assert rows.rows == [(4, -4, 2, 4, -4, 13, 1)]
+
+
 async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however
