@@ -180,7 +180,8 @@ REPLICATE: Final = (
     " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
 )
 # the value a cast to an integer type converts, as `user_kinds.integer_casts` writes it: a
-# number cut toward zero (PostgreSQL's CAST rounds it), an integer or text as it is;
+# number cut toward zero (PostgreSQL's CAST rounds it), an integer or text as it is but
+# text of no digits at all, which is 0 (PostgreSQL's CAST refuses it);
 # SQL functions, which PostgreSQL writes into the statement (no call a row); made where
 # missing at every start, as OPERATORS
 _WHOLES: Final = (
@@ -190,7 +191,7 @@ _WHOLES: Final = (
     ("numeric", "trunc($1)"),
     ("real", "CAST(trunc($1) AS real)"),
     ("double precision", "trunc($1)"),
-    ("text", "$1"),
+    ("text", "CASE WHEN btrim($1, '' '') = '''' THEN ''0'' ELSE $1 END"),
 )
 WHOLE: Final = (
     f"DO $$ BEGIN IF to_regprocedure('{user_kinds.WHOLE}(text)') IS NULL THEN"

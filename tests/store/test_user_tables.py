@@ -506,6 +506,22 @@ async def test_a_cast_of_a_number_to_an_integer_cuts_its_fraction(storage: Manua
     assert rows.rows == [(4, -4, 2, 4, -4, 13, 1)]
 
 
+async def test_a_cast_of_empty_text_to_an_integer_is_zero(storage: ManualStore) -> None:
+    """Text of no digits at all, empty or spaces, is 0 cast to an integer type, as SQL
+    Server makes it (PostgreSQL's own CAST refuses it)."""
+    txn: Done = []
+    await _run(storage, txn, "CREATE TABLE E (k INT PRIMARY KEY, s VARCHAR(10))")
+    await _run(storage, txn, "INSERT INTO E VALUES (1, '')")
+    rows = await _run(
+        storage,
+        txn,
+        "SELECT CAST('' AS INT), CAST('   ' AS BIGINT), CONVERT(SMALLINT, @p),"
+        " CAST(s AS TINYINT) FROM E",
+        p="",
+    )
+    assert rows.rows == [(0, 0, 0, 0)]
+
+
 async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however
