@@ -172,7 +172,11 @@ _TABLE_NUMBERS: Final = (
     ("already exists", 2714),
     ("PRIMARY KEY constraint on nullable column", 8111),
     ("String or binary data would be truncated", 8152),
+    ("Arithmetic overflow error for data type", 220),  # (a cast of an int, with its value)
     ("Arithmetic overflow error", 8115),
+    ("overflowed an int column", 248),  # (a cast of text past INT's range)
+    ("overflowed an INT", 244),  # (TINYINT's, SMALLINT's)
+    ("Error converting data type varchar to bigint", 8114),
     ("Attempting to grow LOB beyond maximum allowed size", 7119),
     ("Conversion failed when converting", 245),
     ("Operand data type", 8117),

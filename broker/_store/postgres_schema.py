@@ -179,28 +179,77 @@ REPLICATE: Final = (
     " RETURN repeat(value, times::integer); END $f$;"
     " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
 )
-# the value a cast to an integer type converts, as `user_kinds.integer_casts` writes it: a
-# number cut toward zero (PostgreSQL's CAST rounds it), an integer or text as it is but
-# text of no digits at all, which is 0 (PostgreSQL's CAST refuses it);
-# SQL functions, which PostgreSQL writes into the statement (no call a row); made where
-# missing at every start, as OPERATORS
+# a cast to an integer type as `user_kinds.integer_casts` writes it, `ssb_whole(value,
+# type, low, high)`: the whole number of the value, a number cut toward zero (PostgreSQL's
+# CAST rounds it), text of a whole number converted (of no digits at all, 0: PostgreSQL's
+# CAST refuses it), or, past the range or of text that is no whole number, `ssb_unfit`'s
+# failure in SQL Server's words (`user_kinds.unfit`). SQL functions, which PostgreSQL
+# writes into the statement (no call a row but where it fails; STABLE, so that a failing
+# constant is not run while the statement is planned); made where missing at every start,
+# as OPERATORS
+
+
+def _raised(message: str, *values: str) -> str:
+    """A RAISE of `message`, a template whose %1$s, %2$s... are `values` (SQL)."""
+    template = message.replace("'", "''")
+    if not values:
+        return f"RAISE EXCEPTION '%', '{template}';"
+    return f"RAISE EXCEPTION '%', format('{template}', {', '.join(values)});"
+
+
+def _unfit() -> str:
+    """The CREATE of `ssb_unfit(value, type, source)`, which fails as `user_kinds.unfit`
+    words it (and as `user_kinds.conversion_failed`, of text that is no whole number)."""
+    texts = "".join(
+        f" IF kind = '{kind}' THEN {_raised(user_kinds.unfit('%1$s', kind, 'varchar'), 'value')}"
+        " END IF;"
+        for kind in user_kinds.INTEGER_KINDS
+    )
+    narrow = "".join(
+        f" IF kind = '{kind}' AND source = 'int' AND value::numeric BETWEEN -2147483648"
+        f" AND 2147483647 THEN {_raised(user_kinds.number_overflowed('%1$s', kind), 'value')}"
+        " END IF;"
+        for kind in ("TINYINT", "SMALLINT")
+    )
+    numbers = "".join(
+        f" IF kind = '{kind}' THEN {_raised(user_kinds.overflow(kind))} END IF;"
+        for kind in user_kinds.INTEGER_KINDS
+    )
+    unconverted = _raised(user_kinds.conversion_failed("%1$s", "%2$s"), "value", "lower(kind)")
+    return (
+        f" CREATE FUNCTION {user_kinds.UNFIT}(value text, kind text, source text)"
+        " RETURNS numeric LANGUAGE plpgsql STABLE AS $f$ BEGIN"
+        f" IF source = 'varchar' AND value !~ '{user_kinds.WHOLE_TEXT}' THEN {unconverted}"
+        f" END IF; IF source = 'varchar' THEN {texts} END IF;{narrow}{numbers}"
+        " RETURN NULL; END $f$;"
+    )
+
+
+_TRIMMED: Final = "CAST(coalesce(nullif(btrim($1, '' ''), ''''), ''0'') AS numeric)"
+# (the type, its whole number, `unfit`'s source; a real is taken as a double precision)
 _WHOLES: Final = (
-    ("smallint", "$1"),
-    ("integer", "$1"),
-    ("bigint", "$1"),
-    ("numeric", "trunc($1)"),
-    ("real", "CAST(trunc($1) AS real)"),
-    ("double precision", "trunc($1)"),
-    ("text", "CASE WHEN btrim($1, '' '') = '''' THEN ''0'' ELSE $1 END"),
+    ("smallint", "$1", "int"),
+    ("integer", "$1", "int"),
+    ("bigint", "$1", "int"),
+    ("numeric", "trunc($1)", "numeric"),
+    ("double precision", "trunc($1)", "float"),
 )
 WHOLE: Final = (
-    f"DO $$ BEGIN IF to_regprocedure('{user_kinds.WHOLE}(text)') IS NULL THEN"
+    f"DO $$ BEGIN IF to_regprocedure('{user_kinds.UNFIT}(text, text, text)') IS NULL THEN"
+    + _unfit()
     + "".join(
-        f" CREATE FUNCTION {user_kinds.WHOLE}({kind}) RETURNS {kind} LANGUAGE sql IMMUTABLE"
-        f" AS 'SELECT {value}';"
-        for kind, value in _WHOLES
+        f" CREATE FUNCTION {user_kinds.WHOLE}({kind}, text, bigint, bigint) RETURNS {kind}"
+        f" LANGUAGE sql STABLE AS 'SELECT CASE WHEN {whole} BETWEEN $3 AND $4 THEN {whole}"
+        f" ELSE CAST({user_kinds.UNFIT}(CAST({whole} AS text), $2, ''{source}'') AS {kind})"
+        " END';"
+        for kind, whole, source in _WHOLES
     )
-    + " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
+    + f" CREATE FUNCTION {user_kinds.WHOLE}(text, text, bigint, bigint) RETURNS numeric"
+    f" LANGUAGE sql STABLE AS 'SELECT CASE WHEN $1 !~ ''{user_kinds.WHOLE_TEXT}''"
+    f" THEN {user_kinds.UNFIT}($1, $2, ''varchar'')"
+    f" WHEN {_TRIMMED} BETWEEN $3 AND $4 THEN {_TRIMMED}"
+    f" ELSE {user_kinds.UNFIT}($1, $2, ''varchar'') END';"
+    " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
 )
 INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS messages_by_conversation"

@@ -34,14 +34,16 @@ SQLite's TYPEOF; it converts text to an integer itself (`unconverted` words its
 refusal as SQL Server does). Each is named `ssb:<what>:<the column's name's crc32>` (short, unique
 in its table), so that `checked` puts its failure in SQL Server's words on both stores:
 Msg 8115's for a range, Msg 8152's for a length (as ssb's table variables and RECEIVE
-INTO say it). A CAST or CONVERT of text to an integer type converts as SQL Server's does,
-or fails with Msg 245, on both stores: SQLite's through `ssb_integer` (`integer_casts`),
-PostgreSQL's by its own CAST, of the store's `ssb_whole`, which cuts a number's fraction
-toward zero as SQL Server and SQLite do (PostgreSQL's CAST rounds it).
+INTO say it). A CAST or CONVERT to an integer type converts as SQL Server's does (text
+of a whole number, a number cut toward zero), or fails in its words (Msg 245 of other
+text, `unfit`'s past the type's range), on both stores: SQLite's through `ssb_integer`
+(`integer_casts`), PostgreSQL's through the store's `ssb_whole` (PostgreSQL's own CAST
+rounds a number and refuses empty text).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import sqlite3
 import threading
@@ -56,6 +58,7 @@ from .._core.ports import TableError
 UNCONVERTED: Final = "ssb_unconverted"  # fails: the text in an integer column
 INTEGER: Final = "ssb_integer"  # CAST(text AS an integer type), see `integer_casts`
 WHOLE: Final = "ssb_whole"  # the same, PostgreSQL's (`postgres_schema.WHOLE`)
+UNFIT: Final = "ssb_unfit"  # PostgreSQL's failure of `ssb_whole` (see `unfit`)
 REPLICATE: Final = "ssb_replicate"  # REPLICATE(text, times, room), see `replicate`
 TOTAL: Final = "ssb_total"  # SUM(x), checked against its type's range
 AVERAGE: Final = "ssb_average"  # AVG(x) from SUM(x) and COUNT(x), of x's type
@@ -69,6 +72,7 @@ _INTEGERS: Final = {
     "BIGINT": (-(2**63), 2**63 - 1),
 }
 _WIDER: Final = tuple(_INTEGERS)
+INTEGER_KINDS: Final = _WIDER
 # the types SUM and AVG refuse (a BIT is PostgreSQL's smallint: summed on both stores)
 _NOT_NUMBERS: Final = frozenset(
     {"CHAR", "VARCHAR", "NCHAR", "NVARCHAR", "TEXT", "NTEXT", "XML", "UNIQUEIDENTIFIER"}
@@ -172,12 +176,14 @@ def replicate(node: exp.Expression) -> None:
 
 def integer_casts(node: exp.Expression) -> None:
     """Write each CAST or CONVERT of `node` to an integer type, of a value that may be
-    text, as a cast of `ssb_integer(value, type)`: the number SQL Server makes of a text
-    (see `_integer_of`), any other value as it is (SQLite's CAST makes 0 of 'abc' and 4
-    of '4.5'; it cuts a number's fraction as SQL Server does). A number written in the
-    statement is cut here (PostgreSQL's CAST would round it). A column's value goes to it only where it is text (`CASE WHEN
-    typeof(column) = 'text' ...`): a column of numbers costs no call a row. Not in a
-    table's schema, which outlives the function."""
+    text or past the type's range, as a cast of `ssb_integer(value, type)`: the number
+    SQL Server makes of it (see `_integer_of`), or its failure. A number written in the
+    statement is cut toward zero here (PostgreSQL's CAST would round 4.5 to 5; SQLite's
+    cuts it, as SQL Server's does) and goes to the function only when past the range. A
+    column's value goes to it only where it is not a number in the range (`CASE WHEN
+    typeof(column) IN ('integer', 'real') AND column BETWEEN low AND high ...`): a column
+    of such numbers costs no call a row. Not in a table's schema, which outlives the
+    function."""
     for cast in list(node.find_all(exp.Cast, exp.Convert)):
         if isinstance(cast, exp.TryCast) or cast.find_ancestor(exp.ColumnDef) is not None:
             continue
@@ -187,27 +193,41 @@ def integer_casts(node: exp.Expression) -> None:
         value = cast.args.get(key)
         if base not in _INTEGERS or value is None or isinstance(value, exp.Null):
             continue
+        low, high = _INTEGERS[base]
         if isinstance(value, exp.Literal) and not value.is_string:
-            value.replace(exp.Literal.number(int(Decimal(value.this))))  # (4.5: 4)
-            continue
+            whole = int(Decimal(value.this))  # (4.5: 4)
+            value = value.replace(exp.Literal.number(whole))
+            if low <= whole <= high:
+                continue
         call = exp.Anonymous(this=INTEGER, expressions=[value.copy(), exp.Literal.string(base)])
         if isinstance(value, exp.Column):
-            text = exp.EQ(this=exp.Typeof(this=value.copy()), expression=exp.Literal.string("text"))
-            cast.set(key, exp.Case(ifs=[exp.If(this=text, true=call)], default=value.copy()))
+            kinds = [exp.Literal.string("integer"), exp.Literal.string("real")]
+            number = exp.In(this=exp.Typeof(this=value.copy()), expressions=kinds)
+            within = exp.Between(
+                this=value.copy(), low=exp.Literal.number(low), high=exp.Literal.number(high)
+            )
+            fits = exp.Or(
+                this=exp.And(this=number, expression=within),
+                expression=exp.Is(this=value.copy(), expression=exp.null()),
+            )
+            cast.set(key, exp.Case(ifs=[exp.If(this=fits, true=value.copy())], default=call))
         else:
             cast.set(key, call)
 
 
 def postgresql(node: exp.Expression) -> None:
     """`aggregates`' SUM and AVG in `node` as PostgreSQL's store writes them (see the
-    module's comment), and `integer_casts`' values as the store's `ssb_whole` of them
-    (PostgreSQL's CAST converts text as SQL Server's does, and rounds a number's
-    fraction, which `ssb_whole` cuts)."""
+    module's comment), and `integer_casts`' values as the store's `ssb_whole(value,
+    type, low, high)` of them (`postgres_schema.WHOLE`)."""
     for call in list(node.find_all(exp.Anonymous)):
         if call.name == INTEGER:
-            guard = call.parent.parent if isinstance(call.parent, exp.If) else None
-            whole = exp.Anonymous(this=WHOLE, expressions=[call.expressions[0]])
-            (guard if isinstance(guard, exp.Case) else call).replace(whole)
+            value, kind = call.expressions
+            bounds = [
+                exp.Cast(this=exp.Literal.number(end), to=exp.DataType.build("BIGINT"))
+                for end in _INTEGERS[kind.name]
+            ]
+            whole = exp.Anonymous(this=WHOLE, expressions=[value, kind, *bounds])
+            (call.parent if isinstance(call.parent, exp.Case) else call).replace(whole)
             continue
         if call.name not in (TOTAL, AVERAGE):  # (REPLICATE is the store's function too)
             continue
@@ -392,6 +412,36 @@ def conversion_failed(value: str, kind: str) -> str:
     return f"Conversion failed when converting the varchar value '{value}' to data type {kind.lower()}."
 
 
+# SQL Server's short names of the narrow integer types, in Msg 244
+_SHORT_NAMES: Final = {"TINYINT": "INT1", "SMALLINT": "INT2"}
+
+
+def unfit(value: str, kind: str, source: str) -> str:
+    """SQL Server's words for a cast of `value` (as text) past the range of the integer
+    type `kind`: of text (`source` "varchar": Msg 248 for an int, 244 for a tinyint or
+    smallint, 8114 for a bigint), of an integer ("int": Msg 220 for a tinyint or
+    smallint, where it is an int itself), of any other number (Msg 8115)."""
+    if source == "varchar":
+        if kind == "INT":
+            return f"The conversion of the varchar value '{value}' overflowed an int column."
+        if kind == "BIGINT":
+            return "Error converting data type varchar to bigint."
+        return (
+            f"The conversion of the varchar value '{value}' overflowed an"
+            f" {_SHORT_NAMES[kind]} column. Use a larger integer column."
+        )
+    low, high = _INTEGERS["INT"]
+    if source == "int" and kind in _SHORT_NAMES and low <= int(value) <= high:
+        return number_overflowed(value, kind)
+    return overflow(kind)
+
+
+def number_overflowed(value: str, kind: str) -> str:
+    """SQL Server's words for an int `value` past the range of a tinyint or smallint
+    `kind` (Msg 220)."""
+    return f"Arithmetic overflow error for data type {kind.lower()}, value = {value}."
+
+
 # PostgreSQL's words for text that is no integer (SQLSTATE 22P02)
 _NOT_CONVERTED: Final = re.compile(
     r'invalid input syntax for type (smallint|integer|bigint): "(.*)"'
@@ -490,19 +540,32 @@ def _unconverted(value: object, kind: str) -> bool:
 # the text of a whole number as SQL Server converts it: spaces around it, a sign, no
 # digits at all being 0
 _WHOLE: Final = re.compile(r" *([+-]?)([0-9]*) *")
+WHOLE_TEXT: Final = "^ *[+-]?[0-9]* *$"  # the same, as PostgreSQL's store matches it
 
 
 def _integer_of(value: int | float | str | bytes | None, kind: str) -> int | float | bytes | None:
-    """`ssb_integer`: the whole number the text `value` is, for a cast to the integer
-    type `kind`; any other value as it is."""
-    if not isinstance(value, str):
+    """`ssb_integer`: the whole number `value` is (text converted, a number cut toward
+    zero), for a cast to the integer type `kind`; a failure in SQL Server's words where
+    it is no whole number or past the type's range; bytes or NULL as they are."""
+    if value is None or isinstance(value, bytes):
         return value
-    whole = _WHOLE.fullmatch(value)
-    if whole is None:
-        _fail(conversion_failed(value, kind))
+    if isinstance(value, str):
+        whole = _WHOLE.fullmatch(value)
+        if whole is None:
+            _fail(conversion_failed(value, kind))
+            return None
+        number = int(whole[2] or 0)
+        number = -number if whole[1] == "-" else number
+    elif isinstance(value, float) and not math.isfinite(value):
+        _fail(overflow(kind))
         return None
-    number = int(whole[2] or 0)
-    return -number if whole[1] == "-" else number
+    else:
+        number = int(value)
+    low, high = _INTEGERS[kind]
+    if not low <= number <= high:
+        source = "varchar" if isinstance(value, str) else type(value).__name__
+        _fail(unfit(str(value), kind, source))
+    return number
 
 
 def add_functions(db: sqlite3.Connection) -> None:

@@ -522,6 +522,88 @@ async def test_a_cast_of_empty_text_to_an_integer_is_zero(storage: ManualStore) 
     assert rows.rows == [(0, 0, 0, 0)]
 
 
+async def test_a_cast_past_an_integer_types_range_fails_as_sql_servers_does(
+    storage: ManualStore,
+) -> None:
+    """A cast to an integer type of a value past its range fails the statement in SQL
+    Server's words: text with Msg 248 (int), 244 (tinyint, smallint: INT1, INT2) or 8114
+    (bigint), an integer with Msg 220 (to tinyint or smallint, with the value), any
+    other number with Msg 8115; a value in range converts."""
+    txn: Done = []
+    await _run(storage, txn, "CREATE TABLE R (k INT PRIMARY KEY, b BIGINT, d DECIMAL(12, 1))")
+    await _run(storage, txn, "INSERT INTO R VALUES (1, 3000000000, 300.5), (2, 255, 255.9)")
+    rows = await _run(
+        storage,
+        txn,
+        "SELECT CAST('255' AS TINYINT), CAST(b AS TINYINT), CAST(d AS TINYINT),"
+        " CAST(-2147483648 AS INT), CAST(@p AS SMALLINT) FROM R WHERE k = 2",
+        p=-32768,
+    )
+    assert rows.rows == [(255, 255, 255, -2147483648, -32768)]
+    rows = await _run(
+        storage, txn, "SELECT CASE WHEN k = 9 THEN CAST(300 AS TINYINT) ELSE k END FROM R"
+    )
+    assert rows.rows == [(1,), (2,)]  # (a failure not reached is none)
+    for sql, values, said in (
+        (
+            "SELECT CAST('3000000000' AS INT)",
+            {},
+            "The conversion of the varchar value '3000000000' overflowed an int column.",
+        ),
+        (
+            "SELECT CONVERT(TINYINT, ' 300 ')",
+            {},
+            "The conversion of the varchar value ' 300 ' overflowed an INT1 column."
+            " Use a larger integer column.",
+        ),
+        (
+            "SELECT CAST(@p AS SMALLINT)",
+            {"p": "70000"},
+            "The conversion of the varchar value '70000' overflowed an INT2 column."
+            " Use a larger integer column.",
+        ),
+        (
+            "SELECT CAST('99999999999999999999' AS BIGINT)",
+            {},
+            "Error converting data type varchar to bigint.",
+        ),
+        (
+            "SELECT CAST(300 AS TINYINT)",
+            {},
+            "Arithmetic overflow error for data type tinyint, value = 300.",
+        ),
+        (
+            "SELECT CAST(@p AS SMALLINT)",
+            {"p": 70000},
+            "Arithmetic overflow error for data type smallint, value = 70000.",
+        ),
+        (
+            "SELECT CAST(3000000000 AS INT)",
+            {},
+            "Arithmetic overflow error converting expression to data type int.",
+        ),
+        (
+            "SELECT CAST(b AS INT) FROM R",
+            {},
+            "Arithmetic overflow error converting expression to data type int.",
+        ),
+        (
+            "SELECT CAST(d AS TINYINT) FROM R",
+            {},
+            "Arithmetic overflow error converting expression to data type tinyint.",
+        ),
+        (
+            "INSERT INTO R VALUES (3, CAST(-1 AS TINYINT), 0)",
+            {},
+            "Arithmetic overflow error for data type tinyint, value = -1.",
+        ),
+    ):
+        with pytest.raises(TableError, match=r"\A" + re.escape(said) + r"\Z"):
+            await _run(storage, txn, sql, **values)
+    rows = await _run(storage, txn, "SELECT COUNT(*) FROM R")
+    assert rows.rows == [(2,)]
+
+
 async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however

@@ -165,6 +165,36 @@ async def test_what_a_column_cannot_hold_fails_with_sql_servers_number(
         245,
         "Conversion failed when converting the varchar value 'abc' to data type int.",
     )
+    for statement, number, said in (
+        (
+            "SELECT CAST('3000000000' AS INT) FROM Notes WHERE id = 1;",
+            248,
+            "The conversion of the varchar value '3000000000' overflowed an int column.",
+        ),
+        (
+            "SELECT CAST('300' AS TINYINT) FROM Notes WHERE id = 1;",
+            244,
+            "The conversion of the varchar value '300' overflowed an INT1 column."
+            " Use a larger integer column.",
+        ),
+        (
+            "SELECT CAST('99999999999999999999' AS BIGINT) FROM Notes WHERE id = 1;",
+            8114,
+            "Error converting data type varchar to bigint.",
+        ),
+        (
+            "SELECT CAST(300 AS TINYINT) FROM Notes WHERE id = 1;",
+            220,
+            "Arithmetic overflow error for data type tinyint, value = 300.",
+        ),
+        (
+            "SELECT CAST(3000000000 AS INT) FROM Notes WHERE id = 1;",
+            8115,
+            "Arithmetic overflow error converting expression to data type int.",
+        ),
+    ):
+        assert not await run(session, statement)
+        assert (out.errors[-1].number, out.errors[-1].text) == (number, said)
     assert not await run(session, "SELECT AVG(CAST(note AS VARCHAR(10))) FROM Notes;")
     assert (out.errors[-1].number, out.errors[-1].text) == (
         8117,
