@@ -180,13 +180,13 @@ REPLICATE: Final = (
     " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
 )
 # a cast to an integer type as `user_kinds.integer_casts` writes it, `ssb_whole(value,
-# type, low, high)`: the whole number of the value, a number cut toward zero (PostgreSQL's
-# CAST rounds it), text of a whole number converted (of no digits at all, 0: PostgreSQL's
-# CAST refuses it), or, past the range or of text that is no whole number, `ssb_unfit`'s
-# failure in SQL Server's words (`user_kinds.unfit`). SQL functions, which PostgreSQL
-# writes into the statement (no call a row but where it fails; STABLE, so that a failing
-# constant is not run while the statement is planned); made where missing at every start,
-# as OPERATORS
+# type, low, high, safe)`: the whole number of the value, a number cut toward zero
+# (PostgreSQL's CAST rounds it), text of a whole number converted (of no digits at all,
+# 0: PostgreSQL's CAST refuses it), or, past the range or of text that is no whole
+# number, `ssb_unfit`'s failure in SQL Server's words (`user_kinds.unfit`), NULL where
+# `safe` (TRY_CAST, TRY_CONVERT). SQL functions, which PostgreSQL writes into the
+# statement (no call a row but where it fails; STABLE, so that a failing constant is not
+# run while the statement is planned); made where missing at every start, as OPERATORS
 
 
 def _raised(message: str, *values: str) -> str:
@@ -198,8 +198,9 @@ def _raised(message: str, *values: str) -> str:
 
 
 def _unfit() -> str:
-    """The CREATE of `ssb_unfit(value, type, source)`, which fails as `user_kinds.unfit`
-    words it (and as `user_kinds.conversion_failed`, of text that is no whole number)."""
+    """The CREATE of `ssb_unfit(value, type, source, safe)`, which fails as
+    `user_kinds.unfit` words it (as `user_kinds.conversion_failed`, of text that is no
+    whole number), or gives NULL where `safe`."""
     texts = "".join(
         f" IF kind = '{kind}' THEN {_raised(user_kinds.unfit('%1$s', kind, 'varchar'), 'value')}"
         " END IF;"
@@ -217,8 +218,8 @@ def _unfit() -> str:
     )
     unconverted = _raised(user_kinds.conversion_failed("%1$s", "%2$s"), "value", "lower(kind)")
     return (
-        f" CREATE FUNCTION {user_kinds.UNFIT}(value text, kind text, source text)"
-        " RETURNS numeric LANGUAGE plpgsql STABLE AS $f$ BEGIN"
+        f" CREATE FUNCTION {user_kinds.UNFIT}(value text, kind text, source text, safe boolean)"
+        " RETURNS numeric LANGUAGE plpgsql STABLE AS $f$ BEGIN IF safe THEN RETURN NULL; END IF;"
         f" IF source = 'varchar' AND value !~ '{user_kinds.WHOLE_TEXT}' THEN {unconverted}"
         f" END IF; IF source = 'varchar' THEN {texts} END IF;{narrow}{numbers}"
         " RETURN NULL; END $f$;"
@@ -235,20 +236,22 @@ _WHOLES: Final = (
     ("double precision", "trunc($1)", "float"),
 )
 WHOLE: Final = (
-    f"DO $$ BEGIN IF to_regprocedure('{user_kinds.UNFIT}(text, text, text)') IS NULL THEN"
+    f"DO $$ BEGIN IF to_regprocedure('{user_kinds.UNFIT}(text, text, text, boolean)') IS NULL THEN"
     + _unfit()
     + "".join(
-        f" CREATE FUNCTION {user_kinds.WHOLE}({kind}, text, bigint, bigint) RETURNS {kind}"
+        f" CREATE FUNCTION {user_kinds.WHOLE}({kind}, text, bigint, bigint, boolean)"
+        f" RETURNS {kind}"
         f" LANGUAGE sql STABLE AS 'SELECT CASE WHEN {whole} BETWEEN $3 AND $4 THEN {whole}"
-        f" ELSE CAST({user_kinds.UNFIT}(CAST({whole} AS text), $2, ''{source}'') AS {kind})"
+        f" ELSE CAST({user_kinds.UNFIT}(CAST({whole} AS text), $2, ''{source}'', $5) AS {kind})"
         " END';"
         for kind, whole, source in _WHOLES
     )
-    + f" CREATE FUNCTION {user_kinds.WHOLE}(text, text, bigint, bigint) RETURNS numeric"
+    + f" CREATE FUNCTION {user_kinds.WHOLE}(text, text, bigint, bigint, boolean)"
+    f" RETURNS numeric"
     f" LANGUAGE sql STABLE AS 'SELECT CASE WHEN $1 !~ ''{user_kinds.WHOLE_TEXT}''"
-    f" THEN {user_kinds.UNFIT}($1, $2, ''varchar'')"
+    f" THEN {user_kinds.UNFIT}($1, $2, ''varchar'', $5)"
     f" WHEN {_TRIMMED} BETWEEN $3 AND $4 THEN {_TRIMMED}"
-    f" ELSE {user_kinds.UNFIT}($1, $2, ''varchar'') END';"
+    f" ELSE {user_kinds.UNFIT}($1, $2, ''varchar'', $5) END';"
     " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
 )
 INDEXES: Final = (

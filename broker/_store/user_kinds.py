@@ -176,8 +176,9 @@ def replicate(node: exp.Expression) -> None:
 
 def integer_casts(node: exp.Expression) -> None:
     """Write each CAST or CONVERT of `node` to an integer type, of a value that may be
-    text or past the type's range, as a cast of `ssb_integer(value, type)`: the number
-    SQL Server makes of it (see `_integer_of`), or its failure. A number written in the
+    text or past the type's range, as a cast of `ssb_integer(value, type, safe)`: the
+    number SQL Server makes of it (see `_integer_of`), or its failure (NULL of a `safe`
+    one, TRY_CAST's or TRY_CONVERT's). A number written in the
     statement is cut toward zero here (PostgreSQL's CAST would round 4.5 to 5; SQLite's
     cuts it, as SQL Server's does) and goes to the function only when past the range. A
     column's value goes to it only where it is not a number in the range (`CASE WHEN
@@ -185,8 +186,9 @@ def integer_casts(node: exp.Expression) -> None:
     of such numbers costs no call a row. Not in a table's schema, which outlives the
     function."""
     for cast in list(node.find_all(exp.Cast, exp.Convert)):
-        if isinstance(cast, exp.TryCast) or cast.find_ancestor(exp.ColumnDef) is not None:
+        if cast.find_ancestor(exp.ColumnDef) is not None:
             continue
+        safe = exp.Literal.number(1 if cast.args.get("safe") else 0)
         kind, key = (cast.to, "this") if isinstance(cast, exp.Cast) else (cast.this, "expression")
         base = kind.sql("tsql").upper() if isinstance(kind, exp.DataType) else ""
         base = "INT" if base == "INTEGER" else base
@@ -199,7 +201,9 @@ def integer_casts(node: exp.Expression) -> None:
             value = value.replace(exp.Literal.number(whole))
             if low <= whole <= high:
                 continue
-        call = exp.Anonymous(this=INTEGER, expressions=[value.copy(), exp.Literal.string(base)])
+        call = exp.Anonymous(
+            this=INTEGER, expressions=[value.copy(), exp.Literal.string(base), safe]
+        )
         if isinstance(value, exp.Column):
             kinds = [exp.Literal.string("integer"), exp.Literal.string("real")]
             number = exp.In(this=exp.Typeof(this=value.copy()), expressions=kinds)
@@ -218,15 +222,16 @@ def integer_casts(node: exp.Expression) -> None:
 def postgresql(node: exp.Expression) -> None:
     """`aggregates`' SUM and AVG in `node` as PostgreSQL's store writes them (see the
     module's comment), and `integer_casts`' values as the store's `ssb_whole(value,
-    type, low, high)` of them (`postgres_schema.WHOLE`)."""
+    type, low, high, safe)` of them (`postgres_schema.WHOLE`)."""
     for call in list(node.find_all(exp.Anonymous)):
         if call.name == INTEGER:
-            value, kind = call.expressions
+            value, kind, safe = call.expressions
             bounds = [
                 exp.Cast(this=exp.Literal.number(end), to=exp.DataType.build("BIGINT"))
                 for end in _INTEGERS[kind.name]
             ]
-            whole = exp.Anonymous(this=WHOLE, expressions=[value, kind, *bounds])
+            safely = exp.Boolean(this=safe.name == "1")
+            whole = exp.Anonymous(this=WHOLE, expressions=[value, kind, *bounds, safely])
             (call.parent if isinstance(call.parent, exp.Case) else call).replace(whole)
             continue
         if call.name not in (TOTAL, AVERAGE):  # (REPLICATE is the store's function too)
@@ -543,36 +548,42 @@ _WHOLE: Final = re.compile(r" *([+-]?)([0-9]*) *")
 WHOLE_TEXT: Final = "^ *[+-]?[0-9]* *$"  # the same, as PostgreSQL's store matches it
 
 
-def _integer_of(value: int | float | str | bytes | None, kind: str) -> int | float | bytes | None:
+def _integer_of(
+    value: int | float | str | bytes | None, kind: str, safe: int
+) -> int | bytes | None:
     """`ssb_integer`: the whole number `value` is (text converted, a number cut toward
-    zero), for a cast to the integer type `kind`; a failure in SQL Server's words where
-    it is no whole number or past the type's range; bytes or NULL as they are."""
+    zero), for a cast to the integer type `kind`; where it is no whole number or past
+    the type's range, a failure in SQL Server's words, or NULL where the cast is `safe`
+    (TRY_CAST, TRY_CONVERT); bytes or NULL as they are."""
     if value is None or isinstance(value, bytes):
         return value
+    failed: str | None = None
     if isinstance(value, str):
         whole = _WHOLE.fullmatch(value)
         if whole is None:
-            _fail(conversion_failed(value, kind))
-            return None
-        number = int(whole[2] or 0)
-        number = -number if whole[1] == "-" else number
+            failed = conversion_failed(value, kind)
+        else:
+            number = int(whole[2] or 0)
+            number = -number if whole[1] == "-" else number
     elif isinstance(value, float) and not math.isfinite(value):
-        _fail(overflow(kind))
-        return None
+        failed = overflow(kind)
     else:
         number = int(value)
-    low, high = _INTEGERS[kind]
-    if not low <= number <= high:
+    if failed is None and not _INTEGERS[kind][0] <= number <= _INTEGERS[kind][1]:
         source = "varchar" if isinstance(value, str) else type(value).__name__
-        _fail(unfit(str(value), kind, source))
-    return number
+        failed = unfit(str(value), kind, source)
+    if failed is None:
+        return number
+    if not safe:
+        _fail(failed)
+    return None
 
 
 def add_functions(db: sqlite3.Connection) -> None:
     """Register `aggregates`', `replicate`'s and `checks`' functions on a SQLite
     connection."""
     db.create_function(UNCONVERTED, 2, _unconverted, deterministic=True)
-    db.create_function(INTEGER, 2, _integer_of, deterministic=True)
+    db.create_function(INTEGER, 3, _integer_of, deterministic=True)
     db.create_function(REPLICATE, 3, _replicate, deterministic=True)
     db.create_function(KIND, 2, _kind_of, deterministic=True)
     db.create_function(TOTAL, 2, _total, deterministic=True)

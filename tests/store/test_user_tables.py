@@ -604,6 +604,27 @@ async def test_a_cast_past_an_integer_types_range_fails_as_sql_servers_does(
     assert rows.rows == [(2,)]
 
 
+async def test_try_cast_to_an_integer_is_null_where_a_cast_fails(storage: ManualStore) -> None:
+    """TRY_CAST and TRY_CONVERT to an integer type give NULL where CAST would fail (text
+    that is no whole number, a value past the range), as SQL Server's do (SQLite's own
+    CAST made 0 of 'abc'), and the number where it converts."""
+    txn: Done = []
+    await _run(storage, txn, "CREATE TABLE T (k INT PRIMARY KEY, s VARCHAR(20), b BIGINT)")
+    await _run(storage, txn, "INSERT INTO T VALUES (1, 'abc', 3000000000), (2, ' 42 ', 7)")
+    rows = await _run(
+        storage,
+        txn,
+        "SELECT TRY_CAST('abc' AS INT), TRY_CONVERT(INT, 'abc'), TRY_CAST('3000000000' AS INT),"
+        " TRY_CONVERT(TINYINT, 300), TRY_CAST(4.5 AS INT), TRY_CAST(s AS INT),"
+        " TRY_CONVERT(INT, b), TRY_CAST(@p AS SMALLINT) FROM T ORDER BY k",
+        p="1e2",
+    )
+    assert rows.rows == [
+        (None, None, None, None, 4, None, None, None),
+        (None, None, None, None, 4, 42, 7, None),
+    ]
+
+
 async def test_names_and_keys_as_sql_server_has_them(storage: ManualStore) -> None:
     """A column that does not exist is an error, never its name as text (SQLite's
     double-quoted fallback); a primary key takes no NULL, whatever its type and however
