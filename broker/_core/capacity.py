@@ -142,6 +142,25 @@ class Capacity:
             " max_bytes=...)",
         )
 
+    def gave_back(self, queue: Queue, count: int, error: str, now: float) -> None:
+        """A transaction refused for want of room rolled back, and `count` messages it
+        had received from `queue` went back as they were: logged at most once a minute
+        a queue (a reader whose replies stay refused takes them again at once), with how
+        many since the last line."""
+        queue.given_back += count
+        told = queue.given_back_told
+        if told is not None and now - told < QUOTA_LOG_EVERY:
+            return
+        log.warning(
+            "queue '%s': %d received message(s) went back as they were, their transaction"
+            " rolled back for want of room%s; its readers take them again until there is"
+            " room (these lines at most once a minute)",
+            queue.name,
+            queue.given_back,
+            f" ({error[:300]})" if error else "",
+        )
+        queue.given_back_told, queue.given_back = now, 0
+
     def quota_spell_over(self, queue: Queue, how: str) -> None:
         """`queue` was refusing statements for its quota and is no more: `how`."""
         log.info(

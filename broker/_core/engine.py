@@ -245,6 +245,8 @@ class Engine:
         for queue, messages in txn.restored:
             if messages and not txn.refused_for_room:
                 self.poison.after_rollback(queue, messages)
+            elif messages:
+                self.capacity.gave_back(queue, len(messages), error, self.clock.time())
             self.listener.rolled_back(queue)
         txn.restored = []
 

@@ -335,6 +335,8 @@ class Queue:
         self.rollback_streak = 0
         self.refused = 0  # statements refused for its quota since the last line about them
         self.refusals_told: float | None = None  # when that line was logged (None: none due)
+        self.given_back = 0  # messages put back by rollbacks refused for room, not yet told
+        self.given_back_told: float | None = None  # when they were last told
         self.disabled_reason = ""
         self.last_empty_rowset: float | None = None
         self.last_receive: float | None = None

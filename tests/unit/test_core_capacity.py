@@ -238,11 +238,15 @@ def test_refusals_for_a_full_queue_are_logged_at_most_once_a_minute_per_queue(
     assert len(lines("refused SEND: queue 'Target'")) == 3
 
 
-def test_replies_refused_for_want_of_room_do_not_make_the_request_poison() -> None:
+def test_replies_refused_for_want_of_room_do_not_make_the_request_poison(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A reader that receives a request and replies in one transaction has its SEND (or
     its COMMIT) refused while the disk is low, and rolls back: the request is not at
     fault, so however often that happens the queue is not disabled as poisoned, and the
-    request is answered once there is room."""
+    request is answered once there is room. The log says once a minute that messages go
+    back so."""
+    caplog.set_level(logging.WARNING, logger="ssb.core")
     core = Core(min_free_disk=1000)
     core.services()
     handle = core.dialog()
@@ -263,6 +267,12 @@ def test_replies_refused_for_want_of_room_do_not_make_the_request_poison() -> No
         assert _code(refused) == ErrorCode.DISK_FULL
         if core.session.txn is not None:
             core.op("rollback")
+        if attempt == 6:
+            core.clock.advance(60)
+    went_back = [r.getMessage() for r in caplog.records if "went back" in r.getMessage()]
+    assert len(went_back) == 2, went_back  # the first, and the next a minute later
+    assert went_back[0].startswith("queue 'Target': 1 received message(s) went back")
+    assert went_back[1].startswith("queue 'Target': 7 received message(s)")
     capacity.measured(1000, "test")
     core.op("begin_transaction")
     (request,) = core.op("receive", "Target", top=1)  # the queue is still enabled
