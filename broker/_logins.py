@@ -104,7 +104,6 @@ def check_name(name: object) -> str:
             ErrorCode.BAD_ARGUMENT,
             f"a login name is 1..{MAX_NAME} letters, digits, '_', '-' or '.', not {name!r}",
         )
-    assert isinstance(name, str)
     return name
 
 

@@ -25,8 +25,9 @@ class Message:
     order or enqueue time yet; it cannot be received until complete);
     delivery_count is how many times it has been received, counting this time
     (so 1 on a first delivery, more after rollbacks; not after a rollback that followed
-    the broker's refusal of the transaction for want of disk space or queue room). dead_letter_reason says why a
-    message in a dead-letter queue was moved there (None elsewhere).
+    the broker's refusal of the transaction for want of disk space or queue room).
+    dead_letter_reason says why a message in a dead-letter queue was moved there (None
+    elsewhere).
     """
 
     status: int

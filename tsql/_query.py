@@ -587,8 +587,8 @@ class _Average(_Total):
 
 # SUM's result type and its range, by its argument's type
 _TOTAL_RANGES: Final = {
-    **dict.fromkeys(("TINYINT", "SMALLINT", "INT"), ("int", -(2**31), 2**31 - 1)),
-    "BIGINT": ("bigint", -(2**63), 2**63 - 1),
+    **dict.fromkeys(("TINYINT", "SMALLINT", "INT"), ("int", *t.INT_RANGES["INT"])),
+    "BIGINT": ("bigint", *t.INT_RANGES["BIGINT"]),
     "MONEY": ("money", -922337203685477.5808, 922337203685477.5807),
     "SMALLMONEY": ("smallmoney", -214748.3648, 214748.3647),
 }

@@ -125,7 +125,7 @@ PRECEDENCE: Final = {
         ]
     )
 }
-_INT_RANGES: Final = {
+INT_RANGES: Final = {
     "BIT": (0, 1),
     "TINYINT": (0, 255),
     "SMALLINT": (-(2**15), 2**15 - 1),
@@ -545,7 +545,7 @@ def _to_int(value: Value, target: SqlType) -> int:
         raise _explicit(value.type, target)
     if name == "BIT":
         return 1 if number else 0
-    low, high = _INT_RANGES[name]
+    low, high = INT_RANGES[name]
     if not low <= number <= high:
         raise _overflow(value, target)
     return number

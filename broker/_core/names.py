@@ -24,14 +24,14 @@ qualified.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, TypeGuard
 
 DEFAULT_DATABASE: Final = "master"
 SEPARATOR: Final = "\x1f"
 MAX_LOGIN_NAME: Final = 128
 
 
-def is_login_name(name: object) -> bool:
+def is_login_name(name: object) -> TypeGuard[str]:
     """Whether `name` may name a login: 1..MAX_LOGIN_NAME letters, digits, '_', '-' or '.'."""
     return (
         isinstance(name, str)

@@ -89,9 +89,8 @@ def parse_activation(value: object, current: Activation = Activation()) -> Activ
         raise bad_argument(f"max_queue_readers must be an integer 0..32767, got {readers!r}")
     execute_as = value.get("execute_as", current.execute_as)
     if "execute_as" in value:  # (whether the login exists, the caller checks)
-        if execute_as == "":  # (None's older spelling, which clients before 0.2 send)
-            execute_as = None
-        if execute_as is not None and not is_login_name(execute_as):
+        # None or "" (None's spelling in clients before 0.2): the queue's owner
+        if execute_as not in (None, "") and not is_login_name(execute_as):
             raise bad_argument(
                 f"activation execute_as must be a login's name (1..{MAX_LOGIN_NAME} letters,"
                 f" digits, '_', '-' or '.'), or None for the queue's owner; got {execute_as!r}"

@@ -71,8 +71,7 @@ _INTEGERS: Final = {
     "INT": (-(2**31), 2**31 - 1),
     "BIGINT": (-(2**63), 2**63 - 1),
 }
-_WIDER: Final = tuple(_INTEGERS)
-INTEGER_KINDS: Final = _WIDER
+INTEGER_KINDS: Final = tuple(_INTEGERS)  # narrowest first
 # the types SUM and AVG refuse (a BIT is PostgreSQL's smallint: summed on both stores)
 _NOT_NUMBERS: Final = frozenset(
     {"CHAR", "VARCHAR", "NCHAR", "NVARCHAR", "TEXT", "NTEXT", "XML", "UNIQUEIDENTIFIER"}
@@ -278,7 +277,8 @@ def _kind(node: exp.Expression) -> exp.Expression | None:
         return exp.Literal.string(node.to.sql("tsql").upper())
     if isinstance(node, exp.Literal) and not node.is_string:
         text = str(node.this)
-        whole = text.lstrip("-").isdigit() and int(text) in range(-(2**31), 2**31)
+        low, high = _INTEGERS["INT"]
+        whole = text.lstrip("-").isdigit() and low <= int(text) <= high
         return exp.Literal.string("INT" if whole else "DECIMAL")
     operands: list[exp.Expression]
     if isinstance(node, exp.Sub | exp.Mul | exp.Div | exp.Mod):
@@ -483,7 +483,7 @@ def _kind_of(left: str | None, right: str | None) -> str | None:
     first, second = _integer(left), _integer(right)
     if first is None or second is None:
         return "FLOAT"
-    return max(first, second, key=_WIDER.index)
+    return max(first, second, key=INTEGER_KINDS.index)
 
 
 def _fail(message: str) -> None:
