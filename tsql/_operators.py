@@ -81,11 +81,8 @@ def arithmetic(op: str, a: Value, b: Value) -> Value:
     fa, fb = a.type.family, b.type.family
     if op == "+" and fa in _TEXT and fb in _TEXT:
         # cut at 8000 bytes, silently, unless an operand is (MAX), as SQL Server's + is
-        lob = t.is_lob(a.type) or t.is_lob(b.type)
-        if "nchar" in (fa, fb):
-            kind = t.NVARCHAR_MAX if lob else t.NVARCHAR
-        else:
-            kind = t.VARCHAR_MAX if lob else t.VARCHAR
+        kind = t.concatenated(a.type, b.type)
+        lob = t.is_lob(kind)
         if a.data is None or b.data is None:
             return Value(None, kind)
         left, right = str(a.data), str(b.data)

@@ -42,7 +42,7 @@ from ._errors import NotSupported, SqlError, assignment_with_retrieval
 from ._eval import typed_value
 from ._functions import DATE_PART_FUNCTIONS, SCALARS
 from ._lexer import Kind, tokenize
-from ._operators import arithmetic
+from ._operators import arithmetic, common_type
 from ._output import ResultSet
 from ._types import Value
 from ._xml import parse_xml, xml_exist, xml_query
@@ -368,16 +368,10 @@ class _Typing:
             if left is None or right is None:
                 return None
             if {left.family, right.family} <= _NUMBERS:
-                kind = left if t.PRECEDENCE[left.name] <= t.PRECEDENCE[right.name] else right
+                kind = common_type(left, right)
                 return t.INT if kind.name in ("TINYINT", "SMALLINT", "BIT") else kind
             if isinstance(node, exp.Add) and {left.family, right.family} <= {"char", "nchar"}:
-                nchar = "nchar" in (left.family, right.family)
-                lob = t.is_lob(left) or t.is_lob(right)
-                return (
-                    (t.NVARCHAR_MAX if lob else t.NVARCHAR)
-                    if nchar
-                    else (t.VARCHAR_MAX if lob else t.VARCHAR)
-                )
+                return t.concatenated(left, right)
         return None
 
     def result(self, node: exp.Expression) -> t.SqlType | None:

@@ -437,6 +437,15 @@ def is_lob(kind: SqlType) -> bool:
     return kind.length == MAX and kind.family in ("char", "nchar", "binary")
 
 
+def concatenated(first: SqlType, second: SqlType) -> SqlType:
+    """The type of `+` of two texts: NVARCHAR when either is national, (MAX) when either
+    is (else held to 8000 bytes)."""
+    lob = is_lob(first) or is_lob(second)
+    if "nchar" in (first.family, second.family):
+        return NVARCHAR_MAX if lob else NVARCHAR
+    return VARCHAR_MAX if lob else VARCHAR
+
+
 def fit_text(text: str, kind: SqlType) -> Value:
     """A string function's result of type `kind`: cut at 8000 bytes when `kind` is not
     (MAX), as SQL Server cuts it.
