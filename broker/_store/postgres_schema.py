@@ -179,14 +179,6 @@ REPLICATE: Final = (
     " RETURN repeat(value, times::integer); END $f$;"
     " END IF; EXCEPTION WHEN insufficient_privilege THEN NULL; END $$",
 )
-# a cast to an integer type as `user_kinds.integer_casts` writes it, `ssb_whole(value,
-# type, low, high, safe)`: the whole number of the value, a number cut toward zero
-# (PostgreSQL's CAST rounds it), text of a whole number converted (of no digits at all,
-# 0: PostgreSQL's CAST refuses it), or, past the range or of text that is no whole
-# number, `ssb_unfit`'s failure in SQL Server's words (`user_kinds.unfit`), NULL where
-# `safe` (TRY_CAST, TRY_CONVERT). SQL functions, which PostgreSQL writes into the
-# statement (no call a row but where it fails; STABLE, so that a failing constant is not
-# run while the statement is planned); made where missing at every start, as OPERATORS
 
 
 def _raised(message: str, *values: str) -> str:
@@ -235,6 +227,14 @@ _WHOLES: Final = (
     ("numeric", "trunc($1)", "numeric"),
     ("double precision", "trunc($1)", "float"),
 )
+# a cast to an integer type as `user_kinds.integer_casts` writes it, `ssb_whole(value,
+# type, low, high, safe)`: the whole number of the value, a number cut toward zero
+# (PostgreSQL's CAST rounds it), text of a whole number converted (of no digits at all,
+# 0: PostgreSQL's CAST refuses it), or, past the range or of text that is no whole
+# number, `ssb_unfit`'s failure in SQL Server's words (`user_kinds.unfit`), NULL where
+# `safe` (TRY_CAST, TRY_CONVERT). SQL functions, which PostgreSQL writes into the
+# statement (no call a row but where it fails; STABLE, so that a failing constant is not
+# run while the statement is planned); made where missing at every start, as OPERATORS
 WHOLE: Final = (
     f"DO $$ BEGIN IF to_regprocedure('{user_kinds.UNFIT}(text, text, text, boolean)') IS NULL THEN"
     + _unfit()
