@@ -238,6 +238,15 @@ def test_refusals_for_a_full_queue_are_logged_at_most_once_a_minute_per_queue(
     assert len(lines("refused SEND: queue 'Target'")) == 3
 
 
+def _the_request_is_answered(core: Core) -> None:
+    """Its queue still enabled, the request is received and its reply goes through."""
+    core.op("begin_transaction")
+    (request,) = core.op("receive", "Target", top=1)
+    core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
+    core.op("commit")
+    assert [r[BODY] for r in core.receive_all("Initiator")] == [b"reply"]
+
+
 def test_replies_refused_for_want_of_room_do_not_make_the_request_poison(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -274,11 +283,7 @@ def test_replies_refused_for_want_of_room_do_not_make_the_request_poison(
     assert went_back[0].startswith("queue 'Target': 1 received message(s) went back")
     assert went_back[1].startswith("queue 'Target': 7 received message(s)")
     capacity.measured(1000, "test")
-    core.op("begin_transaction")
-    (request,) = core.op("receive", "Target", top=1)  # the queue is still enabled
-    core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
-    core.op("commit")
-    assert [r[BODY] for r in core.receive_all("Initiator")] == [b"reply"]
+    _the_request_is_answered(core)
 
 
 def test_replies_refused_by_a_full_queue_do_not_make_the_request_poison() -> None:
@@ -310,11 +315,7 @@ def test_replies_refused_by_a_full_queue_do_not_make_the_request_poison() -> Non
         if core.session.txn is not None:
             core.op("rollback")
     core.receive_all("Initiator")
-    core.op("begin_transaction")
-    (request,) = core.op("receive", "Target", top=1)  # the queue is still enabled
-    core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
-    core.op("commit")
-    assert [r[BODY] for r in core.receive_all("Initiator")] == [b"reply"]
+    _the_request_is_answered(core)
 
 
 def test_a_rollback_for_want_of_room_is_not_counted_as_a_failed_delivery() -> None:
