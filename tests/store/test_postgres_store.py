@@ -116,9 +116,7 @@ def test_ssb_serve_on_a_missing_database_says_so_in_one_line(
 def test_ssb_backup_of_a_broker_on_postgresql_points_to_postgresqls_tools(
     database: str, tmp_path: Path
 ) -> None:
-    broker = BrokerProcess(tmp_path / "data")
-    broker.store = database
-    broker.start()
+    broker = BrokerProcess(tmp_path / "data", store=database).start()
     try:
         for args in (("--data-dir", str(broker.data_dir)), ("--store", database)):
             result = run_ssb("backup", str(tmp_path / "copy"), *args)
@@ -278,9 +276,7 @@ async def test_a_broker_whose_database_sessions_are_lost_loses_and_repeats_nothi
     """The daemon's sessions are ended on the server while a client sends: commits fail,
     the broker refuses new messages meanwhile, reconnects, and every acknowledged
     message is received once, in order."""
-    broker = BrokerProcess(tmp_path / "data")
-    broker.store = database
-    broker.start()
+    broker = BrokerProcess(tmp_path / "data", store=database).start()
     try:
         async with await client.connect(broker.url) as conn:
             init_svc, target_svc, _, target_q = await seed000(conn)
@@ -412,9 +408,7 @@ async def test_an_older_databases_columns_named_in_capitals_are_found_after_the_
     statements now write names in lower case: starting on it renames such columns,
     keeping the declared names for `*`, and leaves columns of one table whose names
     differ only in case, saying so."""
-    broker = BrokerProcess(tmp_path / "data")
-    broker.store = database
-    broker.start()
+    broker = BrokerProcess(tmp_path / "data", store=database).start()
     try:
         async with await client.connect(broker.url) as conn:
             await conn.execute("CREATE TABLE Orders (OrderId INT, Note NVARCHAR(10))")
