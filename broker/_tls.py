@@ -35,11 +35,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from ssb.protocol import ErrorCode, encode_error, encode_frame
+from ssb.protocol import ErrorCode, encode_error, encode_frame, self_signed
 
 from ._config import ClientLimits, ConfigError
 from ._logins import write_secret_file
@@ -138,24 +137,17 @@ def _self_signed(host: str) -> tuple[str, str]:
         if host != "localhost":
             names.append(x509.DNSName(host))
     now = dt.datetime.now(dt.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(now + dt.timedelta(days=3650))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(key, hashes.SHA256())
+    key_pem, cert_pem = self_signed(
+        key,
+        name,
+        now - dt.timedelta(days=1),
+        now + dt.timedelta(days=3650),
+        [
+            (x509.SubjectAlternativeName(names), False),
+            (x509.BasicConstraints(ca=True, path_length=0), True),
+        ],
     )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode("ascii")
-    return certificate.public_bytes(serialization.Encoding.PEM).decode("ascii"), key_pem
+    return cert_pem.decode("ascii"), key_pem.decode("ascii")
 
 
 @dataclass(eq=False, repr=False)

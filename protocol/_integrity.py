@@ -45,7 +45,7 @@ from typing import Final
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -283,17 +283,37 @@ def generate_broker_identity(
             x509.NameAttribute(NameOID.COMMON_NAME, str(broker_instance_id)),
         ]
     )
-    certificate = (
+    return self_signed(
+        key,
+        name,
+        _NOT_VALID_BEFORE,
+        _NOT_VALID_AFTER,
+        [(x509.BasicConstraints(ca=False, path_length=None), True)],
+    )
+
+
+def self_signed(
+    key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey,
+    name: x509.Name,
+    not_before: datetime,
+    not_after: datetime,
+    extensions: Iterable[tuple[x509.ExtensionType, bool]],
+) -> tuple[bytes, bytes]:
+    """A certificate naming `name`, issued by itself and signed (SHA-256) with `key`,
+    valid from `not_before` to `not_after`, with `extensions` (each with whether it is
+    critical): (the key's PEM, unencrypted PKCS#8; the certificate's PEM)."""
+    builder = (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(_NOT_VALID_BEFORE)
-        .not_valid_after(_NOT_VALID_AFTER)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
     )
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    certificate = builder.sign(key, hashes.SHA256())
     key_pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
