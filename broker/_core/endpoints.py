@@ -64,28 +64,18 @@ class Endpoints:
     # ---- lookups -------------------------------------------------------------------
 
     def get(self, handle: uuid.UUID) -> Endpoint | None:
-        ref = self._by_handle.get(handle)
-        ep = None if ref is None else ref()
-        if ep is not None:
-            if not ep.cached:
-                self._use(ep)
+        ep = self._held(self._by_handle.get(handle))
+        if ep is not None or handle in self._gone:
             return ep
-        if handle in self._gone:
-            return None
         self.reads += 1
         row = self.journal.read_endpoint(handle)
         return None if row is None else self._adopt(row)
 
     def by_conversation(self, conversation_id: uuid.UUID, is_initiator: bool) -> Endpoint | None:
         key = (conversation_id, is_initiator)
-        ref = self._by_conversation.get(key)
-        ep = None if ref is None else ref()
-        if ep is not None:
-            if not ep.cached:
-                self._use(ep)
+        ep = self._held(self._by_conversation.get(key))
+        if ep is not None or key in self._gone_conversations:
             return ep
-        if key in self._gone_conversations:
-            return None
         self.reads += 1
         row = self.journal.read_endpoint_by_conversation(conversation_id, is_initiator)
         if row is None:
@@ -93,6 +83,14 @@ class Endpoints:
         ref = self._by_handle.get(uuid.UUID(bytes=row[0]))
         known = None if ref is None else ref()
         return known if known is not None else self._adopt(row)
+
+    def _held(self, ref: weakref.ref[Endpoint] | None) -> Endpoint | None:
+        """The endpoint `ref` refers to, if it is still in memory (kept among the recent
+        ones again if it had fallen out)."""
+        ep = None if ref is None else ref()
+        if ep is not None and not ep.cached:
+            self._use(ep)
+        return ep
 
     def mark_encrypted(self, conversation_id: uuid.UUID, is_initiator: bool) -> None:
         """A message of the conversation came encrypted from another broker: its endpoint

@@ -499,19 +499,32 @@ async def durable(journal: Journal, clock: Clock) -> None:
 
 
 class QueueListener(Protocol):
-    """What queue monitors (activation) hear from the core; every hook must be quick."""
+    """What queue monitors (activation) hear from the core; every hook must be quick.
+    Each hook hears nothing unless an implementation says otherwise."""
 
-    def message_arrived(self, queue: Any) -> None: ...
+    def message_arrived(self, queue: Any) -> None:
+        """A message was put on `queue`."""
+        return None
 
-    def received(self, queue: Any, session: Any, empty: bool) -> None: ...
+    def received(self, queue: Any, session: Any, empty: bool) -> None:
+        """`session` received from `queue` (`empty`: it found nothing)."""
+        return None
 
-    def rolled_back(self, queue: Any) -> None: ...
+    def rolled_back(self, queue: Any) -> None:
+        """A rollback gave messages back to `queue`."""
+        return None
 
-    def altered(self, queue: Any) -> None: ...
+    def altered(self, queue: Any) -> None:
+        """`queue` was made, or its definition or event notifications changed."""
+        return None
 
-    def waiting_changed(self, queue: Any) -> None: ...
+    def waiting_changed(self, queue: Any) -> None:
+        """The number of sessions waiting in a RECEIVE on `queue` changed."""
+        return None
 
-    def session_closed(self, session: Any) -> None: ...
+    def session_closed(self, session: Any) -> None:
+        """`session` ended."""
+        return None
 
     def stopping(self, session: Any) -> bool:
         """Whether this session's RECEIVE should return nothing at once (a reader
@@ -539,15 +552,8 @@ class OutboundSink(Protocol):
         ...
 
 
-class NoListener:
+class NoListener(QueueListener):
     """A QueueListener that hears nothing (no activation installed)."""
-
-    def message_arrived(self, queue: Any) -> None: ...
-    def received(self, queue: Any, session: Any, empty: bool) -> None: ...
-    def rolled_back(self, queue: Any) -> None: ...
-    def altered(self, queue: Any) -> None: ...
-    def waiting_changed(self, queue: Any) -> None: ...
-    def session_closed(self, session: Any) -> None: ...
 
     def stopping(self, session: Any) -> bool:
         return False
