@@ -237,11 +237,7 @@ class Cursor:
         return True
 
     def take(self, *words: str) -> Token | None:
-        token = self.tokens[self.i]
-        if token.kind is Kind.NAME and token.upper in words:
-            self.i += 1
-            return token
-        return None
+        return self.advance() if self.at(*words) else None
 
     def expect(self, *words: str) -> Token:
         token = self.take(*words)
@@ -254,11 +250,7 @@ class Cursor:
         return token.kind is Kind.OP and token.text in ops
 
     def take_op(self, *ops: str) -> Token | None:
-        token = self.tokens[self.i]
-        if token.kind is Kind.OP and token.text in ops:
-            self.i += 1
-            return token
-        return None
+        return self.advance() if self.at_op(*ops) else None
 
     def expect_op(self, op: str) -> Token:
         token = self.take_op(op)
