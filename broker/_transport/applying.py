@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 from ssb.protocol import Direction, Envelope, FragmentReceived, MessageReceived, MessagesReceived
 
 DirectionId = tuple[uuid.UUID, Direction]
 
 
+@dataclass(slots=True, eq=False)
 class Arrivals:
     """Consecutive messages of one dialog direction and type, delivered together."""
 
-    __slots__ = ("bodies", "envelope", "message_type", "seq")
-
-    def __init__(
-        self, message_type: str, seq: int, bodies: list[bytes], envelope: Envelope
-    ) -> None:
-        self.message_type = message_type
-        self.seq = seq
-        self.bodies = bodies
-        self.envelope = envelope
+    message_type: str
+    seq: int
+    bodies: list[bytes]
+    envelope: Envelope
 
 
 class Applying:
