@@ -215,14 +215,12 @@ async def _priority_options(session: Session, s: ast.Ddl, frame: Frame) -> dict[
     return found
 
 
-async def _create_priority(session: Session, s: ast.Ddl, frame: Frame) -> None:
+async def _priority(session: Session, s: ast.Ddl, frame: Frame) -> None:
+    """CREATE or ALTER BROKER PRIORITY."""
     options = await _priority_options(session, s, frame)
-    await session.broker(session.connection().create_broker_priority(s.name, **options))
-
-
-async def _alter_priority(session: Session, s: ast.Ddl, frame: Frame) -> None:
-    options = await _priority_options(session, s, frame)
-    await session.broker(session.connection().alter_broker_priority(s.name, **options))
+    conn = session.connection()
+    call = conn.create_broker_priority if s.action == "CREATE" else conn.alter_broker_priority
+    await session.broker(call(s.name, **options))
 
 
 async def _create_notification(session: Session, s: ast.Ddl, frame: Frame) -> None:
@@ -388,8 +386,8 @@ _HANDLERS: Final[dict[tuple[str, str], Handler]] = {
     ("CREATE", "service"): _create_service,
     ("CREATE", "route"): _create_route,
     ("ALTER", "route"): _alter_route,
-    ("CREATE", "broker_priority"): _create_priority,
-    ("ALTER", "broker_priority"): _alter_priority,
+    ("CREATE", "broker_priority"): _priority,
+    ("ALTER", "broker_priority"): _priority,
     ("CREATE", "event_notification"): _create_notification,
     ("CREATE", "certificate"): _create_certificate,
     ("CREATE", "remote_service_binding"): _create_binding,
