@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from wire_values import wire_values
 
 from ssb import client
+from ssb.client._recovery import CONTROL
 from ssb.protocol import NEED_DATA, WIRE_VERSION, ErrorCode, FrameDecoder, Hello, encode_frame
 from ssb.protocol._client_wire import REPLY_ERROR
 
@@ -42,13 +43,7 @@ OPERATIONS = [
     "move_conversation",
     "receive",
     "get_conversation_group",
-    "begin_transaction",
-    "commit",
-    "rollback",
-    "detach_transaction",
-    "attach_transaction",
-    "commit_transaction",
-    "rollback_transaction",
+    *sorted(CONTROL),
     "view",
     "drop",
     "grant",
