@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -16,6 +18,17 @@ from .core_harness import BODY, DELIVERY_COUNT, HANDLE, Core
 
 def _code(excinfo: pytest.ExceptionInfo[BrokerError]) -> ErrorCode:
     return excinfo.value.code
+
+
+def _short_of_disk(body: bytes) -> tuple[Core, uuid.UUID]:
+    """A core with `body` sent on a dialog to its Target queue, then its disk measured
+    just below min_free_disk: the core and the dialog."""
+    core = Core(min_free_disk=1000)
+    core.services()
+    handle = core.dialog()
+    core.op("send", handle, "DEFAULT", [body])
+    core.engine.capacity.measured(999, "test")
+    return core, handle
 
 
 def test_a_send_past_max_messages_is_refused_and_applies_nothing() -> None:
@@ -115,12 +128,8 @@ def test_a_body_over_max_message_size_is_refused() -> None:
 
 
 def test_low_disk_refuses_new_messages_keeps_receive_and_recovers() -> None:
-    core = Core(min_free_disk=1000)
-    core.services()
-    handle = core.dialog()
-    core.op("send", handle, "DEFAULT", [b"before"])
+    core, handle = _short_of_disk(b"before")
     capacity = core.engine.capacity
-    capacity.measured(999, "test")
     for statement in (
         lambda: core.op("send", handle, "DEFAULT", [b"during"]),
         lambda: core.dialog(),
@@ -247,6 +256,32 @@ def _the_request_is_answered(core: Core) -> None:
     assert [r[BODY] for r in core.receive_all("Initiator")] == [b"reply"]
 
 
+def _replies_refused(
+    core: Core,
+    code: ErrorCode,
+    room: Callable[[], object],
+    full: Callable[[], object],
+    attempts: range,
+) -> None:
+    """On each of `attempts` a reader receives the request and replies in one transaction,
+    refused (with `code`) at its SEND on odd attempts; on even ones `room` lets the SEND
+    through and `full` takes the room back before the COMMIT. Then it rolls back."""
+    for attempt in attempts:
+        core.op("begin_transaction")
+        (request,) = core.op("receive", "Target", top=1)
+        with pytest.raises(BrokerError) as refused:
+            if attempt % 2:
+                core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
+            else:
+                room()
+                core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
+                full()
+                core.op("commit")
+        assert _code(refused) == code
+        if core.session.txn is not None:
+            core.op("rollback")
+
+
 def test_replies_refused_for_want_of_room_do_not_make_the_request_poison(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -256,28 +291,13 @@ def test_replies_refused_for_want_of_room_do_not_make_the_request_poison(
     request is answered once there is room. The log says once a minute that messages go
     back so."""
     caplog.set_level(logging.WARNING, logger="ssb.core")
-    core = Core(min_free_disk=1000)
-    core.services()
-    handle = core.dialog()
-    core.op("send", handle, "DEFAULT", [b"request"])
+    core, _ = _short_of_disk(b"request")
     capacity = core.engine.capacity
-    capacity.measured(999, "test")
-    for attempt in range(8):  # more than the poison rule's 5
-        core.op("begin_transaction")
-        (request,) = core.op("receive", "Target", top=1)
-        with pytest.raises(BrokerError) as refused:
-            if attempt % 2:
-                core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
-            else:
-                capacity.measured(1000, "test")  # room while it sends, none at its COMMIT
-                core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
-                capacity.measured(999, "test")
-                core.op("commit")
-        assert _code(refused) == ErrorCode.DISK_FULL
-        if core.session.txn is not None:
-            core.op("rollback")
-        if attempt == 6:
-            core.clock.advance(60)
+    room, full = lambda: capacity.measured(1000, "test"), lambda: capacity.measured(999, "test")
+    # 8 attempts, more than the poison rule's 5; a minute passes after the 7th
+    _replies_refused(core, ErrorCode.DISK_FULL, room, full, range(7))
+    core.clock.advance(60)
+    _replies_refused(core, ErrorCode.DISK_FULL, room, full, range(7, 8))
     went_back = [r.getMessage() for r in caplog.records if "went back" in r.getMessage()]
     assert len(went_back) == 2, went_back  # the first, and the next a minute later
     assert went_back[0].startswith("queue 'Target': 1 received message(s) went back")
@@ -300,20 +320,13 @@ def test_replies_refused_by_a_full_queue_do_not_make_the_request_poison() -> Non
     (filler,) = core.op("receive", "Target", top=1)
     core.op("send", filler[HANDLE], "DEFAULT", [b"first reply"])  # Initiator is full
     core.op("send", handle, "DEFAULT", [b"request"])
-    for attempt in range(8):  # more than the poison rule's 5
-        core.op("begin_transaction")
-        (request,) = core.op("receive", "Target", top=1)
-        with pytest.raises(BrokerError) as refused:
-            if attempt % 2:
-                core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
-            else:
-                core.receive_all("Initiator")  # room while it sends, none at its COMMIT
-                core.op("send", request[HANDLE], "DEFAULT", [b"reply"])
-                core.op("send", filler[HANDLE], "DEFAULT", [b"another reply"], session=writer)
-                core.op("commit")
-        assert _code(refused) == ErrorCode.QUEUE_FULL
-        if core.session.txn is not None:
-            core.op("rollback")
+    _replies_refused(  # 8 attempts, more than the poison rule's 5
+        core,
+        ErrorCode.QUEUE_FULL,
+        room=lambda: core.receive_all("Initiator"),
+        full=lambda: core.op("send", filler[HANDLE], "DEFAULT", [b"another reply"], session=writer),
+        attempts=range(8),
+    )
     core.receive_all("Initiator")
     _the_request_is_answered(core)
 
