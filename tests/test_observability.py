@@ -62,6 +62,17 @@ async def health(url: str, path: str = "/healthz") -> tuple[int, dict[str, Any]]
         return r.status, await r.json()
 
 
+async def refused_for_quota(conn: client.Connection, queue: str) -> None:
+    """A queue (and its service, of the same name) with room for one message: the second
+    SEND to it is refused for its quota."""
+    await conn.create_queue(queue, max_messages=1)
+    await conn.create_service(queue, queue=queue, contracts=["DEFAULT"])
+    handle = await conn.begin_dialog(queue, queue)
+    await conn.send(handle, body=b"one")
+    with pytest.raises(client.QueueFullError):
+        await conn.send(handle, body=b"two")
+
+
 async def test_metrics_match_the_views(observed: BrokerProcess) -> None:
     async with await client.connect(observed.url) as conn:
         await conn.create_queue("Orders")
@@ -108,12 +119,7 @@ async def test_metrics_match_the_views(observed: BrokerProcess) -> None:
         # a SEND refused for a queue's quota counts
         quota = ("ssb_refused_for_room_total", (("reason", "quota"),))
         before = samples[quota]
-        await conn.create_queue("Small", max_messages=1)
-        await conn.create_service("SmallService", queue="Small", contracts=["DEFAULT"])
-        small = await conn.begin_dialog("SmallService", "SmallService")
-        await conn.send(small, body=b"one")
-        with pytest.raises(client.QueueFullError):
-            await conn.send(small, body=b"two")
+        await refused_for_quota(conn, "Small")
         assert (await scrape(observed.http_url))[quota] == before + 1
 
     assert await health(observed.http_url) == (200, {"live": True, "ready": True, "role": "active"})
@@ -384,12 +390,7 @@ async def test_the_log_tells_what_happens(tmp_path: Path) -> None:
                 await client.connect(process.url_for("admin", "wrong"), reconnect=False)
             await log_has(process, "login failed for 'admin'")
 
-            await conn.create_queue("Small", max_messages=1)
-            await conn.create_service("Small", queue="Small", contracts=["DEFAULT"])
-            handle = await conn.begin_dialog("Small", "Small")
-            await conn.send(handle, body=b"one")
-            with pytest.raises(client.BrokerError):
-                await conn.send(handle, body=b"two")
+            await refused_for_quota(conn, "Small")
             await log_has(process, "queue 'Small' is full")
 
             await conn.alter_queue("Small", status="OFF")
