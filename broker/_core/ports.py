@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .catalog import Certificate, RemoteServiceBinding, Route
@@ -393,6 +394,19 @@ class TableStatement(Protocol):
     def tables(self) -> frozenset[str]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class TableRuns:
+    """A statement to run once with each values of `many`, in order, after `owner`'s
+    earlier statements `done` (its transaction's, which it ran before), for at most
+    `timeout` seconds in all."""
+
+    owner: object
+    done: Sequence[tuple[TableStatement, dict[str, Any]]]
+    statement: TableStatement
+    many: Sequence[dict[str, Any]]
+    timeout: float
+
+
 class TableJournal(Protocol):
     """Users' tables (see `_store.user_tables`): statements are translated, run
     provisionally at once (their results are answered then), and run again, in order,
@@ -411,33 +425,17 @@ class TableJournal(Protocol):
             TableError: it cannot be translated, or is not supported."""
         ...
 
-    def run_table_statements(
-        self,
-        owner: object,
-        done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: TableStatement,
-        many: Sequence[dict[str, Any]],
-        timeout: float,
-    ) -> Awaitable[TableResult]:
-        """Run `statement` once with each values of `many`, in order, after `owner`'s
-        earlier statements `done` (the transaction's, which it ran before), changing
-        nothing durable, for at most `timeout` seconds in all; fills each values with
-        what the statement evaluates once per run (GETDATE(), NEWID()). The answer is
-        the one run's (of several: their row counts added, no rows).
+    def run_table_statements(self, runs: TableRuns) -> Awaitable[TableResult]:
+        """Run `runs` changing nothing durable; fills each values with what the statement
+        evaluates once per run (GETDATE(), NEWID()). The answer is the one run's (of
+        several: their row counts added, no rows).
 
         Raises (from the awaitable):
             TableError: a run failed; nothing of any of them stays.
         """
         ...
 
-    def run_table_statements_now(
-        self,
-        owner: object,
-        done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: TableStatement,
-        many: Sequence[dict[str, Any]],
-        timeout: float,
-    ) -> TableResult | None:
+    def run_table_statements_now(self, runs: TableRuns) -> TableResult | None:
         """`run_table_statements` at once, when the store can run it without waiting
         (for its thread, a connection); None when it cannot (nothing ran: call
         `run_table_statements`).

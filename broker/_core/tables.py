@@ -54,7 +54,7 @@ from ssb.protocol import ErrorCode
 
 from .._errors import BrokerError, bad_argument
 from .names import database_of, plain, qualify
-from .ports import Clock, Journal, TableError, TableResult, TableStatement
+from .ports import Clock, Journal, TableError, TableResult, TableRuns, TableStatement
 from .transactions import Session, Transaction, Transactions
 
 MAX_PARAMETERS: Final = 2100  # SQL Server's limit on a statement's parameters
@@ -360,9 +360,7 @@ class Tables:
             for key, mode in self._locks_of(statement):
                 if not self.locks.take(txn, key, mode):
                     return None
-            answer = self.journal.run_table_statements_now(
-                txn, txn.table_statements, statement, many, self.statement_timeout
-            )
+            answer = self.journal.run_table_statements_now(self._runs(txn, statement, many))
         if answer is not None:
             self._ran(txn, statement, many)
         return answer
@@ -381,11 +379,15 @@ class Tables:
                 await self.locks.acquire(txn, key, mode, self.statement_timeout)
             if txn.explicit and session.txn is not txn:
                 raise BrokerError(ErrorCode.NO_TRANSACTION, "the transaction ended meanwhile")
-            answer = await self.journal.run_table_statements(
-                txn, txn.table_statements, statement, many, self.statement_timeout
-            )
+            answer = await self.journal.run_table_statements(self._runs(txn, statement, many))
         self._ran(txn, statement, many)
         return answer
+
+    def _runs(
+        self, txn: Transaction, statement: TableStatement, many: list[dict[str, Any]]
+    ) -> TableRuns:
+        """The statement's runs in `txn`, after the ones it ran before."""
+        return TableRuns(txn, txn.table_statements, statement, many, self.statement_timeout)
 
     def _ran(self, txn: Transaction, statement: TableStatement, many: list[dict[str, Any]]) -> None:
         """The statement ran: the transaction keeps each run (one of its own commits)."""

@@ -60,7 +60,7 @@ from typing import Any, Final, Protocol, cast
 import psycopg
 from psycopg import sql as pgsql
 
-from .._core.ports import TableError, TableStatement
+from .._core.ports import TableError, TableRuns, TableStatement
 from . import postgres_sql, user_kinds, user_sql
 from .commit import Committer
 from .errors import StoreError, describe_failure
@@ -298,38 +298,29 @@ class PostgresUserTables(Committer):
                 found.append((database, str(table), float(estimate)))
         return found
 
-    def run_table_statements_now(
-        self,
-        owner: object,
-        done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: TableStatement,
-        many: Sequence[dict[str, Any]],
-        timeout: float,
-    ) -> TableAnswer | None:
+    def run_table_statements_now(self, runs: TableRuns) -> TableAnswer | None:
         return None  # (a statement runs on its transaction's connection, on a thread)
 
-    async def run_table_statements(
-        self,
-        owner: object,
-        done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: TableStatement,
-        many: Sequence[dict[str, Any]],
-        timeout: float,
-    ) -> TableAnswer:
+    async def run_table_statements(self, runs: TableRuns) -> TableAnswer:
+        owner, statement = runs.owner, runs.statement
         assert isinstance(statement, Statement)
-        bound = bind_runs(statement, many)
+        bound = bind_runs(statement, runs.many)
         for table, permission in statement.writes.items():
             if permission == "CREATE":
                 self._make_schema(postgres_sql.qualified(statement.database, table)[0])
         held = self._provisional.get(id(owner))
-        ctx = held[1] if held is not None and held[0] is owner else await self._take(owner, timeout)
+        ctx = (
+            held[1]
+            if held is not None and held[0] is owner
+            else await self._take(owner, runs.timeout)
+        )
         if ctx.conn.broken or ctx.conn.closed:  # lost: the next runs `done` again on a new one
             ctx.conn.close()
             ctx.conn = await asyncio.to_thread(self._connect)
             ctx.applied = 0
         ctx.busy = True
         loop = asyncio.get_running_loop()
-        job = self._table_pool.submit(self._run, ctx, done, statement, many, bound, timeout)
+        job = self._table_pool.submit(self._run, ctx, runs, bound)
         # the connection is the thread's until the statement ends, even when the caller
         # stops waiting for it (this callback comes before the answer's)
         job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._statement_ended, ctx))
@@ -464,19 +455,15 @@ class PostgresUserTables(Committer):
     # ---- a statement, on a thread of the pool ---------------------------------------------
 
     def _run(
-        self,
-        ctx: _Provisional,
-        done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: Statement,
-        many: Sequence[dict[str, Any]],
-        bound: Sequence[tuple[Any, ...]],
-        timeout: float,
+        self, ctx: _Provisional, runs: TableRuns, bound: Sequence[tuple[Any, ...]]
     ) -> TableAnswer:
-        """Run `statement` once for each of `many` values in `ctx`'s transaction (a thread
-        of the pool), after `done`."""
+        """Run `runs`' statement once for each of its values in `ctx`'s transaction (a
+        thread of the pool), after the statements it follows."""
+        statement = runs.statement
+        assert isinstance(statement, Statement)
         try:
-            self._begin(ctx, done, timeout)
-            return self._statement(ctx, statement, many, bound, timeout)
+            self._begin(ctx, runs.done, runs.timeout)
+            return self._statement(ctx, statement, runs.many, bound, runs.timeout)
         except psycopg.Error as exc:
             if not (ctx.conn.broken or ctx.conn.closed):
                 raise TableError(_described(exc)) from None

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
-from .._core.ports import TableError, TableStatement
+from .._core.ports import TableError, TableRuns, TableStatement
 from . import user_kinds, user_sql
 from .commit import Batch, Committer
 from .user_sql import Statement
@@ -248,41 +248,26 @@ class UserTables(Committer):
         ).fetchall()
         return [(name, raw) for (raw,) in rows if (name := user_sql.shown_name(raw)) is not None]
 
-    def run_table_statements_now(
-        self,
-        owner: object,
-        done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: TableStatement,
-        many: Sequence[dict[str, Any]],
-        timeout: float,
-    ) -> TableAnswer | None:
+    def run_table_statements_now(self, runs: TableRuns) -> TableAnswer | None:
+        statement = runs.statement
         assert isinstance(statement, Statement)
         if (
             self._executor is None
             or self._loop is None
-            or (len(many) <= RUNS_TOGETHER and self._inline(owner, done, statement))
+            or (len(runs.many) <= RUNS_TOGETHER and self._inline(runs.owner, runs.done, statement))
         ):
-            return self._run(owner, done, statement, bind_runs(statement, many), timeout)
+            return self._run(runs, bind_runs(statement, runs.many))
         return None
 
-    async def run_table_statements(
-        self,
-        owner: object,
-        done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: TableStatement,
-        many: Sequence[dict[str, Any]],
-        timeout: float,
-    ) -> TableAnswer:
-        answer = self.run_table_statements_now(owner, done, statement, many, timeout)
+    async def run_table_statements(self, runs: TableRuns) -> TableAnswer:
+        answer = self.run_table_statements_now(runs)
         if answer is not None:
             return answer
-        assert isinstance(statement, Statement) and self._executor is not None
-        bound = bind_runs(statement, many)
+        assert isinstance(runs.statement, Statement) and self._executor is not None
+        bound = bind_runs(runs.statement, runs.many)
         self._table_jobs += 1
         try:
-            return await asyncio.wrap_future(
-                self._executor.submit(self._run, owner, done, statement, bound, timeout)
-            )
+            return await asyncio.wrap_future(self._executor.submit(self._run, runs, bound))
         finally:
             self._table_jobs -= 1
 
@@ -369,17 +354,12 @@ class UserTables(Committer):
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
 
-    def _run(
-        self,
-        owner: object,
-        done: Sequence[tuple[TableStatement, dict[str, Any]]],
-        statement: Statement,
-        bound: Sequence[tuple[Any, ...]],
-        timeout: float,
-    ) -> TableAnswer:
-        """Run `statement` once per parameters of `bound` in `owner`'s provisional
-        transaction (store thread), as one step, for at most `timeout` seconds in all
-        (SQLite's progress handler interrupts it then)."""
+    def _run(self, runs: TableRuns, bound: Sequence[tuple[Any, ...]]) -> TableAnswer:
+        """Run `runs`' statement once per parameters of `bound` in its owner's provisional
+        transaction (store thread), as one step, for at most its timeout in all (SQLite's
+        progress handler interrupts it then)."""
+        owner, done, statement, timeout = runs.owner, runs.done, runs.statement, runs.timeout
+        assert isinstance(statement, Statement)
         db: Any = self._db
         if self._provisional != (owner, len(done)):
             self._end_provisional()

@@ -20,7 +20,7 @@ from pg_server import PostgresServer, fresh_database
 from setup_objects import receive_bodies, seed000
 
 from ssb import client
-from ssb.broker._core.ports import TableError
+from ssb.broker._core.ports import TableError, TableRuns
 from ssb.broker._store import StoreUnavailable, open_store
 from ssb.broker._store.postgres import DatabaseInUse, PostgresStore
 from ssb.broker._store.postgres_schema import SCHEMA_VERSION
@@ -304,7 +304,7 @@ async def test_a_table_transaction_outlives_the_loss_of_its_connection(database:
 
     async def run(sql: str) -> Any:
         statement = store.translate_table_statement(sql, "master")
-        answer = await store.run_table_statements(txn, txn, statement, [{}], 5.0)
+        answer = await store.run_table_statements(TableRuns(txn, txn, statement, [{}], 5.0))
         txn.append((statement, {}))
         return answer
 
@@ -336,7 +336,7 @@ async def test_a_statement_given_up_keeps_its_connection_until_it_ends(database:
 
     async def run(owner: list[Any], sql: str, timeout: float = 5.0) -> Any:
         statement = store.translate_table_statement(sql, "master")
-        answer = await store.run_table_statements(owner, owner, statement, [{}], timeout)
+        answer = await store.run_table_statements(TableRuns(owner, owner, statement, [{}], timeout))
         owner.append((statement, {}))
         return answer
 
@@ -378,7 +378,7 @@ async def test_the_tables_view_does_not_wait_for_a_transactions_alter(database: 
 
     async def run(owner: list[Any], sql: str) -> None:
         statement = store.translate_table_statement(sql, "master")
-        await store.run_table_statements(owner, owner, statement, [{}], 5.0)
+        await store.run_table_statements(TableRuns(owner, owner, statement, [{}], 5.0))
         owner.append((statement, {}))
 
     try:

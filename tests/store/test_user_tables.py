@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ssb.broker._core.ports import TableError
+from ssb.broker._core.ports import TableError, TableRuns
 from ssb.broker._store import ManualStore, SQLiteStore, Store, postgres_sql
 from ssb.broker._store.postgres import PostgresStore
 from ssb.broker._store.user_sql import translate
@@ -28,7 +28,7 @@ async def _run(store: Any, done: Done, sql: str, **values: Any) -> Any:
     """Run a statement as the core does: provisionally, then kept for the commit, in the
     transaction whose statements are `done` (which is its owner too)."""
     statement = store.translate_table_statement(sql, "master")
-    answer = await store.run_table_statements(done, done, statement, [values], 5.0)
+    answer = await store.run_table_statements(TableRuns(done, done, statement, [values], 5.0))
     done.append((statement, values))
     return answer
 
@@ -184,7 +184,7 @@ async def test_a_commit_keeps_the_provisional_run_or_replays_it(
         answer = await _run(store, txn, "INSERT INTO T (v) OUTPUT inserted.k VALUES (7)")
         update = store.translate_table_statement("UPDATE T SET v = v + @d", "master")
         runs_of_update = [{"d": 1}, {"d": 2}]
-        await store.run_table_statements(txn, txn, update, runs_of_update, 5.0)
+        await store.run_table_statements(TableRuns(txn, txn, update, runs_of_update, 5.0))
         txn += [(update, values) for values in runs_of_update]
         store.write_table_statements(txn, txn)
         store.forget_table_statements(txn)
@@ -721,16 +721,18 @@ async def test_many_runs_answer_and_commit_as_the_runs_one_by_one(storage: Manua
         "master",
     )
     many = [{"p1": k, "p2": f"v{k}"} for k in range(250)]  # more than one group's runs
-    answer = await storage.run_table_statements(txn, txn, insert, many, 5.0)
+    answer = await storage.run_table_statements(TableRuns(txn, txn, insert, many, 5.0))
     assert answer.rowcount == 500
     txn += [(insert, values) for values in many]
     # a failed run undoes all of them: the runs are one step
     again = [{"p1": 1000 + k, "p2": "again"} for k in range(3)]
     with pytest.raises(TableError, match="UNIQUE"):
-        await storage.run_table_statements(txn, txn, insert, again, 5.0)
+        await storage.run_table_statements(TableRuns(txn, txn, insert, again, 5.0))
     update = storage.translate_table_statement("UPDATE Log SET v = @v WHERE k = @k", "master")
     changes = [{"k": 7, "v": "seven"}, {"k": 5000, "v": "none"}, {"k": 8, "v": "eight"}]
-    assert (await storage.run_table_statements(txn, txn, update, changes, 5.0)).rowcount == 2
+    assert (
+        await storage.run_table_statements(TableRuns(txn, txn, update, changes, 5.0))
+    ).rowcount == 2
     txn += [(update, values) for values in changes]
     # the runs count as statements of the transaction: the next one follows them in the
     # same provisional transaction, replaying nothing
@@ -878,7 +880,7 @@ async def test_a_statement_runs_at_most_statement_timeout(storage: ManualStore) 
     )
     started = time.monotonic()
     with pytest.raises(TableError, match="statement_timeout"):
-        await storage.run_table_statements(txn, txn, statement, [{}], 0.3)
+        await storage.run_table_statements(TableRuns(txn, txn, statement, [{}], 0.3))
     assert time.monotonic() - started < 10
     assert (await _run(storage, txn, "SELECT COUNT(*) FROM T")).rows == [(200,)]
     _commit(storage, txn)
@@ -898,7 +900,7 @@ async def test_a_change_stopped_by_statement_timeout_keeps_the_transactions_earl
         "master",
     )
     with pytest.raises(TableError, match="statement_timeout"):
-        await storage.run_table_statements(txn, txn, slow, [{}], 0.3)
+        await storage.run_table_statements(TableRuns(txn, txn, slow, [{}], 0.3))
     await _run(storage, txn, "INSERT INTO T VALUES (200, 1)")
     assert (await _run(storage, txn, "SELECT COUNT(*), SUM(n) FROM T")).rows == [(201, 1)]
     _commit(storage, txn)
@@ -956,7 +958,7 @@ async def _in_session(
 ) -> TableAnswer:
     """Run a statement of session number `session` (its temporary tables are its own)."""
     statement = store.translate_table_statement(sql, "master", session)
-    answer = await store.run_table_statements(owner, owner, statement, [values], 5.0)
+    answer = await store.run_table_statements(TableRuns(owner, owner, statement, [values], 5.0))
     owner.append((statement, values))
     return answer
 
