@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +28,19 @@ __all__ = [
     "BrokerProcess",
     "RssSampler",
     "StoreSize",
+    "cache_config",
     "daemon_peak",
     "daemon_pid",
     "daemon_rss",
     "mb",
+    "now_line",
     "peak_rss_bytes",
     "peak_since",
     "queue_row",
     "queue_state",
     "rss_bytes",
     "store_size",
+    "store_sizes",
     "timed_restart",
 ]
 
@@ -162,6 +165,22 @@ def store_size(data_dir: Path) -> StoreSize:
             return 0
 
     return StoreSize(db=size(data_dir / "broker.db"), wal=size(data_dir / "broker.db-wal"))
+
+
+def store_sizes(process: BrokerProcess) -> dict[str, int]:
+    """The daemon's store size as a result records it: {"db": bytes, "wal": bytes}."""
+    return asdict(store_size(process.data_dir))
+
+
+def cache_config(cache_bytes: int | None) -> dict[str, Any]:
+    """The daemon's config for a --cache-bytes option: its `message_cache_bytes`, or
+    nothing (the daemon's default) for None."""
+    return {} if cache_bytes is None else {"message_cache_bytes": cache_bytes}
+
+
+def now_line(process: BrokerProcess) -> str:
+    """The running daemon's RSS and store size now, for a progress line."""
+    return f"RSS {mb(daemon_rss(process))} MB, store {mb(store_size(process.data_dir).total)} MB"
 
 
 async def queue_row(conn: client.Connection, queue: str) -> dict[str, Any]:

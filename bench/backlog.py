@@ -84,12 +84,14 @@ from ._memory import (
     MB,
     BrokerProcess,
     RssSampler,
+    cache_config,
     daemon_peak,
     daemon_rss,
     mb,
+    now_line,
     peak_since,
     queue_state,
-    store_size,
+    store_sizes,
     timed_restart,
 )
 
@@ -351,11 +353,6 @@ async def first_answer(url: str) -> float:
     return time.perf_counter() - started
 
 
-def _sizes(process: BrokerProcess) -> dict[str, int]:
-    size = store_size(process.data_dir)
-    return {"db": size.db, "wal": size.wal}
-
-
 def _settle(seconds: float) -> None:
     time.sleep(seconds)  # pacing, bounded: let the daemon go idle before a memory reading
 
@@ -369,7 +366,7 @@ def _wait_tidied(process: BrokerProcess, timeout: float) -> float | None:
     started = time.monotonic()
     last, same = -1, 0
     while time.monotonic() - started < timeout:
-        size = _sizes(process)
+        size = store_sizes(process)
         same = same + 1 if size["db"] == last and size["wal"] == 0 else 0
         if same >= TIDY_STABLE:
             return time.monotonic() - started
@@ -391,9 +388,7 @@ def bench(opts: Options) -> Result:
     short_counts = spread(short_total, short_conversations)
     r.short_messages = short_total
     r.short_conversations = short_conversations
-    config = {} if opts.cache_bytes is None else {"message_cache_bytes": opts.cache_bytes}
-
-    with broker(opts.durability, config, stop_timeout=60.0) as d:
+    with broker(opts.durability, cache_config(opts.cache_bytes), stop_timeout=60.0) as d:
         url = d.url
         print(f"[empty] {opts.restarts} restarts of the empty daemon ...", flush=True)
         r.empty_restart_s = [timed_restart(d) for _ in range(opts.restarts)]
@@ -434,7 +429,7 @@ def bench(opts: Options) -> Result:
         def progress(fraction: float, elapsed: float) -> None:
             print(
                 f"  [fill] {100 * fraction:.0f}% {rate(int(fraction * opts.messages), elapsed):,.0f}"
-                f" msgs/s, RSS {mb(daemon_rss(d))} MB, store {mb(store_size(d.data_dir).total)} MB",
+                f" msgs/s, {now_line(d)}",
                 flush=True,
             )
 
@@ -444,7 +439,7 @@ def bench(opts: Options) -> Result:
         r.rss_after_fill = daemon_rss(d)
         r.rss_peak_fill = peak_since(d, hwm_before, sampler.peak, r.rss_after_fill)
         r.rss_growth = r.rss_peak_fill - r.rss_before_fill
-        r.store_after_fill = _sizes(d)
+        r.store_after_fill = store_sizes(d)
         row, r.resources_after_fill = run(queue_state(url, CATALOG.target_queue))
         print(
             f"  filled in {r.fill_s:.1f} s ({r.fill_msgs_s:,.0f} msgs/s); RSS {mb(r.rss_after_fill)}"
@@ -471,12 +466,12 @@ def bench(opts: Options) -> Result:
         with RssSampler(lambda: d.pid) as sampler:
             r.deep = run(drain(url, deep_counts, PHASE_DEEP, opts, "deep", d.pid, True))
         r.rss_peak_drain = sampler.peak
-        r.store_after_drain = _sizes(d)
+        r.store_after_drain = store_sizes(d)
 
         print(f"[after] {opts.settle:g} s idle ...", flush=True)
         _settle(opts.settle)
         r.rss_at_settle = daemon_rss(d)
-        r.store_after_settle = _sizes(d)
+        r.store_after_settle = store_sizes(d)
         print(
             f"[after] until the store stops shrinking (at most {opts.tidy_timeout:g} s) ...",
             flush=True,
@@ -485,7 +480,7 @@ def bench(opts: Options) -> Result:
         r.tidy_seconds = None if tidied is None else opts.settle + tidied
         r.rss_after_drain = daemon_rss(d)
         r.rss_after_drain_vs_empty = r.rss_after_drain - r.rss_empty
-        r.store_after_tidy = _sizes(d)
+        r.store_after_tidy = store_sizes(d)
         _, r.resources_after_drain = run(queue_state(url, CATALOG.target_queue))
 
         # the reference again, on the same daemon: both bracket the deep drain in time

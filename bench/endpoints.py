@@ -59,6 +59,7 @@ from ._memory import (
     daemon_peak,
     daemon_rss,
     mb,
+    now_line,
     peak_since,
     store_size,
     timed_restart,
@@ -126,8 +127,7 @@ async def begin_dialogs(d: BrokerProcess, opts: Options, r: Result) -> float:
                 elapsed = time.monotonic() - started
                 print(
                     f"  {done:,}/{total:,} ({100 * done / total:.0f}%) "
-                    f"{rate(done, elapsed):,.0f} dialogs/s, RSS {mb(daemon_rss(d))} MB, "
-                    f"store {mb(store_size(d.data_dir).total)} MB",
+                    f"{rate(done, elapsed):,.0f} dialogs/s, {now_line(d)}",
                     flush=True,
                 )
                 next_report += step

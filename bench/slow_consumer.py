@@ -65,6 +65,7 @@ from ._common import (
 from ._memory import (
     MB,
     BrokerProcess,
+    cache_config,
     daemon_peak,
     daemon_rss,
     mb,
@@ -72,7 +73,7 @@ from ._memory import (
     queue_row,
     queue_state,
     rss_bytes,
-    store_size,
+    store_sizes,
 )
 
 CATALOG = Catalog("Slow")
@@ -224,8 +225,7 @@ async def monitor(
 
 def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Options) -> RunResult:
     r = RunResult(name=name, quota=quota)
-    config = {} if opts.cache_bytes is None else {"message_cache_bytes": opts.cache_bytes}
-    with broker(opts.durability, config, stop_timeout=60.0) as d:
+    with broker(opts.durability, cache_config(opts.cache_bytes), stop_timeout=60.0) as d:
         run(CATALOG.create(d.url, quota))
         counter = mp.get_context("spawn").Value("q", 0, lock=False)
         work: dict[str, tuple[Work, tuple[Any, ...]]] = {
@@ -257,8 +257,7 @@ def one_run(name: str, quota: int | None, reference_rate: float | None, opts: Op
         row, r.resources_end = run(queue_state(d.url, CATALOG.target_queue))
         r.queued_end = int(row["messages_stored"])
         r.max_depth = max([*depth, r.queued_end])
-        size = store_size(d.data_dir)
-        r.store_end = {"db": size.db, "wal": size.wal}
+        r.store_end = store_sizes(d)
         if r.queued_end != r.sent - r.received:
             raise BenchFailure(
                 f"[{name}] the queue holds {r.queued_end} messages; sent {r.sent} - received "
