@@ -35,7 +35,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Final, Generic, Protocol, TypeVar
 
-from .ports import Clock, Journal
+from .ports import Clock, Journal, Span
 
 log = logging.getLogger("ssb.core")
 
@@ -106,9 +106,8 @@ class Backlog(Generic[T]):
 
     # ---- what a subclass reads from the store ------------------------------------
 
-    def _read(self, first: int, before: int | None, limit: int, max_bytes: int) -> list[T]:
-        """Up to `limit` spilled items with keys in [first, before), in key order, stopping
-        after the item that passes `max_bytes`."""
+    def _read(self, span: Span) -> list[T]:
+        """The spilled items in `span`."""
         raise NotImplementedError
 
     def _next_key(self, after: int, before: int | None) -> int | None:
@@ -283,7 +282,9 @@ class Backlog(Generic[T]):
     def _load(self, need: int) -> bool:
         """Bring the next spilled items into the head; False when the store had none."""
         before = self.tail[0].key if self.tail else None
-        read = self._read(self.spilled_from, before, min(self.spilled, need + PREFETCH), LOAD_BYTES)
+        read = self._read(
+            Span(self.spilled_from, before, min(self.spilled, need + PREFETCH), LOAD_BYTES)
+        )
         if not read:
             log.warning(
                 "%s: %d spilled item(s) from key %d were not in the store; forgetting them",

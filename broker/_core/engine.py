@@ -52,7 +52,16 @@ from .endpoints import Endpoints
 from .events import Events
 from .outcomes import DEFAULT_WINDOW_COUNT, DEFAULT_WINDOW_SECONDS, PRUNED_THROUGH, Outcomes
 from .poison import Poison
-from .ports import Clock, Journal, NoListener, NoTransport, OutboundSink, QueueListener, Row
+from .ports import (
+    Clock,
+    Journal,
+    NoListener,
+    NoTransport,
+    OutboundSink,
+    QueueListener,
+    Row,
+    Span,
+)
 from .queues import Conversation, Queue, Status, dead_letter_identity
 from .receive import Receiving
 from .remote import RemoteDelivery
@@ -371,7 +380,7 @@ class Engine:
     def _load_transmission(self) -> None:
         for conversation_id, is_initiator, count, first in self.journal.transmission_summary():
             rows = self.journal.read_transmission(
-                uuid.UUID(bytes=conversation_id), bool(is_initiator), first, None, 1, 0
+                uuid.UUID(bytes=conversation_id), bool(is_initiator), Span(first, None, 1, 0)
             )
             if not rows:
                 continue

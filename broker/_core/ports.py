@@ -39,6 +39,18 @@ from .conversations import Endpoint
 Row = tuple[Any, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A read of a keyed sequence (a conversation's messages, a direction's transmission
+    entries): keys `first` <= key < `before` (None: no upper bound), in key order, at most
+    `limit` of them, and no more once their sizes add up to `max_bytes`."""
+
+    first: int
+    before: int | None
+    limit: int
+    max_bytes: int
+
+
 class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
@@ -195,19 +207,9 @@ class MessageJournal(Protocol):
         """Change a message's extra column (the core's packed attributes)."""
         ...
 
-    def read_ready_messages(
-        self,
-        queue: str,
-        handle: uuid.UUID,
-        first: int,
-        before: int | None,
-        limit: int,
-        max_bytes: int,
-    ) -> list[Row]:
-        """Ready messages of conversation `handle` in `queue` with `first` <= queuing
-        order < `before` (None: no upper bound), in queuing order: at most `limit`, and no
-        more once their sizes add up to `max_bytes` (the one that reaches it is
-        included)."""
+    def read_ready_messages(self, queue: str, handle: uuid.UUID, span: Span) -> list[Row]:
+        """Ready messages of conversation `handle` in `queue` in `span` of queuing orders;
+        the one whose size reaches its bytes is included."""
         ...
 
     def next_ready_order(
@@ -271,17 +273,10 @@ class TransmissionJournal(Protocol):
         ...
 
     def read_transmission(
-        self,
-        conversation_id: uuid.UUID,
-        is_initiator: bool,
-        first: int,
-        before: int | None,
-        limit: int,
-        max_bytes: int,
+        self, conversation_id: uuid.UUID, is_initiator: bool, span: Span
     ) -> list[Row]:
-        """A direction's entries with `first` <= seq < `before` (None: no upper bound), by
-        seq: at most `limit`, at least one if there is any, and then no more than fit in
-        `max_bytes` counting their bodies' lengths."""
+        """A direction's entries in `span` of seqs, counting their bodies' lengths: at
+        least one if there is any, and then no more than fit in its bytes."""
         ...
 
     def next_transmission_seq(

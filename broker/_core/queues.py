@@ -42,7 +42,7 @@ from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, ROW_OVERHEAD, pack, unpack
 from .backlog import ITEM_OVERHEAD, Backlog, MessageCache
 from .catalog import QueueDef
 from .names import plain
-from .ports import Journal, Row
+from .ports import Journal, Row, Span
 
 
 class Status(IntEnum):
@@ -239,11 +239,11 @@ class Conversation(Backlog[Message]):
             message.restore_extra(extra)
         return message
 
-    def _read(self, first: int, before: int | None, limit: int, max_bytes: int) -> list[Message]:
-        rows = self.journal.read_ready_messages(
-            self.queue, self.handle, first, before, limit, max_bytes
-        )
-        return [self.message(row) for row in rows]
+    def _read(self, span: Span) -> list[Message]:
+        return [
+            self.message(row)
+            for row in self.journal.read_ready_messages(self.queue, self.handle, span)
+        ]
 
     def _next_key(self, after: int, before: int | None) -> int | None:
         return self.journal.next_ready_order(self.queue, self.handle, after, before)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from . import catalog as cat
 from .backlog import ITEM_OVERHEAD, Backlog, MessageCache
-from .ports import Journal, Row
+from .ports import Journal, Row, Span
 from .queues import Queue
 
 
@@ -136,10 +136,8 @@ class DialogOutbox(Backlog[Outbound]):
     def direction(self) -> DirectionKey:
         return (self.conversation_id, self.is_initiator)
 
-    def _read(self, first: int, before: int | None, limit: int, max_bytes: int) -> list[Outbound]:
-        rows = self.journal.read_transmission(
-            self.conversation_id, self.is_initiator, first, before, limit, max_bytes
-        )
+    def _read(self, span: Span) -> list[Outbound]:
+        rows = self.journal.read_transmission(self.conversation_id, self.is_initiator, span)
         return [Outbound.from_row(row) for row in rows]
 
     def _next_key(self, after: int, before: int | None) -> int | None:

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from ssb.protocol import ROW_OVERHEAD
 
-from .._core.ports import Row
+from .._core.ports import Row, Span
 from .commit import CANCELLED, UNKNOWN_ROWS, Connection, Tables, weight
 from .errors import READ_ERRORS, StoreError, describe_failure
 from .port import MESSAGE_COLUMNS
@@ -149,28 +149,20 @@ class MessageTables(Tables):
 
     # ---- reads -------------------------------------------------------------------------
 
-    def read_ready_messages(
-        self,
-        queue: str,
-        handle: uuid.UUID,
-        first: int,
-        before: int | None,
-        limit: int,
-        max_bytes: int,
-    ) -> list[Row]:
-        top = _NO_LIMIT if before is None else before
+    def read_ready_messages(self, queue: str, handle: uuid.UUID, span: Span) -> list[Row]:
+        top = _NO_LIMIT if span.before is None else span.before
         rows: list[Row] = []
         used = 0
         cursor = self._reader.execute(
             f"{_SELECT} WHERE status = 1 AND queue = ? AND handle = ?"
             " AND queuing_order >= ? AND queuing_order < ? ORDER BY queuing_order LIMIT ?",
-            (queue, handle, first, top, limit),
+            (queue, handle, span.first, top, span.limit),
         )
         try:
             for row in cursor:  # stepped one row at a time: nothing is read past the budget
                 rows.append(row)
                 used += row[_SIZE]
-                if used >= max_bytes:
+                if used >= span.max_bytes:
                     break
         finally:
             cursor.close()

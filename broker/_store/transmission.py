@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from .._core.ports import Row
+from .._core.ports import Row, Span
 from .commit import UNKNOWN_ROWS, Tables, weight
 from .port import TRANSMISSION_COLUMNS
 from .sql import columns, insert
@@ -70,21 +70,15 @@ class TransmissionTables(Tables):
     # ---- reads -------------------------------------------------------------------------
 
     def read_transmission(
-        self,
-        conversation_id: uuid.UUID,
-        is_initiator: bool,
-        first: int,
-        before: int | None,
-        limit: int,
-        max_bytes: int,
+        self, conversation_id: uuid.UUID, is_initiator: bool, span: Span
     ) -> list[Row]:
         sql = (
             f"{_SELECT} WHERE conversation_id = ? AND is_initiator = ?"
             " AND seq >= ? AND seq < ? ORDER BY seq LIMIT ?"
         )
-        top = _NO_LIMIT if before is None else before
-        params = (conversation_id, int(is_initiator), first, top, limit)
-        return self._bounded(sql, params, _transmission_size, max_bytes)
+        top = _NO_LIMIT if span.before is None else span.before
+        params = (conversation_id, int(is_initiator), span.first, top, span.limit)
+        return self._bounded(sql, params, _transmission_size, span.max_bytes)
 
     def next_transmission_seq(
         self, conversation_id: uuid.UUID, is_initiator: bool, after: int, before: int | None

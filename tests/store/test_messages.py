@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from ssb.broker._core.ports import Span
 from ssb.broker._store import ManualStore
 from ssb.protocol import ROW_OVERHEAD
 
@@ -42,7 +43,7 @@ def test_ready_messages_are_read_in_order_within_a_range_a_count_and_a_budget(
     storage.flush()
 
     def orders(first: int, before: int | None, limit: int, max_bytes: int) -> list[int]:
-        rows = storage.read_ready_messages("q", handle, first, before, limit, max_bytes)
+        rows = storage.read_ready_messages("q", handle, Span(first, before, limit, max_bytes))
         return [row[0] for row in rows]
 
     assert orders(1, None, 100, 1 << 20) == [*range(1, 11), 14]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from ssb.broker._core.ports import Span
 from ssb.broker._store import ManualStore
 
 from .rows import outbound, stored
@@ -28,7 +29,7 @@ def test_a_direction_is_read_in_seq_order_within_a_range_a_count_and_a_budget(
     conversation, _ = _fill(storage)
 
     def seqs(first: int, before: int | None, limit: int, max_bytes: int) -> list[int]:
-        rows = storage.read_transmission(conversation, True, first, before, limit, max_bytes)
+        rows = storage.read_transmission(conversation, True, Span(first, before, limit, max_bytes))
         return [row[8] for row in rows]
 
     assert seqs(1, None, 100, 1 << 20) == list(range(1, 11))
@@ -37,11 +38,11 @@ def test_a_direction_is_read_in_seq_order_within_a_range_a_count_and_a_budget(
     assert seqs(1, None, 100, 30) == [1, 2, 3]
     assert seqs(1, None, 100, 29) == [1, 2]
     assert seqs(1, None, 100, 0) == [1]  # at least one
-    assert [r[0] for r in storage.read_transmission(conversation, False, 0, None, 9, 99)] == [
+    assert [r[0] for r in storage.read_transmission(conversation, False, Span(0, None, 9, 99))] == [
         11,
         12,
     ]
-    first = storage.read_transmission(conversation, True, 1, None, 1, 0)
+    first = storage.read_transmission(conversation, True, Span(1, None, 1, 0))
     assert first == [stored(outbound(1, conversation, 1, body=b"b" * 10))]
     assert storage.next_transmission_seq(conversation, True, 3, None) == 4
     assert storage.next_transmission_seq(conversation, True, 3, 4) is None
@@ -55,13 +56,13 @@ def test_entries_are_deleted_by_id_by_range_and_by_direction(storage: ManualStor
     storage.delete_transmission_seqs(conversation, True, 3, 5)
     storage.flush()
     assert storage.rows_written - written == 4
-    left = storage.read_transmission(conversation, True, 0, None, 100, 1 << 20)
+    left = storage.read_transmission(conversation, True, Span(0, None, 100, 1 << 20))
     assert [r[8] for r in left] == [2, 6, 7, 8, 9, 10]
     storage.delete_transmission_direction(conversation, True)
     storage.flush()
-    assert storage.read_transmission(conversation, True, 0, None, 100, 1 << 20) == []
-    assert len(storage.read_transmission(conversation, False, 0, None, 100, 1 << 20)) == 2
-    assert len(storage.read_transmission(other, True, 0, None, 100, 1 << 20)) == 1
+    assert storage.read_transmission(conversation, True, Span(0, None, 100, 1 << 20)) == []
+    assert len(storage.read_transmission(conversation, False, Span(0, None, 100, 1 << 20))) == 2
+    assert len(storage.read_transmission(other, True, Span(0, None, 100, 1 << 20))) == 1
 
 
 def test_the_queue_is_summed_up_by_direction_and_paged_by_id(storage: ManualStore) -> None:

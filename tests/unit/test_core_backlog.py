@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from ssb.broker._core.backlog import Backlog, MessageCache
+from ssb.broker._core.ports import Span
 from ssb.broker._core.queues import Queue, Status
 from ssb.protocol import ROW_OVERHEAD
 
@@ -312,9 +313,10 @@ class _Backlog(Backlog[_Item]):
         super().__init__(cache)
         self.rows: dict[int, _Item] = {}
 
-    def _read(self, first: int, before: int | None, limit: int, max_bytes: int) -> list[_Item]:
+    def _read(self, span: Span) -> list[_Item]:
+        first, before = span.first, span.before
         keys = sorted(k for k in self.rows if k >= first and (before is None or k < before))
-        return [self.rows[k] for k in keys[:limit]]
+        return [self.rows[k] for k in keys[: span.limit]]
 
     def _next_key(self, after: int, before: int | None) -> int | None:
         keys = [k for k in self.rows if k > after and (before is None or k < before)]
@@ -363,7 +365,7 @@ def test_read_ahead_tops_up_a_head_a_take_left_short() -> None:
     assert backlog.spilled == 200 and not backlog.head
     reads: list[int] = []
     plain_read = backlog._read
-    backlog._read = lambda *a: reads.append(a[2]) or plain_read(*a)  # type: ignore[method-assign]
+    backlog._read = lambda span: reads.append(span.limit) or plain_read(span)  # type: ignore[method-assign]
     assert [i.key for i in backlog.take(10, 1 << 30)] == list(range(10))
     assert len(reads) == 1 and 0 < len(backlog.head) < 50  # the prefetch remainder
     assert backlog.read_ahead(50)  # between takes: the head is brought up to 50

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ssb.broker._core.catalog import END_DIALOG
+from ssb.broker._core.ports import Span
 from ssb.broker._core.transmission import Outbound
 from ssb.broker._transport import outbound
 from ssb.protocol import Direction
@@ -48,7 +49,7 @@ async def test_entries_are_placed_once_durable_and_fed_within_the_in_flight_budg
     assert [address for address, _ in world.network.attempts] == [b.address]
     (box,) = a.core.engine.remote.remote_outboxes()
     assert box.count == 6
-    (row,) = a.core.store.read_transmission(box.conversation_id, True, 0, None, 1, 1 << 20)
+    (row,) = a.core.store.read_transmission(box.conversation_id, True, Span(0, None, 1, 1 << 20))
     assert a.transport.describe(Outbound.from_row(row)) == f"connection refused by {b.address}"
     world.network.listeners[b.address] = b.transport.links
     await world.advance(1.0)
