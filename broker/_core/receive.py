@@ -58,13 +58,27 @@ ALL = 1 << 62  # RECEIVE without TOP
 
 
 @dataclass(slots=True, eq=False)
-class Waiter:
-    txn: Transaction
+class Want:
+    """What a RECEIVE or a GET CONVERSATION GROUP asks of `queue`: up to `top` messages
+    (of conversation `handle`, or of group `group_id`, when given), or the next group to
+    lock (`get_group`)."""
+
     queue: Queue
     top: int
     handle: uuid.UUID | None
     group_id: uuid.UUID | None
     get_group: bool
+
+    @property
+    def unfiltered(self) -> bool:
+        """Without WHERE: any conversation group will do."""
+        return self.handle is None and self.group_id is None
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    txn: Transaction
+    want: Want
     future: asyncio.Future[tuple[Group, list[Message]] | None]
 
 
@@ -115,23 +129,17 @@ class Receiving:
             return []
         txn = self.transactions.current(session)
         limit = ALL if top is None else top
-        got = self._try_take(txn, q, limit, handle, group_id, False)
+        want = Want(q, limit, handle, group_id, False)
+        got = self._try_take(txn, want)
         if got is None and wait != 0:
-            return self._receive_waiting(session, txn, q, limit, handle, group_id, wait)
-        return self._received(session, txn, q, got, handle is None and group_id is None)
+            return self._receive_waiting(session, txn, want, wait)
+        return self._received(session, txn, q, got, want.unfiltered)
 
     async def _receive_waiting(
-        self,
-        session: Session,
-        txn: Transaction,
-        q: Queue,
-        top: int,
-        handle: uuid.UUID | None,
-        group_id: uuid.UUID | None,
-        wait: float | None,
+        self, session: Session, txn: Transaction, want: Want, wait: float | None
     ) -> list[list[Any]]:
-        got = await self._wait(session, txn, q, top, handle, group_id, False, wait)
-        return self._received(session, txn, q, got, handle is None and group_id is None)
+        got = await self._wait(session, txn, want, wait)
+        return self._received(session, txn, want.queue, got, want.unfiltered)
 
     def _received(
         self, session: Session, txn: Transaction, q: Queue, got: Taken | None, unfiltered: bool
@@ -181,16 +189,17 @@ class Receiving:
         if self.listener.stopping(session):
             return None
         txn = self.transactions.current(session)
-        got = self._try_take(txn, q, 0, None, None, True)
+        want = Want(q, 0, None, None, True)
+        got = self._try_take(txn, want)
         if got is None and wait != 0:
-            return self._group_waiting(session, txn, q, wait)
+            return self._group_waiting(session, txn, want, wait)
         return self._got_group(session, txn, q, got)
 
     async def _group_waiting(
-        self, session: Session, txn: Transaction, q: Queue, wait: float | None
+        self, session: Session, txn: Transaction, want: Want, wait: float | None
     ) -> uuid.UUID | None:
-        got = await self._wait(session, txn, q, 0, None, None, True, wait)
-        return self._got_group(session, txn, q, got)
+        got = await self._wait(session, txn, want, wait)
+        return self._got_group(session, txn, want.queue, got)
 
     def _got_group(
         self, session: Session, txn: Transaction, q: Queue, got: Taken | None
@@ -226,15 +235,8 @@ class Receiving:
 
     # ---- taking ------------------------------------------------------------------------
 
-    def _try_take(
-        self,
-        txn: Transaction,
-        q: Queue,
-        top: int,
-        handle: uuid.UUID | None,
-        group_id: uuid.UUID | None,
-        get_group: bool,
-    ) -> Taken | None:
+    def _try_take(self, txn: Transaction, want: Want) -> Taken | None:
+        q, handle, group_id, top = want.queue, want.handle, want.group_id, want.top
         lockable = self.transactions.lockable
         group: Group | None
         if handle is not None:
@@ -264,14 +266,14 @@ class Receiving:
         if group.owner is not txn and len(txn.locks) >= self.transactions.max_locks:
             self.transactions.room(txn, 1)
         self.transactions.lock(txn, q, group.id)
-        if get_group:
+        if want.get_group:
             return group, []
         messages = q.take(group, top, handle)
         for m in messages:
             m.delivery_count += 1
         if messages:
             txn.received.append((q, messages))
-            if handle is None and group_id is None:
+            if want.unfiltered:
                 # the next RECEIVE likely takes the next eligible group: read it meanwhile
                 self.clock.call_soon(lambda: self._read_ahead(q, top))
         return group, messages
@@ -285,18 +287,11 @@ class Receiving:
     # ---- waiting -------------------------------------------------------------------------
 
     async def _wait(
-        self,
-        session: Session,
-        txn: Transaction,
-        q: Queue,
-        top: int,
-        handle: uuid.UUID | None,
-        group_id: uuid.UUID | None,
-        get_group: bool,
-        wait: float | None,
+        self, session: Session, txn: Transaction, want: Want, wait: float | None
     ) -> Taken | None:
+        q = want.queue
         future: asyncio.Future[Taken | None] = self.clock.create_future()
-        waiter = Waiter(txn, q, top, handle, group_id, get_group, future)
+        waiter = Waiter(txn, want, future)
         q.waiters.append(waiter)
         session.waiting = waiter
         # a message may have arrived between the first try and now: look once more
@@ -330,7 +325,7 @@ class Receiving:
     def end_wait(self, session: Session) -> None:
         """A RECEIVE the session waits in returns nothing now (its reader must stop)."""
         waiter = session.waiting
-        if isinstance(waiter, Waiter) and not waiter.get_group:
+        if isinstance(waiter, Waiter) and not waiter.want.get_group:
             _resolve(waiter.future, None)
 
     def kick(self, queue: Queue) -> None:
@@ -346,9 +341,7 @@ class Receiving:
         for waiter in queue.waiters:
             if waiter.future.done():
                 continue
-            got = self._try_take(
-                waiter.txn, queue, waiter.top, waiter.handle, waiter.group_id, waiter.get_group
-            )
+            got = self._try_take(waiter.txn, waiter.want)
             if got is None:
                 remaining.append(waiter)
             else:
@@ -372,11 +365,7 @@ class Receiving:
     @staticmethod
     def waiting_sessions(queue: Queue) -> int:
         """Sessions blocked in RECEIVE or GET CONVERSATION GROUP without WHERE."""
-        return sum(
-            1
-            for w in queue.waiters
-            if w.handle is None and w.group_id is None and not w.future.done()
-        )
+        return sum(1 for w in queue.waiters if w.want.unfiltered and not w.future.done())
 
     # ---- at commit and rollback --------------------------------------------------------------
 
