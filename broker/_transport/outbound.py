@@ -56,7 +56,7 @@ from .applying import Applying, DirectionId
 from .link import Link, Links, Peer
 from .locator import Locator
 from .peers import Peers, route_address
-from .ports import Clock, RemoteDialogStore
+from .ports import Clock, RemoteDialog, RemoteDialogStore
 from .pump import Pump
 from .refusals import RefusalLog, SaidOnce
 from .settings import TransportSettings, transmission_priority
@@ -469,17 +469,15 @@ class Transmission:
 
     # ---- senders at restart and when their endpoint goes ---------------------------------
 
-    def restore(
-        self,
-        peer: Peer,
-        conversation_id: uuid.UUID,
-        direction: Direction,
-        session_key: bytes,
-        wrapped_key: bytes,
-        envelope: Envelope,
-    ) -> None:
+    def restore(self, peer: Peer, remote: RemoteDialog) -> None:
         """A sender from its persisted state: it resumes at the direction's first entry
         still in the transmission queue (else after what its endpoint sent)."""
+        conversation_id, direction, envelope = (
+            remote.conversation_id,
+            remote.direction,
+            remote.envelope,
+        )
+        assert envelope is not None  # (a sender's row keeps its routing header)
         from_initiator = direction is Direction.FROM_INITIATOR
         box = self.delivery.outbox((conversation_id, from_initiator))
         ep = self.endpoints.by_conversation(conversation_id, from_initiator)
@@ -494,8 +492,8 @@ class Transmission:
             conversation_id,
             direction,
             envelope,
-            session_key=session_key,
-            wrapped_session_key=wrapped_key,
+            session_key=remote.session_key,
+            wrapped_session_key=remote.wrapped_key,
             next_seq=resume,
             priority=self._priority(box.priority if box is not None else 5),
             now=self.clock.time(),

@@ -18,7 +18,10 @@ import asyncio
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from ssb.protocol import Direction, Envelope, unpack
 
 from .._core.ports import Cancellable, Row
 
@@ -60,6 +63,35 @@ class SendPermission(Protocol):
         """Whether `login` (None: PUBLIC) holds SEND on `service` (a service key of this
         broker, or the name a new dialog from another broker gives; a name no service
         here has yet passes: its messages wait for the service)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteDialog:
+    """A dialog direction's persisted state on this broker's side of a peer (a
+    `remote_dialogs` row): the sender's ("send") or the receiver's ("recv")."""
+
+    conversation_id: uuid.UUID
+    direction: Direction
+    side: str
+    peer_id: uuid.UUID
+    session_key: bytes
+    wrapped_key: bytes | None
+    next_seq: int
+    envelope: Envelope | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> RemoteDialog:
+        conversation, direction, side, peer_id, key, wrapped, next_seq, envelope = row
+        return cls(
+            uuid.UUID(bytes=conversation),
+            Direction(direction),
+            side,
+            uuid.UUID(peer_id),
+            key,
+            wrapped,
+            next_seq,
+            Envelope.decode(unpack(envelope)) if envelope else None,
+        )
 
 
 class RemoteDialogStore(Protocol):

@@ -48,7 +48,7 @@ from .._core.ports import EndpointLookup, PeerCatalog
 from .applying import DirectionId
 from .link import Link, Peer
 from .peers import Peers
-from .ports import Clock, RemoteDialogStore
+from .ports import Clock, RemoteDialog, RemoteDialogStore
 from .refusals import RefusalLog
 from .settings import TransportSettings
 from .trust import Trust
@@ -210,25 +210,18 @@ class Receivers:
     # ---- restart -------------------------------------------------------------------------
 
     def restore(
-        self,
-        peer: Peer,
-        conversation_id: uuid.UUID,
-        direction: Direction,
-        session_key: bytes,
-        next_seq: int,
-        envelope: Envelope | None,
-        held: Iterable[HeldFragment],
+        self, peer: Peer, remote: RemoteDialog, held: Iterable[HeldFragment]
     ) -> list[DialogEvent]:
         """A receiver from its persisted state; returns the events of what its held
         fragments complete."""
-        key = (conversation_id, direction)
+        envelope = remote.envelope
         if envelope is not None:
-            self.envelopes[key] = envelope
+            self.envelopes[(remote.conversation_id, remote.direction)] = envelope
         return peer.dialog.open_receiver(
-            conversation_id,
-            direction,
-            session_key=session_key,
-            next_expected_seq=next_seq,
+            remote.conversation_id,
+            remote.direction,
+            session_key=remote.session_key,
+            next_expected_seq=remote.next_seq,
             encrypted=envelope is not None and envelope.encrypted,
             held_fragments=held,
         )

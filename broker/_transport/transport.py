@@ -36,14 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from ssb.protocol import (
-    Direction,
-    Envelope,
     HandshakeCompleted,
     LocatedFrame,
     LocateFrame,
     Role,
     UnbundleFrame,
-    unpack,
 )
 
 from .._core.conversations import Endpoint
@@ -62,7 +59,7 @@ from .link import Frames, Link, Links, Peer
 from .locator import Locator
 from .outbound import Transmission
 from .peers import Peers, route_address
-from .ports import Clock, Connector, RemoteDialogStore, SendPermission
+from .ports import Clock, Connector, RemoteDialog, RemoteDialogStore, SendPermission
 from .pump import Pump
 from .receivers import HeldPartial, Receivers
 from .refusals import RefusalLog
@@ -220,20 +217,20 @@ class Transport:
         """Receivers and senders from their persisted state."""
         remote_dialogs, held_fragments = self.store.load_remote()
         held = self.reception.restore_held(held_fragments)
-        for conv_raw, direction, side, peer_id, key, wrapped, next_seq, env in remote_dialogs:
-            conv, d = uuid.UUID(bytes=conv_raw), Direction(direction)
-            peer = self.registry.get(uuid.UUID(peer_id))
+        for remote in map(RemoteDialog.from_row, remote_dialogs):
+            peer = self.registry.get(remote.peer_id)
             if peer is None:
-                log.warning("no trusted certificate for broker %s; dialog %s waits", peer_id, conv)
+                log.warning(
+                    "no trusted certificate for broker %s; dialog %s waits",
+                    remote.peer_id,
+                    remote.conversation_id,
+                )
                 continue
-            envelope = Envelope.decode(unpack(env)) if env else None
-            if side == "recv":
-                restored = held.get((conv, d), ())
-                events = self.receivers.restore(peer, conv, d, key, next_seq, envelope, restored)
-                self.reception.apply(peer, events)
+            if remote.side == "recv":
+                restored = held.get((remote.conversation_id, remote.direction), ())
+                self.reception.apply(peer, self.receivers.restore(peer, remote, restored))
             else:
-                assert envelope is not None
-                self.transmission.restore(peer, conv, d, key, wrapped, envelope)
+                self.transmission.restore(peer, remote)
 
     def resume(self) -> None:
         """Check for idle links from now on, place every direction that waits, pump."""
