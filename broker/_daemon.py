@@ -76,6 +76,7 @@ from ._permissions import Permissions
 from ._procedures import ProcedurePolicy
 from ._server import SERVER_NAME, ClientConnection, NextRequests
 from ._store import (
+    CommitHooks,
     Store,
     StoreError,
     StoreUnavailable,
@@ -260,14 +261,14 @@ class Broker:
             from ._metrics import CommitHistograms  # the HTTP stack only with its port on
 
             commits = CommitHistograms()  # hears of every commit from the first
-        store.attach(
-            loop,
-            self._store_failed,
-            self._store_trouble,
-            None if commits is None else commits.observe,
-            self._store_abandoned,
-            config.disk_full_timeout,
+        hooks = CommitHooks(
+            on_failure=self._store_failed,
+            on_trouble=self._store_trouble,
+            on_commit=None if commits is None else commits.observe,
+            on_abandon=self._store_abandoned,
+            abandon_after=config.disk_full_timeout,
         )
+        store.attach(loop, hooks)
         self._measure_space()  # before anything is served: a full disk refuses at once
         engine.start()
         log.info(

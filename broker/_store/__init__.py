@@ -41,6 +41,7 @@ from .port import (
     MESSAGE_COLUMNS,
     POISON_COLUMNS,
     TRANSMISSION_COLUMNS,
+    CommitHooks,
     ManualStore,
     Store,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "STORE_FILE",
     "STORE_FILES",
     "TRANSMISSION_COLUMNS",
+    "CommitHooks",
     "LeaseLost",
     "ManualStore",
     "SQLiteStore",

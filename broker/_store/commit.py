@@ -52,6 +52,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 from .._core.ports import Row
 from .errors import StoreFailure, describe_failure
+from .port import CommitHooks
 
 log = logging.getLogger("ssb.store")
 
@@ -272,16 +273,12 @@ class Committer(Tables):
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ended: list[asyncio.Future[None]] = []  # `close` waiting for a commit to end
-        self._on_failure: Callable[[BaseException], None] | None = None
-        self._on_trouble: Callable[[str | None], None] | None = None
-        self._on_commit: Callable[[int, float], None] | None = None
+        self._hooks = CommitHooks()
         self.failed: BaseException | None = None
         self.trouble: str | None = None
         self.abandoned: str | None = None  # why the batches not yet durable were given up
         self._trouble_since: float | None = None  # monotonic time of the first failure
         self._last_failure: BaseException | None = None
-        self._on_abandon: Callable[[str], None] | None = None
-        self._abandon_after: float | None = None
         self.fail_next: BaseException | None = None  # tests: the next commit raises this
         self.commits = 0
         self.rows_written = 0
@@ -341,21 +338,9 @@ class Committer(Tables):
 
     # ---- start and stop -------------------------------------------------------------
 
-    def attach(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        on_failure: Callable[[BaseException], None],
-        on_trouble: Callable[[str | None], None] | None = None,
-        on_commit: Callable[[int, float], None] | None = None,
-        on_abandon: Callable[[str], None] | None = None,
-        abandon_after: float | None = None,
-    ) -> None:
+    def attach(self, loop: asyncio.AbstractEventLoop, hooks: CommitHooks) -> None:
         self._loop = loop
-        self._on_failure = on_failure
-        self._on_trouble = on_trouble
-        self._on_commit = on_commit
-        self._on_abandon = on_abandon
-        self._abandon_after = abandon_after
+        self._hooks = hooks
         self._wake = self._threaded
         if self._wake and (self._open.rows or self._deferred):
             self._schedule()
@@ -534,8 +519,8 @@ class Committer(Tables):
         if exc is not None:
             if not self._transient(exc):
                 self.failed = exc
-                if self._on_failure is not None:
-                    self._on_failure(exc)
+                if self._hooks.on_failure is not None:
+                    self._hooks.on_failure(exc)
                 return
             reason = describe_failure(exc)
             self._last_failure = exc
@@ -544,26 +529,26 @@ class Committer(Tables):
             if self.trouble is None:
                 log.error("store commit failed (%s); retrying every %g s", reason, RETRY_DELAY)
             self.trouble = reason
-            if self._on_trouble is not None:
-                self._on_trouble(reason)
+            if self._hooks.on_trouble is not None:
+                self._hooks.on_trouble(reason)
             self._retry = batches
             return
         self._trouble_since = None
         if self.trouble is not None:
             log.warning("store commits again after: %s", self.trouble)
             self.trouble = None
-            if self._on_trouble is not None:
-                self._on_trouble(None)
+            if self._hooks.on_trouble is not None:
+                self._hooks.on_trouble(None)
         self._durable = batches[-1].number
-        if self._on_commit is not None:
-            self._on_commit(*self._last_commit)
+        if self._hooks.on_commit is not None:
+            self._hooks.on_commit(*self._last_commit)
 
     # ---- giving up ------------------------------------------------------------------------
 
     def _abandon_due(self) -> bool:
         """Whether commits have failed long enough to give the batches up (the next try
         would come too late) and the last attempt surely committed nothing."""
-        since, after = self._trouble_since, self._abandon_after
+        since, after = self._trouble_since, self._hooks.abandon_after
         return (
             since is not None
             and after is not None
@@ -586,8 +571,8 @@ class Committer(Tables):
         self._callbacks.clear()
         log.error(
             "store commits failed for %g s (%s): the batches not yet written are rolled back",
-            self._abandon_after or 0.0,
+            self._hooks.abandon_after or 0.0,
             reason,
         )
-        if self._on_abandon is not None:
-            self._on_abandon(reason)
+        if self._hooks.on_abandon is not None:
+            self._hooks.on_abandon(reason)

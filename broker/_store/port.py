@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 from .._core.ports import (
@@ -172,39 +173,40 @@ POISON_COLUMNS: Final = (
 COUNTED_TABLES: Final = ("endpoints", "transmission_queue", "messages")
 
 
+@dataclass(frozen=True, slots=True)
+class CommitHooks:
+    """What the broker hears of a store's commits once it is attached (on the loop; any
+    may be left out).
+
+    on_failure: called once with the error when a commit fails for good (a broken
+        constraint: a bug). The store then commits nothing more and `failed` holds the
+        error: memory is ahead of disk.
+    on_trouble: called with the reason (in words) when commits start failing for a cause
+        that may pass (no space, an I/O error, a lock held elsewhere), and with None once
+        they succeed again. Meanwhile writes collect, the failed batches are tried again
+        every second or so, and nothing waiting for them runs.
+    on_commit: told the rows written and the seconds taken by each commit that succeeds.
+    on_abandon: called with the reason once commits have failed for `abandon_after`
+        seconds (None: never) and the last attempt surely wrote nothing: every batch not
+        yet durable is then given up (`abandoned` holds why), none of it is ever written,
+        what waited for it never runs, and the store commits nothing more: memory is
+        ahead of disk.
+    """
+
+    on_failure: Callable[[BaseException], None] | None = None
+    on_trouble: Callable[[str | None], None] | None = None
+    on_commit: Callable[[int, float], None] | None = None
+    on_abandon: Callable[[str], None] | None = None
+    abandon_after: float | None = None
+
+
 class Commits(Batches, Protocol):
     """The core's batches and durability, and the store's life from open to close."""
 
-    def attach(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        on_failure: Callable[[BaseException], None],
-        on_trouble: Callable[[str | None], None] | None = None,
-        on_commit: Callable[[int, float], None] | None = None,
-        on_abandon: Callable[[str], None] | None = None,
-        abandon_after: float | None = None,
-    ) -> None:
+    def attach(self, loop: asyncio.AbstractEventLoop, hooks: CommitHooks) -> None:
         """Commit in the background from now on, on `loop`: every write is committed
-        soon without being asked, and what waited for it runs on the loop.
-
-        Args:
-            loop: the event loop the broker runs on.
-            on_failure: called once with the error when a commit fails for good (a
-                broken constraint: a bug). The store then commits nothing more and
-                `failed` holds the error: memory is ahead of disk.
-            on_trouble: called with the reason (in words) when commits start failing for
-                a cause that may pass (no space, an I/O error, a lock held elsewhere), and
-                with None once they succeed again. Meanwhile writes collect, the failed
-                batches are tried again every second or so, and nothing waiting for them
-                runs.
-            on_commit: told (on the loop) the rows written and the seconds taken by each
-                commit that succeeds.
-            on_abandon: called with the reason once commits have failed for
-                `abandon_after` seconds (None: never) and the last attempt surely wrote
-                nothing: every batch not yet durable is then given up (`abandoned` holds
-                why), none of it is ever written, what waited for it never runs, and the
-                store commits nothing more: memory is ahead of disk.
-        """
+        soon without being asked, and what waited for it runs on the loop; `hooks` hear
+        how commits go."""
         ...
 
     def write_now(self) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ssb.broker._store import ManualStore, SQLiteStore, Store
+from ssb.broker._store import CommitHooks, ManualStore, SQLiteStore, Store
 
 from .rows import message
 
@@ -122,8 +122,10 @@ async def test_commits_are_counted(storage: ManualStore) -> None:
     failures: list[BaseException] = []
     storage.attach(
         asyncio.get_running_loop(),
-        failures.append,
-        on_commit=lambda rows, seconds: seen.append((rows, seconds)),
+        CommitHooks(
+            on_failure=failures.append,
+            on_commit=lambda rows, seconds: seen.append((rows, seconds)),
+        ),
     )
     storage.put_meta("c", "1")
     storage.flush()
@@ -145,7 +147,7 @@ async def test_an_attached_store_commits_by_itself_and_keeps_it(
     store = open_background()
     instance = store.load_meta()["broker_instance"]  # a new store has an identity
     failures: list[BaseException] = []
-    store.attach(asyncio.get_running_loop(), failures.append)
+    store.attach(asyncio.get_running_loop(), CommitHooks(on_failure=failures.append))
     try:
         handle = uuid.uuid4()
         store.insert_message(message(1, handle))
@@ -194,9 +196,13 @@ async def test_commits_that_keep_failing_are_given_up_after_the_time_given(
     loop = asyncio.get_running_loop()
     abandoned = loop.create_future()
     troubles: list[str | None] = []
-    store.attach(
-        loop, pytest.fail, troubles.append, on_abandon=abandoned.set_result, abandon_after=0.5
+    hooks = CommitHooks(
+        on_failure=pytest.fail,
+        on_trouble=troubles.append,
+        on_abandon=abandoned.set_result,
+        abandon_after=0.5,
     )
+    store.attach(loop, hooks)
 
     def full() -> None:
         if isinstance(store, SQLiteStore):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ssb.broker._store import SQLiteStore
+from ssb.broker._store import CommitHooks, SQLiteStore
 from ssb.broker._store.commit import Plan
 from ssb.broker._store.sqlite import (
     INLINE_ROWS,
@@ -28,7 +28,7 @@ async def test_the_next_commit_starts_before_the_last_ones_callbacks_run(
 ) -> None:
     store = SQLiteStore(tmp_path / "broker.db", "fsync")  # every COMMIT on the store thread
     failures: list[BaseException] = []
-    store.attach(asyncio.get_running_loop(), failures.append)
+    store.attach(asyncio.get_running_loop(), CommitHooks(on_failure=failures.append))
     try:
         store.put_meta("first", "1")
         first = store.watermark()
@@ -64,7 +64,7 @@ async def test_a_batch_applied_on_the_loop_is_durable_only_after_its_commit(
     path = tmp_path / "broker.db"
     store = SQLiteStore(path, "fsync")
     failures: list[BaseException] = []
-    store.attach(asyncio.get_running_loop(), failures.append)
+    store.attach(asyncio.get_running_loop(), CommitHooks(on_failure=failures.append))
     gate = threading.Event()
     other = sqlite3.connect(path)
     try:
@@ -106,7 +106,9 @@ async def test_a_batch_the_loop_cannot_apply_is_retried_and_written_once(
         troubles.append(reason)
         reported.set()
 
-    store.attach(asyncio.get_running_loop(), failures.append, trouble)
+    store.attach(
+        asyncio.get_running_loop(), CommitHooks(on_failure=failures.append, on_trouble=trouble)
+    )
     other = sqlite3.connect(path, isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")  # holds the write lock
@@ -181,8 +183,8 @@ async def test_with_os_the_wal_is_synced_ahead_of_the_checkpoints(
     store = SQLiteStore(tmp_path / "os.db", "os")
     synced_store = SQLiteStore(tmp_path / "fsync.db", "fsync")
     failures: list[BaseException] = []
-    store.attach(loop, failures.append)
-    synced_store.attach(loop, failures.append)
+    store.attach(loop, CommitHooks(on_failure=failures.append))
+    synced_store.attach(loop, CommitHooks(on_failure=failures.append))
     try:
         assert await commit(store, 1) == []  # a commit on the loop
         assert await commit(store, WAL_SYNC_ROWS - 2) == []
@@ -206,7 +208,7 @@ async def test_with_os_the_commit_after_a_checkpoint_runs_on_the_store_thread(
     the commits after it go back to the loop."""
     store = SQLiteStore(tmp_path / "broker.db", "os")
     failures: list[BaseException] = []
-    store.attach(asyncio.get_running_loop(), failures.append)
+    store.attach(asyncio.get_running_loop(), CommitHooks(on_failure=failures.append))
 
     async def commit(rows: int) -> None:
         for i in range(rows):

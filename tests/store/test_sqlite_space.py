@@ -7,7 +7,7 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from ssb.broker._store import SQLiteStore
+from ssb.broker._store import CommitHooks, SQLiteStore
 from ssb.broker._store.schema import PAGE_SIZE
 from ssb.broker._store.sqlite import (
     KEEP_FREE_PAGES,
@@ -34,7 +34,7 @@ def _attached_store(path: Path) -> tuple[SQLiteStore, uuid.UUID, list[BaseExcept
     put messages in, and the list its fatal failures go to."""
     store = SQLiteStore(path, "os")
     failures: list[BaseException] = []
-    store.attach(asyncio.get_running_loop(), failures.append)
+    store.attach(asyncio.get_running_loop(), CommitHooks(on_failure=failures.append))
     return store, uuid.uuid4(), failures
 
 

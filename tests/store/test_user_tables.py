@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ssb.broker._core.ports import TableError, TableRuns
-from ssb.broker._store import ManualStore, SQLiteStore, Store, postgres_sql
+from ssb.broker._store import CommitHooks, ManualStore, SQLiteStore, Store, postgres_sql
 from ssb.broker._store.postgres import PostgresStore
 from ssb.broker._store.user_sql import translate
 from ssb.broker._store.user_tables import TableAnswer
@@ -213,7 +213,7 @@ async def test_commits_wait_for_provisional_work_on_the_store_thread(tmp_path: P
     path = tmp_path / "broker.db"
     store = SQLiteStore(path, "os")
     failures: list[BaseException] = []
-    store.attach(asyncio.get_running_loop(), failures.append)
+    store.attach(asyncio.get_running_loop(), CommitHooks(on_failure=failures.append))
 
     async def durable() -> None:
         done = asyncio.get_running_loop().create_future()
@@ -918,7 +918,7 @@ async def test_postgresql_commits_while_a_statement_runs(
         await store.close()
         pytest.skip("SQLite's store runs statements on its store thread, before commits")
     failures: list[BaseException] = []
-    store.attach(asyncio.get_running_loop(), failures.append)
+    store.attach(asyncio.get_running_loop(), CommitHooks(on_failure=failures.append))
     try:
         setup: Done = []
         await _run(store, setup, "CREATE TABLE T (k INT PRIMARY KEY)")
@@ -1014,7 +1014,7 @@ async def test_a_store_opened_again_has_no_temporary_table(
     for opened in range(2):
         store = open_background()
         failures: list[BaseException] = []
-        store.attach(asyncio.get_running_loop(), failures.append)
+        store.attach(asyncio.get_running_loop(), CommitHooks(on_failure=failures.append))
         try:
             txn: Done = []
             with pytest.raises(TableError, match="no such table: #work"):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from ssb.broker._errors import BrokerError
+from ssb.broker._store import CommitHooks
 from ssb.protocol import ErrorCode
 
 from .core_harness import BODY, DELIVERY_COUNT, HANDLE, Core
@@ -395,7 +396,8 @@ def test_batches_given_up_answer_nothing_and_leave_nothing() -> None:
 
 def test_a_failed_commit_is_retried_and_refuses_new_messages_meanwhile() -> None:
     core = Core()
-    core.store.attach(None, lambda exc: None, _trouble(core))  # type: ignore[arg-type]
+    hooks = CommitHooks(on_failure=lambda exc: None, on_trouble=_trouble(core))
+    core.store.attach(None, hooks)  # type: ignore[arg-type]
     core.services()
     handle = core.dialog()
     core.flush()
@@ -418,7 +420,8 @@ def test_a_failed_commit_is_retried_and_refuses_new_messages_meanwhile() -> None
 def test_a_failure_that_retrying_cannot_fix_is_reported_as_fatal() -> None:
     core = Core()
     failures: list[BaseException] = []
-    core.store.attach(None, failures.append, _trouble(core))  # type: ignore[arg-type]
+    hooks = CommitHooks(on_failure=failures.append, on_trouble=_trouble(core))
+    core.store.attach(None, hooks)  # type: ignore[arg-type]
     core.services()
     core.store.fail_next = sqlite3.IntegrityError("UNIQUE constraint failed")
     core.dialog()
