@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT, check_poll_window
 
 from ._core.backlog import DEFAULT_CACHE_BYTES
 from ._store import is_database_url
 
+T = TypeVar("T")
 MIB: Final = 1024 * 1024
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_CHART_SECONDS: Final = 5.0  # the dashboard's depth samples, by default
@@ -35,64 +36,68 @@ class ConfigError(ValueError):
     """A setting is wrong; the message says which and how to fix it."""
 
 
+def setting(default: T, low: float, high: float) -> T:
+    """A number of a config section's settings: its default, and the range a value must
+    be in (a whole number when the field is an int)."""
+    return field(default=default, metadata={"range": (low, high)})
+
+
 @dataclass(frozen=True)
 class ClientLimits:
     """The [limits] section: what one client connection may cost.
 
     Each setting's docstring is its description in the configuration reference."""
 
-    hello_frame_size: int = 64 * 1024
+    hello_frame_size: int = setting(64 * 1024, 1024, 1024 * 1024)
     """bytes a client may send in its first frame, before it has logged in"""
-    login_timeout: float = 10.0
+    login_timeout: float = setting(10.0, 0.1, 3600.0)
     """seconds from connecting to a successful login"""
-    connections_per_address: int = 256
+    connections_per_address: int = setting(256, 1, 1_000_000)
     """open client connections from one address"""
-    locks_per_transaction: int = 100_000
+    locks_per_transaction: int = setting(100_000, 1, 100_000_000)
     """conversation-group locks one transaction may hold"""
-    detached_per_login: int = 1_000
+    detached_per_login: int = setting(1_000, 1, 1_000_000)
     """open detached transactions of one login"""
-    failed_login_window: float = 60.0
+    failed_login_window: float = setting(60.0, 1.0, 86400.0)
     """seconds over which failed logins count"""
-    failed_logins_per_address: int = 5
+    failed_logins_per_address: int = setting(5, 1, 1_000_000)
     """failed logins of one login from one address, then it is refused there until the
     window passes"""
-    failed_logins_per_login: int = 50
+    failed_logins_per_login: int = setting(50, 1, 1_000_000)
     """failed logins of one login from all addresses, then it is refused everywhere
     until the window passes"""
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> ClientLimits:
-        ranges: dict[str, tuple[float, float, bool] | None] = {
-            "hello_frame_size": (1024, 1024 * 1024, True),
-            "login_timeout": (0.1, 3600.0, False),
-            "connections_per_address": (1, 1_000_000, True),
-            "locks_per_transaction": (1, 100_000_000, True),
-            "detached_per_login": (1, 1_000_000, True),
-            "failed_login_window": (1.0, 86400.0, False),
-            "failed_logins_per_address": (1, 1_000_000, True),
-            "failed_logins_per_login": (1, 1_000_000, True),
-        }
-        return cls(**checked_section("limits", section, ranges))
+        return cls(**checked_section("limits", section, cls))
 
 
 def checked_section(
-    name: str, section: dict[str, Any], ranges: Mapping[str, tuple[float, float, bool] | None]
+    name: str, section: dict[str, Any], settings: type[Any], elsewhere: Collection[str] = ()
 ) -> dict[str, Any]:
-    """A config section's values, each known: numbers finite and within (low, high,
-    whole), switches (a range of None) true or false."""
-    unknown = set(section) - set(ranges)
+    """Section [name]'s values for the settings dataclass `settings`, each one of its
+    settings: numbers (fields made with `setting`) finite and within their range, switches
+    (bool fields) true or false; those named in `elsewhere` are the caller's to check."""
+    known = {f.name: f for f in fields(settings)}
+    for f in known.values():  # (a mistake of ours: said at any start)
+        if "range" not in f.metadata and f.type not in ("bool", bool) and f.name not in elsewhere:
+            raise TypeError(f"[{name}] {f.name} is neither a setting() nor a bool")
+    unknown = set(section) - set(known)
     if unknown:
         raise ConfigError(
             f"unknown [{name}] setting(s) {', '.join(sorted(unknown))}; "
-            f"known: {', '.join(sorted(ranges))}"
+            f"known: {', '.join(sorted(known))}"
         )
     for key, value in section.items():
-        limits = ranges[key]
+        if key in elsewhere:
+            continue
+        limits = known[key].metadata.get("range")
         if limits is None:
             if not isinstance(value, bool):
                 raise ConfigError(f"[{name}] {key} must be true or false, not {value!r}")
             continue
-        low, high, whole = limits
+        low, high = limits
+        whole = known[key].type in ("int", int)
         if (
             isinstance(value, bool)
             or not isinstance(value, int if whole else (int, float))

@@ -58,12 +58,12 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Container, Coroutine, Mapping
-from dataclasses import KW_ONLY, dataclass, fields
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Final
 
 from ssb.protocol import ErrorCode
 
-from .._config import ConfigError, checked_section
+from .._config import ConfigError, checked_section, setting
 from .._core.catalog import EventNotification
 from .._core.names import database_of, display, plain
 from .._core.queue_options import is_python
@@ -129,39 +129,23 @@ def _pid(value: object) -> int | None:
 class ActivationSettings:
     """The daemon config's [activation] section."""
 
-    check_interval: float = 5.0  # periodic check of every queue monitor
-    empty_rowset_window: float = 5.0  # the "few seconds" of condition (b)
-    notification_timeout: float = 60.0  # wait for a RECEIVE after activating
-    idle_workers: int = 4  # warm worker processes kept for reuse
-    prestart_workers: int = 0  # warm workers started with the daemon
-    worker_start_timeout: float = 30.0
+    check_interval: float = setting(5.0, 0.01, 3600.0)  # periodic check of every queue monitor
+    empty_rowset_window: float = setting(5.0, 0.01, 3600.0)  # the "few seconds" of condition (b)
+    # wait for a RECEIVE after activating
+    notification_timeout: float = setting(60.0, 0.01, 86400.0)
+    idle_workers: int = setting(4, 0, 1000)  # warm worker processes kept for reuse
+    prestart_workers: int = setting(0, 0, 1000)  # warm workers started with the daemon
+    worker_start_timeout: float = setting(30.0, 0.1, 3600.0)
     python_path: tuple[str, ...] = ()  # extra import paths for procedures
-    execution_log_rows: int = 10000  # scheduler execution log rows kept
+    execution_log_rows: int = setting(10000, 1, 10_000_000)  # scheduler execution log rows kept
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> ActivationSettings:
         """The config's [activation] section, every value checked."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(section) - known
-        if unknown:
-            raise ConfigError(
-                f"unknown [activation] setting(s) {', '.join(sorted(unknown))}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        numbers = dict(section)
-        python_path = numbers.pop("python_path", [])
+        values = checked_section("activation", section, cls, elsewhere=("python_path",))
+        python_path = values.pop("python_path", [])
         if not isinstance(python_path, list) or not all(isinstance(v, str) for v in python_path):
             raise ConfigError("[activation] python_path must be a list of directories")
-        ranges: dict[str, tuple[float, float, bool] | None] = {
-            "check_interval": (0.01, 3600.0, False),
-            "empty_rowset_window": (0.01, 3600.0, False),
-            "notification_timeout": (0.01, 86400.0, False),
-            "idle_workers": (0, 1000, True),
-            "prestart_workers": (0, 1000, True),
-            "worker_start_timeout": (0.1, 3600.0, False),
-            "execution_log_rows": (1, 10_000_000, True),
-        }
-        values = checked_section("activation", numbers, ranges)
         return cls(**values, python_path=tuple(python_path))
 
 
