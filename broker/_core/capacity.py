@@ -32,7 +32,7 @@ from typing import Final
 from ssb.protocol import ErrorCode
 
 from .._errors import BrokerError
-from .queues import Queue
+from .queues import Queue, Told
 from .transactions import Transaction
 
 log = logging.getLogger("ssb.core")
@@ -111,30 +111,29 @@ class Capacity:
         """Raise QUEUE_FULL if `count` more messages of `nbytes` would break `queue`'s
         quota, marking `txn` (see the module's comment)."""
         reason = queue.over_quota(count, nbytes)
-        told = queue.refusals_told
+        told = queue.quota_refusals
         if reason is None:
-            if told is not None and now - told >= QUOTA_LOG_EVERY:
+            if told.at is not None and told.due(now, QUOTA_LOG_EVERY):
                 self.quota_spell_over(queue, "has room again")
             return
         txn.refused_for_room = True
         self.quota_refusals += 1
-        if told is None:
+        if told.at is None:
             log.info(
                 "refused %s: %s (refusals for this queue are counted, told at most once a minute)",
                 what,
                 reason,
             )
-            queue.refusals_told = now
-        elif now - told >= QUOTA_LOG_EVERY:
+            told.tell(now)
+        elif told.due(now, QUOTA_LOG_EVERY):
             log.info(
                 "refused %s: %s (and %d statement(s) since the last line)",
                 what,
                 reason,
-                queue.refused,
+                told.tell(now),
             )
-            queue.refusals_told, queue.refused = now, 0
         else:
-            queue.refused += 1
+            told.count += 1
         raise BrokerError(
             ErrorCode.QUEUE_FULL,
             f"{what} refused: {reason}; nothing of it was applied. Receive from the"
@@ -147,19 +146,18 @@ class Capacity:
         had received from `queue` went back as they were: logged at most once a minute
         a queue (a reader whose replies stay refused takes them again at once), with how
         many since the last line."""
-        queue.given_back += count
-        told = queue.given_back_told
-        if told is not None and now - told < QUOTA_LOG_EVERY:
+        told = queue.given_back
+        told.count += count
+        if not told.due(now, QUOTA_LOG_EVERY):
             return
         log.warning(
             "queue '%s': %d received message(s) went back as they were, their transaction"
             " rolled back for want of room%s; its readers take them again until there is"
             " room (these lines at most once a minute)",
             queue.name,
-            queue.given_back,
+            told.tell(now),
             f" ({error[:300]})" if error else "",
         )
-        queue.given_back_told, queue.given_back = now, 0
 
     def quota_spell_over(self, queue: Queue, how: str) -> None:
         """`queue` was refusing statements for its quota and is no more: `how`."""
@@ -167,9 +165,9 @@ class Capacity:
             "queue '%s' %s: %d statement(s) were refused after the last line about it",
             queue.name,
             how,
-            queue.refused,
+            queue.quota_refusals.count,
         )
-        queue.refusals_told, queue.refused = None, 0
+        queue.quota_refusals = Told()
 
     def measured(self, free: int, where: str) -> None:
         """The daemon measured `free` bytes available for the store at `where`."""

@@ -182,7 +182,7 @@ class Ddl:
         was_on = was.status
         queue.definition = updated
         quota = (updated.max_messages, updated.max_bytes)
-        if queue.refusals_told is not None and quota != (was.max_messages, was.max_bytes):
+        if queue.quota_refusals.at is not None and quota != (was.max_messages, was.max_bytes):
             self.capacity.quota_spell_over(queue, "has a new quota")
         self.persist("queue", updated)
         if updated.status and not was_on:
@@ -407,7 +407,7 @@ class Ddl:
         if kind == "queue":
             self.count_quotas()
             queue = self.queues.pop(name)
-            if queue.refusals_told is not None:
+            if queue.quota_refusals.at is not None:
                 self.capacity.quota_spell_over(queue, "was dropped")
             if queue.messages:
                 queue.drop_all()

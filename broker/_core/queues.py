@@ -314,6 +314,24 @@ IDLE_GROUPS: Final = 1024  # idle group objects a queue keeps for reuse
 IDLE_RECORDS: Final = 8  # empty conversation records an idle group keeps at most
 
 
+@dataclass(slots=True)
+class Told:
+    """Happenings told in the log now and then: how many since the last line about them
+    (`count`), and when that line was (`at`; None: none yet)."""
+
+    count: int = 0
+    at: float | None = None
+
+    def due(self, now: float, every: float) -> bool:
+        """Whether a line may be told now (none for `every` seconds)."""
+        return self.at is None or now - self.at >= every
+
+    def tell(self, now: float) -> int:
+        """A line is told now: the count it tells, counting starts again."""
+        count, self.count, self.at = self.count, 0, now
+        return count
+
+
 class Queue:
     """One service queue's live state."""
 
@@ -333,10 +351,8 @@ class Queue:
         self.waiters: deque[Any] = deque()
         self.kick_scheduled = False
         self.rollback_streak = 0
-        self.refused = 0  # statements refused for its quota since the last line about them
-        self.refusals_told: float | None = None  # when that line was logged (None: none due)
-        self.given_back = 0  # messages put back by rollbacks refused for room, not yet told
-        self.given_back_told: float | None = None  # when they were last told
+        self.quota_refusals = Told()  # statements refused for its quota (see `Capacity`)
+        self.given_back = Told()  # messages put back by rollbacks refused for room
         self.disabled_reason = ""
         self.last_empty_rowset: float | None = None
         self.last_receive: float | None = None
