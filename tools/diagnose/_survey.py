@@ -97,12 +97,12 @@ class Broker:
 
 def label_of(url: str) -> str:
     """host:port of a broker URL, or its addresses host:port,host:port (never its
-    password)."""
-    try:
-        return ",".join(client.url_addresses(url))
-    except ValueError:  # (urlsplit may refuse it too: a malformed IPv6 host)
-        after_login = url.partition("://")[2].rpartition("@")[2]
-        return after_login.split("/")[0].split("?")[0] or "?"
+    password).
+
+    Raises:
+        ValueError: the URL is malformed (the message shows it as USER:***@HOST).
+    """
+    return ",".join(client.url_addresses(url))
 
 
 async def survey(url: str, timeout: float = CONNECT_TIMEOUT) -> Broker:
@@ -111,10 +111,10 @@ async def survey(url: str, timeout: float = CONNECT_TIMEOUT) -> Broker:
     Raises:
         CannotDiagnose: the URL is malformed, the broker cannot be reached or refused the login.
     """
-    label = label_of(url)
     try:
+        label = label_of(url)
         conn = await client.connect(url, timeout=timeout, reconnect=False)
-    except ValueError as exc:  # a malformed URL: the client shows it as USER:***@HOST
+    except ValueError as exc:  # a malformed URL: shown as USER:***@HOST
         raise CannotDiagnose(str(exc)) from None
     except client.LoginFailedError as exc:
         raise CannotDiagnose(f"broker {label} refused the login: {exc.message}") from None
