@@ -198,10 +198,10 @@ def _unfit() -> str:
         " END IF;"
         for kind in user_kinds.INTEGER_KINDS
     )
+    low, high = user_kinds.INTEGER_RANGES["INT"]
     narrow = "".join(
-        f" IF kind = '{kind}' AND source = 'int' AND value::numeric BETWEEN -2147483648"
-        f" AND 2147483647 THEN {_raised(user_kinds.number_overflowed('%1$s', kind), 'value')}"
-        " END IF;"
+        f" IF kind = '{kind}' AND source = 'int' AND value::numeric BETWEEN {low} AND {high}"
+        f" THEN {_raised(user_kinds.number_overflowed('%1$s', kind), 'value')} END IF;"
         for kind in ("TINYINT", "SMALLINT")
     )
     numbers = "".join(

@@ -65,13 +65,13 @@ AVERAGE: Final = "ssb_average"  # AVG(x) from SUM(x) and COUNT(x), of x's type
 KIND: Final = "ssb_kind"  # the type of an arithmetic of two typed operands
 # SQL Server's integer types, narrowest first, and their ranges; the sum or average of
 # one is an INT at least
-_INTEGERS: Final = {
+INTEGER_RANGES: Final = {
     "TINYINT": (0, 255),
     "SMALLINT": (-(2**15), 2**15 - 1),
     "INT": (-(2**31), 2**31 - 1),
     "BIGINT": (-(2**63), 2**63 - 1),
 }
-INTEGER_KINDS: Final = tuple(_INTEGERS)  # narrowest first
+INTEGER_KINDS: Final = tuple(INTEGER_RANGES)  # narrowest first
 # the types SUM and AVG refuse (a BIT is PostgreSQL's smallint: summed on both stores)
 _NOT_NUMBERS: Final = frozenset(
     {"CHAR", "VARCHAR", "NCHAR", "NVARCHAR", "TEXT", "NTEXT", "XML", "UNIQUEIDENTIFIER"}
@@ -192,9 +192,9 @@ def integer_casts(node: exp.Expression) -> None:
         base = kind.sql("tsql").upper() if isinstance(kind, exp.DataType) else ""
         base = "INT" if base == "INTEGER" else base
         value = cast.args.get(key)
-        if base not in _INTEGERS or value is None or isinstance(value, exp.Null):
+        if base not in INTEGER_RANGES or value is None or isinstance(value, exp.Null):
             continue
-        low, high = _INTEGERS[base]
+        low, high = INTEGER_RANGES[base]
         if isinstance(value, exp.Literal) and not value.is_string:
             whole = int(Decimal(value.this))  # (4.5: 4)
             value = value.replace(exp.Literal.number(whole))
@@ -227,7 +227,7 @@ def postgresql(node: exp.Expression) -> None:
             value, kind, safe = call.expressions
             bounds = [
                 exp.Cast(this=exp.Literal.number(end), to=exp.DataType.build("BIGINT"))
-                for end in _INTEGERS[kind.name]
+                for end in INTEGER_RANGES[kind.name]
             ]
             safely = exp.Boolean(this=safe.name == "1")
             whole = exp.Anonymous(this=WHOLE, expressions=[value, kind, *bounds, safely])
@@ -277,7 +277,7 @@ def _kind(node: exp.Expression) -> exp.Expression | None:
         return exp.Literal.string(node.to.sql("tsql").upper())
     if isinstance(node, exp.Literal) and not node.is_string:
         text = str(node.this)
-        low, high = _INTEGERS["INT"]
+        low, high = INTEGER_RANGES["INT"]
         whole = text.lstrip("-").isdigit() and low <= int(text) <= high
         return exp.Literal.string("INT" if whole else "DECIMAL")
     operands: list[exp.Expression]
@@ -343,8 +343,8 @@ def checks(column: exp.ColumnDef, declared: str) -> None:
     base = declared.split("(")[0].strip().upper()
     size = _SIZE.search(declared)
     name = exp.column(column.name, quoted=True)
-    if base in _INTEGERS:
-        low, high = (exp.Literal.number(end) for end in _INTEGERS[base])
+    if base in INTEGER_RANGES:
+        low, high = (exp.Literal.number(end) for end in INTEGER_RANGES[base])
         text = exp.Not(
             this=exp.In(
                 this=exp.Typeof(this=name.copy()),
@@ -382,7 +382,7 @@ def checked(message: str) -> str:
     if failed is None:
         return message
     what = failed[1][len(CHECKED) :]
-    return overflow(what) if what.upper() in _INTEGERS else TRUNCATED
+    return overflow(what) if what.upper() in INTEGER_RANGES else TRUNCATED
 
 
 # PostgreSQL's words for a value past an integer type's range (SQLSTATE 22003)
@@ -435,7 +435,7 @@ def unfit(value: str, kind: str, source: str) -> str:
             f"The conversion of the varchar value '{value}' overflowed an"
             f" {_SHORT_NAMES[kind]} column. Use a larger integer column."
         )
-    low, high = _INTEGERS["INT"]
+    low, high = INTEGER_RANGES["INT"]
     if source == "int" and kind in _SHORT_NAMES and low <= int(value) <= high:
         return number_overflowed(value, kind)
     return overflow(kind)
@@ -473,7 +473,7 @@ def _integer(kind: str | None) -> str | None:
     base = kind.split("(")[0].strip().upper()
     if base == "INTEGER":  # (an identity column, INT or BIGINT: SQLite's rowid)
         return "BIGINT"
-    return base if base in _INTEGERS else None
+    return base if base in INTEGER_RANGES else None
 
 
 def _kind_of(left: str | None, right: str | None) -> str | None:
@@ -501,7 +501,7 @@ def _total(
         _fail(invalid_operand(base, operator))
     integer = _integer(kind)
     if isinstance(total, int) and integer in ("TINYINT", "SMALLINT", "INT"):
-        low, high = _INTEGERS["INT"]
+        low, high = INTEGER_RANGES["INT"]
         if not low <= total <= high:
             _fail(overflow("INT"))
     return total
@@ -569,7 +569,7 @@ def _integer_of(
         failed = overflow(kind)
     else:
         number = int(value)
-    if failed is None and not _INTEGERS[kind][0] <= number <= _INTEGERS[kind][1]:
+    if failed is None and not INTEGER_RANGES[kind][0] <= number <= INTEGER_RANGES[kind][1]:
         source = "varchar" if isinstance(value, str) else type(value).__name__
         failed = unfit(str(value), kind, source)
     if failed is None:
