@@ -504,7 +504,8 @@ class QueueListener(Protocol):
         return None
 
     def rolled_back(self, queue: Any) -> None:
-        """A rollback gave messages back to `queue`."""
+        """A transaction that received from `queue` rolled back (what it took is back,
+        unless its conversation ended meanwhile)."""
         return None
 
     def altered(self, queue: Any) -> None:
