@@ -66,7 +66,7 @@ from ._activation.monitors import Monitors
 from ._activation.workers import WorkerPool
 from ._broker_files import BrokerFiles
 from ._config import Config, ConfigError
-from ._core.engine import Engine, StoredState
+from ._core.engine import CoreLimits, Engine, StoredState
 from ._core.names import display
 from ._core.ports import Cancellable, OutboundRelay
 from ._logins import ADMIN, PASSWORD_FILE, Logins, ThrottleSettings
@@ -223,15 +223,17 @@ class Broker:
             listener=monitors,
             sink=relay,
             check_procedure=functools.partial(procedures.check, what="activation procedure"),
-            lock_timeout=config.lock_timeout,
-            statement_timeout=config.statement_timeout,
-            max_locks=limits.locks_per_transaction,
-            max_detached=limits.detached_per_login,
-            message_cache_bytes=config.message_cache_bytes,
-            max_message_size=config.max_message_size,
-            min_free_disk=config.min_free_disk,
-            outcome_window_seconds=config.outcome_window_seconds,
-            outcome_window_count=config.outcome_window_count,
+            limits=CoreLimits(
+                lock_timeout=config.lock_timeout,
+                statement_timeout=config.statement_timeout,
+                max_locks=limits.locks_per_transaction,
+                max_detached=limits.detached_per_login,
+                message_cache_bytes=config.message_cache_bytes,
+                max_message_size=config.max_message_size,
+                min_free_disk=config.min_free_disk,
+                outcome_window_seconds=config.outcome_window_seconds,
+                outcome_window_count=config.outcome_window_count,
+            ),
         )
         engine.load(StoredState(store.load_catalog(), store.max_ids(), store.load_meta()))
         store.write_now()

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE
@@ -96,6 +97,23 @@ class StoredState:
         self.meta = meta or {}
 
 
+@dataclass(frozen=True, slots=True)
+class CoreLimits:
+    """The numbers one broker's core is bounded by (the daemon takes them from its config)."""
+
+    lock_timeout: float = 30.0  # how long a statement waits for a conversation group's lock
+    max_locks: int = DEFAULT_MAX_LOCKS  # conversation-group locks per transaction
+    max_detached: int = DEFAULT_MAX_DETACHED  # open detached transactions per login
+    message_cache_bytes: int = DEFAULT_CACHE_BYTES  # message bodies held in memory
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    min_free_disk: int = DEFAULT_MIN_FREE_DISK  # SEND is refused below it
+    # how long committed transaction ids are remembered for reconnecting clients
+    outcome_window_seconds: float = DEFAULT_WINDOW_SECONDS
+    outcome_window_count: int = DEFAULT_WINDOW_COUNT
+    # how long a table statement may wait for a table lock, and run
+    statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT
+
+
 class Engine:
     """One broker's core."""
 
@@ -108,15 +126,7 @@ class Engine:
         listener: QueueListener | None = None,
         sink: OutboundSink | None = None,
         check_procedure: Callable[[str], None] = lambda procedure: None,
-        lock_timeout: float = 30.0,
-        max_locks: int = DEFAULT_MAX_LOCKS,
-        max_detached: int = DEFAULT_MAX_DETACHED,
-        message_cache_bytes: int = DEFAULT_CACHE_BYTES,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        min_free_disk: int = DEFAULT_MIN_FREE_DISK,
-        outcome_window_seconds: float = DEFAULT_WINDOW_SECONDS,
-        outcome_window_count: int = DEFAULT_WINDOW_COUNT,
-        statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
+        limits: CoreLimits | None = None,
     ) -> None:
         """The core of one broker over `journal` and `clock`.
 
@@ -127,28 +137,31 @@ class Engine:
                 through an `OutboundRelay`); default: none (messages wait, with a reason).
             check_procedure: refuses (raises) an activation procedure the broker may not
                 run, at CREATE / ALTER QUEUE; default: any.
-            lock_timeout, max_locks, max_detached: the transactions' bounds.
-            message_cache_bytes, max_message_size, min_free_disk: memory and disk.
-            outcome_window_seconds, outcome_window_count: how long committed
-                transaction ids are remembered for reconnecting clients.
-            statement_timeout: how long a table statement may wait for a table lock, and
-                run.
+            limits: the numbers the core is bounded by; default: `CoreLimits()`.
         """
+        limits = CoreLimits() if limits is None else limits
         self.journal = journal
         self.clock = clock
         self.instance_id = instance_id
         self.listener: QueueListener = NoListener() if listener is None else listener
         self.catalog = cat.Catalog()
-        self.capacity = Capacity(max_message_size, min_free_disk)
-        self.cache = MessageCache(message_cache_bytes, journal, clock)
+        self.capacity = Capacity(limits.max_message_size, limits.min_free_disk)
+        self.cache = MessageCache(limits.message_cache_bytes, journal, clock)
         self.queues: dict[str, Queue] = {}
         self.routes = Routes(self.catalog, clock, instance_id)
         self.endpoints = Endpoints(journal, self.catalog)
-        self.outcomes = Outcomes(journal, clock, outcome_window_seconds, outcome_window_count)
-        self.transactions = Transactions(
-            clock, self, lock_timeout, self.outcomes, max_locks, max_detached
+        self.outcomes = Outcomes(
+            journal, clock, limits.outcome_window_seconds, limits.outcome_window_count
         )
-        self.tables = Tables(journal, clock, self.transactions, statement_timeout)
+        self.transactions = Transactions(
+            clock,
+            self,
+            limits.lock_timeout,
+            self.outcomes,
+            limits.max_locks,
+            limits.max_detached,
+        )
+        self.tables = Tables(journal, clock, self.transactions, limits.statement_timeout)
         self.transmission = TransmissionQueue(journal, self.cache, self.catalog, self.queues)
         self.delivery = Delivery(
             journal,

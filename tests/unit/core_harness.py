@@ -15,7 +15,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ssb.broker._core.engine import Engine, StoredState
+from ssb.broker._core.engine import CoreLimits, Engine, StoredState
+from ssb.broker._core.ports import OutboundSink, QueueListener
 from ssb.broker._core.transactions import Session
 from ssb.broker._store import ManualStore, SQLiteStore
 
@@ -89,11 +90,20 @@ class Core:
         store: ManualStore | None = None,
         clock: FakeClock | None = None,
         instance: str = INSTANCE,
-        **options: Any,
+        listener: QueueListener | None = None,
+        sink: OutboundSink | None = None,
+        **limits: Any,
     ):
         self.store = store if store is not None else SQLiteStore(":memory:", threaded=False)
         self.clock = clock if clock is not None else FakeClock()
-        self.engine = Engine(self.store, self.clock, instance, **options)
+        self.engine = Engine(
+            self.store,
+            self.clock,
+            instance,
+            listener=listener,
+            sink=sink,
+            limits=CoreLimits(**limits),
+        )
         self.engine.load(
             StoredState(self.store.load_catalog(), self.store.max_ids(), self.store.load_meta())
         )
@@ -124,10 +134,10 @@ class Core:
         self.store.flush()
         self.clock.run_soon()
 
-    def restart(self, **options: Any) -> Core:
+    def restart(self, **limits: Any) -> Core:
         """A new engine on the same store, as after a crash (only what was flushed counts)."""
         self.store.discard_pending()
-        return Core(self.store, FakeClock(self.clock.now), self.engine.instance_id, **options)
+        return Core(self.store, FakeClock(self.clock.now), self.engine.instance_id, **limits)
 
     # ---- a two-service setup --------------------------------------------------------
 
