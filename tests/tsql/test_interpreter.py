@@ -6,13 +6,24 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
-from ssb.tsql import SqlError
+from ssb.tsql import Collect, Session, SqlError
 from ssb.tsql import _types as t
 
 from .helpers import MemoryProcedures, each_fails, failures, new_session, ran, run, table
+
+LOB_TOO_LARGE = (7119, "Attempting to grow LOB beyond maximum allowed size of 2147483647 bytes.")
+
+
+async def failed(*texts: str, **options: Any) -> tuple[Session, Collect]:
+    """A new session (`new_session(**options)`) that has run the scripts `texts`, one after
+    the other, every one failing (else AssertionError, naming the script)."""
+    session, output = new_session(**options)
+    await each_fails(session, *texts)
+    return session, output
 
 
 async def test_variables_are_scoped_to_the_batch_as_sql_server_scopes_them() -> None:
@@ -46,8 +57,7 @@ async def test_a_declare_in_a_loop_keeps_what_its_variable_holds() -> None:
 
 
 async def test_a_variable_of_another_batch_is_not_declared() -> None:
-    session, out = new_session()
-    assert not await run(session, "DECLARE @x INT = 1\nGO\nPRINT 'runs'\nPRINT @x\n")
+    _, out = await failed("DECLARE @x INT = 1\nGO\nPRINT 'runs'\nPRINT @x\n")
     (error,) = out.errors
     assert (error.number, error.line, error.level) == (137, 4, 15)
     assert error.text == 'Must declare the scalar variable "@x".'
@@ -55,9 +65,7 @@ async def test_a_variable_of_another_batch_is_not_declared() -> None:
 
 
 async def test_if_else_if_while_break_continue_and_compound_assignment() -> None:
-    session, out = new_session()
-    await run(
-        session,
+    _, out = await ran(
         "DECLARE @i INT = 0, @s NVARCHAR(100) = N'';\n"
         "WHILE (1=1) BEGIN\n"
         "  SELECT @i += 1;\n"
@@ -71,8 +79,7 @@ async def test_if_else_if_while_break_continue_and_compound_assignment() -> None
 
 
 async def test_print_and_informational_raiserror_in_order_with_results() -> None:
-    session, out = new_session()
-    await run(session, "PRINT N'one'\nSELECT 2 AS two\nRAISERROR(N'%s and %d', 10, 1, N'three', 4)")
+    _, out = await ran("PRINT N'one'\nSELECT 2 AS two\nRAISERROR(N'%s and %d', 10, 1, N'three', 4)")
     assert [x if isinstance(x, str) else table(x) for x in out.items] == [
         "one",
         [[2]],
@@ -81,11 +88,9 @@ async def test_print_and_informational_raiserror_in_order_with_results() -> None
 
 
 async def test_an_error_ends_its_batch_and_names_the_line_in_the_file() -> None:
-    session, out = new_session()
-    ok = await run(
-        session, "PRINT 'a'\nGO\nPRINT 'b'\n\nSELECT 1/0\nPRINT 'not reached'\nGO\nPRINT 'c'"
+    _, out = await failed(
+        "PRINT 'a'\nGO\nPRINT 'b'\n\nSELECT 1/0\nPRINT 'not reached'\nGO\nPRINT 'c'"
     )
-    assert not ok
     assert out.messages == ["a", "b", "c"]
     (error,) = out.errors
     assert (
@@ -136,32 +141,20 @@ async def test_throw_takes_its_arguments_as_sql_server_types_them() -> None:
     # the state is a TINYINT of which SQL Server keeps the low byte (256 is state 0, 300 is
     # 44), a negative one is Msg 2756; the number is an INT, NULL reads as 0, and a number
     # under 50000 is Msg 35100 (state 10), checked before the state
-    session, out = new_session()
-    scripts = [
-        "THROW 50000, 'x', 255",
-        "THROW 50000, 'x', 256",
-        "DECLARE @s INT = 300; THROW 50000, 'x', @s",
-        "DECLARE @s INT = 2147483647; THROW 50000, 'x', @s",
-        "DECLARE @s INT; THROW 50000, 'x', @s",
-        "THROW 50000, 'x', -1",
-        "DECLARE @n INT; THROW @n, 'x', 1",
-        "THROW 49999, 'x', -1",
-        "DECLARE @n VARCHAR(10) = '50002'; THROW @n, 'x', 1",
-        "DECLARE @n BIGINT = 3000000000; THROW @n, 'x', 1",
+    thrown = [  # a script, and its error's (number, state)
+        ("THROW 50000, 'x', 255", (50000, 255)),
+        ("THROW 50000, 'x', 256", (50000, 0)),
+        ("DECLARE @s INT = 300; THROW 50000, 'x', @s", (50000, 44)),
+        ("DECLARE @s INT = 2147483647; THROW 50000, 'x', @s", (50000, 255)),
+        ("DECLARE @s INT; THROW 50000, 'x', @s", (50000, 0)),
+        ("THROW 50000, 'x', -1", (2756, 1)),
+        ("DECLARE @n INT; THROW @n, 'x', 1", (35100, 10)),
+        ("THROW 49999, 'x', -1", (35100, 10)),
+        ("DECLARE @n VARCHAR(10) = '50002'; THROW @n, 'x', 1", (50002, 1)),
+        ("DECLARE @n BIGINT = 3000000000; THROW @n, 'x', 1", (8115, 1)),
     ]
-    await each_fails(session, *scripts)
-    assert [(e.number, e.state) for e in out.errors] == [
-        (50000, 255),
-        (50000, 0),
-        (50000, 44),
-        (50000, 255),
-        (50000, 0),
-        (2756, 1),
-        (35100, 10),
-        (35100, 10),
-        (50002, 1),
-        (8115, 1),
-    ]
+    _, out = await failed(*(script for script, _ in thrown))
+    assert [(e.number, e.state) for e in out.errors] == [error for _, error in thrown]
     assert out.errors[5].text == "Invalid value -1 for state. State value must not be less than 0."
     assert out.errors[6].text == (
         "Error number 0 in the THROW statement is outside the valid range. Specify an error"
@@ -170,18 +163,14 @@ async def test_throw_takes_its_arguments_as_sql_server_types_them() -> None:
 
 
 async def test_rowcount_trancount_and_error_outside_a_catch() -> None:
-    session, out = new_session()
-    await run(
-        session,
+    _, out = await ran(
         "DECLARE @a INT\nSELECT @a = 1\nSELECT @@ROWCOUNT AS r, @@TRANCOUNT AS t, @@ERROR AS e",
     )
     assert table(out.results[0]) == [[1, 0, 0]]
 
 
 async def test_expressions_and_functions() -> None:
-    session, out = new_session()
-    await run(
-        session,
+    _, out = await ran(
         "SELECT LEN(N'abc  ') AS len, SUBSTRING(N'abcdef', 2, 3) AS sub, UPPER(N'x') AS up,"
         " ISNULL(NULL, 5) AS isn, COALESCE(NULL, NULL, N'c') AS co,"
         " CASE WHEN 1 = 2 THEN 'a' WHEN 2 = 2 THEN 'b' END AS ca,"
@@ -324,9 +313,7 @@ async def test_alter_drop_and_unbalanced_transactions_in_procedures() -> None:
 
 
 async def test_without_a_broker_procedures_and_databases_are_refused() -> None:
-    session, out = new_session()
-    await each_fails(
-        session,
+    session, out = await failed(
         "CREATE PROCEDURE p AS PRINT 1",
         "USE AdventureWorks2008R2",
         "ALTER DATABASE AdventureWorks2008R2 SET ENABLE_BROKER",
@@ -353,8 +340,7 @@ async def test_execute_as_of_a_procedure_is_said_to_do_nothing_more() -> None:
 
 
 async def test_save_transaction_needs_a_transaction() -> None:
-    session, out = new_session()
-    assert not await run(session, "SAVE TRANSACTION s")
+    _, out = await failed("SAVE TRANSACTION s")
     assert out.errors[0].number == 628
 
 
@@ -536,9 +522,7 @@ async def test_for_xml_path_and_raw_build_what_sql_server_builds() -> None:
 
 
 async def test_for_xml_that_ssb_does_not_build_is_refused() -> None:
-    session, out = new_session()
-    await each_fails(
-        session,
+    _, out = await failed(
         "DECLARE @t TABLE (a INT); SELECT a FROM @t FOR XML AUTO",
         "DECLARE @t TABLE (a INT); SELECT a FROM @t FOR XML EXPLICIT",
         "DECLARE @t TABLE (a INT); SELECT * FROM @t FOR XML PATH('x')",
@@ -629,9 +613,7 @@ async def test_more_of_sql_servers_scalar_functions_and_string_agg() -> None:
 async def test_selects_sql_server_refuses_get_its_error(
     script: str, number: int, text: str
 ) -> None:
-    session, out = new_session()
-    assert not await run(session, script)
-    assert [(e.number, e.text) for e in out.errors] == [(number, text)]
+    assert await failures(script) == [(number, text)]
 
 
 async def test_where_without_from_filters_the_row() -> None:
@@ -648,15 +630,12 @@ async def test_where_without_from_filters_the_row() -> None:
 
 
 async def test_a_top_count_converts_as_sql_server_converts_it_and_may_not_be_negative() -> None:
-    session, out = new_session()
-    await each_fails(
-        session,
+    negative = "A TOP N or FETCH rows count value may not be negative."
+    assert await failures(
         "DECLARE @t TABLE (n INT); INSERT @t VALUES (1), (2); SELECT TOP (-1) n FROM @t",
         "SELECT TOP (-1) 1 AS one",
         "SELECT TOP ('abc') 1 AS one",
-    )
-    negative = "A TOP N or FETCH rows count value may not be negative."
-    assert [(e.number, e.text) for e in out.errors] == [
+    ) == [
         (1014, negative),
         (1014, negative),
         (245, "Conversion failed when converting the varchar value 'abc' to data type bigint."),
@@ -687,9 +666,7 @@ async def test_math_functions_convert_text_and_overflow_with_sql_servers_errors(
         " SIGN('-3') AS g, STR('1.5', 4, 1) AS t, EXP('0') AS e, CEILING('1.5') AS c"
     )
     assert table(out.results[0]) == [[2.0, 8.0, 0.0, 1.5, -1.0, " 1.5", 1.0, 2.0]]
-    session, out = new_session()
-    await each_fails(
-        session,
+    errors = await failures(
         "SELECT SQRT('x')",
         "SELECT POWER('a', 2)",
         "SELECT LOG('a')",
@@ -706,7 +683,7 @@ async def test_math_functions_convert_text_and_overflow_with_sql_servers_errors(
     )
     not_a_float = (8114, "Error converting data type varchar to float.")
     invalid = (3623, "An invalid floating point operation occurred.")
-    assert [(e.number, e.text) for e in out.errors] == [
+    assert errors == [
         *[not_a_float] * 5,
         invalid,
         invalid,
@@ -720,9 +697,7 @@ async def test_math_functions_convert_text_and_overflow_with_sql_servers_errors(
 
 
 async def test_dates_out_of_range_give_sql_servers_errors() -> None:
-    session, out = new_session()
-    await each_fails(
-        session,
+    assert await failures(
         "SELECT DATEADD(year, 100000, GETDATE())",
         "SELECT DATEADD(day, -1, CAST('0001-01-01' AS DATE))",
         "SELECT DATEADD(year, -500, CAST('2000-01-01' AS DATETIME))",
@@ -730,8 +705,7 @@ async def test_dates_out_of_range_give_sql_servers_errors() -> None:
         "SELECT CAST('20240101' AS DATETIME) + 3000000",
         "SELECT DATEDIFF(ms, '1900-01-01', '2024-01-01')",
         "SELECT CAST('1500-01-01' AS DATETIME)",
-    )
-    assert [(e.number, e.text) for e in out.errors] == [
+    ) == [
         (517, "Adding a value to a 'datetime' column caused an overflow."),
         (517, "Adding a value to a 'date' column caused an overflow."),
         (517, "Adding a value to a 'datetime' column caused an overflow."),
@@ -769,16 +743,13 @@ async def test_convert_applies_its_style_or_refuses_it() -> None:
             "Jan  2 2024  3:04AM",
         ]
     ]
-    session, out = new_session()
-    await each_fails(
-        session,
+    assert await failures(
         "SELECT CONVERT(VARCHAR(30), GETDATE(), 'x')",
         "SELECT CONVERT(VARCHAR(30), GETDATE(), 99)",
         "SELECT CONVERT(VARCHAR(30), GETDATE(), 23)",
         "SELECT CONVERT(VARCHAR(30), 1.5e0, 2)",
         "SELECT CONVERT(VARBINARY(10), '0x012', 1)",
-    )
-    assert [(e.number, e.text) for e in out.errors] == [
+    ) == [
         (245, "Conversion failed when converting the varchar value 'x' to data type bigint."),
         (
             281,
@@ -799,10 +770,8 @@ async def test_convert_applies_its_style_or_refuses_it() -> None:
 
 
 async def test_waitfor_takes_a_time_of_day_and_refuses_what_is_not_one() -> None:
-    session, out = new_session()
     async with asyncio.timeout(10):  # unfixed, these waited an hour and more
-        await each_fails(
-            session,
+        errors = await failures(
             "WAITFOR DELAY '00:60'",
             "WAITFOR DELAY '25:00'",
             "WAITFOR TIME '24:00'",
@@ -810,7 +779,7 @@ async def test_waitfor_takes_a_time_of_day_and_refuses_what_is_not_one() -> None
         _, done = await ran(
             "DECLARE @d DATETIME = '00:00:00.010'; WAITFOR DELAY @d; PRINT 'waited'"
         )
-    assert [(e.number, e.text) for e in out.errors] == [
+    assert errors == [
         (148, f"Incorrect time syntax in time string '{time}' used with WAITFOR.")
         for time in ("00:60", "25:00", "24:00")
     ]
@@ -825,7 +794,7 @@ async def test_replicate_and_space_are_bounded_as_in_sql_server() -> None:
     )
     assert table(out.results[0]) == [[8000, 8000, 8000, 20000]]
     assert await failures("SELECT REPLICATE(CAST('ab' AS VARCHAR(MAX)), 2000000000)") == [
-        (7119, "Attempting to grow LOB beyond maximum allowed size of 2147483647 bytes.")
+        LOB_TOO_LARGE
     ]
 
 
@@ -847,9 +816,7 @@ async def test_replace_stuff_and_concat_are_bounded_as_in_sql_server() -> None:
         [8000, 8000, 16000, 8000, 16000, 8000, 8001, 8000, "a-b-c", "aijkef", "a1", "bcbc", 8000]
     ]
     huge = "REPLICATE(CAST('a' AS VARCHAR(MAX)), 100000)"
-    assert await failures(f"SELECT REPLACE({huge}, 'a', {huge})") == [
-        (7119, "Attempting to grow LOB beyond maximum allowed size of 2147483647 bytes.")
-    ]
+    assert await failures(f"SELECT REPLACE({huge}, 'a', {huge})") == [LOB_TOO_LARGE]
 
 
 async def test_plus_on_strings_is_bounded_as_in_sql_server() -> None:
@@ -921,9 +888,7 @@ async def test_money_keeps_four_decimal_places_and_its_range() -> None:
 
 
 async def test_a_table_variable_keeps_its_declared_constraints_or_refuses_them() -> None:
-    session, out = new_session()
-    await each_fails(
-        session,
+    errors = await failures(
         "DECLARE @t TABLE (id INT PRIMARY KEY, v VARCHAR(3));"
         " INSERT @t VALUES (1, 'a'); INSERT @t VALUES (2, 'b'), (1, 'c')",
         "DECLARE @t TABLE (id INT NOT NULL); INSERT @t VALUES (1), (NULL)",
@@ -939,7 +904,7 @@ async def test_a_table_variable_keeps_its_declared_constraints_or_refuses_them()
         "in a table variable is not supported by ssb: a temporary table (CREATE TABLE #name)"
         " takes DEFAULT, IDENTITY and CHECK"
     )
-    assert [(e.number, e.text) for e in out.errors] == [
+    assert errors == [
         (
             2627,
             "Violation of PRIMARY KEY constraint. Cannot insert duplicate key in object '@t'."
@@ -961,9 +926,7 @@ async def test_a_table_variable_keeps_its_declared_constraints_or_refuses_them()
         (40517, f"CHECK {refused}"),
     ]
     # a statement that fails leaves the table as it was
-    session, out = new_session()
-    assert not await run(
-        session,
+    _, out = await failed(
         "DECLARE @t TABLE (id INT PRIMARY KEY); INSERT @t VALUES (1), (2);\n"
         "BEGIN TRY UPDATE @t SET id = 1 END TRY BEGIN CATCH PRINT ERROR_NUMBER() END CATCH;\n"
         "SELECT id FROM @t ORDER BY id;\n"
@@ -997,9 +960,7 @@ async def test_isnumeric_answers_as_sql_server_documents() -> None:
 
 
 async def test_raiserror_above_severity_18_needs_with_log_and_seterror_is_refused() -> None:
-    session, out = new_session()
-    await each_fails(
-        session,
+    _, out = await failed(
         "BEGIN TRY RAISERROR('fatal', 20, 1) END TRY"
         " BEGIN CATCH PRINT ERROR_NUMBER(); THROW; END CATCH",
         "RAISERROR('note', 10, 1) WITH SETERROR",
@@ -1012,20 +973,14 @@ async def test_raiserror_above_severity_18_needs_with_log_and_seterror_is_refuse
 async def test_raiserror_takes_a_state_from_0_to_255() -> None:
     # unlike THROW's, RAISERROR's state past 255 is Msg 2756, whether the error raises or
     # prints; a negative one reads as 1
-    session, out = new_session()
-    await each_fails(
-        session,
-        "RAISERROR('x', 16, 255)",
-        "RAISERROR('x', 16, -5)",
-        "DECLARE @s INT = 256; RAISERROR('x', 16, @s)",
-        "RAISERROR('note', 10, 300)\nPRINT 'not run'",
-    )
-    assert [(e.number, e.level, e.state) for e in out.errors] == [
-        (50000, 16, 255),
-        (50000, 16, 1),
-        (2756, 16, 1),
-        (2756, 16, 1),
+    raised = [  # a script, and its error's (number, level, state)
+        ("RAISERROR('x', 16, 255)", (50000, 16, 255)),
+        ("RAISERROR('x', 16, -5)", (50000, 16, 1)),
+        ("DECLARE @s INT = 256; RAISERROR('x', 16, @s)", (2756, 16, 1)),
+        ("RAISERROR('note', 10, 300)\nPRINT 'not run'", (2756, 16, 1)),
     ]
+    _, out = await failed(*(script for script, _ in raised))
+    assert [(e.number, e.level, e.state) for e in out.errors] == [error for _, error in raised]
     assert [e.text for e in out.errors[2:]] == [
         "Invalid value 256 for state. Valid range is from 0 to 255.",
         "Invalid value 300 for state. Valid range is from 0 to 255.",
@@ -1034,8 +989,7 @@ async def test_raiserror_takes_a_state_from_0_to_255() -> None:
 
 
 async def test_an_on_off_set_option_takes_on_or_off_only() -> None:
-    session, out = new_session()
-    await each_fails(session, "SET XACT_ABORT 1\nPRINT 'ran'", "SET NOCOUNT 'ON'")
+    _, out = await failed("SET XACT_ABORT 1\nPRINT 'ran'", "SET NOCOUNT 'ON'")
     assert [(e.number, e.text) for e in out.errors] == [
         (102, "Incorrect syntax near '1'. (column 16)"),
         (102, "Incorrect syntax near ''ON''. (column 13)"),
@@ -1061,9 +1015,8 @@ async def test_avg_of_integers_is_an_integer_as_in_sql_server() -> None:
         " GROUP BY g ORDER BY g"
     )
     assert table(out.results[0]) == [[1, 1, 1.5, 1.5], [2, -1, None, -1.5]]
-    session, out = new_session()
-    await each_fails(
-        session, "DECLARE @t TABLE (a VARCHAR(5)); INSERT @t VALUES ('x'); SELECT AVG(a) FROM @t"
+    _, out = await failed(
+        "DECLARE @t TABLE (a VARCHAR(5)); INSERT @t VALUES ('x'); SELECT AVG(a) FROM @t"
     )
     assert out.errors[0].number == 8117
 
