@@ -7,15 +7,26 @@ from __future__ import annotations
 from daemon import BrokerProcess
 
 from ssb import client
+from ssb.tsql import Collect, Session
 
 from .helpers import new_session, ran, run, table
 
+JOBS = (
+    "CREATE TABLE Jobs (id INT PRIMARY KEY, state NVARCHAR(10));\n"
+    "INSERT INTO Jobs VALUES (1, N'new'), (2, N'done'), (3, N'done');\n"
+)
+
+
+async def ran_as_admin(conn: client.Connection, text: str) -> tuple[Session, Collect]:
+    """A new session of the broker's admin on `conn` that has run the script `text`, every
+    batch of it succeeding (else AssertionError, with the errors)."""
+    return await ran(text, conn, login="admin")
+
 
 async def test_a_temporary_table_lives_in_its_session(conn: client.Connection) -> None:
-    session, out = await ran(
-        "CREATE TABLE Jobs (id INT PRIMARY KEY, state NVARCHAR(10));\n"
-        "INSERT INTO Jobs VALUES (1, N'new'), (2, N'done'), (3, N'done');\n"
-        "CREATE TABLE #work (id INT PRIMARY KEY, note NVARCHAR(10));\n"
+    session, out = await ran_as_admin(
+        conn,
+        JOBS + "CREATE TABLE #work (id INT PRIMARY KEY, note NVARCHAR(10));\n"
         "INSERT INTO #work (id, note) SELECT id, state FROM Jobs WHERE state = N'done';\n"
         "UPDATE #work SET note = N'seen' WHERE id = 3;\n"
         "DELETE FROM #work WHERE id = 2;\n"
@@ -27,8 +38,6 @@ async def test_a_temporary_table_lives_in_its_session(conn: client.Connection) -
         "DECLARE @n INT;\n"
         "SELECT @n = COUNT(*) FROM #work;\n"
         "SELECT @n AS n;\n",
-        conn,
-        login="admin",
     )
     assert [table(r) for r in out.results] == [[[3, "seen"]], [[3, "done"]], [[1]]]
     assert not await run(session, "SELECT * FROM #copy"), "the table was dropped"
@@ -38,16 +47,13 @@ async def test_a_temporary_table_lives_in_its_session(conn: client.Connection) -
 async def test_select_into_counts_the_rows_it_made(conn: client.Connection) -> None:
     """SELECT ... INTO #name answers the rows it put in its new table, as SQL Server does:
     @@ROWCOUNT, and the rows-affected message unless NOCOUNT is on."""
-    _, out = await ran(
-        "CREATE TABLE Jobs (id INT PRIMARY KEY, state NVARCHAR(10));\n"
-        "INSERT INTO Jobs VALUES (1, N'new'), (2, N'done'), (3, N'done');\n"
-        "SELECT id INTO #done FROM Jobs WHERE state = N'done';\n"
+    _, out = await ran_as_admin(
+        conn,
+        JOBS + "SELECT id INTO #done FROM Jobs WHERE state = N'done';\n"
         "SELECT @@ROWCOUNT AS made;\n"
         "SET NOCOUNT ON;\n"
         "SELECT id INTO #lost FROM Jobs WHERE state = N'lost';\n"
         "SELECT @@ROWCOUNT AS made;\n",
-        conn,
-        login="admin",
     )
     assert [table(r) for r in out.results] == [[[2]], [[0]]]
     assert out.messages == ["(3 rows affected)", "(2 rows affected)"]
@@ -56,7 +62,8 @@ async def test_select_into_counts_the_rows_it_made(conn: client.Connection) -> N
 async def test_a_procedures_temporary_table_goes_when_it_returns(
     broker: BrokerProcess, conn: client.Connection
 ) -> None:
-    session, out = await ran(
+    session, out = await ran_as_admin(
+        conn,
         "CREATE TABLE #caller (n INT);\n"
         "INSERT INTO #caller VALUES (1), (2);\n"
         "GO\n"
@@ -71,8 +78,6 @@ async def test_a_procedures_temporary_table_goes_when_it_returns(
         "EXEC Stage;\n"
         "EXEC Stage;\n"  # (again: the tables were dropped, CREATE works again)
         "SELECT COUNT(*) AS n FROM #caller;\n",
-        conn,
-        login="admin",
     )
     assert [table(r) for r in out.results] == [[[30]], [[30]], [[2]]]
     for name in ("#staged", "#copy"):
@@ -111,7 +116,8 @@ async def test_a_table_joins_a_catalog_view(conn: client.Connection) -> None:
 
 
 async def test_merge_keeps_a_running_total(conn: client.Connection) -> None:
-    session, out = await ran(
+    session, out = await ran_as_admin(
+        conn,
         "CREATE TABLE Totals (g INT PRIMARY KEY, n INT NOT NULL);\n"
         "GO\n"
         "DECLARE @i INT = 0;\n"
@@ -124,8 +130,6 @@ async def test_merge_keeps_a_running_total(conn: client.Connection) -> None:
         "  SET @i += 1;\n"
         "END\n"
         "SELECT g, n FROM Totals;\n",
-        conn,
-        login="admin",
     )
     assert [table(r) for r in out.results] == [[[1, 6]]]
     assert "(1 row affected)" in out.messages
@@ -136,36 +140,25 @@ async def test_merge_keeps_a_running_total(conn: client.Connection) -> None:
 async def test_what_a_column_cannot_hold_fails_with_sql_servers_number(
     conn: client.Connection,
 ) -> None:
-    session, out = await ran(
+    session, out = await ran_as_admin(
+        conn,
         "CREATE TABLE Notes (id INT PRIMARY KEY, note NVARCHAR(10));\n"
         "INSERT INTO Notes VALUES (1, N'short'), (2147483647, N'last');\n",
-        conn,
-        login="admin",
     )
-    assert not await run(session, "INSERT INTO Notes VALUES (2, N'fourteen chars');")
-    assert (out.errors[-1].number, out.errors[-1].text) == (
-        8152,
-        "String or binary data would be truncated.",
-    )
-    for statement in (
-        "INSERT INTO Notes VALUES (2147483648, N'big');",
-        "SELECT SUM(id) FROM Notes;",
-    ):
-        assert not await run(session, statement)
-        assert (out.errors[-1].number, out.errors[-1].text) == (
-            8115,
-            "Arithmetic overflow error converting expression to data type int.",
-        )
-    assert not await run(
-        session, "SELECT REPLICATE(CAST(note AS NVARCHAR(MAX)), 1000000000) FROM Notes;"
-    )
-    assert out.errors[-1].number == 7119
-    assert not await run(session, "INSERT INTO Notes VALUES ('abc', N'text');")
-    assert (out.errors[-1].number, out.errors[-1].text) == (
-        245,
-        "Conversion failed when converting the varchar value 'abc' to data type int.",
-    )
+    overflow = "Arithmetic overflow error converting expression to data type int."
     for statement, number, said in (
+        (
+            "INSERT INTO Notes VALUES (2, N'fourteen chars');",
+            8152,
+            "String or binary data would be truncated.",
+        ),
+        ("INSERT INTO Notes VALUES (2147483648, N'big');", 8115, overflow),
+        ("SELECT SUM(id) FROM Notes;", 8115, overflow),
+        (
+            "INSERT INTO Notes VALUES ('abc', N'text');",
+            245,
+            "Conversion failed when converting the varchar value 'abc' to data type int.",
+        ),
         (
             "SELECT CAST('3000000000' AS INT) FROM Notes WHERE id = 1;",
             248,
@@ -187,18 +180,18 @@ async def test_what_a_column_cannot_hold_fails_with_sql_servers_number(
             220,
             "Arithmetic overflow error for data type tinyint, value = 300.",
         ),
+        ("SELECT CAST(3000000000 AS INT) FROM Notes WHERE id = 1;", 8115, overflow),
         (
-            "SELECT CAST(3000000000 AS INT) FROM Notes WHERE id = 1;",
-            8115,
-            "Arithmetic overflow error converting expression to data type int.",
+            "SELECT AVG(CAST(note AS VARCHAR(10))) FROM Notes;",
+            8117,
+            "Operand data type varchar is invalid for avg operator.",
         ),
     ):
         assert not await run(session, statement)
         assert (out.errors[-1].number, out.errors[-1].text) == (number, said)
-    assert not await run(session, "SELECT AVG(CAST(note AS VARCHAR(10))) FROM Notes;")
-    assert (out.errors[-1].number, out.errors[-1].text) == (
-        8117,
-        "Operand data type varchar is invalid for avg operator.",
+    assert not await run(
+        session, "SELECT REPLICATE(CAST(note AS NVARCHAR(MAX)), 1000000000) FROM Notes;"
     )
+    assert out.errors[-1].number == 7119
     assert await run(session, "SELECT COUNT(*) AS n FROM Notes;")
     assert table(out.results[-1]) == [[2]]
