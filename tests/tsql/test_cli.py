@@ -4,6 +4,7 @@ the published tutorial, and the interactive shell."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +28,14 @@ GO
 """
 
 
+def sql(broker: BrokerProcess, *arguments: str, exits: int) -> subprocess.CompletedProcess[str]:
+    """`ssb sql` with `arguments` (its options, then the files to run) against `broker`, seen
+    to exit with `exits` (else AssertionError, with what it wrote to stderr)."""
+    done = run_ssb("sql", "--url", broker.url, *arguments)
+    assert done.returncode == exits, done.stderr
+    return done
+
+
 def test_files_run_in_one_session_batches_go_on_after_an_error(
     broker: BrokerProcess, tmp_path: Path
 ) -> None:
@@ -39,8 +48,7 @@ def test_files_run_in_one_session_batches_go_on_after_an_error(
             "utf-16-le"
         )
     )
-    done = run_ssb("sql", "--url", broker.url, str(first), str(second))
-    assert done.returncode == 1, done.stderr
+    done = sql(broker, str(first), str(second), exits=1)
     assert done.stdout.split("\n") == [
         "made",
         "name",
@@ -64,17 +72,17 @@ def test_files_run_in_one_session_batches_go_on_after_an_error(
 def test_b_stops_at_the_first_error(broker: BrokerProcess, tmp_path: Path) -> None:
     script = tmp_path / "s.sql"
     script.write_text("PRINT 'one'\nGO\nTHROW 50001, N'stop', 1\nGO\nPRINT 'never'\n")
-    done = run_ssb("sql", "-b", "--url", broker.url, str(script))
-    assert (done.returncode, done.stdout) == (1, "one\n")
+    done = sql(broker, "-b", str(script), exits=1)
+    assert done.stdout == "one\n"
     assert "Msg 50001, Level 16, State 1, Line 3\nstop" in done.stderr
 
 
 def test_csv_and_json_for_scripts(broker: BrokerProcess, tmp_path: Path) -> None:
     script = tmp_path / "s.sql"
     script.write_text("SET NOCOUNT ON\nSELECT 1 AS a, N'x,y' AS b, NULL AS c\n")
-    done = run_ssb("sql", "--format", "csv", "--url", broker.url, str(script))
+    done = sql(broker, "--format", "csv", str(script), exits=0)
     assert done.stdout == 'a,b,c\n1,"x,y",\n\n'
-    done = run_ssb("sql", "--format", "json", "--url", broker.url, str(script))
+    done = sql(broker, "--format", "json", str(script), exits=0)
     assert json.loads(done.stdout) == {"columns": ["a", "b", "c"], "rows": [[1, "x,y", None]]}
 
 
@@ -110,17 +118,15 @@ async def test_the_shell_runs_a_batch_at_go(
 def test_d_uses_a_database_first(broker: BrokerProcess, tmp_path: Path) -> None:
     script = tmp_path / "s.sql"
     script.write_text("SELECT DB_NAME() AS db\n")
-    done = run_ssb("sql", "-d", "master", "--format", "csv", "--url", broker.url, str(script))
-    assert (done.returncode, done.stdout) == (0, "db\nmaster\n\n")
-    done = run_ssb("sql", "-d", "Sales", "--url", broker.url, str(script))
-    assert done.returncode == 1
+    done = sql(broker, "-d", "master", "--format", "csv", str(script), exits=0)
+    assert done.stdout == "db\nmaster\n\n"
+    done = sql(broker, "-d", "Sales", str(script), exits=1)
     assert "Msg 911, Level 16" in done.stderr and "Database 'Sales' does not exist" in done.stderr
 
 
 def test_a_script_keeping_its_state_in_a_table_runs_unchanged(broker: BrokerProcess) -> None:
     script = Path(__file__).resolve().parent / "scripts" / "state_table.sql"
-    done = run_ssb("sql", "--url", broker.url, str(script))
-    assert done.returncode == 0, done.stderr
+    done = sql(broker, str(script), exits=0)
     # the INSERT of the group's row and the UPDATE after each RECEIVE, then the SELECT
     assert done.stdout.split("\n") == [
         *["(1 row affected)"] * 3,
