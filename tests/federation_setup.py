@@ -20,7 +20,7 @@ from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from daemon import BrokerProcess
 from faultproxy import FaultPlan, ThreadedFaultProxy
@@ -201,14 +201,34 @@ class Federation:
         return node
 
 
+class Trio(NamedTuple):
+    """What `forwarding_trio` yields: the federation, its brokers A, F and B, and the
+    queues of A's service Initiator and B's TargetB."""
+
+    fed: Federation
+    a: Node
+    f: Node
+    b: Node
+    init_q: str
+    target_q: str
+
+
 @contextlib.asynccontextmanager
-async def forwarding_trio(root: Path) -> AsyncIterator[tuple[Federation, Node, Node, Node]]:
+async def forwarding_trio(
+    root: Path, chain: bool = False, named: bool = True
+) -> AsyncIterator[Trio]:
     """Brokers A, F and B on plain links, F a forwarder (it hosts no service of the
-    dialogs it relays): the federation and its three nodes."""
+    dialogs it relays), with Initiator on A and TargetB on B (`dialog_services`); with
+    `chain`, routes along A -> F -> B and back (`route_chain`, naming the far broker
+    unless `named` is false)."""
     async with Federation(
         root, ["A", "F", "B"], transport=PLAIN, overrides={"F": FORWARDER}
     ) as fed:
-        yield fed, fed["A"], fed["F"], fed["B"]
+        a, f, b = fed["A"], fed["F"], fed["B"]
+        init_q, target_q = await dialog_services(a, b)
+        if chain:
+            await route_chain(a, [f], b, named=named)
+        yield Trio(fed, a, f, b, init_q, target_q)
 
 
 async def trust(node: Node, peer: Node) -> None:

@@ -63,9 +63,7 @@ async def _metrics(node: Node) -> dict[str, float]:
 async def test_a_dialog_through_a_forwarder_is_delivered_exactly_once_in_order_both_ways(
     tmp_path: Path,
 ) -> None:
-    async with forwarding_trio(tmp_path) as (_, a, f, b):
-        init_q, target_q = await dialog_services(a, b)
-        await route_chain(a, [f], b)
+    async with forwarding_trio(tmp_path, chain=True) as (_, a, f, b, init_q, target_q):
         h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
         bodies = [b"m%d" % n for n in range(200)]
         big = bytes(range(256)) * (BIG // 256)
@@ -111,9 +109,8 @@ async def test_a_route_through_a_forwarder_needs_no_broker_instance(tmp_path: Pa
     """As in Service Broker, the routes name addresses only: A asks along its route which
     broker hosts TargetB, B proves it, and the dialog runs end to end between A and B,
     F relaying it without being party to it."""
-    async with forwarding_trio(tmp_path) as (_, a, f, b):
-        init_q, target_q = await dialog_services(a, b)
-        await route_chain(a, [f], b, named=False)
+    async with forwarding_trio(tmp_path, chain=True, named=False) as trio:
+        _, a, f, b, init_q, target_q = trio
         h = await a.conn.begin_dialog("Initiator", "TargetB", contract=CONTRACT)
         big = bytes(range(256)) * (BIG // 256)
         await a.conn.send_many(h, REQUEST, [b"first", big, b"last"])
@@ -143,8 +140,7 @@ async def test_a_forwarder_without_a_route_on_says_what_to_do(tmp_path: Path) ->
     once, ssb diagnose names it; with the route on F, the message goes."""
     from test_diagnose import ssb_diagnose, urls
 
-    async with forwarding_trio(tmp_path) as (_, a, f, b):
-        _, target_q = await dialog_services(a, b)
+    async with forwarding_trio(tmp_path) as (_, a, f, b, _, target_q):
         await route(a, "TargetB", f)
         await route(b, "Initiator", f)
         await route(f, "Initiator", a)
@@ -197,8 +193,7 @@ async def test_a_broker_that_does_not_forward_drops_other_brokers_dialogs_and_sa
 @pytest.mark.timeout(90)
 @pytest.mark.slow
 async def test_routes_that_loop_are_reported_and_never_spun(tmp_path: Path) -> None:
-    async with forwarding_trio(tmp_path) as (_, a, f, b):
-        await dialog_services(a, b)
+    async with forwarding_trio(tmp_path) as (_, a, f, b, _, _):
         # A sends B's service to F, and F's route for it leads back to A
         await route(a, "TargetB", f.address, broker_instance=b.instance)
         await route(f, "TargetB", a.address, broker_instance=b.instance)
@@ -277,8 +272,7 @@ async def test_a_forwarder_past_forward_size_holds_back_and_loses_nothing(tmp_pa
 async def test_an_encrypted_dialog_through_a_forwarder_is_unreadable_to_it(tmp_path: Path) -> None:
     from test_dialog_encryption import Relay
 
-    async with forwarding_trio(tmp_path) as (_, a, f, b):
-        init_q, target_q = await dialog_services(a, b)
+    async with forwarding_trio(tmp_path) as (_, a, f, b, init_q, target_q):
         # everything between A and F is captured, whichever of them opened the connection
         # that stays (A to F's port, or F to A's)
         taps = [await Relay(f.broker_port).start(), await Relay(a.broker_port).start()]

@@ -115,8 +115,7 @@ def _reply(request: bytes) -> bytes:
 async def test_every_message_arrives_once_in_order_through_a_forwarder_on_a_faulty_network(
     tmp_path: Path,
 ) -> None:
-    async with forwarding_trio(tmp_path) as (fed, a, f, b):
-        init_q, target_q = await dialog_services(a, b)
+    async with forwarding_trio(tmp_path) as (fed, a, f, b, init_q, target_q):
         with (
             Hop("A-F", a, f, SEED, both_ways_alike) as af,
             Hop("F-B", f, b, SEED + 10, both_ways_alike) as fb,
@@ -201,9 +200,7 @@ def kill_body(dialog: int, number: int) -> bytes:
 async def test_kill_9_of_the_forwarder_mid_stream_loses_and_duplicates_nothing(
     tmp_path: Path,
 ) -> None:
-    async with forwarding_trio(tmp_path) as (fed, a, f, b):
-        _, target_q = await dialog_services(a, b)
-        await route_chain(a, [f], b)
+    async with forwarding_trio(tmp_path, chain=True) as (fed, a, f, b, _, target_q):
         handles = await begin_dialogs(a, KILL_DIALOGS)
         total = KILL_DIALOGS * KILL_PER_DIALOG
         received: list[client.Message] = []
@@ -354,8 +351,7 @@ async def test_a_fragment_altered_on_the_way_is_counted_against_the_forwarder(
     """Only message bytes of big fragments are flipped, only on their way into F (which
     is what F altering them would look like to B): B refuses each one, A retransmits, and
     B's row for F, the connection the altered fragments arrived on, counts them."""
-    async with forwarding_trio(tmp_path) as (_, a, f, b):
-        _, target_q = await dialog_services(a, b)
+    async with forwarding_trio(tmp_path) as (_, a, f, b, _, target_q):
         alter = FaultPlan(seed=SEED, payload_corrupt_probability=0.5, max_payload_corruptions=4)
         # both connections between A and F alter what travels from A to F
         with (
