@@ -156,14 +156,20 @@ def _reply(request: bytes) -> bytes:
     return b"re:" + request
 
 
+async def three_brokers_with_an_initiator(fed: Federation) -> tuple[Node, Node, Node, str]:
+    """Brokers A, B and C of `fed` with the contract, and the service Initiator on A: the
+    three nodes and Initiator's queue."""
+    a, b, c = fed["A"], fed["B"], fed["C"]
+    await create_contract(a, b, c)
+    return a, b, c, await create_initiator(a, "Initiator")
+
+
 @pytest.mark.timeout(180)
 async def test_ten_thousand_messages_on_twenty_dialogs_to_two_brokers_and_back(
     tmp_path: Path,
 ) -> None:
     async with Federation(tmp_path, ["A", "B", "C"]) as fed:
-        a, b, c = fed["A"], fed["B"], fed["C"]
-        await create_contract(a, b, c)
-        init_q = await create_initiator(a, "Initiator")
+        a, b, c, init_q = await three_brokers_with_an_initiator(fed)
         target_q = {"B": await create_target(b, "TargetB"), "C": await create_target(c, "TargetC")}
         await link(a, "Initiator", b, "TargetB")
         await link(a, "Initiator", c, "TargetC")
@@ -506,9 +512,7 @@ async def test_route_matching_most_specific_wins_expired_ignored_local_and_trans
     tmp_path: Path,
 ) -> None:
     async with Federation(tmp_path, ["A", "B", "C"]) as fed:
-        a, b, c = fed["A"], fed["B"], fed["C"]
-        await create_contract(a, b, c)
-        await create_initiator(a, "Initiator")  # B and C route acks back to it
+        a, b, c, _ = await three_brokers_with_an_initiator(fed)  # B and C route acks to it
         queues = {}
         for node in (b, c):  # the same service names on B and C
             queues[node.name] = await create_target(node, "Shared")
