@@ -139,74 +139,72 @@ async def test_kill_9_during_a_deep_drain_loses_and_repeats_nothing(tmp_path: Pa
 QUOTA = 200
 
 
-async def test_kill_9_after_quota_refusals_keeps_exactly_the_acknowledged(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data", config={"min_free_disk": 0}).start()
-    try:
-        conn = await client.connect(broker.url)
-        await initiator_and_target(conn, "LimitedQ", max_messages=QUOTA)
-        producer = await conn.begin_dialog("InitSvc", "TargetSvc")
-        other_dialog = await conn.begin_dialog("InitSvc", "TargetSvc")
+async def test_kill_9_after_quota_refusals_keeps_exactly_the_acknowledged(
+    broker: BrokerProcess,
+) -> None:
+    conn = await client.connect(broker.url)
+    await initiator_and_target(conn, "LimitedQ", max_messages=QUOTA)
+    producer = await conn.begin_dialog("InitSvc", "TargetSvc")
+    other_dialog = await conn.begin_dialog("InitSvc", "TargetSvc")
 
-        # an explicit transaction whose SENDs fit when made, but not at its COMMIT
-        other = await client.connect(broker.url)
-        await other.begin_transaction()
-        await other.send_many(other_dialog, "DEFAULT", [f"txn:{i}" for i in range(5)])
+    # an explicit transaction whose SENDs fit when made, but not at its COMMIT
+    other = await client.connect(broker.url)
+    await other.begin_transaction()
+    await other.send_many(other_dialog, "DEFAULT", [f"txn:{i}" for i in range(5)])
 
-        acked: list[str] = []
-        refused: list[str] = []
-        for n in range(QUOTA + 50):
-            body = f"auto:{n}"
-            try:
-                await conn.send(producer, "DEFAULT", body)
-            except client.QueueFullError as exc:
-                assert exc.code == ErrorCode.QUEUE_FULL
-                assert "LimitedQ" in exc.message and f"max_messages = {QUOTA}" in exc.message
-                refused.append(body)
-                break
-            acked.append(body)
-        assert len(acked) == QUOTA and len(refused) == 1
-        for n in range(QUOTA + 1, QUOTA + 6):  # still full: every further SEND is refused
-            with pytest.raises(client.QueueFullError):
-                await conn.send(producer, "DEFAULT", f"auto:{n}")
-            refused.append(f"auto:{n}")
+    acked: list[str] = []
+    refused: list[str] = []
+    for n in range(QUOTA + 50):
+        body = f"auto:{n}"
+        try:
+            await conn.send(producer, "DEFAULT", body)
+        except client.QueueFullError as exc:
+            assert exc.code == ErrorCode.QUEUE_FULL
+            assert "LimitedQ" in exc.message and f"max_messages = {QUOTA}" in exc.message
+            refused.append(body)
+            break
+        acked.append(body)
+    assert len(acked) == QUOTA and len(refused) == 1
+    for n in range(QUOTA + 1, QUOTA + 6):  # still full: every further SEND is refused
         with pytest.raises(client.QueueFullError):
-            await conn.send_many(producer, "DEFAULT", [b"many:0", b"many:1"])
+            await conn.send(producer, "DEFAULT", f"auto:{n}")
+        refused.append(f"auto:{n}")
+    with pytest.raises(client.QueueFullError):
+        await conn.send_many(producer, "DEFAULT", [b"many:0", b"many:1"])
 
-        with pytest.raises(client.QueueFullError, match="LimitedQ"):
-            await other.commit()
-        await other.ping()  # the session goes on, with no transaction open
-        with pytest.raises(client.TransactionError):
-            await other.commit()
-        row = await _queue_row(conn, "LimitedQ")
-        assert (row["messages_stored"], row["messages_ready"]) == (QUOTA, QUOTA)
-        await other.close()
-        await conn.close()
+    with pytest.raises(client.QueueFullError, match="LimitedQ"):
+        await other.commit()
+    await other.ping()  # the session goes on, with no transaction open
+    with pytest.raises(client.TransactionError):
+        await other.commit()
+    row = await _queue_row(conn, "LimitedQ")
+    assert (row["messages_stored"], row["messages_ready"]) == (QUOTA, QUOTA)
+    await other.close()
+    await conn.close()
 
-        broker.kill()
-        broker.start()
-        conn = await client.connect(broker.url)
-        row = await _queue_row(conn, "LimitedQ")
-        assert (row["max_messages"], row["messages_stored"]) == (QUOTA, QUOTA)
-        with pytest.raises(client.QueueFullError):  # the quota still counts what is stored
-            await conn.send(producer, "DEFAULT", b"after the restart")
+    broker.kill()
+    broker.start()
+    conn = await client.connect(broker.url)
+    row = await _queue_row(conn, "LimitedQ")
+    assert (row["max_messages"], row["messages_stored"]) == (QUOTA, QUOTA)
+    with pytest.raises(client.QueueFullError):  # the quota still counts what is stored
+        await conn.send(producer, "DEFAULT", b"after the restart")
 
-        received: list[client.Message] = []
-        for _ in range(QUOTA):  # bounded
-            async with conn.transaction():
-                got = await conn.receive("LimitedQ", top=60, timeout=5)
-            assert got, f"the queue ran dry after {len(received)} messages"
-            received += got
-            if len(received) >= QUOTA:
-                break
-        assert await conn.receive("LimitedQ", timeout=0) == []
-        assert [m.message_body.decode() for m in received] == acked
-        assert [m.message_sequence_number for m in received] == list(range(QUOTA))
-        assert {m.conversation_handle for m in received} == {received[0].conversation_handle}
+    received: list[client.Message] = []
+    for _ in range(QUOTA):  # bounded
+        async with conn.transaction():
+            got = await conn.receive("LimitedQ", top=60, timeout=5)
+        assert got, f"the queue ran dry after {len(received)} messages"
+        received += got
+        if len(received) >= QUOTA:
+            break
+    assert await conn.receive("LimitedQ", timeout=0) == []
+    assert [m.message_body.decode() for m in received] == acked
+    assert [m.message_sequence_number for m in received] == list(range(QUOTA))
+    assert {m.conversation_handle for m in received} == {received[0].conversation_handle}
 
-        # drained, the queue takes messages again; the refused transaction's dialog works
-        await conn.send(other_dialog, "DEFAULT", b"room again")
-        (late,) = await conn.receive("LimitedQ", timeout=5)
-        assert (late.message_body, late.message_sequence_number) == (b"room again", 0)
-        await conn.close()
-    finally:
-        broker.kill()
+    # drained, the queue takes messages again; the refused transaction's dialog works
+    await conn.send(other_dialog, "DEFAULT", b"room again")
+    (late,) = await conn.receive("LimitedQ", timeout=5)
+    assert (late.message_body, late.message_sequence_number) == (b"room again", 0)
+    await conn.close()

@@ -15,7 +15,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from daemon import BrokerProcess, one_error_line, serve_once
+from daemon import one_error_line, serve_once
 from setup_objects import initiator_and_target
 
 from ssb import client
@@ -120,29 +120,27 @@ async def test_peeking_at_three_30_mib_messages_fits_a_frame(conn: client.Connec
     assert await _ready(conn) == 3  # peeking takes nothing
 
 
-async def test_one_message_of_the_largest_size_fits_an_answer(tmp_path: Path) -> None:
-    broker = BrokerProcess(
-        tmp_path / "data", config={"max_message_size": MAX_MESSAGE_SIZE_LIMIT}
-    ).start()
-    try:
-        conn = await initiator_and_target(await client.connect(broker.url), "BigQ", "BigSvc")
-        assert conn.max_message_size == MAX_MESSAGE_SIZE_LIMIT
-        h = await conn.begin_dialog("InitSvc", "BigSvc")
-        body = b"L" * MAX_MESSAGE_SIZE_LIMIT
-        digest = _digest(body)
-        await conn.send(h, "DEFAULT", body)
-        await conn.send(h, "DEFAULT", b"small")
-        del body
-        (peeked,) = await conn.peek("BigQ")
-        assert _digest(peeked.message_body) == digest
-        del peeked
-        (got,) = await conn.receive("BigQ", top=10, timeout=5)
-        assert (got.message_sequence_number, _digest(got.message_body)) == (0, digest)
-        del got
-        assert [m.message_body for m in await conn.receive("BigQ", timeout=5)] == [b"small"]
-        await conn.close()
-    finally:
-        broker.kill()
+@pytest.mark.parametrize(
+    "broker_settings",
+    [{"config": {"max_message_size": MAX_MESSAGE_SIZE_LIMIT}}],
+    ids=["max_message_size=limit"],
+)
+async def test_one_message_of_the_largest_size_fits_an_answer(conn: client.Connection) -> None:
+    await initiator_and_target(conn, "BigQ", "BigSvc")
+    assert conn.max_message_size == MAX_MESSAGE_SIZE_LIMIT
+    h = await conn.begin_dialog("InitSvc", "BigSvc")
+    body = b"L" * MAX_MESSAGE_SIZE_LIMIT
+    digest = _digest(body)
+    await conn.send(h, "DEFAULT", body)
+    await conn.send(h, "DEFAULT", b"small")
+    del body
+    (peeked,) = await conn.peek("BigQ")
+    assert _digest(peeked.message_body) == digest
+    del peeked
+    (got,) = await conn.receive("BigQ", top=10, timeout=5)
+    assert (got.message_sequence_number, _digest(got.message_body)) == (0, digest)
+    del got
+    assert [m.message_body for m in await conn.receive("BigQ", timeout=5)] == [b"small"]
 
 
 async def test_a_200_mb_body_is_refused_and_nothing_is_sent(conn: client.Connection) -> None:
@@ -186,35 +184,33 @@ async def test_send_many_over_the_frame_is_refused_whole(conn: client.Connection
     assert [(m.message_body, m.message_sequence_number) for m in got] == [(b"a", 0), (b"b", 1)]
 
 
-async def test_max_message_size_bounds_every_body(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data", config={"max_message_size": 1000}).start()
-    try:
-        conn = await initiator_and_target(await client.connect(broker.url), "BigQ", "BigSvc")
-        assert conn.max_message_size == 1000  # announced in the handshake
-        h = await conn.begin_dialog("InitSvc", "BigSvc")
-        await conn.send(h, "DEFAULT", b"x" * 1000)
-        with pytest.raises(client.MessageTooLargeError, match="max_message_size") as info:
-            await conn.send(h, "DEFAULT", b"x" * 1001)
-        assert info.value.code == ErrorCode.MESSAGE_TOO_LARGE
+@pytest.mark.parametrize(
+    "broker_settings", [{"config": {"max_message_size": 1000}}], ids=["max_message_size=1000"]
+)
+async def test_max_message_size_bounds_every_body(conn: client.Connection) -> None:
+    await initiator_and_target(conn, "BigQ", "BigSvc")
+    assert conn.max_message_size == 1000  # announced in the handshake
+    h = await conn.begin_dialog("InitSvc", "BigSvc")
+    await conn.send(h, "DEFAULT", b"x" * 1000)
+    with pytest.raises(client.MessageTooLargeError, match="max_message_size") as info:
+        await conn.send(h, "DEFAULT", b"x" * 1001)
+    assert info.value.code == ErrorCode.MESSAGE_TOO_LARGE
 
-        # the broker checks too: a client that ignores the announced limit is refused
-        conn.max_message_size = MIB
-        with pytest.raises(client.MessageTooLargeError, match="max_message_size") as info:
-            await conn.send(h, "DEFAULT", b"y" * 1001)
-        assert info.value.code == ErrorCode.MESSAGE_TOO_LARGE
-        assert "1000" in info.value.message
-        with pytest.raises(client.MessageTooLargeError):  # atomic: the small one is not sent
-            await conn.send_many(h, "DEFAULT", [b"small", b"y" * 5000])
-        assert await conn.ping() == "pong"
+    # the broker checks too: a client that ignores the announced limit is refused
+    conn.max_message_size = MIB
+    with pytest.raises(client.MessageTooLargeError, match="max_message_size") as info:
+        await conn.send(h, "DEFAULT", b"y" * 1001)
+    assert info.value.code == ErrorCode.MESSAGE_TOO_LARGE
+    assert "1000" in info.value.message
+    with pytest.raises(client.MessageTooLargeError):  # atomic: the small one is not sent
+        await conn.send_many(h, "DEFAULT", [b"small", b"y" * 5000])
+    assert await conn.ping() == "pong"
 
-        got = await conn.receive("BigQ", timeout=5)
-        assert [(m.message_body, m.message_sequence_number) for m in got] == [(b"x" * 1000, 0)]
-        await conn.send(h, "DEFAULT", b"z")
-        (m,) = await conn.receive("BigQ", timeout=5)
-        assert (m.message_body, m.message_sequence_number) == (b"z", 1)
-        await conn.close()
-    finally:
-        broker.kill()
+    got = await conn.receive("BigQ", timeout=5)
+    assert [(m.message_body, m.message_sequence_number) for m in got] == [(b"x" * 1000, 0)]
+    await conn.send(h, "DEFAULT", b"z")
+    (m,) = await conn.receive("BigQ", timeout=5)
+    assert (m.message_body, m.message_sequence_number) == (b"z", 1)
 
 
 def test_max_message_size_above_the_frame_limit_is_a_config_error(tmp_path: Path) -> None:
