@@ -7,14 +7,16 @@ send."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ssl
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import rsa
-from federation_setup import Node
+from federation_setup import Federation, Node, two_brokers_with_a_dialog_pair
 
 from ssb.protocol import (
     NEED_DATA,
@@ -145,3 +147,12 @@ class Rogue:
         finally:
             writer.close()
         return acked
+
+
+@contextlib.asynccontextmanager
+async def rogue_and_target(root: Path) -> AsyncIterator[tuple[Rogue, Node, str]]:
+    """Brokers A and B with a dialog pair (`two_brokers_with_a_dialog_pair`), and a rogue
+    that B trusts: the rogue, B, and the queue of B's service TargetB."""
+    async with Federation(root, ["A", "B"]) as fed:
+        _, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
+        yield await Rogue.trusted_by(b, root), b, target_q

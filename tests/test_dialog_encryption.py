@@ -23,7 +23,7 @@ from federation_setup import (
     request_and_reply,
     two_brokers_with_a_dialog_pair,
 )
-from rogue_broker import Rogue
+from rogue_broker import rogue_and_target
 
 from ssb import client
 from ssb.protocol import Envelope, ErrorCode, generate_broker_identity
@@ -153,9 +153,7 @@ async def test_an_encrypted_dialog_is_not_readable_on_the_link_either_way(
 async def test_a_body_that_does_not_decrypt_ends_its_dialog_and_is_never_delivered(
     tmp_path: Path,
 ) -> None:
-    async with Federation(tmp_path, ["A", "B"]) as fed:
-        _, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
-        rogue = await Rogue.trusted_by(b, tmp_path)
+    async with rogue_and_target(tmp_path) as (rogue, b, target_q):
         b_id = uuid.UUID(b.instance)
         sealed = Envelope("RogueService", "TargetB", CONTRACT, rogue.instance, b_id, True)
         # the control: an encrypted message from a party to the dialog is delivered in clear

@@ -24,7 +24,7 @@ from federation_setup import (
     receive_count,
     two_brokers_with_a_dialog_pair,
 )
-from rogue_broker import Rogue
+from rogue_broker import Rogue, rogue_and_target
 
 from ssb.protocol import Envelope
 
@@ -75,9 +75,7 @@ async def test_a_trusted_peer_can_neither_hijack_a_dialog_nor_forge_an_envelope(
 async def test_a_message_outside_the_contract_ends_the_dialog_with_an_error(
     tmp_path: Path,
 ) -> None:
-    async with Federation(tmp_path, ["A", "B"]) as fed:
-        _, b, _, target_q = await two_brokers_with_a_dialog_pair(fed)
-        rogue = await Rogue.trusted_by(b, tmp_path)
+    async with rogue_and_target(tmp_path) as (rogue, b, target_q):
         envelope = Envelope(
             "RogueService", "TargetB", CONTRACT, rogue.instance, uuid.UUID(b.instance)
         )
