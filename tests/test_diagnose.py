@@ -91,6 +91,22 @@ def label(node: Node) -> str:
     return label_of(node.process.url)
 
 
+async def problems_found(*args: str) -> str:
+    """What `ssb diagnose ARGS` prints, having found problems (exit code 1)."""
+    code, out, _ = await ssb_diagnose(*args)
+    assert code == 1, out
+    return out
+
+
+def waiting(count: int, service: str, node: Node, why: str) -> str:
+    """What diagnose says of `count` messages for `service` that wait in the transmission
+    queue of `node`, for the reason `why`."""
+    return (
+        f"{count} message(s) for service '{service}' wait in the transmission queue of"
+        f" {label(node)}: {why}"
+    )
+
+
 def texts(report: Report, kind: str) -> list[str]:
     return [f"{p.text} | fix: {p.fix}" for p in report.problems if p.kind == kind]
 
@@ -184,8 +200,7 @@ async def test_a_certificate_not_trusted_is_found_on_either_side(tmp_path: Path)
         # trusted again by A, but B no longer trusts A: found in B's certificates at once
         await trust(a, b)
         await b.conn.drop_certificate("cert_A")
-        code, out, _ = await ssb_diagnose(*urls(a, b))
-        assert code == 1, out
+        out = await problems_found(*urls(a, b))
         assert f"broker {label(b)} does not trust the certificate of broker {label(a)}" in out
         assert f"fix: on {label(b)}: create_certificate(" in out
         assert out.count("does not trust") == 1, out  # found twice, reported once
@@ -232,8 +247,7 @@ async def test_a_disabled_queue_is_found_with_the_messages_it_holds_back(
         await a.conn.send(h, REQUEST, b"for a queue that is off")
         await wait_until(lambda: status_of(b, "TargetB"), "the message held on B", 15)
 
-        code, out, _ = await ssb_diagnose(*urls(a, b), "--from", "Initiator", "--to", "TargetB")
-        assert code == 1, out
+        out = await problems_found(*urls(a, b), "--from", "Initiator", "--to", "TargetB")
         assert f"queue '{TARGET_QUEUE}' on {label(b)} is disabled" in out
         assert f"alter_queue('{TARGET_QUEUE}', status='ON')" in out
         report = await diagnose(urls(a, b))
@@ -266,12 +280,8 @@ async def test_a_dialog_begun_before_its_route_waits_and_is_found(tmp_path: Path
         await wait_until(lambda: status_of(a, "TargetB"), "the messages waiting on A", 15)
         assert await status_of(a, "TargetB") == " / ".join(["no route to service 'TargetB'"] * 2)
 
-        code, out, _ = await ssb_diagnose(*urls(a, b))
-        assert code == 1, out
-        assert (
-            f"2 message(s) for service 'TargetB' wait in the transmission queue of {label(a)}:"
-            " no route to service 'TargetB'" in out
-        )
+        out = await problems_found(*urls(a, b))
+        assert waiting(2, "TargetB", a, "no route to service 'TargetB'") in out
         assert f"broker {label(a)} has no route to service 'TargetB' on broker {label(b)}" in out
         assert f"fix: on {label(a)}: create_route('to_TargetB', 'TargetB', 'tcp://" in out
         said = "messages for service 'TargetB' wait in the transmission queue: no route"
@@ -293,12 +303,8 @@ async def test_a_message_held_for_a_service_the_far_broker_lacks_is_found(
         await a.conn.send(h, REQUEST, b"for nobody")
         await wait_until(lambda: status_of(b, "Ghost"), "the message held on B", 15)
 
-        code, out, _ = await ssb_diagnose(*urls(a, b))
-        assert code == 1, out
-        assert (
-            f"1 message(s) for service 'Ghost' wait in the transmission queue of {label(b)}:"
-            " service 'Ghost' does not exist" in out
-        )
+        out = await problems_found(*urls(a, b))
+        assert waiting(1, "Ghost", b, "service 'Ghost' does not exist") in out
         assert f"broker {label(b)} has no service 'Ghost'" in out
         assert f"on {label(b)}: create_service('Ghost'" in out
 
