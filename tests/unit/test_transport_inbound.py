@@ -26,6 +26,15 @@ def _send(a: Broker, bodies: list[bytes], handle: uuid.UUID | None = None) -> uu
     return handle
 
 
+async def _settled_pair(tmp_path: Path) -> tuple[World, Broker, Broker]:
+    """Brokers A and B (`World.pair`), A retransmitting after a second, settled: nothing
+    left to run or to move (`World.settle`)."""
+    world = World(tmp_path, retry_initial=1.0)
+    a, b = world.pair()
+    await world.settle()
+    return world, a, b
+
+
 async def test_fragments_for_a_full_queue_are_dropped_unacknowledged_and_come_again(
     tmp_path: Path,
 ) -> None:
@@ -51,9 +60,7 @@ async def test_fragments_for_a_full_queue_are_dropped_unacknowledged_and_come_ag
 async def test_fragments_are_dropped_unacknowledged_while_the_disk_is_full(
     tmp_path: Path,
 ) -> None:
-    world = World(tmp_path, retry_initial=1.0)
-    a, b = world.pair()
-    await world.settle()
+    world, a, b = await _settled_pair(tmp_path)
     capacity = b.core.engine.capacity
     capacity.measured(0, "the test's disk")
     _send(a, [b"kept"])
@@ -73,9 +80,7 @@ async def test_a_full_disk_refusing_many_dialogs_is_one_log_line_not_one_per_dia
     """The disk is this broker's, not a dialog's: while it refuses, what another broker
     sends on many dialogs is logged once a REFUSAL_LOG_EVERY, not once per dialog (each
     retransmitting every minute would write thousands of lines onto the full disk)."""
-    world = World(tmp_path, retry_initial=1.0)
-    a, b = world.pair()
-    await world.settle()
+    world, a, b = await _settled_pair(tmp_path)
     b.core.engine.capacity.measured(0, "the test's disk")
     caplog.set_level(logging.INFO, logger="ssb.transport")
     for _ in range(20):
@@ -93,9 +98,7 @@ async def test_a_full_disk_refusing_many_dialogs_is_one_log_line_not_one_per_dia
 async def test_no_ack_leaves_before_the_batch_holding_the_message_is_durable(
     tmp_path: Path,
 ) -> None:
-    world = World(tmp_path, retry_initial=1.0)
-    a, b = world.pair()
-    await world.settle()
+    world, a, b = await _settled_pair(tmp_path)
     _send(a, [b"once"])
     a.core.flush()
     await world.advance(5.0, flush=False)  # retransmitted, and the ack delay long past
