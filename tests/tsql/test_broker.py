@@ -4,14 +4,13 @@ Service Broker makes them, transactions, and queries over the catalog views."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from ssb import client
 from ssb.protocol import generate_broker_identity
-from ssb.tsql import Collect, Session
+from ssb.tsql import Collect, ResultSet, Session, SqlError
 
 from .helpers import each_fails, ran, run, table
 
@@ -37,18 +36,44 @@ async def _requests(conn: client.Connection, *bodies: bytes) -> uuid.UUID:
     return handle
 
 
+class Admin:
+    """A T-SQL session of admin's on the test's broker, which has run CATALOG, and its
+    output in order (`out`)."""
+
+    def __init__(self, session: Session, out: Collect) -> None:
+        self.session = session
+        self.out = out
+
+    async def run(self, text: str) -> bool:
+        """Run the script `text`: whether all its batches succeeded."""
+        return await run(self.session, text)
+
+    async def ok(self, text: str) -> list[ResultSet]:
+        """Run the script `text`, every batch succeeding (else AssertionError, with the
+        errors): the result sets the session has had."""
+        assert await run(self.session, text), self.out.errors
+        return self.out.results
+
+    async def error(self, text: str) -> SqlError:
+        """Run the script `text`, which must fail: the session's last error."""
+        assert not await run(self.session, text), text
+        return self.out.errors[-1]
+
+    async def each_fails(self, *texts: str) -> list[SqlError]:
+        """Run each script of `texts`, every one failing (else AssertionError, naming the
+        script): the errors the session has had."""
+        await each_fails(self.session, *texts)
+        return self.out.errors
+
+
 @pytest.fixture
-async def tsql(conn: client.Connection) -> AsyncIterator[tuple[Session, Collect]]:
-    session, out = await ran(CATALOG, conn, login="admin")
-    yield session, out
+async def tsql(conn: client.Connection) -> Admin:
+    """Admin's session on the test's broker, with CATALOG made."""
+    return Admin(*await ran(CATALOG, conn, login="admin"))
 
 
-async def test_the_ddl_reaches_the_catalog(
-    tsql: tuple[Session, Collect], conn: client.Connection
-) -> None:
-    session, out = tsql
-    assert await run(
-        session,
+async def test_the_ddl_reaches_the_catalog(tsql: Admin, conn: client.Connection) -> None:
+    await tsql.ok(
         "ALTER QUEUE TargetQueue WITH STATUS = OFF, POISON_MESSAGE_HANDLING (STATUS = OFF)\n"
         "CREATE ROUTE R WITH SERVICE_NAME = '//far', ADDRESS = 'TCP://127.0.0.1:4999'\n"
         "CREATE BROKER PRIORITY P FOR CONVERSATION SET (CONTRACT_NAME = [//t/Contract],"
@@ -63,7 +88,7 @@ async def test_the_ddl_reaches_the_catalog(
         "GRANT SEND ON SERVICE::[//t/Target] TO app\n"
         "GRANT RECEIVE ON dbo.TargetQueue TO app\n"
         "GRANT ALTER ON MESSAGE TYPE::[//t/Reply] TO app\n",
-    ), out.errors
+    )
     grants = {
         (g["permission"], g["kind"], g["name"])
         for g in await conn.view("permissions")
@@ -74,8 +99,8 @@ async def test_the_ddl_reaches_the_catalog(
         ("RECEIVE", "queue", "TargetQueue"),
         ("ALTER", "message_type", "//t/Reply"),
     }
-    assert not await run(session, "GRANT CREATE QUEUE TO app")
-    assert "CREATE (of every kind at once)" in out.errors[-1].text
+    error = await tsql.error("GRANT CREATE QUEUE TO app")
+    assert "CREATE (of every kind at once)" in error.text
     queues = {q["name"]: q for q in await conn.view("service_queues")}
     assert queues["TargetQueue"]["is_receive_enabled"] is False
     assert queues["TargetQueue"]["is_poison_message_handling_enabled"] is False
@@ -86,60 +111,48 @@ async def test_the_ddl_reaches_the_catalog(
     assert (priority["service_contract_name"], priority["priority"]) == ("//t/Contract", 9)
     (notification,) = await conn.view("event_notifications")
     assert notification["event"] == "BROKER_QUEUE_DISABLED"
-    assert await run(
-        session,
+    await tsql.ok(
         "DROP EVENT NOTIFICATION N ON QUEUE TargetQueue\nDROP BROKER PRIORITY P\nDROP ROUTE R\n"
         "DROP SERVICE EventService\nDROP QUEUE Events\nDROP SERVICE [//t/Target]\n"
         "DROP SERVICE [//t/Initiator]\nDROP QUEUE TargetQueue\nDROP QUEUE InitiatorQueue\n"
         "DROP CONTRACT [//t/Contract]\nDROP MESSAGE TYPE [//t/Request]\nDROP MESSAGE TYPE [//t/Reply]",
-    ), out.errors
+    )
     assert await conn.view("services") == []
     assert await conn.view("routes") == []
 
 
-async def test_what_ssb_lacks_is_refused_never_ignored(tsql: tuple[Session, Collect]) -> None:
-    session, out = tsql
-    await each_fails(
-        session,
+async def test_what_ssb_lacks_is_refused_never_ignored(tsql: Admin) -> None:
+    errors = await tsql.each_fails(
         "CREATE MASTER KEY ENCRYPTION BY PASSWORD = 'x'",
         "CREATE USER u WITHOUT LOGIN",
         "CREATE REMOTE SERVICE BINDING b TO SERVICE '//far' WITH USER = u",
         "ALTER DATABASE master SET DISABLE_BROKER",
         "ALTER DATABASE master SET RECOVERY SIMPLE",
     )
-    assert [e.number for e in out.errors] == [40517] * 5
-    assert "is not supported by ssb" in out.errors[3].text
+    assert [e.number for e in errors] == [40517] * 5
+    assert "is not supported by ssb" in errors[3].text
     # an activation procedure in T-SQL must exist (in the queue's database)
-    assert not await run(
-        session,
+    error = await tsql.error(
         "ALTER QUEUE TargetQueue WITH ACTIVATION (STATUS = ON, PROCEDURE_NAME = TargetProc,"
         " MAX_QUEUE_READERS = 1, EXECUTE AS SELF)",
     )
-    assert out.errors[-1].number == 2812
-    assert "stored procedure 'TargetProc' does not exist" in out.errors[-1].text
+    assert error.number == 2812
+    assert "stored procedure 'TargetProc' does not exist" in error.text
 
 
-async def test_alter_message_type_and_service(
-    tsql: tuple[Session, Collect], conn: client.Connection
-) -> None:
-    session, out = tsql
-    assert await run(
-        session,
+async def test_alter_message_type_and_service(tsql: Admin, conn: client.Connection) -> None:
+    await tsql.ok(
         "ALTER MESSAGE TYPE [//t/Reply] VALIDATION = EMPTY\n"
         "ALTER SERVICE [//t/Target] (ADD CONTRACT [DEFAULT], DROP CONTRACT [//t/Contract])",
-    ), out.errors
+    )
     types = {m["name"]: m["validation"] for m in await conn.view("message_types")}
     assert types["//t/Reply"] == "EMPTY"
     services = {s["name"]: s["contracts"] for s in await conn.view("services")}
     assert services["//t/Target"] == "DEFAULT"
 
 
-async def test_a_conversation_in_t_sql(
-    tsql: tuple[Session, Collect], conn: client.Connection
-) -> None:
-    session, out = tsql
-    assert await run(
-        session,
+async def test_a_conversation_in_t_sql(tsql: Admin) -> None:
+    first, replies, endpoints = await tsql.ok(
         "DECLARE @h UNIQUEIDENTIFIER, @body NVARCHAR(100) = N'<Request>é</Request>';\n"
         "BEGIN TRANSACTION;\n"
         "BEGIN DIALOG CONVERSATION @h FROM SERVICE [//t/Initiator] TO SERVICE N'//t/Target',"
@@ -156,8 +169,7 @@ async def test_a_conversation_in_t_sql(
         " FROM InitiatorQueue WHERE conversation_handle = @h;\n"
         "END CONVERSATION @h;\n"
         "SELECT COUNT(*) AS endpoints FROM sys.conversation_endpoints",
-    ), out.errors
-    first, replies, endpoints = out.results
+    )
     assert table(first) == [["<Request>é</Request>", "//t/Request", 1, "é"]]
     assert table(replies) == [
         ["//t/Reply", "réponse"],
@@ -166,12 +178,10 @@ async def test_a_conversation_in_t_sql(
     assert table(endpoints) == [[0]]
 
 
-async def test_bodies_are_the_bytes_sql_server_sends(
-    tsql: tuple[Session, Collect], conn: client.Connection
-) -> None:
-    session, out = tsql
-    assert await run(
-        session,
+async def test_bodies_are_the_bytes_sql_server_sends(tsql: Admin, conn: client.Connection) -> None:
+    """NVARCHAR is sent as UTF-16 without a byte-order mark, VARCHAR as its bytes, XML as
+    UTF-16 with one, VARBINARY as it is."""
+    await tsql.ok(
         "DECLARE @h UNIQUEIDENTIFIER\n"
         "BEGIN DIALOG @h FROM SERVICE [//t/Initiator] TO SERVICE '//t/Target' ON CONTRACT"
         " [//t/Contract] WITH ENCRYPTION = OFF\n"
@@ -179,7 +189,7 @@ async def test_bodies_are_the_bytes_sql_server_sends(
         "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] ('<a>e</a>')\n"
         "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (CAST(N'<a>é</a>' AS XML))\n"
         "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (0x3C612F3E)",
-    ), out.errors
+    )
     messages = await conn.receive("TargetQueue", timeout=5.0)
     assert [m.message_body for m in messages] == [
         "<a>é</a>".encode("utf-16-le"),
@@ -189,12 +199,10 @@ async def test_bodies_are_the_bytes_sql_server_sends(
     ]
 
 
-async def test_receive_variants(tsql: tuple[Session, Collect], conn: client.Connection) -> None:
-    session, out = tsql
+async def test_receive_variants(tsql: Admin, conn: client.Connection) -> None:
     for _ in range(2):  # two conversation groups
         await _requests(conn, b"<one/>", b"<two/>")
-    assert await run(
-        session,
+    counted, one, rest, rowcount, empty, none = await tsql.ok(
         "DECLARE @t TABLE (h UNIQUEIDENTIFIER, seq BIGINT, body VARBINARY(MAX));\n"
         "DECLARE @g UNIQUEIDENTIFIER;\n"
         "GET CONVERSATION GROUP @g FROM TargetQueue;\n"
@@ -206,8 +214,7 @@ async def test_receive_variants(tsql: tuple[Session, Collect], conn: client.Conn
         "SELECT @@ROWCOUNT AS n_rows;\n"
         "WAITFOR (RECEIVE * FROM TargetQueue), TIMEOUT 50;\n"
         "SELECT @@ROWCOUNT AS n_rows;",
-    ), out.errors
-    counted, one, rest, rowcount, empty, none = out.results
+    )
     assert table(counted) == [[2, 0, 1]]
     assert len(one.rows) == 1 and one.columns[:3] == ["status", "priority", "queuing_order"]
     assert len(rest.rows) == 1
@@ -216,75 +223,67 @@ async def test_receive_variants(tsql: tuple[Session, Collect], conn: client.Conn
 
 
 async def test_receive_top_and_timeout_convert_as_sql_server_converts_them(
-    tsql: tuple[Session, Collect], conn: client.Connection
+    tsql: Admin, conn: client.Connection
 ) -> None:
-    session, out = tsql
+    """RECEIVE's TOP and TIMEOUT convert to BIGINT: text that is no number fails (Msg 245),
+    a negative TOP too (Msg 1014); TOP (0) receives nothing, and waits for nothing."""
     await _requests(conn, b"<one/>")
-    await each_fails(
-        session,
+    errors = await tsql.each_fails(
         "RECEIVE TOP ('abc') * FROM TargetQueue",
         "RECEIVE TOP (-1) * FROM TargetQueue",
         "WAITFOR (RECEIVE * FROM TargetQueue), TIMEOUT 'abc'",
     )
     conversion = "Conversion failed when converting the varchar value 'abc' to data type bigint."
-    assert [(e.number, e.text) for e in out.errors] == [
+    assert [(e.number, e.text) for e in errors] == [
         (245, conversion),
         (1014, "A TOP N or FETCH rows count value may not be negative."),
         (245, conversion),
     ]
-    assert await run(
-        session,
+    none, rowcount, none_again, left = await tsql.ok(
         "RECEIVE TOP (0) message_body FROM TargetQueue; SELECT @@ROWCOUNT AS n;\n"
         "WAITFOR (RECEIVE TOP (0) message_body FROM TargetQueue);\n"
         "SELECT COUNT(*) AS n FROM TargetQueue",
-    ), out.errors
-    none, rowcount, none_again, left = out.results
+    )
     assert none.columns == ["message_body"] and none.rows == [] and none_again.rows == []
     assert table(rowcount) == [[0]] and table(left) == [[1]]
 
 
 async def test_lifetimes_and_timer_timeouts_convert_as_sql_server_converts_them(
-    tsql: tuple[Session, Collect],
+    tsql: Admin,
 ) -> None:
-    session, out = tsql
     begin = (
         "DECLARE @h UNIQUEIDENTIFIER; BEGIN DIALOG @h FROM SERVICE [//t/Initiator]"
         " TO SERVICE '//t/Target' ON CONTRACT [//t/Contract]"
     )
-    await each_fails(
-        session,
+    errors = await tsql.each_fails(
         f"{begin} WITH LIFETIME = 'x'",
         f"{begin}; BEGIN CONVERSATION TIMER (@h) TIMEOUT = 'x'",
         "CREATE ROUTE R WITH SERVICE_NAME = '//far', ADDRESS = 'LOCAL', LIFETIME = 'x'",
     )
     conversion = "Conversion failed when converting the varchar value 'x' to data type bigint."
-    assert [(e.number, e.text) for e in out.errors] == [(245, conversion)] * 3
-    assert await run(
-        session,
+    assert [(e.number, e.text) for e in errors] == [(245, conversion)] * 3
+    await tsql.ok(
         f"{begin} WITH LIFETIME = '60'; BEGIN CONVERSATION TIMER (@h) TIMEOUT = '30'",
-    ), out.errors
+    )
 
 
 async def test_a_failing_statement_in_a_transaction_leaves_nothing_of_itself(
-    tsql: tuple[Session, Collect], conn: client.Connection
+    tsql: Admin, conn: client.Connection
 ) -> None:
-    session, out = tsql
     handle = await _requests(conn)
-    await run(
-        session,
+    await tsql.run(
         f"DECLARE @h UNIQUEIDENTIFIER = '{handle}'\nSEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (N'<auto/>')",
     )
-    assert not await run(
-        session,
+    error = await tsql.error(
         f"DECLARE @h UNIQUEIDENTIFIER = '{handle}'\n"
         "BEGIN TRANSACTION\n"
         "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (N'<in/>')\n"
         "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Reply] (N'wrong way')\n"
         "PRINT 'not reached'",
     )
-    assert out.errors[-1].number == 8432 and out.errors[-1].line == 4
-    assert await run(session, "SELECT @@TRANCOUNT AS open_transactions\nCOMMIT")
-    assert table(out.results[-1]) == [[1]]
+    assert error.number == 8432 and error.line == 4
+    results = await tsql.ok("SELECT @@TRANCOUNT AS open_transactions\nCOMMIT")
+    assert table(results[-1]) == [[1]]
     received = await conn.receive("TargetQueue", timeout=5.0)
     assert [m.message_body for m in received] == [
         "<auto/>".encode("utf-16-le"),
@@ -293,45 +292,39 @@ async def test_a_failing_statement_in_a_transaction_leaves_nothing_of_itself(
 
 
 async def test_a_receive_whose_columns_fail_gives_its_messages_back(
-    tsql: tuple[Session, Collect], conn: client.Connection
+    tsql: Admin, conn: client.Connection
 ) -> None:
-    session, out = tsql
     handle = await _requests(conn, b"<ok/>")
     script = "DECLARE @x INT\nRECEIVE TOP (1) @x = CAST(CAST(message_body AS NVARCHAR(10)) AS INT) FROM TargetQueue"
-    assert not await run(session, script)  # outside a transaction: back in the queue
-    assert out.errors[-1].number == 245
+    error = await tsql.error(script)  # outside a transaction: back in the queue
+    assert error.number == 245
     assert len(await conn.peek("TargetQueue")) == 1
     # inside one, a savepoint undoes that RECEIVE alone: what came before it commits
     before = (
         f"BEGIN TRANSACTION\nSEND ON CONVERSATION '{handle}' MESSAGE TYPE [//t/Request]"
         " (CAST(N'<before/>' AS XML))\nGO\n"
     )
-    assert not await run(session, before + script)
-    assert out.errors[-1].number == 245
-    assert await run(session, "SELECT XACT_STATE() AS state\nCOMMIT"), out.errors
-    assert table(out.results[-1]) == [[1]]
+    error = await tsql.error(before + script)
+    assert error.number == 245
+    results = await tsql.ok("SELECT XACT_STATE() AS state\nCOMMIT")
+    assert table(results[-1]) == [[1]]
     waiting = await conn.peek("TargetQueue")
     assert [m.message_body for m in waiting] == [b"<ok/>", "<before/>".encode("utf-16")]
 
 
 async def test_a_receive_into_a_table_that_refuses_the_rows_gives_its_messages_back(
-    tsql: tuple[Session, Collect], conn: client.Connection
+    tsql: Admin, conn: client.Connection
 ) -> None:
-    session, out = tsql
     await _requests(conn, b"<longer-than-the-column/>")
-    await each_fails(
-        session,
+    errors = await tsql.each_fails(
         "DECLARE @t TABLE (b VARBINARY(4)); RECEIVE message_body FROM TargetQueue INTO @t",
     )
-    assert [e.number for e in out.errors] == [8152]
-    assert await run(session, "SELECT COUNT(*) AS n FROM TargetQueue"), out.errors
-    assert table(out.results[-1]) == [[1]]
+    assert [e.number for e in errors] == [8152]
+    results = await tsql.ok("SELECT COUNT(*) AS n FROM TargetQueue")
+    assert table(results[-1]) == [[1]]
 
 
-async def test_save_transaction_and_rollback_to_it(
-    tsql: tuple[Session, Collect], conn: client.Connection
-) -> None:
-    session, out = tsql
+async def test_save_transaction_and_rollback_to_it(tsql: Admin, conn: client.Connection) -> None:
     handle = await _requests(conn, b"<one/>", b"<two/>")
     script = f"""
 DECLARE @body VARBINARY(MAX), @h UNIQUEIDENTIFIER = '{handle}', @g UNIQUEIDENTIFIER
@@ -346,10 +339,10 @@ ROLLBACK TRANSACTION after_first
 PRINT CAST(@@TRANCOUNT AS NVARCHAR(4))
 ROLLBACK TRANSACTION nothing_of_that_name
 """
-    assert not await run(session, script)
-    assert out.messages[-1] == "1"  # the transaction goes on
-    assert out.errors[-1].number == 6401
-    assert await run(session, "COMMIT"), out.errors
+    error = await tsql.error(script)
+    assert tsql.out.messages[-1] == "1"  # the transaction goes on
+    assert error.number == 6401
+    await tsql.ok("COMMIT")
     waiting = [m.message_body for m in await conn.peek("TargetQueue")]
     # the first RECEIVE and SEND stand; the second RECEIVE's message is back, in its place
     assert waiting == [b"<two/>", "<kept/>".encode("utf-16")]
@@ -358,12 +351,10 @@ ROLLBACK TRANSACTION nothing_of_that_name
 
 
 async def test_queries_over_the_catalog_views_and_queues(
-    tsql: tuple[Session, Collect], conn: client.Connection
+    tsql: Admin, conn: client.Connection
 ) -> None:
-    session, out = tsql
     handle = await _requests(conn, b"<a/>", b"<b/>")
-    assert await run(
-        session,
+    services, contracts, counted, bodies, endpoint, databases, objects = await tsql.ok(
         "SELECT s.name, q.name AS queue FROM sys.services s JOIN sys.service_queues q"
         " ON s.service_queue_id = q.object_id WHERE s.name LIKE N'//T/%' ORDER BY s.name DESC;\n"
         "SELECT TOP 1 c.name, COUNT(*) AS types FROM sys.service_contracts c"
@@ -382,11 +373,10 @@ async def test_queries_over_the_catalog_views_and_queues(
         "SELECT COUNT(*) AS objects FROM sys.objects WHERE type = 'SQ' AND object_id = @queue;\n"
         "IF OBJECT_ID('[TargetQueue]', 'SQ') IS NOT NULL AND OBJECT_ID('nope') IS NULL"
         " PRINT 'ids'",
-    ), out.errors
-    services, contracts, counted, bodies, endpoint, databases, objects = out.results
+    )
     assert table(services) == [["//t/Target", "TargetQueue"], ["//t/Initiator", "InitiatorQueue"]]
     assert table(contracts) == [["//t/Contract", 2]]
-    assert out.messages == ["found", "ids"]
+    assert tsql.out.messages == ["found", "ids"]
     assert table(counted) == [[2, 1]]
     assert table(bodies) == [["//t/Request", "a"], ["//t/Request", "b"]]
     assert table(endpoint) == [["CONVERSING", 1]]
@@ -394,26 +384,24 @@ async def test_queries_over_the_catalog_views_and_queues(
     assert table(objects) == [[1]]
     # a queue's columns have their SQL types in a query: CONVERT's style applies to
     # message_enqueue_time, a DATETIME, and SUM adds in the column's type
-    assert await run(
-        session,
+    results = await tsql.ok(
         "SELECT MIN(CONVERT(VARCHAR(8), message_enqueue_time, 112)) AS day,"
         " SUM(status) AS status, SUM(message_sequence_number) AS numbers FROM TargetQueue",
-    ), out.errors
-    ((day, status, numbers),) = table(out.results[-1])
+    )
+    ((day, status, numbers),) = table(results[-1])
     assert len(day) == 8 and day.isdigit(), day
     assert (status, numbers) == (2, 1)
 
 
-async def test_what_a_query_cannot_translate_is_refused(tsql: tuple[Session, Collect]) -> None:
-    session, out = tsql
-    await each_fails(session, "SELECT SOUNDEX(name) FROM sys.services", "SELECT * FROM sys.tables")
-    assert [e.number for e in out.errors] == [40517, 208]
+async def test_what_a_query_cannot_translate_is_refused(tsql: Admin) -> None:
+    errors = await tsql.each_fails(
+        "SELECT SOUNDEX(name) FROM sys.services", "SELECT * FROM sys.tables"
+    )
+    assert [e.number for e in errors] == [40517, 208]
 
 
-async def test_service_brokers_error_numbers(tsql: tuple[Session, Collect]) -> None:
-    session, out = tsql
-    await each_fails(
-        session,
+async def test_service_brokers_error_numbers(tsql: Admin) -> None:
+    errors = await tsql.each_fails(
         f"END CONVERSATION '{uuid.uuid4()}'",
         "DECLARE @h UNIQUEIDENTIFIER\nEND CONVERSATION @h",
         f"END CONVERSATION '{uuid.uuid4()}' WITH ERROR = NULL DESCRIPTION = N'x'",
@@ -427,18 +415,17 @@ async def test_service_brokers_error_numbers(tsql: tuple[Session, Collect]) -> N
         "DROP QUEUE NoSuchQueue",
         "DROP SERVICE [//nope]",
     )
-    assert [e.number for e in out.errors] == [8426, 8418, 8419, 8423, 8430, 8447, 208, 3701, 15151]
-    assert out.errors[-1].text == (
+    assert [e.number for e in errors] == [8426, 8418, 8419, 8423, 8430, 8447, 208, 3701, 15151]
+    assert errors[-1].text == (
         "Cannot drop the service '//nope', because it does not exist or you do not have permission."
     )
 
 
-async def test_timers_groups_errors_and_cleanup(
-    tsql: tuple[Session, Collect], conn: client.Connection
-) -> None:
-    session, out = tsql
-    assert await run(
-        session,
+async def test_timers_groups_errors_and_cleanup(tsql: Admin) -> None:
+    """Dialogs in one conversation group (WITH RELATED_CONVERSATION_GROUP, MOVE
+    CONVERSATION), a conversation timer's message, END CONVERSATION WITH ERROR as the far
+    side receives it (an Error message with the code), and WITH CLEANUP."""
+    grouped, timer, last = await tsql.ok(
         "SET NOCOUNT ON\n"
         "DECLARE @a UNIQUEIDENTIFIER, @b UNIQUEIDENTIFIER, @g UNIQUEIDENTIFIER, @c UNIQUEIDENTIFIER\n"
         "BEGIN DIALOG @a FROM SERVICE [//t/Initiator] TO SERVICE '//t/Target' ON CONTRACT [//t/Contract]\n"
@@ -460,48 +447,43 @@ async def test_timers_groups_errors_and_cleanup(
         " FROM TargetQueue), TIMEOUT 5000\n"
         "SELECT @type AS type, @body.value('declare namespace e=\"http://schemas.microsoft.com/"
         "SQL/ServiceBroker/Error\"; (/e:Error/e:Code)[1]', 'int') AS code",
-    ), out.errors
-    grouped, timer, last = out.results
+    )
     assert table(grouped) == [[3]]
     assert table(timer) == [["http://schemas.microsoft.com/SQL/ServiceBroker/DialogTimer"]]
     assert table(last) == [["http://schemas.microsoft.com/SQL/ServiceBroker/Error", 31472]]
 
 
-async def test_databases_in_t_sql(tsql: tuple[Session, Collect], conn: client.Connection) -> None:
-    session, out = tsql
-    assert await run(
-        session,
+async def test_databases_in_t_sql(tsql: Admin, conn: client.Connection) -> None:
+    results = await tsql.ok(
         "CREATE DATABASE Sales\nGO\nUSE Sales\nGO\n"
         "CREATE QUEUE TargetQueue\n"  # the same name as master's, in another database
         "SELECT DB_ID() AS id, DB_NAME() AS name, DB_NAME(1) AS first\n"
         "SELECT name FROM sys.databases WHERE database_id = DB_ID()\n"
         "SELECT name FROM sys.service_queues\n",
-    ), out.errors
-    ids, named, queues = out.results[-3:]
+    )
+    ids, named, queues = results[-3:]
     assert table(ids) == [[5, "Sales", "master"]]
     assert table(named) == [["Sales"]]
     assert table(queues) == [["TargetQueue"]]  # Sales's only
-    assert await run(session, "RECEIVE * FROM Sales.dbo.TargetQueue")  # this database's
-    assert not await run(session, "RECEIVE * FROM master.dbo.TargetQueue")
-    assert "an object of another database" in out.errors[-1].text  # never this one's
-    assert not await run(session, "DROP DATABASE Sales")
-    assert out.errors[-1].number == 3702  # this session uses it
-    assert not await run(session, "USE Nowhere")
-    assert out.errors[-1].number == 911
-    assert not await run(session, "CREATE DATABASE sales")
-    assert out.errors[-1].number == 1801
-    assert await run(session, "USE master\nGO\nDROP DATABASE Sales\nDROP DATABASE IF EXISTS Sales")
+    await tsql.ok("RECEIVE * FROM Sales.dbo.TargetQueue")  # this database's
+    error = await tsql.error("RECEIVE * FROM master.dbo.TargetQueue")
+    assert "an object of another database" in error.text  # never this one's
+    error = await tsql.error("DROP DATABASE Sales")
+    assert error.number == 3702  # this session uses it
+    error = await tsql.error("USE Nowhere")
+    assert error.number == 911
+    error = await tsql.error("CREATE DATABASE sales")
+    assert error.number == 1801
+    await tsql.ok("USE master\nGO\nDROP DATABASE Sales\nDROP DATABASE IF EXISTS Sales")
     assert [d["name"] for d in await conn.view("databases")] == ["master"]
 
 
 async def test_begin_dialog_names_a_broker_instance_as_the_routes_keep_it(
-    tsql: tuple[Session, Collect],
+    tsql: Admin,
 ) -> None:
     # SQL Server prints GUIDs in upper case; the broker's routes keep them in lower case
-    session, out = tsql
     far = uuid.uuid4()
-    assert await run(
-        session,
+    results = await tsql.ok(
         f"CREATE ROUTE Far WITH SERVICE_NAME = '//far', BROKER_INSTANCE = '{far}',"
         " ADDRESS = 'TCP://127.0.0.1:9'\n"
         "DECLARE @h UNIQUEIDENTIFIER\n"
@@ -509,35 +491,32 @@ async def test_begin_dialog_names_a_broker_instance_as_the_routes_keep_it(
         " ON CONTRACT [//t/Contract] WITH ENCRYPTION = OFF\n"
         "SEND ON CONVERSATION @h MESSAGE TYPE [//t/Request] (N'<a/>')\n"
         "SELECT to_broker_instance, transmission_status FROM sys.transmission_queue",
-    ), out.errors
-    ((instance, status),) = table(out.results[-1])
+    )
+    ((instance, status),) = table(results[-1])
     assert instance == str(far)
     assert "no route" not in (status or "").lower(), status  # the route was found
-    assert not await run(
-        session,
+    error = await tsql.error(
         "DECLARE @h UNIQUEIDENTIFIER\n"
         "BEGIN DIALOG @h FROM SERVICE [//t/Initiator] TO SERVICE '//far', 'not a guid'",
     )
-    assert out.errors[-1].number == 101004
-    assert "'not a guid' of BEGIN DIALOG is not a GUID" in out.errors[-1].text
+    assert error.number == 101004
+    assert "'not a guid' of BEGIN DIALOG is not a GUID" in error.text
 
 
 async def test_a_certificates_authorization_is_the_login_its_broker_acts_as(
-    tsql: tuple[Session, Collect], conn: client.Connection, tmp_path: Path
+    tsql: Admin, conn: client.Connection, tmp_path: Path
 ) -> None:
     """CREATE CERTIFICATE ... AUTHORIZATION maps the peer broker presenting it to that
     login, as Service Broker maps it to the certificate's owner; without it, PUBLIC."""
-    session, out = tsql
     for name in ("peer", "other", "own"):
         pem = tmp_path / f"{name}.pem"
         pem.write_text(_peer_certificate())
-    assert await run(
-        session,
+    await tsql.ok(
         "CREATE LOGIN shop WITH PASSWORD = 'shop-password-1'\n"
         f"CREATE CERTIFICATE PeerCert AUTHORIZATION shop FROM FILE = '{tmp_path / 'peer.pem'}'\n"
         f"CREATE CERTIFICATE OtherCert FROM FILE = '{tmp_path / 'other.pem'}'\n"
         f"CREATE CERTIFICATE OwnerCert AUTHORIZATION dbo FROM FILE = '{tmp_path / 'own.pem'}'\n",
-    ), out.errors
+    )
     logins = {r["name"]: r["login"] for r in await conn.view("certificates")}
     assert logins == {"PeerCert": "shop", "OtherCert": "public", "OwnerCert": "admin"}
 
@@ -547,13 +526,11 @@ def _peer_certificate() -> str:
     return generate_broker_identity(uuid.uuid4())[1].decode()
 
 
-async def test_scripts_as_sql_server_reads_them(tsql: tuple[Session, Collect]) -> None:
+async def test_scripts_as_sql_server_reads_them(tsql: Admin) -> None:
     """Schema-qualified queue names, RECEIVE * into a table variable declared with
     Service Broker's columns, @@ROWCOUNT inside a query, and a procedure's SET NOCOUNT
     that ends when the procedure returns."""
-    session, out = tsql
-    assert await run(
-        session,
+    results = await tsql.ok(
         "CREATE QUEUE dbo.Work\n"
         "CREATE SERVICE WorkService ON QUEUE dbo.Work ([DEFAULT])\n"
         "GO\n"
@@ -572,22 +549,21 @@ async def test_scripts_as_sql_server_reads_them(tsql: tuple[Session, Collect]) -
         "WAITFOR (RECEIVE * FROM dbo.Work INTO @t), TIMEOUT 5000;\n"
         "SELECT message_body, @@ROWCOUNT AS received FROM @t;\n"
         "EXEC dbo.Quiet;\n",
-    ), out.errors
-    assert table(out.results[-1]) == [[b"\x01\x02", 1]]
-    assert (session.nocount, session.xact_abort) == (False, False)
-    assert not await run(session, "CREATE PROCEDURE Quiet AS PRINT 1")
-    assert (out.errors[-1].number, out.errors[-1].text) == (
+    )
+    assert table(results[-1]) == [[b"\x01\x02", 1]]
+    assert (tsql.session.nocount, tsql.session.xact_abort) == (False, False)
+    error = await tsql.error("CREATE PROCEDURE Quiet AS PRINT 1")
+    assert (error.number, error.text) == (
         2714,
         "There is already an object named 'Quiet' in the database.",
     )
-    assert await run(
-        session,
+    results = await tsql.ok(
         "ALTER QUEUE dbo.Work WITH ACTIVATION (STATUS = OFF, PROCEDURE_NAME = dbo.Quiet,"
         " MAX_QUEUE_READERS = 3)\n"
         "ALTER QUEUE dbo.Work WITH ACTIVATION (DROP)\n"
         "SELECT activation_procedure, max_readers FROM sys.service_queues WHERE name = 'Work'",
-    ), out.errors
-    assert table(out.results[-1]) == [[None, 1]]  # the procedure forgotten, as on SQL Server
+    )
+    assert table(results[-1]) == [[None, 1]]  # the procedure forgotten, as on SQL Server
 
 
 async def test_a_state_table_keyed_by_conversation_group_with_receive_and_send(
@@ -628,26 +604,21 @@ async def test_a_stored_procedure_changes_tables_in_its_callers_transaction(
     assert [table(r) for r in out.results] == [[[1]], [[2]], [[1, "kept"]]]
 
 
-async def test_a_failed_table_statement_has_sql_servers_number(
-    tsql: tuple[Session, Collect], conn: client.Connection
-) -> None:
+async def test_a_failed_table_statement_has_sql_servers_number(tsql: Admin) -> None:
     """Scripts catch 2627 to find the row that is there already; the other common
     failures carry SQL Server's numbers too."""
-    session, out = tsql
-    assert await run(
-        session,
+    results = await tsql.ok(
         "CREATE TABLE Seen (id INT PRIMARY KEY, note NVARCHAR(10))\n"
         "INSERT INTO Seen VALUES (1, N'first')\n"
         "GO\n"
         "BEGIN TRY INSERT INTO Seen VALUES (1, N'again') END TRY\n"
         "BEGIN CATCH SELECT ERROR_NUMBER() AS n END CATCH\n",
-    ), out.errors
-    assert table(out.results[-1]) == [[2627]]
-    await each_fails(
-        session,
+    )
+    assert table(results[-1]) == [[2627]]
+    errors = await tsql.each_fails(
         "INSERT INTO Seen (note) VALUES (N'no key')",
         "SELECT * FROM Missing",
         "SELECT nope FROM Seen",
         "CREATE TABLE Seen (id INT)",
     )
-    assert [e.number for e in out.errors] == [515, 208, 207, 2714]
+    assert [e.number for e in errors] == [515, 208, 207, 2714]
