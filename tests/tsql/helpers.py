@@ -59,11 +59,17 @@ async def each_fails(session: Session, *texts: str) -> None:
         assert not await run(session, text), text
 
 
-async def failures(*texts: str, **options: Any) -> list[tuple[int, str]]:
-    """The errors (number, text) of the scripts `texts`, run one after the other in a new
-    session (`new_session(**options)`), every one failing (else AssertionError)."""
+async def failed(*texts: str, **options: Any) -> tuple[Session, Collect]:
+    """A new session (`new_session(**options)`) that has run the scripts `texts`, one after
+    the other, every one failing (else AssertionError, naming the script)."""
     session, output = new_session(**options)
     await each_fails(session, *texts)
+    return session, output
+
+
+async def failures(*texts: str, **options: Any) -> list[tuple[int, str]]:
+    """The errors (number, text) of the scripts `texts`, each failing (see `failed`)."""
+    _, output = await failed(*texts, **options)
     return [(e.number, e.text) for e in output.errors]
 
 

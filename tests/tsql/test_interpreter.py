@@ -6,24 +6,15 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from decimal import Decimal
-from typing import Any
 
 import pytest
 
-from ssb.tsql import Collect, Session, SqlError
+from ssb.tsql import SqlError
 from ssb.tsql import _types as t
 
-from .helpers import MemoryProcedures, each_fails, failures, new_session, ran, run, table
+from .helpers import MemoryProcedures, each_fails, failed, failures, new_session, ran, run, table
 
 LOB_TOO_LARGE = (7119, "Attempting to grow LOB beyond maximum allowed size of 2147483647 bytes.")
-
-
-async def failed(*texts: str, **options: Any) -> tuple[Session, Collect]:
-    """A new session (`new_session(**options)`) that has run the scripts `texts`, one after
-    the other, every one failing (else AssertionError, naming the script)."""
-    session, output = new_session(**options)
-    await each_fails(session, *texts)
-    return session, output
 
 
 async def test_variables_are_scoped_to_the_batch_as_sql_server_scopes_them() -> None:
