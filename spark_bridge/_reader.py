@@ -16,6 +16,19 @@ takes the failed batch one message at a time, so only the message that keeps
 failing accumulates failed deliveries and a poison policy acts on it alone. EndDialog
 and Error messages end their conversation and are not given to the function.
 
+A rolled-back transaction counts a failed delivery for every message it received,
+and a poison policy takes each of them that reached its threshold, so a batch must
+never be rolled back with a message in it that failed before: its good neighbours
+would reach the threshold with it (two readers each fail a batch on the same
+message, a third batch takes it with its neighbours again: all dead-lettered). What
+a reader remembers of its own failures cannot prevent that (another reader, or a new
+one, knows nothing of them); the delivery counts can. Before a batch's RECEIVE the
+reader takes a savepoint; a batch of more than one message of which one was
+delivered before (delivery_count > 1) goes back at once, rolled back to that
+savepoint before the function sees any of it (the broker counts the delivery, but
+its poison rules act only on transactions that roll back whole), the transaction
+commits nothing, and the reader takes that many messages one at a time.
+
 The reader exits when a RECEIVE waited idle_timeout and got nothing, which is also
 what a stop request looks like: the broker answers a stopping reader's RECEIVE with
 nothing at once, so it commits what it has and exits. In "procedure" mode the
@@ -40,6 +53,7 @@ from ssb import client
 MESSAGE_MODE: Final = "message"
 PROCEDURE_MODE: Final = "procedure"
 ISOLATED_AFTER_FAILURE: Final = 1  # RECEIVE TOP(1) while re-taking a failed batch
+BATCH_SAVEPOINT: Final = "ssb-reader-batch"  # taken before a batch's RECEIVE
 # Spark settings for the executors that run readers: PySpark's daemon with the reader
 # imported before it forks its workers (see `_daemon`); set before the session starts
 EXECUTOR_SETTINGS: Final = {"spark.python.daemon.module": "ssb.spark_bridge._daemon"}
@@ -82,6 +96,7 @@ class ReaderReport:
     transactions: int = 0
     processed: int = 0
     rolled_back: int = 0
+    put_back: int = 0  # batches put back unprocessed: a message in them had failed before
     started_at: float | None = None  # the Spark task began running the reader
     registered_at: float | None = None
     last_processed_at: float | None = None  # its last commit that took messages
@@ -198,6 +213,11 @@ def _read_messages(
             report.rolled_back += 1
             isolated = max(isolated, failed.messages)
             continue
+        except _PutBack as back:  # it held a message that failed before: one at a time
+            report.transactions += 1
+            report.put_back += 1
+            isolated = max(isolated, back.messages)
+            continue
         report.transactions += 1
         if not messages:
             return
@@ -215,6 +235,15 @@ class _Failed(Exception):
         self.messages = messages
 
 
+class _PutBack(Exception):
+    """A batch of `messages` messages held one delivered before: it was put back unprocessed
+    (rolled back to the savepoint before its RECEIVE) and the transaction committed."""
+
+    def __init__(self, messages: int) -> None:
+        super().__init__(messages)
+        self.messages = messages
+
+
 def _one_transaction(
     conn: client.SyncConnection,
     spec: ReaderSpec,
@@ -222,14 +251,23 @@ def _one_transaction(
     top: int,
 ) -> list[client.Message]:
     """RECEIVE, process, COMMIT; the messages once the commit is known to have happened.
-    BEGIN leaves with the RECEIVE (see `SyncConnection.transaction`); a failure of the
-    user's function rolls the transaction back with the function's error."""
+    BEGIN leaves with the RECEIVE, or with the savepoint a batch takes before it (see
+    `SyncConnection.transaction`); a failure of the user's function rolls the
+    transaction back with the function's error. A batch that holds a message delivered
+    before is put back unprocessed: `_PutBack` once the empty transaction committed."""
     messages: list[client.Message] = []
     processing = False
+    put_back = 0
     try:
         with conn.transaction():
+            if top > 1:
+                conn.save_transaction(BATCH_SAVEPOINT)
             # the broker's errors here (queue disabled, ...) end the reader
             messages = conn.receive(spec.queue, top=top, timeout=spec.idle_timeout)
+            if len(messages) > 1 and any(m.delivery_count > 1 for m in messages):
+                # a rollback of this batch would count a failed delivery for each of them
+                conn.rollback_to_savepoint(BATCH_SAVEPOINT)
+                put_back, messages = len(messages), []
             processing = True
             for message in messages:
                 if message.is_end_dialog or message.is_error:
@@ -244,6 +282,8 @@ def _one_transaction(
         if processing:  # the user's function failed: rolled back, go on
             raise _Failed(len(messages)) from exc
         raise
+    if put_back:
+        raise _PutBack(put_back)
     return messages
 
 
