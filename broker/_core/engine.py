@@ -257,9 +257,10 @@ class Engine:
         self.tables.undo(txn)
 
     def undo_to(self, txn: Transaction, savepoint: Savepoint) -> None:
-        # messages go back with their delivery counted; the poison rules count only
-        # transactions that roll back whole, as Service Broker's do
-        self.receiving.restore_received(txn, "", savepoint.received)
+        # messages go back as they were: the poison rules count only transactions that
+        # roll back whole, as Service Broker's do, and a delivery_count only the
+        # deliveries they count (what a poison policy's threshold is compared with)
+        self.receiving.restore_received(txn, "", savepoint.received, failed=False)
         self.dialogs.undo(txn, savepoint.new_endpoints)
         self.tables.undo_to(txn, savepoint.table_statements)
 

@@ -394,9 +394,9 @@ class Receiving:
         self, txn: Transaction, error: str, first: int = 0, failed: bool = True
     ) -> list[tuple[Queue, list[Message]]]:
         """Put received messages back, a failed delivery counted (and `error` kept) unless
-        not `failed` (the broker refused the transaction for want of room: they go back as
-        they were); returns them by queue. `first`: only those of RECEIVEs from that one
-        on (a rollback to a savepoint)."""
+        not `failed` (the broker refused the transaction for want of room, or it rolls
+        back to a savepoint: they go back as they were); returns them by queue. `first`:
+        only those of RECEIVEs from that one on (a rollback to a savepoint)."""
         by_queue: dict[str, tuple[Queue, list[Message]]] = {}
         for queue, messages in reversed(txn.received[first:]):
             alive = self._still_conversing(queue, messages)

@@ -11,7 +11,7 @@ from ssb.broker._core.catalog import ERROR
 from ssb.broker._errors import BrokerError
 from ssb.protocol import ErrorCode
 
-from .core_harness import BODY, HANDLE, MTYPE, Core
+from .core_harness import BODY, DELIVERY_COUNT, HANDLE, MTYPE, Core
 
 
 @pytest.fixture
@@ -51,6 +51,42 @@ def test_rollback_to_a_savepoint_undoes_only_what_came_after_it(core: Core) -> N
     bodies = [r[BODY] for r in core.receive_all()]
     assert bodies == [b"2", b"3", b"kept"]  # the END was undone too: the dialog goes on
     assert first[BODY] == b"1"
+
+
+def test_a_message_put_back_by_a_rollback_to_a_savepoint_is_not_a_failed_delivery() -> None:
+    """The messages go back as they were (a reader may put a batch back unseen): only
+    whole rollbacks raise delivery_count, and a poison policy that records at its
+    threshold records when the failures reach it, whatever savepoints came between."""
+    core = Core()
+    core.services(
+        poison_policy={"threshold": 2, "action": "record"},
+        poison_message_handling={"status": "OFF"},
+    )
+    core.op("send", [core.dialog()], bodies=[b"bad"])
+
+    def put_back(times: int) -> None:
+        for _ in range(times):
+            core.op("begin_transaction")
+            core.op("save_transaction", "before")
+            core.op("receive", "Target", top=1)
+            core.op("rollback_to_savepoint", "before")
+            core.op("commit")
+
+    def fail() -> int:
+        """A reader takes the message and rolls back: the delivery_count it saw."""
+        core.op("begin_transaction")
+        (taken,) = core.op("receive", "Target", top=1)
+        core.op("rollback", error="cannot process")
+        count: int = taken[DELIVERY_COUNT]
+        return count
+
+    put_back(3)
+    assert fail() == 1
+    put_back(2)
+    assert fail() == 2  # the second failure: the policy's threshold
+    core.flush()
+    assert [row[5] for row in core.store.read_poison(10)] == ["record"]
+    assert [row[DELIVERY_COUNT] for row in core.op("receive", "Target")] == [3]
 
 
 def test_a_savepoint_of_the_same_name_as_the_last_replaces_it(core: Core) -> None:
