@@ -25,9 +25,9 @@ a reader remembers of its own failures cannot prevent that (another reader, or a
 one, knows nothing of them); the delivery counts can. Before a batch's RECEIVE the
 reader takes a savepoint; a batch of more than one message of which one was
 delivered before (delivery_count > 1) goes back at once, rolled back to that
-savepoint before the function sees any of it (the broker counts the delivery, but
-its poison rules act only on transactions that roll back whole), the transaction
-commits nothing, and the reader takes that many messages one at a time.
+savepoint before the function sees any of it (the messages go back as they were: no
+delivery counted, nothing for the poison rules), the transaction commits nothing,
+and the reader takes that many messages one at a time.
 
 The reader exits when a RECEIVE waited idle_timeout and got nothing, which is also
 what a stop request looks like: the broker answers a stopping reader's RECEIVE with
@@ -204,8 +204,8 @@ def _read_messages(
     while True:
         top = ISOLATED_AFTER_FAILURE if isolated > 0 else spec.batch_size
         try:
-            messages = _one_transaction(conn, spec, fn, top)
-        except client.TransactionRolledBackError:  # the connection dropped: none of it counted
+            messages, put_back = _one_transaction(conn, spec, fn, top)
+        except client.TransactionRolledBackError:  # the connection dropped: rolled back
             with contextlib.suppress(client.BrokerError):
                 conn.rollback()
             continue
@@ -213,12 +213,11 @@ def _read_messages(
             report.rolled_back += 1
             isolated = max(isolated, failed.messages)
             continue
-        except _PutBack as back:  # it held a message that failed before: one at a time
-            report.transactions += 1
-            report.put_back += 1
-            isolated = max(isolated, back.messages)
-            continue
         report.transactions += 1
+        if put_back:  # it held a message that failed before: one at a time
+            report.put_back += 1
+            isolated = max(isolated, put_back)
+            continue
         if not messages:
             return
         report.processed += sum(1 for m in messages if not (m.is_end_dialog or m.is_error))
@@ -235,26 +234,17 @@ class _Failed(Exception):
         self.messages = messages
 
 
-class _PutBack(Exception):
-    """A batch of `messages` messages held one delivered before: it was put back unprocessed
-    (rolled back to the savepoint before its RECEIVE) and the transaction committed."""
-
-    def __init__(self, messages: int) -> None:
-        super().__init__(messages)
-        self.messages = messages
-
-
 def _one_transaction(
     conn: client.SyncConnection,
     spec: ReaderSpec,
     fn: Callable[[client.Message, client.SyncConnection], Any],
     top: int,
-) -> list[client.Message]:
-    """RECEIVE, process, COMMIT; the messages once the commit is known to have happened.
-    BEGIN leaves with the RECEIVE, or with the savepoint a batch takes before it (see
+) -> tuple[list[client.Message], int]:
+    """RECEIVE, process, COMMIT; once the commit is known to have happened, the messages
+    and how many were put back (none processed). BEGIN leaves with the RECEIVE, or with the savepoint a batch takes before it (see
     `SyncConnection.transaction`); a failure of the user's function rolls the
     transaction back with the function's error. A batch that holds a message delivered
-    before is put back unprocessed: `_PutBack` once the empty transaction committed."""
+    before is put back unprocessed, and the empty transaction commits."""
     messages: list[client.Message] = []
     processing = False
     put_back = 0
@@ -265,7 +255,8 @@ def _one_transaction(
             # the broker's errors here (queue disabled, ...) end the reader
             messages = conn.receive(spec.queue, top=top, timeout=spec.idle_timeout)
             if len(messages) > 1 and any(m.delivery_count > 1 for m in messages):
-                # a rollback of this batch would count a failed delivery for each of them
+                # a rollback of this batch would count a failed delivery for each of them;
+                # back to the savepoint, they go back as they were
                 conn.rollback_to_savepoint(BATCH_SAVEPOINT)
                 put_back, messages = len(messages), []
             processing = True
@@ -282,9 +273,7 @@ def _one_transaction(
         if processing:  # the user's function failed: rolled back, go on
             raise _Failed(len(messages)) from exc
         raise
-    if put_back:
-        raise _PutBack(put_back)
-    return messages
+    return messages, put_back
 
 
 @dataclass(frozen=True, slots=True)
