@@ -105,7 +105,7 @@ class CoreLimits:
     max_locks: int = DEFAULT_MAX_LOCKS  # conversation-group locks per transaction
     max_detached: int = DEFAULT_MAX_DETACHED  # open detached transactions per login
     message_cache_bytes: int = DEFAULT_CACHE_BYTES  # message bodies held in memory
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE  # the largest message body SEND takes
     min_free_disk: int = DEFAULT_MIN_FREE_DISK  # SEND is refused below it
     # how long committed transaction ids are remembered for reconnecting clients
     outcome_window_seconds: float = DEFAULT_WINDOW_SECONDS
