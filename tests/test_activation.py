@@ -63,9 +63,13 @@ async def tasks_of(conn: client.Connection, queue: str) -> Rows:
     return [t for t in await conn.view("activated_tasks") if t["queue"] == queue]
 
 
-async def reply_service(conn: client.Connection) -> None:
+async def reply_service(conn: client.Connection, *activated: tuple[str, str]) -> None:
+    """ReplyService, whose queue ReplyQueue gets the answers; then for each (name,
+    procedure) of `activated` that activated service, with one reader."""
     await conn.create_queue("ReplyQueue")
     await conn.create_service("ReplyService", queue="ReplyQueue")
+    for name, procedure in activated:
+        await activated_service(conn, name, procedure)
 
 
 async def ask(conn: client.Connection, name: str, body: bytes | str) -> Any:
@@ -110,9 +114,7 @@ def test_activation_conditions() -> None:
 async def test_activation_starts_a_reader_for_a_message_on_an_idle_queue(
     conn: client.Connection,
 ) -> None:
-    await reply_service(conn)
-    await activated_service(conn, "Echo", "echo")
-    await activated_service(conn, "AsyncEcho", "async_echo")
+    await reply_service(conn, ("Echo", "echo"), ("AsyncEcho", "async_echo"))
     await conn.create_queue(
         "OneArgQueue",
         activation={
@@ -253,8 +255,7 @@ async def test_one_conversation_in_short_transactions_never_gets_a_third_reader(
 
 @pytest.mark.slow
 async def test_activation_status_off_stops_starting_readers(conn: client.Connection) -> None:
-    await reply_service(conn)
-    await activated_service(conn, "Echo", "echo")
+    await reply_service(conn, ("Echo", "echo"))
     handle = await ask(conn, "Echo", b"one")
     assert await answer(conn, handle) == b"one"
     await wait_until(
@@ -310,9 +311,7 @@ async def still_serving(conn: client.Connection) -> None:
 async def test_a_raising_procedure_rolls_back_and_ends_its_task(
     conn: client.Connection,
 ) -> None:
-    await reply_service(conn)
-    await activated_service(conn, "Echo", "echo")
-    await activated_service(conn, "Fail", "fail")
+    await reply_service(conn, ("Echo", "echo"), ("Fail", "fail"))
     await ask(conn, "Fail", b"poison")
     error = await failed_task(conn, "FailQueue", "the failing task to end")
     assert "procedure failed on purpose" in error
@@ -331,9 +330,7 @@ async def test_a_raising_procedure_rolls_back_and_ends_its_task(
 
 
 async def test_a_hanging_procedure_does_not_slow_the_broker(conn: client.Connection) -> None:
-    await reply_service(conn)
-    await activated_service(conn, "Echo", "echo")
-    await activated_service(conn, "Burn", "burn")
+    await reply_service(conn, ("Echo", "echo"), ("Burn", "burn"))
     await ask(conn, "Burn", b"spin")
     tasks = await wait_until(
         lambda: tasks_of(conn, "BurnQueue"),
@@ -358,9 +355,7 @@ async def test_a_hanging_procedure_does_not_slow_the_broker(conn: client.Connect
 
 
 async def test_a_killed_worker_is_cleaned_up_and_replaced(conn: client.Connection) -> None:
-    await reply_service(conn)
-    await activated_service(conn, "Echo", "echo")
-    await activated_service(conn, "Crash", "crash_once")
+    await reply_service(conn, ("Echo", "echo"), ("Crash", "crash_once"))
     handle = await ask(conn, "Crash", b"hold me")
     tasks = await wait_until(
         lambda: tasks_of(conn, "CrashQueue"),
