@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from ssb.protocol import DEFAULT_MAX_MESSAGE_SIZE, MAX_MESSAGE_SIZE_LIMIT, check_poll_window
+from ssb.protocol import MAX_MESSAGE_SIZE_LIMIT, check_poll_window
 
-from ._core.backlog import DEFAULT_CACHE_BYTES
+from ._core.engine import CoreLimits
 from ._store import is_database_url
 
 T = TypeVar("T")
@@ -25,7 +25,7 @@ MIB: Final = 1024 * 1024
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_CHART_SECONDS: Final = 5.0  # the dashboard's depth samples, by default
 DEFAULT_HTTP_HOST: Final = "127.0.0.1"
-DEFAULT_MIN_FREE_DISK: Final = 1024 * MIB
+CORE: Final = CoreLimits()  # the core's bounds, whose defaults are the config's
 DEFAULT_FAILOVER: Final = 10.0
 MIN_FAILOVER: Final = 1.0  # seconds: a shorter lease would be lost to a slow round trip
 DEFAULT_DISK_RESERVE: Final = 16 * MIB
@@ -143,9 +143,9 @@ class Config:
     rather than sleeping in the kernel (0: never): on an idle machine the wake-up costs
     tens of microseconds of a client's round trip. Polls that find nothing make the next
     ones rarer (see Waiting for answers in the Python client's page)"""
-    lock_timeout: float = 30.0
+    lock_timeout: float = CORE.lock_timeout
     """seconds a statement waits for a conversation group another transaction locks"""
-    statement_timeout: float = 30.0
+    statement_timeout: float = CORE.statement_timeout
     """seconds a table statement may wait for a table another transaction locks, and
     then run"""
     log_level: str = "INFO"
@@ -162,12 +162,12 @@ class Config:
     chart_sample_seconds: float = DEFAULT_CHART_SECONDS
     """seconds between the dashboard's samples of queue depths (its charts); needs
     http_port"""
-    message_cache_bytes: int = DEFAULT_CACHE_BYTES
+    message_cache_bytes: int = CORE.message_cache_bytes
     """bytes of queued message bodies held in memory at most (the rest stays on disk)"""
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_message_size: int = CORE.max_message_size
     """bytes of the largest message body accepted (it always fits a frame with its
     headers)"""
-    min_free_disk: int = DEFAULT_MIN_FREE_DISK
+    min_free_disk: int = CORE.min_free_disk
     """bytes of free disk space below which SEND and BEGIN DIALOG are refused (the SQLite
     store's disk; with a PostgreSQL store the server's disk is the server's to watch)"""
     disk_reserve: int = DEFAULT_DISK_RESERVE
@@ -183,10 +183,10 @@ class Config:
     commit that failed for a lock held elsewhere or a lost connection to the PostgreSQL
     server (its outcome unknown, the server perhaps restarting) is never rolled back so:
     it waits"""
-    outcome_window_seconds: float = 3600.0
+    outcome_window_seconds: float = CORE.outcome_window_seconds
     """seconds committed transaction ids are kept, so that a client that lost a commit's
     answer can learn its outcome (`transaction_outcome`)"""
-    outcome_window_count: int = 1_000_000
+    outcome_window_count: int = CORE.outcome_window_count
     """committed transaction ids kept at most, over the whole broker"""
     allow_plain: bool = False
     """plain TCP on the client port beyond loopback (TLS is always offered; on loopback
@@ -218,7 +218,7 @@ class Config:
                     " leave it unset for the SQLite store in data_dir"
                 )
             for name, default in (
-                ("min_free_disk", DEFAULT_MIN_FREE_DISK),
+                ("min_free_disk", CORE.min_free_disk),
                 ("disk_reserve", DEFAULT_DISK_RESERVE),
             ):
                 if getattr(self, name) not in (0, default):
